@@ -1,0 +1,32 @@
+"""The seam between the plugin and the hardware."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Protocol
+
+from ix_device_plugin.inventory import ChipStatus, Inventory
+
+
+class BackendError(Exception):
+    """The backend cannot answer at all (library missing, init failed, bad file)."""
+
+
+class Backend(Protocol):
+    """Answers "what is there" and "how healthy is it"; knows nothing of Kubernetes."""
+
+    name: str
+    # True when chips have /dev/iluvatar<minor> nodes on this host that must exist.
+    has_device_nodes: bool
+
+    def discover(self) -> Inventory:
+        """Every board and chip with its current status; raises BackendError when it cannot."""
+        ...
+
+    def health(self, inventory: Inventory) -> Mapping[str, ChipStatus]:
+        """Current status of each chip of inventory, by UUID; chips it cannot reach are not present."""
+        ...
+
+    def close(self) -> None:
+        """Release the library or files."""
+        ...

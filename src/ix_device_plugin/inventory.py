@@ -1,0 +1,161 @@
+"""What is on the node: boards made of chips, with their health.
+
+Plain immutable data, produced by a backend and read by the planner. No I/O.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field, replace
+
+# IXML health bits (ixmlDeviceGetHealth); 0 means healthy.
+HEALTH_BITS: dict[str, int] = {
+    "SYSHUB": 0x1,
+    "MC": 0x2,
+    "OverTemp": 0x4,
+    "OverVoltage": 0x8,
+    "ECC": 0x10,
+    "Memory": 0x20,
+    "PCIE": 0x40,
+}
+HEALTH_ERROR_NAMES: tuple[str, ...] = tuple(HEALTH_BITS)
+
+
+def health_errors_from_mask(mask: int) -> frozenset[str]:
+    """Names of the IXML health errors set in mask; unknown bits are named `bit0x..`."""
+    names = {name for name, bit in HEALTH_BITS.items() if mask & bit}
+    known = 0
+    for bit in HEALTH_BITS.values():
+        known |= bit
+    unknown = mask & ~known
+    bit = 1
+    while unknown:
+        if unknown & bit:
+            names.add(f"bit{bit:#x}")
+            unknown &= ~bit
+        bit <<= 1
+    return frozenset(names)
+
+
+@dataclass(frozen=True)
+class ChipStatus:
+    """How one chip is doing: IXML health errors plus any other reason it is unusable."""
+
+    errors: frozenset[str] = frozenset()
+    problems: tuple[str, ...] = ()
+    present: bool = True
+
+    def reasons(self, ignored_errors: frozenset[str] | None = None) -> tuple[str, ...]:
+        """Why the chip is unhealthy (empty when healthy); ignored_errors None ignores all errors."""
+        reasons: list[str] = []
+        if not self.present:
+            reasons.append("not present")
+        reasons.extend(self.problems)
+        if ignored_errors is not None:
+            reasons.extend(sorted(e for e in self.errors if e not in ignored_errors))
+        return tuple(reasons)
+
+    def with_problem(self, problem: str) -> ChipStatus:
+        """This status with one more reason."""
+        return replace(self, problems=(*self.problems, problem))
+
+
+HEALTHY_STATUS = ChipStatus()
+
+
+@dataclass(frozen=True)
+class Chip:
+    """One GPU chip, the unit the driver exposes as /dev/iluvatar<minor>."""
+
+    uuid: str
+    minor: int | None
+    product: str
+    bus_id: str = ""
+    numa_node: int | None = None
+    memory_mib: int = 0
+    status: ChipStatus = HEALTHY_STATUS
+
+    @property
+    def device_node(self) -> str | None:
+        """Host path of the chip's device node, or None when the minor is unknown."""
+        return None if self.minor is None else f"/dev/iluvatar{self.minor}"
+
+
+@dataclass(frozen=True)
+class Board:
+    """One physical card; a BI-V150 carries two chips, most products one."""
+
+    product: str
+    chips: tuple[Chip, ...]
+
+    @property
+    def uuid(self) -> str:
+        """The board's identity: its first chip's UUID."""
+        return self.chips[0].uuid
+
+
+# Common-ancestor levels as NVML defines them: lower is closer.
+TOPOLOGY_INTERNAL = 0
+TOPOLOGY_SINGLE = 10
+TOPOLOGY_MULTIPLE = 20
+TOPOLOGY_HOSTBRIDGE = 30
+TOPOLOGY_NODE = 40
+TOPOLOGY_SYSTEM = 50
+
+
+@dataclass(frozen=True)
+class Inventory:
+    """Everything the node has, plus what the driver and host say about it."""
+
+    boards: tuple[Board, ...] = ()
+    driver_version: str = ""
+    # Device nodes shared by all chips (e.g. /dev/itrctl) that exist on the host.
+    control_nodes: tuple[str, ...] = ()
+    # PCIe distance between chips, keyed by the sorted pair of chip UUIDs.
+    links: Mapping[tuple[str, str], int] = field(default_factory=dict)
+
+    def chips(self) -> Iterator[Chip]:
+        """Every chip, board by board."""
+        for board in self.boards:
+            yield from board.chips
+
+    def chip_count(self) -> int:
+        """Number of chips on the node."""
+        return sum(len(board.chips) for board in self.boards)
+
+    def link(self, uuid_a: str, uuid_b: str) -> int | None:
+        """PCIe common-ancestor level between two chips, None when unknown."""
+        if uuid_a == uuid_b:
+            return TOPOLOGY_INTERNAL
+        key = (uuid_a, uuid_b) if uuid_a < uuid_b else (uuid_b, uuid_a)
+        return self.links.get(key)
+
+    def with_statuses(self, statuses: Mapping[str, ChipStatus]) -> Inventory:
+        """A copy whose chips take their status from statuses (by UUID); others keep theirs."""
+        boards = tuple(
+            replace(board, chips=tuple(_with_status(chip, statuses) for chip in board.chips))
+            for board in self.boards
+        )
+        return replace(self, boards=boards)
+
+    def statuses(self) -> dict[str, ChipStatus]:
+        """Every chip's status by UUID."""
+        return {chip.uuid: chip.status for chip in self.chips()}
+
+
+def _with_status(chip: Chip, statuses: Mapping[str, ChipStatus]) -> Chip:
+    status = statuses.get(chip.uuid)
+    return chip if status is None or status == chip.status else replace(chip, status=status)
+
+
+def link_key(uuid_a: str, uuid_b: str) -> tuple[str, str]:
+    """The key of Inventory.links for a pair of chips."""
+    return (uuid_a, uuid_b) if uuid_a < uuid_b else (uuid_b, uuid_a)
+
+
+def boards_from(chips: Iterable[tuple[str, Chip]]) -> tuple[Board, ...]:
+    """Group (board key, chip) pairs into boards, keeping first-seen order."""
+    grouped: dict[str, list[Chip]] = {}
+    for key, chip in chips:
+        grouped.setdefault(key, []).append(chip)
+    return tuple(Board(product=members[0].product, chips=tuple(members)) for members in grouped.values())
