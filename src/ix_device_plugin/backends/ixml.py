@@ -1,0 +1,565 @@
+"""Devices from Iluvatar's IXML management library (libixml.so), called through ctypes.
+
+IXML keeps NVML's C ABI (nvml* names, return codes, structs) and adds a few ixml* calls.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import logging
+import os
+import re
+import threading
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, TypeVar
+
+from ix_device_plugin.backends.base import BackendError
+from ix_device_plugin.inventory import (
+    Board,
+    Chip,
+    ChipStatus,
+    Inventory,
+    health_errors_from_mask,
+    link_key,
+)
+
+log = logging.getLogger(__name__)
+
+_T = TypeVar("_T")
+
+DEFAULT_LIBRARY_PATHS: tuple[str, ...] = (
+    "/usr/local/corex/lib64/libixml.so",
+    "/usr/local/corex/lib/libixml.so",
+)
+LIBRARY_NAME = "libixml.so"
+CONTROL_NODE = "/dev/itrctl"
+PLACEHOLDER_UUID_PREFIX = "IX-UNKNOWN-"
+UNKNOWN_PRODUCT = "unknown"
+
+NVML_SUCCESS = 0
+NVML_ERROR_NOT_SUPPORTED = 3
+
+_UUID_BUFFER_SIZE = 80
+_NAME_BUFFER_SIZE = 64
+_DRIVER_VERSION_BUFFER_SIZE = 80
+_MIB = 1024 * 1024
+_BUS_ID = re.compile(r"^([0-9a-fA-F]+):([0-9a-fA-F]+):([0-9a-fA-F]+)\.([0-9a-fA-F]+)$")
+
+
+class NoDevicesError(BackendError):
+    """The library works but lists no devices."""
+
+
+class _PciInfo(ctypes.Structure):
+    _fields_ = (
+        ("busIdLegacy", ctypes.c_char * 16),
+        ("domain", ctypes.c_uint),
+        ("bus", ctypes.c_uint),
+        ("device", ctypes.c_uint),
+        ("pciDeviceId", ctypes.c_uint),
+        ("pciSubSystemId", ctypes.c_uint),
+        ("busId", ctypes.c_char * 32),
+    )
+
+
+class _Memory(ctypes.Structure):
+    _fields_ = (
+        ("total", ctypes.c_ulonglong),
+        ("free", ctypes.c_ulonglong),
+        ("used", ctypes.c_ulonglong),
+    )
+
+
+class _LinkMap(ctypes.Structure):
+    """The head of glibc's struct link_map, as dlinfo(RTLD_DI_LINKMAP) returns it."""
+
+    _fields_ = (("l_addr", ctypes.c_void_p), ("l_name", ctypes.c_char_p))
+
+
+_RTLD_DI_LINKMAP = 2
+_P = ctypes.POINTER
+_HANDLE = ctypes.c_void_p
+
+# Logical call -> (symbols, newest first; argument types). All return nvmlReturn_t.
+_CALLS: dict[str, tuple[tuple[str, ...], tuple[Any, ...]]] = {
+    "init": (("nvmlInit_v2", "nvmlInit"), ()),
+    "shutdown": (("nvmlShutdown",), ()),
+    "driver_version": (("nvmlSystemGetDriverVersion",), (ctypes.c_char_p, ctypes.c_uint)),
+    "count": (("nvmlDeviceGetCount_v2", "nvmlDeviceGetCount"), (_P(ctypes.c_uint),)),
+    "handle": (
+        ("nvmlDeviceGetHandleByIndex_v2", "nvmlDeviceGetHandleByIndex"),
+        (ctypes.c_uint, _P(_HANDLE)),
+    ),
+    "uuid": (("nvmlDeviceGetUUID",), (_HANDLE, ctypes.c_char_p, ctypes.c_uint)),
+    "name": (("nvmlDeviceGetName",), (_HANDLE, ctypes.c_char_p, ctypes.c_uint)),
+    "minor": (("nvmlDeviceGetMinorNumber",), (_HANDLE, _P(ctypes.c_uint))),
+    "pci": (("nvmlDeviceGetPciInfo_v3", "nvmlDeviceGetPciInfo"), (_HANDLE, _P(_PciInfo))),
+    "memory": (("nvmlDeviceGetMemoryInfo",), (_HANDLE, _P(_Memory))),
+    "board_position": (("ixmlDeviceGetBoardPosition",), (_HANDLE, _P(ctypes.c_uint))),
+    "same_board": (("nvmlDeviceOnSameBoard",), (_HANDLE, _HANDLE, _P(ctypes.c_int))),
+    "health": (("ixmlDeviceGetHealth",), (_HANDLE, _P(ctypes.c_ulonglong))),
+    "topology": (("nvmlDeviceGetTopologyCommonAncestor",), (_HANDLE, _HANDLE, _P(ctypes.c_int))),
+}
+_REQUIRED_CALLS = ("init", "shutdown", "count", "handle", "uuid", "minor")
+_INIT_SYMBOLS = _CALLS["init"][0]
+
+# One lock for every call into the library: it is process-wide state.
+_LIBRARY_LOCK = threading.Lock()
+
+
+def find_library(explicit: str | None, *, candidates: Iterable[str] = DEFAULT_LIBRARY_PATHS) -> str:
+    """Path (or loader name) of the IXML library to load: explicit, a CoreX default, or the search path."""
+    if explicit:
+        if os.sep in explicit and not os.path.exists(explicit):
+            raise BackendError(f"IXML library {explicit} does not exist")
+        return explicit
+    for path in candidates:
+        if os.path.exists(path):
+            return path
+    return ctypes.util.find_library("ixml") or LIBRARY_NAME
+
+
+def load_library(path: str) -> ctypes.CDLL:
+    """The loaded IXML library at path; BackendError when it cannot be loaded or is not IXML."""
+    try:
+        lib = ctypes.CDLL(path)
+    except OSError as exc:
+        raise BackendError(f"cannot load the IXML library {path}: {exc}") from exc
+    if not any(_has_symbol(lib, name) for name in _INIT_SYMBOLS):
+        raise BackendError(
+            f"{library_file(lib)} is not Iluvatar's IXML library (it has no nvmlInit_v2 or nvmlInit; "
+            "libupnp's XML parser is also called libixml.so)"
+        )
+    return lib
+
+
+def library_file(lib: ctypes.CDLL) -> str:
+    """The file a loaded library came from, or the name it was loaded by when that is unknown."""
+    try:
+        libc = ctypes.CDLL(None)
+        link_map = ctypes.POINTER(_LinkMap)()
+        if libc.dlinfo(ctypes.c_void_p(lib._handle), _RTLD_DI_LINKMAP, ctypes.byref(link_map)) == 0:
+            name = link_map.contents.l_name
+            if name:
+                return os.fsdecode(name)
+    except (AttributeError, OSError, ValueError):
+        pass
+    return str(lib._name)
+
+
+def _has_symbol(lib: ctypes.CDLL, name: str) -> bool:
+    try:
+        getattr(lib, name)
+    except AttributeError:
+        return False
+    return True
+
+
+def normalize_bus_id(bus_id: str) -> str:
+    """A PCI bus id in sysfs form (`0000:8a:00.0`) from NVML's (`00000000:8A:00.0`); '' if unparsable."""
+    match = _BUS_ID.match(bus_id.strip())
+    if match is None:
+        return ""
+    domain, bus, device, function = (int(part, 16) for part in match.groups())
+    return f"{domain:04x}:{bus:02x}:{device:02x}.{function:x}"
+
+
+def read_numa_node(sysfs_root: str | Path, bus_id: str) -> int | None:
+    """The NUMA node sysfs gives for a PCI device (sysfs bus id form), None when unknown."""
+    if not bus_id:
+        return None
+    try:
+        node = int((Path(sysfs_root) / "bus/pci/devices" / bus_id / "numa_node").read_text().strip())
+    except (OSError, ValueError):
+        return None
+    return node if node >= 0 else None
+
+
+def control_nodes(dev_root: str | Path) -> tuple[str, ...]:
+    """The shared control device nodes (e.g. /dev/itrctl) present under dev_root, as host paths."""
+    return (CONTROL_NODE,) if _host_path(dev_root, CONTROL_NODE).exists() else ()
+
+
+def device_node_problem(chip: Chip, dev_root: str | Path) -> str | None:
+    """Why the chip's /dev/iluvatar<minor> node makes it unusable, or None when it exists."""
+    node = chip.device_node
+    if node is None or _host_path(dev_root, node).exists():
+        return None
+    return f"device node {node} missing"
+
+
+def check_device_nodes(inventory: Inventory, dev_root: str | Path) -> Inventory:
+    """The inventory with missing chip device nodes as problems and control_nodes as found under dev_root."""
+    boards = tuple(
+        replace(board, chips=tuple(_with_node_check(chip, dev_root) for chip in board.chips))
+        for board in inventory.boards
+    )
+    return replace(inventory, boards=boards, control_nodes=control_nodes(dev_root))
+
+
+def _with_node_check(chip: Chip, dev_root: str | Path) -> Chip:
+    status = _node_checked_status(chip, dev_root)
+    return chip if status is chip.status else replace(chip, status=status)
+
+
+def _node_checked_status(chip: Chip, dev_root: str | Path) -> ChipStatus:
+    problem = device_node_problem(chip, dev_root)
+    if problem is None or problem in chip.status.problems:
+        return chip.status
+    return chip.status.with_problem(problem)
+
+
+def _host_path(dev_root: str | Path, node: str) -> Path:
+    return Path(dev_root) / node.lstrip("/")
+
+
+def placeholder_uuid(index: int, bus_id: str) -> str:
+    """A stable stand-in identity for a device whose UUID cannot be read."""
+    suffix = f"-{bus_id.replace(':', '-')}" if bus_id else ""
+    return f"{PLACEHOLDER_UUID_PREFIX}{index}{suffix}"
+
+
+class _CallError(Exception):
+    """One library call answered something other than success."""
+
+    def __init__(self, symbol: str, code: int, message: str) -> None:
+        super().__init__(f"{symbol} failed: {message}")
+        self.code = code
+
+    @property
+    def not_supported(self) -> bool:
+        return self.code == NVML_ERROR_NOT_SUPPORTED
+
+
+class _Library:
+    """The library's calls, bound to the newest symbol it exports."""
+
+    def __init__(self, lib: ctypes.CDLL, path: str) -> None:
+        self.path = path
+        self._symbols: dict[str, str] = {}
+        self._functions: dict[str, Any] = {}
+        for call, (symbols, argtypes) in _CALLS.items():
+            for symbol in symbols:
+                if _has_symbol(lib, symbol):
+                    function = getattr(lib, symbol)
+                    function.argtypes = argtypes
+                    function.restype = ctypes.c_int
+                    self._symbols[call] = symbol
+                    self._functions[call] = function
+                    break
+        missing = [_CALLS[call][0][0] for call in _REQUIRED_CALLS if call not in self._functions]
+        if missing:
+            raise BackendError(f"IXML library {path} lacks {', '.join(missing)}")
+        self._error_string: Any = None
+        if _has_symbol(lib, "nvmlErrorString"):
+            self._error_string = lib.nvmlErrorString
+            self._error_string.argtypes = (ctypes.c_int,)
+            self._error_string.restype = ctypes.c_char_p
+
+    def has(self, call: str) -> bool:
+        return call in self._functions
+
+    def symbol(self, call: str) -> str:
+        return self._symbols.get(call, _CALLS[call][0][0])
+
+    def call(self, call: str, *args: Any) -> None:
+        """Runs one call; raises _CallError unless it succeeds."""
+        code = self._functions[call](*args)
+        if code != NVML_SUCCESS:
+            raise _CallError(self.symbol(call), code, self.error_string(code))
+
+    def error_string(self, code: int) -> str:
+        if self._error_string is not None:
+            text = self._error_string(code)
+            if text:
+                return text.decode(errors="replace")
+        return f"error {code}"
+
+    def string(self, call: str, *args: Any, size: int) -> str:
+        buffer = ctypes.create_string_buffer(size)
+        self.call(call, *args, buffer, size)
+        return buffer.value.decode(errors="replace")
+
+
+@dataclass(frozen=True)
+class _Device:
+    """What one enumeration learnt about one device."""
+
+    index: int
+    handle: int | None
+    chip: Chip
+    # Position on its board; None when the library cannot say.
+    position: int | None = None
+
+
+class IxmlBackend:
+    """Chips and their health from Iluvatar's IXML library."""
+
+    name = "ixml"
+    has_device_nodes = True
+
+    def __init__(
+        self,
+        library_path: str | None = None,
+        dev_root: str | Path = "/",
+        sysfs_root: str | Path = "/sys",
+    ) -> None:
+        self._library_path = library_path
+        self._dev_root = Path(dev_root)
+        self._sysfs_root = Path(sysfs_root)
+        self._library: _Library | None = None
+        self._initialized = False
+        self._health_unavailable_logged = False
+
+    def discover(self) -> Inventory:
+        """Every board and chip with its current status; raises BackendError when it cannot."""
+        with _LIBRARY_LOCK:
+            library = self._start()
+            devices = self._enumerate(library)
+            if not devices:
+                raise NoDevicesError(f"IXML library {library.path} reports no Iluvatar devices")
+            inventory = Inventory(
+                boards=self._boards(library, devices),
+                driver_version=self._driver_version(library),
+                links=self._links(library, devices),
+            )
+        return check_device_nodes(inventory, self._dev_root)
+
+    def health(self, inventory: Inventory) -> Mapping[str, ChipStatus]:
+        """Current status of each chip of inventory, by UUID; chips it cannot reach are not present."""
+        try:
+            with _LIBRARY_LOCK:
+                library = self._start()
+                devices = self._enumerate(library)
+        except BackendError as exc:
+            lost = ChipStatus(present=False, problems=(str(exc),))
+            return {chip.uuid: lost for chip in inventory.chips()}
+        by_uuid = {device.chip.uuid: device.chip for device in devices}
+        by_bus = {device.chip.bus_id: device.chip for device in devices if device.chip.bus_id}
+        statuses: dict[str, ChipStatus] = {}
+        for chip in inventory.chips():
+            current = by_uuid.get(chip.uuid) or _unidentified_at(by_bus, chip.bus_id)
+            if current is None:
+                statuses[chip.uuid] = ChipStatus(present=False)
+            else:
+                statuses[chip.uuid] = _node_checked_status(current, self._dev_root)
+        return statuses
+
+    def close(self) -> None:
+        """Shut the library down; a later discover() starts it again."""
+        with _LIBRARY_LOCK:
+            if self._library is not None and self._initialized:
+                try:
+                    self._library.call("shutdown")
+                except _CallError as exc:
+                    log.warning("IXML shutdown: %s", exc)
+            self._initialized = False
+
+    def _start(self) -> _Library:
+        if self._library is None:
+            path = find_library(self._library_path)
+            self._library = _Library(load_library(path), path)
+        if not self._initialized:
+            try:
+                self._library.call("init")
+            except _CallError as exc:
+                raise BackendError(f"IXML library {self._library.path} failed to initialise: {exc}") from exc
+            self._initialized = True
+        return self._library
+
+    def _enumerate(self, library: _Library) -> list[_Device]:
+        count = ctypes.c_uint()
+        try:
+            library.call("count", ctypes.byref(count))
+        except _CallError as exc:
+            raise BackendError(f"IXML library {library.path} cannot count devices: {exc}") from exc
+        return [self._read_device(library, index) for index in range(count.value)]
+
+    def _read_device(self, library: _Library, index: int) -> _Device:
+        handle = _HANDLE()
+        try:
+            library.call("handle", index, ctypes.byref(handle))
+        except _CallError as exc:
+            chip = Chip(
+                uuid=placeholder_uuid(index, ""),
+                minor=None,
+                product=UNKNOWN_PRODUCT,
+                status=ChipStatus(problems=(str(exc),)),
+            )
+            return _Device(index=index, handle=None, chip=chip)
+        problems: list[str] = []
+        uuid = _attempt(problems, lambda: self._uuid(library, handle))
+        product = _attempt(problems, lambda: library.string("name", handle, size=_NAME_BUFFER_SIZE))
+        minor = _attempt(problems, lambda: _read_uint(library, "minor", handle))
+        bus_id = _attempt(problems, lambda: _bus_id(library, handle)) or ""
+        memory = _attempt(problems, lambda: _memory_mib(library, handle))
+        position = _optional(
+            problems, library, "board_position", lambda: _read_uint(library, "board_position", handle)
+        )
+        chip = Chip(
+            uuid=uuid or placeholder_uuid(index, bus_id),
+            minor=minor,
+            product=product or UNKNOWN_PRODUCT,
+            bus_id=bus_id,
+            numa_node=read_numa_node(self._sysfs_root, bus_id),
+            memory_mib=memory or 0,
+            status=ChipStatus(
+                errors=self._health_errors(library, handle, problems), problems=tuple(problems)
+            ),
+        )
+        return _Device(index=index, handle=handle.value, chip=chip, position=position)
+
+    @staticmethod
+    def _uuid(library: _Library, handle: _HANDLE) -> str:
+        uuid = library.string("uuid", handle, size=_UUID_BUFFER_SIZE)
+        if not uuid:
+            raise _CallError(library.symbol("uuid"), NVML_SUCCESS, "empty UUID")
+        return uuid
+
+    def _health_errors(self, library: _Library, handle: _HANDLE, problems: list[str]) -> frozenset[str]:
+        if not library.has("health"):
+            self._note_health_unavailable(library)
+            return frozenset()
+        mask = ctypes.c_ulonglong()
+        try:
+            library.call("health", handle, ctypes.byref(mask))
+        except _CallError as exc:
+            if exc.not_supported:
+                self._note_health_unavailable(library)
+            else:
+                problems.append(str(exc))
+            return frozenset()
+        return health_errors_from_mask(mask.value)
+
+    def _note_health_unavailable(self, library: _Library) -> None:
+        if not self._health_unavailable_logged:
+            self._health_unavailable_logged = True
+            log.warning(
+                "IXML health checks are unavailable (%s lacks or does not support ixmlDeviceGetHealth): "
+                "chips count as healthy while their calls and device nodes work",
+                library.path,
+            )
+
+    def _boards(self, library: _Library, devices: list[_Device]) -> tuple[Board, ...]:
+        groups = _board_groups(library, devices)
+        boards = [
+            sorted(members, key=lambda device: (device.position or 0, device.index)) for members in groups
+        ]
+        boards.sort(key=lambda members: min(device.index for device in members))
+        return tuple(
+            Board(product=members[0].chip.product, chips=tuple(device.chip for device in members))
+            for members in boards
+        )
+
+    @staticmethod
+    def _driver_version(library: _Library) -> str:
+        if not library.has("driver_version"):
+            return ""
+        try:
+            return library.string("driver_version", size=_DRIVER_VERSION_BUFFER_SIZE)
+        except _CallError as exc:
+            log.warning("IXML driver version unknown: %s", exc)
+            return ""
+
+    @staticmethod
+    def _links(library: _Library, devices: list[_Device]) -> dict[tuple[str, str], int]:
+        if not library.has("topology"):
+            return {}
+        reachable = [device for device in devices if device.handle is not None]
+        links: dict[tuple[str, str], int] = {}
+        for i, first in enumerate(reachable):
+            for second in reachable[i + 1 :]:
+                level = ctypes.c_int()
+                try:
+                    library.call("topology", first.handle, second.handle, ctypes.byref(level))
+                except _CallError:
+                    continue
+                links[link_key(first.chip.uuid, second.chip.uuid)] = level.value
+        return links
+
+
+def _attempt(problems: list[str], read: Callable[[], _T]) -> _T | None:
+    """read(), or None with the failure added to problems."""
+    try:
+        return read()
+    except _CallError as exc:
+        problems.append(str(exc))
+        return None
+
+
+def _optional(problems: list[str], library: _Library, call: str, read: Callable[[], _T]) -> _T | None:
+    """read() for a call the library may lack or not support: None then, and a problem on other failures."""
+    if not library.has(call):
+        return None
+    try:
+        return read()
+    except _CallError as exc:
+        if not exc.not_supported:
+            problems.append(str(exc))
+        return None
+
+
+def _read_uint(library: _Library, call: str, handle: _HANDLE) -> int:
+    value = ctypes.c_uint()
+    library.call(call, handle, ctypes.byref(value))
+    return value.value
+
+
+def _bus_id(library: _Library, handle: _HANDLE) -> str:
+    info = _PciInfo()
+    library.call("pci", handle, ctypes.byref(info))
+    for raw in (info.busId, info.busIdLegacy):
+        bus_id = normalize_bus_id(raw.decode(errors="replace"))
+        if bus_id:
+            return bus_id
+    return f"{info.domain:04x}:{info.bus:02x}:{info.device:02x}.0"
+
+
+def _memory_mib(library: _Library, handle: _HANDLE) -> int:
+    memory = _Memory()
+    library.call("memory", handle, ctypes.byref(memory))
+    return int(memory.total // _MIB)
+
+
+def _board_groups(library: _Library, devices: list[_Device]) -> list[list[_Device]]:
+    """Devices grouped by board: each chip joins the position-0 chip it shares a board with."""
+    alone = [[device] for device in devices]
+    if not (library.has("board_position") and library.has("same_board")):
+        return alone
+    leaders = [d for d in devices if d.position == 0 and d.handle is not None]
+    groups: dict[int, list[_Device]] = {leader.index: [leader] for leader in leaders}
+    for device in devices:
+        if device.position == 0 and device.handle is not None:
+            continue
+        leader = None
+        if device.position is not None and device.handle is not None:
+            try:
+                leader = _board_leader(library, device, leaders)
+            except _CallError:
+                return alone
+        groups.setdefault(leader.index if leader else device.index, []).append(device)
+    return list(groups.values())
+
+
+def _board_leader(library: _Library, device: _Device, leaders: list[_Device]) -> _Device | None:
+    """The position-0 chip on device's board; raises _CallError only when boards are not supported."""
+    for leader in leaders:
+        same = ctypes.c_int()
+        try:
+            library.call("same_board", leader.handle, device.handle, ctypes.byref(same))
+        except _CallError as exc:
+            if exc.not_supported:
+                raise
+            continue
+        if same.value:
+            return leader
+    return None
+
+
+def _unidentified_at(by_bus: Mapping[str, Chip], bus_id: str) -> Chip | None:
+    """The chip now at bus_id when its UUID can no longer be read."""
+    chip = by_bus.get(bus_id) if bus_id else None
+    return chip if chip is not None and chip.uuid.startswith(PLACEHOLDER_UUID_PREFIX) else None

@@ -1,0 +1,403 @@
+/*
+ * A stand-in for Iluvatar's libixml.so: the NVML-compatible calls the plugin
+ * uses, answered from a text file named by the IXML_DOUBLE_CONFIG environment
+ * variable. The file is re-read by nvmlInit, nvmlDeviceGetCount and
+ * ixmlDeviceGetHealth, so a test can change devices while a backend runs.
+ *
+ * Config format, one item per line, '#' starts a comment:
+ *   driver=4.1.0                 driver version string
+ *   fail_init=1                  nvmlInit answers DRIVER_NOT_LOADED (9)
+ *   fail_count=1                 nvmlDeviceGetCount answers UNKNOWN (999)
+ *   link=0,1,10                  common-ancestor level of devices 0 and 1
+ *                                (pairs not listed answer 50, SYSTEM)
+ *   device key=value ...         one device, in index order; keys:
+ *     uuid=GPU-...  name="Iluvatar BI-V150"  minor=0  bus=00000000:8A:00.0
+ *     memory=32768 (MiB)  board=B0  position=0  health=0x14
+ *     fail=LIST         these calls answer UNKNOWN (999)
+ *     unsupported=LIST  these calls answer NOT_SUPPORTED (3)
+ *   where LIST is a comma-separated subset of: handle, uuid, name, minor, pci, memory,
+ *   board (ixmlDeviceGetBoardPosition), same_board (nvmlDeviceOnSameBoard), health, topology
+ *
+ * Build variants with -D:
+ *   NO_VERSIONED_NAMES   export only nvmlInit, nvmlDeviceGetCount, ... (old driver)
+ *   NO_IXML_EXTENSIONS   leave out ixmlDeviceGetBoardPosition and ixmlDeviceGetHealth
+ *   NO_TOPOLOGY          leave out nvmlDeviceGetTopologyCommonAncestor
+ *   LIBUPNP_LIKE         export only XML-parser symbols, like libupnp's libixml.so
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#ifdef LIBUPNP_LIKE
+
+typedef struct { int unused; } IXML_Document;
+
+int ixmlParseBufferEx(const char *buffer, IXML_Document **doc) {
+    (void)buffer;
+    *doc = NULL;
+    return 0;
+}
+
+void ixmlDocument_free(IXML_Document *doc) { (void)doc; }
+
+#else
+
+#define MAX_DEVICES 64
+#define MAX_LINKS 256
+
+#define NVML_SUCCESS 0
+#define NVML_ERROR_UNINITIALIZED 1
+#define NVML_ERROR_INVALID_ARGUMENT 2
+#define NVML_ERROR_NOT_SUPPORTED 3
+#define NVML_ERROR_INSUFFICIENT_SIZE 7
+#define NVML_ERROR_DRIVER_NOT_LOADED 9
+#define NVML_ERROR_GPU_IS_LOST 15
+#define NVML_ERROR_UNKNOWN 999
+
+typedef int nvmlReturn_t;
+
+typedef struct {
+    char busIdLegacy[16];
+    unsigned int domain;
+    unsigned int bus;
+    unsigned int device;
+    unsigned int pciDeviceId;
+    unsigned int pciSubSystemId;
+    char busId[32];
+} nvmlPciInfo_t;
+
+typedef struct {
+    unsigned long long total;
+    unsigned long long free;
+    unsigned long long used;
+} nvmlMemory_t;
+
+struct device {
+    char uuid[96];
+    char name[96];
+    unsigned int minor;
+    char bus[32];
+    unsigned long long memory_mib;
+    char board[64];
+    unsigned int position;
+    unsigned long long health;
+    char fail[256];
+    char unsupported[256];
+};
+
+struct link {
+    unsigned int a, b;
+    int level;
+};
+
+/* A handle points at one of these; its index is checked against the current device count. */
+struct slot {
+    unsigned int index;
+};
+
+static struct device devices[MAX_DEVICES];
+static unsigned int device_count;
+static struct link links[MAX_LINKS];
+static unsigned int link_count;
+static struct slot slots[MAX_DEVICES];
+static char driver_version[80] = "0.0.0";
+static int fail_init;
+static int fail_count;
+static int init_count;
+
+static int listed(const char *list, const char *item) {
+    size_t len = strlen(item);
+    const char *p = list;
+    while ((p = strstr(p, item)) != NULL) {
+        int starts = (p == list || p[-1] == ',');
+        int ends = (p[len] == '\0' || p[len] == ',');
+        if (starts && ends) return 1;
+        p += len;
+    }
+    return 0;
+}
+
+static void copy_value(char *dst, size_t size, const char *src) {
+    snprintf(dst, size, "%s", src);
+}
+
+/* Splits "key=value" tokens, where value may be double-quoted to hold spaces. */
+static char *next_token(char **cursor, char **value) {
+    char *p = *cursor;
+    while (*p == ' ' || *p == '\t') p++;
+    if (*p == '\0') return NULL;
+    char *key = p;
+    while (*p && *p != '=' && *p != ' ' && *p != '\t') p++;
+    *value = p;
+    if (*p == '=') {
+        *p++ = '\0';
+        if (*p == '"') {
+            *value = ++p;
+            while (*p && *p != '"') p++;
+        } else {
+            *value = p;
+            while (*p && *p != ' ' && *p != '\t') p++;
+        }
+    }
+    if (*p) *p++ = '\0';
+    *cursor = p;
+    return key;
+}
+
+static void parse_device(char *rest) {
+    if (device_count >= MAX_DEVICES) return;
+    struct device *d = &devices[device_count++];
+    memset(d, 0, sizeof(*d));
+    snprintf(d->uuid, sizeof(d->uuid), "GPU-double-%u", device_count - 1);
+    copy_value(d->name, sizeof(d->name), "Iluvatar BI-V100");
+    d->minor = device_count - 1;
+    snprintf(d->bus, sizeof(d->bus), "00000000:%02X:00.0", device_count);
+    d->memory_mib = 32768;
+    snprintf(d->board, sizeof(d->board), "board-%u", device_count - 1);
+    char *value;
+    char *key;
+    while ((key = next_token(&rest, &value)) != NULL) {
+        if (strcmp(key, "uuid") == 0) copy_value(d->uuid, sizeof(d->uuid), value);
+        else if (strcmp(key, "name") == 0) copy_value(d->name, sizeof(d->name), value);
+        else if (strcmp(key, "minor") == 0) d->minor = (unsigned int)strtoul(value, NULL, 0);
+        else if (strcmp(key, "bus") == 0) copy_value(d->bus, sizeof(d->bus), value);
+        else if (strcmp(key, "memory") == 0) d->memory_mib = strtoull(value, NULL, 0);
+        else if (strcmp(key, "board") == 0) copy_value(d->board, sizeof(d->board), value);
+        else if (strcmp(key, "position") == 0) d->position = (unsigned int)strtoul(value, NULL, 0);
+        else if (strcmp(key, "health") == 0) d->health = strtoull(value, NULL, 0);
+        else if (strcmp(key, "fail") == 0) copy_value(d->fail, sizeof(d->fail), value);
+        else if (strcmp(key, "unsupported") == 0) copy_value(d->unsupported, sizeof(d->unsupported), value);
+    }
+}
+
+static void load_config(void) {
+    device_count = 0;
+    link_count = 0;
+    fail_init = 0;
+    fail_count = 0;
+    copy_value(driver_version, sizeof(driver_version), "0.0.0");
+    const char *path = getenv("IXML_DOUBLE_CONFIG");
+    if (path == NULL) return;
+    FILE *f = fopen(path, "r");
+    if (f == NULL) return;
+    char line[1024];
+    while (fgets(line, sizeof(line), f) != NULL) {
+        line[strcspn(line, "\r\n#")] = '\0';
+        char *p = line;
+        while (*p == ' ' || *p == '\t') p++;
+        if (strncmp(p, "device", 6) == 0 && (p[6] == ' ' || p[6] == '\t' || p[6] == '\0')) {
+            parse_device(p + 6);
+        } else if (strncmp(p, "driver=", 7) == 0) {
+            copy_value(driver_version, sizeof(driver_version), p + 7);
+        } else if (strncmp(p, "fail_init=", 10) == 0) {
+            fail_init = atoi(p + 10);
+        } else if (strncmp(p, "fail_count=", 11) == 0) {
+            fail_count = atoi(p + 11);
+        } else if (strncmp(p, "link=", 5) == 0 && link_count < MAX_LINKS) {
+            struct link *l = &links[link_count];
+            if (sscanf(p + 5, "%u,%u,%d", &l->a, &l->b, &l->level) == 3) link_count++;
+        }
+    }
+    fclose(f);
+}
+
+/* Resolves a handle to its device, or answers why not. */
+static nvmlReturn_t lookup(void *handle, struct device **out) {
+    if (init_count == 0) return NVML_ERROR_UNINITIALIZED;
+    if (handle == NULL) return NVML_ERROR_INVALID_ARGUMENT;
+    struct slot *s = (struct slot *)handle;
+    if (s->index >= device_count) return NVML_ERROR_GPU_IS_LOST;
+    *out = &devices[s->index];
+    return NVML_SUCCESS;
+}
+
+static nvmlReturn_t injected(const struct device *d, const char *call) {
+    if (listed(d->fail, call)) return NVML_ERROR_UNKNOWN;
+    if (listed(d->unsupported, call)) return NVML_ERROR_NOT_SUPPORTED;
+    return NVML_SUCCESS;
+}
+
+static nvmlReturn_t copy_string(char *dst, unsigned int size, const char *src) {
+    if (dst == NULL) return NVML_ERROR_INVALID_ARGUMENT;
+    if (strlen(src) + 1 > size) return NVML_ERROR_INSUFFICIENT_SIZE;
+    memcpy(dst, src, strlen(src) + 1);
+    return NVML_SUCCESS;
+}
+
+const char *nvmlErrorString(nvmlReturn_t ret) {
+    switch (ret) {
+    case NVML_SUCCESS: return "Success";
+    case NVML_ERROR_UNINITIALIZED: return "Uninitialized";
+    case NVML_ERROR_INVALID_ARGUMENT: return "Invalid Argument";
+    case NVML_ERROR_NOT_SUPPORTED: return "Not Supported";
+    case NVML_ERROR_INSUFFICIENT_SIZE: return "Insufficient Size";
+    case NVML_ERROR_DRIVER_NOT_LOADED: return "Driver Not Loaded";
+    case NVML_ERROR_GPU_IS_LOST: return "GPU is lost";
+    default: return "Unknown Error";
+    }
+}
+
+static nvmlReturn_t do_init(void) {
+    load_config();
+    if (fail_init) return NVML_ERROR_DRIVER_NOT_LOADED;
+    for (unsigned int i = 0; i < MAX_DEVICES; i++) slots[i].index = i;
+    init_count++;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlShutdown(void) {
+    if (init_count == 0) return NVML_ERROR_UNINITIALIZED;
+    init_count--;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlSystemGetDriverVersion(char *version, unsigned int length) {
+    if (init_count == 0) return NVML_ERROR_UNINITIALIZED;
+    return copy_string(version, length, driver_version);
+}
+
+static nvmlReturn_t do_get_count(unsigned int *count) {
+    if (init_count == 0) return NVML_ERROR_UNINITIALIZED;
+    load_config();
+    if (fail_count) return NVML_ERROR_UNKNOWN;
+    *count = device_count;
+    return NVML_SUCCESS;
+}
+
+static nvmlReturn_t do_get_handle(unsigned int index, void **handle) {
+    if (init_count == 0) return NVML_ERROR_UNINITIALIZED;
+    if (index >= device_count) return NVML_ERROR_INVALID_ARGUMENT;
+    if (listed(devices[index].fail, "handle")) return NVML_ERROR_UNKNOWN;
+    *handle = &slots[index];
+    return NVML_SUCCESS;
+}
+
+static nvmlReturn_t do_get_pci_info(void *handle, nvmlPciInfo_t *pci) {
+    struct device *d;
+    nvmlReturn_t ret = lookup(handle, &d);
+    if (ret == NVML_SUCCESS) ret = injected(d, "pci");
+    if (ret != NVML_SUCCESS) return ret;
+    memset(pci, 0, sizeof(*pci));
+    sscanf(d->bus, "%x:%x:%x", &pci->domain, &pci->bus, &pci->device);
+    copy_value(pci->busId, sizeof(pci->busId), d->bus);
+    snprintf(pci->busIdLegacy, sizeof(pci->busIdLegacy), "%04X:%02X:%02X.0",
+             pci->domain & 0xffff, pci->bus & 0xff, pci->device & 0xff);
+    pci->pciDeviceId = 0x00011e3e;
+    return NVML_SUCCESS;
+}
+
+#ifdef NO_VERSIONED_NAMES
+nvmlReturn_t nvmlInit(void) { return do_init(); }
+nvmlReturn_t nvmlDeviceGetCount(unsigned int *count) { return do_get_count(count); }
+nvmlReturn_t nvmlDeviceGetHandleByIndex(unsigned int index, void **handle) {
+    return do_get_handle(index, handle);
+}
+/* The oldest struct carries only the 16-byte bus id, then the numeric fields. */
+nvmlReturn_t nvmlDeviceGetPciInfo(void *handle, nvmlPciInfo_t *pci) {
+    nvmlReturn_t ret = do_get_pci_info(handle, pci);
+    if (ret == NVML_SUCCESS) memset(pci->busId, 0, sizeof(pci->busId));
+    return ret;
+}
+#else
+nvmlReturn_t nvmlInit_v2(void) { return do_init(); }
+nvmlReturn_t nvmlDeviceGetCount_v2(unsigned int *count) { return do_get_count(count); }
+nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned int index, void **handle) {
+    return do_get_handle(index, handle);
+}
+nvmlReturn_t nvmlDeviceGetPciInfo_v3(void *handle, nvmlPciInfo_t *pci) {
+    return do_get_pci_info(handle, pci);
+}
+#endif
+
+nvmlReturn_t nvmlDeviceGetUUID(void *handle, char *uuid, unsigned int length) {
+    struct device *d;
+    nvmlReturn_t ret = lookup(handle, &d);
+    if (ret == NVML_SUCCESS) ret = injected(d, "uuid");
+    if (ret != NVML_SUCCESS) return ret;
+    return copy_string(uuid, length, d->uuid);
+}
+
+nvmlReturn_t nvmlDeviceGetName(void *handle, char *name, unsigned int length) {
+    struct device *d;
+    nvmlReturn_t ret = lookup(handle, &d);
+    if (ret == NVML_SUCCESS) ret = injected(d, "name");
+    if (ret != NVML_SUCCESS) return ret;
+    return copy_string(name, length, d->name);
+}
+
+nvmlReturn_t nvmlDeviceGetMinorNumber(void *handle, unsigned int *minor) {
+    struct device *d;
+    nvmlReturn_t ret = lookup(handle, &d);
+    if (ret == NVML_SUCCESS) ret = injected(d, "minor");
+    if (ret != NVML_SUCCESS) return ret;
+    *minor = d->minor;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetMemoryInfo(void *handle, nvmlMemory_t *memory) {
+    struct device *d;
+    nvmlReturn_t ret = lookup(handle, &d);
+    if (ret == NVML_SUCCESS) ret = injected(d, "memory");
+    if (ret != NVML_SUCCESS) return ret;
+    memory->total = d->memory_mib * 1024ULL * 1024ULL;
+    memory->used = 0;
+    memory->free = memory->total;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceOnSameBoard(void *handle1, void *handle2, int *on_same_board) {
+    struct device *a;
+    struct device *b;
+    nvmlReturn_t ret = lookup(handle1, &a);
+    if (ret == NVML_SUCCESS) ret = lookup(handle2, &b);
+    if (ret == NVML_SUCCESS) ret = injected(a, "same_board");
+    if (ret == NVML_SUCCESS) ret = injected(b, "same_board");
+    if (ret != NVML_SUCCESS) return ret;
+    *on_same_board = strcmp(a->board, b->board) == 0;
+    return NVML_SUCCESS;
+}
+
+#ifndef NO_TOPOLOGY
+nvmlReturn_t nvmlDeviceGetTopologyCommonAncestor(void *handle1, void *handle2, int *level) {
+    struct device *a;
+    struct device *b;
+    nvmlReturn_t ret = lookup(handle1, &a);
+    if (ret == NVML_SUCCESS) ret = lookup(handle2, &b);
+    if (ret == NVML_SUCCESS) ret = injected(a, "topology");
+    if (ret == NVML_SUCCESS) ret = injected(b, "topology");
+    if (ret != NVML_SUCCESS) return ret;
+    unsigned int ia = ((struct slot *)handle1)->index;
+    unsigned int ib = ((struct slot *)handle2)->index;
+    *level = ia == ib ? 0 : 50;
+    for (unsigned int i = 0; i < link_count; i++) {
+        if ((links[i].a == ia && links[i].b == ib) || (links[i].a == ib && links[i].b == ia)) {
+            *level = links[i].level;
+        }
+    }
+    return NVML_SUCCESS;
+}
+#endif
+
+#ifndef NO_IXML_EXTENSIONS
+nvmlReturn_t ixmlDeviceGetBoardPosition(void *handle, unsigned int *position) {
+    struct device *d;
+    nvmlReturn_t ret = lookup(handle, &d);
+    if (ret == NVML_SUCCESS) ret = injected(d, "board");
+    if (ret != NVML_SUCCESS) return ret;
+    *position = d->position;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t ixmlDeviceGetHealth(void *handle, unsigned long long *health) {
+    struct device *d;
+    if (init_count == 0) return NVML_ERROR_UNINITIALIZED;
+    load_config();
+    nvmlReturn_t ret = lookup(handle, &d);
+    if (ret == NVML_SUCCESS) ret = injected(d, "health");
+    if (ret != NVML_SUCCESS) return ret;
+    *health = d->health;
+    return NVML_SUCCESS;
+}
+#endif
+
+#endif /* LIBUPNP_LIKE */
