@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import logging
+import os
 import shutil
 import subprocess
+import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -134,6 +137,21 @@ def backend_for(libs, dev_root, tmp_path):
         backend.close()
 
 
+@pytest.fixture
+def warnings_logged():
+    """Warning records of the IXML module, caught on its own logger whatever logging setup ran before."""
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler(logging.WARNING)
+    handler.emit = records.append
+    logger = logging.getLogger(LOGGER)
+    level = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.WARNING)
+    yield records
+    logger.removeHandler(handler)
+    logger.setLevel(level)
+
+
 def chip_uuids(inventory: Inventory) -> list[list[str]]:
     return [[chip.uuid for chip in board.chips] for board in inventory.boards]
 
@@ -206,14 +224,13 @@ def test_health_mask_names_the_errors_and_is_reread(config, backend_for):
     assert set(statuses) == {"GPU-b0-c0", "GPU-b0-c1", "GPU-b1-c0", "GPU-b1-c1"}
 
 
-def test_old_library_without_extensions(config, backend_for, caplog):
+def test_old_library_without_extensions(config, backend_for, warnings_logged):
     config(TWO_BI_V150.replace("minor=1 ", "minor=1 health=0x10 "))
     backend = backend_for("old")
 
-    with caplog.at_level(logging.WARNING, logger=LOGGER):
-        inventory = backend.discover()
-        statuses = backend.health(inventory)
-        backend.discover()
+    inventory = backend.discover()
+    statuses = backend.health(inventory)
+    backend.discover()
 
     assert chip_uuids(inventory) == [["GPU-b0-c1"], ["GPU-b0-c0"], ["GPU-b1-c0"], ["GPU-b1-c1"]]
     assert all(status == ChipStatus() for status in statuses.values())
@@ -223,24 +240,23 @@ def test_old_library_without_extensions(config, backend_for, caplog):
         "0000:ca:00.0",
         "0000:cb:00.0",
     ]
-    unavailable = [r for r in caplog.records if "health checks are unavailable" in r.getMessage()]
+    unavailable = [r for r in warnings_logged if "health checks are unavailable" in r.getMessage()]
     assert len(unavailable) == 1
 
 
-def test_not_supported_answers_mean_no_boards_and_no_health(config, backend_for, caplog):
+def test_not_supported_answers_mean_no_boards_and_no_health(config, backend_for, warnings_logged):
     config(
         TWO_BI_V150.replace("minor=0 ", "minor=0 unsupported=board,health ").replace(
             "position=1\n", "position=1 unsupported=board,health\n"
         )
     )
 
-    with caplog.at_level(logging.WARNING, logger=LOGGER):
-        inventory = backend_for().discover()
+    inventory = backend_for().discover()
 
     # Only GPU-b1-c0 still answers; its board partner cannot say where it sits.
     assert chip_uuids(inventory) == [["GPU-b0-c1"], ["GPU-b0-c0"], ["GPU-b1-c0"], ["GPU-b1-c1"]]
     assert all(status == ChipStatus() for status in inventory.statuses().values())
-    assert sum("health checks are unavailable" in r.getMessage() for r in caplog.records) == 1
+    assert sum("health checks are unavailable" in r.getMessage() for r in warnings_logged) == 1
 
 
 def test_same_board_not_supported_keeps_every_chip_alone(config, backend_for):
@@ -499,3 +515,56 @@ def test_concurrent_discover_and_health(config, backend_for):
 
     with ThreadPoolExecutor(max_workers=8) as pool:
         assert all(pool.map(poll, range(40)))
+
+
+def _cli() -> list[str]:
+    script = Path(sys.executable).parent / "ix-device-plugin"
+    if script.exists():
+        return [str(script)]
+    return [sys.executable, "-c", "from ix_device_plugin.cli import main; raise SystemExit(main())"]
+
+
+@pytest.mark.parametrize(("splitboard", "capacity", "allocatable"), [("false", 2, 1), ("true", 4, 3)])
+def test_cli_list_reports_the_double_devices(libs, tmp_path, splitboard, capacity, allocatable):
+    conf = tmp_path / "ixml_double.conf"
+    conf.write_text(TWO_BI_V150.replace("minor=1 ", "minor=1 health=0x10 "))
+    root = make_dev_root(tmp_path / "root", [0, 1, 2, 3])
+    env = {key: value for key, value in os.environ.items() if not key.startswith("IX_")}
+    env[CONFIG_ENV] = str(conf)
+
+    listed = subprocess.run(
+        [
+            *_cli(),
+            "list",
+            "--backend",
+            "ixml",
+            "--ixml-library",
+            str(libs["full"]),
+            "--dev-root",
+            str(root),
+            "--splitboard",
+            splitboard,
+            "--output",
+            "json",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+    assert listed.returncode == 0, listed.stderr
+    report = json.loads(listed.stdout)
+    assert report["driver_version"] == "4.1.0"
+    assert [[chip["uuid"] for chip in board["chips"]] for board in report["boards"]] == [
+        ["GPU-b0-c0", "GPU-b0-c1"],
+        ["GPU-b1-c0", "GPU-b1-c1"],
+    ]
+    assert (report["capacity"], report["allocatable"]) == (capacity, allocatable)
+    assert report["control_nodes"] == [CONTROL_NODE]
+    health = {device["id"]: device["health"] for device in report["devices"]}
+    unhealthy = {device_id for device_id, state in health.items() if state == "Unhealthy"}
+    assert unhealthy == ({"GPU-b0-c1"} if splitboard == "true" else {"GPU-b0-c0"})
+    sick = next(device for device in report["devices"] if device["id"] in unhealthy)
+    assert sick["reasons"] == ["GPU-b0-c1: ECC"]
