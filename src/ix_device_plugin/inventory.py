@@ -19,6 +19,7 @@ HEALTH_BITS: dict[str, int] = {
     "PCIE": 0x40,
 }
 HEALTH_ERROR_NAMES: tuple[str, ...] = tuple(HEALTH_BITS)
+IGNORE_ALL = "all"
 
 
 def health_errors_from_mask(mask: int) -> frozenset[str]:
@@ -45,13 +46,16 @@ class ChipStatus:
     problems: tuple[str, ...] = ()
     present: bool = True
 
-    def reasons(self, ignored_errors: frozenset[str] | None = None) -> tuple[str, ...]:
-        """Why the chip is unhealthy (empty when healthy); ignored_errors None ignores all errors."""
+    def reasons(self, ignored_errors: frozenset[str] = frozenset()) -> tuple[str, ...]:
+        """Why the chip is unusable (empty when healthy), leaving out ignored error names.
+
+        `all` in ignored_errors ignores every health error; presence and other problems still count.
+        """
         reasons: list[str] = []
         if not self.present:
             reasons.append("not present")
         reasons.extend(self.problems)
-        if ignored_errors is not None:
+        if IGNORE_ALL not in ignored_errors:
             reasons.extend(sorted(e for e in self.errors if e not in ignored_errors))
         return tuple(reasons)
 
@@ -133,8 +137,7 @@ class Inventory:
     def with_statuses(self, statuses: Mapping[str, ChipStatus]) -> Inventory:
         """A copy whose chips take their status from statuses (by UUID); others keep theirs."""
         boards = tuple(
-            replace(board, chips=tuple(_with_status(chip, statuses) for chip in board.chips))
-            for board in self.boards
+            replace(board, chips=tuple(_with_status(chip, statuses) for chip in board.chips)) for board in self.boards
         )
         return replace(self, boards=boards)
 

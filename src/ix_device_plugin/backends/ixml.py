@@ -396,9 +396,7 @@ class IxmlBackend:
         minor = _attempt(problems, lambda: _read_uint(library, "minor", handle))
         bus_id = _attempt(problems, lambda: _bus_id(library, handle)) or ""
         memory = _attempt(problems, lambda: _memory_mib(library, handle))
-        position = _optional(
-            problems, library, "board_position", lambda: _read_uint(library, "board_position", handle)
-        )
+        position = _optional(problems, library, "board_position", lambda: _read_uint(library, "board_position", handle))
         chip = Chip(
             uuid=uuid or placeholder_uuid(index, bus_id),
             minor=minor,
@@ -406,9 +404,7 @@ class IxmlBackend:
             bus_id=bus_id,
             numa_node=read_numa_node(self._sysfs_root, bus_id),
             memory_mib=memory or 0,
-            status=ChipStatus(
-                errors=self._health_errors(library, handle, problems), problems=tuple(problems)
-            ),
+            status=ChipStatus(errors=self._health_errors(library, handle, problems), problems=tuple(problems)),
         )
         return _Device(index=index, handle=handle.value, chip=chip, position=position)
 
@@ -445,13 +441,10 @@ class IxmlBackend:
 
     def _boards(self, library: _Library, devices: list[_Device]) -> tuple[Board, ...]:
         groups = _board_groups(library, devices)
-        boards = [
-            sorted(members, key=lambda device: (device.position or 0, device.index)) for members in groups
-        ]
+        boards = [sorted(members, key=lambda device: (device.position or 0, device.index)) for members in groups]
         boards.sort(key=lambda members: min(device.index for device in members))
         return tuple(
-            Board(product=members[0].chip.product, chips=tuple(device.chip for device in members))
-            for members in boards
+            Board(product=members[0].chip.product, chips=tuple(device.chip for device in members)) for members in boards
         )
 
     @staticmethod

@@ -1,0 +1,7 @@
+"""`python -m ix_device_plugin` runs the command line."""
+
+import sys
+
+from ix_device_plugin.cli import main
+
+sys.exit(main())

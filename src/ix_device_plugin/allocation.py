@@ -1,0 +1,100 @@
+"""What goes into a container that was given some devices: device nodes and environment.
+
+Pure: reads a Plan, never the hardware.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from ix_device_plugin.plan import Plan, PlannedDevice
+
+VISIBLE_DEVICES_ENV = "IX_VISIBLE_DEVICES"
+REPLICA_DEVICES_ENV = "IX_REPLICA_DEVICES"
+# The names CoreX releases before 4.4 read; set to the same values.
+LEGACY_VISIBLE_DEVICES_ENV = "ILUVATAR_COREX_VISIBLE_DEVICES"
+LEGACY_REPLICA_DEVICES_ENV = "ILUVATAR_COREX_REPLICA_DEVICES"
+DEVICE_PERMISSIONS = "rw"
+
+
+class AllocationError(ValueError):
+    """A request that cannot be answered; `unavailable` when the devices exist but are unusable."""
+
+    def __init__(self, message: str, *, unavailable: bool = False) -> None:
+        super().__init__(message)
+        self.unavailable = unavailable
+
+
+@dataclass(frozen=True)
+class ContainerAllocation:
+    """For one container: host device nodes (same path inside, rw) and environment variables."""
+
+    device_nodes: tuple[str, ...]
+    envs: dict[str, str]
+
+
+def allocate(plan: Plan, device_ids: Sequence[str], container: int = 0) -> ContainerAllocation:
+    """What container number `container` gets for device_ids; raises AllocationError naming the bad ID."""
+    devices = resolve_ids(plan, device_ids, f"container request {container}")
+    _check_usable(plan, devices, container)
+    nodes: list[str] = []
+    uuids: list[str] = []
+    for device in devices:
+        for chip in device.chips:
+            if chip.uuid in uuids:
+                continue
+            uuids.append(chip.uuid)
+            if chip.device_node is not None:
+                nodes.append(chip.device_node)
+    nodes.extend(plan.control_nodes)
+    visible = ",".join(uuids)
+    replicas = ",".join(device_ids)
+    envs = {
+        VISIBLE_DEVICES_ENV: visible,
+        REPLICA_DEVICES_ENV: replicas,
+        LEGACY_VISIBLE_DEVICES_ENV: visible,
+        LEGACY_REPLICA_DEVICES_ENV: replicas,
+    }
+    return ContainerAllocation(device_nodes=tuple(nodes), envs=envs)
+
+
+def resolve_ids(plan: Plan, device_ids: Sequence[str], where: str) -> list[PlannedDevice]:
+    """The planned devices for device_ids, rejecting empty, duplicate and unknown IDs."""
+    if not device_ids:
+        raise AllocationError(f"{where}: no device IDs given")
+    seen: set[str] = set()
+    devices: list[PlannedDevice] = []
+    for device_id in device_ids:
+        if device_id in seen:
+            raise AllocationError(f"{where}: device ID {device_id!r} requested twice")
+        seen.add(device_id)
+        device = plan.by_id.get(device_id)
+        if device is None:
+            raise AllocationError(f"{where}: unknown device ID {_shown(device_id)} for {plan.resource_name}")
+        devices.append(device)
+    return devices
+
+
+def _shown(device_id: str) -> str:
+    return repr(device_id if len(device_id) <= 80 else device_id[:77] + "...")
+
+
+def _check_usable(plan: Plan, devices: list[PlannedDevice], container: int) -> None:
+    if plan.shared and plan.fail_requests_greater_than_one and len(devices) > 1:
+        raise AllocationError(
+            f"container request {container}: asks for {len(devices)} shared {plan.resource_name} devices, "
+            "but failRequestsGreaterThanOne is set: time-sliced replicas give no more compute than one, "
+            "so request 1"
+        )
+    for device in devices:
+        if not device.healthy:
+            reasons = "; ".join(device.reasons)
+            raise AllocationError(
+                f"container request {container}: device {device.id} is Unhealthy ({reasons})", unavailable=True
+            )
+    missing = [chip.uuid for device in devices for chip in device.chips if chip.device_node is None]
+    if missing:
+        raise AllocationError(
+            f"container request {container}: chip {missing[0]} has no known device node", unavailable=True
+        )

@@ -1,0 +1,352 @@
+"""The ix-config file: schema, validation with precise messages, and precedence.
+
+Precedence for every setting: command-line flag > environment variable > file > default.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from ix_device_plugin.inventory import HEALTH_ERROR_NAMES, IGNORE_ALL
+
+DEFAULT_CONFIG_PATH = "/ixconfig/ix-config"
+DEFAULT_RESOURCE_NAME = "iluvatar.com/gpu"
+DISABLE_HEALTHCHECKS_ENV = "IX_DISABLE_HEALTHCHECKS"
+# Keys of Iluvatar's Go plugin that this plugin accepts but does not act on.
+IGNORED_KEYS = {
+    "flags.usevolcano": "volcano integration is not implemented by this plugin",
+    "flags.reset_gpu": "GPU reset is not implemented by this plugin",
+}
+_RESOURCE_NAME = re.compile(
+    r"^(?=.{1,253}/)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*"
+    r"/[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$"
+)
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One configurable value: its key path in the file, env var, flag and type."""
+
+    attr: str
+    key: str
+    env: str
+    flag: str
+    kind: type
+    default: Any
+    help: str
+
+
+SETTINGS: tuple[Setting, ...] = (
+    Setting(
+        "resource_name",
+        "resourceName",
+        "IX_RESOURCE_NAME",
+        "--resource-name",
+        str,
+        DEFAULT_RESOURCE_NAME,
+        "extended resource name advertised to the kubelet",
+    ),
+    Setting(
+        "splitboard",
+        "flags.splitboard",
+        "IX_SPLITBOARD",
+        "--splitboard",
+        bool,
+        False,
+        "advertise every chip of a multi-chip board (BI-V150) as its own GPU",
+    ),
+    Setting(
+        "fail_on_init_error",
+        "flags.failOnInitError",
+        "IX_FAIL_ON_INIT_ERROR",
+        "--fail-on-init-error",
+        bool,
+        True,
+        "exit when the GPU library cannot start; false advertises 0 GPUs and retries",
+    ),
+    Setting(
+        "replicas",
+        "sharing.timeSlicing.replicas",
+        "IX_REPLICAS",
+        "--replicas",
+        int,
+        0,
+        "time-slicing replicas per GPU (0 or 1: no sharing)",
+    ),
+    Setting(
+        "rename_by_default",
+        "sharing.timeSlicing.renameByDefault",
+        "IX_RENAME_BY_DEFAULT",
+        "--rename-by-default",
+        bool,
+        False,
+        "advertise shared GPUs as <resourceName>.shared",
+    ),
+    Setting(
+        "fail_requests_greater_than_one",
+        "sharing.timeSlicing.failRequestsGreaterThanOne",
+        "IX_FAIL_REQUESTS_GREATER_THAN_ONE",
+        "--fail-requests-greater-than-one",
+        bool,
+        False,
+        "refuse a container asking for more than one shared replica",
+    ),
+)
+SETTINGS_BY_KEY = {setting.key: setting for setting in SETTINGS}
+
+
+@dataclass(frozen=True)
+class Config:
+    """The validated configuration the planner and server act on."""
+
+    resource_name: str = DEFAULT_RESOURCE_NAME
+    splitboard: bool = False
+    fail_on_init_error: bool = True
+    replicas: int = 0
+    rename_by_default: bool = False
+    fail_requests_greater_than_one: bool = False
+    # Health error names not to act on (IX_DISABLE_HEALTHCHECKS); "all" ignores every error.
+    ignored_health_errors: frozenset[str] = frozenset()
+    # Where each value came from: "default", "file <path>", "env <NAME>" or "flag <--name>".
+    sources: Mapping[str, str] = field(default_factory=dict, compare=False)
+
+    @property
+    def shared(self) -> bool:
+        """True when devices are advertised as several time-sliced replicas."""
+        return self.replicas >= 2
+
+    @property
+    def advertised_resource_name(self) -> str:
+        """The resource name the kubelet is told, `.shared` appended when renaming."""
+        if self.shared and self.rename_by_default:
+            return f"{self.resource_name}.shared"
+        return self.resource_name
+
+
+class ConfigError(Exception):
+    """The configuration is invalid; messages holds one line per problem."""
+
+    def __init__(self, messages: list[str]) -> None:
+        super().__init__("\n".join(messages))
+        self.messages = messages
+
+
+@dataclass(frozen=True)
+class FileConfig:
+    """Values set by a config file, by key path, plus warnings about ignored keys."""
+
+    path: str
+    values: Mapping[str, Any]
+    warnings: tuple[str, ...] = ()
+
+
+def load_file(path: str | Path) -> FileConfig:
+    """Read and validate a config file (YAML or JSON); raises ConfigError naming every problem."""
+    try:
+        text = Path(path).read_text()
+    except OSError as error:
+        raise ConfigError([f"{path}: cannot read config file: {error.strerror or error}"]) from error
+    return parse_text(text, str(path))
+
+
+def parse_text(text: str, origin: str) -> FileConfig:
+    """Validate config text; origin names it in messages."""
+    try:
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.YAMLError as error:
+        raise ConfigError([f"{origin}: {_describe_yaml_error(error)}"]) from error
+    if root is None:
+        raise ConfigError([f"{origin}: the file is empty; expected a mapping such as `flags: {{splitboard: false}}`"])
+    walker = _Walker(origin)
+    walker.walk(root, "")
+    if walker.errors:
+        raise ConfigError(walker.errors)
+    return FileConfig(path=origin, values=walker.values, warnings=tuple(walker.warnings))
+
+
+def _describe_yaml_error(error: yaml.YAMLError) -> str:
+    mark = getattr(error, "problem_mark", None)
+    problem = getattr(error, "problem", None) or str(error)
+    if mark is None:
+        return f"invalid YAML: {problem}"
+    return f"line {mark.line + 1}, column {mark.column + 1}: invalid YAML: {problem}"
+
+
+_SECTIONS = {"", "flags", "sharing", "sharing.timeSlicing"}
+
+
+def _children(prefix: str) -> list[str]:
+    """Known names directly under prefix (settings, sections and ignored keys)."""
+    names = set()
+    for key in (*SETTINGS_BY_KEY, *IGNORED_KEYS, *_SECTIONS):
+        if key and (key.startswith(prefix + ".") if prefix else True):
+            rest = key[len(prefix) + 1 :] if prefix else key
+            names.add(rest.split(".")[0])
+    return sorted(names)
+
+
+class _Walker:
+    """Walks a composed YAML tree, collecting typed values and located errors."""
+
+    def __init__(self, origin: str) -> None:
+        self.origin = origin
+        self.values: dict[str, Any] = {}
+        self.errors: list[str] = []
+        self.warnings: list[str] = []
+        self._constructor = yaml.SafeLoader("")
+
+    def where(self, node: yaml.Node, path: str) -> str:
+        return f"{self.origin}: line {node.start_mark.line + 1}: {path}"
+
+    def walk(self, node: yaml.Node, prefix: str) -> None:
+        if not isinstance(node, yaml.MappingNode):
+            label = prefix or "top level"
+            self.errors.append(f"{self.where(node, label)}: expected a mapping, got {_node_kind(node)}")
+            return
+        for key_node, value_node in node.value:
+            name = str(self._constructor.construct_object(key_node, deep=True))
+            path = f"{prefix}.{name}" if prefix else name
+            self.visit(key_node, value_node, prefix, path)
+
+    def visit(self, key_node: yaml.Node, value_node: yaml.Node, prefix: str, path: str) -> None:
+        if path in SETTINGS_BY_KEY:
+            self.take(SETTINGS_BY_KEY[path], value_node)
+        elif path in _SECTIONS:
+            if not _is_null(value_node):
+                self.walk(value_node, path)
+        elif path in IGNORED_KEYS:
+            self.warnings.append(f"{self.where(key_node, path)}: ignored: {IGNORED_KEYS[path]}")
+        else:
+            self.errors.append(f"{self.where(key_node, path)}: unknown key{_suggestion(path, prefix)}")
+
+    def take(self, setting: Setting, node: yaml.Node) -> None:
+        value = None if not isinstance(node, yaml.ScalarNode) else self._constructor.construct_object(node)
+        try:
+            self.values[setting.key] = coerce(setting, value, from_text=False)
+        except ValueError as error:
+            shown = _node_kind(node) if not isinstance(node, yaml.ScalarNode) else repr(value)
+            self.errors.append(f"{self.where(node, setting.key)}: {error}, got {shown}")
+
+
+def _is_null(node: yaml.Node) -> bool:
+    return isinstance(node, yaml.ScalarNode) and node.tag.endswith(":null")
+
+
+def _node_kind(node: yaml.Node) -> str:
+    if isinstance(node, yaml.MappingNode):
+        return "a mapping"
+    if isinstance(node, yaml.SequenceNode):
+        return "a list"
+    return f"the scalar {node.value!r}"
+
+
+def _suggestion(path: str, prefix: str) -> str:
+    name = path.rsplit(".", 1)[-1]
+    candidates = _children(prefix)
+    close = difflib.get_close_matches(name, candidates, n=1, cutoff=0.6)
+    if not close:
+        close = [c for c in candidates if c.lower() == name.lower()]
+    known = ", ".join(candidates)
+    hint = f"; did you mean {close[0]!r}?" if close else ""
+    return f"{hint} (known here: {known})"
+
+
+_TRUE = {"true", "yes", "on", "1"}
+_FALSE = {"false", "no", "off", "0"}
+
+
+def coerce(setting: Setting, value: Any, *, from_text: bool) -> Any:
+    """value checked and converted to setting's type; raises ValueError saying what was expected."""
+    if setting.kind is bool:
+        return _coerce_bool(value, from_text)
+    if setting.kind is int:
+        return _coerce_replicas(value, from_text)
+    return _coerce_resource_name(value)
+
+
+def _coerce_bool(value: Any, from_text: bool) -> bool:
+    if isinstance(value, bool):
+        return value
+    if from_text and isinstance(value, str) and value.strip().lower() in _TRUE | _FALSE:
+        return value.strip().lower() in _TRUE
+    raise ValueError("expected true or false")
+
+
+def _coerce_replicas(value: Any, from_text: bool) -> int:
+    if from_text and isinstance(value, str) and value.strip().lstrip("-").isdigit():
+        value = int(value.strip())
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError("expected a whole number >= 0")
+    if value < 0:
+        raise ValueError("expected a whole number >= 0 (0 or 1 means no sharing)")
+    return value
+
+
+def _coerce_resource_name(value: Any) -> str:
+    if not isinstance(value, str) or not _RESOURCE_NAME.match(value):
+        raise ValueError("expected an extended resource name <domain>/<name>, such as iluvatar.com/gpu")
+    if value.split("/", 1)[0] in {"kubernetes.io", "k8s.io"} or value.split("/", 1)[0].endswith(".kubernetes.io"):
+        raise ValueError("expected an extended resource name outside the kubernetes.io domain")
+    return value
+
+
+def resolve(
+    file: FileConfig | None,
+    env: Mapping[str, str],
+    flags: Mapping[str, Any],
+) -> Config:
+    """The effective Config: flags (by attr name) over env over file over defaults."""
+    values: dict[str, Any] = {}
+    sources: dict[str, str] = {}
+    errors: list[str] = []
+    for setting in SETTINGS:
+        value, source = setting.default, "default"
+        if file is not None and setting.key in file.values:
+            value, source = file.values[setting.key], f"file {file.path}"
+        if env.get(setting.env, "") != "":
+            try:
+                value, source = coerce(setting, env[setting.env], from_text=True), f"env {setting.env}"
+            except ValueError as error:
+                errors.append(f"environment variable {setting.env}: {error}, got {env[setting.env]!r}")
+        if flags.get(setting.attr) is not None:
+            try:
+                value, source = coerce(setting, flags[setting.attr], from_text=True), f"flag {setting.flag}"
+            except ValueError as error:
+                errors.append(f"flag {setting.flag}: {error}, got {flags[setting.attr]!r}")
+        values[setting.attr] = value
+        sources[setting.attr] = source
+    ignored = _ignored_health_errors(env.get(DISABLE_HEALTHCHECKS_ENV, ""), errors)
+    if errors:
+        raise ConfigError(errors)
+    return Config(**values, ignored_health_errors=ignored, sources=sources)
+
+
+def _ignored_health_errors(text: str, errors: list[str]) -> frozenset[str]:
+    """Parse IX_DISABLE_HEALTHCHECKS: `all`, or a comma list of IXML health error names."""
+    by_lower = {name.lower(): name for name in (*HEALTH_ERROR_NAMES, IGNORE_ALL)}
+    names: set[str] = set()
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        name = by_lower.get(item.lower())
+        if name is None:
+            known = ", ".join((IGNORE_ALL, *HEALTH_ERROR_NAMES))
+            errors.append(f"environment variable {DISABLE_HEALTHCHECKS_ENV}: unknown check {item!r} (known: {known})")
+        else:
+            names.add(name)
+    return frozenset(names)
+
+
+def describe(config: Config) -> list[tuple[str, Any, str]]:
+    """(key, value, source) for every setting, for `list`."""
+    names = {f.name for f in fields(Config)}
+    return [
+        (setting.key, getattr(config, setting.attr), config.sources.get(setting.attr, "default"))
+        for setting in SETTINGS
+        if setting.attr in names
+    ]

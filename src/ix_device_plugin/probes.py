@@ -1,0 +1,91 @@
+"""HTTP endpoint for kubelet probes and Prometheus: /healthz, /readyz, /metrics."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from prometheus_client import CONTENT_TYPE_LATEST
+
+log = logging.getLogger(__name__)
+
+# (ok, reason) for a probe.
+Check = Callable[[], tuple[bool, str]]
+
+
+@dataclass(frozen=True)
+class ProbeHandlers:
+    """What each path answers."""
+
+    live: Check
+    ready: Check
+    metrics: Callable[[], bytes]
+
+
+def parse_address(address: str) -> tuple[str | None, int] | None:
+    """(host, port) for `HOST:PORT` or `:PORT`; None for `off`. Raises ValueError when malformed."""
+    if address.strip().lower() in {"off", "none", ""}:
+        return None
+    host, sep, port_text = address.rpartition(":")
+    if not sep or not port_text.isdigit() or not 0 <= int(port_text) <= 65535:
+        raise ValueError(f"health address {address!r}: expected HOST:PORT, :PORT or off")
+    host = host.strip("[]")
+    return (host or None, int(port_text))
+
+
+class ProbeServer:
+    """A minimal HTTP/1.1 server on asyncio: GET only, one response per connection."""
+
+    def __init__(self, handlers: ProbeHandlers) -> None:
+        self._handlers = handlers
+        self._server: asyncio.Server | None = None
+
+    async def start(self, host: str | None, port: int) -> int:
+        """Listen on host:port; returns the bound port (useful with port 0)."""
+        self._server = await asyncio.start_server(self._serve, host, port, reuse_address=True)
+        bound = self._server.sockets[0].getsockname()[1]
+        log.info("probes and metrics on http://%s:%d (/healthz /readyz /metrics)", host or "*", bound)
+        return int(bound)
+
+    async def stop(self) -> None:
+        """Stop listening and drop open connections."""
+        if self._server is not None:
+            self._server.close()
+            await self._server.wait_closed()
+            self._server = None
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            request_line = await asyncio.wait_for(reader.readline(), 5)
+            while (await asyncio.wait_for(reader.readline(), 5)) not in (b"\r\n", b"\n", b""):
+                pass
+            status, content_type, body = self._answer(request_line.decode("latin-1").split())
+            head = (
+                f"HTTP/1.1 {status}\r\nContent-Type: {content_type}\r\n"
+                f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+            )
+            writer.write(head.encode("latin-1") + body)
+            await writer.drain()
+        except (TimeoutError, ConnectionError, UnicodeDecodeError):
+            pass
+        finally:
+            writer.close()
+
+    def _answer(self, parts: list[str]) -> tuple[str, str, bytes]:
+        if len(parts) < 2 or parts[0] not in {"GET", "HEAD"}:
+            return "405 Method Not Allowed", "text/plain", b"only GET is served\n"
+        path = parts[1].split("?", 1)[0]
+        if path == "/metrics":
+            return "200 OK", CONTENT_TYPE_LATEST, self._handlers.metrics()
+        check = {
+            "/healthz": self._handlers.live,
+            "/livez": self._handlers.live,
+            "/readyz": self._handlers.ready,
+        }
+        if path not in check:
+            return "404 Not Found", "text/plain", b"not found: try /healthz, /readyz or /metrics\n"
+        ok, reason = check[path]()
+        status = "200 OK" if ok else "503 Service Unavailable"
+        return status, "text/plain; charset=utf-8", f"{'ok' if ok else 'not ok'}: {reason}\n".encode()

@@ -1,0 +1,154 @@
+"""The DevicePlugin gRPC service: translates between v1beta1 messages and the core."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator, Callable
+
+import grpc
+
+from ix_device_plugin.allocation import DEVICE_PERMISSIONS, AllocationError, allocate
+from ix_device_plugin.api import HEALTHY, UNHEALTHY, api_pb2, api_pb2_grpc
+from ix_device_plugin.plan import Plan
+from ix_device_plugin.preferred import preferred
+
+log = logging.getLogger(__name__)
+
+# Called after each RPC with (method, seconds, error or None); metrics hook in here.
+CallObserver = Callable[[str, float, str | None], None]
+
+
+def list_response(plan: Plan) -> api_pb2.ListAndWatchResponse:
+    """The full device list of plan as one ListAndWatch message."""
+    devices = []
+    for device in plan.devices:
+        message = api_pb2.Device(ID=device.id, health=HEALTHY if device.healthy else UNHEALTHY)
+        if device.numa_nodes:
+            message.topology.nodes.extend(api_pb2.NUMANode(ID=node) for node in device.numa_nodes)
+        devices.append(message)
+    return api_pb2.ListAndWatchResponse(devices=devices)
+
+
+class DevicePluginService(api_pb2_grpc.DevicePluginServicer):
+    """Serves one Plan at a time; `publish` swaps it and wakes every ListAndWatch stream."""
+
+    def __init__(self, plan: Plan, observer: CallObserver | None = None) -> None:
+        self._plan = plan
+        self._message = list_response(plan)
+        self._generation = 0
+        self._changed = asyncio.Condition()
+        self._closed = False
+        self._observer = observer
+        self.streams = 0
+
+    @property
+    def plan(self) -> Plan:
+        """The plan being served now."""
+        return self._plan
+
+    async def publish(self, plan: Plan) -> None:
+        """Serve plan from now on; streams send its full list."""
+        async with self._changed:
+            self._plan = plan
+            self._message = list_response(plan)
+            self._generation += 1
+            self._changed.notify_all()
+
+    async def close(self) -> None:
+        """End every ListAndWatch stream."""
+        async with self._changed:
+            self._closed = True
+            self._changed.notify_all()
+
+    async def GetDevicePluginOptions(
+        self, request: api_pb2.Empty, context: grpc.aio.ServicerContext
+    ) -> api_pb2.DevicePluginOptions:
+        """Options: no PreStartContainer, GetPreferredAllocation available."""
+        return api_pb2.DevicePluginOptions(pre_start_required=False, get_preferred_allocation_available=True)
+
+    async def ListAndWatch(
+        self, request: api_pb2.Empty, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[api_pb2.ListAndWatchResponse]:
+        """The full device list now, then again on every change, until the plugin stops."""
+        self.streams += 1
+        try:
+            seen = -1
+            while True:
+                async with self._changed:
+                    await self._changed.wait_for(self._news_since(seen))
+                    if self._closed:
+                        return
+                    seen, message = self._generation, self._message
+                yield message
+        finally:
+            self.streams -= 1
+
+    def _news_since(self, seen: int) -> Callable[[], bool]:
+        return lambda: self._closed or self._generation != seen
+
+    async def GetPreferredAllocation(
+        self, request: api_pb2.PreferredAllocationRequest, context: grpc.aio.ServicerContext
+    ) -> api_pb2.PreferredAllocationResponse:
+        """A preferred set per container request (see preferred.py for the policy)."""
+        started = time.perf_counter()
+        plan = self._plan
+        try:
+            responses = [
+                api_pb2.ContainerPreferredAllocationResponse(
+                    deviceIDs=preferred(plan, req.available_deviceIDs, req.must_include_deviceIDs, req.allocation_size)
+                )
+                for req in request.container_requests
+            ]
+        except AllocationError as error:
+            await self._fail("GetPreferredAllocation", started, error, context)
+        self._observe("GetPreferredAllocation", started, None)
+        return api_pb2.PreferredAllocationResponse(container_responses=responses)
+
+    async def Allocate(
+        self, request: api_pb2.AllocateRequest, context: grpc.aio.ServicerContext
+    ) -> api_pb2.AllocateResponse:
+        """Device nodes and environment for each container; all or nothing."""
+        started = time.perf_counter()
+        plan = self._plan
+        try:
+            if not request.container_requests:
+                raise AllocationError("allocate request has no container requests")
+            responses = [
+                _container_response(plan, list(req.devices_ids), index)
+                for index, req in enumerate(request.container_requests)
+            ]
+        except AllocationError as error:
+            await self._fail("Allocate", started, error, context)
+        self._observe("Allocate", started, None)
+        return api_pb2.AllocateResponse(container_responses=responses)
+
+    async def PreStartContainer(
+        self, request: api_pb2.PreStartContainerRequest, context: grpc.aio.ServicerContext
+    ) -> api_pb2.PreStartContainerResponse:
+        """Nothing to do before a container starts."""
+        return api_pb2.PreStartContainerResponse()
+
+    async def _fail(
+        self, method: str, started: float, error: AllocationError, context: grpc.aio.ServicerContext
+    ) -> None:
+        code = grpc.StatusCode.FAILED_PRECONDITION if error.unavailable else grpc.StatusCode.INVALID_ARGUMENT
+        self._observe(method, started, code.name)
+        log.warning("%s refused: %s", method, error)
+        await context.abort(code, str(error))
+
+    def _observe(self, method: str, started: float, error: str | None) -> None:
+        if self._observer is not None:
+            self._observer(method, time.perf_counter() - started, error)
+
+
+def _container_response(plan: Plan, device_ids: list[str], index: int) -> api_pb2.ContainerAllocateResponse:
+    allocation = allocate(plan, device_ids, index)
+    return api_pb2.ContainerAllocateResponse(
+        envs=allocation.envs,
+        devices=[
+            api_pb2.DeviceSpec(container_path=node, host_path=node, permissions=DEVICE_PERMISSIONS)
+            for node in allocation.device_nodes
+        ],
+    )

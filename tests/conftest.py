@@ -1,0 +1,64 @@
+"""Shared fixtures: short socket directories, a kubelet stand-in, and in-process daemons."""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ix_device_plugin.backends.simulated import SimulatedBackend
+from ix_device_plugin.kubelet_standin import KubeletStandIn
+from ix_device_plugin.lifecycle import Daemon, Options
+
+
+@pytest.fixture
+def short_dir() -> Iterator[Path]:
+    """A temp dir with a short path: unix socket paths are limited to 107 bytes."""
+    path = Path(tempfile.mkdtemp(prefix="ixdp-", dir="/tmp"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+def plugin_dir(short_dir: Path) -> Path:
+    path = short_dir / "device-plugins"
+    path.mkdir()
+    return path
+
+
+@pytest.fixture
+async def kubelet(plugin_dir: Path) -> AsyncIterator[KubeletStandIn]:
+    standin = KubeletStandIn(plugin_dir)
+    await standin.start()
+    yield standin
+    await standin.stop()
+
+
+@pytest.fixture
+async def start_daemon(plugin_dir: Path, short_dir: Path) -> AsyncIterator[Callable[..., Any]]:
+    """Start an in-process daemon on simulated devices; stopped at teardown."""
+    daemons: list[Daemon] = []
+
+    async def start(devices: str = "BI-V150:2", **overrides: Any) -> Daemon:
+        options = Options(
+            backend_factory=lambda: SimulatedBackend(devices),
+            plugin_dir=plugin_dir,
+            config_path=short_dir / "no-config",
+            dev_root=short_dir,
+            health_interval=0.2,
+            health_address="off",
+            poll_interval=0.2,
+        )
+        daemon = Daemon(replace(options, **overrides))
+        await daemon.start()
+        daemons.append(daemon)
+        return daemon
+
+    yield start
+    for daemon in daemons:
+        await daemon.shutdown()

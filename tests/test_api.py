@@ -1,0 +1,57 @@
+"""The v1beta1 API: the committed modules match api.proto, and the wire contract is the kubelet's."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ix_device_plugin.api import api_pb2
+from ix_device_plugin.api.generate import API_DIR, generate
+
+
+def test_generated_modules_are_current(tmp_path: Path) -> None:
+    for produced in generate(tmp_path):
+        committed = API_DIR / produced.name
+        assert committed.read_text() == produced.read_text(), (
+            f"{committed.name} is stale: run python -m ix_device_plugin.api.generate"
+        )
+
+
+def fields(message: type) -> dict[str, int]:
+    return {f.name: f.number for f in message.DESCRIPTOR.fields}
+
+
+def test_wire_contract() -> None:
+    assert api_pb2.DESCRIPTOR.package == "v1beta1"
+    services = {s.name: [m.name for m in s.methods] for s in api_pb2.DESCRIPTOR.services_by_name.values()}
+    assert services == {
+        "Registration": ["Register"],
+        "DevicePlugin": [
+            "GetDevicePluginOptions",
+            "ListAndWatch",
+            "GetPreferredAllocation",
+            "Allocate",
+            "PreStartContainer",
+        ],
+    }
+    assert fields(api_pb2.RegisterRequest) == {"version": 1, "endpoint": 2, "resource_name": 3, "options": 4}
+    assert fields(api_pb2.DevicePluginOptions) == {"pre_start_required": 1, "get_preferred_allocation_available": 2}
+    assert fields(api_pb2.Device) == {"ID": 1, "health": 2, "topology": 3}
+    assert fields(api_pb2.NUMANode) == {"ID": 1}
+    assert fields(api_pb2.ContainerPreferredAllocationRequest) == {
+        "available_deviceIDs": 1,
+        "must_include_deviceIDs": 2,
+        "allocation_size": 3,
+    }
+    assert fields(api_pb2.ContainerPreferredAllocationResponse) == {"deviceIDs": 1}
+    assert fields(api_pb2.ContainerAllocateRequest) == {"devices_ids": 1}
+    assert fields(api_pb2.ContainerAllocateResponse) == {
+        "envs": 1,
+        "mounts": 2,
+        "devices": 3,
+        "annotations": 4,
+        "cdi_devices": 5,
+    }
+    assert fields(api_pb2.DeviceSpec) == {"container_path": 1, "host_path": 2, "permissions": 3}
+    assert fields(api_pb2.Mount) == {"container_path": 1, "host_path": 2, "read_only": 3}
+    method = api_pb2.DESCRIPTOR.services_by_name["DevicePlugin"].methods_by_name["ListAndWatch"]
+    assert method.server_streaming and not method.client_streaming
