@@ -70,7 +70,7 @@ def test_unhealthy_device_is_refused_as_unavailable() -> None:
     inv = Inventory(boards=parse_spec("BI-V100:1"))
     inv = inv.with_statuses({inv.boards[0].uuid: ChipStatus(errors=frozenset({"ECC"}))})
     p = plan(inv, Config())
-    with pytest.raises(AllocationError, match="is Unhealthy .*ECC") as caught:
+    with pytest.raises(AllocationError, match=r"is Unhealthy .*ECC") as caught:
         allocate(p, [p.devices[0].id])
     assert caught.value.unavailable
 
