@@ -1,0 +1,76 @@
+# Build, test and packaging entry points. Every Python tool runs from the virtualenv $(VENV), which
+# the targets create and fill as needed; point VENV at an existing one to reuse it.
+PYTHON ?= python3
+VENV ?= .venv
+VENV_PY := $(VENV)/bin/python
+VERSION := $(shell sed -n 's/^__version__ = "\(.*\)"/\1/p' src/ix_device_plugin/__init__.py)
+IMAGE ?= ix-device-plugin:$(VERSION)
+# Any Debian-like image with CPython >= 3.11 and pip; `make base-image` builds one without a registry.
+BASE_IMAGE ?= python:3.11-slim
+LOCAL_BASE_IMAGE ?= localhost/ix-python-base:3.11-bookworm
+SOURCE_URL ?= $(shell git config --get remote.origin.url 2>/dev/null)
+WHEEL := dist/ix_device_plugin-$(VERSION)-py3-none-any.whl
+SDIST := dist/ix_device_plugin-$(VERSION).tar.gz
+PYZ := dist/ix-device-plugin-$(VERSION).pyz
+SOURCES := pyproject.toml README.md $(shell find src -name '*.py' -o -name '*.proto' -o -name '*.pyi' -o -name py.typed)
+
+export VERSION BASE_IMAGE SOURCE_URL
+
+.PHONY: all dist pyz image image-smoke base-image test lint format manifests bench clean help
+
+all: dist pyz image ## wheel, sdist, single-file executable and (when an engine is usable) the image
+
+help: ## list the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
+
+$(VENV)/.stamp-tools:
+	$(PYTHON) -m venv $(VENV)
+	$(VENV_PY) -m pip install --quiet --upgrade pip build shiv
+	touch $@
+
+$(VENV)/.stamp-dev: pyproject.toml | $(VENV)/.stamp-tools
+	$(VENV_PY) -m pip install --quiet -e '.[test]'
+	touch $@
+
+dist: $(WHEEL) $(SDIST) ## the wheel and sdist in dist/
+
+$(WHEEL) $(SDIST) &: $(SOURCES) | $(VENV)/.stamp-tools
+	$(VENV_PY) -m build --outdir dist .
+
+pyz: $(PYZ) ## dist/ix-device-plugin-VERSION.pyz: one file, runs with the system python3 (see docs/deployment.md)
+
+# shiv bundles the plugin and its dependencies' wheels for this interpreter's platform (grpcio is
+# compiled), so the file runs on hosts with the same CPython minor version and CPU architecture.
+$(PYZ): $(WHEEL) | $(VENV)/.stamp-tools
+	$(VENV)/bin/shiv --compressed --reproducible --python '/usr/bin/env python3' \
+		--console-script ix-device-plugin --output-file $@ $(WHEEL)
+	$@ --version
+
+image: ## the container image $(IMAGE), built with docker, podman or buildah; skipped when none is usable
+	scripts/container.sh build $(IMAGE)
+
+image-smoke: ## run --version and demo inside $(IMAGE)
+	scripts/container.sh smoke $(IMAGE)
+
+base-image: ## a python:3.11-slim stand-in, $(LOCAL_BASE_IMAGE), from Debian packages (root, debootstrap, buildah)
+	scripts/build-base-image.sh $(LOCAL_BASE_IMAGE)
+
+test: $(VENV)/.stamp-dev ## the test suite
+	$(VENV_PY) -m pytest
+
+lint: $(VENV)/.stamp-dev ## ruff check and ruff format --check
+	$(VENV_PY) -m ruff check .
+	$(VENV_PY) -m ruff format --check .
+
+format: $(VENV)/.stamp-dev ## apply ruff's fixes and formatting
+	$(VENV_PY) -m ruff check --fix .
+	$(VENV_PY) -m ruff format .
+
+manifests: $(VENV)/.stamp-dev ## check the Helm chart renders deployments/static (with helm too when on PATH)
+	$(VENV_PY) scripts/render_chart.py check
+
+bench: $(VENV)/.stamp-dev ## the benchmarks
+	$(VENV_PY) -m bench
+
+clean: ## remove build outputs (not the virtualenv)
+	rm -rf build dist src/*.egg-info

@@ -1,0 +1,17 @@
+{{/* The name of the DaemonSet and its container, and the app.kubernetes.io/name label. */}}
+{{- define "ix-device-plugin.name" -}}
+{{- default "iluvatar-device-plugin" .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "ix-device-plugin.fullname" -}}
+{{- default (include "ix-device-plugin.name" .) .Values.fullnameOverride | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "ix-device-plugin.namespace" -}}
+{{- default .Release.Namespace .Values.namespaceOverride -}}
+{{- end -}}
+
+{{/* Labels of every object, and the DaemonSet's selector. */}}
+{{- define "ix-device-plugin.labels" -}}
+app.kubernetes.io/name: {{ include "ix-device-plugin.name" . }}
+{{- end -}}
