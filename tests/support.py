@@ -2,9 +2,54 @@
 
 from __future__ import annotations
 
+import asyncio
+import os
+import subprocess
+import sys
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 
 from ix_device_plugin.lifecycle import Daemon
 
 RESOURCE = "iluvatar.com/gpu"
 DaemonFactory = Callable[..., Awaitable[Daemon]]
+
+
+def spawn_plugin(plugin_dir: Path, *args: str, log_file: Path | None = None) -> subprocess.Popen[bytes]:
+    """Start `ix-device-plugin run` on simulated GPUs as a process of its own."""
+    command = [
+        sys.executable,
+        "-m",
+        "ix_device_plugin",
+        "run",
+        "--backend",
+        "simulated",
+        "--device-plugin-path",
+        str(plugin_dir),
+        "--health-address",
+        "off",
+        *args,
+    ]
+    if "--simulated-devices" not in args:
+        command += ["--simulated-devices", "BI-V150:2"]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("IX_")}
+    stderr = log_file.open("wb") if log_file is not None else subprocess.DEVNULL
+    return subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=stderr, env=env)
+
+
+def stop_process(process: subprocess.Popen[bytes]) -> None:
+    """Terminate process, killing it when it does not stop within 5 s."""
+    if process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(5)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(5)
+
+
+async def until(predicate: Callable[[], bool], timeout: float = 5.0, step: float = 0.02) -> None:
+    """Wait until predicate() holds, polling; raises TimeoutError."""
+    async with asyncio.timeout(timeout):
+        while not predicate():
+            await asyncio.sleep(step)

@@ -11,8 +11,10 @@ from ix_device_plugin.api import API_VERSION, api_pb2, api_pb2_grpc
 KUBELET_SOCKET = "kubelet.sock"
 
 # Newer grpcio percent-encodes a unix socket path into :authority, which the
-# kubelet's HTTP/2 server rejects; name the authority explicitly.
-CHANNEL_OPTIONS = (("grpc.default_authority", "localhost"),)
+# kubelet's HTTP/2 server rejects; name the authority explicitly. A private
+# subchannel pool keeps a new channel from inheriting the reconnect backoff of
+# an earlier one that found no kubelet (grpc shares subchannels process-wide).
+CHANNEL_OPTIONS = (("grpc.default_authority", "localhost"), ("grpc.use_local_subchannel_pool", 1))
 
 
 class RegistrationError(Exception):
