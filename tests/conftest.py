@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+import subprocess
 import tempfile
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import replace
@@ -14,6 +15,35 @@ import pytest
 from ix_device_plugin.backends.simulated import SimulatedBackend
 from ix_device_plugin.kubelet_standin import KubeletStandIn
 from ix_device_plugin.lifecycle import Daemon, Options
+
+IXML_DOUBLE_SOURCE = Path(__file__).parent / "ixml_double" / "libixml_double.c"
+# Builds of the libixml.so test double: the full library, an old driver's (no _v2/_v3 names,
+# no ixml* extensions), one without the topology call, and libupnp's unrelated libixml.so.
+IXML_VARIANTS = {
+    "full": [],
+    "old": ["-DNO_VERSIONED_NAMES", "-DNO_IXML_EXTENSIONS"],
+    "no_topology": ["-DNO_TOPOLOGY"],
+    "upnp": ["-DLIBUPNP_LIKE"],
+}
+
+
+@pytest.fixture(scope="session")
+def libs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """The libixml.so test double, compiled with gcc in every variant."""
+    compiler = shutil.which("gcc") or shutil.which("cc")
+    if compiler is None:
+        pytest.skip("no C compiler (gcc or cc) to build the libixml.so test double")
+    out = tmp_path_factory.mktemp("ixml_double")
+    built: dict[str, Path] = {}
+    for variant, flags in IXML_VARIANTS.items():
+        target = out / variant / "libixml.so"
+        target.parent.mkdir()
+        subprocess.run(
+            [compiler, "-shared", "-fPIC", "-O1", "-Wall", *flags, "-o", str(target), str(IXML_DOUBLE_SOURCE)],
+            check=True,
+        )
+        built[variant] = target
+    return built
 
 
 @pytest.fixture

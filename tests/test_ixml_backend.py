@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import shutil
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -37,16 +36,8 @@ from ix_device_plugin.inventory import (
     link_key,
 )
 
-DOUBLE_SOURCE = Path(__file__).parent / "ixml_double" / "libixml_double.c"
 CONFIG_ENV = "IXML_DOUBLE_CONFIG"
 LOGGER = "ix_device_plugin.backends.ixml"
-
-VARIANTS = {
-    "full": [],
-    "old": ["-DNO_VERSIONED_NAMES", "-DNO_IXML_EXTENSIONS"],
-    "no_topology": ["-DNO_TOPOLOGY"],
-    "upnp": ["-DLIBUPNP_LIKE"],
-}
 
 # Two BI-V150 cards, listed out of board order so grouping has to use positions.
 TWO_BI_V150 = """
@@ -61,28 +52,6 @@ device uuid=GPU-b0-c0 name="Iluvatar BI-V150" minor=0 bus=00000000:8A:00.0 memor
 device uuid=GPU-b1-c0 name="Iluvatar BI-V150" minor=2 bus=00000000:CA:00.0 memory=32768 board=B1 position=0
 device uuid=GPU-b1-c1 name="Iluvatar BI-V150" minor=3 bus=00000000:CB:00.0 memory=32768 board=B1 position=1
 """
-
-
-def _compiler() -> str | None:
-    return shutil.which("gcc") or shutil.which("cc")
-
-
-@pytest.fixture(scope="session")
-def libs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    compiler = _compiler()
-    if compiler is None:
-        pytest.skip("no C compiler (gcc or cc) to build the libixml.so test double")
-    out = tmp_path_factory.mktemp("ixml_double")
-    built: dict[str, Path] = {}
-    for variant, flags in VARIANTS.items():
-        target = out / variant / "libixml.so"
-        target.parent.mkdir()
-        subprocess.run(
-            [compiler, "-shared", "-fPIC", "-O1", "-Wall", *flags, "-o", str(target), str(DOUBLE_SOURCE)],
-            check=True,
-        )
-        built[variant] = target
-    return built
 
 
 @pytest.fixture
@@ -126,9 +95,7 @@ def backend_for(libs, dev_root, tmp_path):
     made: list[IxmlBackend] = []
 
     def build(variant: str = "full", *, root: Path | None = None, sysfs: Path | None = None) -> IxmlBackend:
-        backend = IxmlBackend(
-            str(libs[variant]), dev_root=root or dev_root, sysfs_root=sysfs or tmp_path / "no-sysfs"
-        )
+        backend = IxmlBackend(str(libs[variant]), dev_root=root or dev_root, sysfs_root=sysfs or tmp_path / "no-sysfs")
         made.append(backend)
         return backend
 
@@ -406,9 +373,7 @@ def test_health_when_the_library_cannot_count(config, backend_for):
     assert len(statuses) == 4
     for status in statuses.values():
         assert not status.present
-        assert status.problems[0].endswith(
-            "cannot count devices: nvmlDeviceGetCount_v2 failed: Unknown Error"
-        )
+        assert status.problems[0].endswith("cannot count devices: nvmlDeviceGetCount_v2 failed: Unknown Error")
 
 
 def test_discover_is_repeatable_and_close_shuts_down(config, backend_for):
@@ -488,11 +453,7 @@ def test_read_numa_node(tmp_path):
 def test_check_device_nodes_is_idempotent(tmp_path):
     root = make_dev_root(tmp_path, [0])
     inventory = Inventory(
-        boards=(
-            Board(
-                "Iluvatar MR-V100", (Chip("GPU-a", 0, "p"), Chip("GPU-b", 5, "p"), Chip("GPU-c", None, "p"))
-            ),
-        )
+        boards=(Board("Iluvatar MR-V100", (Chip("GPU-a", 0, "p"), Chip("GPU-b", 5, "p"), Chip("GPU-c", None, "p"))),)
     )
 
     checked = check_device_nodes(check_device_nodes(inventory, root), root)
