@@ -70,7 +70,8 @@ def node() -> str:
         output = result.stdout + result.stderr
         if result.returncode != 0:
             if any(code in output for code in NETWORK_ERRORS):
-                pytest.skip(f"`npm ci` could not reach the npm registry:\n{output[-2000:]}")
+                summary = [line for line in output.splitlines() if "error code" in line or "FetchError" in line]
+                pytest.skip(f"`npm ci` could not reach the npm registry: {'; '.join(summary[:2]) or output[-500:]}")
             pytest.fail(f"`npm ci` in {NODE_DIR} failed with exit code {result.returncode}:\n{output[-4000:]}")
         assert _modules_installed(node), f"`npm ci` succeeded but the modules do not load:\n{output[-2000:]}"
     return node
