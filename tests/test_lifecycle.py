@@ -189,3 +189,34 @@ def test_sigterm_while_kubelet_absent(plugin_dir: Path) -> None:
         assert not (plugin_dir / SOCKET).exists()
     finally:
         stop_process(process)
+
+
+async def test_plugin_directory_removed_and_recreated(
+    kubelet: KubeletStandIn, start_daemon: DaemonFactory, plugin_dir: Path
+) -> None:
+    await start_daemon("BI-V100:2")
+    await kubelet.wait_registered(RESOURCE, capacity=2)
+    await kubelet.stop()
+    for entry in plugin_dir.iterdir():
+        entry.unlink()
+    plugin_dir.rmdir()
+    await asyncio.sleep(0.5)
+    plugin_dir.mkdir()
+    await kubelet.start()
+    kubelet.resources.clear()
+    view = await kubelet.wait_registered(RESOURCE, capacity=2, timeout=3)
+    assert view.allocatable == 2
+
+
+async def test_device_node_events_trigger_rediscovery(
+    kubelet: KubeletStandIn, start_daemon: DaemonFactory, short_dir: Path
+) -> None:
+    (short_dir / "dev").mkdir()
+    devices = short_dir / "devices.yaml"
+    devices.write_text("boards:\n  - product: BI-V100\n")
+    await start_daemon(str(devices), rediscover_interval=3600, health_interval=3600)
+    await kubelet.wait_registered(RESOURCE, capacity=1)
+    devices.write_text("boards:\n  - product: BI-V100\n  - product: BI-V100\n")
+    (short_dir / "dev" / "iluvatar1").touch()  # what udev does when the driver adds a chip
+    view = await kubelet.wait_registered(RESOURCE, capacity=2, timeout=3)
+    assert view.allocatable == 2

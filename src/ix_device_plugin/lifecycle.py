@@ -128,6 +128,7 @@ class Daemon:
         self._tasks: list[asyncio.Task[None]] = []
         self._probes: ProbeServer | None = None
         self._lock = asyncio.Lock()
+        self._recover_failed = False
 
     # ---- public -------------------------------------------------------------------------
 
@@ -238,6 +239,11 @@ class Daemon:
 
     async def _start_server(self) -> None:
         path = self.socket_path
+        if not path.parent.is_dir():
+            raise StartupError(
+                f"device plugin directory {path.parent} does not exist (is the kubelet's "
+                "/var/lib/kubelet/device-plugins mounted? see --device-plugin-path)"
+            )
         if path.exists() or path.is_symlink():
             if _socket_answers(path):
                 raise StartupError(
@@ -249,7 +255,10 @@ class Daemon:
         self._service = DevicePluginService(self.plan, self.metrics.observe_call)
         server = grpc.aio.server()
         api_pb2_grpc.add_DevicePluginServicer_to_server(self._service, server)
-        server.add_insecure_port(unix_target(path))
+        try:
+            server.add_insecure_port(unix_target(path))
+        except RuntimeError as error:
+            raise StartupError(f"cannot listen on {path}: {error}") from error
         await server.start()
         self._server = server
         self._socket_id = _identity(path)
@@ -267,7 +276,8 @@ class Daemon:
         self._socket_id = None
 
     async def _restart_server(self, reason: str) -> None:
-        log.info("restarting the plugin server: %s", reason)
+        if not self._recover_failed:
+            log.info("restarting the plugin server: %s", reason)
         self.registered = False
         self.metrics.registered.set(0)
         await self._stop_server(grace=0)
@@ -342,9 +352,8 @@ class Daemon:
                 kubelet_now = _identity(kubelet)
                 recreated = kubelet_now is not None and (kubelet in changed or kubelet_now != kubelet_id)
                 kubelet_id = kubelet_now
-                if _identity(self.socket_path) != self._socket_id:
-                    async with self._lock:
-                        await self._restart_server(f"socket {self.socket_path} was removed")
+                if self._server is None or _identity(self.socket_path) != self._socket_id:
+                    await self._recover_server()
                 elif recreated:
                     log.info("kubelet restarted (%s re-created); registering again", kubelet)
                     self.registered = False
@@ -356,6 +365,18 @@ class Daemon:
                     self._rediscover_soon.set()
         finally:
             watcher.close()
+
+    async def _recover_server(self) -> None:
+        """Serve a fresh socket after ours vanished; on failure, say so once and retry next tick."""
+        async with self._lock:
+            try:
+                await self._restart_server(f"socket {self.socket_path} was removed")
+            except StartupError as error:
+                if not self._recover_failed:
+                    log.error("%s; retrying", error)
+                self._recover_failed = True
+            else:
+                self._recover_failed = False
 
     async def _health_loop(self) -> None:
         last_error = ""

@@ -1,0 +1,155 @@
+"""The command line as an operator runs it: list, demo, --version, flags, env and log formats."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ix_device_plugin import __version__
+from ix_device_plugin.cli import parse_args
+
+
+def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("IX_")}
+    return subprocess.run(
+        [sys.executable, "-m", "ix_device_plugin", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**clean, **(env or {})},
+    )
+
+
+def test_version() -> None:
+    result = cli("--version")
+    assert result.returncode == 0
+    assert result.stdout.strip() == f"ix-device-plugin {__version__}"
+
+
+def test_demo_prints_the_seed_capacities() -> None:
+    result = cli("demo")
+    assert result.returncode == 0, result.stderr
+    capacities = [line.strip() for line in result.stdout.splitlines() if line.strip().startswith("iluvatar.com/gpu:")]
+    assert capacities[0::2] == ["iluvatar.com/gpu: 2", "iluvatar.com/gpu: 4", "iluvatar.com/gpu: 8"]
+    assert "device /dev/iluvatar0 (rw)" in result.stdout
+    assert "env IX_VISIBLE_DEVICES=GPU-" in result.stdout
+
+
+def test_demo_json() -> None:
+    result = cli("demo", "--output", "json", "--simulated-devices", "BI-V100:3")
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert [s["capacity"] for s in report["scenarios"]] == [3, 3, 12]
+    assert all(s["allocatable"] == s["capacity"] for s in report["scenarios"])
+
+
+def test_list_json_shows_sources_and_devices(tmp_path: Path) -> None:
+    config = tmp_path / "ix-config"
+    config.write_text("sharing:\n  timeSlicing:\n    replicas: 4\n")
+    result = cli(
+        "list",
+        "--backend",
+        "simulated",
+        "--simulated-devices",
+        "BI-V150:2",
+        "--config",
+        str(config),
+        "--splitboard",
+        "--output",
+        "json",
+        env={"IX_RESOURCE_NAME": "example.com/ix"},
+    )
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert (report["resource_name"], report["capacity"]) == ("example.com/ix", 16)
+    sources = {item["key"]: item["source"] for item in report["config"]}
+    assert sources == {
+        "resourceName": "env IX_RESOURCE_NAME",
+        "flags.splitboard": "flag --splitboard",
+        "flags.failOnInitError": "default",
+        "sharing.timeSlicing.replicas": f"file {config}",
+        "sharing.timeSlicing.renameByDefault": "default",
+        "sharing.timeSlicing.failRequestsGreaterThanOne": "default",
+    }
+    assert [len(board["chips"]) for board in report["boards"]] == [2, 2]
+
+
+def test_list_text_names_unhealthy_chips(tmp_path: Path) -> None:
+    devices = tmp_path / "devices.yaml"
+    devices.write_text("boards:\n  - product: BI-V150\n    chips:\n      - {}\n      - health: [ECC, PCIE]\n")
+    result = cli("list", "--backend", "simulated", "--simulated-devices", str(devices))
+    assert result.returncode == 0, result.stderr
+    assert "Unhealthy: ECC; PCIE" in result.stdout
+    assert "Capacity:\n  iluvatar.com/gpu: 1\nAllocatable:\n  iluvatar.com/gpu: 0" in result.stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--simulated-devices", "BI-V999"], "unknown product 'BI-V999'"),
+        (["--simulated-devices", "BI-V150:0"], "count in 'BI-V150:0' must be a positive integer"),
+        (["--simulated-devices", "/nonexistent/devices.yaml"], "does not exist"),
+        (["--replicas", "-2"], "flag --replicas: expected a whole number >= 0"),
+        (["--config", "/nonexistent/ix-config"], "/nonexistent/ix-config: cannot read config file"),
+    ],
+)
+def test_list_errors_are_clear(args: list[str], message: str) -> None:
+    result = cli("list", "--backend", "simulated", *args)
+    assert result.returncode == 1
+    assert message in result.stderr
+
+
+def test_bad_simulated_file_names_the_key(tmp_path: Path) -> None:
+    devices = tmp_path / "devices.yaml"
+    devices.write_text("boards:\n  - product: BI-V150\n    chips:\n      - health: [Hot]\n")
+    result = cli("list", "--backend", "simulated", "--simulated-devices", str(devices))
+    assert result.returncode == 1
+    assert f"{devices}: boards[0].chips[0].health: unknown error 'Hot'" in result.stderr
+
+
+def test_env_sets_daemon_flags_and_flags_win() -> None:
+    env = {"IX_DEVICE_PLUGIN_PATH": "/from/env", "IX_BACKEND": "simulated", "IX_HEALTH_INTERVAL": "7"}
+    args = parse_args([], env)
+    assert (args.command, args.device_plugin_path, args.backend, float(args.health_interval)) == (
+        "run",
+        "/from/env",
+        "simulated",
+        7.0,
+    )
+    args = parse_args(["--device-plugin-path", "/from/flag"], env)
+    assert args.device_plugin_path == "/from/flag"
+
+
+def test_json_logs_are_one_object_per_line(tmp_path: Path) -> None:
+    result = cli("list", "--backend", "simulated", "--log-format", "json", "--config", str(tmp_path / "missing"))
+    assert result.returncode == 1
+    (line,) = result.stderr.strip().splitlines()
+    assert "cannot read config file" in line
+    daemon = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "ix_device_plugin",
+            "run",
+            "--backend",
+            "simulated",
+            "--log-format",
+            "json",
+            "--health-address",
+            "off",
+            "--device-plugin-path",
+            str(tmp_path / "no-such-dir" / "x"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert daemon.returncode == 1
+    entries = [json.loads(line) for line in daemon.stderr.strip().splitlines()]
+    assert {"time", "level", "logger", "msg"} <= set(entries[0])
+    assert entries[-1]["level"] == "error"
