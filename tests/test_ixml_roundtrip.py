@@ -5,6 +5,8 @@ For the same devices, `--backend ixml` must tell the kubelet exactly what `--bac
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -63,6 +65,23 @@ def host(short_dir: Path) -> tuple[Path, Path]:
     return short_dir, short_dir / "sys"
 
 
+@dataclass
+class IxmlNode:
+    """The double's device file (write it to change what the library reports) and a backend factory."""
+
+    conf: Path
+    dev_root: Path
+    factory: Callable[[], IxmlBackend]
+
+
+@pytest.fixture
+def ixml(libs: dict[str, Path], host: tuple[Path, Path], short_dir: Path, monkeypatch: pytest.MonkeyPatch) -> IxmlNode:
+    dev_root, sysfs = host
+    conf = short_dir / "double.conf"
+    monkeypatch.setenv("IXML_DOUBLE_CONFIG", str(conf))
+    return IxmlNode(conf, dev_root, lambda: IxmlBackend(str(libs["full"]), dev_root=dev_root, sysfs_root=sysfs))
+
+
 async def kubelet_sees(kubelet: KubeletStandIn, resource: str, capacity: int) -> dict[str, Any]:
     view = await kubelet.wait_registered(resource, capacity=capacity)
     allocations = {}
@@ -83,25 +102,17 @@ async def kubelet_sees(kubelet: KubeletStandIn, resource: str, capacity: int) ->
 async def test_ixml_and_simulated_tell_the_kubelet_the_same(
     kubelet: KubeletStandIn,
     start_daemon: DaemonFactory,
-    libs: dict[str, Path],
-    host: tuple[Path, Path],
-    short_dir: Path,
-    monkeypatch: pytest.MonkeyPatch,
+    ixml: IxmlNode,
     flags: dict[str, str],
     capacity: int,
 ) -> None:
-    dev_root, sysfs = host
-    conf = short_dir / "double.conf"
-    conf.write_text(double_config(sick="GPU-b1-c1"))
-    monkeypatch.setenv("IXML_DOUBLE_CONFIG", str(conf))
-    daemon = await start_daemon(
-        backend_factory=lambda: IxmlBackend(str(libs["full"]), dev_root=dev_root, sysfs_root=sysfs), flags=flags
-    )
+    ixml.conf.write_text(double_config(sick="GPU-b1-c1"))
+    daemon = await start_daemon(backend_factory=ixml.factory, flags=flags)
     seen_ixml = await kubelet_sees(kubelet, RESOURCE, capacity)
     await daemon.shutdown()
     await kubelet.wait_for(lambda: not kubelet.resources[RESOURCE].connected)
 
-    devices = short_dir / "devices.yaml"
+    devices = ixml.conf.parent / "devices.yaml"
     devices.write_text(simulated_yaml(sick="GPU-b1-c1"))
     await start_daemon(str(devices), flags=flags)
     seen_simulated = await kubelet_sees(kubelet, RESOURCE, capacity)
@@ -115,64 +126,46 @@ async def test_ixml_and_simulated_tell_the_kubelet_the_same(
 async def test_ixml_health_flips_reach_the_kubelet(
     kubelet: KubeletStandIn,
     start_daemon: DaemonFactory,
-    libs: dict[str, Path],
-    host: tuple[Path, Path],
-    short_dir: Path,
-    monkeypatch: pytest.MonkeyPatch,
+    ixml: IxmlNode,
 ) -> None:
-    dev_root, sysfs = host
-    conf = short_dir / "double.conf"
-    conf.write_text(double_config())
-    monkeypatch.setenv("IXML_DOUBLE_CONFIG", str(conf))
+    ixml.conf.write_text(double_config())
     await start_daemon(
-        backend_factory=lambda: IxmlBackend(str(libs["full"]), dev_root=dev_root, sysfs_root=sysfs),
+        backend_factory=ixml.factory,
         flags={"splitboard": "true"},
         health_interval=0.1,
     )
     view = await kubelet.wait_registered(RESOURCE, capacity=4)
     assert set(view.devices.values()) == {HEALTHY}
-    conf.write_text(double_config(sick="GPU-b0-c1"))
+    ixml.conf.write_text(double_config(sick="GPU-b0-c1"))
     await kubelet.wait_for(lambda: view.devices["GPU-b0-c1"] == UNHEALTHY, timeout=3)
-    (dev_root / "dev" / "iluvatar2").unlink()
+    (ixml.dev_root / "dev" / "iluvatar2").unlink()
     await kubelet.wait_for(lambda: view.devices["GPU-b1-c0"] == UNHEALTHY, timeout=3)
-    conf.write_text(double_config())
-    (dev_root / "dev" / "iluvatar2").touch()
+    ixml.conf.write_text(double_config())
+    (ixml.dev_root / "dev" / "iluvatar2").touch()
     await kubelet.wait_for(lambda: set(view.devices.values()) == {HEALTHY}, timeout=3)
 
 
 async def test_ixml_init_failure_with_fail_on_init_error_false(
     kubelet: KubeletStandIn,
     start_daemon: DaemonFactory,
-    libs: dict[str, Path],
-    host: tuple[Path, Path],
-    short_dir: Path,
-    monkeypatch: pytest.MonkeyPatch,
+    ixml: IxmlNode,
 ) -> None:
-    dev_root, sysfs = host
-    conf = short_dir / "double.conf"
-    conf.write_text("fail_init=1\n")
-    monkeypatch.setenv("IXML_DOUBLE_CONFIG", str(conf))
+    ixml.conf.write_text("fail_init=1\n")
     await start_daemon(
-        backend_factory=lambda: IxmlBackend(str(libs["full"]), dev_root=dev_root, sysfs_root=sysfs),
+        backend_factory=ixml.factory,
         flags={"fail_on_init_error": "false"},
         rediscover_interval=0.3,
     )
     view = await kubelet.wait_registered(RESOURCE)
     assert view.capacity == 0
-    conf.write_text(double_config())
+    ixml.conf.write_text(double_config())
     await kubelet.wait_registered(RESOURCE, capacity=2, timeout=5)
 
 
 async def test_ixml_init_failure_exits_by_default(
     start_daemon: DaemonFactory,
-    libs: dict[str, Path],
-    host: tuple[Path, Path],
-    short_dir: Path,
-    monkeypatch: pytest.MonkeyPatch,
+    ixml: IxmlNode,
 ) -> None:
-    dev_root, sysfs = host
-    conf = short_dir / "double.conf"
-    conf.write_text("fail_init=1\n")
-    monkeypatch.setenv("IXML_DOUBLE_CONFIG", str(conf))
+    ixml.conf.write_text("fail_init=1\n")
     with pytest.raises(StartupError, match="failOnInitError"):
-        await start_daemon(backend_factory=lambda: IxmlBackend(str(libs["full"]), dev_root=dev_root, sysfs_root=sysfs))
+        await start_daemon(backend_factory=ixml.factory)
