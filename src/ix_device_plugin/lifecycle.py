@@ -129,6 +129,7 @@ class Daemon:
         self._probes: ProbeServer | None = None
         self._lock = asyncio.Lock()
         self._recover_failed = False
+        self._discovery_error = ""
 
     # ---- public -------------------------------------------------------------------------
 
@@ -432,10 +433,11 @@ class Daemon:
                 self._backend = self.options.backend_factory()
             inventory = await asyncio.to_thread(self._backend.discover)
         except BackendError as error:
-            if self._discovered or not getattr(self, "_discovery_error_logged", False):
+            if str(error) != self._discovery_error:  # once per distinct failure, not every minute
                 log.error("GPU discovery failed: %s", error)
-                self._discovery_error_logged = True
+                self._discovery_error = str(error)
             return None
+        self._discovery_error = ""
         if not self._discovered:
             log.info(
                 "found %d boards, %d chips (driver %s)",
