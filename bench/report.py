@@ -1,0 +1,150 @@
+"""The figures the benchmarks produce, their targets, and the table that shows them."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Figure:
+    """One reported number: where it sits in the results, and the limit it must stay under, if any."""
+
+    section: str
+    label: str
+    path: tuple[str, ...]
+    unit: str
+    limit: float | None = None
+
+    def value(self, sections: Mapping[str, Any]) -> float:
+        """The figure's value in sections (an int for counts)."""
+        node: Any = sections[self.section]
+        for key in self.path:
+            node = node[key]
+        return node
+
+    def met(self, sections: Mapping[str, Any]) -> bool | None:
+        """Whether the value is under the limit; None without a limit."""
+        return None if self.limit is None else self.value(sections) < self.limit
+
+
+NODES = (("one_gpu", "1 GPU"), ("large", "2,048 devices"))
+MODES = (("sequential", "sequential"), ("concurrent", "16 callers"))
+
+
+def _startup() -> Iterator[Figure]:
+    for key, name in NODES:
+        yield Figure("startup", f"{name}: start -> Register ok, median", (key, "to_register", "median_ms"), "ms", 1000)
+        yield Figure("startup", f"{name}: start -> full list, median", (key, "to_list", "median_ms"), "ms")
+
+
+def _reregistration() -> Iterator[Figure]:
+    for key, name in NODES:
+        yield Figure("reregistration", f"{name}: restart -> listed, median", (key, "median_ms"), "ms", 200)
+        yield Figure("reregistration", f"{name}: restart -> listed, max", (key, "max_ms"), "ms")
+
+
+def _health(sections: Mapping[str, Any]) -> Iterator[Figure]:
+    limit = sections["health"]["interval_s"] * 1000 + 100
+    for key, name in (("to_unhealthy", "Unhealthy"), ("to_healthy", "Healthy again")):
+        yield Figure("health", f"file -> {name} at kubelet, median", (key, "median_ms"), "ms")
+        yield Figure("health", f"file -> {name} at kubelet, max", (key, "max_ms"), "ms", limit)
+
+
+def _latency() -> Iterator[Figure]:
+    for key, name in NODES:
+        for call, call_name, limit in (("allocate", "Allocate", 2), ("preferred", "GetPreferredAllocation", 5)):
+            judged = call == "allocate" or key == "large"
+            for mode, mode_name in MODES:
+                path = (key, call, mode)
+                label = f"{name}: {call_name} {mode_name}"
+                yield Figure("latency", f"{label} p50", (*path, "p50_ms"), "ms")
+                yield Figure("latency", f"{label} p99", (*path, "p99_ms"), "ms", limit if judged else None)
+                yield Figure("latency", f"{label} throughput", (*path, "calls_per_s"), "calls/s")
+
+
+def _listandwatch() -> Iterator[Figure]:
+    yield Figure("listandwatch", "list_response(plan), median", ("encode", "build", "median_ms"), "ms")
+    yield Figure("listandwatch", "SerializeToString, median", ("encode", "serialize", "median_ms"), "ms")
+    yield Figure("listandwatch", "message size", ("encode", "bytes"), "bytes")
+    yield Figure("listandwatch", "fresh stream -> full list at client, median", ("fresh_stream", "median_ms"), "ms")
+    yield Figure("listandwatch", "build + delivery, median", ("build_plus_delivery_ms",), "ms", 20)
+    yield Figure("listandwatch", "config edit -> new list at client, median", ("config_edit_push", "median_ms"), "ms")
+    yield Figure("listandwatch", "config edit -> new list at client, max", ("config_edit_push", "max_ms"), "ms")
+
+
+def _footprint() -> Iterator[Figure]:
+    yield Figure("footprint", "RSS after start", ("rss_start_mib",), "MiB")
+    yield Figure("footprint", "RSS after half the calls", ("rss_half_mib",), "MiB")
+    yield Figure("footprint", "RSS after all calls", ("rss_after_calls_mib",), "MiB")
+    yield Figure("footprint", "RSS growth over the second half", ("rss_growth_second_half_mib",), "MiB", 2)
+    yield Figure("footprint", "idle CPU, health interval 5 s", ("idle_cpu_percent",), "% core", 0.5)
+    yield Figure("footprint", "threads after start", ("threads_start",), "")
+    yield Figure("footprint", "threads after all calls", ("threads_after_calls",), "")
+    yield Figure("footprint", "CPU per call under load", ("cpu_us_per_call",), "us")
+
+
+def _baseline() -> Iterator[Figure]:
+    for call, call_name in (("allocate", "Allocate"), ("preferred", "GetPreferredAllocation")):
+        for mode, mode_name in MODES:
+            yield Figure("baseline", f"floor: {call_name} {mode_name} p50", (call, mode, "p50_ms"), "ms")
+            yield Figure("baseline", f"floor: {call_name} {mode_name} p99", (call, mode, "p99_ms"), "ms")
+            yield Figure("baseline", f"plugin/floor p50: {call_name} {mode_name}", ("ratio_p50", f"{call}_{mode}"), "x")
+    yield Figure("baseline", "floor server RSS", ("rss_mib",), "MiB")
+
+
+def figures(sections: Mapping[str, Any]) -> list[Figure]:
+    """Every figure of the sections present."""
+    groups: dict[str, Any] = {
+        "startup": _startup,
+        "reregistration": _reregistration,
+        "health": lambda: _health(sections),
+        "listandwatch": _listandwatch,
+        "latency": _latency,
+        "footprint": _footprint,
+        "baseline": _baseline,
+    }
+    return [figure for name, group in groups.items() if name in sections for figure in group()]
+
+
+def targets(sections: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Each figure that has a target: its value, limit and whether it is met."""
+    return [
+        {
+            "section": f.section,
+            "figure": f.label,
+            "value": f.value(sections),
+            "unit": f.unit,
+            "limit": f.limit,
+            "met": f.met(sections),
+        }
+        for f in figures(sections)
+        if f.limit is not None
+    ]
+
+
+def _number(value: float) -> str:
+    if isinstance(value, int) or value >= 100:
+        return f"{value:,.0f}"
+    if value >= 10:
+        return f"{value:.1f}"
+    return f"{value:.3f}" if value < 1 else f"{value:.2f}"
+
+
+def _verdict(figure: Figure, sections: Mapping[str, Any]) -> str:
+    met = figure.met(sections)
+    return "" if met is None else ("met" if met else "MISSED")
+
+
+def table(sections: Mapping[str, Any]) -> str:
+    """A plain-text table of every figure, its target and whether it is met."""
+    rows = [("section", "figure", "value", "target", "")]
+    for figure in figures(sections):
+        value = f"{_number(figure.value(sections))} {figure.unit}".strip()
+        target = "" if figure.limit is None else f"< {_number(figure.limit)} {figure.unit}".strip()
+        rows.append((figure.section, figure.label, value, target, _verdict(figure, sections)))
+    widths = [max(len(row[i]) for row in rows) for i in range(5)]
+    lines = ["  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip() for row in rows]
+    lines.insert(1, "  ".join("-" * width for width in widths))
+    return "\n".join(lines)

@@ -1,0 +1,53 @@
+"""How much each benchmark does: the full run, or a smoke run that only proves every benchmark works."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from bench.load import Load
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Repetition counts and durations of every benchmark."""
+
+    smoke: bool
+    startup_runs: int
+    reregistrations: int
+    health_flips: int
+    health_interval: float
+    load: Load
+    listwatch_runs: int
+    footprint_calls: int
+    footprint_chunks: int
+    idle_seconds: float
+    settle_seconds: float
+
+
+FULL = Settings(
+    smoke=False,
+    startup_runs=10,
+    reregistrations=50,
+    health_flips=12,
+    health_interval=1.0,
+    load=Load(calls=5_000, callers=16, warmup=500, rounds=5),
+    listwatch_runs=50,
+    footprint_calls=100_000,
+    footprint_chunks=10,
+    idle_seconds=60.0,
+    settle_seconds=2.0,
+)
+
+SMOKE = Settings(
+    smoke=True,
+    startup_runs=1,
+    reregistrations=2,
+    health_flips=2,
+    health_interval=0.2,
+    load=Load(calls=48, callers=16, warmup=16),
+    listwatch_runs=2,
+    footprint_calls=400,
+    footprint_chunks=4,
+    idle_seconds=1.0,
+    settle_seconds=0.2,
+)
