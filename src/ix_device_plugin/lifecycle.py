@@ -400,6 +400,9 @@ class Daemon:
                 self.metrics.observe_health_poll()
             if any(not status.present for status in statuses.values()):
                 self._rediscover_soon.set()
+            current = inventory.statuses()
+            if all(current.get(uuid) == status for uuid, status in statuses.items()):
+                continue  # nothing changed: no need to re-plan (most polls, on a healthy node)
             async with self._lock:
                 if self.inventory is inventory:  # a rediscovery may have replaced it meanwhile
                     self.inventory = inventory.with_statuses(statuses)

@@ -6,6 +6,7 @@ A Plan is immutable; the server swaps it whole when anything changes.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -46,9 +47,14 @@ class Plan:
     gpu_links: Mapping[tuple[str, str], int] = field(default_factory=dict)
     warnings: tuple[str, ...] = ()
     by_id: Mapping[str, PlannedDevice] = field(init=False, repr=False, compare=False)
+    gpu_order: Mapping[str, int] = field(init=False, repr=False, compare=False)  # GPU -> advertised order
+    gpu_device_count: Mapping[str, int] = field(init=False, repr=False, compare=False)  # devices per GPU
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "by_id", {device.id: device for device in self.devices})
+        gpus = dict.fromkeys(device.gpu for device in self.devices)
+        object.__setattr__(self, "gpu_order", {gpu: index for index, gpu in enumerate(gpus)})
+        object.__setattr__(self, "gpu_device_count", Counter(device.gpu for device in self.devices))
 
     @property
     def shared(self) -> bool:

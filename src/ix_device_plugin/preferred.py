@@ -9,7 +9,7 @@ then the GPUs closest on PCIe to the first one chosen; then advertised order.
 from __future__ import annotations
 
 import heapq
-from collections import Counter
+from collections import Counter, defaultdict
 from collections.abc import Sequence
 
 from ix_device_plugin.allocation import AllocationError
@@ -51,34 +51,39 @@ def _numa(device: PlannedDevice) -> int:
 
 
 def _pick(plan: Plan, candidates: dict[str, PlannedDevice], chosen: list[PlannedDevice], count: int) -> list[str]:
+    """count more IDs from candidates; the work is per physical GPU, not per replica."""
     if count == 0:
         return []
-    chosen_ids = {device.id for device in chosen}
-    pool = [device for device in candidates.values() if device.id not in chosen_ids]
-    target = _target_numa(pool, chosen, count)
-    usage = _usage(plan, candidates, chosen)
-    anchor = chosen[0].gpu if chosen else _first_gpu(pool, target, usage)
-    order = {device.id: index for index, device in enumerate(plan.devices)}
+    offered: defaultdict[str, list[PlannedDevice]] = defaultdict(list)
+    for device in candidates.values():
+        offered[device.gpu].append(device)
+    taken: Counter[str] = Counter()
+    for device in chosen:
+        offered[device.gpu].remove(device)
+        taken[device.gpu] += 1
+    per_gpu = {gpu: devices for gpu, devices in offered.items() if devices}
+    numa = {gpu: _numa(devices[0]) for gpu, devices in per_gpu.items()}
+    # Replicas of each GPU in use elsewhere (advertised but not offered), plus those chosen here.
+    usage: Counter[str] = Counter()
+    if plan.shared:
+        for gpu, devices in per_gpu.items():
+            usage[gpu] = plan.gpu_device_count[gpu] - len(devices)
+    target = _target_numa(per_gpu, numa, chosen, count)
+    anchor = chosen[0].gpu if chosen else _first_gpu(per_gpu, numa, target, usage)
 
-    # One heap entry per physical GPU, keyed by how many of its replicas this request already
-    # took, then by its total use: replicas spread over distinct GPUs, least used first.
-    per_gpu: dict[str, list[PlannedDevice]] = {}
-    for device in sorted(pool, key=lambda d: order[d.id], reverse=True):
-        per_gpu.setdefault(device.gpu, []).append(device)
-    taken: Counter[str] = Counter(device.gpu for device in chosen)
-
+    # One heap entry per GPU, keyed by how many of its replicas this request already took,
+    # then by its total use: replicas spread over distinct GPUs, least used first.
     def key(gpu: str) -> tuple[int, int, int, int, int, str]:
-        device = per_gpu[gpu][-1]
         link = plan.gpu_link(anchor, gpu)
-        off_numa = 0 if _numa(device) == target else 1
-        return (off_numa, taken[gpu], usage[gpu], _UNKNOWN_LINK if link is None else link, order[device.id], gpu)
+        off_numa = 0 if numa[gpu] == target else 1
+        return (off_numa, taken[gpu], usage[gpu], _UNKNOWN_LINK if link is None else link, plan.gpu_order[gpu], gpu)
 
     heap = [key(gpu) for gpu in per_gpu]
     heapq.heapify(heap)
     picked: list[str] = []
     while len(picked) < count:
         gpu = heapq.heappop(heap)[-1]
-        picked.append(per_gpu[gpu].pop().id)
+        picked.append(_take_first_replica(per_gpu[gpu]).id)
         taken[gpu] += 1
         usage[gpu] += 1
         if per_gpu[gpu]:
@@ -86,28 +91,27 @@ def _pick(plan: Plan, candidates: dict[str, PlannedDevice], chosen: list[Planned
     return picked
 
 
-def _usage(plan: Plan, candidates: dict[str, PlannedDevice], chosen: list[PlannedDevice]) -> Counter[str]:
-    """Replicas of each GPU already in use: advertised but not available, plus those chosen."""
-    usage: Counter[str] = Counter()
-    if plan.shared:
-        for device in plan.devices:
-            if device.id not in candidates:
-                usage[device.gpu] += 1
-    for device in chosen:
-        usage[device.gpu] += 1
-    return usage
+def _take_first_replica(devices: list[PlannedDevice]) -> PlannedDevice:
+    """Remove and return the lowest-numbered replica (callers take few, so no sort up front)."""
+    index = min(range(len(devices)), key=lambda i: devices[i].replica or 0)
+    devices[index], devices[-1] = devices[-1], devices[index]
+    return devices.pop()
 
 
-def _target_numa(pool: list[PlannedDevice], chosen: list[PlannedDevice], count: int) -> int:
+def _target_numa(
+    per_gpu: dict[str, list[PlannedDevice]], numa: dict[str, int], chosen: list[PlannedDevice], count: int
+) -> int:
     if chosen:
         return Counter(_numa(device) for device in chosen).most_common(1)[0][0]
-    free = Counter(_numa(device) for device in pool)
+    free: Counter[int] = Counter()
+    for gpu, devices in per_gpu.items():
+        free[numa[gpu]] += len(devices)
     fitting = [node for node, n in free.items() if n >= count and node != _NO_NUMA]
     if fitting:
         return min(fitting, key=lambda node: (free[node], node))
     return max(free, key=lambda node: (free[node], -node))
 
 
-def _first_gpu(pool: list[PlannedDevice], target: int, usage: Counter[str]) -> str:
-    on_target = [device for device in pool if _numa(device) == target] or pool
-    return min(on_target, key=lambda device: usage[device.gpu]).gpu
+def _first_gpu(per_gpu: dict[str, list[PlannedDevice]], numa: dict[str, int], target: int, usage: Counter[str]) -> str:
+    on_target = [gpu for gpu in per_gpu if numa[gpu] == target] or list(per_gpu)
+    return min(on_target, key=lambda gpu: usage[gpu])
