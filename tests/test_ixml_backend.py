@@ -14,16 +14,15 @@ import pytest
 
 from ix_device_plugin.backends.base import BackendError
 from ix_device_plugin.backends.ixml import (
-    CONTROL_NODE,
     IxmlBackend,
     NoDevicesError,
-    check_device_nodes,
     find_library,
     load_library,
     normalize_bus_id,
     placeholder_uuid,
     read_numa_node,
 )
+from ix_device_plugin.devnodes import CONTROL_NODE, check_device_nodes
 from ix_device_plugin.inventory import (
     TOPOLOGY_HOSTBRIDGE,
     TOPOLOGY_NODE,

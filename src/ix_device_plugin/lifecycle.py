@@ -18,7 +18,7 @@ import signal
 import socket
 import time
 from collections.abc import Callable, Coroutine, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +27,7 @@ import grpc
 from ix_device_plugin.api import api_pb2_grpc
 from ix_device_plugin.backends.base import Backend, BackendError
 from ix_device_plugin.config import DEFAULT_CONFIG_PATH, SETTINGS, Config, ConfigError, load_file, resolve
+from ix_device_plugin.devnodes import with_control_nodes
 from ix_device_plugin.inventory import ChipStatus, Inventory
 from ix_device_plugin.metrics import Metrics
 from ix_device_plugin.plan import Plan, plan
@@ -38,7 +39,6 @@ from ix_device_plugin.watch import Watcher
 log = logging.getLogger(__name__)
 
 ENDPOINT = "iluvatar-gpu.sock"
-CONTROL_NODES = ("/dev/itrctl",)
 _BACKOFF_START = 0.05
 _BACKOFF_MAX = 5.0
 
@@ -510,9 +510,3 @@ def _config_diff(before: Config, after: Config) -> str:
         if getattr(before, s.attr) != getattr(after, s.attr)
     ]
     return ", ".join(changes) or "no effective change"
-
-
-def with_control_nodes(inventory: Inventory, dev_root: Path) -> Inventory:
-    """inventory with the shared device nodes (e.g. /dev/itrctl) that exist under dev_root."""
-    present = tuple(node for node in CONTROL_NODES if (dev_root / node.lstrip("/")).exists())
-    return inventory if present == inventory.control_nodes else replace(inventory, control_nodes=present)

@@ -6,8 +6,9 @@ from typing import Any
 
 from ix_device_plugin.api import HEALTHY, UNHEALTHY
 from ix_device_plugin.config import Config, describe
+from ix_device_plugin.devnodes import with_control_nodes
 from ix_device_plugin.inventory import Inventory
-from ix_device_plugin.lifecycle import Options, with_control_nodes
+from ix_device_plugin.lifecycle import Options
 from ix_device_plugin.plan import plan
 
 

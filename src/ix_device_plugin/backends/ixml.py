@@ -12,11 +12,12 @@ import os
 import re
 import threading
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
 from ix_device_plugin.backends.base import BackendError
+from ix_device_plugin.devnodes import check_device_nodes, node_checked_status
 from ix_device_plugin.inventory import (
     Board,
     Chip,
@@ -35,7 +36,6 @@ DEFAULT_LIBRARY_PATHS: tuple[str, ...] = (
     "/usr/local/corex/lib/libixml.so",
 )
 LIBRARY_NAME = "libixml.so"
-CONTROL_NODE = "/dev/itrctl"
 PLACEHOLDER_UUID_PREFIX = "IX-UNKNOWN-"
 UNKNOWN_PRODUCT = "unknown"
 
@@ -178,44 +178,6 @@ def read_numa_node(sysfs_root: str | Path, bus_id: str) -> int | None:
     return node if node >= 0 else None
 
 
-def control_nodes(dev_root: str | Path) -> tuple[str, ...]:
-    """The shared control device nodes (e.g. /dev/itrctl) present under dev_root, as host paths."""
-    return (CONTROL_NODE,) if _host_path(dev_root, CONTROL_NODE).exists() else ()
-
-
-def device_node_problem(chip: Chip, dev_root: str | Path) -> str | None:
-    """Why the chip's /dev/iluvatar<minor> node makes it unusable, or None when it exists."""
-    node = chip.device_node
-    if node is None or _host_path(dev_root, node).exists():
-        return None
-    return f"device node {node} missing"
-
-
-def check_device_nodes(inventory: Inventory, dev_root: str | Path) -> Inventory:
-    """The inventory with missing chip device nodes as problems and control_nodes as found under dev_root."""
-    boards = tuple(
-        replace(board, chips=tuple(_with_node_check(chip, dev_root) for chip in board.chips))
-        for board in inventory.boards
-    )
-    return replace(inventory, boards=boards, control_nodes=control_nodes(dev_root))
-
-
-def _with_node_check(chip: Chip, dev_root: str | Path) -> Chip:
-    status = _node_checked_status(chip, dev_root)
-    return chip if status is chip.status else replace(chip, status=status)
-
-
-def _node_checked_status(chip: Chip, dev_root: str | Path) -> ChipStatus:
-    problem = device_node_problem(chip, dev_root)
-    if problem is None or problem in chip.status.problems:
-        return chip.status
-    return chip.status.with_problem(problem)
-
-
-def _host_path(dev_root: str | Path, node: str) -> Path:
-    return Path(dev_root) / node.lstrip("/")
-
-
 def placeholder_uuid(index: int, bus_id: str) -> str:
     """A stable stand-in identity for a device whose UUID cannot be read."""
     suffix = f"-{bus_id.replace(':', '-')}" if bus_id else ""
@@ -345,7 +307,7 @@ class IxmlBackend:
             if current is None:
                 statuses[chip.uuid] = ChipStatus(present=False)
             else:
-                statuses[chip.uuid] = _node_checked_status(current, self._dev_root)
+                statuses[chip.uuid] = node_checked_status(current, self._dev_root)
         return statuses
 
     def close(self) -> None:
