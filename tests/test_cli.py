@@ -13,6 +13,8 @@ import pytest
 from ix_device_plugin import __version__
 from ix_device_plugin.cli import parse_args
 
+from support import spawn_plugin, stop_process
+
 
 def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     clean = {k: v for k, v in os.environ.items() if not k.startswith("IX_")}
@@ -126,30 +128,14 @@ def test_env_sets_daemon_flags_and_flags_win() -> None:
 
 
 def test_json_logs_are_one_object_per_line(tmp_path: Path) -> None:
-    result = cli("list", "--backend", "simulated", "--log-format", "json", "--config", str(tmp_path / "missing"))
-    assert result.returncode == 1
-    (line,) = result.stderr.strip().splitlines()
-    assert "cannot read config file" in line
-    daemon = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "ix_device_plugin",
-            "run",
-            "--backend",
-            "simulated",
-            "--log-format",
-            "json",
-            "--health-address",
-            "off",
-            "--device-plugin-path",
-            str(tmp_path / "no-such-dir" / "x"),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=30,
-    )
-    assert daemon.returncode == 1
-    entries = [json.loads(line) for line in daemon.stderr.strip().splitlines()]
-    assert {"time", "level", "logger", "msg"} <= set(entries[0])
+    log = tmp_path / "log"
+    missing = tmp_path / "no-such-dir"
+    daemon = spawn_plugin(missing, "--log-format", "json", log_file=log)
+    try:
+        assert daemon.wait(30) == 1
+    finally:
+        stop_process(daemon)
+    entries = [json.loads(line) for line in log.read_text().strip().splitlines()]
+    assert all({"time", "level", "logger", "msg"} <= set(entry) for entry in entries)
     assert entries[-1]["level"] == "error"
+    assert f"device plugin directory {missing} does not exist" in entries[-1]["msg"]
