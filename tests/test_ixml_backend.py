@@ -528,3 +528,11 @@ def test_cli_list_reports_the_double_devices(libs, tmp_path, splitboard, capacit
     assert unhealthy == ({"GPU-b0-c1"} if splitboard == "true" else {"GPU-b0-c0"})
     sick = next(device for device in report["devices"] if device["id"] in unhealthy)
     assert sick["reasons"] == ["GPU-b0-c1: ECC"]
+
+
+def test_library_not_found_on_the_search_path_says_where_it_looked():
+    with pytest.raises(BackendError) as caught:
+        load_library("libixml-not-installed.so")
+    message = str(caught.value)
+    assert "cannot load the IXML library libixml-not-installed.so" in message
+    assert "/usr/local/corex/lib64/libixml.so" in message and "IX_IXML_LIBRARY" in message

@@ -127,7 +127,13 @@ def load_library(path: str) -> ctypes.CDLL:
     try:
         lib = ctypes.CDLL(path)
     except OSError as exc:
-        raise BackendError(f"cannot load the IXML library {path}: {exc}") from exc
+        searched = ""
+        if os.sep not in path:
+            searched = (
+                f" (not in {', '.join(DEFAULT_LIBRARY_PATHS)} nor on the loader's search path; is the CoreX "
+                "driver stack installed and /usr/local/corex mounted? --ixml-library or IX_IXML_LIBRARY names it)"
+            )
+        raise BackendError(f"cannot load the IXML library {path}: {exc}{searched}") from exc
     if not any(_has_symbol(lib, name) for name in _INIT_SYMBOLS):
         raise BackendError(
             f"{library_file(lib)} is not Iluvatar's IXML library (it has no nvmlInit_v2 or nvmlInit; "
