@@ -11,7 +11,9 @@ from pathlib import Path
 import grpc
 
 from ix_device_plugin.api import HEALTHY, UNHEALTHY
+from ix_device_plugin.backends.simulated import SimulatedBackend
 from ix_device_plugin.kubelet_standin import KubeletStandIn
+from ix_device_plugin.lifecycle import Daemon, Options
 
 from support import RESOURCE, DaemonFactory, spawn_plugin, stop_process, until
 
@@ -220,3 +222,21 @@ async def test_device_node_events_trigger_rediscovery(
     (short_dir / "dev" / "iluvatar1").touch()  # what udev does when the driver adds a chip
     view = await kubelet.wait_registered(RESOURCE, capacity=2, timeout=3)
     assert view.allocatable == 2
+
+
+async def test_an_internal_failure_stops_with_exit_code_1(plugin_dir: Path, short_dir: Path) -> None:
+    class BrokenHealth(SimulatedBackend):
+        def health(self, inventory):  # type: ignore[no-untyped-def]
+            raise RuntimeError("bug in a backend")
+
+    options = Options(
+        backend_factory=lambda: BrokenHealth("BI-V100:1"),
+        plugin_dir=plugin_dir,
+        config_path=short_dir / "none",
+        dev_root=short_dir,
+        health_interval=0.1,
+        health_address="off",
+    )
+    daemon = Daemon(options)
+    assert await asyncio.wait_for(daemon.run(), 5) == 1
+    assert not (plugin_dir / SOCKET).exists()

@@ -130,6 +130,7 @@ class Daemon:
         self._lock = asyncio.Lock()
         self._recover_failed = False
         self._discovery_error = ""
+        self._crashed = False
 
     # ---- public -------------------------------------------------------------------------
 
@@ -144,7 +145,7 @@ class Daemon:
             return 1
         await self._stopping.wait()
         await self.shutdown()
-        return 0
+        return 1 if self._crashed else 0
 
     async def start(self) -> None:
         """Load config, discover, serve and ask for registration; raises StartupError or ConfigError."""
@@ -308,6 +309,7 @@ class Daemon:
             self._tasks.remove(task)
         if not task.cancelled() and task.exception() is not None:
             log.error("internal task failed; stopping", exc_info=task.exception())
+            self._crashed = True
             self.stop()
 
     async def _registration_loop(self) -> None:
