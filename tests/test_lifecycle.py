@@ -27,7 +27,8 @@ async def test_fifty_kubelet_restarts(kubelet: KubeletStandIn, start_daemon: Dae
     for _ in range(50):
         await kubelet.restart()
         assert not (kubelet.plugin_dir / SOCKET).exists()
-        view = await kubelet.wait_registered(RESOURCE, capacity=4, timeout=2)
+        # Typically 5-15 ms (see bench/); the bound only has to survive a loaded CI machine.
+        view = await kubelet.wait_registered(RESOURCE, capacity=4, timeout=10)
         assert sorted(view.devices) == expected
         assert set(view.devices.values()) == {HEALTHY}
     assert daemon.metrics.reregistrations._value.get() >= 50
@@ -42,9 +43,9 @@ async def test_kubelet_absent_at_start_then_appears(plugin_dir: Path, start_daem
     kubelet = KubeletStandIn(plugin_dir)
     await kubelet.start()
     try:
-        view = await kubelet.wait_registered(RESOURCE, capacity=3, timeout=2)
+        view = await kubelet.wait_registered(RESOURCE, capacity=3, timeout=5)
         assert view.allocatable == 3
-        await until(lambda: daemon.registered, timeout=2)
+        await until(lambda: daemon.registered, timeout=5)
     finally:
         await kubelet.stop()
 
@@ -82,7 +83,7 @@ async def test_stream_end_leaves_no_tasks(kubelet: KubeletStandIn, start_daemon:
     tasks_before = len(asyncio.all_tasks())
     for _ in range(5):
         await kubelet.restart()
-        await kubelet.wait_registered(RESOURCE, timeout=2)
+        await kubelet.wait_registered(RESOURCE, timeout=10)
     await until(lambda: daemon._service is not None and daemon._service.streams == 1)
     assert len(asyncio.all_tasks()) <= tasks_before + 1
 
@@ -105,8 +106,8 @@ async def test_health_flip_within_one_poll_and_back(
         flipped = time.monotonic() - started
         devices.write_text(healthy)
         await kubelet.wait_for(lambda: view.devices[second] == HEALTHY, timeout=3)
-        # Reaches the kubelet within one interval plus scheduling slack (generous on a busy CI machine).
-        assert flipped < interval + 1.0
+        # Within one interval plus scheduling slack; bench/ measures it properly.
+        assert flipped < interval + 2.0
 
 
 async def test_disabled_health_checks(kubelet: KubeletStandIn, start_daemon: DaemonFactory, short_dir: Path) -> None:
@@ -240,3 +241,31 @@ async def test_an_internal_failure_stops_with_exit_code_1(plugin_dir: Path, shor
     daemon = Daemon(options)
     assert await asyncio.wait_for(daemon.run(), 5) == 1
     assert not (plugin_dir / SOCKET).exists()
+
+
+async def test_registration_answered_after_a_restart_is_not_taken_for_the_new_one(
+    plugin_dir: Path, start_daemon: DaemonFactory
+) -> None:
+    kubelet = KubeletStandIn(plugin_dir)
+    register = kubelet.Register
+    first_registered = asyncio.Event()
+
+    async def late_answer(request, context):  # type: ignore[no-untyped-def]
+        response = await register(request, context)
+        if len(kubelet.registrations) == 1:
+            first_registered.set()
+            await asyncio.sleep(0.5)  # the answer to the first Register arrives late
+        return response
+
+    kubelet.Register = late_answer  # type: ignore[method-assign]
+    await kubelet.start()
+    try:
+        daemon = await start_daemon("BI-V100:1")
+        await asyncio.wait_for(first_registered.wait(), 5)
+        (plugin_dir / SOCKET).unlink()  # as a kubelet restart does, while that answer is in flight
+        await until(lambda: len(kubelet.registrations) >= 2, timeout=5)
+        await until(lambda: daemon.registered, timeout=5)
+        view = await kubelet.wait_registered(RESOURCE, capacity=1)
+        assert view.connected
+    finally:
+        await kubelet.stop()

@@ -121,6 +121,7 @@ class Daemon:
         self._socket_id: tuple[int, int] | None = None
         self._register_wanted = asyncio.Event()
         self._register_kick = asyncio.Event()
+        self._register_requests = 0  # bumped by every request; a success answers only the latest
         self._rediscover_soon = asyncio.Event()
         self._stopping = asyncio.Event()
         self._failing_since: float | None = None
@@ -165,7 +166,7 @@ class Daemon:
         self.plan = self._plan_for(inventory)
         self._log_plan()
         await self._start_server()
-        self._register_wanted.set()
+        self._request_registration()
         self._spawn(self._registration_loop(), self._watch_loop(), self._health_loop(), self._discovery_loop())
 
     def stop(self) -> None:
@@ -285,8 +286,7 @@ class Daemon:
         await self._stop_server(grace=0)
         await self._start_server()
         self.metrics.reregistrations.inc()
-        self._register_wanted.set()
-        self._register_kick.set()
+        self._request_registration()
 
     async def _publish(self, new_plan: Plan) -> None:
         _log_transitions(self.plan, new_plan)
@@ -312,12 +312,21 @@ class Daemon:
             self._crashed = True
             self.stop()
 
+    def _request_registration(self) -> None:
+        """Ask the registration loop to register (again), waking it from any backoff."""
+        self.registered = False
+        self.metrics.registered.set(0)
+        self._register_requests += 1
+        self._register_wanted.set()
+        self._register_kick.set()
+
     async def _registration_loop(self) -> None:
         delay = _BACKOFF_START
         last_error = ""
         while True:
             await self._register_wanted.wait()
             self._register_kick.clear()
+            answering = self._register_requests
             try:
                 await register(self.options.plugin_dir, self.options.endpoint, self.plan.resource_name)
             except RegistrationError as error:
@@ -331,6 +340,8 @@ class Daemon:
                     await asyncio.wait_for(self._register_kick.wait(), delay)
                 delay = min(delay * 2, _BACKOFF_MAX)
                 continue
+            if answering != self._register_requests:
+                continue  # the kubelet restarted while this attempt was in flight: register with the new one
             self._register_wanted.clear()
             self.registered = True
             self._failing_since = None
@@ -359,10 +370,8 @@ class Daemon:
                     await self._recover_server()
                 elif recreated:
                     log.info("kubelet restarted (%s re-created); registering again", kubelet)
-                    self.registered = False
                     self.metrics.reregistrations.inc()
-                    self._register_wanted.set()
-                    self._register_kick.set()
+                    self._request_registration()
                 await self.reload_config()
                 if any(path.parent == dev_dir and path.name.startswith("iluvatar") for path in changed):
                     self._rediscover_soon.set()
