@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import grpc
+import pytest
 
 from ix_device_plugin.api import HEALTHY, UNHEALTHY
 from ix_device_plugin.backends.simulated import SimulatedBackend
@@ -269,3 +270,16 @@ async def test_registration_answered_after_a_restart_is_not_taken_for_the_new_on
         assert view.connected
     finally:
         await kubelet.stop()
+
+
+async def test_without_inotify_polling_still_notices_restarts(
+    kubelet: KubeletStandIn, start_daemon: DaemonFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("ix_device_plugin.watch.INotify", None)  # as on a filesystem without events
+    daemon = await start_daemon("BI-V100:2", poll_interval=0.4)
+    await kubelet.wait_registered(RESOURCE, capacity=2)
+    for _ in range(3):
+        await kubelet.restart()
+        view = await kubelet.wait_registered(RESOURCE, capacity=2, timeout=5)
+        assert view.allocatable == 2
+    assert daemon.registered
