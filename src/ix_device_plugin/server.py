@@ -6,6 +6,7 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
+from typing import TypeVar
 
 import grpc
 
@@ -18,6 +19,7 @@ log = logging.getLogger(__name__)
 
 # Called after each RPC with (method, seconds, error or None); metrics hook in here.
 CallObserver = Callable[[str, float, str | None], None]
+Response = TypeVar("Response")
 
 
 def list_response(plan: Plan) -> api_pb2.ListAndWatchResponse:
@@ -92,37 +94,13 @@ class DevicePluginService(api_pb2_grpc.DevicePluginServicer):
         self, request: api_pb2.PreferredAllocationRequest, context: grpc.aio.ServicerContext
     ) -> api_pb2.PreferredAllocationResponse:
         """A preferred set per container request (see preferred.py for the policy)."""
-        started = time.perf_counter()
-        plan = self._plan
-        try:
-            responses = [
-                api_pb2.ContainerPreferredAllocationResponse(
-                    deviceIDs=preferred(plan, req.available_deviceIDs, req.must_include_deviceIDs, req.allocation_size)
-                )
-                for req in request.container_requests
-            ]
-        except AllocationError as error:
-            await self._fail("GetPreferredAllocation", started, error, context)
-        self._observe("GetPreferredAllocation", started, None)
-        return api_pb2.PreferredAllocationResponse(container_responses=responses)
+        return await self._answer("GetPreferredAllocation", context, lambda: _preferred_response(self._plan, request))
 
     async def Allocate(
         self, request: api_pb2.AllocateRequest, context: grpc.aio.ServicerContext
     ) -> api_pb2.AllocateResponse:
         """Device nodes and environment for each container; all or nothing."""
-        started = time.perf_counter()
-        plan = self._plan
-        try:
-            if not request.container_requests:
-                raise AllocationError("allocate request has no container requests")
-            responses = [
-                _container_response(plan, list(req.devices_ids), index)
-                for index, req in enumerate(request.container_requests)
-            ]
-        except AllocationError as error:
-            await self._fail("Allocate", started, error, context)
-        self._observe("Allocate", started, None)
-        return api_pb2.AllocateResponse(container_responses=responses)
+        return await self._answer("Allocate", context, lambda: _allocate_response(self._plan, request))
 
     async def PreStartContainer(
         self, request: api_pb2.PreStartContainerRequest, context: grpc.aio.ServicerContext
@@ -130,17 +108,44 @@ class DevicePluginService(api_pb2_grpc.DevicePluginServicer):
         """Nothing to do before a container starts."""
         return api_pb2.PreStartContainerResponse()
 
-    async def _fail(
-        self, method: str, started: float, error: AllocationError, context: grpc.aio.ServicerContext
-    ) -> None:
-        code = grpc.StatusCode.FAILED_PRECONDITION if error.unavailable else grpc.StatusCode.INVALID_ARGUMENT
-        self._observe(method, started, code.name)
-        log.warning("%s refused: %s", method, error)
-        await context.abort(code, str(error))
+    async def _answer(self, method: str, context: grpc.aio.ServicerContext, build: Callable[[], Response]) -> Response:
+        """build()'s response, timed; an AllocationError becomes a gRPC status with its message."""
+        started = time.perf_counter()
+        try:
+            response = build()
+        except AllocationError as error:
+            code = grpc.StatusCode.FAILED_PRECONDITION if error.unavailable else grpc.StatusCode.INVALID_ARGUMENT
+            self._observe(method, started, code.name)
+            log.warning("%s refused: %s", method, error)
+            await context.abort(code, str(error))
+        self._observe(method, started, None)
+        return response
 
     def _observe(self, method: str, started: float, error: str | None) -> None:
         if self._observer is not None:
             self._observer(method, time.perf_counter() - started, error)
+
+
+def _preferred_response(plan: Plan, request: api_pb2.PreferredAllocationRequest) -> api_pb2.PreferredAllocationResponse:
+    return api_pb2.PreferredAllocationResponse(
+        container_responses=[
+            api_pb2.ContainerPreferredAllocationResponse(
+                deviceIDs=preferred(plan, req.available_deviceIDs, req.must_include_deviceIDs, req.allocation_size)
+            )
+            for req in request.container_requests
+        ]
+    )
+
+
+def _allocate_response(plan: Plan, request: api_pb2.AllocateRequest) -> api_pb2.AllocateResponse:
+    if not request.container_requests:
+        raise AllocationError("allocate request has no container requests")
+    return api_pb2.AllocateResponse(
+        container_responses=[
+            _container_response(plan, list(req.devices_ids), index)
+            for index, req in enumerate(request.container_requests)
+        ]
+    )
 
 
 def _container_response(plan: Plan, device_ids: list[str], index: int) -> api_pb2.ContainerAllocateResponse:
