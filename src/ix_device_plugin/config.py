@@ -8,7 +8,7 @@ from __future__ import annotations
 import difflib
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -344,9 +344,7 @@ def _ignored_health_errors(text: str, errors: list[str]) -> frozenset[str]:
 
 def describe(config: Config) -> list[tuple[str, Any, str]]:
     """(key, value, source) for every setting, for `list`."""
-    names = {f.name for f in fields(Config)}
     return [
         (setting.key, getattr(config, setting.attr), config.sources.get(setting.attr, "default"))
         for setting in SETTINGS
-        if setting.attr in names
     ]

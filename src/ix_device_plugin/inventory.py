@@ -5,7 +5,7 @@ Plain immutable data, produced by a backend and read by the planner. No I/O.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, replace
 
 # IXML health bits (ixmlDeviceGetHealth); 0 means healthy.
@@ -131,8 +131,7 @@ class Inventory:
         """PCIe common-ancestor level between two chips, None when unknown."""
         if uuid_a == uuid_b:
             return TOPOLOGY_INTERNAL
-        key = (uuid_a, uuid_b) if uuid_a < uuid_b else (uuid_b, uuid_a)
-        return self.links.get(key)
+        return self.links.get(link_key(uuid_a, uuid_b))
 
     def with_statuses(self, statuses: Mapping[str, ChipStatus]) -> Inventory:
         """A copy whose chips take their status from statuses (by UUID); others keep theirs."""
@@ -154,11 +153,3 @@ def _with_status(chip: Chip, statuses: Mapping[str, ChipStatus]) -> Chip:
 def link_key(uuid_a: str, uuid_b: str) -> tuple[str, str]:
     """The key of Inventory.links for a pair of chips."""
     return (uuid_a, uuid_b) if uuid_a < uuid_b else (uuid_b, uuid_a)
-
-
-def boards_from(chips: Iterable[tuple[str, Chip]]) -> tuple[Board, ...]:
-    """Group (board key, chip) pairs into boards, keeping first-seen order."""
-    grouped: dict[str, list[Chip]] = {}
-    for key, chip in chips:
-        grouped.setdefault(key, []).append(chip)
-    return tuple(Board(product=members[0].product, chips=tuple(members)) for members in grouped.values())

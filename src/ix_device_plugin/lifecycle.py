@@ -281,7 +281,7 @@ class Daemon:
     async def _restart_server(self, reason: str) -> None:
         if not self._recover_failed:
             log.info("restarting the plugin server: %s", reason)
-        self.registered = False
+        self.registered = False  # also while a failed restart leaves nothing serving
         self.metrics.registered.set(0)
         await self._stop_server(grace=0)
         await self._start_server()

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from ix_device_plugin.config import Config
-from ix_device_plugin.inventory import Chip, Inventory
+from ix_device_plugin.inventory import Chip, Inventory, link_key
 
 MAX_DEVICE_ID_LENGTH = 63
 REPLICA_SEPARATOR = "::"
@@ -73,7 +73,7 @@ class Plan:
         """PCIe common-ancestor level between two physical GPUs, None when unknown."""
         if gpu_a == gpu_b:
             return 0
-        return self.gpu_links.get((gpu_a, gpu_b) if gpu_a < gpu_b else (gpu_b, gpu_a))
+        return self.gpu_links.get(link_key(gpu_a, gpu_b))
 
 
 def plan(inventory: Inventory, config: Config) -> Plan:
@@ -122,5 +122,5 @@ def _gpu_links(inventory: Inventory, groups: list[tuple[str, tuple[Chip, ...]]])
         for gpu_b, chips_b in groups[i + 1 :]:
             levels = [level for a in chips_a for b in chips_b if (level := inventory.link(a.uuid, b.uuid)) is not None]
             if levels:
-                links[(gpu_a, gpu_b) if gpu_a < gpu_b else (gpu_b, gpu_a)] = min(levels)
+                links[link_key(gpu_a, gpu_b)] = min(levels)
     return links

@@ -15,7 +15,7 @@ import yaml
 
 from ix_device_plugin.backends.base import BackendError
 from ix_device_plugin.inventory import HEALTH_ERROR_NAMES, Board, Chip, ChipStatus, Inventory
-from ix_device_plugin.products import PRODUCTS, lookup
+from ix_device_plugin.products import PRODUCTS, Product, lookup
 
 DEFAULT_SPEC = "BI-V150:2"
 _UUID_NAMESPACE = uuidlib.UUID("6f1c1b0e-5d8e-4c1a-9a43-1e3e00000000")
@@ -81,7 +81,7 @@ def _spec_count(text: str, item: str, spec: str) -> int:
     return int(text)
 
 
-def _product(name: str, where: str) -> Any:
+def _product(name: str, where: str) -> Product:
     product = lookup(name)
     if product is None:
         known = ", ".join(PRODUCTS)
