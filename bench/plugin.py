@@ -20,8 +20,8 @@ import yaml
 
 from ix_device_plugin.api import api_pb2
 from ix_device_plugin.backends.simulated import default_uuid
+from ix_device_plugin.endpoint import ENDPOINT
 from ix_device_plugin.kubelet_standin import KubeletStandIn, ResourceView
-from ix_device_plugin.lifecycle import ENDPOINT
 from ix_device_plugin.products import PRODUCTS
 from ix_device_plugin.registration import unix_target
 

@@ -13,8 +13,9 @@ from typing import Any
 import pytest
 
 from ix_device_plugin.backends.simulated import SimulatedBackend
+from ix_device_plugin.daemon import Daemon
 from ix_device_plugin.kubelet_standin import KubeletStandIn
-from ix_device_plugin.lifecycle import Daemon, Options
+from ix_device_plugin.options import Options
 
 IXML_DOUBLE_SOURCE = Path(__file__).parent / "ixml_double" / "libixml_double.c"
 # Builds of the libixml.so test double: the full library, an old driver's (no _v2/_v3 names,

@@ -9,7 +9,7 @@ import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
-from ix_device_plugin.lifecycle import Daemon
+from ix_device_plugin.daemon import Daemon
 
 RESOURCE = "iluvatar.com/gpu"
 DaemonFactory = Callable[..., Awaitable[Daemon]]
@@ -46,6 +46,11 @@ def stop_process(process: subprocess.Popen[bytes]) -> None:
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait(5)
+
+
+def metric(daemon: Daemon, name: str, **labels: str) -> float:
+    """A sample's value in the daemon's metrics registry (0 when it has none yet)."""
+    return daemon.metrics.registry.get_sample_value(name, labels) or 0.0
 
 
 async def until(predicate: Callable[[], bool], timeout: float = 5.0, step: float = 0.02) -> None:

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from ix_device_plugin import __version__
-from ix_device_plugin.cli import parse_args
+from ix_device_plugin.options import parse_args, resolve_options
 
 from support import spawn_plugin, stop_process
 
@@ -96,7 +96,6 @@ def test_list_text_names_unhealthy_chips(tmp_path: Path) -> None:
         (["--simulated-devices", "BI-V999"], "unknown product 'BI-V999'"),
         (["--simulated-devices", "BI-V150:0"], "count in 'BI-V150:0' must be a positive integer"),
         (["--simulated-devices", "/nonexistent/devices.yaml"], "does not exist"),
-        (["--replicas", "-2"], "flag --replicas: expected a whole number >= 0"),
         (["--config", "/nonexistent/ix-config"], "/nonexistent/ix-config: cannot read config file"),
     ],
 )
@@ -104,6 +103,48 @@ def test_list_errors_are_clear(args: list[str], message: str) -> None:
     result = cli("list", "--backend", "simulated", *args)
     assert result.returncode == 1
     assert message in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "message"),
+    [
+        (["--replicas", "-2"], {}, "flag --replicas: expected a whole number >= 0"),
+        ([], {"IX_REPLICAS": "-2"}, "environment variable IX_REPLICAS: expected a whole number >= 0"),
+        (["--health-address", "nonsense"], {}, "flag --health-address: expected HOST:PORT, :PORT or off"),
+        (["--health-address", ":99999"], {}, "flag --health-address: expected HOST:PORT"),
+        ([], {"IX_HEALTH_ADDRESS": ":²"}, "environment variable IX_HEALTH_ADDRESS: expected HOST:PORT"),
+        ([], {"IX_LOG_LEVEL": "trace"}, "environment variable IX_LOG_LEVEL: expected one of debug, info"),
+        ([], {"IX_LOG_FORMAT": "xml"}, "environment variable IX_LOG_FORMAT: expected one of text, json"),
+        ([], {"IX_BACKEND": "foo"}, "environment variable IX_BACKEND: expected one of ixml, simulated"),
+        (["--health-interval", "1e-300"], {}, "flag --health-interval: expected a number of seconds from 0.1"),
+        (["--health-interval", "nan"], {}, "flag --health-interval: expected a number of seconds from 0.1"),
+        ([], {"IX_HEALTH_INTERVAL": "inf"}, "environment variable IX_HEALTH_INTERVAL: expected a number of seconds"),
+        (["--health-interval", "soon"], {}, "flag --health-interval: expected a number of seconds, got 'soon'"),
+        (["--backend-timeout", "0"], {}, "flag --backend-timeout: expected a number of seconds from 0.1"),
+    ],
+)
+@pytest.mark.parametrize("command", ["run", "list"])
+def test_bad_flags_and_variables_are_one_line_each_and_exit_2(
+    command: str, args: list[str], env: dict[str, str], message: str
+) -> None:
+    result = cli(command, *args, env=env)
+    assert result.returncode == 2
+    assert message in result.stderr
+    assert "Traceback" not in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_demo_refuses_flags_it_does_not_use() -> None:
+    result = cli("demo", "--replicas", "3")
+    assert result.returncode == 2
+    assert "unrecognized arguments: --replicas 3" in result.stderr
+
+
+def test_list_without_gpus_suggests_the_simulated_backend(tmp_path: Path) -> None:
+    result = cli("list", "--ixml-library", str(tmp_path / "libixml.so"))
+    assert result.returncode == 1
+    assert "try --backend simulated" in result.stderr
+    assert "Traceback" not in result.stderr
 
 
 def test_bad_simulated_file_names_the_key(tmp_path: Path) -> None:
@@ -116,14 +157,14 @@ def test_bad_simulated_file_names_the_key(tmp_path: Path) -> None:
 
 def test_env_sets_daemon_flags_and_flags_win() -> None:
     env = {"IX_DEVICE_PLUGIN_PATH": "/from/env", "IX_BACKEND": "simulated", "IX_HEALTH_INTERVAL": "7"}
-    args = parse_args([], env)
-    assert (args.command, args.device_plugin_path, args.backend, float(args.health_interval)) == (
+    args = resolve_options(parse_args([]), env)
+    assert (args.command, args.device_plugin_path, args.backend, args.health_interval) == (
         "run",
         "/from/env",
         "simulated",
         7.0,
     )
-    args = parse_args(["--device-plugin-path", "/from/flag"], env)
+    args = resolve_options(parse_args(["--device-plugin-path", "/from/flag"]), env)
     assert args.device_plugin_path == "/from/flag"
 
 

@@ -17,7 +17,8 @@ from hypothesis import strategies as st
 
 from ix_device_plugin.api import api_pb2, api_pb2_grpc
 from ix_device_plugin.backends.simulated import SimulatedBackend
-from ix_device_plugin.lifecycle import Daemon, Options
+from ix_device_plugin.daemon import Daemon
+from ix_device_plugin.options import Options
 from ix_device_plugin.registration import CHANNEL_OPTIONS, unix_target
 
 BATCH = 10

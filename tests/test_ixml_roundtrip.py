@@ -14,8 +14,8 @@ import pytest
 
 from ix_device_plugin.api import HEALTHY, UNHEALTHY
 from ix_device_plugin.backends.ixml import IxmlBackend
+from ix_device_plugin.errors import StartupError
 from ix_device_plugin.kubelet_standin import KubeletStandIn
-from ix_device_plugin.lifecycle import StartupError
 
 from support import RESOURCE, DaemonFactory
 

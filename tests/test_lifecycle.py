@@ -13,10 +13,11 @@ import pytest
 
 from ix_device_plugin.api import HEALTHY, UNHEALTHY
 from ix_device_plugin.backends.simulated import SimulatedBackend
+from ix_device_plugin.daemon import Daemon
 from ix_device_plugin.kubelet_standin import KubeletStandIn
-from ix_device_plugin.lifecycle import Daemon, Options
+from ix_device_plugin.options import Options
 
-from support import RESOURCE, DaemonFactory, spawn_plugin, stop_process, until
+from support import RESOURCE, DaemonFactory, metric, spawn_plugin, stop_process, until
 
 SOCKET = "iluvatar-gpu.sock"
 
@@ -32,7 +33,7 @@ async def test_fifty_kubelet_restarts(kubelet: KubeletStandIn, start_daemon: Dae
         view = await kubelet.wait_registered(RESOURCE, capacity=4, timeout=10)
         assert sorted(view.devices) == expected
         assert set(view.devices.values()) == {HEALTHY}
-    assert daemon.metrics.reregistrations._value.get() >= 50
+    assert metric(daemon, "ix_device_plugin_reregistrations_total") >= 50
     assert daemon.registered
 
 
@@ -70,7 +71,7 @@ async def test_kubelet_refusing_registration_is_retried(plugin_dir: Path, start_
         daemon = await start_daemon("BI-V100:1")
         await kubelet.wait_registered(RESOURCE, capacity=1, timeout=5)
         assert refusals == 0
-        assert daemon.metrics.registration_failures._value.get() == 3
+        assert metric(daemon, "ix_device_plugin_registration_failures_total") == 3
     finally:
         await kubelet.stop()
 
@@ -78,14 +79,14 @@ async def test_kubelet_refusing_registration_is_retried(plugin_dir: Path, start_
 async def test_stream_end_leaves_no_tasks(kubelet: KubeletStandIn, start_daemon: DaemonFactory) -> None:
     daemon = await start_daemon("BI-V100:1")
     await kubelet.wait_registered(RESOURCE)
-    service = daemon._service
+    service = daemon.endpoint.service
     assert service is not None
     await until(lambda: service.streams == 1)
     tasks_before = len(asyncio.all_tasks())
     for _ in range(5):
         await kubelet.restart()
         await kubelet.wait_registered(RESOURCE, timeout=10)
-    await until(lambda: daemon._service is not None and daemon._service.streams == 1)
+    await until(lambda: daemon.endpoint.service is not None and daemon.endpoint.service.streams == 1)
     assert len(asyncio.all_tasks()) <= tasks_before + 1
 
 

@@ -11,10 +11,11 @@ import grpc
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from ix_device_plugin import __version__
+from ix_device_plugin.daemon import Daemon
 from ix_device_plugin.kubelet_standin import KubeletStandIn
-from ix_device_plugin.lifecycle import Daemon
 
-from support import RESOURCE, DaemonFactory, until
+from support import RESOURCE, DaemonFactory, metric, until
 
 
 def get(daemon: Daemon, path: str) -> tuple[int, str]:
@@ -43,12 +44,25 @@ async def test_probes_follow_registration(plugin_dir: Path, start_daemon: Daemon
     status, body = await fetch(daemon, "/readyz")
     assert (status, body) == (503, "not ok: not registered with the kubelet\n")
     await asyncio.sleep(0.8)
+    # No kubelet.sock yet: waiting for the kubelet is not a failure, restarting the plugin would not help.
+    assert (await fetch(daemon, "/healthz"))[0] == 200
+    kubelet = KubeletStandIn(plugin_dir)
+    original = kubelet.Register
+    refusing = True
+
+    async def refuse_at_first(request, context):  # type: ignore[no-untyped-def]
+        if refusing:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "kubelet is starting")
+        return await original(request, context)
+
+    kubelet.Register = refuse_at_first  # type: ignore[method-assign]
+    await kubelet.start()
+    await asyncio.sleep(1.2)
     status, body = await fetch(daemon, "/healthz")
     assert status == 503 and "registration failing" in body
-    kubelet = KubeletStandIn(plugin_dir)
-    await kubelet.start()
+    refusing = False
     try:
-        await kubelet.wait_registered(RESOURCE, timeout=3)
+        await kubelet.wait_registered(RESOURCE, timeout=10)  # after a backoff of up to 5 s
         await until(lambda: daemon.registered)
         assert (await fetch(daemon, "/readyz"))[0] == 200
         status, body = await fetch(daemon, "/healthz")
@@ -62,9 +76,9 @@ async def test_healthz_fails_when_the_socket_is_gone(kubelet: KubeletStandIn, st
     daemon = await start_daemon("BI-V100:1", health_address="127.0.0.1:0")
     await kubelet.wait_registered(RESOURCE)
     assert (await fetch(daemon, "/healthz"))[0] == 200
-    for task in list(daemon._tasks):  # a wedged daemon: nothing brings the server back
+    for task in list(daemon._tasks.values()):  # a wedged daemon: nothing brings the server back
         task.cancel()
-    await daemon._stop_server(grace=0)
+    await daemon.endpoint.stop(grace=0)
     status, body = await fetch(daemon, "/healthz")
     assert status == 503 and "not serving" in body
 
@@ -85,7 +99,7 @@ async def test_metrics_tell_what_happened(
         await kubelet.allocate(RESOURCE, [["GPU-nope"]])
     await kubelet.restart()
     await kubelet.wait_registered(RESOURCE, capacity=4, timeout=3)
-    await until(lambda: daemon.registered and daemon.metrics.last_health_poll._value.get() > 0)
+    await until(lambda: daemon.registered and metric(daemon, "ix_device_plugin_last_health_poll_timestamp_seconds") > 0)
     status, text = await fetch(daemon, "/metrics")
     assert status == 200
     values = samples(text)
@@ -103,4 +117,4 @@ async def test_metrics_tell_what_happened(
     assert values[("ix_device_plugin_call_errors_total", (("code", "INVALID_ARGUMENT"), ("method", "Allocate")))] == 1
     assert values[("ix_device_plugin_call_duration_seconds_count", (("method", "Allocate"),))] == 2
     assert values[("ix_device_plugin_last_health_poll_timestamp_seconds", ())] > 1.7e9
-    assert values[("ix_device_plugin_build_info", (("version", daemon.metrics.build_info._value["version"]),))] == 1
+    assert values[("ix_device_plugin_build_info", (("version", __version__),))] == 1

@@ -12,7 +12,7 @@ import pytest
 from ix_device_plugin.demo import ConfigMapDir
 from ix_device_plugin.kubelet_standin import KubeletStandIn
 
-from support import RESOURCE, DaemonFactory, spawn_plugin, stop_process, until
+from support import RESOURCE, DaemonFactory, metric, spawn_plugin, stop_process, until
 
 SEED = "flags:\n  splitboard: false\nsharing:\n  timeSlicing:\n    replicas: {replicas}\n"
 
@@ -34,7 +34,7 @@ async def test_valid_change_reaches_the_kubelet_within_2s(
     await kubelet.wait_registered(RESOURCE, capacity=8, timeout=2)
     assert time.monotonic() - started < 2
     assert daemon.config.replicas == 4
-    assert daemon.metrics.config_reloads._value.get() == 1
+    assert metric(daemon, "ix_device_plugin_config_reloads_total") == 1
     configmap.write("flags:\n  splitboard: true\n")
     view = await kubelet.wait_registered(RESOURCE, capacity=4, timeout=2)
     assert view.allocatable == 4
@@ -61,9 +61,9 @@ async def test_broken_edit_keeps_the_last_good_state(
     daemon = await start_daemon("BI-V150:2", config_path=configmap.path, config_required=True)
     view = await kubelet.wait_registered(RESOURCE, capacity=8)
     updates = view.updates
-    caplog.set_level(logging.ERROR, logger="ix_device_plugin.lifecycle")
+    caplog.set_level(logging.ERROR, logger="ix_device_plugin.daemon")
     configmap.write(broken)
-    await until(lambda: daemon.metrics.config_reload_failures._value.get() == 1, timeout=2)
+    await until(lambda: metric(daemon, "ix_device_plugin_config_reload_failures_total") == 1, timeout=2)
     errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
     assert any(message in line and str(configmap.path) in line for line in errors), errors
     assert "keeping the last good configuration" in errors[0]
@@ -71,7 +71,7 @@ async def test_broken_edit_keeps_the_last_good_state(
     assert daemon.config.replicas == 4 and daemon.registered
     # Seen again: logged again; fixed: applied.
     configmap.write(broken + "\n")
-    await until(lambda: daemon.metrics.config_reload_failures._value.get() == 2, timeout=2)
+    await until(lambda: metric(daemon, "ix_device_plugin_config_reload_failures_total") == 2, timeout=2)
     configmap.write(SEED.format(replicas=2))
     await kubelet.wait_registered(RESOURCE, capacity=4, timeout=2)
 

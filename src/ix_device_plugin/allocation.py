@@ -59,9 +59,9 @@ def allocate(plan: Plan, device_ids: Sequence[str], container: int = 0) -> Conta
     return ContainerAllocation(device_nodes=tuple(nodes), envs=envs)
 
 
-def resolve_ids(plan: Plan, device_ids: Sequence[str], where: str) -> list[PlannedDevice]:
-    """The planned devices for device_ids, rejecting empty, duplicate and unknown IDs."""
-    if not device_ids:
+def resolve_ids(plan: Plan, device_ids: Sequence[str], where: str, *, allow_empty: bool = False) -> list[PlannedDevice]:
+    """The planned devices for device_ids, in order, rejecting duplicate and unknown IDs (and none, unless allowed)."""
+    if not device_ids and not allow_empty:
         raise AllocationError(f"{where}: no device IDs given")
     seen: set[str] = set()
     devices: list[PlannedDevice] = []

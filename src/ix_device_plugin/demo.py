@@ -11,18 +11,19 @@ import argparse
 import asyncio
 import json
 import os
+import sys
 import tempfile
 from collections.abc import Callable, Mapping
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from ix_device_plugin import __version__
-from ix_device_plugin.backends.simulated import DEFAULT_SPEC
-from ix_device_plugin.config import parse_text, resolve
+from ix_device_plugin.backends.simulated import DEFAULT_SPEC, SimulatedBackend
+from ix_device_plugin.config import DISABLE_HEALTHCHECKS_ENV, parse_text, resolve
+from ix_device_plugin.daemon import Daemon
 from ix_device_plugin.kubelet_standin import KubeletStandIn
-from ix_device_plugin.lifecycle import Daemon
 from ix_device_plugin.logs import setup as setup_logging
+from ix_device_plugin.options import Options
 
 CONFIG_KEY = "ix-config"
 SCENARIOS: tuple[tuple[str, str], ...] = (
@@ -70,22 +71,24 @@ def run_demo(args: argparse.Namespace, env: Mapping[str, str]) -> int:
 
 
 async def _demo(args: argparse.Namespace, env: Mapping[str, str]) -> int:
-    from ix_device_plugin.cli import options_from
-
     spec = args.simulated_devices or DEFAULT_SPEC
     text_output = args.output == "text"
     with tempfile.TemporaryDirectory(prefix="ix-demo-") as tmp:
         root = Path(tmp)
         plugin_dir = root / "device-plugins"
         configmap = ConfigMapDir(root / "ixconfig")
-        scenarios = SCENARIOS if args.config is None else (("your configuration", Path(args.config).read_text()),)
+        try:
+            scenarios = SCENARIOS if args.config is None else (("your configuration", Path(args.config).read_text()),)
+        except (OSError, UnicodeDecodeError) as error:
+            print(f"demo: cannot read --config {args.config}: {error}", file=sys.stderr)
+            return 1
         configmap.write(scenarios[0][1])
-        args = argparse.Namespace(**{**vars(args), "backend": "simulated", "simulated_devices": spec})
-        options = replace(
-            options_from(args, env),
+        options = Options(
+            backend_factory=lambda: SimulatedBackend(spec),
             plugin_dir=plugin_dir,
             config_path=configmap.path,
             config_required=True,
+            env={name: value for name, value in env.items() if name == DISABLE_HEALTHCHECKS_ENV},
             health_address="off",
             dev_root=root,
         )
@@ -100,10 +103,12 @@ async def _demo(args: argparse.Namespace, env: Mapping[str, str]) -> int:
             for index, (title, text) in enumerate(scenarios):
                 if index:
                     configmap.write(text)
-                result = await _scenario(kubelet, daemon, title, text)
+                result = await _scenario(kubelet, daemon, runner, title, text)
                 results.append(result)
                 if text_output:
                     _print_scenario(result)
+        except (TimeoutError, _PluginStopped) as error:
+            print(f"demo failed: {error or 'the plugin did not reach the expected state in time'}", file=sys.stderr)
         finally:
             daemon.stop()
             exit_code = await runner
@@ -113,9 +118,21 @@ async def _demo(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     return exit_code
 
 
-async def _scenario(kubelet: KubeletStandIn, daemon: Daemon, title: str, config_text: str) -> dict[str, Any]:
-    wanted = resolve(parse_text(config_text, title), {}, {})
-    await _until(lambda: daemon.config == wanted and daemon.registered and _kubelet_agrees(kubelet, daemon))
+class _PluginStopped(Exception):
+    """The plugin stopped before the demo was done (its log says why)."""
+
+
+async def _scenario(
+    kubelet: KubeletStandIn, daemon: Daemon, runner: asyncio.Task[int], title: str, config_text: str
+) -> dict[str, Any]:
+    wanted = resolve(parse_text(config_text, title), daemon.options.env, {})
+
+    def reached() -> bool:
+        if runner.done():
+            raise _PluginStopped("the plugin stopped (see the log above)")
+        return daemon.config == wanted and daemon.registered and _kubelet_agrees(kubelet, daemon)
+
+    await _until(reached)
     resource = daemon.plan.resource_name
     view = kubelet.resources[resource]
     container = await kubelet.admit(resource, 1)

@@ -8,7 +8,7 @@ from ix_device_plugin.api import HEALTHY, UNHEALTHY
 from ix_device_plugin.config import Config, describe
 from ix_device_plugin.devnodes import with_control_nodes
 from ix_device_plugin.inventory import Inventory
-from ix_device_plugin.lifecycle import Options
+from ix_device_plugin.options import Options
 from ix_device_plugin.plan import plan
 
 

@@ -37,3 +37,32 @@ def setup(level: str = "info", fmt: str = "text") -> None:
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
     logging.getLogger("grpc").setLevel(logging.WARNING)
+
+
+class OncePerError:
+    """Logs a failure once per distinct message, and a recovery once after a failure."""
+
+    def __init__(self, logger: logging.Logger, level: int = logging.ERROR) -> None:
+        self._logger = logger
+        self._level = level
+        self.last: str = ""
+
+    @property
+    def failing(self) -> bool:
+        """True while the last outcome was a failure."""
+        return bool(self.last)
+
+    def failed(self, message: str, *args: object) -> bool:
+        """Log message % args unless it equals the previous failure; True when it was logged."""
+        text = message % args if args else message
+        if text == self.last:
+            return False
+        self.last = text
+        self._logger.log(self._level, "%s", text)
+        return True
+
+    def succeeded(self, message: str = "", *args: object) -> None:
+        """Forget the failure; log message (at INFO) when one was being reported."""
+        if self.last and message:
+            self._logger.info(message, *args)
+        self.last = ""

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, generate_latest
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 from ix_device_plugin import __version__
-from ix_device_plugin.inventory import HEALTH_ERROR_NAMES, Inventory
-from ix_device_plugin.plan import Plan
+from ix_device_plugin.inventory import HEALTH_ERROR_NAMES
+from ix_device_plugin.state import State
 
 PREFIX = "ix_device_plugin"
 _LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5, 1.0)
@@ -22,16 +25,6 @@ class Metrics:
         r = self.registry
         self.build_info = Info(f"{PREFIX}_build", "Build of the plugin", registry=r)
         self.build_info.info({"version": __version__})
-        self.devices = Gauge(
-            f"{PREFIX}_devices",
-            "Devices advertised to the kubelet, by health",
-            ["resource", "health"],
-            registry=r,
-        )
-        self.chip_errors = Gauge(
-            f"{PREFIX}_chip_health_errors", "Chips reporting each IXML health error", ["error"], registry=r
-        )
-        self.chips = Gauge(f"{PREFIX}_chips", "Chips found on the node, by state", ["state"], registry=r)
         self.registrations = Counter(f"{PREFIX}_registrations", "Successful registrations with the kubelet", registry=r)
         self.registration_failures = Counter(
             f"{PREFIX}_registration_failures", "Failed registration attempts", registry=r
@@ -39,7 +32,6 @@ class Metrics:
         self.reregistrations = Counter(
             f"{PREFIX}_reregistrations", "Registrations after a kubelet restart or lost socket", registry=r
         )
-        self.registered = Gauge(f"{PREFIX}_registered", "1 while registered with the kubelet", registry=r)
         self.calls = Counter(f"{PREFIX}_calls", "gRPC calls served", ["method"], registry=r)
         self.call_errors = Counter(f"{PREFIX}_call_errors", "gRPC calls refused", ["method", "code"], registry=r)
         self.call_latency = Histogram(
@@ -58,8 +50,6 @@ class Metrics:
         self.config_reload_failures = Counter(
             f"{PREFIX}_config_reload_failures", "Configuration changes rejected as invalid", registry=r
         )
-        for error in HEALTH_ERROR_NAMES:
-            self.chip_errors.labels(error=error).set(0)
         for method in ("Allocate", "GetPreferredAllocation"):
             self.calls.labels(method=method)
             self.call_latency.labels(method=method)
@@ -71,23 +61,9 @@ class Metrics:
         if error is not None:
             self.call_errors.labels(method=method, code=error).inc()
 
-    def observe_plan(self, plan: Plan, inventory: Inventory) -> None:
-        """Record what is advertised and how the chips are."""
-        self.devices.clear()
-        healthy = plan.healthy_count()
-        self.devices.labels(resource=plan.resource_name, health="Healthy").set(healthy)
-        self.devices.labels(resource=plan.resource_name, health="Unhealthy").set(plan.capacity() - healthy)
-        counts = dict.fromkeys(HEALTH_ERROR_NAMES, 0)
-        present = absent = 0
-        for chip in inventory.chips():
-            present += chip.status.present
-            absent += not chip.status.present
-            for error in chip.status.errors:
-                counts[error] = counts.get(error, 0) + 1
-        for error, count in counts.items():
-            self.chip_errors.labels(error=error).set(count)
-        self.chips.labels(state="present").set(present)
-        self.chips.labels(state="absent").set(absent)
+    def read_state_from(self, state: Callable[[], State], registered: Callable[[], bool]) -> None:
+        """Export the devices, chips and registration as they are at each scrape."""
+        self.registry.register(_StateCollector(state, registered))
 
     def observe_health_poll(self) -> None:
         """Record a successful health poll."""
@@ -96,3 +72,45 @@ class Metrics:
     def render(self) -> bytes:
         """The Prometheus text exposition of every metric."""
         return generate_latest(self.registry)
+
+
+class _StateCollector(Collector):
+    """The gauges that describe the served state, derived from it at scrape time."""
+
+    def __init__(self, state: Callable[[], State], registered: Callable[[], bool]) -> None:
+        self._state = state
+        self._registered = registered
+
+    def describe(self) -> Iterator[Metric]:
+        return iter(())  # names are known only at collect time; nothing to pre-register
+
+    def collect(self) -> Iterator[Metric]:
+        state = self._state()
+        plan = state.plan
+        devices = GaugeMetricFamily(
+            f"{PREFIX}_devices", "Devices advertised to the kubelet, by health", labels=["resource", "health"]
+        )
+        healthy = plan.healthy_count()
+        devices.add_metric([plan.resource_name, "Healthy"], healthy)
+        devices.add_metric([plan.resource_name, "Unhealthy"], plan.capacity() - healthy)
+        yield devices
+        errors = dict.fromkeys(HEALTH_ERROR_NAMES, 0)
+        present = absent = 0
+        for chip in state.inventory.chips():
+            present += chip.status.present
+            absent += not chip.status.present
+            for error in chip.status.errors:
+                errors[error] = errors.get(error, 0) + 1
+        chip_errors = GaugeMetricFamily(
+            f"{PREFIX}_chip_health_errors", "Chips reporting each IXML health error", labels=["error"]
+        )
+        for error, count in errors.items():
+            chip_errors.add_metric([error], count)
+        yield chip_errors
+        chips = GaugeMetricFamily(f"{PREFIX}_chips", "Chips found on the node, by state", labels=["state"])
+        chips.add_metric(["present"], present)
+        chips.add_metric(["absent"], absent)
+        yield chips
+        yield GaugeMetricFamily(
+            f"{PREFIX}_registered", "1 while registered with the kubelet", value=int(self._registered())
+        )

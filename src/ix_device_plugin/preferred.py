@@ -12,7 +12,7 @@ import heapq
 from collections import Counter, defaultdict
 from collections.abc import Sequence
 
-from ix_device_plugin.allocation import AllocationError
+from ix_device_plugin.allocation import AllocationError, resolve_ids
 from ix_device_plugin.plan import Plan, PlannedDevice
 
 _UNKNOWN_LINK = 1_000
@@ -24,26 +24,16 @@ def preferred(plan: Plan, available: Sequence[str], must_include: Sequence[str],
     where = "preferred allocation"
     if size < 1:
         raise AllocationError(f"{where}: allocation_size must be at least 1, got {size}")
-    candidates = _known(plan, available, f"{where}: available_deviceIDs")
+    candidates = {device.id: device for device in resolve_ids(plan, available, f"{where}: available_deviceIDs")}
     if size > len(candidates):
         raise AllocationError(f"{where}: allocation_size {size} is larger than the {len(candidates)} available")
-    chosen = list(_known(plan, must_include, f"{where}: must_include_deviceIDs").values())
+    chosen = resolve_ids(plan, must_include, f"{where}: must_include_deviceIDs", allow_empty=True)
     missing = [device.id for device in chosen if device.id not in candidates]
     if missing:
         raise AllocationError(f"{where}: must-include device {missing[0]!r} is not in available_deviceIDs")
     if len(chosen) > size:
         raise AllocationError(f"{where}: {len(chosen)} must-include devices exceed allocation_size {size}")
     return [device.id for device in chosen] + _pick(plan, candidates, chosen, size - len(chosen))
-
-
-def _known(plan: Plan, device_ids: Sequence[str], where: str) -> dict[str, PlannedDevice]:
-    devices: dict[str, PlannedDevice] = {}
-    for device_id in device_ids:
-        device = plan.by_id.get(device_id)
-        if device is None:
-            raise AllocationError(f"{where}: unknown device ID {device_id!r} for {plan.resource_name}")
-        devices[device_id] = device
-    return devices
 
 
 def _numa(device: PlannedDevice) -> int:

@@ -29,10 +29,21 @@ def parse_address(address: str) -> tuple[str | None, int] | None:
     if address.strip().lower() in {"off", "none", ""}:
         return None
     host, sep, port_text = address.rpartition(":")
-    if not sep or not port_text.isdigit() or not 0 <= int(port_text) <= 65535:
-        raise ValueError(f"health address {address!r}: expected HOST:PORT, :PORT or off")
+    if not sep or not (port_text.isascii() and port_text.isdigit()) or not 0 <= int(port_text) <= 65535:
+        raise ValueError("expected HOST:PORT, :PORT or off, with a port from 0 to 65535")
     host = host.strip("[]")
     return (host or None, int(port_text))
+
+
+_REQUEST_TIMEOUT = 5.0
+
+
+async def _read_head(reader: asyncio.StreamReader) -> bytes:
+    """The request line, after reading (and ignoring) the header lines that follow it."""
+    request_line = await reader.readline()
+    while (await reader.readline()) not in (b"\r\n", b"\n", b""):
+        pass
+    return request_line
 
 
 class ProbeServer:
@@ -58,10 +69,13 @@ class ProbeServer:
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
-            request_line = await asyncio.wait_for(reader.readline(), 5)
-            while (await asyncio.wait_for(reader.readline(), 5)) not in (b"\r\n", b"\n", b""):
-                pass
-            status, content_type, body = self._answer(request_line.decode("latin-1").split())
+            try:
+                async with asyncio.timeout(_REQUEST_TIMEOUT):
+                    request_line = await _read_head(reader)
+            except ValueError:  # a line longer than the stream's limit (64 KiB)
+                status, content_type, body = "431 Request Header Fields Too Large", "text/plain", b"header too long\n"
+            else:
+                status, content_type, body = self._answer(request_line.decode("latin-1").split())
             head = (
                 f"HTTP/1.1 {status}\r\nContent-Type: {content_type}\r\n"
                 f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"

@@ -14,6 +14,7 @@ from ix_device_plugin.allocation import DEVICE_PERMISSIONS, AllocationError, all
 from ix_device_plugin.api import HEALTHY, UNHEALTHY, api_pb2, api_pb2_grpc
 from ix_device_plugin.plan import Plan
 from ix_device_plugin.preferred import preferred
+from ix_device_plugin.state import Current
 
 log = logging.getLogger(__name__)
 
@@ -34,35 +35,23 @@ def list_response(plan: Plan) -> api_pb2.ListAndWatchResponse:
 
 
 class DevicePluginService(api_pb2_grpc.DevicePluginServicer):
-    """Serves one Plan at a time; `publish` swaps it and wakes every ListAndWatch stream."""
+    """Answers from the Current state at the moment of each call; streams follow its device view."""
 
-    def __init__(self, plan: Plan, observer: CallObserver | None = None) -> None:
-        self._plan = plan
-        self._message = list_response(plan)
-        self._generation = 0
-        self._changed = asyncio.Condition()
-        self._closed = False
+    def __init__(self, current: Current, observer: CallObserver | None = None) -> None:
+        self._current = current
+        self._closed = asyncio.Event()
         self._observer = observer
+        self._message: tuple[int, api_pb2.ListAndWatchResponse] | None = None  # (view generation, message)
         self.streams = 0
 
     @property
     def plan(self) -> Plan:
         """The plan being served now."""
-        return self._plan
+        return self._current.plan
 
-    async def publish(self, plan: Plan) -> None:
-        """Serve plan from now on; streams send its full list."""
-        async with self._changed:
-            self._plan = plan
-            self._message = list_response(plan)
-            self._generation += 1
-            self._changed.notify_all()
-
-    async def close(self) -> None:
+    def close(self) -> None:
         """End every ListAndWatch stream."""
-        async with self._changed:
-            self._closed = True
-            self._changed.notify_all()
+        self._closed.set()
 
     async def GetDevicePluginOptions(
         self, request: api_pb2.Empty, context: grpc.aio.ServicerContext
@@ -73,34 +62,40 @@ class DevicePluginService(api_pb2_grpc.DevicePluginServicer):
     async def ListAndWatch(
         self, request: api_pb2.Empty, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[api_pb2.ListAndWatchResponse]:
-        """The full device list now, then again on every change, until the plugin stops."""
+        """The full device list now, then again on every change of the device view, until the plugin stops."""
         self.streams += 1
         try:
             seen = -1
-            while True:
-                async with self._changed:
-                    await self._changed.wait_for(self._news_since(seen))
-                    if self._closed:
-                        return
-                    seen, message = self._generation, self._message
-                yield message
+            while not self._closed.is_set():
+                current = self._current
+                if current.view_generation != seen:
+                    seen, message = self._list_message()
+                    yield message
+                    continue
+                await _first_set(current.news, self._closed)
         finally:
             self.streams -= 1
 
-    def _news_since(self, seen: int) -> Callable[[], bool]:
-        return lambda: self._closed or self._generation != seen
+    def _list_message(self) -> tuple[int, api_pb2.ListAndWatchResponse]:
+        """The message for the current device view, built once per view and shared by every stream."""
+        generation = self._current.view_generation
+        if self._message is None or self._message[0] != generation:
+            self._message = (generation, list_response(self._current.plan))
+        return self._message
 
     async def GetPreferredAllocation(
         self, request: api_pb2.PreferredAllocationRequest, context: grpc.aio.ServicerContext
     ) -> api_pb2.PreferredAllocationResponse:
         """A preferred set per container request (see preferred.py for the policy)."""
-        return await self._answer("GetPreferredAllocation", context, lambda: _preferred_response(self._plan, request))
+        plan = self._current.plan
+        return await self._answer("GetPreferredAllocation", context, lambda: _preferred_response(plan, request))
 
     async def Allocate(
         self, request: api_pb2.AllocateRequest, context: grpc.aio.ServicerContext
     ) -> api_pb2.AllocateResponse:
         """Device nodes and environment for each container; all or nothing."""
-        return await self._answer("Allocate", context, lambda: _allocate_response(self._plan, request))
+        plan = self._current.plan
+        return await self._answer("Allocate", context, lambda: _allocate_response(plan, request))
 
     async def PreStartContainer(
         self, request: api_pb2.PreStartContainerRequest, context: grpc.aio.ServicerContext
@@ -157,3 +152,13 @@ def _container_response(plan: Plan, device_ids: list[str], index: int) -> api_pb
             for node in allocation.device_nodes
         ],
     )
+
+
+async def _first_set(*events: asyncio.Event) -> None:
+    """Return when any of events is set."""
+    waiters = [asyncio.ensure_future(event.wait()) for event in events]
+    try:
+        await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for waiter in waiters:
+            waiter.cancel()

@@ -38,6 +38,7 @@ class Watcher:
     def __init__(self) -> None:
         self._inotify: INotify | None = None
         self._dirs: dict[int, Path] = {}
+        self._lost: set[Path] = set()  # watched directories that were removed; watched again when back
         self._changed: set[Path] = set()
         self._event = asyncio.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -49,7 +50,10 @@ class Watcher:
 
     def watch(self, directory: Path) -> bool:
         """Start watching directory; False when events are unavailable for it (polling covers it)."""
-        if INotify is None or not directory.is_dir():
+        if INotify is None:
+            return False
+        if not directory.is_dir():
+            self._lost.add(directory)  # watched once it exists
             return False
         try:
             if self._inotify is None:
@@ -70,16 +74,28 @@ class Watcher:
         assert self._inotify is not None
         for event in self._inotify.read(timeout=0):
             directory = self._dirs.get(event.wd)
-            if directory is not None:
-                self._changed.add(directory / event.name if event.name else directory)
+            if directory is None:
+                continue
+            self._changed.add(directory / event.name if event.name else directory)
+            if event.mask & inotify_flags.IGNORED:  # the directory went away; its watch is gone
+                del self._dirs[event.wd]
+                self._lost.add(directory)
         self._event.set()
+
+    def _rewatch_lost(self) -> None:
+        for directory in list(self._lost):
+            if directory.is_dir() and self.watch(directory):
+                self._lost.discard(directory)
+                self._changed.add(directory)
 
     async def wait(self, timeout: float) -> set[Path]:
         """Paths changed since the last call, returned at the first event or after timeout."""
         if not self._changed:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._event.wait(), timeout)
+                async with asyncio.timeout(timeout):
+                    await self._event.wait()
         self._event.clear()
+        self._rewatch_lost()
         changed, self._changed = self._changed, set()
         return changed
 

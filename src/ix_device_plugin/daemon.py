@@ -1,0 +1,493 @@
+"""The daemon: one reconcile loop owns the state; every other task only turns a happening into an event.
+
+Inputs (tasks that put events on one queue):
+- watch: the socket directory, the config's directory and /dev, woken by inotify and a timer;
+- health: polls chip health every --health-interval seconds;
+- discovery: re-enumerates the GPUs every minute, or soon after a hint;
+- signals: SIGHUP re-reads the config; SIGTERM/SIGINT stop.
+The reconcile loop takes one event at a time, computes the desired State (inventory, last
+valid config, their plan) and applies it: `Current.swap` is the one place where what is
+served changes. Outputs read that State: the endpoint (gRPC service), the registrar, the
+probes and metrics. Backend calls run through `Hardware`, with a deadline.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import time
+from collections.abc import Coroutine, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ix_device_plugin.backends.base import BackendError
+from ix_device_plugin.config import SETTINGS, Config, ConfigError
+from ix_device_plugin.devnodes import with_control_nodes
+from ix_device_plugin.endpoint import Endpoint, identity
+from ix_device_plugin.errors import StartupError
+from ix_device_plugin.hardware import Hardware
+from ix_device_plugin.inventory import ChipStatus, Inventory
+from ix_device_plugin.logs import OncePerError
+from ix_device_plugin.metrics import Metrics
+from ix_device_plugin.options import Options, load_config
+from ix_device_plugin.plan import Plan
+from ix_device_plugin.probes import ProbeHandlers, ProbeServer, parse_address
+from ix_device_plugin.registrar import Registrar
+from ix_device_plugin.registration import KUBELET_SOCKET
+from ix_device_plugin.state import Current, State
+from ix_device_plugin.watch import Watcher
+
+log = logging.getLogger(__name__)
+
+_SETTLE = 0.2  # let a burst of hot-plug events settle before rediscovering
+
+
+# ---- events ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class FilesChanged:
+    """The watcher woke up: these paths changed (possibly none: a timer tick)."""
+
+    paths: frozenset[Path]
+
+
+@dataclass(frozen=True)
+class ReloadRequested:
+    """SIGHUP: re-read the config even if its bytes look the same."""
+
+
+@dataclass(frozen=True)
+class HealthPolled:
+    """A health poll of the inventory of `generation` ended with statuses, or with error."""
+
+    generation: int
+    statuses: Mapping[str, ChipStatus] | None
+    error: str = ""
+
+
+@dataclass(frozen=True)
+class Discovered:
+    """A rediscovery ended with an inventory, or with error."""
+
+    inventory: Inventory | None
+    error: str = ""
+
+
+Event = FilesChanged | ReloadRequested | HealthPolled | Discovered
+
+
+class Daemon:
+    """One plugin instance: serves the Current state, keeps it registered and true."""
+
+    def __init__(self, options: Options, metrics: Metrics | None = None) -> None:
+        self.options = options
+        self.metrics = metrics or Metrics()
+        self.current = Current(State.of(Inventory(), Config()))
+        self.hardware = Hardware(options.backend_factory, options.call_timeout)
+        self.endpoint = Endpoint(options.plugin_dir / options.endpoint, self.current, self.metrics.observe_call)
+        self.registrar = Registrar(
+            options.plugin_dir,
+            options.endpoint,
+            lambda: self.current.plan.resource_name,
+            self.metrics,
+            options.poll_interval,
+        )
+        self.metrics.read_state_from(lambda: self.current.state, lambda: self.registrar.registered)
+        self.socket_path = self.endpoint.path
+        self.probe_port: int | None = None
+        self._events: asyncio.Queue[Event] = asyncio.Queue()
+        self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._stopping = asyncio.Event()
+        self._crashed = False
+        self._probes: ProbeServer | None = None
+        self._config_seen: bytes | None = None
+        self._generation = 0  # bumped whenever discovery replaces the inventory
+        self._discovered = False
+        self._last_good_poll = time.monotonic()
+        self._rediscover_soon = asyncio.Event()
+        self._kubelet_id = identity(options.plugin_dir / KUBELET_SOCKET)
+        self._endpoint_errors = OncePerError(log)
+        self._health_errors = OncePerError(log)
+        self._discovery_errors = OncePerError(log)
+
+    # ---- what others read ------------------------------------------------------------------
+
+    @property
+    def plan(self) -> Plan:
+        """The plan served now."""
+        return self.current.plan
+
+    @property
+    def config(self) -> Config:
+        """The last valid configuration."""
+        return self.current.state.config
+
+    @property
+    def inventory(self) -> Inventory:
+        """The inventory served now."""
+        return self.current.state.inventory
+
+    @property
+    def registered(self) -> bool:
+        """True while registered with the kubelet."""
+        return self.registrar.registered
+
+    def live(self) -> tuple[bool, str]:
+        """Liveness: serving, registration not failing for long, the GPU library answering."""
+        if not self.endpoint.serving:
+            return False, f"not serving on {self.socket_path}"
+        failing = self.registrar.failing_for()
+        if failing is not None and failing > self.options.registration_grace:
+            return False, f"registration failing for {failing:.0f}s"
+        stuck = self.hardware.stuck_for()
+        if stuck is not None:
+            return False, f"GPU library call {stuck[0]}() has not returned for {stuck[1]:.0f}s"
+        if self._discovered:
+            age = time.monotonic() - self._last_good_poll
+            if age > self.options.health_stale_after:
+                return False, f"no successful health poll for {age:.0f}s"
+        return True, f"serving {self.plan.capacity()} {self.plan.resource_name} on {self.socket_path}"
+
+    def ready(self) -> tuple[bool, str]:
+        """Readiness: registered with the kubelet."""
+        if self.registered:
+            return True, f"registered {self.plan.resource_name}"
+        return False, "not registered with the kubelet"
+
+    # ---- running and stopping --------------------------------------------------------------
+
+    async def run(self) -> int:
+        """Serve until stop() or a signal; returns the process exit code."""
+        starting = asyncio.create_task(self.start(), name="start")
+        stop = asyncio.create_task(self._stopping.wait(), name="stop-request")
+        await asyncio.wait({starting, stop}, return_when=asyncio.FIRST_COMPLETED)
+        code = 0
+        if not starting.done():
+            starting.cancel()  # a stop during start-up (e.g. a slow discovery) does not wait for it
+        elif (error := starting.exception()) is not None:
+            if isinstance(error, StartupError | ConfigError):
+                for line in str(error).splitlines():
+                    log.error("%s", line)
+            else:
+                log.error("internal failure while starting; stopping", exc_info=error)
+            code = 1
+        else:
+            await stop
+        stop.cancel()
+        await self.shutdown()
+        return 1 if self._crashed else code
+
+    async def start(self) -> None:
+        """Load config, discover, serve and ask for registration; raises StartupError or ConfigError."""
+        config = self._load_config()
+        self._config_seen = _read_bytes(self.options.config_path)
+        await self._start_probes()
+        inventory = await self._first_discovery(config)
+        self._swap(State.of(inventory, config))
+        self._log_plan()
+        await self.endpoint.start(self.plan.resource_name)
+        self.registrar.request()
+        self._spawn("reconcile", self._reconcile_loop())
+        self._spawn("registrar", self.registrar.run())
+        self._spawn("watch", self._watch_files())
+        self._spawn("health", self._poll_health())
+        self._spawn("discovery", self._rediscover())
+
+    def stop(self) -> None:
+        """Ask the daemon to stop (safe to call from a signal handler)."""
+        self._stopping.set()
+
+    def install_signal_handlers(self) -> None:
+        """SIGTERM/SIGINT stop the daemon, SIGHUP re-reads the configuration."""
+        loop = asyncio.get_running_loop()
+        loop.add_signal_handler(signal.SIGTERM, self.stop)
+        loop.add_signal_handler(signal.SIGINT, self.stop)
+        loop.add_signal_handler(signal.SIGHUP, lambda: self._events.put_nowait(ReloadRequested()))
+
+    async def shutdown(self) -> None:
+        """Stop every task, stop serving and remove the socket, within options.stop_timeout."""
+        budget = self.options.stop_timeout
+        tasks = dict(self._tasks)
+        self._tasks.clear()
+        for task in tasks.values():
+            task.cancel()
+        if tasks:
+            _, pending = await asyncio.wait(tasks.values(), timeout=budget * 0.4)
+            for name, task in tasks.items():
+                if task in pending:
+                    log.error("task %s did not stop in time; abandoning it", name)
+        await self._bounded("stopping the plugin server", self.endpoint.stop(grace=budget * 0.1), budget * 0.3)
+        self.endpoint.remove_socket()
+        if self._probes is not None:
+            await self._bounded("stopping the probe server", self._probes.stop(), budget * 0.1)
+        await self.hardware.close(timeout=budget * 0.1)
+
+    async def _bounded(self, what: str, work: Coroutine[Any, Any, None], timeout: float) -> None:
+        try:
+            async with asyncio.timeout(timeout):
+                await work
+        except TimeoutError:
+            log.error("%s took longer than %.1fs; abandoning it", what, timeout)
+
+    def _spawn(self, name: str, coroutine: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.create_task(coroutine, name=name)
+        self._tasks[name] = task
+        task.add_done_callback(self._task_done)
+
+    def _task_done(self, task: asyncio.Task[None]) -> None:
+        if task.cancelled() or task.exception() is None:
+            return
+        log.error("internal task %s failed; stopping", task.get_name(), exc_info=task.exception())
+        self._crashed = True
+        self.stop()
+
+    # ---- the reconcile loop: the only writer of state -----------------------------------------
+
+    async def _reconcile_loop(self) -> None:
+        while True:
+            event = await self._events.get()
+            match event:
+                case FilesChanged(paths):
+                    await self._files_changed(paths)
+                case ReloadRequested():
+                    self._reload_config(force=True)
+                case HealthPolled():
+                    self._health_polled(event)
+                case Discovered():
+                    self._discovered_inventory(event)
+            await self._converge()
+
+    async def _files_changed(self, paths: frozenset[Path]) -> None:
+        kubelet = self.options.plugin_dir / KUBELET_SOCKET
+        kubelet_now = identity(kubelet)
+        recreated = kubelet_now is not None and (kubelet in paths or kubelet_now != self._kubelet_id)
+        self._kubelet_id = kubelet_now
+        if recreated and self.endpoint.serving:
+            log.info("kubelet restarted (%s re-created); registering again", kubelet)
+            self.registrar.request()
+        self._reload_config(force=False)
+        dev_dir = self.options.dev_root / "dev"
+        if any(path.parent == dev_dir and path.name.startswith("iluvatar") for path in paths):
+            self._rediscover_soon.set()
+
+    async def _converge(self) -> None:
+        """Make the endpoint serve the current plan: (re)start it when lost or renamed."""
+        name = self.plan.resource_name
+        if self.endpoint.serving and self.endpoint.resource_name == name:
+            return
+        if self.endpoint.service is None:
+            reason = "not serving"
+        elif not self.endpoint.serving:
+            reason = f"socket {self.socket_path} was removed"
+        else:
+            reason = f"resource name changed to {name}"
+        if not self._endpoint_errors.failing:
+            log.info("restarting the plugin server: %s", reason)
+        await self.endpoint.stop(grace=0)
+        try:
+            await self.endpoint.start(name)
+        except StartupError as error:
+            self._endpoint_errors.failed("%s; retrying", error)
+            return
+        self._endpoint_errors.succeeded("serving again on %s", self.socket_path)
+        self.registrar.request()
+
+    def _swap(self, state: State) -> None:
+        before = self.current.state
+        for warning in state.plan.warnings:
+            log.warning("%s", warning)
+        _log_transitions(before.plan, state.plan)
+        self.current.swap(state)
+
+    def _reload_config(self, force: bool) -> None:
+        seen = _read_bytes(self.options.config_path)
+        if seen == self._config_seen and not force:
+            return
+        self._config_seen = seen
+        try:
+            config = self._load_config()
+        except ConfigError as error:
+            self.metrics.config_reload_failures.inc()
+            for line in error.messages:
+                log.error("config change rejected, keeping the last good configuration: %s", line)
+            return
+        before = self.config
+        if config == before:
+            return
+        self._swap(State.of(self.inventory, config))
+        log.info("configuration reloaded: %s", _config_diff(before, config))
+        self.metrics.config_reloads.inc()
+
+    def _load_config(self) -> Config:
+        config, warnings = load_config(self.options)
+        for warning in warnings:
+            log.warning("%s", warning)
+        return config
+
+    def _health_polled(self, event: HealthPolled) -> None:
+        if event.generation != self._generation:
+            return  # polled an inventory that a rediscovery has replaced since
+        inventory = self.inventory
+        statuses = event.statuses
+        if statuses is None:
+            self._health_errors.failed("health check failed for every chip: %s", event.error)
+            problem = f"health check failed: {event.error}"
+            statuses = {chip.uuid: ChipStatus(problems=(problem,)) for chip in inventory.chips()}
+        else:
+            self._health_errors.succeeded("health checks answer again")
+            self._last_good_poll = time.monotonic()
+            self.metrics.observe_health_poll()
+            if any(not status.present for status in statuses.values()):
+                self._rediscover_soon.set()
+        current = inventory.statuses()
+        if all(current.get(uuid) == status for uuid, status in statuses.items()):
+            return  # nothing changed: no need to re-plan (most polls, on a healthy node)
+        self._swap(State.of(inventory.with_statuses(statuses), self.config))
+
+    def _discovered_inventory(self, event: Discovered) -> None:
+        if event.inventory is None:
+            self._discovery_errors.failed("GPU discovery failed: %s", event.error)
+            return
+        self._discovery_errors.succeeded()
+        inventory = event.inventory
+        if _chip_set(inventory) != _chip_set(self.inventory):
+            log.info("GPU inventory changed: %d -> %d chips", self.inventory.chip_count(), inventory.chip_count())
+        if not self._discovered:
+            self._note_first_discovery(inventory)
+        self._generation += 1
+        self._swap(State.of(inventory, self.config))
+
+    # ---- inputs: each only turns a happening into an event ----------------------------------
+
+    async def _watch_files(self) -> None:
+        options = self.options
+        watcher = Watcher()
+        try:
+            for directory in (options.plugin_dir, options.config_path.parent, options.dev_root / "dev"):
+                watcher.watch(directory)
+            interval = options.poll_interval if watcher.uses_inotify else options.poll_interval / 4
+            while True:
+                changed = await watcher.wait(interval)
+                self._events.put_nowait(FilesChanged(frozenset(changed)))
+        finally:
+            watcher.close()
+
+    async def _poll_health(self) -> None:
+        while True:
+            await asyncio.sleep(self.options.health_interval)
+            if not self._discovered:
+                continue
+            generation, inventory = self._generation, self.inventory
+            try:
+                statuses = await self.hardware.call("health", lambda backend, polled=inventory: backend.health(polled))
+            except BackendError as error:
+                self._events.put_nowait(HealthPolled(generation, None, str(error)))
+            else:
+                self._events.put_nowait(HealthPolled(generation, statuses))
+
+    async def _rediscover(self) -> None:
+        while True:
+            try:
+                async with asyncio.timeout(self.options.rediscover_interval):
+                    await self._rediscover_soon.wait()
+            except TimeoutError:
+                pass
+            await asyncio.sleep(_SETTLE)
+            self._rediscover_soon.clear()
+            try:
+                inventory = await self._discover()
+            except BackendError as error:
+                self._events.put_nowait(Discovered(None, str(error)))
+            else:
+                self._events.put_nowait(Discovered(inventory))
+
+    # ---- start-up helpers --------------------------------------------------------------------
+
+    async def _discover(self) -> Inventory:
+        inventory = await self.hardware.call("discover", lambda backend: backend.discover())
+        return with_control_nodes(inventory, self.options.dev_root)
+
+    async def _first_discovery(self, config: Config) -> Inventory:
+        try:
+            inventory = await self._discover()
+        except BackendError as error:
+            self._discovery_errors.failed("GPU discovery failed: %s", error)
+            if config.fail_on_init_error:
+                raise StartupError(
+                    "no GPUs could be discovered; exiting (set flags.failOnInitError: false to keep "
+                    "running with 0 GPUs and retry every minute)"
+                ) from None
+            log.warning("continuing with 0 GPUs; retrying discovery every %gs", self.options.rediscover_interval)
+            return Inventory()
+        self._note_first_discovery(inventory)
+        return inventory
+
+    def _note_first_discovery(self, inventory: Inventory) -> None:
+        log.info(
+            "found %d boards, %d chips (driver %s)",
+            len(inventory.boards),
+            inventory.chip_count(),
+            inventory.driver_version or "unknown",
+        )
+        self._discovered = True
+        self._last_good_poll = time.monotonic()
+
+    def _log_plan(self) -> None:
+        log.info(
+            "advertising %d %s (%d healthy)",
+            self.plan.capacity(),
+            self.plan.resource_name,
+            self.plan.healthy_count(),
+        )
+        for device in self.plan.devices:
+            if not device.healthy and device.replica in (None, 0):
+                log.warning("GPU %s is Unhealthy: %s", device.gpu, "; ".join(device.reasons))
+
+    async def _start_probes(self) -> None:
+        address = parse_address(self.options.health_address)
+        if address is None:
+            return
+        self._probes = ProbeServer(ProbeHandlers(live=self.live, ready=self.ready, metrics=self.metrics.render))
+        try:
+            self.probe_port = await self._probes.start(*address)
+        except OSError as error:
+            self._probes = None
+            raise StartupError(f"cannot listen on --health-address {self.options.health_address}: {error}") from error
+
+
+def _read_bytes(path: Path) -> bytes | None:
+    try:
+        return path.read_bytes()
+    except OSError:
+        return None
+
+
+def _chip_set(inventory: Inventory) -> frozenset[str]:
+    return frozenset(chip.uuid for chip in inventory.chips() if chip.status.present)
+
+
+def _log_transitions(before: Plan, after: Plan) -> None:
+    """One line per physical GPU whose health changed, with the chip and reason."""
+    old = {d.gpu: d for d in before.devices}
+    for device in after.devices:
+        if device.replica not in (None, 0):
+            continue
+        previous = old.get(device.gpu)
+        if previous is None or previous.healthy == device.healthy:
+            continue
+        if device.healthy:
+            log.info("GPU %s is Healthy again", device.gpu)
+        else:
+            log.warning("GPU %s became Unhealthy: %s", device.gpu, "; ".join(device.reasons))
+
+
+def _config_diff(before: Config, after: Config) -> str:
+    changes = [
+        f"{s.key} {getattr(before, s.attr)!r} -> {getattr(after, s.attr)!r}"
+        for s in SETTINGS
+        if getattr(before, s.attr) != getattr(after, s.attr)
+    ]
+    return ", ".join(changes) or "no effective change"

@@ -1,0 +1,314 @@
+"""The daemon's options: every flag and environment variable, checked in one place before anything starts.
+
+Precedence for each: command-line flag > environment variable > default. An error names
+the flag or the variable that was actually used. Config settings (`--replicas`, ...) are
+parsed here and validated with the config file by `config.resolve`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ix_device_plugin import __version__
+from ix_device_plugin.backends.base import Backend
+from ix_device_plugin.config import DEFAULT_CONFIG_PATH, SETTINGS, Config, ConfigError, load_file, resolve
+from ix_device_plugin.endpoint import ENDPOINT
+from ix_device_plugin.probes import parse_address
+
+DEFAULT_PLUGIN_DIR = "/var/lib/kubelet/device-plugins"
+COMMANDS = ("run", "list", "demo", "check-config")
+MIN_INTERVAL, MAX_INTERVAL = 0.1, 3600.0
+LOG_LEVELS = ("debug", "info", "warning", "error")
+
+
+class OptionsError(Exception):
+    """Some flags or environment variables are invalid; messages holds one line per problem."""
+
+    def __init__(self, messages: list[str]) -> None:
+        super().__init__("\n".join(messages))
+        self.messages = messages
+
+
+@dataclass(frozen=True)
+class Option:
+    """One daemon option: its flag, environment variable, default and parser."""
+
+    dest: str
+    flag: str
+    env: str
+    default: str | None
+    parse: Callable[[str], Any]
+    metavar: str
+    help: str
+
+
+def _text(value: str) -> str:
+    if not value.strip():
+        raise ValueError("expected a non-empty value")
+    if "\0" in value:
+        raise ValueError("expected text without NUL characters")
+    return value
+
+
+def _choice(*allowed: str) -> Callable[[str], str]:
+    def parse(value: str) -> str:
+        if value.strip().lower() not in allowed:
+            raise ValueError(f"expected one of {', '.join(allowed)}")
+        return value.strip().lower()
+
+    return parse
+
+
+def _seconds(value: str) -> float:
+    try:
+        seconds = float(value)
+    except ValueError:
+        raise ValueError("expected a number of seconds") from None
+    if not math.isfinite(seconds) or not MIN_INTERVAL <= seconds <= MAX_INTERVAL:
+        raise ValueError(f"expected a number of seconds from {MIN_INTERVAL:g} to {MAX_INTERVAL:g}")
+    return seconds
+
+
+def _address(value: str) -> str:
+    parse_address(value)  # raises ValueError saying what is expected
+    return value
+
+
+OPTIONS: tuple[Option, ...] = (
+    Option(
+        "config",
+        "--config",
+        "IX_CONFIG",
+        None,
+        _text,
+        "PATH",
+        f"config file (default {DEFAULT_CONFIG_PATH}; absent means defaults, a named file must exist)",
+    ),
+    Option(
+        "device_plugin_path",
+        "--device-plugin-path",
+        "IX_DEVICE_PLUGIN_PATH",
+        DEFAULT_PLUGIN_DIR,
+        _text,
+        "DIR",
+        "kubelet device plugin directory",
+    ),
+    Option("backend", "--backend", "IX_BACKEND", "ixml", _choice("ixml", "simulated"), "ixml|simulated", "GPU source"),
+    Option(
+        "simulated_devices",
+        "--simulated-devices",
+        "IX_SIMULATED_DEVICES",
+        None,
+        _text,
+        "SPEC|PATH",
+        "simulated boards: `BI-V150:2,BI-V100:1` or a YAML file",
+    ),
+    Option(
+        "ixml_library",
+        "--ixml-library",
+        "IX_IXML_LIBRARY",
+        None,
+        _text,
+        "PATH",
+        "path of libixml.so (default: search the CoreX directories)",
+    ),
+    Option("dev_root", "--dev-root", "IX_DEV_ROOT", "/", _text, "DIR", "directory holding the host's /dev"),
+    Option("sysfs_root", "--sysfs-root", "IX_SYSFS_ROOT", "/sys", _text, "DIR", "host sysfs, for NUMA nodes"),
+    Option(
+        "health_interval",
+        "--health-interval",
+        "IX_HEALTH_INTERVAL",
+        "5",
+        _seconds,
+        "SECONDS",
+        f"seconds between health polls ({MIN_INTERVAL:g} to {MAX_INTERVAL:g})",
+    ),
+    Option(
+        "backend_timeout",
+        "--backend-timeout",
+        "IX_BACKEND_TIMEOUT",
+        None,
+        _seconds,
+        "SECONDS",
+        "deadline of one GPU library call (default: 3 health intervals, at least 10 s)",
+    ),
+    Option(
+        "health_address",
+        "--health-address",
+        "IX_HEALTH_ADDRESS",
+        ":8080",
+        _address,
+        "HOST:PORT",
+        "HTTP /healthz /readyz /metrics; `off` disables",
+    ),
+    Option("log_level", "--log-level", "IX_LOG_LEVEL", "info", _choice(*LOG_LEVELS), "|".join(LOG_LEVELS), "log level"),
+    Option("log_format", "--log-format", "IX_LOG_FORMAT", "text", _choice("text", "json"), "text|json", "log format"),
+)
+OPTIONS_BY_DEST = {option.dest: option for option in OPTIONS}
+
+
+@dataclass
+class Options:
+    """Everything the daemon needs to know, already validated."""
+
+    backend_factory: Callable[[], Backend]
+    plugin_dir: Path = Path(DEFAULT_PLUGIN_DIR)
+    config_path: Path = Path(DEFAULT_CONFIG_PATH)
+    config_required: bool = False  # a named file must exist; the default path may be absent
+    flags: Mapping[str, Any] = field(default_factory=dict)  # config values from flags, by attr
+    env: Mapping[str, str] = field(default_factory=dict)
+    dev_root: Path = Path("/")
+    health_interval: float = 5.0
+    backend_timeout: float | None = None  # None: 3 health intervals, at least 10 s
+    health_address: str = ":8080"
+    endpoint: str = ENDPOINT
+    rediscover_interval: float = 60.0
+    poll_interval: float = 1.0  # stat check when inotify wakes us; polling alone uses a quarter
+    registration_grace: float = 60.0  # /healthz fails after registration has failed this long
+    stop_timeout: float = 1.5  # shutdown abandons what has not stopped by then
+
+    @property
+    def call_timeout(self) -> float:
+        """The deadline of one backend call."""
+        if self.backend_timeout is not None:
+            return self.backend_timeout
+        return max(3 * self.health_interval, 10.0)
+
+    @property
+    def health_stale_after(self) -> float:
+        """/healthz fails when the last successful health poll is older than this."""
+        return self.call_timeout + 2 * self.health_interval
+
+
+def load_config(options: Options) -> tuple[Config, tuple[str, ...]]:
+    """The effective configuration and the file's warnings; raises ConfigError."""
+    path = options.config_path
+    file = None
+    if path.exists() or options.config_required:
+        file = load_file(path)
+    return resolve(file, options.env, options.flags), (file.warnings if file is not None else ())
+
+
+def check_settings(options: Options) -> None:
+    """Validate the config settings given as flags and environment variables alone; raises OptionsError."""
+    try:
+        resolve(None, options.env, options.flags)
+    except ConfigError as error:
+        raise OptionsError(error.messages) from None
+
+
+def _add_daemon_flags(parser: argparse.ArgumentParser, options: Sequence[Option]) -> None:
+    group = parser.add_argument_group("node and daemon (flag > environment variable > default)")
+    for option in options:
+        default = f"; default {option.default}" if option.default else ""
+        help_text = f"{option.help} (env {option.env}{default})"
+        group.add_argument(option.flag, dest=option.dest, default=None, metavar=option.metavar, help=help_text)
+
+
+def _add_setting_flags(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("configuration (flag > environment variable > config file > default)")
+    for setting in SETTINGS:
+        kwargs: dict[str, Any] = {
+            "dest": setting.attr,
+            "default": None,
+            "help": f"{setting.help} (file {setting.key}, env {setting.env})",
+        }
+        if setting.kind is bool:
+            kwargs.update(nargs="?", const="true", metavar="true|false")
+        else:
+            kwargs.update(metavar=setting.kind.__name__.upper())
+        group.add_argument(setting.flag, **kwargs)
+
+
+DEMO_OPTIONS = ("config", "simulated_devices", "log_level", "log_format")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The full argument parser; values are checked afterwards by `resolve_options`."""
+    common = argparse.ArgumentParser(add_help=False)
+    _add_daemon_flags(common, OPTIONS)
+    _add_setting_flags(common)
+    parser = argparse.ArgumentParser(
+        prog="ix-device-plugin",
+        description="Kubernetes device plugin for Iluvatar CoreX GPUs (resource iluvatar.com/gpu).",
+    )
+    parser.add_argument("--version", action="version", version=f"ix-device-plugin {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.add_parser("run", parents=[common], help="run the daemon (the default command)")
+    lister = sub.add_parser("list", parents=[common], help="print the inventory and what the kubelet would be told")
+    lister.add_argument("--output", choices=("text", "json"), default="text")
+    demo = sub.add_parser("demo", help="a self-contained round trip on simulated GPUs")
+    _add_daemon_flags(demo, [OPTIONS_BY_DEST[dest] for dest in DEMO_OPTIONS])
+    demo.add_argument("--output", choices=("text", "json"), default="text")
+    check = sub.add_parser("check-config", help="validate a config file; exit 0 when valid, 1 otherwise")
+    check.add_argument("path", metavar="PATH")
+    return parser
+
+
+def parse_args(argv: Sequence[str]) -> argparse.Namespace:
+    """Parsed arguments (raw strings); `run` is implied when no command is given."""
+    args = list(argv)
+    if not args or (args[0] not in COMMANDS and args[0] not in {"-h", "--help", "--version"}):
+        args.insert(0, "run")
+    return build_parser().parse_args(args)
+
+
+def resolve_options(args: argparse.Namespace, env: Mapping[str, str]) -> argparse.Namespace:
+    """args with every daemon option parsed from its flag, variable or default; raises OptionsError."""
+    values = dict(vars(args))
+    errors: list[str] = []
+    for option in OPTIONS:
+        if option.dest not in values:
+            continue  # a command that does not take it
+        raw, source = values[option.dest], f"flag {option.flag}"
+        if raw is None and env.get(option.env, "") != "":
+            raw, source = env[option.env], f"environment variable {option.env}"
+        if raw is None:
+            raw, source = option.default, ""
+        if raw is None:
+            continue
+        try:
+            values[option.dest] = option.parse(raw)
+        except ValueError as error:
+            errors.append(f"{source or 'default of ' + option.flag}: {error}, got {raw!r}")
+    if errors:
+        raise OptionsError(errors)
+    return argparse.Namespace(**values)
+
+
+def backend_factory(args: argparse.Namespace) -> Callable[[], Backend]:
+    """A function creating the backend the arguments ask for."""
+    if args.backend == "simulated":
+        from ix_device_plugin.backends.simulated import DEFAULT_SPEC, SimulatedBackend
+
+        return lambda: SimulatedBackend(args.simulated_devices or DEFAULT_SPEC)
+
+    def ixml() -> Backend:
+        from ix_device_plugin.backends.ixml import IxmlBackend
+
+        return IxmlBackend(args.ixml_library, dev_root=args.dev_root, sysfs_root=args.sysfs_root)
+
+    return ixml
+
+
+def options_from(args: argparse.Namespace, env: Mapping[str, str]) -> Options:
+    """Daemon options from resolved arguments; raises OptionsError for invalid config settings."""
+    options = Options(
+        backend_factory=backend_factory(args),
+        plugin_dir=Path(args.device_plugin_path),
+        config_path=Path(args.config or DEFAULT_CONFIG_PATH),
+        config_required=args.config is not None,
+        flags={s.attr: getattr(args, s.attr) for s in SETTINGS},
+        env=env,
+        dev_root=Path(args.dev_root),
+        health_interval=float(args.health_interval),
+        backend_timeout=args.backend_timeout,
+        health_address=args.health_address,
+    )
+    check_settings(options)
+    return options
