@@ -12,7 +12,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from bench import footprint, health, latency, listwatch, machine, reregistration, startup
+from bench import footprint, health, latency, listwatch, machine, reregistration, startup, stops
 from bench.report import table, targets
 from bench.settings import FULL, SMOKE, Settings
 
@@ -39,6 +39,7 @@ RUNNERS: dict[str, Runner] = {
     "listandwatch": _single("listandwatch", listwatch.run),
     "latency": _latency,
     "footprint": _single("footprint", footprint.run),
+    "stops": _single("stops", stops.run),
 }
 
 

@@ -22,6 +22,7 @@ class Settings:
     footprint_chunks: int
     idle_seconds: float
     settle_seconds: float
+    stops: int
 
 
 FULL = Settings(
@@ -36,6 +37,7 @@ FULL = Settings(
     footprint_chunks=10,
     idle_seconds=60.0,
     settle_seconds=2.0,
+    stops=200,
 )
 
 SMOKE = Settings(
@@ -50,4 +52,5 @@ SMOKE = Settings(
     footprint_chunks=4,
     idle_seconds=1.0,
     settle_seconds=0.2,
+    stops=2,
 )

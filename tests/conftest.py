@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import tempfile
@@ -11,11 +12,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import settings
 
 from ix_device_plugin.backends.simulated import SimulatedBackend
 from ix_device_plugin.daemon import Daemon
 from ix_device_plugin.kubelet_standin import KubeletStandIn
 from ix_device_plugin.options import Options
+
+# Moderate by default so the suite stays quick; HYPOTHESIS_PROFILE=full runs 10,000 examples per test.
+settings.register_profile("default", max_examples=60, deadline=None)
+settings.register_profile("full", max_examples=10_000, deadline=None)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
 
 IXML_DOUBLE_SOURCE = Path(__file__).parent / "ixml_double" / "libixml_double.c"
 # Builds of the libixml.so test double: the full library, an old driver's (no _v2/_v3 names,

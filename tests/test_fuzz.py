@@ -1,4 +1,4 @@
-"""10,000 random Allocate and GetPreferredAllocation requests over real gRPC: no crash, clear errors."""
+"""Random Allocate and GetPreferredAllocation requests over real gRPC (10 per example): no crash, clear errors."""
 
 from __future__ import annotations
 
@@ -22,7 +22,6 @@ from ix_device_plugin.options import Options
 from ix_device_plugin.registration import CHANNEL_OPTIONS, unix_target
 
 BATCH = 10
-EXAMPLES = 1_000  # x BATCH requests each
 ALLOWED_CODES = {grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.FAILED_PRECONDITION}
 
 
@@ -117,7 +116,7 @@ def check_preferred(stub: api_pb2_grpc.DevicePluginStub, available: list[str], m
     assert set(must) <= set(chosen) <= set(available)
 
 
-@settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck), database=None)
+@settings(deadline=None, suppress_health_check=list(HealthCheck), database=None)
 @given(data=st.data())
 def test_random_requests_never_break_the_server(
     plugin: tuple[PluginThread, api_pb2_grpc.DevicePluginStub], data: st.DataObject

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import pytest
 
 from ix_device_plugin.backends.simulated import parse_spec
@@ -131,6 +135,24 @@ def test_gpu_links_take_the_closest_chip_pair() -> None:
     assert split_plan.gpu_link(a0, b1) is None
 
 
+_PLAN_DUMP = """
+import json, sys
+from ix_device_plugin.backends.simulated import SimulatedBackend
+from ix_device_plugin.config import Config
+from ix_device_plugin.plan import plan
+from ix_device_plugin.server import list_response
+for splitboard in (False, True):
+    p = plan(SimulatedBackend("BI-V150:2,BI-V100:3,MR-V100:1").discover(), Config(replicas=3, splitboard=splitboard))
+    print(list_response(p).SerializeToString().hex())
+    print(json.dumps(sorted(p.gpu_links.items())))
+"""
+
+
 def test_plan_is_deterministic() -> None:
-    inv = inventory("BI-V150:2,BI-V100:3")
-    assert plan(inv, Config(replicas=3)) == plan(inv, Config(replicas=3))
+    """The same inputs give the same plan in processes with different hash seeds (set and dict order)."""
+    outputs = set()
+    for seed in ("1", "2", "12345"):
+        env = {**os.environ, "PYTHONHASHSEED": seed}
+        result = subprocess.run([sys.executable, "-c", _PLAN_DUMP], capture_output=True, text=True, env=env, check=True)
+        outputs.add(result.stdout)
+    assert len(outputs) == 1

@@ -42,6 +42,7 @@ from ix_device_plugin.watch import Watcher
 log = logging.getLogger(__name__)
 
 _SETTLE = 0.2  # let a burst of hot-plug events settle before rediscovering
+_GPU_NODE_PREFIXES = ("iluvatar", "itrctl")  # /dev entries whose coming and going means rediscover
 
 
 # ---- events ---------------------------------------------------------------------------------
@@ -270,7 +271,7 @@ class Daemon:
             self.registrar.request()
         self._reload_config(force=False)
         dev_dir = self.options.dev_root / "dev"
-        if any(path.parent == dev_dir and path.name.startswith("iluvatar") for path in paths):
+        if any(path.parent == dev_dir and path.name.startswith(_GPU_NODE_PREFIXES) for path in paths):
             self._rediscover_soon.set()
 
     async def _converge(self) -> None:

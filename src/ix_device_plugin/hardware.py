@@ -3,7 +3,8 @@
 Backends are blocking (ctypes into libixml.so) and not meant to be called from two
 threads at once, so calls run one at a time on a daemon thread. A call that does not
 return in time is reported as failed; while it is still running, later calls fail at
-once, naming it, and `stuck_for` tells the liveness probe. The thread is a daemon
+once, naming it, and `stuck_for` tells the liveness probe. Callers take turns: one that
+arrives while another call is within its deadline waits for it. The thread is a daemon
 thread, so a library that never returns cannot keep the process from exiting.
 """
 
@@ -38,6 +39,7 @@ class Hardware:
         self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._running: tuple[str, float] | None = None  # (call name, started at)
+        self._turn = asyncio.Lock()
 
     @property
     def opened(self) -> bool:
@@ -77,6 +79,10 @@ class Hardware:
         self._stop_worker()
 
     async def _run(self, name: str, job: Callable[[], T], timeout: float | None = None) -> T:
+        async with self._turn:  # one call at a time; a caller waits at most for one deadline
+            return await self._run_now(name, job, timeout)
+
+    async def _run_now(self, name: str, job: Callable[[], T], timeout: float | None) -> T:
         if self._running is not None:
             raise BackendError(f"{name}: the previous backend call {self._running[0]}() has not returned")
         loop = asyncio.get_running_loop()
