@@ -1,0 +1,94 @@
+"""A real CDI consumer: podman reads the spec CdiSpecWriter writes and gives containers exactly those nodes.
+
+The GPU nodes are stand-ins (character devices with /dev/null's numbers) under a temporary dev root, so the
+spec uses `hostPath`; the container sees them at their real names.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from container_support import IMAGE, PodmanSandbox, make_char_device, podman_unavailable
+
+from ix_device_plugin.backends.simulated import parse_spec
+from ix_device_plugin.cdi import qualified_name, qualified_names
+from ix_device_plugin.inventory import Inventory
+from ix_device_plugin.outputs import CdiSpecWriter
+
+pytestmark = pytest.mark.skipif(podman_unavailable() is not None, reason=str(podman_unavailable()))
+
+GPU_NODES = ("iluvatar0", "iluvatar1", "iluvatar2", "iluvatar3")
+
+
+class Node:
+    """A host with two BI-V150 boards: fake device nodes, the written spec and a podman sandbox."""
+
+    def __init__(self, directory: Path) -> None:
+        self.dev_root = directory / "host"
+        for name in (*GPU_NODES, "itrctl"):
+            make_char_device(self.dev_root / "dev" / name)
+        self.inventory = Inventory(boards=parse_spec("BI-V150:2"), control_nodes=("/dev/itrctl",))
+        self.uuids = [chip.uuid for chip in self.inventory.chips()]
+        self.podman = PodmanSandbox(directory / "podman")
+        assert CdiSpecWriter(self.podman.cdi_dir, self.dev_root).apply(self.inventory)
+        self.podman.import_busybox()
+
+    def dev_listing(self, *devices: str) -> set[str]:
+        """The names in /dev of a container given devices (CDI names)."""
+        arguments = [f"--device={device}" for device in devices]
+        result = self.podman.run(*arguments, IMAGE, "ls", "/dev")
+        assert result.returncode == 0, result.stderr
+        return set(result.stdout.split())
+
+
+@pytest.fixture(scope="module")
+def node() -> Iterator[Node]:
+    directory = Path(tempfile.mkdtemp(prefix="ix-cdi-podman-"))
+    node = None
+    try:
+        node = Node(directory)
+        yield node
+    finally:
+        if node is not None:
+            node.podman.close()
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def gpu_nodes(listing: set[str]) -> set[str]:
+    return {name for name in listing if name.startswith("iluvatar")}
+
+
+def test_one_chip_gives_its_node_and_itrctl(node: Node) -> None:
+    listing = node.dev_listing(qualified_name(node.uuids[1]))
+    assert gpu_nodes(listing) == {"iluvatar1"}
+    assert "itrctl" in listing
+
+
+def test_two_chips_give_both_and_no_other(node: Node) -> None:
+    listing = node.dev_listing(*qualified_names([node.uuids[0], node.uuids[3]]))
+    assert gpu_nodes(listing) == {"iluvatar0", "iluvatar3"}
+    assert "itrctl" in listing
+
+
+def test_all_gives_every_chip(node: Node) -> None:
+    listing = node.dev_listing(qualified_name("all"))
+    assert gpu_nodes(listing) == set(GPU_NODES)
+    assert "itrctl" in listing
+
+
+def test_no_cdi_device_gives_no_gpu_node(node: Node) -> None:
+    result = node.podman.run(IMAGE, "ls", "/dev")
+    assert result.returncode == 0, result.stderr
+    listing = set(result.stdout.split())
+    assert gpu_nodes(listing) == set()
+    assert "itrctl" not in listing
+
+
+def test_unknown_cdi_device_is_refused(node: Node) -> None:
+    result = node.podman.run(f"--device={qualified_name('GPU-not-on-this-node')}", IMAGE, "ls", "/dev")
+    assert result.returncode != 0
+    assert "GPU-not-on-this-node" in result.stderr
