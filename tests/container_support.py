@@ -10,7 +10,6 @@ when the host has one.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import os
 import shlex
@@ -18,6 +17,7 @@ import shutil
 import stat
 import subprocess
 import tarfile
+import time
 import uuid
 from pathlib import Path
 
@@ -25,6 +25,7 @@ BUSYBOX = Path("/bin/busybox")
 IMAGE = "localhost/ix-device-plugin-busybox:test"
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 COMMAND_TIMEOUT_S = 60
+CLEANUP_WAIT_S = 5
 CONTAINERS_CONF = """\
 [containers]
 default_ulimits = []
@@ -63,7 +64,7 @@ def make_char_device(path: Path) -> None:
 
 
 class PodmanSandbox:
-    """Podman with all its state under directory; `close()` removes the cgroups it made."""
+    """Podman with all its state under directory; `close()` removes that and the cgroups it made."""
 
     def __init__(self, directory: Path) -> None:
         self.directory = directory
@@ -126,12 +127,25 @@ class PodmanSandbox:
         return self.podman("run", "--rm", "--network", "none", f"--cgroup-parent=/{self._cgroup_parent}", *args)
 
     def close(self) -> None:
-        """Remove the (empty) cgroups podman made under the sandbox's cgroup parent."""
+        """Remove the sandbox's cgroups, then its directory.
+
+        conmon can outlive a failed `podman run` for a moment, keeping its cgroup busy: removal is retried
+        for up to CLEANUP_WAIT_S.
+        """
+        deadline = time.monotonic() + CLEANUP_WAIT_S
+        while self._remove_cgroups() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        shutil.rmtree(self.directory, ignore_errors=True)
+
+    def _remove_cgroups(self) -> bool:
+        """Try once to remove the cgroups; True while some remain."""
         tops = [*CGROUP_ROOT.glob(f"*/{self._cgroup_parent}"), CGROUP_ROOT / self._cgroup_parent]
+        remaining = False
         for top in (path for path in tops if path.is_dir()):
-            for directory in sorted(top.rglob("*"), key=lambda path: len(path.parts), reverse=True):
-                if directory.is_dir():
-                    with contextlib.suppress(OSError):
-                        directory.rmdir()
-            with contextlib.suppress(OSError):
-                top.rmdir()
+            directories = [path for path in top.rglob("*") if path.is_dir()]
+            for directory in [*sorted(directories, key=lambda path: len(path.parts), reverse=True), top]:
+                try:
+                    directory.rmdir()
+                except OSError:
+                    remaining = True
+        return remaining

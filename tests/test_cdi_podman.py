@@ -6,7 +6,6 @@ spec uses `hostPath`; the container sees them at their real names.
 
 from __future__ import annotations
 
-import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -27,13 +26,13 @@ GPU_NODES = ("iluvatar0", "iluvatar1", "iluvatar2", "iluvatar3")
 class Node:
     """A host with two BI-V150 boards: fake device nodes, the written spec and a podman sandbox."""
 
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, directory: Path, podman: PodmanSandbox) -> None:
         self.dev_root = directory / "host"
         for name in (*GPU_NODES, "itrctl"):
             make_char_device(self.dev_root / "dev" / name)
         self.inventory = Inventory(boards=parse_spec("BI-V150:2"), control_nodes=("/dev/itrctl",))
         self.uuids = [chip.uuid for chip in self.inventory.chips()]
-        self.podman = PodmanSandbox(directory / "podman")
+        self.podman = podman
         self.podman.import_busybox()
         # Before any spec exists: a failure here is the host's (no namespaces, no cgroups), not the spec's.
         probe = self.podman.run(IMAGE, "ls", "/")
@@ -52,14 +51,11 @@ class Node:
 @pytest.fixture(scope="module")
 def node() -> Iterator[Node]:
     directory = Path(tempfile.mkdtemp(prefix="ix-cdi-podman-"))
-    node = None
+    podman = PodmanSandbox(directory)
     try:
-        node = Node(directory)
-        yield node
+        yield Node(directory, podman)
     finally:
-        if node is not None:
-            node.podman.close()
-        shutil.rmtree(directory, ignore_errors=True)
+        podman.close()
 
 
 def gpu_nodes(listing: set[str]) -> set[str]:
