@@ -153,7 +153,7 @@ class PluginProcess:
         command = [sys.executable, "-m", "ix_device_plugin", "run", "--backend", "simulated"]
         command += ["--simulated-devices", devices, "--config", str(self.config_path)]
         command += ["--device-plugin-path", str(self.plugin_dir), "--dev-root", str(self.workdir)]
-        command += ["--health-address", "off"]
+        command += ["--health-address", "off", "--cdi-spec-dir", "off", "--node-feature-dir", "off"]
         if self.health_interval is not None:
             command += ["--health-interval", str(self.health_interval)]
         return command

@@ -127,6 +127,10 @@ def _spawn(root: Path, config: Path) -> subprocess.Popen[bytes]:
         str(config),
         "--health-address",
         "off",
+        "--cdi-spec-dir",
+        "off",
+        "--node-feature-dir",
+        "off",
         "--health-interval",
         "0.2",
     ]

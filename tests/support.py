@@ -12,6 +12,8 @@ from pathlib import Path
 from ix_device_plugin.daemon import Daemon
 
 RESOURCE = "iluvatar.com/gpu"
+# Plugins started by tests write no CDI spec or node labels on the machine unless a test asks.
+NO_NODE_FILES = ("--cdi-spec-dir", "off", "--node-feature-dir", "off")
 DaemonFactory = Callable[..., Awaitable[Daemon]]
 
 
@@ -28,6 +30,7 @@ def spawn_plugin(plugin_dir: Path, *args: str, log_file: Path | None = None) -> 
         str(plugin_dir),
         "--health-address",
         "off",
+        *NO_NODE_FILES,
         *args,
     ]
     if "--simulated-devices" not in args:

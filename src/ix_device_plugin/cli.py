@@ -9,12 +9,15 @@ import logging
 import os
 import sys
 from collections.abc import Coroutine, Sequence
+from pathlib import Path
 from typing import Any
 
 from ix_device_plugin import __version__
 from ix_device_plugin.backends.base import BackendError
 from ix_device_plugin.config import ConfigError, load_file
 from ix_device_plugin.daemon import Daemon
+from ix_device_plugin.devnodes import with_control_nodes
+from ix_device_plugin.inventory import Inventory
 from ix_device_plugin.logs import setup as setup_logging
 from ix_device_plugin.options import Options, OptionsError, load_config, options_from, parse_args, resolve_options
 
@@ -43,6 +46,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     assert options is not None
     if args.command == "list":
         return list_command(args, options)
+    if args.command == "cdi":
+        return cdi_generate_command(args, options)
     return run_command(args, options)
 
 
@@ -88,22 +93,46 @@ def check_config(path: str) -> int:
     return 0
 
 
+def discover_once(options: Options) -> Inventory:
+    """The node's inventory, with its control nodes, from one discovery; raises BackendError."""
+    backend = options.backend_factory()
+    try:
+        return with_control_nodes(backend.discover(), options.dev_root)
+    finally:
+        backend.close()
+
+
+def _print_error(args: argparse.Namespace, error: Exception) -> int:
+    print(f"error: {error}", file=sys.stderr)
+    if isinstance(error, BackendError) and args.backend == "ixml":
+        print("hint: on a machine without Iluvatar GPUs, try --backend simulated", file=sys.stderr)
+    return 1
+
+
+def cdi_generate_command(args: argparse.Namespace, options: Options) -> int:
+    """Print or write the CDI spec for the node's chips."""
+    from ix_device_plugin.outputs import OutputError, cdi_generate
+
+    try:
+        text = cdi_generate(discover_once(options), options.dev_root, Path(args.output) if args.output else None)
+    except (BackendError, OutputError) as error:
+        return _print_error(args, error)
+    if args.output:
+        print(f"wrote {args.output}", file=sys.stderr)
+    else:
+        print(text, end="")
+    return 0
+
+
 def list_command(args: argparse.Namespace, options: Options) -> int:
     """Print the inventory and the devices the kubelet would be told about."""
     from ix_device_plugin.listing import inventory_report, render_text
 
     try:
         config, _ = load_config(options)
-        backend = options.backend_factory()
-        try:
-            inventory = backend.discover()
-        finally:
-            backend.close()
+        inventory = discover_once(options)
     except (ConfigError, BackendError) as error:
-        print(f"error: {error}", file=sys.stderr)
-        if isinstance(error, BackendError) and args.backend == "ixml":
-            print("hint: on a machine without Iluvatar GPUs, try --backend simulated", file=sys.stderr)
-        return 1
+        return _print_error(args, error)
     report = inventory_report(inventory, config, options)
     print(json.dumps(report, indent=2) if args.output == "json" else render_text(report))
     return 0

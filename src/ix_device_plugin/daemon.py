@@ -31,7 +31,9 @@ from ix_device_plugin.hardware import Hardware
 from ix_device_plugin.inventory import ChipStatus, Inventory
 from ix_device_plugin.logs import OncePerError
 from ix_device_plugin.metrics import Metrics
+from ix_device_plugin.node_files import CdiSpecFile, NodeFile, NodeLabelFile
 from ix_device_plugin.options import Options, load_config
+from ix_device_plugin.outputs import CdiSpecWriter, FeatureFileWriter, OutputError, read_machine_name
 from ix_device_plugin.plan import Plan
 from ix_device_plugin.probes import ProbeHandlers, ProbeServer, parse_address
 from ix_device_plugin.registrar import Registrar
@@ -113,6 +115,9 @@ class Daemon:
         self._endpoint_errors = OncePerError(log)
         self._health_errors = OncePerError(log)
         self._discovery_errors = OncePerError(log)
+        self._files = node_files(options)
+        self._file_errors = {file.name: OncePerError(log) for file in self._files}
+        self._files_due = bool(self._files)
 
     # ---- what others read ------------------------------------------------------------------
 
@@ -191,6 +196,7 @@ class Daemon:
         self._log_plan()
         await self.endpoint.start(self.plan.resource_name)
         self.registrar.request()
+        self._write_files()
         self._spawn("reconcile", self._reconcile_loop())
         self._spawn("registrar", self.registrar.run())
         self._spawn("watch", self._watch_files())
@@ -224,6 +230,11 @@ class Daemon:
         self.endpoint.remove_socket()
         if self._probes is not None:
             await self._bounded("stopping the probe server", self._probes.stop(), budget * 0.1)
+        for file in self._files:
+            try:
+                file.close()
+            except OutputError as error:
+                log.warning("%s: %s", file.name, error)
         await self.hardware.close(timeout=budget * 0.1)
 
     async def _bounded(self, what: str, work: Coroutine[Any, Any, None], timeout: float) -> None:
@@ -260,6 +271,7 @@ class Daemon:
                 case Discovered():
                     self._discovered_inventory(event)
             await self._converge()
+            self._write_files()
 
     async def _files_changed(self, paths: frozenset[Path]) -> None:
         kubelet = self.options.plugin_dir / KUBELET_SOCKET
@@ -296,12 +308,29 @@ class Daemon:
         self._endpoint_errors.succeeded("serving again on %s", self.socket_path)
         self.registrar.request()
 
+    def _write_files(self) -> None:
+        """Bring every node file in step with the current state; a failure is logged once and retried."""
+        if not self._files_due:
+            return
+        self._files_due = False
+        state = self.current.state
+        for file in self._files:
+            errors = self._file_errors[file.name]
+            try:
+                file.apply(state)
+            except OutputError as error:
+                errors.failed("%s not written, retrying: %s", file.name, error)
+                self._files_due = True
+            else:
+                errors.succeeded("%s written again", file.name)
+
     def _swap(self, state: State) -> None:
         before = self.current.state
         for warning in state.plan.warnings:
             log.warning("%s", warning)
         _log_transitions(before.plan, state.plan)
         self.current.swap(state)
+        self._files_due = bool(self._files)
 
     def _reload_config(self, force: bool) -> None:
         seen = _read_bytes(self.options.config_path)
@@ -457,6 +486,17 @@ class Daemon:
         except OSError as error:
             self._probes = None
             raise StartupError(f"cannot listen on --health-address {self.options.health_address}: {error}") from error
+
+
+def node_files(options: Options) -> list[NodeFile]:
+    """The node files options turn on."""
+    files: list[NodeFile] = []
+    if options.cdi_spec_dir is not None:
+        files.append(CdiSpecFile(CdiSpecWriter(options.cdi_spec_dir, options.dev_root)))
+    if options.node_feature_dir is not None:
+        machine = read_machine_name(options.sysfs_root)
+        files.append(NodeLabelFile(FeatureFileWriter(options.node_feature_dir), machine, lambda: None))
+    return files
 
 
 def _read_bytes(path: Path) -> bytes | None:

@@ -21,7 +21,7 @@ from ix_device_plugin.endpoint import ENDPOINT
 from ix_device_plugin.probes import parse_address
 
 DEFAULT_PLUGIN_DIR = "/var/lib/kubelet/device-plugins"
-COMMANDS = ("run", "list", "demo", "check-config")
+COMMANDS = ("run", "list", "demo", "check-config", "cdi")
 MIN_INTERVAL, MAX_INTERVAL = 0.1, 3600.0
 LOG_LEVELS = ("debug", "info", "warning", "error")
 
@@ -74,6 +74,12 @@ def _seconds(value: str) -> float:
     return seconds
 
 
+def _dir_or_off(value: str) -> Path | None:
+    if value.strip().lower() == "off":
+        return None
+    return Path(_text(value))
+
+
 def _address(value: str) -> str:
     parse_address(value)  # raises ValueError saying what is expected
     return value
@@ -120,6 +126,24 @@ OPTIONS: tuple[Option, ...] = (
     Option("dev_root", "--dev-root", "IX_DEV_ROOT", "/", _text, "DIR", "directory holding the host's /dev"),
     Option("sysfs_root", "--sysfs-root", "IX_SYSFS_ROOT", "/sys", _text, "DIR", "host sysfs, for NUMA nodes"),
     Option(
+        "cdi_spec_dir",
+        "--cdi-spec-dir",
+        "IX_CDI_SPEC_DIR",
+        "/var/run/cdi",
+        _dir_or_off,
+        "DIR|off",
+        "where the CDI spec for the node's chips is written; `off` disables",
+    ),
+    Option(
+        "node_feature_dir",
+        "--node-feature-dir",
+        "IX_NODE_FEATURE_DIR",
+        "/etc/kubernetes/node-feature-discovery/features.d",
+        _dir_or_off,
+        "DIR|off",
+        "where the NFD feature file with the node's GPU labels is written; `off` disables",
+    ),
+    Option(
         "health_interval",
         "--health-interval",
         "IX_HEALTH_INTERVAL",
@@ -163,6 +187,9 @@ class Options:
     flags: Mapping[str, Any] = field(default_factory=dict)  # config values from flags, by attr
     env: Mapping[str, str] = field(default_factory=dict)
     dev_root: Path = Path("/")
+    sysfs_root: Path = Path("/sys")
+    cdi_spec_dir: Path | None = None  # None: no CDI spec is written
+    node_feature_dir: Path | None = None  # None: no NFD feature file is written
     health_interval: float = 5.0
     backend_timeout: float | None = None  # None: 3 health intervals, at least 10 s
     health_address: str = ":8080"
@@ -245,6 +272,12 @@ def build_parser() -> argparse.ArgumentParser:
     demo = sub.add_parser("demo", help="a self-contained round trip on simulated GPUs")
     _add_daemon_flags(demo, [OPTIONS_BY_DEST[dest] for dest in DEMO_OPTIONS])
     demo.add_argument("--output", choices=("text", "json"), default="text")
+    cdi = sub.add_parser("cdi", help="Container Device Interface specs")
+    cdi_sub = cdi.add_subparsers(dest="cdi_command", metavar="COMMAND", required=True)
+    generate = cdi_sub.add_parser(
+        "generate", parents=[common], help="print (or write) the CDI spec for this node's chips, without the daemon"
+    )
+    generate.add_argument("--output", metavar="PATH", help="write the spec here (atomically) instead of printing it")
     check = sub.add_parser("check-config", help="validate a config file; exit 0 when valid, 1 otherwise")
     check.add_argument("path", metavar="PATH")
     return parser
@@ -306,6 +339,9 @@ def options_from(args: argparse.Namespace, env: Mapping[str, str]) -> Options:
         flags={s.attr: getattr(args, s.attr) for s in SETTINGS},
         env=env,
         dev_root=Path(args.dev_root),
+        sysfs_root=Path(args.sysfs_root),
+        cdi_spec_dir=args.cdi_spec_dir,
+        node_feature_dir=args.node_feature_dir,
         health_interval=float(args.health_interval),
         backend_timeout=args.backend_timeout,
         health_address=args.health_address,
