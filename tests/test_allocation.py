@@ -170,3 +170,37 @@ def test_preferred_impossible_requests(available: int, must: list[int], size: in
 def test_preferred_rejects_unknown_ids() -> None:
     with pytest.raises(AllocationError, match="unknown device ID 'nope'"):
         preferred(make_plan(), ["nope"], [], 1)
+
+
+def _with_minors(minors: list[int]) -> Plan:
+    boards = tuple(Board("BI-V100", (Chip(uuid=f"GPU-{minor}", minor=minor, product="BI-V100"),)) for minor in minors)
+    return plan(Inventory(boards=boards, control_nodes=("/dev/itrctl",)), Config())
+
+
+def test_a_container_given_the_whole_node_sees_its_gpus_from_0_in_host_minor_order() -> None:
+    p = _with_minors([7, 2, 5])
+    result = allocate(p, [d.id for d in reversed(p.devices)])
+    assert result.device_specs == (
+        ("/dev/iluvatar2", "/dev/iluvatar0"),
+        ("/dev/iluvatar5", "/dev/iluvatar1"),
+        ("/dev/iluvatar7", "/dev/iluvatar2"),
+        ("/dev/itrctl", "/dev/itrctl"),
+    )
+
+
+def test_a_container_given_part_of_the_node_keeps_host_paths() -> None:
+    p = _with_minors([7, 2, 5])
+    result = allocate(p, [p.devices[0].id, p.devices[2].id])
+    assert result.device_specs == (
+        ("/dev/iluvatar7", "/dev/iluvatar7"),
+        ("/dev/iluvatar5", "/dev/iluvatar5"),
+        ("/dev/itrctl", "/dev/itrctl"),
+    )
+
+
+def test_whole_node_order_does_not_apply_to_shared_replicas() -> None:
+    p = plan(
+        Inventory(boards=(Board("BI-V100", (Chip(uuid="GPU-3", minor=3, product="BI-V100"),)),)), Config(replicas=2)
+    )
+    result = allocate(p, [d.id for d in p.devices])
+    assert result.device_specs == (("/dev/iluvatar3", "/dev/iluvatar3"),)

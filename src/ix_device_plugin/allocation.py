@@ -16,6 +16,7 @@ REPLICA_DEVICES_ENV = "IX_REPLICA_DEVICES"
 LEGACY_VISIBLE_DEVICES_ENV = "ILUVATAR_COREX_VISIBLE_DEVICES"
 LEGACY_REPLICA_DEVICES_ENV = "ILUVATAR_COREX_REPLICA_DEVICES"
 DEVICE_PERMISSIONS = "rw"
+DEVICE_NODE_PREFIX = "/dev/iluvatar"
 
 
 class AllocationError(ValueError):
@@ -28,10 +29,15 @@ class AllocationError(ValueError):
 
 @dataclass(frozen=True)
 class ContainerAllocation:
-    """For one container: host device nodes (same path inside, rw) and environment variables."""
+    """For one container: device nodes as (host path, container path), opened rw, and environment variables."""
 
-    device_nodes: tuple[str, ...]
+    device_specs: tuple[tuple[str, str], ...]
     envs: dict[str, str]
+
+    @property
+    def device_nodes(self) -> tuple[str, ...]:
+        """The host paths of the device nodes."""
+        return tuple(host for host, _ in self.device_specs)
 
 
 def allocate(plan: Plan, device_ids: Sequence[str], container: int = 0) -> ContainerAllocation:
@@ -47,7 +53,8 @@ def allocate(plan: Plan, device_ids: Sequence[str], container: int = 0) -> Conta
             uuids.append(chip.uuid)
             if chip.device_node is not None:
                 nodes.append(chip.device_node)
-    nodes.extend(plan.control_nodes)
+    specs = _whole_node_order(nodes) if _takes_whole_node(plan, devices) else [(node, node) for node in nodes]
+    specs.extend((node, node) for node in plan.control_nodes)
     visible = ",".join(uuids)
     replicas = ",".join(device_ids)
     envs = {
@@ -56,7 +63,21 @@ def allocate(plan: Plan, device_ids: Sequence[str], container: int = 0) -> Conta
         LEGACY_VISIBLE_DEVICES_ENV: visible,
         LEGACY_REPLICA_DEVICES_ENV: replicas,
     }
-    return ContainerAllocation(device_nodes=tuple(nodes), envs=envs)
+    return ContainerAllocation(device_specs=tuple(specs), envs=envs)
+
+
+def _takes_whole_node(plan: Plan, devices: list[PlannedDevice]) -> bool:
+    return not plan.shared and len(devices) == len(plan.devices) > 0
+
+
+def _whole_node_order(nodes: list[str]) -> list[tuple[str, str]]:
+    """A container given every GPU of the node sees them as /dev/iluvatar0..N-1, in host minor order.
+
+    Software in the container (as on a bare-metal host with the same GPUs) enumerates from 0;
+    host paths are unchanged.
+    """
+    by_minor = sorted(nodes, key=lambda node: int(node.removeprefix(DEVICE_NODE_PREFIX)))
+    return [(node, f"{DEVICE_NODE_PREFIX}{index}") for index, node in enumerate(by_minor)]
 
 
 def resolve_ids(plan: Plan, device_ids: Sequence[str], where: str, *, allow_empty: bool = False) -> list[PlannedDevice]:

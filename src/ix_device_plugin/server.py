@@ -148,8 +148,8 @@ def _container_response(plan: Plan, device_ids: list[str], index: int) -> api_pb
     return api_pb2.ContainerAllocateResponse(
         envs=allocation.envs,
         devices=[
-            api_pb2.DeviceSpec(container_path=node, host_path=node, permissions=DEVICE_PERMISSIONS)
-            for node in allocation.device_nodes
+            api_pb2.DeviceSpec(container_path=inside, host_path=host, permissions=DEVICE_PERMISSIONS)
+            for host, inside in allocation.device_specs
         ],
     )
 
