@@ -94,6 +94,13 @@ def _baseline() -> Iterator[Figure]:
     yield Figure("baseline", "floor server RSS", ("rss_mib",), "MiB")
 
 
+def _stops() -> Iterator[Figure]:
+    yield Figure("stops", "SIGTERMs under load (both cores busy)", ("stops",), "")
+    yield Figure("stops", "stops not clean (exit != 0, socket left, > 2 s)", ("failed",), "", 1)
+    yield Figure("stops", "SIGTERM -> exit, median", ("median_ms",), "ms")
+    yield Figure("stops", "SIGTERM -> exit, max", ("max_ms",), "ms", 2000)
+
+
 def figures(sections: Mapping[str, Any]) -> list[Figure]:
     """Every figure of the sections present."""
     groups: dict[str, Any] = {
@@ -104,6 +111,7 @@ def figures(sections: Mapping[str, Any]) -> list[Figure]:
         "latency": _latency,
         "footprint": _footprint,
         "baseline": _baseline,
+        "stops": _stops,
     }
     return [figure for name, group in groups.items() if name in sections for figure in group()]
 

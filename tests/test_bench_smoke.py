@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-SECTIONS = ("startup", "reregistration", "health", "listandwatch", "latency", "baseline", "footprint")
+SECTIONS = ("startup", "reregistration", "health", "listandwatch", "latency", "baseline", "footprint", "stops")
 
 
 def _leaves(node, path=""):
