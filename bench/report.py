@@ -101,6 +101,14 @@ def _stops() -> Iterator[Figure]:
     yield Figure("stops", "SIGTERM -> exit, max", ("max_ms",), "ms", 2000)
 
 
+def _kubeclient(sections: Mapping[str, Any]) -> Iterator[Figure]:
+    yield Figure("kubeclient", "daemon imported, RSS", ("daemon_rss_mib",), "MiB")
+    for client in sorted(key for key, value in sections["kubeclient"].items() if isinstance(value, dict)):
+        yield Figure("kubeclient", f"{client}: import", (client, "import_ms"), "ms")
+        yield Figure("kubeclient", f"{client}: RSS added by import", (client, "rss_added_by_import_mib"), "MiB")
+        yield Figure("kubeclient", f"{client}: RSS added, one request", (client, "rss_added_with_request_mib"), "MiB")
+
+
 def figures(sections: Mapping[str, Any]) -> list[Figure]:
     """Every figure of the sections present."""
     groups: dict[str, Any] = {
@@ -112,6 +120,7 @@ def figures(sections: Mapping[str, Any]) -> list[Figure]:
         "footprint": _footprint,
         "baseline": _baseline,
         "stops": _stops,
+        "kubeclient": lambda: _kubeclient(sections),
     }
     return [figure for name, group in groups.items() if name in sections for figure in group()]
 

@@ -23,6 +23,7 @@ class Settings:
     idle_seconds: float
     settle_seconds: float
     stops: int
+    kubeclient_runs: int
 
 
 FULL = Settings(
@@ -38,6 +39,7 @@ FULL = Settings(
     idle_seconds=60.0,
     settle_seconds=2.0,
     stops=200,
+    kubeclient_runs=10,
 )
 
 SMOKE = Settings(
@@ -53,4 +55,5 @@ SMOKE = Settings(
     idle_seconds=1.0,
     settle_seconds=0.2,
     stops=2,
+    kubeclient_runs=1,
 )

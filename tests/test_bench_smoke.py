@@ -9,7 +9,17 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-SECTIONS = ("startup", "reregistration", "health", "listandwatch", "latency", "baseline", "footprint", "stops")
+SECTIONS = (
+    "startup",
+    "reregistration",
+    "health",
+    "listandwatch",
+    "latency",
+    "baseline",
+    "footprint",
+    "stops",
+    "kubeclient",
+)
 
 
 def _leaves(node, path=""):
