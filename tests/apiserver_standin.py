@@ -13,9 +13,10 @@ It answers the paths and semantics the plugin's features use, as kube-apiserver 
 - errors as `kind: Status` objects with `reason` and `code`; one global resourceVersion counter;
 - a bearer token (401 without it).
 
-Switches for tests: `unavailable` (every request answered 503), `refuse()`/`accept()` (the port stops
-and starts listening; open connections are cut), `drop_watches()`, `compact()` (forget the history so old
-versions get 410). `requests` records every request. `write_kubeconfig()` writes a kubeconfig pointing at it.
+Switches for tests: `unavailable` (every request answered 503), `delay` (seconds before every answer),
+`refuse()`/`accept()` (the port stops and starts listening; open connections are cut), `drop_watches()`,
+`compact()` (forget the history so old versions get 410). `requests` records every request.
+`write_kubeconfig()` writes a kubeconfig pointing at it.
 """
 
 from __future__ import annotations
@@ -220,6 +221,7 @@ class ApiServerStandIn:
         self.token = token
         self.history_limit = history
         self.unavailable = False
+        self.delay = 0.0  # seconds every answer waits
         self.requests: list[Recorded] = []
         self._objects: dict[tuple[str, str, str], Object] = {}  # (plural, namespace or "", name) -> object
         self._history: list[Change] = []
@@ -421,7 +423,10 @@ class ApiServerStandIn:
                 body = json.loads(raw) if raw else None
             except ValueError:
                 body = raw.decode(errors="replace")
+        request["body"] = body
         self.requests.append(Recorded(request.method, request.path, dict(request.query), request.content_type, body))
+        if self.delay:
+            await asyncio.sleep(self.delay)
         try:
             if self.unavailable:
                 raise StatusError(503, "ServiceUnavailable", "the server is currently unable to handle the request")
@@ -444,7 +449,7 @@ class ApiServerStandIn:
 
     async def _dispatch(self, request: web.Request, group: str, rest: str) -> web.StreamResponse:
         namespace, kind, name = _parse_path(group, rest)
-        body = self.requests[-1].body
+        body = request["body"]
         if request.method == "GET" and request.query.get("watch") in ("true", "1"):
             return await self._watch(request, kind, namespace, name)
         if name is None:
