@@ -46,6 +46,7 @@ STRATEGIC_PATCH = "application/strategic-merge-patch+json"
 JSON_PATCH = "application/json-patch+json"
 
 Object = dict[str, Any]
+BODY = web.RequestKey("body", object)  # the request's decoded JSON body
 
 
 @dataclass(frozen=True)
@@ -423,7 +424,7 @@ class ApiServerStandIn:
                 body = json.loads(raw) if raw else None
             except ValueError:
                 body = raw.decode(errors="replace")
-        request["body"] = body
+        request[BODY] = body
         self.requests.append(Recorded(request.method, request.path, dict(request.query), request.content_type, body))
         if self.delay:
             await asyncio.sleep(self.delay)
@@ -449,7 +450,7 @@ class ApiServerStandIn:
 
     async def _dispatch(self, request: web.Request, group: str, rest: str) -> web.StreamResponse:
         namespace, kind, name = _parse_path(group, rest)
-        body = request["body"]
+        body = request[BODY]
         if request.method == "GET" and request.query.get("watch") in ("true", "1"):
             return await self._watch(request, kind, namespace, name)
         if name is None:

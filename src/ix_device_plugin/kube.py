@@ -378,8 +378,7 @@ def _http_timeout(seconds: float) -> Any:
 
 
 def _client_config(settings: KubeSettings) -> KubeConfig:
-    import yaml
-    from lightkube import ConfigError, KubeConfig
+    from lightkube import KubeConfig
     from lightkube.config.models import Cluster, User
 
     if settings.in_cluster is not None:
@@ -393,8 +392,8 @@ def _client_config(settings: KubeSettings) -> KubeConfig:
     try:
         config = KubeConfig.from_file(settings.kubeconfig)
         config.get()  # the current context must exist
-    except (ConfigError, OSError, ValueError, KeyError, TypeError, yaml.YAMLError) as error:
-        raise KubeConfigError(f"kubeconfig {settings.kubeconfig}: {error or type(error).__name__}") from None
+    except Exception as error:  # the library checks a file's shape by using it: any failure means a bad file
+        raise KubeConfigError(f"kubeconfig {settings.kubeconfig}: {str(error) or type(error).__name__}") from None
     return config
 
 
@@ -688,5 +687,5 @@ def _kube_error(what: str, error: Exception) -> KubeError:
         code = error.response.status_code
         return KubeError(f"{what}: HTTP {code} {error.response.reason_phrase}", code)
     if isinstance(error, httpx2.TransportError):
-        return KubeError(f"{what}: cannot reach the API server{_where(error)}: {error or type(error).__name__}")
+        return KubeError(f"{what}: cannot reach the API server{_where(error)}: {str(error) or type(error).__name__}")
     return KubeError(f"{what}: {type(error).__name__}: {error}")
