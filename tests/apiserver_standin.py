@@ -27,6 +27,7 @@ import copy
 import json
 import re
 import socket
+import ssl
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -218,8 +219,9 @@ class _Watch:
 class ApiServerStandIn:
     """The API server for tests: start(), then point a client at `url` (or a kubeconfig from write_kubeconfig)."""
 
-    def __init__(self, token: str = TOKEN, history: int = 1000) -> None:
+    def __init__(self, token: str = TOKEN, history: int = 1000, tls: tuple[Path, Path] | None = None) -> None:
         self.token = token
+        self.tls = tls  # (certificate, key) files: serve https
         self.history_limit = history
         self.unavailable = False
         self.delay = 0.0  # seconds every answer waits
@@ -264,7 +266,7 @@ class ApiServerStandIn:
     @property
     def url(self) -> str:
         """The server's address for a client."""
-        return f"http://127.0.0.1:{self.port}"
+        return f"{'https' if self.tls else 'http'}://127.0.0.1:{self.port}"
 
     async def refuse(self) -> None:
         """ "API server down": stop listening, end the watches and cut every open connection."""
@@ -280,8 +282,17 @@ class ApiServerStandIn:
         """Listen again on the same port."""
         assert self._runner is not None, "start() first"
         if self._site is None:
-            self._site = web.TCPSite(self._runner, "127.0.0.1", self.port, reuse_address=True)
+            self._site = web.TCPSite(
+                self._runner, "127.0.0.1", self.port, reuse_address=True, ssl_context=self._ssl_context()
+            )
             await self._site.start()
+
+    def _ssl_context(self) -> ssl.SSLContext | None:
+        if self.tls is None:
+            return None
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        context.load_cert_chain(*self.tls)
+        return context
 
     def drop_watches(self) -> None:
         """End every open watch stream, as an API server does when it restarts or times a watch out."""
@@ -294,11 +305,14 @@ class ApiServerStandIn:
         self._oldest_kept = self._version
 
     def write_kubeconfig(self, path: Path, namespace: str = "default") -> Path:
-        """A kubeconfig file pointing at this server (plain http, the bearer token)."""
+        """A kubeconfig file pointing at this server (http, or https trusting its certificate) with the bearer token."""
+        cluster: Object = {"server": self.url}
+        if self.tls is not None:
+            cluster["certificate-authority"] = str(self.tls[0])
         config = {
             "apiVersion": "v1",
             "kind": "Config",
-            "clusters": [{"name": "standin", "cluster": {"server": self.url}}],
+            "clusters": [{"name": "standin", "cluster": cluster}],
             "users": [{"name": "standin", "user": {"token": self.token}}],
             "contexts": [
                 {"name": "standin", "context": {"cluster": "standin", "user": "standin", "namespace": namespace}}

@@ -106,7 +106,7 @@ class KubeSettings:
         if self.kubeconfig is not None:
             return f"kubeconfig {self.kubeconfig}"
         assert self.in_cluster is not None
-        return f"in-cluster service account ({self.in_cluster.server})"
+        return f"in-cluster service account ({self.in_cluster.server}, CA {self.in_cluster.ca_file})"
 
 
 def settings_from(
