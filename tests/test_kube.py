@@ -149,9 +149,8 @@ async def test_connect_in_cluster_with_a_bad_ca_names_it(tmp_path):
     account = _service_account(tmp_path / "sa")
     env = {"NODE_NAME": NODE, "KUBERNETES_SERVICE_HOST": "127.0.0.1", "KUBERNETES_SERVICE_PORT": "1"}
     settings = settings_from(env, None, FEATURE, service_account_dir=account)
-    with pytest.raises(
-        KubeConfigError, match=rf"^cannot use in-cluster service account \(https://127.0.0.1:1, CA {account}/ca.crt\): "
-    ):
+    expected = rf"^cannot use in-cluster service account \(https://127.0.0.1:1, CA {account}/ca.crt\): "
+    with pytest.raises(KubeConfigError, match=expected):
         await connect(settings)
 
 
@@ -162,12 +161,9 @@ def certificate(tmp_path) -> tuple[Path, Path]:
     if openssl is None:
         pytest.skip("no openssl to make a certificate for the https API server")
     cert, key = tmp_path / "server.crt", tmp_path / "server.key"
-    subprocess.run(
-        [openssl, "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-keyout", str(key), "-out", str(cert)]
-        + ["-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1"],
-        check=True,
-        capture_output=True,
-    )
+    request = ["req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-keyout", str(key), "-out", str(cert)]
+    subject = ["-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1"]
+    subprocess.run([openssl, *request, *subject], check=True, capture_output=True)
     return cert, key
 
 
