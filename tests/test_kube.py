@@ -187,15 +187,24 @@ async def test_in_cluster_over_https_with_a_rotated_token(tmp_path, certificate)
         await kube.close()
 
 
+_NO_USER = """
+apiVersion: v1
+kind: Config
+clusters: [{name: c, cluster: {server: "http://127.0.0.1:1"}}]
+contexts: [{name: x, context: {cluster: c}}]
+current-context: x
+"""
+
+
 @pytest.mark.parametrize(
     "text",
-    ["{not yaml: [", "apiVersion: v1\nkind: Config\nclusters: []\ncontexts: []\nusers: []\n", "- a list\n"],
+    ["{not yaml: [", "apiVersion: v1\nkind: Config\nclusters: []\ncontexts: []\nusers: []\n", "- a list\n", _NO_USER],
 )
 async def test_a_broken_kubeconfig_is_a_config_error(tmp_path, text):
     path = tmp_path / "kubeconfig"
     path.write_text(text)
     settings = settings_from({"NODE_NAME": NODE}, str(path), FEATURE)
-    with pytest.raises(KubeConfigError, match=rf"^kubeconfig {path}: "):
+    with pytest.raises(KubeConfigError, match=rf"(^kubeconfig {path}: )|(^cannot use kubeconfig {path}: )"):
         await connect(settings)
 
 

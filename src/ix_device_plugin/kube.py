@@ -366,8 +366,8 @@ async def connect(settings: KubeSettings) -> Kube:
     config = _client_config(settings)
     try:
         client = lightkube.AsyncClient(config, namespace=settings.namespace, timeout=_http_timeout(settings.timeout))
-    except (lightkube.ConfigError, OSError, ValueError) as error:
-        raise KubeConfigError(f"cannot use {settings.source}: {error}") from None
+    except Exception as error:  # the library checks the config by using it (an assert for a missing user)
+        raise KubeConfigError(f"cannot use {settings.source}: {str(error) or type(error).__name__}") from None
     return Kube(client, settings)
 
 
