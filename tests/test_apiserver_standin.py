@@ -306,7 +306,7 @@ def test_kubeconfig_points_at_the_server(tmp_path):
     assert config["current-context"] == "standin"
 
 
-# ---- pure helpers ---------------------------------------------------------------------------
+# ---- pure functions -------------------------------------------------------------------------
 
 
 def test_selectors():

@@ -441,7 +441,7 @@ async def test_watch_node_raises_kube_error_when_the_server_goes_away(kube, apis
     await apiserver.refuse()
     await _eventually(lambda: labels.error is not None)
     assert isinstance(labels.error, KubeError) and labels.error.transient
-    assert str(labels.error).startswith(f"watch node {NODE}: cannot reach the API server")
+    assert str(labels.error).startswith(f"watch node {NODE}: lost the connection to the API server at {apiserver.url}")
 
 
 # ---- failures -------------------------------------------------------------------------------

@@ -686,6 +686,9 @@ def _kube_error(what: str, error: Exception) -> KubeError:
     if isinstance(error, httpx2.HTTPStatusError):
         code = error.response.status_code
         return KubeError(f"{what}: HTTP {code} {error.response.reason_phrase}", code)
+    detail = str(error) or type(error).__name__
+    if isinstance(error, httpx2.ConnectError | httpx2.ConnectTimeout):
+        return KubeError(f"{what}: cannot reach the API server{_where(error)}: {detail}")
     if isinstance(error, httpx2.TransportError):
-        return KubeError(f"{what}: cannot reach the API server{_where(error)}: {str(error) or type(error).__name__}")
+        return KubeError(f"{what}: lost the connection to the API server{_where(error)}: {detail}")
     return KubeError(f"{what}: {type(error).__name__}: {error}")
