@@ -19,7 +19,16 @@ from ix_device_plugin.daemon import Daemon
 from ix_device_plugin.devnodes import with_control_nodes
 from ix_device_plugin.inventory import Inventory
 from ix_device_plugin.logs import setup as setup_logging
-from ix_device_plugin.options import Options, OptionsError, load_config, options_from, parse_args, resolve_options
+from ix_device_plugin.options import (
+    NODE_CONFIG_LABEL,
+    Options,
+    OptionsError,
+    config_file_for,
+    load_config,
+    options_from,
+    parse_args,
+    resolve_options,
+)
 
 log = logging.getLogger("ix_device_plugin")
 USAGE_ERROR = 2  # as argparse exits for a bad flag
@@ -128,11 +137,36 @@ def list_command(args: argparse.Namespace, options: Options) -> int:
     """Print the inventory and the devices the kubelet would be told about."""
     from ix_device_plugin.listing import inventory_report, render_text
 
+    path, reason = config_file_for(options, _node_label_once(options))
     try:
-        config, _ = load_config(options)
+        config, _ = load_config(options, path)
         inventory = discover_once(options)
     except (ConfigError, BackendError) as error:
         return _print_error(args, error)
-    report = inventory_report(inventory, config, options)
-    print(json.dumps(report, indent=2) if args.output == "json" else render_text(report))
+    report = {"config_file": reason, **inventory_report(inventory, config, options)}
+    if args.output == "json":
+        print(json.dumps(report, indent=2))
+    else:
+        print(f"Configuration from: {reason}\n{render_text(report)}")
     return 0
+
+
+def _node_label_once(options: Options) -> str | None:
+    """The node's configuration label as the API server has it now (with --per-node-config), else None."""
+    if not options.per_node_config or options.kube is None:
+        return None
+    from ix_device_plugin.kube import KubeConfigError, KubeError, connect
+
+    async def read() -> str | None:
+        kube = await connect(settings)
+        try:
+            return (await kube.get_node(settings.node_name)).get(NODE_CONFIG_LABEL)
+        finally:
+            await kube.close()
+
+    settings = options.kube
+    try:
+        return asyncio.run(read())
+    except (KubeConfigError, KubeError) as error:
+        print(f"warning: cannot read node label {NODE_CONFIG_LABEL}: {error}", file=sys.stderr)
+        return None

@@ -20,7 +20,7 @@ import time
 from collections.abc import Coroutine, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ix_device_plugin.backends.base import BackendError
 from ix_device_plugin.config import SETTINGS, Config, ConfigError
@@ -32,7 +32,7 @@ from ix_device_plugin.inventory import ChipStatus, Inventory
 from ix_device_plugin.logs import OncePerError
 from ix_device_plugin.metrics import Metrics
 from ix_device_plugin.node_files import CdiSpecFile, NodeFile, NodeLabelFile
-from ix_device_plugin.options import Options, load_config
+from ix_device_plugin.options import NODE_CONFIG_LABEL, Options, config_file_for, load_config
 from ix_device_plugin.outputs import CdiSpecWriter, FeatureFileWriter, OutputError, read_machine_name
 from ix_device_plugin.plan import Plan
 from ix_device_plugin.probes import ProbeHandlers, ProbeServer, parse_address
@@ -40,6 +40,9 @@ from ix_device_plugin.registrar import Registrar
 from ix_device_plugin.registration import KUBELET_SOCKET
 from ix_device_plugin.state import Current, State
 from ix_device_plugin.watch import Watcher
+
+if TYPE_CHECKING:
+    from ix_device_plugin.kube import Kube, KubeSettings
 
 log = logging.getLogger(__name__)
 
@@ -79,7 +82,14 @@ class Discovered:
     error: str = ""
 
 
-Event = FilesChanged | ReloadRequested | HealthPolled | Discovered
+@dataclass(frozen=True)
+class NodeLabelChanged:
+    """The node's configuration label has this value now (None: not set)."""
+
+    value: str | None
+
+
+Event = FilesChanged | ReloadRequested | HealthPolled | Discovered | NodeLabelChanged
 
 
 class Daemon:
@@ -107,6 +117,9 @@ class Daemon:
         self._crashed = False
         self._probes: ProbeServer | None = None
         self._config_seen: bytes | None = None
+        self._label: str | None = None  # the node's configuration label, with --per-node-config
+        self._first_label: asyncio.Future[str | None] | None = None
+        self.config_path, self.config_reason = config_file_for(options, None)
         self._generation = 0  # bumped whenever discovery replaces the inventory
         self._discovered = False
         self._last_good_poll = time.monotonic()
@@ -188,8 +201,10 @@ class Daemon:
 
     async def start(self) -> None:
         """Load config, discover, serve and ask for registration; raises StartupError or ConfigError."""
+        if self.options.per_node_config:
+            await self._follow_node_label()
         config = self._load_config()
-        self._config_seen = _read_bytes(self.options.config_path)
+        self._config_seen = _read_bytes(self.config_path)
         await self._start_probes()
         inventory = await self._first_discovery(config)
         self._swap(State.of(inventory, config))
@@ -270,6 +285,9 @@ class Daemon:
                     self._health_polled(event)
                 case Discovered():
                     self._discovered_inventory(event)
+                case NodeLabelChanged(value):
+                    self._label = value
+                    self._reload_config(force=False)
             await self._converge()
             self._write_files()
 
@@ -333,7 +351,12 @@ class Daemon:
         self._files_due = bool(self._files)
 
     def _reload_config(self, force: bool) -> None:
-        seen = _read_bytes(self.options.config_path)
+        path, reason = config_file_for(self.options, self._label)
+        if path != self.config_path:
+            log.info("configuration now from %s", reason)
+            self.config_path, force = path, True
+        self.config_reason = reason
+        seen = _read_bytes(path)
         if seen == self._config_seen and not force:
             return
         self._config_seen = seen
@@ -352,7 +375,7 @@ class Daemon:
         self.metrics.config_reloads.inc()
 
     def _load_config(self) -> Config:
-        config, warnings = load_config(self.options)
+        config, warnings = load_config(self.options, self.config_path)
         for warning in warnings:
             log.warning("%s", warning)
         return config
@@ -433,6 +456,54 @@ class Daemon:
                 self._events.put_nowait(Discovered(None, str(error)))
             else:
                 self._events.put_nowait(Discovered(inventory))
+
+    async def _follow_node_label(self) -> None:
+        """Start following the node's configuration label; wait briefly for its first value."""
+        self._first_label = asyncio.get_running_loop().create_future()
+        self._spawn("node-label", self._watch_node_label())
+        try:
+            async with asyncio.timeout(self.options.label_wait):
+                self._label = await asyncio.shield(self._first_label)
+        except TimeoutError:
+            log.warning(
+                "no answer about node label %s within %gs; starting with %s",
+                NODE_CONFIG_LABEL,
+                self.options.label_wait,
+                self.options.config_path,
+            )
+        self.config_path, self.config_reason = config_file_for(self.options, self._label)
+        log.info("configuration from %s", self.config_reason)
+
+    async def _watch_node_label(self) -> None:
+        from ix_device_plugin.nodelabel import NodeLabelWatcher
+
+        settings = self.options.kube
+        assert settings is not None
+        kube = await self._connect(settings)
+        try:
+            await NodeLabelWatcher(kube, settings.node_name, NODE_CONFIG_LABEL).run(self._label_seen)
+        finally:
+            await kube.close()
+
+    async def _connect(self, settings: KubeSettings) -> Kube:
+        """A connection to the API server, retried with backoff for as long as it takes."""
+        from ix_device_plugin.kube import Backoff, KubeConfigError, KubeError, connect
+
+        backoff, errors = Backoff(), OncePerError(log)
+        while True:
+            try:
+                kube = await connect(settings)
+            except (KubeConfigError, KubeError) as error:
+                errors.failed("cannot reach the API server (%s): %s; retrying", settings.source, error)
+                await backoff.sleep()
+            else:
+                errors.succeeded("API server reachable again")
+                return kube
+
+    def _label_seen(self, value: str | None) -> None:
+        if self._first_label is not None and not self._first_label.done():
+            self._first_label.set_result(value)
+        self._events.put_nowait(NodeLabelChanged(value))
 
     # ---- start-up helpers --------------------------------------------------------------------
 

@@ -18,9 +18,11 @@ from ix_device_plugin import __version__
 from ix_device_plugin.backends.base import Backend
 from ix_device_plugin.config import DEFAULT_CONFIG_PATH, SETTINGS, Config, ConfigError, load_file, resolve
 from ix_device_plugin.endpoint import ENDPOINT
+from ix_device_plugin.kube import KubeConfigError, KubeSettings, settings_from
 from ix_device_plugin.probes import parse_address
 
 DEFAULT_PLUGIN_DIR = "/var/lib/kubelet/device-plugins"
+NODE_CONFIG_LABEL = "iluvatar.com/device-plugin.config"
 COMMANDS = ("run", "list", "demo", "check-config", "cdi")
 MIN_INTERVAL, MAX_INTERVAL = 0.1, 3600.0
 LOG_LEVELS = ("debug", "info", "warning", "error")
@@ -78,6 +80,13 @@ def _dir_or_off(value: str) -> Path | None:
     if value.strip().lower() == "off":
         return None
     return Path(_text(value))
+
+
+def _boolean(value: str) -> bool:
+    text = value.strip().lower()
+    if text not in {"true", "false", "1", "0", "yes", "no", "on", "off"}:
+        raise ValueError("expected true or false")
+    return text in {"true", "1", "yes", "on"}
 
 
 def _address(value: str) -> str:
@@ -153,6 +162,24 @@ OPTIONS: tuple[Option, ...] = (
         f"seconds between health polls ({MIN_INTERVAL:g} to {MAX_INTERVAL:g})",
     ),
     Option(
+        "per_node_config",
+        "--per-node-config",
+        "IX_PER_NODE_CONFIG",
+        "false",
+        _boolean,
+        "true|false",
+        f"pick the ConfigMap key named by the node label {NODE_CONFIG_LABEL} (needs NODE_NAME and API access)",
+    ),
+    Option(
+        "kubeconfig",
+        "--kubeconfig",
+        "KUBECONFIG",
+        None,
+        _text,
+        "PATH",
+        "kubeconfig for features that use the API server (default: the in-cluster service account)",
+    ),
+    Option(
         "backend_timeout",
         "--backend-timeout",
         "IX_BACKEND_TIMEOUT",
@@ -198,6 +225,9 @@ class Options:
     poll_interval: float = 1.0  # stat check when inotify wakes us; polling alone uses a quarter
     registration_grace: float = 60.0  # /healthz fails after registration has failed this long
     stop_timeout: float = 1.5  # shutdown abandons what has not stopped by then
+    per_node_config: bool = False  # the node label NODE_CONFIG_LABEL picks the ConfigMap key
+    kube: KubeSettings | None = None  # how to reach the API server, when a feature needs it
+    label_wait: float = 5.0  # at start, how long to wait for the node label before using ix-config
 
     @property
     def call_timeout(self) -> float:
@@ -212,9 +242,22 @@ class Options:
         return self.call_timeout + 2 * self.health_interval
 
 
-def load_config(options: Options) -> tuple[Config, tuple[str, ...]]:
-    """The effective configuration and the file's warnings; raises ConfigError."""
-    path = options.config_path
+def config_file_for(options: Options, key: str | None) -> tuple[Path, str]:
+    """The config file to read when the node label names key (None: no label), and why, for logs and `list`."""
+    default = options.config_path
+    if not options.per_node_config:
+        return default, f"{default}"
+    if key is None:
+        return default, f"{default} (node label {NODE_CONFIG_LABEL} not set)"
+    named = default.parent / key
+    if "/" in key or key.startswith(".") or not named.is_file():
+        return default, f"{default} (node label {NODE_CONFIG_LABEL}={key}: no such key in {default.parent})"
+    return named, f"{named} (node label {NODE_CONFIG_LABEL}={key})"
+
+
+def load_config(options: Options, path: Path | None = None) -> tuple[Config, tuple[str, ...]]:
+    """The effective configuration (from path, default the configured file) and its warnings; raises ConfigError."""
+    path = options.config_path if path is None else path
     file = None
     if path.exists() or options.config_required:
         file = load_file(path)
@@ -345,6 +388,19 @@ def options_from(args: argparse.Namespace, env: Mapping[str, str]) -> Options:
         health_interval=float(args.health_interval),
         backend_timeout=args.backend_timeout,
         health_address=args.health_address,
+        per_node_config=args.per_node_config,
+        kube=_kube_settings(args, env),
     )
     check_settings(options)
     return options
+
+
+def _kube_settings(args: argparse.Namespace, env: Mapping[str, str]) -> KubeSettings | None:
+    """How to reach the API server, when a feature that needs it is on; raises OptionsError saying what is missing."""
+    needs = [flag for flag, on in (("--per-node-config", args.per_node_config),) if on]
+    if not needs:
+        return None
+    try:
+        return settings_from(env, args.kubeconfig, " and ".join(needs))
+    except KubeConfigError as error:
+        raise OptionsError([str(error)]) from None
