@@ -204,3 +204,24 @@ def test_whole_node_order_does_not_apply_to_shared_replicas() -> None:
     )
     result = allocate(p, [d.id for d in p.devices])
     assert result.device_specs == (("/dev/iluvatar3", "/dev/iluvatar3"),)
+
+
+def test_cdi_cri_names_every_chip_once_and_gives_no_device_specs() -> None:
+    p = make_plan("BI-V150:1", control=("/dev/itrctl",), replicas=2, device_list_strategy=("cdi-cri",))
+    result = allocate(p, [d.id for d in p.devices])  # two replicas of one board
+    chips = [chip.uuid for chip in p.devices[0].chips]
+    assert result.cdi_devices == tuple(f"iluvatar.com/gpu={uuid}" for uuid in chips)
+    assert result.device_specs == ()
+    assert result.annotations == {}
+    assert result.envs["IX_VISIBLE_DEVICES"] == ",".join(chips)  # envs in every mode
+
+
+def test_cdi_annotations_and_device_specs_together() -> None:
+    p = make_plan("BI-V100:2", device_list_strategy=("device-specs", "cdi-annotations"))
+    result = allocate(p, [p.devices[1].id])
+    ((key, value),) = result.annotations.items()
+    assert key.startswith("cdi.k8s.io/ix-device-plugin_")
+    assert value == f"iluvatar.com/gpu={p.devices[1].chips[0].uuid}"
+    assert result.device_nodes == ("/dev/iluvatar1",)
+    assert result.cdi_devices == ()
+    assert allocate(p, [p.devices[1].id]).annotations == result.annotations  # pure: same request, same key

@@ -92,3 +92,26 @@ def test_unknown_cdi_device_is_refused(node: Node) -> None:
     result = node.podman.run(f"--device={qualified_name('GPU-not-on-this-node')}", IMAGE, "ls", "/dev")
     assert result.returncode != 0
     assert "GPU-not-on-this-node" in result.stderr
+
+
+async def test_a_container_started_with_the_names_allocate_returned_sees_exactly_those_nodes(
+    node: Node, kubelet, start_daemon
+) -> None:
+    """The daemon writes the spec, the kubelet asks for one GPU, the runtime injects what Allocate named."""
+    from support import RESOURCE
+
+    daemon = await start_daemon(
+        "BI-V150:2",
+        cdi_spec_dir=node.podman.cdi_dir,
+        dev_root=node.dev_root,
+        flags={"device_list_strategy": "cdi-cri"},
+    )
+    await kubelet.wait_registered(RESOURCE, capacity=2)
+    container = await kubelet.admit(RESOURCE, 1)
+    names = [device.name for device in container.cdi_devices]
+    assert list(container.devices) == []  # cdi-cri: the runtime, not the kubelet, adds the nodes
+    board = next(d for d in daemon.plan.devices if container.envs["IX_VISIBLE_DEVICES"].startswith(d.chips[0].uuid))
+    assert names == [f"iluvatar.com/gpu={chip.uuid}" for chip in board.chips]
+    listing = node.dev_listing(*names)
+    assert gpu_nodes(listing) == {f"iluvatar{chip.minor}" for chip in board.chips}
+    assert "itrctl" in listing

@@ -93,12 +93,37 @@ def test_all_problems_are_reported_at_once() -> None:
     assert [m.split(": ")[2] for m in messages] == ["flags.splitbord", "sharing.timeSlicing.replicas"]
 
 
-def test_ignored_upstream_keys_warn() -> None:
+def test_upstream_keys_are_settings() -> None:
     file = parse_text("flags:\n  usevolcano: true\n  reset_gpu: false\n  splitboard: true\n", ORIGIN)
-    assert file.values == {"flags.splitboard": True}
-    assert len(file.warnings) == 2
-    assert "line 2: flags.usevolcano: ignored" in file.warnings[0]
-    assert "flags.reset_gpu: ignored" in file.warnings[1]
+    assert file.values == {"flags.usevolcano": True, "flags.reset_gpu": False, "flags.splitboard": True}
+    assert file.warnings == ()
+
+
+def test_reset_gpu_with_replicas_names_both_keys() -> None:
+    file = parse_text("flags:\n  reset_gpu: true\nsharing:\n  timeSlicing:\n    replicas: 2\n", ORIGIN)
+    with pytest.raises(ConfigError) as error:
+        resolve(file, {}, {})
+    (message,) = error.value.messages
+    assert f"flags.reset_gpu (file {ORIGIN}) cannot be combined with sharing.timeSlicing.replicas" in message
+
+
+def test_a_renamed_resource_name_is_checked_as_advertised() -> None:
+    name = "example.com/" + "g" * 60
+    file = parse_text(
+        f"resourceName: {name}\nsharing:\n  timeSlicing:\n    replicas: 2\n    renameByDefault: true\n", ORIGIN
+    )
+    with pytest.raises(ConfigError, match=r"is advertised as example.com/g+\.shared, which is not a valid"):
+        resolve(file, {}, {})
+
+
+def test_device_list_strategy_takes_a_list_or_one_name() -> None:
+    listed = parse_text("flags:\n  deviceListStrategy: [cdi-cri, device-specs]\n", ORIGIN)
+    assert resolve(listed, {}, {}).device_list_strategy == ("cdi-cri", "device-specs")
+    assert resolve(None, {"IX_DEVICE_LIST_STRATEGY": "cdi-annotations"}, {}).device_list_strategy == (
+        "cdi-annotations",
+    )
+    with pytest.raises(ConfigError, match="deviceListStrategy"):
+        parse_text("flags:\n  deviceListStrategy: [gds]\n", ORIGIN)
 
 
 def test_null_sections_mean_defaults() -> None:

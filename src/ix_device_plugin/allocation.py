@@ -5,9 +5,12 @@ Pure: reads a Plan, never the hardware.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from ix_device_plugin.cdi import CDI_ANNOTATIONS, CDI_CRI, DEVICE_SPECS, qualified_names
+from ix_device_plugin.cdi import annotations as cdi_annotations
 from ix_device_plugin.plan import Plan, PlannedDevice
 
 VISIBLE_DEVICES_ENV = "IX_VISIBLE_DEVICES"
@@ -29,10 +32,13 @@ class AllocationError(ValueError):
 
 @dataclass(frozen=True)
 class ContainerAllocation:
-    """For one container: device nodes as (host path, container path), opened rw, and environment variables."""
+    """For one container: device nodes as (host path, container path), opened rw, environment variables,
+    and the CDI device names (as CDI devices for the runtime, or as an annotation) per the device list strategy."""
 
     device_specs: tuple[tuple[str, str], ...]
     envs: dict[str, str]
+    cdi_devices: tuple[str, ...] = ()
+    annotations: dict[str, str] = field(default_factory=dict)
 
     @property
     def device_nodes(self) -> tuple[str, ...]:
@@ -63,7 +69,19 @@ def allocate(plan: Plan, device_ids: Sequence[str], container: int = 0) -> Conta
         LEGACY_VISIBLE_DEVICES_ENV: visible,
         LEGACY_REPLICA_DEVICES_ENV: replicas,
     }
-    return ContainerAllocation(device_specs=tuple(specs), envs=envs)
+    strategy = plan.device_list_strategy
+    names = qualified_names(uuids)
+    return ContainerAllocation(
+        device_specs=tuple(specs) if DEVICE_SPECS in strategy else (),
+        envs=envs,
+        cdi_devices=tuple(names) if CDI_CRI in strategy else (),
+        annotations=cdi_annotations(names, _response_id(device_ids)) if CDI_ANNOTATIONS in strategy else {},
+    )
+
+
+def _response_id(device_ids: Sequence[str]) -> str:
+    """A stable ID for one container's response, for the CDI annotation key (pure: no random UUID)."""
+    return hashlib.sha256(",".join(device_ids).encode()).hexdigest()[:16]
 
 
 def _takes_whole_node(plan: Plan, devices: list[PlannedDevice]) -> bool:

@@ -7,40 +7,90 @@ from __future__ import annotations
 
 import difflib
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from ix_device_plugin.cdi import DEVICE_SPECS, parse_device_list_strategy
 from ix_device_plugin.inventory import HEALTH_ERROR_NAMES, IGNORE_ALL
 
 DEFAULT_CONFIG_PATH = "/ixconfig/ix-config"
 DEFAULT_RESOURCE_NAME = "iluvatar.com/gpu"
 DISABLE_HEALTHCHECKS_ENV = "IX_DISABLE_HEALTHCHECKS"
 # Keys of Iluvatar's Go plugin that this plugin accepts but does not act on.
-IGNORED_KEYS = {
-    "flags.usevolcano": "volcano integration is not implemented by this plugin",
-    "flags.reset_gpu": "GPU reset is not implemented by this plugin",
-}
+IGNORED_KEYS: dict[str, str] = {}
 _RESOURCE_NAME = re.compile(
     r"^(?=.{1,253}/)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*"
     r"/[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$"
 )
 
 
+# A setting's parser: (value, from_text) -> the typed value, or ValueError saying what was expected.
+# from_text is True for flags and environment variables, whose values are always strings.
+Parser = Callable[[Any, bool], Any]
+
+
 @dataclass(frozen=True)
 class Setting:
-    """One configurable value: its key path in the file, env var, flag and type."""
+    """One configurable value: its key path in the file, env var, flag, parser and default."""
 
     attr: str
     key: str
     env: str
     flag: str
-    kind: type
+    parse: Parser
     default: Any
     help: str
+    metavar: str
+
+    @property
+    def boolean(self) -> bool:
+        """True for a true/false setting (its flag may be given without a value)."""
+        return self.parse is _coerce_bool
+
+
+_TRUE = {"true", "yes", "on", "1"}
+_FALSE = {"false", "no", "off", "0"}
+MAX_REPLICAS = 1024
+
+
+def _coerce_bool(value: Any, from_text: bool) -> bool:
+    if isinstance(value, bool):
+        return value
+    if from_text and isinstance(value, str) and value.strip().lower() in _TRUE | _FALSE:
+        return value.strip().lower() in _TRUE
+    raise ValueError("expected true or false")
+
+
+def _coerce_replicas(value: Any, from_text: bool) -> int:
+    if from_text and isinstance(value, str):
+        text = value.strip()
+        if text.lstrip("-").isascii() and text.lstrip("-").isdigit() and len(text) <= 12:
+            value = int(text)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError("expected a whole number >= 0")
+    if value < 0:
+        raise ValueError("expected a whole number >= 0 (0 or 1 means no sharing)")
+    if value > MAX_REPLICAS:
+        raise ValueError(f"expected at most {MAX_REPLICAS} replicas per GPU")
+    return value
+
+
+def _coerce_resource_name(value: Any, from_text: bool = False) -> str:
+    if not isinstance(value, str) or not _RESOURCE_NAME.match(value):
+        raise ValueError("expected an extended resource name <domain>/<name>, such as iluvatar.com/gpu")
+    if value.split("/", 1)[0] in {"kubernetes.io", "k8s.io"} or value.split("/", 1)[0].endswith(".kubernetes.io"):
+        raise ValueError("expected an extended resource name outside the kubernetes.io domain")
+    return value
+
+
+def _coerce_strategy(value: Any, from_text: bool) -> tuple[str, ...]:
+    if from_text and isinstance(value, str):
+        value = [part.strip() for part in value.split(",") if part.strip()]
+    return parse_device_list_strategy(value)
 
 
 SETTINGS: tuple[Setting, ...] = (
@@ -49,57 +99,94 @@ SETTINGS: tuple[Setting, ...] = (
         "resourceName",
         "IX_RESOURCE_NAME",
         "--resource-name",
-        str,
+        _coerce_resource_name,
         DEFAULT_RESOURCE_NAME,
         "extended resource name advertised to the kubelet",
+        "NAME",
     ),
     Setting(
         "splitboard",
         "flags.splitboard",
         "IX_SPLITBOARD",
         "--splitboard",
-        bool,
+        _coerce_bool,
         False,
         "advertise every chip of a multi-chip board (BI-V150) as its own GPU",
+        "true|false",
     ),
     Setting(
         "fail_on_init_error",
         "flags.failOnInitError",
         "IX_FAIL_ON_INIT_ERROR",
         "--fail-on-init-error",
-        bool,
+        _coerce_bool,
         True,
         "exit when the GPU library cannot start; false advertises 0 GPUs and retries",
+        "true|false",
+    ),
+    Setting(
+        "reset_gpu",
+        "flags.reset_gpu",
+        "IX_RESET_GPU",
+        "--reset-gpu",
+        _coerce_bool,
+        False,
+        "reset the chips (ixsmi -r) before a container gets them; needs NODE_NAME and API access",
+        "true|false",
+    ),
+    Setting(
+        "use_volcano",
+        "flags.usevolcano",
+        "IX_USE_VOLCANO",
+        "--use-volcano",
+        _coerce_bool,
+        False,
+        "Volcano scheduling mode: give each pod the devices the scheduler chose; needs NODE_NAME and API access",
+        "true|false",
+    ),
+    Setting(
+        "device_list_strategy",
+        "flags.deviceListStrategy",
+        "IX_DEVICE_LIST_STRATEGY",
+        "--device-list-strategy",
+        _coerce_strategy,
+        (DEVICE_SPECS,),
+        "how Allocate names devices: device-specs, cdi-cri, cdi-annotations (a list, comma-joined as a flag)",
+        "LIST",
     ),
     Setting(
         "replicas",
         "sharing.timeSlicing.replicas",
         "IX_REPLICAS",
         "--replicas",
-        int,
+        _coerce_replicas,
         0,
-        "time-slicing replicas per GPU (0 or 1: no sharing)",
+        f"time-slicing replicas per GPU (0 or 1: no sharing; at most {MAX_REPLICAS})",
+        "INT",
     ),
     Setting(
         "rename_by_default",
         "sharing.timeSlicing.renameByDefault",
         "IX_RENAME_BY_DEFAULT",
         "--rename-by-default",
-        bool,
+        _coerce_bool,
         False,
         "advertise shared GPUs as <resourceName>.shared",
+        "true|false",
     ),
     Setting(
         "fail_requests_greater_than_one",
         "sharing.timeSlicing.failRequestsGreaterThanOne",
         "IX_FAIL_REQUESTS_GREATER_THAN_ONE",
         "--fail-requests-greater-than-one",
-        bool,
+        _coerce_bool,
         False,
         "refuse a container asking for more than one shared replica",
+        "true|false",
     ),
 )
 SETTINGS_BY_KEY = {setting.key: setting for setting in SETTINGS}
+SETTINGS_BY_ATTR = {setting.attr: setting for setting in SETTINGS}
 
 
 @dataclass(frozen=True)
@@ -109,6 +196,9 @@ class Config:
     resource_name: str = DEFAULT_RESOURCE_NAME
     splitboard: bool = False
     fail_on_init_error: bool = True
+    reset_gpu: bool = False
+    use_volcano: bool = False
+    device_list_strategy: tuple[str, ...] = (DEVICE_SPECS,)
     replicas: int = 0
     rename_by_default: bool = False
     fail_requests_greater_than_one: bool = False
@@ -227,12 +317,20 @@ class _Walker:
             self.errors.append(f"{self.where(key_node, path)}: unknown key{_suggestion(path, prefix)}")
 
     def take(self, setting: Setting, node: yaml.Node) -> None:
-        value = None if not isinstance(node, yaml.ScalarNode) else self._constructor.construct_object(node)
+        value = self._scalar_or_list(node)
         try:
             self.values[setting.key] = coerce(setting, value, from_text=False)
         except ValueError as error:
             shown = _node_kind(node) if not isinstance(node, yaml.ScalarNode) else repr(value)
             self.errors.append(f"{self.where(node, setting.key)}: {error}, got {shown}")
+
+    def _scalar_or_list(self, node: yaml.Node) -> Any:
+        """A scalar's value, a list of scalars' values, else None (reported as the wrong kind of node)."""
+        if isinstance(node, yaml.ScalarNode):
+            return self._constructor.construct_object(node)
+        if isinstance(node, yaml.SequenceNode) and all(isinstance(item, yaml.ScalarNode) for item in node.value):
+            return [self._constructor.construct_object(item) for item in node.value]
+        return None
 
 
 def _is_null(node: yaml.Node) -> bool:
@@ -258,43 +356,9 @@ def _suggestion(path: str, prefix: str) -> str:
     return f"{hint} (known here: {known})"
 
 
-_TRUE = {"true", "yes", "on", "1"}
-_FALSE = {"false", "no", "off", "0"}
-
-
 def coerce(setting: Setting, value: Any, *, from_text: bool) -> Any:
-    """value checked and converted to setting's type; raises ValueError saying what was expected."""
-    if setting.kind is bool:
-        return _coerce_bool(value, from_text)
-    if setting.kind is int:
-        return _coerce_replicas(value, from_text)
-    return _coerce_resource_name(value)
-
-
-def _coerce_bool(value: Any, from_text: bool) -> bool:
-    if isinstance(value, bool):
-        return value
-    if from_text and isinstance(value, str) and value.strip().lower() in _TRUE | _FALSE:
-        return value.strip().lower() in _TRUE
-    raise ValueError("expected true or false")
-
-
-def _coerce_replicas(value: Any, from_text: bool) -> int:
-    if from_text and isinstance(value, str) and value.strip().lstrip("-").isdigit():
-        value = int(value.strip())
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ValueError("expected a whole number >= 0")
-    if value < 0:
-        raise ValueError("expected a whole number >= 0 (0 or 1 means no sharing)")
-    return value
-
-
-def _coerce_resource_name(value: Any) -> str:
-    if not isinstance(value, str) or not _RESOURCE_NAME.match(value):
-        raise ValueError("expected an extended resource name <domain>/<name>, such as iluvatar.com/gpu")
-    if value.split("/", 1)[0] in {"kubernetes.io", "k8s.io"} or value.split("/", 1)[0].endswith(".kubernetes.io"):
-        raise ValueError("expected an extended resource name outside the kubernetes.io domain")
-    return value
+    """value checked and converted by setting's parser; raises ValueError saying what was expected."""
+    return setting.parse(value, from_text)
 
 
 def resolve(
@@ -323,9 +387,35 @@ def resolve(
         values[setting.attr] = value
         sources[setting.attr] = source
     ignored = _ignored_health_errors(env.get(DISABLE_HEALTHCHECKS_ENV, ""), errors)
+    if not errors:
+        errors.extend(_conflicts(values, sources))
     if errors:
         raise ConfigError(errors)
     return Config(**values, ignored_health_errors=ignored, sources=sources)
+
+
+def _conflicts(values: Mapping[str, Any], sources: Mapping[str, str]) -> list[str]:
+    """Settings that are each valid but cannot go together, naming both and where they came from."""
+
+    def named(attr: str) -> str:
+        return f"{SETTINGS_BY_ATTR[attr].key} ({sources[attr]})"
+
+    problems = []
+    if values["reset_gpu"] and values["replicas"] > 0:
+        problems.append(
+            f"{named('reset_gpu')} cannot be combined with {named('replicas')} = {values['replicas']}: "
+            "a shared GPU cannot be reset under the containers that share it"
+        )
+    if values["replicas"] >= 2 and values["rename_by_default"]:
+        advertised = f"{values['resource_name']}.shared"
+        try:
+            _coerce_resource_name(advertised)
+        except ValueError:
+            problems.append(
+                f"{named('resource_name')} with {named('rename_by_default')} is advertised as {advertised}, which "
+                "is not a valid extended resource name (the part after '/' is at most 63 characters)"
+            )
+    return problems
 
 
 def _ignored_health_errors(text: str, errors: list[str]) -> frozenset[str]:

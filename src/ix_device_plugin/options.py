@@ -288,10 +288,10 @@ def _add_setting_flags(parser: argparse.ArgumentParser) -> None:
             "default": None,
             "help": f"{setting.help} (file {setting.key}, env {setting.env})",
         }
-        if setting.kind is bool:
-            kwargs.update(nargs="?", const="true", metavar="true|false")
+        if setting.boolean:
+            kwargs.update(nargs="?", const="true", metavar=setting.metavar)
         else:
-            kwargs.update(metavar=setting.kind.__name__.upper())
+            kwargs.update(metavar=setting.metavar)
         group.add_argument(setting.flag, **kwargs)
 
 

@@ -10,6 +10,7 @@ from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from ix_device_plugin.cdi import DEVICE_SPECS
 from ix_device_plugin.config import Config
 from ix_device_plugin.inventory import Chip, Inventory, link_key
 
@@ -42,6 +43,7 @@ class Plan:
     devices: tuple[PlannedDevice, ...]
     replicas: int = 0
     fail_requests_greater_than_one: bool = False
+    device_list_strategy: tuple[str, ...] = (DEVICE_SPECS,)
     control_nodes: tuple[str, ...] = ()
     # PCIe common-ancestor level between physical GPUs (sorted pair); lower is closer.
     gpu_links: Mapping[tuple[str, str], int] = field(default_factory=dict)
@@ -96,6 +98,7 @@ def plan(inventory: Inventory, config: Config) -> Plan:
         devices=tuple(devices),
         replicas=replicas,
         fail_requests_greater_than_one=config.fail_requests_greater_than_one,
+        device_list_strategy=config.device_list_strategy,
         control_nodes=inventory.control_nodes,
         gpu_links=_gpu_links(inventory, groups),
         warnings=tuple(warnings),

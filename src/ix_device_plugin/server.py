@@ -147,6 +147,8 @@ def _container_response(plan: Plan, device_ids: list[str], index: int) -> api_pb
     allocation = allocate(plan, device_ids, index)
     return api_pb2.ContainerAllocateResponse(
         envs=allocation.envs,
+        annotations=allocation.annotations,
+        cdi_devices=[api_pb2.CDIDevice(name=name) for name in allocation.cdi_devices],
         devices=[
             api_pb2.DeviceSpec(container_path=inside, host_path=host, permissions=DEVICE_PERMISSIONS)
             for host, inside in allocation.device_specs
