@@ -14,7 +14,7 @@ from typing import Any
 
 from ix_device_plugin import __version__
 from ix_device_plugin.backends.base import BackendError
-from ix_device_plugin.config import ConfigError, load_file
+from ix_device_plugin.config import CONFIG_KEY, ConfigError, load_document, read_bounded, resolve
 from ix_device_plugin.daemon import Daemon
 from ix_device_plugin.devnodes import with_control_nodes
 from ix_device_plugin.inventory import Inventory
@@ -29,6 +29,7 @@ from ix_device_plugin.options import (
     parse_args,
     resolve_options,
 )
+from ix_device_plugin.yamlsafe import MAX_BYTES
 
 log = logging.getLogger("ix_device_plugin")
 USAGE_ERROR = 2  # as argparse exits for a bad flag
@@ -88,17 +89,23 @@ def run_until_done(main: Coroutine[Any, Any, int]) -> int:
 
 
 def check_config(path: str) -> int:
-    """Validate the config file at path; print every problem."""
+    """Validate a config file, a ConfigMap manifest (every data key) or `-` (stdin); print every problem."""
+    origin = "<stdin>" if path == "-" else path
     try:
-        file = load_file(path)
+        data = sys.stdin.buffer.read(MAX_BYTES + 1) if path == "-" else read_bounded(path)
+        configs = load_document(data, origin)
+        for config in configs.values():
+            resolve(config, {}, {})  # settings that are each valid but not together
     except ConfigError as error:
         for message in error.messages:
             print(message, file=sys.stderr)
-        print(f"{path}: invalid", file=sys.stderr)
+        print(f"{origin}: invalid", file=sys.stderr)
         return 1
-    for warning in file.warnings:
-        print(f"warning: {warning}", file=sys.stderr)
-    print(f"{path}: valid")
+    for config in configs.values():
+        for warning in config.warnings:
+            print(f"warning: {warning}", file=sys.stderr)
+    keys = "" if list(configs) == [CONFIG_KEY] and configs[CONFIG_KEY].path == origin else f" ({', '.join(configs)})"
+    print(f"{origin}: valid{keys}")
     return 0
 
 

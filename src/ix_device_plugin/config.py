@@ -16,6 +16,7 @@ import yaml
 
 from ix_device_plugin.cdi import DEVICE_SPECS, parse_device_list_strategy
 from ix_device_plugin.inventory import HEALTH_ERROR_NAMES, IGNORE_ALL
+from ix_device_plugin.yamlsafe import MAX_BYTES, YamlError, compose, compose_all, decode, scalar_value, shown
 
 DEFAULT_CONFIG_PATH = "/ixconfig/ix-config"
 DEFAULT_RESOURCE_NAME = "iluvatar.com/gpu"
@@ -239,34 +240,114 @@ class FileConfig:
 
 def load_file(path: str | Path) -> FileConfig:
     """Read and validate a config file (YAML or JSON); raises ConfigError naming every problem."""
+    return parse_bytes(read_bounded(path), str(path))
+
+
+def read_bounded(path: str | Path) -> bytes:
+    """The file's bytes, refusing one larger than a ConfigMap can hold without reading it all; ConfigError."""
     try:
-        text = Path(path).read_text()
+        with Path(path).open("rb") as stream:
+            data = stream.read(MAX_BYTES + 1)
     except OSError as error:
         raise ConfigError([f"{path}: cannot read config file: {error.strerror or error}"]) from error
-    return parse_text(text, str(path))
+    return data
 
 
-def parse_text(text: str, origin: str) -> FileConfig:
-    """Validate config text; origin names it in messages."""
+def parse_bytes(data: bytes, origin: str, line_offset: int = 0) -> FileConfig:
+    """Validate config bytes (UTF-8); origin names them in messages; raises ConfigError."""
     try:
-        root = yaml.compose(text, Loader=yaml.SafeLoader)
-    except yaml.YAMLError as error:
-        raise ConfigError([f"{origin}: {_describe_yaml_error(error)}"]) from error
+        text = decode(data)
+    except YamlError as error:
+        raise ConfigError([f"{origin}: {error}"]) from None
+    return parse_text(text, origin, line_offset)
+
+
+def parse_text(text: str, origin: str, line_offset: int = 0) -> FileConfig:
+    """Validate config text; origin names it in messages, whose line numbers are shifted by line_offset."""
+    try:
+        root = compose(text)
+    except YamlError as error:
+        raise ConfigError([f"{origin}: {_shifted(str(error), line_offset)}"]) from None
     if root is None:
         raise ConfigError([f"{origin}: the file is empty; expected a mapping such as `flags: {{splitboard: false}}`"])
-    walker = _Walker(origin)
+    walker = _Walker(origin, line_offset)
     walker.walk(root, "")
     if walker.errors:
         raise ConfigError(walker.errors)
     return FileConfig(path=origin, values=walker.values, warnings=tuple(walker.warnings))
 
 
-def _describe_yaml_error(error: yaml.YAMLError) -> str:
-    mark = getattr(error, "problem_mark", None)
-    problem = getattr(error, "problem", None) or str(error)
-    if mark is None:
-        return f"invalid YAML: {problem}"
-    return f"line {mark.line + 1}, column {mark.column + 1}: invalid YAML: {problem}"
+def _shifted(message: str, line_offset: int) -> str:
+    """message with its leading `line N` moved by line_offset (for a config embedded in a manifest)."""
+    if line_offset and message.startswith("line "):
+        number, _, rest = message[5:].partition(",")
+        if number.isdigit():
+            return f"line {int(number) + line_offset},{rest}"
+    return message
+
+
+# ---- ConfigMap manifests ----------------------------------------------------------------------
+
+CONFIG_KEY = "ix-config"
+
+
+def load_document(data: bytes, origin: str) -> dict[str, FileConfig]:
+    """The configurations in a ConfigMap manifest (by data key), or in a bare config file (under ix-config).
+
+    Every data key of a ConfigMap is checked as a configuration (ix-config, and the named ones a node
+    label can pick); a manifest without data.ix-config is an error. Raises ConfigError with every problem.
+    """
+    try:
+        documents = compose_all(decode(data))
+    except YamlError as error:
+        raise ConfigError([f"{origin}: {error}"]) from None
+    maps = [document for document in documents if _is_config_map(document)]
+    if not maps:
+        return {CONFIG_KEY: parse_bytes(data, origin)}
+    results: dict[str, FileConfig] = {}
+    errors: list[str] = []
+    for manifest in maps:
+        try:
+            results.update(_config_map_data(manifest, origin))
+        except ConfigError as error:
+            errors.extend(error.messages)
+    if not errors and CONFIG_KEY not in results:
+        errors.append(f"{origin}: the ConfigMap has no data.{CONFIG_KEY} key, which the plugin reads")
+    if errors:
+        raise ConfigError(errors)
+    return results
+
+
+def _is_config_map(node: yaml.Node) -> bool:
+    if not isinstance(node, yaml.MappingNode):
+        return False
+    return any(
+        isinstance(key, yaml.ScalarNode) and key.value == "kind" and getattr(value, "value", None) == "ConfigMap"
+        for key, value in node.value
+    )
+
+
+def _config_map_data(manifest: yaml.MappingNode, origin: str) -> dict[str, FileConfig]:
+    data = next((value for key, value in manifest.value if getattr(key, "value", None) == "data"), None)
+    if data is None or _is_null(data):
+        raise ConfigError([f"{origin}: the ConfigMap has no data"])
+    if not isinstance(data, yaml.MappingNode):
+        raise ConfigError([f"{origin}: line {data.start_mark.line + 1}: data: expected a mapping of keys to text"])
+    results, errors = {}, []
+    for key, value in data.value:
+        where = f"{origin}: data.{getattr(key, 'value', '?')}"
+        if not isinstance(key, yaml.ScalarNode) or not isinstance(value, yaml.ScalarNode):
+            errors.append(f"{where}: line {key.start_mark.line + 1}: expected a key with text")
+            continue
+        # A block scalar's text starts on the line after its `|`; a quoted or plain one on its own line.
+        offset = value.start_mark.line + (1 if value.style in {"|", ">"} else 0)
+        try:
+            results[key.value] = parse_text(value.value, where, offset)
+        except ConfigError as error:
+            errors.extend(error.messages)
+    if errors:
+        raise ConfigError(errors)
+    return results
 
 
 _SECTIONS = {"", "flags", "sharing", "sharing.timeSlicing"}
@@ -285,24 +366,40 @@ def _children(prefix: str) -> list[str]:
 class _Walker:
     """Walks a composed YAML tree, collecting typed values and located errors."""
 
-    def __init__(self, origin: str) -> None:
+    def __init__(self, origin: str, line_offset: int = 0) -> None:
         self.origin = origin
+        self.line_offset = line_offset
         self.values: dict[str, Any] = {}
         self.errors: list[str] = []
         self.warnings: list[str] = []
-        self._constructor = yaml.SafeLoader("")
+
+    def line(self, node: yaml.Node) -> int:
+        return node.start_mark.line + 1 + self.line_offset
 
     def where(self, node: yaml.Node, path: str) -> str:
-        return f"{self.origin}: line {node.start_mark.line + 1}: {path}"
+        return f"{self.origin}: line {self.line(node)}: {path}"
 
     def walk(self, node: yaml.Node, prefix: str) -> None:
         if not isinstance(node, yaml.MappingNode):
             label = prefix or "top level"
             self.errors.append(f"{self.where(node, label)}: expected a mapping, got {_node_kind(node)}")
             return
+        seen: dict[str, int] = {}
         for key_node, value_node in node.value:
-            name = str(self._constructor.construct_object(key_node, deep=True))
+            if not isinstance(key_node, yaml.ScalarNode):
+                label = prefix or "top level"
+                self.errors.append(
+                    f"{self.where(key_node, label)}: keys must be plain names, got {_node_kind(key_node)}"
+                )
+                continue
+            name = key_node.value
             path = f"{prefix}.{name}" if prefix else name
+            if name in seen:
+                self.errors.append(
+                    f"{self.where(key_node, path)}: given twice, on lines {seen[name]} and {self.line(key_node)}"
+                )
+                continue
+            seen[name] = self.line(key_node)
             self.visit(key_node, value_node, prefix, path)
 
     def visit(self, key_node: yaml.Node, value_node: yaml.Node, prefix: str, path: str) -> None:
@@ -317,20 +414,25 @@ class _Walker:
             self.errors.append(f"{self.where(key_node, path)}: unknown key{_suggestion(path, prefix)}")
 
     def take(self, setting: Setting, node: yaml.Node) -> None:
-        value = self._scalar_or_list(node)
+        try:
+            value = _scalar_or_list(node)
+        except YamlError as error:
+            self.errors.append(f"{self.where(node, setting.key)}: {str(error).partition(': ')[2] or error}")
+            return
         try:
             self.values[setting.key] = coerce(setting, value, from_text=False)
         except ValueError as error:
-            shown = _node_kind(node) if not isinstance(node, yaml.ScalarNode) else repr(value)
-            self.errors.append(f"{self.where(node, setting.key)}: {error}, got {shown}")
+            got = shown(value) if isinstance(node, yaml.ScalarNode) else _node_kind(node)
+            self.errors.append(f"{self.where(node, setting.key)}: {error}, got {got}")
 
-    def _scalar_or_list(self, node: yaml.Node) -> Any:
-        """A scalar's value, a list of scalars' values, else None (reported as the wrong kind of node)."""
-        if isinstance(node, yaml.ScalarNode):
-            return self._constructor.construct_object(node)
-        if isinstance(node, yaml.SequenceNode) and all(isinstance(item, yaml.ScalarNode) for item in node.value):
-            return [self._constructor.construct_object(item) for item in node.value]
-        return None
+
+def _scalar_or_list(node: yaml.Node) -> Any:
+    """A scalar's value, a list of scalars' values, else None (reported as the wrong kind of node)."""
+    if isinstance(node, yaml.ScalarNode):
+        return scalar_value(node)
+    if isinstance(node, yaml.SequenceNode) and all(isinstance(item, yaml.ScalarNode) for item in node.value):
+        return [scalar_value(item) for item in node.value]
+    return None
 
 
 def _is_null(node: yaml.Node) -> bool:
@@ -342,7 +444,7 @@ def _node_kind(node: yaml.Node) -> str:
         return "a mapping"
     if isinstance(node, yaml.SequenceNode):
         return "a list"
-    return f"the scalar {node.value!r}"
+    return f"the value {node.value[:60]}"
 
 
 def _suggestion(path: str, prefix: str) -> str:

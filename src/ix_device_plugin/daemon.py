@@ -40,6 +40,7 @@ from ix_device_plugin.registrar import Registrar
 from ix_device_plugin.registration import KUBELET_SOCKET
 from ix_device_plugin.state import Current, State
 from ix_device_plugin.watch import Watcher
+from ix_device_plugin.yamlsafe import MAX_BYTES
 
 if TYPE_CHECKING:
     from ix_device_plugin.kube import Kube, KubeSettings
@@ -571,8 +572,10 @@ def node_files(options: Options) -> list[NodeFile]:
 
 
 def _read_bytes(path: Path) -> bytes | None:
+    """The config file's bytes, at most one more than a ConfigMap can hold (enough to tell it changed)."""
     try:
-        return path.read_bytes()
+        with path.open("rb") as stream:
+            return stream.read(MAX_BYTES + 1)
     except OSError:
         return None
 

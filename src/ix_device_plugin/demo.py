@@ -49,12 +49,13 @@ class ConfigMapDir:
         """The file the plugin reads."""
         return self.root / CONFIG_KEY
 
-    def write(self, text: str) -> None:
-        """Publish text atomically, as the kubelet does: new dir, new symlink, rename over ..data."""
+    def write(self, content: str | bytes) -> None:
+        """Publish content atomically, as the kubelet does: new dir, new symlink, rename over ..data."""
         self.generation += 1
         version = self.root / f"..{self.generation}"
         version.mkdir()
-        (version / CONFIG_KEY).write_text(text)
+        data = content.encode() if isinstance(content, str) else content
+        (version / CONFIG_KEY).write_bytes(data)
         staging = self.root / "..data_tmp"
         staging.unlink(missing_ok=True)
         staging.symlink_to(version.name)
