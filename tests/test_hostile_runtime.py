@@ -6,12 +6,14 @@ import asyncio
 import logging
 from pathlib import Path
 
+import grpc
 import pytest
 
+from ix_device_plugin.demo import ConfigMapDir
 from ix_device_plugin.errors import StartupError
 from ix_device_plugin.kubelet_standin import KubeletStandIn
 
-from support import RESOURCE, DaemonFactory
+from support import RESOURCE, DaemonFactory, until
 
 SOCKET = "iluvatar-gpu.sock"
 
@@ -55,3 +57,39 @@ async def test_a_probe_header_over_64k_is_answered_431_and_the_server_keeps_serv
     assert answer.startswith(b"HTTP/1.1 431 ")
     assert (await request(b"GET /healthz HTTP/1.1\r\n\r\n")).startswith(b"HTTP/1.1 200 ")
     assert [r for r in caplog.records if r.levelno >= logging.ERROR] == []
+
+
+async def test_a_chip_gone_from_enumeration_keeps_its_board_unhealthy(
+    kubelet: KubeletStandIn, start_daemon: DaemonFactory, short_dir: Path
+) -> None:
+    devices = short_dir / "devices.yaml"
+    both = "boards:\n  - product: BI-V150\n    chips:\n      - uuid: GPU-a\n      - uuid: GPU-b\n"
+    devices.write_text(both)
+    await start_daemon(str(devices), rediscover_interval=0.3)
+    view = await kubelet.wait_registered(RESOURCE, capacity=1)
+    devices.write_text("boards:\n  - product: BI-V150\n    chips:\n      - uuid: GPU-a\n")  # GPU-b not listed
+    await kubelet.wait_for(lambda: view.allocatable == 0, timeout=5)
+    await asyncio.sleep(1.0)  # several rediscoveries later: still Unhealthy, still one device
+    assert (view.capacity, view.allocatable) == (1, 0)
+    with pytest.raises(grpc.aio.AioRpcError) as refused:
+        await kubelet.allocate(RESOURCE, [["GPU-a"]])
+    assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "GPU-b" in (refused.value.details() or "")
+    devices.write_text(both)
+    await kubelet.wait_for(lambda: view.allocatable == 1, timeout=5)
+
+
+async def test_a_device_list_too_large_for_the_kubelet_is_refused_like_a_bad_config(
+    kubelet: KubeletStandIn, start_daemon: DaemonFactory, short_dir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.ERROR, logger="ix_device_plugin.daemon")
+    configmap = ConfigMapDir(short_dir / "ixconfig")
+    configmap.write("sharing:\n  timeSlicing:\n    replicas: 2\n")
+    await start_daemon("BI-V150:40", config_path=configmap.path, config_required=True, flags={"splitboard": "true"})
+    await kubelet.wait_registered(RESOURCE, capacity=160, timeout=10)
+    configmap.write("sharing:\n  timeSlicing:\n    replicas: 1024\n")  # 81,920 devices: about 5.6 MB
+    await until(lambda: any("over the kubelet's 4 MiB limit" in r.getMessage() for r in caplog.records), timeout=5)
+    message = next(r.getMessage() for r in caplog.records if "4 MiB" in r.getMessage())
+    assert "config change rejected, keeping the last good configuration" in message
+    assert "the largest value that fits is" in message
+    assert kubelet.capacity(RESOURCE) == 160

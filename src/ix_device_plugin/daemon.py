@@ -28,7 +28,8 @@ from ix_device_plugin.devnodes import with_control_nodes
 from ix_device_plugin.endpoint import Endpoint, identity
 from ix_device_plugin.errors import StartupError
 from ix_device_plugin.hardware import Hardware
-from ix_device_plugin.inventory import ChipStatus, Inventory
+from ix_device_plugin.inventory import ChipStatus, Inventory, carry_missing
+from ix_device_plugin.limits import device_list_problem
 from ix_device_plugin.logs import OncePerError
 from ix_device_plugin.metrics import Metrics
 from ix_device_plugin.node_files import CdiSpecFile, NodeFile, NodeLabelFile
@@ -129,6 +130,7 @@ class Daemon:
         self._endpoint_errors = OncePerError(log)
         self._health_errors = OncePerError(log)
         self._discovery_errors = OncePerError(log)
+        self._limit_errors = OncePerError(log)
         self._files = node_files(options)
         self._file_errors = {file.name: OncePerError(log) for file in self._files}
         self._files_due = bool(self._files)
@@ -207,7 +209,9 @@ class Daemon:
         config = self._load_config()
         self._config_seen = _read_bytes(self.config_path)
         await self._start_probes()
-        inventory = await self._first_discovery(config)
+        inventory = carry_missing(Inventory(), await self._first_discovery(config))
+        if (problem := device_list_problem(inventory, config)) is not None:
+            raise ConfigError([f"{self.config_path}: {problem}"])
         self._swap(State.of(inventory, config))
         self._log_plan()
         await self.endpoint.start(self.plan.resource_name)
@@ -343,6 +347,16 @@ class Daemon:
             else:
                 errors.succeeded("%s written again", file.name)
 
+    def _serve(self, inventory: Inventory, config: Config) -> bool:
+        """Swap in the state for inventory and config, unless its device list is too large to send; True if swapped."""
+        problem = device_list_problem(inventory, config)
+        if problem is not None:
+            self._limit_errors.failed("not advertising the change, keeping the last device list: %s", problem)
+            return False
+        self._limit_errors.succeeded()
+        self._swap(State.of(inventory, config))
+        return True
+
     def _swap(self, state: State) -> None:
         before = self.current.state
         for warning in state.plan.warnings:
@@ -370,6 +384,10 @@ class Daemon:
             return
         before = self.config
         if config == before:
+            return
+        if (problem := device_list_problem(self.inventory, config)) is not None:
+            self.metrics.config_reload_failures.inc()
+            log.error("config change rejected, keeping the last good configuration: %s: %s", path, problem)
             return
         self._swap(State.of(self.inventory, config))
         log.info("configuration reloaded: %s", _config_diff(before, config))
@@ -399,20 +417,20 @@ class Daemon:
         current = inventory.statuses()
         if all(current.get(uuid) == status for uuid, status in statuses.items()):
             return  # nothing changed: no need to re-plan (most polls, on a healthy node)
-        self._swap(State.of(inventory.with_statuses(statuses), self.config))
+        self._serve(inventory.with_statuses(statuses), self.config)
 
     def _discovered_inventory(self, event: Discovered) -> None:
         if event.inventory is None:
             self._discovery_errors.failed("GPU discovery failed: %s", event.error)
             return
         self._discovery_errors.succeeded()
-        inventory = event.inventory
+        inventory = carry_missing(self.inventory, event.inventory)
         if _chip_set(inventory) != _chip_set(self.inventory):
             log.info("GPU inventory changed: %d -> %d chips", self.inventory.chip_count(), inventory.chip_count())
         if not self._discovered:
             self._note_first_discovery(inventory)
-        self._generation += 1
-        self._swap(State.of(inventory, self.config))
+        if self._serve(inventory, self.config):
+            self._generation += 1
 
     # ---- inputs: each only turns a happening into an event ----------------------------------
 

@@ -87,10 +87,15 @@ class Chip:
 
 @dataclass(frozen=True)
 class Board:
-    """One physical card; a BI-V150 carries two chips, most products one."""
+    """One physical card; a BI-V150 carries two chips, most products one.
+
+    expected_chips is how many chips the board should have when the product table does not say
+    (an unknown product): learnt from the first discovery that saw the board.
+    """
 
     product: str
     chips: tuple[Chip, ...]
+    expected_chips: int | None = None
 
     @property
     def uuid(self) -> str:
@@ -143,6 +148,46 @@ class Inventory:
     def statuses(self) -> dict[str, ChipStatus]:
         """Every chip's status by UUID."""
         return {chip.uuid: chip.status for chip in self.chips()}
+
+
+MISSING_CHIP = "chip missing from enumeration"
+
+
+def carry_missing(previous: Inventory, discovered: Inventory) -> Inventory:
+    """discovered, where a board that lost chips since previous keeps them as not-present chips.
+
+    A chip that vanished from enumeration does not shrink its board: the board keeps its identity (its
+    first chip) and is planned Unhealthy until the chip is back. A board none of whose chips is enumerated
+    any more is gone (hot-unplug). Boards seen for the first time learn their chip count.
+    """
+    enumerated = {chip.uuid for chip in discovered.chips()}
+    by_chip = {chip.uuid: board for board in previous.boards for chip in board.chips}
+    boards = []
+    for board in discovered.boards:
+        before = next((by_chip[chip.uuid] for chip in board.chips if chip.uuid in by_chip), None)
+        boards.append(_with_vanished_chips(board, before, enumerated))
+    return replace(discovered, boards=tuple(boards))
+
+
+def _with_vanished_chips(board: Board, before: Board | None, enumerated: set[str]) -> Board:
+    if before is None:
+        return board if board.expected_chips is not None else replace(board, expected_chips=len(board.chips))
+    now = {chip.uuid: chip for chip in board.chips}
+    chips = []
+    for chip in before.chips:  # the board's earlier order, so its identity (first chip) stays
+        if chip.uuid in now:
+            chips.append(now.pop(chip.uuid))
+        elif chip.uuid not in enumerated:  # gone, not moved to another board
+            chips.append(_vanished(chip))
+    chips.extend(now.values())  # chips new to the board come last
+    expected = max(before.expected_chips or len(before.chips), board.expected_chips or 0)
+    return replace(board, chips=tuple(chips), expected_chips=expected)
+
+
+def _vanished(chip: Chip) -> Chip:
+    if not chip.status.present and MISSING_CHIP in chip.status.problems:
+        return chip
+    return replace(chip, status=ChipStatus(present=False, problems=(MISSING_CHIP,)))
 
 
 def _with_status(chip: Chip, statuses: Mapping[str, ChipStatus]) -> Chip:

@@ -12,7 +12,8 @@ from dataclasses import dataclass, field
 
 from ix_device_plugin.cdi import DEVICE_SPECS
 from ix_device_plugin.config import Config
-from ix_device_plugin.inventory import Chip, Inventory, link_key
+from ix_device_plugin.inventory import Board, Chip, Inventory, link_key
+from ix_device_plugin.products import lookup
 
 MAX_DEVICE_ID_LENGTH = 63
 REPLICA_SEPARATOR = "::"
@@ -81,12 +82,13 @@ class Plan:
 def plan(inventory: Inventory, config: Config) -> Plan:
     """The devices to advertise for inventory under config (see the README's capacity table)."""
     ignored = config.ignored_health_errors
-    groups = _physical_groups(inventory, config.splitboard)
+    groups = physical_groups(inventory, config.splitboard)
     replicas = config.replicas if config.shared else 0
     devices: list[PlannedDevice] = []
     warnings: list[str] = []
-    for gpu, chips in groups:
+    for gpu, chips, shortfall in groups:
         reasons = tuple(f"{chip.uuid}: {reason}" for chip in chips for reason in chip.status.reasons(ignored))
+        reasons += shortfall
         numa = tuple(sorted({chip.numa_node for chip in chips if chip.numa_node is not None}))
         for device_id, replica in _device_ids(gpu, replicas):
             if len(device_id) > MAX_DEVICE_ID_LENGTH:
@@ -105,10 +107,30 @@ def plan(inventory: Inventory, config: Config) -> Plan:
     )
 
 
-def _physical_groups(inventory: Inventory, splitboard: bool) -> list[tuple[str, tuple[Chip, ...]]]:
+Group = tuple[str, tuple[Chip, ...], tuple[str, ...]]  # physical GPU, its chips, why it is short of chips
+
+
+def physical_groups(inventory: Inventory, splitboard: bool) -> list[Group]:
+    """The physical GPUs to advertise: boards, or chips when split; a short board says what it lacks."""
     if splitboard:
-        return [(chip.uuid, (chip,)) for chip in inventory.chips()]
-    return [(board.uuid, board.chips) for board in inventory.boards]
+        return [(chip.uuid, (chip,), ()) for chip in inventory.chips()]
+    return [(board.uuid, board.chips, _shortfall(board)) for board in inventory.boards]
+
+
+def expected_chips(board: Board) -> int:
+    """How many chips the board should have: the product table's count, else what its first discovery saw."""
+    product = lookup(board.product)
+    if product is not None:
+        return product.chips_per_board
+    return board.expected_chips or len(board.chips)
+
+
+def _shortfall(board: Board) -> tuple[str, ...]:
+    expected = expected_chips(board)
+    present = sum(1 for chip in board.chips if chip.status.present)
+    if len(board.chips) >= expected:
+        return ()  # any chip not present already says so
+    return (f"chip missing ({present} of {expected} chips of the {board.product} enumerated)",)
 
 
 def _device_ids(gpu: str, replicas: int) -> list[tuple[str, int | None]]:
@@ -117,12 +139,12 @@ def _device_ids(gpu: str, replicas: int) -> list[tuple[str, int | None]]:
     return [(f"{gpu}{REPLICA_SEPARATOR}{i}", i) for i in range(replicas)]
 
 
-def _gpu_links(inventory: Inventory, groups: list[tuple[str, tuple[Chip, ...]]]) -> dict[tuple[str, str], int]:
+def _gpu_links(inventory: Inventory, groups: list[Group]) -> dict[tuple[str, str], int]:
     if not inventory.links:
         return {}
     links: dict[tuple[str, str], int] = {}
-    for i, (gpu_a, chips_a) in enumerate(groups):
-        for gpu_b, chips_b in groups[i + 1 :]:
+    for i, (gpu_a, chips_a, _) in enumerate(groups):
+        for gpu_b, chips_b, _ in groups[i + 1 :]:
             levels = [level for a in chips_a for b in chips_b if (level := inventory.link(a.uuid, b.uuid)) is not None]
             if levels:
                 links[link_key(gpu_a, gpu_b)] = min(levels)
