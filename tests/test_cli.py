@@ -97,7 +97,7 @@ def test_list_text_names_unhealthy_chips(tmp_path: Path) -> None:
     ("args", "message"),
     [
         (["--simulated-devices", "BI-V999"], "unknown product 'BI-V999'"),
-        (["--simulated-devices", "BI-V150:0"], "count in 'BI-V150:0' must be a positive integer"),
+        (["--simulated-devices", "BI-V150:0"], "count in 'BI-V150:0' must be a whole number from 1 to 256"),
         (["--simulated-devices", "/nonexistent/devices.yaml"], "does not exist"),
         (["--config", "/nonexistent/ix-config"], "/nonexistent/ix-config: cannot read config file"),
     ],

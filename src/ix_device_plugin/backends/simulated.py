@@ -6,6 +6,8 @@ or `present:` while the plugin runs changes what the kubelet is told.
 
 from __future__ import annotations
 
+import difflib
+import re
 import uuid as uuidlib
 from collections.abc import Mapping
 from pathlib import Path
@@ -13,11 +15,15 @@ from typing import Any
 
 import yaml
 
+from ix_device_plugin import yamlsafe
 from ix_device_plugin.backends.base import BackendError
 from ix_device_plugin.inventory import HEALTH_ERROR_NAMES, Board, Chip, ChipStatus, Inventory
 from ix_device_plugin.products import PRODUCTS, Product, lookup
 
 DEFAULT_SPEC = "BI-V150:2"
+MAX_BOARDS = 256
+MAX_MINOR = (1 << 20) - 1  # Linux minor numbers have 20 bits
+_UUID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
 _UUID_NAMESPACE = uuidlib.UUID("6f1c1b0e-5d8e-4c1a-9a43-1e3e00000000")
 _CHIP_KEYS = {"uuid", "minor", "bus_id", "numa_node", "memory_mib", "health", "present"}
 _BOARD_KEYS = {"product", "chips"}
@@ -76,8 +82,10 @@ def parse_spec(spec: str) -> tuple[Board, ...]:
 def _spec_count(text: str, item: str, spec: str) -> int:
     if not text:
         return 1
-    if not text.isdigit() or int(text) < 1:
-        raise BackendError(f"simulated devices spec {spec!r}: count in {item!r} must be a positive integer")
+    if not (text.isascii() and text.isdigit()) or not 1 <= int(text) <= MAX_BOARDS:
+        raise BackendError(
+            f"simulated devices spec {spec!r}: count in {item!r} must be a whole number from 1 to {MAX_BOARDS}"
+        )
     return int(text)
 
 
@@ -85,7 +93,9 @@ def _product(name: str, where: str) -> Product:
     product = lookup(name)
     if product is None:
         known = ", ".join(PRODUCTS)
-        raise BackendError(f"{where}: unknown product {name!r} (known: {known})")
+        close = difflib.get_close_matches(name.upper(), list(PRODUCTS), n=1, cutoff=0.5)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        raise BackendError(f"{where}: unknown product {name!r}{hint} (known: {known})")
     return product
 
 
@@ -117,17 +127,49 @@ def _default_board(product: str, board_index: int, first_minor: int) -> Board:
 
 
 def load_file(path: Path) -> tuple[Board, ...]:
-    """Boards described by the YAML (or JSON) file at path."""
-    try:
-        document = yaml.safe_load(path.read_text())
-    except (OSError, yaml.YAMLError) as error:
-        raise BackendError(f"simulated devices file {path}: {error}") from error
+    """Boards described by the YAML (or JSON) file at path; raises BackendError naming the file and field."""
+    document = _read_document(path)
     if not isinstance(document, dict) or not isinstance(document.get("boards"), list):
         raise BackendError(f"simulated devices file {path}: expected a mapping with a `boards:` list")
+    if len(document["boards"]) > MAX_BOARDS:
+        raise BackendError(f"simulated devices file {path}: more than {MAX_BOARDS} boards")
     boards: list[Board] = []
     for index, entry in enumerate(document["boards"]):
         boards.append(_board_from(entry, index, _next_minor(boards), f"{path}: boards[{index}]"))
+    _check_unique(boards, path)
     return tuple(boards)
+
+
+def _read_document(path: Path) -> Any:
+    """The file's YAML as plain data, read as strictly as a config file (size, depth, tags, encoding)."""
+    try:
+        with path.open("rb") as stream:
+            data = stream.read(yamlsafe.MAX_BYTES + 1)
+        text = yamlsafe.decode(data)
+        yamlsafe.compose(text)  # refuses anchors, custom tags, deep nesting and huge numbers first
+        return yaml.safe_load(text)
+    except OSError as error:
+        raise BackendError(f"simulated devices file {path}: cannot read it: {error.strerror or error}") from None
+    except yamlsafe.YamlError as error:
+        raise BackendError(f"simulated devices file {path}: {error}") from None
+    except yaml.YAMLError as error:
+        raise BackendError(f"simulated devices file {path}: {yamlsafe.describe(error)}") from None
+
+
+def _check_unique(boards: list[Board], path: Path) -> None:
+    """UUIDs and minors identify chips: each must be unique on the node."""
+    uuids: dict[str, str] = {}
+    minors: dict[int, str] = {}
+    for board_index, board in enumerate(boards):
+        for chip_index, chip in enumerate(board.chips):
+            where = f"boards[{board_index}].chips[{chip_index}]"
+            if chip.uuid in uuids:
+                raise BackendError(f"{path}: {where}.uuid: {chip.uuid} is also {uuids[chip.uuid]}'s")
+            uuids[chip.uuid] = where
+            if chip.minor is not None and chip.minor in minors:
+                raise BackendError(f"{path}: {where}.minor: {chip.minor} is also {minors[chip.minor]}'s")
+            if chip.minor is not None:
+                minors[chip.minor] = where
 
 
 def _board_from(entry: object, index: int, first_minor: int, where: str) -> Board:
@@ -149,7 +191,7 @@ def _board_from(entry: object, index: int, first_minor: int, where: str) -> Boar
 
 
 def _reject_unknown(entry: dict[str, Any], known: set[str], where: str) -> None:
-    unknown = sorted(set(entry) - known)
+    unknown = sorted(str(key) for key in set(entry) - known)
     if unknown:
         raise BackendError(f"{where}: unknown key {unknown[0]!r} (known: {', '.join(sorted(known))})")
 
@@ -160,10 +202,10 @@ def _chip_from(entry: object, default: Chip, where: str) -> Chip:
     if not isinstance(entry, dict):
         raise BackendError(f"{where}: expected a mapping")
     _reject_unknown(entry, _CHIP_KEYS, where)
-    numa = _int(entry, "numa_node", -1 if default.numa_node is None else default.numa_node, where)
+    numa = _int(entry, "numa_node", -1 if default.numa_node is None else default.numa_node, where, low=-1)
     return Chip(
-        uuid=str(entry.get("uuid", default.uuid)),
-        minor=_int(entry, "minor", default.minor or 0, where),
+        uuid=_uuid(entry.get("uuid", default.uuid), where),
+        minor=_int(entry, "minor", default.minor or 0, where, high=MAX_MINOR),
         product=default.product,
         bus_id=str(entry.get("bus_id", default.bus_id)),
         numa_node=None if numa < 0 else numa,
@@ -172,26 +214,37 @@ def _chip_from(entry: object, default: Chip, where: str) -> Chip:
     )
 
 
-def _int(entry: dict[str, Any], key: str, default: int, where: str) -> int:
+def _int(entry: dict[str, Any], key: str, default: int, where: str, low: int = 0, high: int = 1 << 40) -> int:
     value = entry.get(key, default)
     if isinstance(value, bool) or not isinstance(value, int):
-        raise BackendError(f"{where}.{key}: expected an integer, got {value!r}")
+        raise BackendError(f"{where}.{key}: expected a whole number, got {yamlsafe.shown(value)}")
+    if not low <= value <= high:
+        raise BackendError(f"{where}.{key}: expected a whole number from {low} to {high}, got {value}")
+    return value
+
+
+def _uuid(value: object, where: str) -> str:
+    if not isinstance(value, str) or not _UUID.match(value):
+        raise BackendError(
+            f"{where}.uuid: expected 1-63 letters, digits, '-', '_' or '.' (no ',' or '::', which separate device "
+            f"IDs), got {yamlsafe.shown(value)}"
+        )
     return value
 
 
 def _bool(entry: dict[str, Any], key: str, where: str) -> bool:
     value = entry.get(key, True)
     if not isinstance(value, bool):
-        raise BackendError(f"{where}.{key}: expected true or false, got {value!r}")
+        raise BackendError(f"{where}.{key}: expected true or false, got {yamlsafe.shown(value)}")
     return value
 
 
 def _health(entry: dict[str, Any], where: str) -> frozenset[str]:
     value = entry.get("health") or []
     if not isinstance(value, list):
-        raise BackendError(f"{where}.health: expected a list of error names, got {value!r}")
+        raise BackendError(f"{where}.health: expected a list of error names, got {yamlsafe.shown(value)}")
     unknown = [name for name in value if name not in HEALTH_ERROR_NAMES]
     if unknown:
         known = ", ".join(HEALTH_ERROR_NAMES)
-        raise BackendError(f"{where}.health: unknown error {unknown[0]!r} (known: {known})")
+        raise BackendError(f"{where}.health: unknown error {yamlsafe.shown(unknown[0])} (known: {known})")
     return frozenset(value)
