@@ -399,6 +399,22 @@ def deep_merge(base: dict[str, Any], override: Mapping[str, Any]) -> dict[str, A
     return merged
 
 
+def chart_context(
+    chart_dir: Path = CHART_DIR,
+    overrides: Mapping[str, Any] | None = None,
+    namespace: str = DEFAULT_NAMESPACE,
+    release: str = DEFAULT_RELEASE,
+) -> dict[str, Any]:
+    """The .Values, .Release and .Chart that templates see."""
+    meta = yaml.safe_load((chart_dir / "Chart.yaml").read_text())
+    values = deep_merge(yaml.safe_load((chart_dir / "values.yaml").read_text()) or {}, overrides or {})
+    return {
+        "Values": values,
+        "Release": {"Name": release, "Namespace": namespace, "Service": "Helm", "IsInstall": True},
+        "Chart": {key[0].upper() + key[1:]: value for key, value in meta.items()},
+    }
+
+
 def render_chart(
     chart_dir: Path = CHART_DIR,
     overrides: Mapping[str, Any] | None = None,
@@ -406,13 +422,7 @@ def render_chart(
     release: str = DEFAULT_RELEASE,
 ) -> str:
     """Render every template of the chart as `helm template` would print it (without its comments)."""
-    meta = yaml.safe_load((chart_dir / "Chart.yaml").read_text())
-    values = deep_merge(yaml.safe_load((chart_dir / "values.yaml").read_text()) or {}, overrides or {})
-    context = {
-        "Values": values,
-        "Release": {"Name": release, "Namespace": namespace, "Service": "Helm", "IsInstall": True},
-        "Chart": {key[0].upper() + key[1:]: value for key, value in meta.items()},
-    }
+    context = chart_context(chart_dir, overrides, namespace, release)
     templates = sorted((chart_dir / "templates").glob("*"))
     defines: dict[str, list[Node]] = {}
     parsed = []

@@ -21,7 +21,7 @@ from manifest_support import (
 )
 
 from ix_device_plugin import __version__
-from ix_device_plugin.config import DEFAULT_RESOURCE_NAME, DISABLE_HEALTHCHECKS_ENV, SETTINGS, parse_text
+from ix_device_plugin.config import DEFAULT_RESOURCE_NAME, DISABLE_HEALTHCHECKS_ENV, SETTINGS, parse_text, resolve
 from ix_device_plugin.options import OPTIONS, resolve_options
 from ix_device_plugin.options import parse_args as parse_command_line
 
@@ -31,7 +31,7 @@ PLUGIN_DIR = "/var/lib/kubelet/device-plugins"
 CONFIG_MOUNT = "/ixconfig"
 CONFIG_KEY = "ix-config"
 HEALTH_PORT = 8080
-KNOWN_CONFIG_KEYS = {
+KNOWN_CONFIG_KEYS = {setting.key for setting in SETTINGS} | {
     "resourceName",
     "flags.splitboard",
     "flags.failOnInitError",
@@ -39,6 +39,7 @@ KNOWN_CONFIG_KEYS = {
     "sharing.timeSlicing.renameByDefault",
     "sharing.timeSlicing.failRequestsGreaterThanOne",
 }
+NFD_DIR = "/etc/kubernetes/node-feature-discovery/features.d"
 METRICS_ON = {"metrics": {"enabled": True, "serviceMonitor": {"enabled": True}}}
 
 
@@ -60,7 +61,8 @@ def container(objects: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def env_of(plugin: dict[str, Any]) -> dict[str, str]:
-    return {item["name"]: item["value"] for item in plugin.get("env", [])}
+    """The container's plain env values (those from the downward API are left out)."""
+    return {item["name"]: item["value"] for item in plugin.get("env", []) if "value" in item}
 
 
 def mount_for(objects: list[dict[str, Any]], path: str) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -152,7 +154,9 @@ def test_the_config_content_has_only_known_keys_and_is_accepted_by_the_plugin(
         assert config_keys(yaml.safe_load(text)) <= KNOWN_CONFIG_KEYS
         parsed = parse_text(text, configmap["metadata"]["name"])
         assert parsed.warnings == ()
-        assert parsed.values == {"flags.splitboard": False, "sharing.timeSlicing.replicas": 4}
+        assert parsed.values == {"flags.splitboard": False}  # sharing off, as the README's defaults
+        assert resolve(parsed, {}, {}).replicas == 0
+        assert "#     replicas: 4" in text  # the time-slicing example is there, commented
 
 
 def parse_args(argv: list[str], env: dict[str, str]) -> Any:
@@ -359,5 +363,78 @@ def test_the_make_manifests_check_passes() -> None:
 
 
 def test_chart_templates_use_only_files_the_renderer_reads() -> None:
-    suffixes = {path.suffix for path in Path(CHART_DIR, "templates").iterdir()}
+    suffixes = {path.suffix for path in Path(CHART_DIR, "templates").iterdir() if path.name != "NOTES.txt"}
     assert suffixes <= {".yaml", ".tpl"}
+
+
+def test_the_chart_has_notes_that_say_how_to_check_it() -> None:
+    notes = (Path(CHART_DIR) / "templates" / "NOTES.txt").read_text()
+    rendered = render.render_template(
+        notes, render.chart_context(), (Path(CHART_DIR) / "templates" / "_helpers.tpl").read_text()
+    )
+    assert "kubectl -n kube-system get ds iluvatar-device-plugin" in rendered
+    assert "logs ds/iluvatar-device-plugin" in rendered
+    assert "ConfigMap ix-config" in rendered
+
+
+def test_the_corex_directory_never_blocks_the_pod_from_starting(objects: list[dict[str, Any]]) -> None:
+    _, volume = mount_for(objects, "/usr/local/corex")
+    assert volume["hostPath"]["type"] == "DirectoryOrCreate"  # the plugin then says what is missing
+
+
+def test_without_api_features_no_token_is_mounted_and_no_rbac_rendered(objects: list[dict[str, Any]]) -> None:
+    assert pod_spec(daemonset(objects))["automountServiceAccountToken"] is False
+    assert not by_kind(objects, "ClusterRole")
+
+
+def test_per_node_config_adds_a_service_account_and_only_node_reads() -> None:
+    objects = rendered({"features": {"perNodeConfig": True}})
+    spec = pod_spec(daemonset(objects))
+    assert spec["serviceAccountName"] == "iluvatar-device-plugin"
+    (role,) = by_kind(objects, "ClusterRole")
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch"]}]
+    assert env_of(container(objects))["IX_PER_NODE_CONFIG"] == "true"
+
+
+def test_the_node_files_are_written_where_runtimes_and_nfd_read_them(objects: list[dict[str, Any]]) -> None:
+    env = env_of(container(objects))
+    for variable, path in (("IX_CDI_SPEC_DIR", "/var/run/cdi"), ("IX_NODE_FEATURE_DIR", NFD_DIR)):
+        assert env[variable] == path
+        mount, volume = mount_for(objects, path)
+        assert volume["hostPath"]["path"] == path and not mount.get("readOnly", False)
+
+
+def test_the_node_files_can_be_turned_off() -> None:
+    objects = rendered({"cdi": {"enabled": False}, "nodeFeatures": {"enabled": False}})
+    env = env_of(container(objects))
+    assert (env["IX_CDI_SPEC_DIR"], env["IX_NODE_FEATURE_DIR"]) == ("off", "off")
+
+
+def test_the_example_pod_tolerates_the_gpu_taint_the_daemonset_tolerates(objects: list[dict[str, Any]]) -> None:
+    pod = only(load_file(STATIC_DIR / "corex-example.yaml"), "Pod")
+    taints = {(t["key"], t.get("effect")) for t in pod["spec"]["tolerations"]}
+    assert ("iluvatar.com/gpu", "NoSchedule") in taints
+
+
+TROUBLESHOOTING_LINES = (
+    "is the CoreX driver stack installed and /usr/local/corex",
+    "no GPUs could be discovered; exiting (set flags.failOnInitError: false",
+    "does not exist (is the kubelet's ",
+    "another plugin is already serving on ",
+    "config change rejected, keeping the last good configuration",
+    "waiting for the kubelet to serve",
+    "; retrying with backoff up to",
+    "became Unhealthy",
+    "chip missing from enumeration",
+    "did not return within",
+)
+
+
+def test_the_troubleshooting_guide_quotes_log_lines_the_plugin_really_writes() -> None:
+    guide = (Path(CHART_DIR).parent.parent.parent / "docs" / "deployment.md").read_text()
+    troubleshooting = guide[guide.index("## Troubleshooting") :]
+    source = "\n".join(path.read_text() for path in Path(CHART_DIR).parent.parent.parent.glob("src/**/*.py"))
+    for fragment in TROUBLESHOOTING_LINES:
+        assert fragment in troubleshooting, fragment
+        assert fragment in source.replace('"\n                    "', "").replace('"\n                "', ""), fragment
+    assert troubleshooting.count("\n| ") >= 7  # a header, its rule and at least five failures

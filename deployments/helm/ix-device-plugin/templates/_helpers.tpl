@@ -15,3 +15,8 @@
 {{- define "ix-device-plugin.labels" -}}
 app.kubernetes.io/name: {{ include "ix-device-plugin.name" . }}
 {{- end -}}
+
+{{/* Non-empty when an enabled feature needs the API server. */}}
+{{- define "ix-device-plugin.needsApi" -}}
+{{- if .Values.features.perNodeConfig }}true{{ end -}}
+{{- end }}
