@@ -12,7 +12,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from bench import footprint, health, kubeclient, latency, listwatch, machine, reregistration, startup, stops
+from bench import footprint, health, hostile, kubeclient, latency, listwatch, machine, reregistration, startup, stops
 from bench.report import table, targets
 from bench.settings import FULL, SMOKE, Settings
 
@@ -40,6 +40,7 @@ RUNNERS: dict[str, Runner] = {
     "latency": _latency,
     "footprint": _single("footprint", footprint.run),
     "stops": _single("stops", stops.run),
+    "hostile": _single("hostile", hostile.run),
     "kubeclient": _single("kubeclient", kubeclient.run),
 }
 

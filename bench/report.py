@@ -109,6 +109,12 @@ def _kubeclient(sections: Mapping[str, Any]) -> Iterator[Figure]:
         yield Figure("kubeclient", f"{client}: RSS added, one request", (client, "rss_added_with_request_mib"), "MiB")
 
 
+def _hostile() -> Iterator[Figure]:
+    yield Figure("hostile", "hostile config files refused", ("cases",), "")
+    yield Figure("hostile", "slowest refusal", ("worst_ms",), "ms", 1000)
+    yield Figure("hostile", "largest peak memory while refusing", ("worst_peak_kib",), "KiB", 64 * 1024)
+
+
 def figures(sections: Mapping[str, Any]) -> list[Figure]:
     """Every figure of the sections present."""
     groups: dict[str, Any] = {
@@ -120,6 +126,7 @@ def figures(sections: Mapping[str, Any]) -> list[Figure]:
         "footprint": _footprint,
         "baseline": _baseline,
         "stops": _stops,
+        "hostile": _hostile,
         "kubeclient": lambda: _kubeclient(sections),
     }
     return [figure for name, group in groups.items() if name in sections for figure in group()]

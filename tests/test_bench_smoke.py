@@ -18,6 +18,7 @@ SECTIONS = (
     "baseline",
     "footprint",
     "stops",
+    "hostile",
     "kubeclient",
 )
 
