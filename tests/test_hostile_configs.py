@@ -9,10 +9,13 @@ the file through the kubelet's `..data` swap keeps serving the last good configu
 from __future__ import annotations
 
 import asyncio
+import os
 import resource
 import socket
 import subprocess
 import sys
+import tempfile
+import time
 import urllib.request
 from pathlib import Path
 
@@ -69,16 +72,29 @@ LIVE = ("alias_bomb_key.yaml", "deep_nesting.yaml", "binary.yaml", "huge_integer
 
 
 def check_config(path: Path) -> tuple[subprocess.CompletedProcess[str], float]:
-    """Run check-config on path; also the child's peak resident memory in MB."""
-    before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-    result = subprocess.run(
-        [sys.executable, "-m", "ix_device_plugin", "check-config", str(path)],
-        capture_output=True,
-        text=True,
-        timeout=CHECK_TIMEOUT,
-    )
-    peak = max(before, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss) / 1024
-    return result, peak
+    """Run check-config on path; also that child's own peak resident memory in MB."""
+    command = [sys.executable, "-m", "ix_device_plugin", "check-config", str(path)]
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        child = subprocess.Popen(command, stdout=out, stderr=err, text=True)
+        status, usage = wait_with_usage(child, CHECK_TIMEOUT)
+        out.seek(0)
+        err.seek(0)
+        result = subprocess.CompletedProcess(command, status, out.read(), err.read())
+    return result, usage.ru_maxrss / 1024
+
+
+def wait_with_usage(child: subprocess.Popen[str], timeout: float) -> tuple[int, resource.struct_rusage]:
+    """Reap child within timeout; its exit code and its own resource usage (not its siblings')."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        pid, status, usage = os.wait4(child.pid, os.WNOHANG)
+        if pid:
+            child.returncode = os.waitstatus_to_exitcode(status)
+            return child.returncode, usage
+        time.sleep(0.01)
+    child.kill()
+    os.wait4(child.pid, 0)
+    raise subprocess.TimeoutExpired(child.args, timeout)
 
 
 def test_the_corpus_and_the_table_agree() -> None:
