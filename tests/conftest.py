@@ -31,6 +31,7 @@ IXML_VARIANTS = {
     "full": [],
     "old": ["-DNO_VERSIONED_NAMES", "-DNO_IXML_EXTENSIONS"],
     "no_topology": ["-DNO_TOPOLOGY"],
+    "no_telemetry": ["-DNO_TELEMETRY"],
     "upnp": ["-DLIBUPNP_LIKE"],
 }
 

@@ -9,11 +9,23 @@ from ix_device_plugin.api.generate import API_DIR, generate
 
 
 def test_generated_modules_are_current(tmp_path: Path) -> None:
-    for produced in generate(tmp_path):
-        committed = API_DIR / produced.name
+    pairs = generate(tmp_path)
+    assert len(pairs) == 6  # device plugin and pod-resources, three modules each
+    for produced, committed in pairs:
         assert committed.read_text() == produced.read_text(), (
-            f"{committed.name} is stale: run python -m ix_device_plugin.api.generate"
+            f"{committed.relative_to(API_DIR)} is stale: run python -m ix_device_plugin.api.generate"
         )
+
+
+def test_the_pod_resources_proto_is_the_upstream_one() -> None:
+    upstream = Path(__file__).resolve().parents[2] / "shared" / "kubelet-apis" / "podresources" / "v1" / "api.proto"
+    if upstream.exists():  # the upstream copy sits beside the repository where it is checked out
+        assert (API_DIR / "podresources" / "api.proto").read_text() == upstream.read_text()
+    from ix_device_plugin.api.podresources import api_pb2 as podresources
+
+    assert podresources.DESCRIPTOR.package == "v1"
+    service = podresources.DESCRIPTOR.services_by_name["PodResourcesLister"]
+    assert [m.name for m in service.methods] == ["List", "GetAllocatableResources", "Get"]
 
 
 def fields(message: type) -> dict[str, int]:

@@ -36,10 +36,12 @@ from ix_device_plugin.node_files import CdiSpecFile, NodeFile, NodeLabelFile
 from ix_device_plugin.options import NODE_CONFIG_LABEL, Options, config_file_for, load_config
 from ix_device_plugin.outputs import CdiSpecWriter, FeatureFileWriter, OutputError, read_machine_name
 from ix_device_plugin.plan import Plan
+from ix_device_plugin.podresources import PodResourcesError, list_allocations
 from ix_device_plugin.probes import ProbeHandlers, ProbeServer, parse_address
 from ix_device_plugin.registrar import Registrar
 from ix_device_plugin.registration import KUBELET_SOCKET
 from ix_device_plugin.state import Current, State
+from ix_device_plugin.telemetry import ChipSample, PodRef, TelemetryCollector, chip_pods
 from ix_device_plugin.watch import Watcher
 from ix_device_plugin.yamlsafe import MAX_BYTES
 
@@ -85,13 +87,21 @@ class Discovered:
 
 
 @dataclass(frozen=True)
+class TelemetrySampled:
+    """A telemetry pass: each chip's figures, and which container holds which device (device ID -> pod)."""
+
+    samples: Mapping[str, ChipSample]
+    allocations: Mapping[str, PodRef]
+
+
+@dataclass(frozen=True)
 class NodeLabelChanged:
     """The node's configuration label has this value now (None: not set)."""
 
     value: str | None
 
 
-Event = FilesChanged | ReloadRequested | HealthPolled | Discovered | NodeLabelChanged
+Event = FilesChanged | ReloadRequested | HealthPolled | Discovered | NodeLabelChanged | TelemetrySampled
 
 
 class Daemon:
@@ -111,6 +121,10 @@ class Daemon:
             options.poll_interval,
         )
         self.metrics.read_state_from(lambda: self.current.state, lambda: self.registrar.registered)
+        self.telemetry: TelemetryCollector | None = None
+        if options.telemetry_interval is not None:
+            self.telemetry = TelemetryCollector(options.node_name)
+            self.metrics.registry.register(self.telemetry)
         self.socket_path = self.endpoint.path
         self.probe_port: int | None = None
         self._events: asyncio.Queue[Event] = asyncio.Queue()
@@ -222,6 +236,8 @@ class Daemon:
         self._spawn("watch", self._watch_files())
         self._spawn("health", self._poll_health())
         self._spawn("discovery", self._rediscover())
+        if self.telemetry is not None:
+            self._spawn("telemetry", self._sample_telemetry())
 
     def stop(self) -> None:
         """Ask the daemon to stop (safe to call from a signal handler)."""
@@ -290,6 +306,9 @@ class Daemon:
                     self._health_polled(event)
                 case Discovered():
                     self._discovered_inventory(event)
+                case TelemetrySampled(samples, allocations):
+                    assert self.telemetry is not None
+                    self.telemetry.update(samples, self.inventory, chip_pods(self.plan, allocations))
                 case NodeLabelChanged(value):
                     self._label = value
                     self._reload_config(force=False)
@@ -459,6 +478,37 @@ class Daemon:
                 self._events.put_nowait(HealthPolled(generation, None, str(error)))
             else:
                 self._events.put_nowait(HealthPolled(generation, statuses))
+
+    async def _sample_telemetry(self) -> None:
+        interval = self.options.telemetry_interval
+        assert interval is not None
+        errors, pod_errors = OncePerError(log, logging.WARNING), OncePerError(log, logging.WARNING)
+        while True:
+            await asyncio.sleep(interval)
+            if not self._discovered:
+                continue
+            inventory = self.inventory
+            try:
+                samples = await self.hardware.call("sample", lambda backend, seen=inventory: backend.sample(seen))
+            except BackendError as error:
+                errors.failed("telemetry pass failed: %s", error)
+                continue
+            errors.succeeded("telemetry passes work again")
+            self._events.put_nowait(TelemetrySampled(samples, await self._allocations(pod_errors)))
+
+    async def _allocations(self, errors: OncePerError) -> Mapping[str, PodRef]:
+        """Which container holds which device, from the kubelet's pod-resources API (empty when unknown)."""
+        socket_path = self.options.pod_resources_socket
+        if socket_path is None or not socket_path.exists():
+            return {}
+        names = {self.plan.resource_name}
+        try:
+            allocations = await list_allocations(socket_path, names, timeout=2.0)
+        except PodResourcesError as error:
+            errors.failed("%s; GPU metrics carry no pod labels meanwhile", error)
+            return {}
+        errors.succeeded("pod resources answer again")
+        return allocations
 
     async def _rediscover(self) -> None:
         while True:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import socket
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -80,6 +81,10 @@ def _dir_or_off(value: str) -> Path | None:
     if value.strip().lower() == "off":
         return None
     return Path(_text(value))
+
+
+def _seconds_or_off(value: str) -> float | None:
+    return None if value.strip().lower() == "off" else _seconds(value)
 
 
 def _boolean(value: str) -> bool:
@@ -162,6 +167,24 @@ OPTIONS: tuple[Option, ...] = (
         f"seconds between health polls ({MIN_INTERVAL:g} to {MAX_INTERVAL:g})",
     ),
     Option(
+        "telemetry_interval",
+        "--telemetry-interval",
+        "IX_TELEMETRY_INTERVAL",
+        "15",
+        _seconds_or_off,
+        "SECONDS|off",
+        "seconds between GPU telemetry passes (ix-exporter's metrics on /metrics); `off` disables",
+    ),
+    Option(
+        "pod_resources_socket",
+        "--pod-resources-socket",
+        "IX_POD_RESOURCES_SOCKET",
+        "/var/lib/kubelet/pod-resources/kubelet.sock",
+        _dir_or_off,
+        "PATH|off",
+        "the kubelet's pod-resources socket, to label GPU metrics with the pod holding the GPU; `off` disables",
+    ),
+    Option(
         "per_node_config",
         "--per-node-config",
         "IX_PER_NODE_CONFIG",
@@ -225,6 +248,9 @@ class Options:
     poll_interval: float = 1.0  # stat check when inotify wakes us; polling alone uses a quarter
     registration_grace: float = 60.0  # /healthz fails after registration has failed this long
     stop_timeout: float = 1.5  # shutdown abandons what has not stopped by then
+    telemetry_interval: float | None = None  # None: no GPU telemetry
+    pod_resources_socket: Path | None = None  # None: telemetry without pod labels
+    node_name: str = ""  # for metric labels: NODE_NAME, else the host name
     per_node_config: bool = False  # the node label NODE_CONFIG_LABEL picks the ConfigMap key
     kube: KubeSettings | None = None  # how to reach the API server, when a feature needs it
     label_wait: float = 5.0  # at start, how long to wait for the node label before using ix-config
@@ -388,6 +414,9 @@ def options_from(args: argparse.Namespace, env: Mapping[str, str]) -> Options:
         health_interval=float(args.health_interval),
         backend_timeout=args.backend_timeout,
         health_address=args.health_address,
+        telemetry_interval=args.telemetry_interval,
+        pod_resources_socket=args.pod_resources_socket,
+        node_name=env.get("NODE_NAME") or socket.gethostname(),
         per_node_config=args.per_node_config,
         kube=_kube_settings(args, env),
     )

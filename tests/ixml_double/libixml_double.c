@@ -15,18 +15,24 @@
  *     memory=32768 (MiB)  board=B0  position=0  health=0x14
  *     fail=LIST         these calls answer UNKNOWN (999)
  *     unsupported=LIST  these calls answer NOT_SUPPORTED (3)
+ *     hang=LIST         these calls never return (they sleep an hour), as a wedged driver's do
+ *     telemetry: temp=C fan=% power=mW board_power=mW sm_clock=MHz mem_clock=MHz gpu_util=%
+ *       mem_util=% mem_used=MiB pcie_tx=KB/s pcie_rx=KB/s ecc_sbe=N ecc_dbe=N
  *   where LIST is a comma-separated subset of: handle, uuid, name, minor, pci, memory,
- *   board (ixmlDeviceGetBoardPosition), same_board (nvmlDeviceOnSameBoard), health, topology
+ *   board (ixmlDeviceGetBoardPosition), same_board (nvmlDeviceOnSameBoard), health, topology,
+ *   temperature, fan, power, board_power, clock, utilization, pcie, ecc
  *
  * Build variants with -D:
  *   NO_VERSIONED_NAMES   export only nvmlInit, nvmlDeviceGetCount, ... (old driver)
  *   NO_IXML_EXTENSIONS   leave out ixmlDeviceGetBoardPosition and ixmlDeviceGetHealth
  *   NO_TOPOLOGY          leave out nvmlDeviceGetTopologyCommonAncestor
+ *   NO_TELEMETRY         leave out the temperature, fan, power, clock, utilization, PCIe and ECC calls
  *   LIBUPNP_LIKE         export only XML-parser symbols, like libupnp's libixml.so
  */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #ifdef LIBUPNP_LIKE
 
@@ -83,7 +89,15 @@ struct device {
     unsigned long long health;
     char fail[256];
     char unsupported[256];
+    char hang[256];
+    unsigned int temp, fan, power, board_power, sm_clock, mem_clock, gpu_util, mem_util, pcie_tx, pcie_rx;
+    unsigned long long mem_used, ecc_sbe, ecc_dbe;
 };
+
+typedef struct {
+    unsigned int gpu;
+    unsigned int memory;
+} nvmlUtilization_t;
 
 struct link {
     unsigned int a, b;
@@ -167,6 +181,20 @@ static void parse_device(char *rest) {
         else if (strcmp(key, "health") == 0) d->health = strtoull(value, NULL, 0);
         else if (strcmp(key, "fail") == 0) copy_value(d->fail, sizeof(d->fail), value);
         else if (strcmp(key, "unsupported") == 0) copy_value(d->unsupported, sizeof(d->unsupported), value);
+        else if (strcmp(key, "hang") == 0) copy_value(d->hang, sizeof(d->hang), value);
+        else if (strcmp(key, "temp") == 0) d->temp = (unsigned int)strtoul(value, NULL, 0);
+        else if (strcmp(key, "fan") == 0) d->fan = (unsigned int)strtoul(value, NULL, 0);
+        else if (strcmp(key, "power") == 0) d->power = (unsigned int)strtoul(value, NULL, 0);
+        else if (strcmp(key, "board_power") == 0) d->board_power = (unsigned int)strtoul(value, NULL, 0);
+        else if (strcmp(key, "sm_clock") == 0) d->sm_clock = (unsigned int)strtoul(value, NULL, 0);
+        else if (strcmp(key, "mem_clock") == 0) d->mem_clock = (unsigned int)strtoul(value, NULL, 0);
+        else if (strcmp(key, "gpu_util") == 0) d->gpu_util = (unsigned int)strtoul(value, NULL, 0);
+        else if (strcmp(key, "mem_util") == 0) d->mem_util = (unsigned int)strtoul(value, NULL, 0);
+        else if (strcmp(key, "mem_used") == 0) d->mem_used = strtoull(value, NULL, 0);
+        else if (strcmp(key, "pcie_tx") == 0) d->pcie_tx = (unsigned int)strtoul(value, NULL, 0);
+        else if (strcmp(key, "pcie_rx") == 0) d->pcie_rx = (unsigned int)strtoul(value, NULL, 0);
+        else if (strcmp(key, "ecc_sbe") == 0) d->ecc_sbe = strtoull(value, NULL, 0);
+        else if (strcmp(key, "ecc_dbe") == 0) d->ecc_dbe = strtoull(value, NULL, 0);
     }
 }
 
@@ -212,6 +240,7 @@ static nvmlReturn_t lookup(void *handle, struct device **out) {
 }
 
 static nvmlReturn_t injected(const struct device *d, const char *call) {
+    if (listed(d->hang, call)) sleep(3600);
     if (listed(d->fail, call)) return NVML_ERROR_UNKNOWN;
     if (listed(d->unsupported, call)) return NVML_ERROR_NOT_SUPPORTED;
     return NVML_SUCCESS;
@@ -340,8 +369,8 @@ nvmlReturn_t nvmlDeviceGetMemoryInfo(void *handle, nvmlMemory_t *memory) {
     if (ret == NVML_SUCCESS) ret = injected(d, "memory");
     if (ret != NVML_SUCCESS) return ret;
     memory->total = d->memory_mib * 1024ULL * 1024ULL;
-    memory->used = 0;
-    memory->free = memory->total;
+    memory->used = d->mem_used * 1024ULL * 1024ULL;
+    memory->free = memory->total - memory->used;
     return NVML_SUCCESS;
 }
 
@@ -399,5 +428,41 @@ nvmlReturn_t ixmlDeviceGetHealth(void *handle, unsigned long long *health) {
     return NVML_SUCCESS;
 }
 #endif
+
+#ifndef NO_TELEMETRY
+/* Telemetry: each answers the device's configured value, or what fail/unsupported/hang say. */
+#define ANSWER(call, expr) \
+    struct device *d; \
+    nvmlReturn_t ret = lookup(handle, &d); \
+    if (ret == NVML_SUCCESS) ret = injected(d, call); \
+    if (ret != NVML_SUCCESS) return ret; \
+    expr; \
+    return NVML_SUCCESS;
+
+nvmlReturn_t nvmlDeviceGetTemperature(void *handle, int sensor, unsigned int *temp) {
+    (void)sensor;
+    ANSWER("temperature", *temp = d->temp)
+}
+nvmlReturn_t nvmlDeviceGetFanSpeed(void *handle, unsigned int *speed) { ANSWER("fan", *speed = d->fan) }
+nvmlReturn_t nvmlDeviceGetPowerUsage(void *handle, unsigned int *power) { ANSWER("power", *power = d->power) }
+nvmlReturn_t nvmlDeviceGetClockInfo(void *handle, int type, unsigned int *mhz) {
+    ANSWER("clock", *mhz = (type == 2 ? d->mem_clock : d->sm_clock))
+}
+nvmlReturn_t nvmlDeviceGetUtilizationRates(void *handle, nvmlUtilization_t *rates) {
+    ANSWER("utilization", rates->gpu = d->gpu_util; rates->memory = d->mem_util)
+}
+nvmlReturn_t nvmlDeviceGetPcieThroughput(void *handle, int counter, unsigned int *kbps) {
+    ANSWER("pcie", *kbps = (counter == 0 ? d->pcie_tx : d->pcie_rx))
+}
+nvmlReturn_t nvmlDeviceGetTotalEccErrors(void *handle, int error_type, int counter_type, unsigned long long *count) {
+    (void)counter_type;
+    ANSWER("ecc", *count = (error_type == 0 ? d->ecc_sbe : d->ecc_dbe))
+}
+#ifndef NO_IXML_EXTENSIONS
+nvmlReturn_t ixmlDeviceGetBoardPowerUsage(void *handle, unsigned int *power) {
+    ANSWER("board_power", *power = d->board_power)
+}
+#endif
+#endif /* NO_TELEMETRY */
 
 #endif /* LIBUPNP_LIKE */

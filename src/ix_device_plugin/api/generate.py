@@ -1,4 +1,7 @@
-"""Regenerate the committed Python modules of the v1beta1 API from api.proto."""
+"""Regenerate the committed Python modules of the kubelet APIs from their upstream protos.
+
+api.proto: the device plugin API v1beta1; podresources/api.proto: the pod-resources API v1.
+"""
 
 from __future__ import annotations
 
@@ -8,34 +11,36 @@ from pathlib import Path
 
 API_DIR = Path(__file__).resolve().parent
 SRC_ROOT = API_DIR.parent.parent
-PROTO = API_DIR / "api.proto"
+PROTOS = (API_DIR / "api.proto", API_DIR / "podresources" / "api.proto")
 GENERATED = ("api_pb2.py", "api_pb2_grpc.py", "api_pb2.pyi")
 
 
-def generate(out_dir: Path) -> list[Path]:
-    """Run protoc (from grpcio-tools) on api.proto, writing the modules under out_dir."""
+def generate(out_dir: Path) -> list[tuple[Path, Path]]:
+    """Run protoc (from grpcio-tools) on every proto under out_dir; (produced, committed) pairs."""
     from grpc_tools import protoc  # build-time dependency only
 
-    proto_rel = PROTO.relative_to(SRC_ROOT)
-    args = [
-        "protoc",
-        f"-I{SRC_ROOT}",
-        f"--python_out={out_dir}",
-        f"--pyi_out={out_dir}",
-        f"--grpc_python_out={out_dir}",
-        str(proto_rel),
-    ]
-    if protoc.main(args) != 0:
-        raise RuntimeError(f"protoc failed on {PROTO}")
-    produced = out_dir / proto_rel.parent
-    return [produced / name for name in GENERATED]
+    pairs = []
+    for proto in PROTOS:
+        proto_rel = proto.relative_to(SRC_ROOT)
+        args = [
+            "protoc",
+            f"-I{SRC_ROOT}",
+            f"--python_out={out_dir}",
+            f"--pyi_out={out_dir}",
+            f"--grpc_python_out={out_dir}",
+            str(proto_rel),
+        ]
+        if protoc.main(args) != 0:
+            raise RuntimeError(f"protoc failed on {proto}")
+        pairs.extend((out_dir / proto_rel.parent / name, proto.parent / name) for name in GENERATED)
+    return pairs
 
 
 def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
-        for path in generate(Path(tmp)):
-            (API_DIR / path.name).write_text(path.read_text())
-            print(f"wrote {API_DIR / path.name}")
+        for produced, committed in generate(Path(tmp)):
+            committed.write_text(produced.read_text())
+            print(f"wrote {committed}")
     return 0
 
 

@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from typing import Protocol
 
 from ix_device_plugin.inventory import ChipStatus, Inventory
+from ix_device_plugin.telemetry import ChipSample
 
 
 class BackendError(Exception):
@@ -25,6 +26,10 @@ class Backend(Protocol):
 
     def health(self, inventory: Inventory) -> Mapping[str, ChipStatus]:
         """Current status of each chip of inventory, by UUID; chips it cannot reach are not present."""
+        ...
+
+    def sample(self, inventory: Inventory) -> Mapping[str, ChipSample]:
+        """Telemetry of each chip of inventory, by UUID, in one pass; a figure the hardware lacks is None."""
         ...
 
     def close(self) -> None:

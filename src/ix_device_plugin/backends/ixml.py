@@ -26,6 +26,7 @@ from ix_device_plugin.inventory import (
     health_errors_from_mask,
     link_key,
 )
+from ix_device_plugin.telemetry import ChipSample
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +74,10 @@ class _Memory(ctypes.Structure):
     )
 
 
+class _Utilization(ctypes.Structure):
+    _fields_ = [("gpu", ctypes.c_uint), ("memory", ctypes.c_uint)]
+
+
 class _LinkMap(ctypes.Structure):
     """The head of glibc's struct link_map, as dlinfo(RTLD_DI_LINKMAP) returns it."""
 
@@ -102,7 +107,19 @@ _CALLS: dict[str, tuple[tuple[str, ...], tuple[Any, ...]]] = {
     "same_board": (("nvmlDeviceOnSameBoard",), (_HANDLE, _HANDLE, _P(ctypes.c_int))),
     "health": (("ixmlDeviceGetHealth",), (_HANDLE, _P(ctypes.c_ulonglong))),
     "topology": (("nvmlDeviceGetTopologyCommonAncestor",), (_HANDLE, _HANDLE, _P(ctypes.c_int))),
+    # Telemetry, as ix-exporter's binding calls it.
+    "temperature": (("nvmlDeviceGetTemperature",), (_HANDLE, ctypes.c_int, _P(ctypes.c_uint))),
+    "fan": (("nvmlDeviceGetFanSpeed",), (_HANDLE, _P(ctypes.c_uint))),
+    "power": (("nvmlDeviceGetPowerUsage",), (_HANDLE, _P(ctypes.c_uint))),
+    "board_power": (("ixmlDeviceGetBoardPowerUsage",), (_HANDLE, _P(ctypes.c_uint))),
+    "clock": (("nvmlDeviceGetClockInfo",), (_HANDLE, ctypes.c_int, _P(ctypes.c_uint))),
+    "utilization": (("nvmlDeviceGetUtilizationRates",), (_HANDLE, _P(_Utilization))),
+    "pcie": (("nvmlDeviceGetPcieThroughput",), (_HANDLE, ctypes.c_int, _P(ctypes.c_uint))),
+    "ecc": (("nvmlDeviceGetTotalEccErrors",), (_HANDLE, ctypes.c_int, ctypes.c_int, _P(ctypes.c_ulonglong))),
 }
+_TEMPERATURE_GPU, _CLOCK_SM, _CLOCK_MEM, _PCIE_TX, _PCIE_RX = 0, 1, 2, 0, 1
+_ECC_CORRECTED, _ECC_UNCORRECTED, _ECC_VOLATILE = 0, 1, 0
+_MIB = 1024 * 1024
 _REQUIRED_CALLS = ("init", "shutdown", "count", "handle", "uuid", "minor")
 _INIT_SYMBOLS = _CALLS["init"][0]
 
@@ -281,6 +298,7 @@ class IxmlBackend:
         self._library: _Library | None = None
         self._initialized = False
         self._health_unavailable_logged = False
+        self._telemetry_problems: dict[str, str] = {}
 
     def discover(self) -> Inventory:
         """Every board and chip with its current status; raises BackendError when it cannot."""
@@ -315,6 +333,63 @@ class IxmlBackend:
             else:
                 statuses[chip.uuid] = node_checked_status(current, self._dev_root)
         return statuses
+
+    def sample(self, inventory: Inventory) -> dict[str, ChipSample]:
+        """Every chip's telemetry in one pass; a call the library lacks or does not support gives None."""
+        with _LIBRARY_LOCK:
+            library = self._start()
+            devices = self._enumerate(library)
+            return {device.chip.uuid: self._sample(library, device) for device in devices if device.handle is not None}
+
+    def _sample(self, library: _Library, device: _Device) -> ChipSample:
+        handle = _HANDLE(device.handle)
+        read = self._reader(library, handle)
+        memory = read("memory", _Memory)
+        utilization = read("utilization", _Utilization)
+        power_call = "board_power" if device.position is not None and library.has("board_power") else "power"
+        power = read(power_call, ctypes.c_uint)
+        sbe = read("ecc", ctypes.c_ulonglong, _ECC_CORRECTED, _ECC_VOLATILE)
+        dbe = read("ecc", ctypes.c_ulonglong, _ECC_UNCORRECTED, _ECC_VOLATILE)
+        return ChipSample(
+            temperature_c=_value(read("temperature", ctypes.c_uint, _TEMPERATURE_GPU)),
+            fan_speed=_value(read("fan", ctypes.c_uint)),
+            power_w=None if power is None else power.value / 1000,
+            sm_clock_mhz=_value(read("clock", ctypes.c_uint, _CLOCK_SM)),
+            mem_clock_mhz=_value(read("clock", ctypes.c_uint, _CLOCK_MEM)),
+            gpu_utilization=None if utilization is None else utilization.gpu,
+            mem_utilization=None if utilization is None else utilization.memory,
+            mem_total_mib=None if memory is None else memory.total / _MIB,
+            mem_used_mib=None if memory is None else memory.used / _MIB,
+            mem_free_mib=None if memory is None else memory.free / _MIB,
+            pcie_tx_kbps=_value(read("pcie", ctypes.c_uint, _PCIE_TX)),
+            pcie_rx_kbps=_value(read("pcie", ctypes.c_uint, _PCIE_RX)),
+            ecc_sbe_volatile=None if sbe is None else float(sbe.value > 0),
+            ecc_dbe_volatile=None if dbe is None else float(dbe.value > 0),
+        )
+
+    def _reader(self, library: _Library, handle: _HANDLE) -> Callable[..., Any]:
+        """read(call, ctype, *leading args) -> the filled ctype, or None (said once per call and problem)."""
+
+        def read(call: str, ctype: Any, *args: Any) -> Any:
+            if not library.has(call):
+                self._note_telemetry(call, f"{_CALLS[call][0][0]} is not in {library.path}")
+                return None
+            out = ctype()
+            try:
+                library.call(call, handle, *args, ctypes.byref(out))
+            except _CallError as exc:
+                self._note_telemetry(
+                    call, f"{library.symbol(call)} is not supported" if exc.not_supported else str(exc)
+                )
+                return None
+            return out
+
+        return read
+
+    def _note_telemetry(self, call: str, problem: str) -> None:
+        if self._telemetry_problems.get(call) != problem:
+            self._telemetry_problems[call] = problem
+            log.info("telemetry: %s; that figure is left out", problem)
 
     def close(self) -> None:
         """Shut the library down; a later discover() starts it again."""
@@ -440,6 +515,10 @@ class IxmlBackend:
                     continue
                 links[link_key(first.chip.uuid, second.chip.uuid)] = level.value
         return links
+
+
+def _value(out: Any) -> float | None:
+    return None if out is None else float(out.value)
 
 
 def _attempt(problems: list[str], read: Callable[[], _T]) -> _T | None:

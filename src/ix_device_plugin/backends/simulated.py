@@ -19,6 +19,7 @@ from ix_device_plugin import yamlsafe
 from ix_device_plugin.backends.base import BackendError
 from ix_device_plugin.inventory import HEALTH_ERROR_NAMES, Board, Chip, ChipStatus, Inventory
 from ix_device_plugin.products import PRODUCTS, Product, lookup
+from ix_device_plugin.telemetry import ChipSample
 
 DEFAULT_SPEC = "BI-V150:2"
 MAX_BOARDS = 256
@@ -51,6 +52,32 @@ class SimulatedBackend:
             return inventory.statuses()
         current = {chip.uuid: chip.status for board in load_file(self._path) for chip in board.chips}
         return {chip.uuid: current.get(chip.uuid, ChipStatus(present=False)) for chip in inventory.chips()}
+
+    def sample(self, inventory: Inventory) -> dict[str, ChipSample]:
+        """Plausible, deterministic figures for every present chip (they vary with the chip's minor)."""
+        samples = {}
+        for chip in inventory.chips():
+            if not chip.status.present:
+                continue
+            seed = chip.minor or 0
+            used = float(1024 * (seed % 8))
+            samples[chip.uuid] = ChipSample(
+                temperature_c=40.0 + seed,
+                fan_speed=30.0 + seed,
+                power_w=60.0 + 5 * seed,
+                sm_clock_mhz=1500.0,
+                mem_clock_mhz=1600.0,
+                gpu_utilization=float(10 * (seed % 10)),
+                mem_utilization=float(5 * (seed % 20)),
+                mem_total_mib=float(chip.memory_mib),
+                mem_used_mib=used,
+                mem_free_mib=float(chip.memory_mib) - used,
+                pcie_tx_kbps=1000.0 * seed,
+                pcie_rx_kbps=2000.0 * seed,
+                ecc_sbe_volatile=0.0,
+                ecc_dbe_volatile=float("ECC" in chip.status.errors),
+            )
+        return samples
 
     def close(self) -> None:
         """Nothing to release."""

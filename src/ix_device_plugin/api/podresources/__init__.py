@@ -1,0 +1,1 @@
+"""The kubelet pod-resources API v1: upstream proto and generated modules."""
