@@ -287,9 +287,12 @@ class Renderer:
         if isinstance(head, tuple) and head[0] == "ident":
             args = [self._operand(arg, dot, root) for arg in command[1:]]
             return self._call(head[1], [*args, *piped], dot, root)
+        value = self._operand(head, dot, root)
+        if callable(value):  # a method such as .Files.Get
+            return value(*(self._operand(arg, dot, root) for arg in command[1:]), *piped)
         if len(command) > 1 or piped:
             raise TemplateError(f"{head!r} is not a function")
-        return self._operand(head, dot, root)
+        return value
 
     def _call(self, name: str, args: list[object], dot: object, root: object) -> object:
         if name == "include":
@@ -412,6 +415,7 @@ def chart_context(
         "Values": values,
         "Release": {"Name": release, "Namespace": namespace, "Service": "Helm", "IsInstall": True},
         "Chart": {key[0].upper() + key[1:]: value for key, value in meta.items()},
+        "Files": {"Get": lambda name: (chart_dir / str(name)).read_text()},
     }
 
 

@@ -483,18 +483,18 @@ class Daemon:
         interval = self.options.telemetry_interval
         assert interval is not None
         errors, pod_errors = OncePerError(log, logging.WARNING), OncePerError(log, logging.WARNING)
+        while not self._discovered:
+            await asyncio.sleep(min(interval, _SETTLE))
         while True:
-            await asyncio.sleep(interval)
-            if not self._discovered:
-                continue
             inventory = self.inventory
             try:
                 samples = await self.hardware.call("sample", lambda backend, seen=inventory: backend.sample(seen))
             except BackendError as error:
                 errors.failed("telemetry pass failed: %s", error)
-                continue
-            errors.succeeded("telemetry passes work again")
-            self._events.put_nowait(TelemetrySampled(samples, await self._allocations(pod_errors)))
+            else:
+                errors.succeeded("telemetry passes work again")
+                self._events.put_nowait(TelemetrySampled(samples, await self._allocations(pod_errors)))
+            await asyncio.sleep(interval)
 
     async def _allocations(self, errors: OncePerError) -> Mapping[str, PodRef]:
         """Which container holds which device, from the kubelet's pod-resources API (empty when unknown)."""

@@ -342,8 +342,7 @@ class IxmlBackend:
             return {device.chip.uuid: self._sample(library, device) for device in devices if device.handle is not None}
 
     def _sample(self, library: _Library, device: _Device) -> ChipSample:
-        handle = _HANDLE(device.handle)
-        read = self._reader(library, handle)
+        read = self._reader(library, device)
         memory = read("memory", _Memory)
         utilization = read("utilization", _Utilization)
         power_call = "board_power" if device.position is not None and library.has("board_power") else "power"
@@ -367,8 +366,9 @@ class IxmlBackend:
             ecc_dbe_volatile=None if dbe is None else float(dbe.value > 0),
         )
 
-    def _reader(self, library: _Library, handle: _HANDLE) -> Callable[..., Any]:
+    def _reader(self, library: _Library, device: _Device) -> Callable[..., Any]:
         """read(call, ctype, *leading args) -> the filled ctype, or None (said once per call and problem)."""
+        handle = _HANDLE(device.handle)
 
         def read(call: str, ctype: Any, *args: Any) -> Any:
             if not library.has(call):
@@ -379,7 +379,8 @@ class IxmlBackend:
                 library.call(call, handle, *args, ctypes.byref(out))
             except _CallError as exc:
                 self._note_telemetry(
-                    call, f"{library.symbol(call)} is not supported" if exc.not_supported else str(exc)
+                    call,
+                    f"{library.symbol(call)} is not supported" if exc.not_supported else f"{device.chip.uuid}: {exc}",
                 )
                 return None
             return out
