@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
@@ -12,6 +13,7 @@ import pytest
 
 from ix_device_plugin import __version__
 from ix_device_plugin.options import parse_args, resolve_options
+from ix_device_plugin.podresources_standin import PodResourcesStandIn
 
 from support import spawn_plugin, stop_process
 
@@ -183,3 +185,30 @@ def test_json_logs_are_one_object_per_line(tmp_path: Path) -> None:
     assert all({"time", "level", "logger", "msg"} <= set(entry) for entry in entries)
     assert entries[-1]["level"] == "error"
     assert f"device plugin directory {missing} does not exist" in entries[-1]["msg"]
+
+
+async def test_list_shows_live_figures_and_which_pod_holds_each_device(short_dir: Path) -> None:
+    base = ("list", "--backend", "simulated", "--simulated-devices", "BI-V150:2", "--splitboard")
+    socket_path = short_dir / "pod-resources" / "kubelet.sock"
+    alone = json.loads((await asyncio.to_thread(cli, *base, "--output", "json")).stdout)
+    device_ids = [device["id"] for device in alone["devices"]]
+    assert alone["pod_resources_read"] is False
+    chip = alone["boards"][0]["chips"][0]
+    assert chip["telemetry"]["mem_total_mib"] == chip["memory_mib"]
+    assert {"temperature_c", "power_w", "gpu_utilization", "mem_used_mib"} <= set(chip["telemetry"])
+
+    standin = PodResourcesStandIn(socket_path)
+    await standin.start()
+    try:
+        standin.pods = {("ml", "trainer-0"): {"main": {"iluvatar.com/gpu": device_ids[:1], "other.com/x": ["y"]}}}
+        pod_flag = ("--pod-resources-socket", str(socket_path))
+        report = json.loads((await asyncio.to_thread(cli, *base, *pod_flag, "--output", "json")).stdout)
+        text = (await asyncio.to_thread(cli, *base, *pod_flag)).stdout
+    finally:
+        await standin.stop()
+    held = {device["id"]: device["held_by"] for device in report["devices"]}
+    assert held[device_ids[0]] == {"namespace": "ml", "pod": "trainer-0", "container": "main"}
+    assert all(held[device_id] is None for device_id in device_ids[1:])
+    assert f"{device_ids[0]:<46} Healthy   numa ?  held by ml/trainer-0 (main)" in text
+    assert f"{device_ids[1]:<46} Healthy   numa ?  free" in text
+    assert "flags.splitboard                                 true" in text

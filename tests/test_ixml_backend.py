@@ -536,3 +536,11 @@ def test_library_not_found_on_the_search_path_says_where_it_looked():
     message = str(caught.value)
     assert "cannot load the IXML library libixml-not-installed.so" in message
     assert "/usr/local/corex/lib64/libixml.so" in message and "IX_IXML_LIBRARY" in message
+
+
+def test_cuda_driver_version_is_read_where_the_library_answers(config, backend_for):
+    config("cuda=10020\n" + TWO_BI_V150)
+    assert backend_for().discover().cuda_version == "10020"
+    config(TWO_BI_V150)  # the double answers NOT_SUPPORTED without cuda=
+    assert backend_for().discover().cuda_version is None
+    assert backend_for("no_telemetry").discover().driver_version == "4.1.0"

@@ -29,6 +29,7 @@ from ix_device_plugin.options import (
     parse_args,
     resolve_options,
 )
+from ix_device_plugin.telemetry import ChipSample, PodRef
 from ix_device_plugin.yamlsafe import MAX_BYTES
 
 log = logging.getLogger("ix_device_plugin")
@@ -118,6 +119,31 @@ def discover_once(options: Options) -> Inventory:
         backend.close()
 
 
+def discover_and_sample(options: Options) -> tuple[Inventory, dict[str, ChipSample]]:
+    """One discovery and one telemetry pass in the same library session; raises BackendError."""
+    backend = options.backend_factory()
+    try:
+        inventory = with_control_nodes(backend.discover(), options.dev_root)
+        return inventory, backend.sample(inventory)
+    finally:
+        backend.close()
+
+
+def _pod_allocations(options: Options, resource_name: str) -> tuple[dict[str, PodRef] | None, str]:
+    """Device ID -> the container holding it, from the kubelet's pod-resources socket; (None, why) without."""
+    from ix_device_plugin.podresources import PodResourcesError, list_allocations
+
+    socket_path = options.pod_resources_socket
+    if socket_path is None:
+        return None, "pod-resources socket turned off"
+    if not socket_path.exists():
+        return None, f"{socket_path} does not exist (not a Kubernetes node, or not mounted)"
+    try:
+        return asyncio.run(list_allocations(socket_path, {resource_name}, timeout=5.0)), str(socket_path)
+    except PodResourcesError as error:
+        return None, str(error)
+
+
 def _print_error(args: argparse.Namespace, error: Exception) -> int:
     print(f"error: {error}", file=sys.stderr)
     if isinstance(error, BackendError) and args.backend == "ixml":
@@ -142,15 +168,16 @@ def cdi_generate_command(args: argparse.Namespace, options: Options) -> int:
 
 def list_command(args: argparse.Namespace, options: Options) -> int:
     """Print the inventory and the devices the kubelet would be told about."""
-    from ix_device_plugin.listing import inventory_report, render_text
+    from ix_device_plugin.listing import add_live_figures, inventory_report, render_text
 
     path, reason = config_file_for(options, _node_label_once(options))
     try:
         config, _ = load_config(options, path)
-        inventory = discover_once(options)
+        inventory, samples = discover_and_sample(options)
     except (ConfigError, BackendError) as error:
         return _print_error(args, error)
     report = {"config_file": reason, **inventory_report(inventory, config, options)}
+    add_live_figures(report, samples, _pod_allocations(options, report["resource_name"]))
     if args.output == "json":
         print(json.dumps(report, indent=2))
     else:

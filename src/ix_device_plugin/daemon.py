@@ -635,7 +635,7 @@ def node_files(options: Options) -> list[NodeFile]:
         files.append(CdiSpecFile(CdiSpecWriter(options.cdi_spec_dir, options.dev_root)))
     if options.node_feature_dir is not None:
         machine = read_machine_name(options.sysfs_root)
-        files.append(NodeLabelFile(FeatureFileWriter(options.node_feature_dir), machine, lambda: None))
+        files.append(NodeLabelFile(FeatureFileWriter(options.node_feature_dir), machine))
     return files
 
 

@@ -118,6 +118,8 @@ class Inventory:
 
     boards: tuple[Board, ...] = ()
     driver_version: str = ""
+    # What nvmlSystemGetCudaDriverVersion answers (e.g. "10020"); None when the library cannot say.
+    cuda_version: str | None = None
     # Device nodes shared by all chips (e.g. /dev/itrctl) that exist on the host.
     control_nodes: tuple[str, ...] = ()
     # PCIe distance between chips, keyed by the sorted pair of chip UUIDs.

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import asdict
 from typing import Any
 
 from ix_device_plugin.api import HEALTHY, UNHEALTHY
@@ -10,6 +12,18 @@ from ix_device_plugin.devnodes import with_control_nodes
 from ix_device_plugin.inventory import Inventory
 from ix_device_plugin.options import Options
 from ix_device_plugin.plan import plan
+from ix_device_plugin.telemetry import ChipSample, PodRef
+
+# (ChipSample field, how the text report shows it)
+_FIGURES = (
+    ("temperature_c", "{:.0f} C"),
+    ("gpu_utilization", "util {:.0f} %"),
+    ("mem_utilization", "mem util {:.0f} %"),
+    ("power_w", "{:.1f} W"),
+    ("sm_clock_mhz", "sm {:.0f} MHz"),
+    ("mem_clock_mhz", "mem {:.0f} MHz"),
+    ("fan_speed", "fan {:.0f}"),
+)
 
 
 def inventory_report(inventory: Inventory, config: Config, options: Options) -> dict[str, Any]:
@@ -57,6 +71,48 @@ def inventory_report(inventory: Inventory, config: Config, options: Options) -> 
     }
 
 
+def add_live_figures(
+    report: dict[str, Any],
+    samples: Mapping[str, ChipSample],
+    pods: tuple[Mapping[str, PodRef] | None, str],
+) -> None:
+    """Add each chip's telemetry and, where the kubelet said, the container holding each device."""
+    for board in report["boards"]:
+        for chip in board["chips"]:
+            sample = samples.get(chip["uuid"])
+            figures = {} if sample is None else asdict(sample)
+            chip["telemetry"] = {name: value for name, value in figures.items() if value is not None}
+    allocations, source = pods
+    report["pod_resources"] = source
+    report["pod_resources_read"] = allocations is not None
+    for device in report["devices"]:
+        holder = None if allocations is None else allocations.get(device["id"])
+        device["held_by"] = None if holder is None else asdict(holder)
+
+
+def _figures_line(telemetry: Mapping[str, float]) -> str:
+    shown = [form.format(telemetry[name]) for name, form in _FIGURES if name in telemetry]
+    if "mem_used_mib" in telemetry and "mem_total_mib" in telemetry:
+        shown.insert(2, f"{telemetry['mem_used_mib']:.0f}/{telemetry['mem_total_mib']:.0f} MiB used")
+    return "  ".join(shown)
+
+
+def _holder(device: Mapping[str, Any], pods_read: bool) -> str:
+    holder = device.get("held_by")
+    if holder is not None:
+        return f"  held by {holder['namespace']}/{holder['pod']} ({holder['container']})"
+    return "  free" if pods_read else ""
+
+
+def _setting(value: Any) -> str:
+    """A setting's value as it is written in the config file."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, list | tuple):
+        return ",".join(map(str, value))
+    return str(value)
+
+
 def render_text(report: dict[str, Any]) -> str:
     """The report as a human reads it."""
     lines = [f"Driver version: {report['driver_version'] or 'unknown'}", "", "Boards:"]
@@ -70,8 +126,10 @@ def render_text(report: dict[str, Any]) -> str:
                 f"      {chip['uuid']}  minor {minor}  bus {chip['bus_id'] or '?'}  numa {numa}  "
                 f"{chip['memory_mib']} MiB  {state}"
             )
+            if chip.get("telemetry"):
+                lines.append(f"          {_figures_line(chip['telemetry'])}")
     lines += ["", "Configuration:"]
-    lines += [f"  {item['key']:<48} {item['value']!s:<20} ({item['source']})" for item in report["config"]]
+    lines += [f"  {item['key']:<48} {_setting(item['value']):<20} ({item['source']})" for item in report["config"]]
     if report["ignored_health_errors"]:
         lines.append(f"  ignored health errors: {', '.join(report['ignored_health_errors'])}")
     lines += [
@@ -81,9 +139,13 @@ def render_text(report: dict[str, Any]) -> str:
         "",
         "Devices:",
     ]
+    pods_read = bool(report.get("pod_resources_read"))
     for device in report["devices"]:
         numa = ",".join(map(str, device["numa_nodes"])) or "?"
         reasons = f"  ({'; '.join(device['reasons'])})" if device["reasons"] else ""
-        lines.append(f"  {device['id']:<46} {device['health']:<9} numa {numa}{reasons}")
+        held = _holder(device, pods_read)
+        lines.append(f"  {device['id']:<46} {device['health']:<9} numa {numa}{reasons}{held}")
+    if "pod_resources" in report and not pods_read:
+        lines.append(f"(which pod holds each device is not known: {report['pod_resources']})")
     lines += [f"warning: {warning}" for warning in report["warnings"]]
     return "\n".join(lines)

@@ -7,7 +7,6 @@ for container runtimes and the NFD local feature file for node labels.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from typing import Protocol
 
 from ix_device_plugin.labels import label_set
@@ -57,15 +56,14 @@ class NodeLabelFile:
 
     name = "node labels"
 
-    def __init__(self, writer: FeatureFileWriter, machine: str | None, cuda_version: Callable[[], str | None]) -> None:
+    def __init__(self, writer: FeatureFileWriter, machine: str | None) -> None:
         self._writer = writer
         self._machine = machine
-        self._cuda_version = cuda_version
         self._noted: tuple[str, ...] = ()
 
     def apply(self, state: State) -> None:
         """Write the labels for state when they changed."""
-        labels = label_set(state.inventory, state.plan, state.config, self._machine, self._cuda_version())
+        labels = label_set(state.inventory, state.plan, state.config, self._machine, state.inventory.cuda_version)
         if labels.notes != self._noted:
             for note in labels.notes:
                 log.info("node labels: %s", note)

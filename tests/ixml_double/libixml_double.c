@@ -6,6 +6,7 @@
  *
  * Config format, one item per line, '#' starts a comment:
  *   driver=4.1.0                 driver version string
+ *   cuda=10020                   nvmlSystemGetCudaDriverVersion (absent: NOT_SUPPORTED)
  *   fail_init=1                  nvmlInit answers DRIVER_NOT_LOADED (9)
  *   fail_count=1                 nvmlDeviceGetCount answers UNKNOWN (999)
  *   link=0,1,10                  common-ancestor level of devices 0 and 1
@@ -115,6 +116,7 @@ static struct link links[MAX_LINKS];
 static unsigned int link_count;
 static struct slot slots[MAX_DEVICES];
 static char driver_version[80] = "0.0.0";
+static int cuda_version = 0; /* 0: nvmlSystemGetCudaDriverVersion answers NOT_SUPPORTED */
 static int fail_init;
 static int fail_count;
 static int init_count;
@@ -204,6 +206,7 @@ static void load_config(void) {
     fail_init = 0;
     fail_count = 0;
     copy_value(driver_version, sizeof(driver_version), "0.0.0");
+    cuda_version = 0;
     const char *path = getenv("IXML_DOUBLE_CONFIG");
     if (path == NULL) return;
     FILE *f = fopen(path, "r");
@@ -217,6 +220,8 @@ static void load_config(void) {
             parse_device(p + 6);
         } else if (strncmp(p, "driver=", 7) == 0) {
             copy_value(driver_version, sizeof(driver_version), p + 7);
+        } else if (strncmp(p, "cuda=", 5) == 0) {
+            cuda_version = atoi(p + 5);
         } else if (strncmp(p, "fail_init=", 10) == 0) {
             fail_init = atoi(p + 10);
         } else if (strncmp(p, "fail_count=", 11) == 0) {
@@ -283,6 +288,13 @@ nvmlReturn_t nvmlShutdown(void) {
 nvmlReturn_t nvmlSystemGetDriverVersion(char *version, unsigned int length) {
     if (init_count == 0) return NVML_ERROR_UNINITIALIZED;
     return copy_string(version, length, driver_version);
+}
+
+nvmlReturn_t nvmlSystemGetCudaDriverVersion(int *version) {
+    if (init_count == 0) return NVML_ERROR_UNINITIALIZED;
+    if (cuda_version == 0) return NVML_ERROR_NOT_SUPPORTED;
+    *version = cuda_version;
+    return NVML_SUCCESS;
 }
 
 static nvmlReturn_t do_get_count(unsigned int *count) {

@@ -93,6 +93,7 @@ _CALLS: dict[str, tuple[tuple[str, ...], tuple[Any, ...]]] = {
     "init": (("nvmlInit_v2", "nvmlInit"), ()),
     "shutdown": (("nvmlShutdown",), ()),
     "driver_version": (("nvmlSystemGetDriverVersion",), (ctypes.c_char_p, ctypes.c_uint)),
+    "cuda_version": (("nvmlSystemGetCudaDriverVersion_v2", "nvmlSystemGetCudaDriverVersion"), (_P(ctypes.c_int),)),
     "count": (("nvmlDeviceGetCount_v2", "nvmlDeviceGetCount"), (_P(ctypes.c_uint),)),
     "handle": (
         ("nvmlDeviceGetHandleByIndex_v2", "nvmlDeviceGetHandleByIndex"),
@@ -310,6 +311,7 @@ class IxmlBackend:
             inventory = Inventory(
                 boards=self._boards(library, devices),
                 driver_version=self._driver_version(library),
+                cuda_version=self._cuda_version(library),
                 links=self._links(library, devices),
             )
         return check_device_nodes(inventory, self._dev_root)
@@ -500,6 +502,18 @@ class IxmlBackend:
         except _CallError as exc:
             log.warning("IXML driver version unknown: %s", exc)
             return ""
+
+    @staticmethod
+    def _cuda_version(library: _Library) -> str | None:
+        if not library.has("cuda_version"):
+            return None
+        version = ctypes.c_int()
+        try:
+            library.call("cuda_version", ctypes.byref(version))
+        except _CallError as exc:
+            log.info("CUDA driver version unknown: %s", exc)
+            return None
+        return str(version.value)
 
     @staticmethod
     def _links(library: _Library, devices: list[_Device]) -> dict[tuple[str, str], int]:
