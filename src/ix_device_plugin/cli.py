@@ -172,12 +172,14 @@ def list_command(args: argparse.Namespace, options: Options) -> int:
 
     path, reason = config_file_for(options, _node_label_once(options))
     try:
-        config, _ = load_config(options, path)
+        config, warnings = load_config(options, path)
         inventory, samples = discover_and_sample(options)
     except (ConfigError, BackendError) as error:
         return _print_error(args, error)
     report = {"config_file": reason, **inventory_report(inventory, config, options)}
     add_live_figures(report, samples, _pod_allocations(options, report["resource_name"]))
+    for warning in warnings:
+        print(f"warning: {warning}", file=sys.stderr)
     if args.output == "json":
         print(json.dumps(report, indent=2))
     else:

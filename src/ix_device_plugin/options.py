@@ -287,7 +287,18 @@ def load_config(options: Options, path: Path | None = None) -> tuple[Config, tup
     file = None
     if path.exists() or options.config_required:
         file = load_file(path)
-    return resolve(file, options.env, options.flags), (file.warnings if file is not None else ())
+    config = resolve(file, options.env, options.flags)
+    return config, (*(file.warnings if file is not None else ()), *not_acted_on(config))
+
+
+def not_acted_on(config: Config) -> tuple[str, ...]:
+    """Warnings for settings that are accepted and checked but that this version does not act on yet."""
+    pending = {"flags.reset_gpu": config.reset_gpu, "flags.usevolcano": config.use_volcano}
+    return tuple(
+        f"{key} is true, but this version does not act on it yet: it changes nothing"
+        for key, on in pending.items()
+        if on
+    )
 
 
 def check_settings(options: Options) -> None:
