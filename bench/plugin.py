@@ -125,9 +125,17 @@ class PluginProcess:
     YAML file when health is to be changed. Use as `async with`: the process is always killed on exit.
     """
 
-    def __init__(self, node: Node, *, health_interval: float | None = None, devices_file: bool = False) -> None:
+    def __init__(
+        self,
+        node: Node,
+        *,
+        health_interval: float | None = None,
+        devices_file: bool = False,
+        extra_args: tuple[str, ...] = (),
+    ) -> None:
         self.node = node
         self.health_interval = health_interval
+        self.extra_args = extra_args
         self.workdir = short_dir()
         self.plugin_dir = self.workdir / "dp"
         self.config_path = self.workdir / "ix-config"
@@ -153,10 +161,12 @@ class PluginProcess:
         command = [sys.executable, "-m", "ix_device_plugin", "run", "--backend", "simulated"]
         command += ["--simulated-devices", devices, "--config", str(self.config_path)]
         command += ["--device-plugin-path", str(self.plugin_dir), "--dev-root", str(self.workdir)]
+        # The device plugin alone unless extra_args turn node-agent parts on (the last flag given wins).
         command += ["--health-address", "off", "--cdi-spec-dir", "off", "--node-feature-dir", "off"]
+        command += ["--telemetry-interval", "off", "--pod-resources-socket", "off"]
         if self.health_interval is not None:
             command += ["--health-interval", str(self.health_interval)]
-        return command
+        return [*command, *self.extra_args]
 
     async def __aenter__(self) -> Self:
         (self.workdir / "dev").mkdir()

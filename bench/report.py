@@ -115,6 +115,17 @@ def _hostile() -> Iterator[Figure]:
     yield Figure("hostile", "largest peak memory while refusing", ("worst_peak_kib",), "KiB", 64 * 1024)
 
 
+def _node_agent() -> Iterator[Figure]:
+    for key, name in (("off", "parts off"), ("on", "CDI + labels + telemetry on")):
+        yield Figure("node_agent", f"32 chips, {name}: RSS", (key, "rss_mib"), "MiB")
+        yield Figure("node_agent", f"32 chips, {name}: idle CPU", (key, "idle_cpu_percent"), "% core")
+    yield Figure("node_agent", "RSS added by the parts", ("rss_added_mib",), "MiB", 8)
+    yield Figure("node_agent", "idle CPU added by the parts", ("idle_cpu_added_percent",), "% core", 0.1)
+    yield Figure("node_agent", "one telemetry pass, simulated", ("pass", "simulated_sample_ms"), "ms")
+    yield Figure("node_agent", "one telemetry pass, IXML binding (C double)", ("pass", "ixml_double_sample_ms"), "ms")
+    yield Figure("node_agent", "rendering the 32-chip exposition", ("pass", "render_ms"), "ms")
+
+
 def figures(sections: Mapping[str, Any]) -> list[Figure]:
     """Every figure of the sections present."""
     groups: dict[str, Any] = {
@@ -128,6 +139,7 @@ def figures(sections: Mapping[str, Any]) -> list[Figure]:
         "stops": _stops,
         "hostile": _hostile,
         "kubeclient": lambda: _kubeclient(sections),
+        "node_agent": _node_agent,
     }
     return [figure for name, group in groups.items() if name in sections for figure in group()]
 

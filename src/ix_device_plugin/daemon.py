@@ -36,7 +36,7 @@ from ix_device_plugin.node_files import CdiSpecFile, NodeFile, NodeLabelFile
 from ix_device_plugin.options import NODE_CONFIG_LABEL, Options, config_file_for, load_config
 from ix_device_plugin.outputs import CdiSpecWriter, FeatureFileWriter, OutputError, read_machine_name
 from ix_device_plugin.plan import Plan
-from ix_device_plugin.podresources import PodResourcesError, list_allocations
+from ix_device_plugin.podresources import PodResourcesClient, PodResourcesError
 from ix_device_plugin.probes import ProbeHandlers, ProbeServer, parse_address
 from ix_device_plugin.registrar import Registrar
 from ix_device_plugin.registration import KUBELET_SOCKET
@@ -122,6 +122,7 @@ class Daemon:
         )
         self.metrics.read_state_from(lambda: self.current.state, lambda: self.registrar.registered)
         self.telemetry: TelemetryCollector | None = None
+        self._pod_resources: PodResourcesClient | None = None
         if options.telemetry_interval is not None:
             self.telemetry = TelemetryCollector(options.node_name)
             self.metrics.registry.register(self.telemetry)
@@ -271,6 +272,8 @@ class Daemon:
                 file.close()
             except OutputError as error:
                 log.warning("%s: %s", file.name, error)
+        if self._pod_resources is not None:
+            await self._bounded("closing the pod-resources channel", self._pod_resources.close(), budget * 0.05)
         await self.hardware.close(timeout=budget * 0.1)
 
     async def _bounded(self, what: str, work: Coroutine[Any, Any, None], timeout: float) -> None:
@@ -501,9 +504,10 @@ class Daemon:
         socket_path = self.options.pod_resources_socket
         if socket_path is None or not socket_path.exists():
             return {}
-        names = {self.plan.resource_name}
+        if self._pod_resources is None:
+            self._pod_resources = PodResourcesClient(socket_path)
         try:
-            allocations = await list_allocations(socket_path, names, timeout=2.0)
+            allocations = await self._pod_resources.allocations({self.plan.resource_name}, timeout=2.0)
         except PodResourcesError as error:
             errors.failed("%s; GPU metrics carry no pod labels meanwhile", error)
             return {}
