@@ -394,6 +394,18 @@ def test_per_node_config_adds_a_service_account_and_only_node_reads() -> None:
     (role,) = by_kind(objects, "ClusterRole")
     assert role["rules"] == [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch"]}]
     assert env_of(container(objects))["IX_PER_NODE_CONFIG"] == "true"
+    assert not by_kind(objects, "Role")
+
+
+def test_gpu_reset_adds_only_configmap_access_in_the_plugins_namespace() -> None:
+    objects = rendered({"features": {"gpuReset": True}})
+    assert pod_spec(daemonset(objects))["serviceAccountName"] == "iluvatar-device-plugin"
+    assert not by_kind(objects, "ClusterRole")
+    (role,) = by_kind(objects, "Role")
+    assert role["metadata"]["namespace"] == "kube-system"
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get", "create", "update"]}]
+    (binding,) = by_kind(objects, "RoleBinding")
+    assert binding["roleRef"]["name"] == role["metadata"]["name"]
 
 
 def test_the_node_files_are_written_where_runtimes_and_nfd_read_them(objects: list[dict[str, Any]]) -> None:

@@ -17,18 +17,21 @@ import asyncio
 import logging
 import signal
 import time
-from collections.abc import Coroutine, Mapping
+from collections.abc import Coroutine, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ix_device_plugin.allocation import AllocationError
+from ix_device_plugin.api import api_pb2
 from ix_device_plugin.backends.base import BackendError
 from ix_device_plugin.config import SETTINGS, Config, ConfigError
 from ix_device_plugin.devnodes import with_control_nodes
 from ix_device_plugin.endpoint import Endpoint, identity
 from ix_device_plugin.errors import StartupError
+from ix_device_plugin.gpureset import GpuReset, GpuResetError, ResetHandshake
 from ix_device_plugin.hardware import Hardware
-from ix_device_plugin.inventory import ChipStatus, Inventory, carry_missing
+from ix_device_plugin.inventory import Chip, ChipStatus, Inventory, carry_missing
 from ix_device_plugin.limits import device_list_problem
 from ix_device_plugin.logs import OncePerError
 from ix_device_plugin.metrics import Metrics
@@ -80,10 +83,11 @@ class HealthPolled:
 
 @dataclass(frozen=True)
 class Discovered:
-    """A rediscovery ended with an inventory, or with error."""
+    """A rediscovery ended with an inventory, or with error; `applied` is set once the loop has taken it."""
 
     inventory: Inventory | None
     error: str = ""
+    applied: asyncio.Event | None = None
 
 
 @dataclass(frozen=True)
@@ -112,7 +116,14 @@ class Daemon:
         self.metrics = metrics or Metrics()
         self.current = Current(State.of(Inventory(), Config()))
         self.hardware = Hardware(options.backend_factory, options.call_timeout)
-        self.endpoint = Endpoint(options.plugin_dir / options.endpoint, self.current, self.metrics.observe_call)
+        self.endpoint = Endpoint(
+            options.plugin_dir / options.endpoint, self.current, self.metrics.observe_call, self._before_allocate
+        )
+        self.gpu_reset = GpuReset(
+            self.hardware, self._reset_handshake, self._rediscover_now, self.metrics, options.reset
+        )
+        self._handshake: ResetHandshake | None = None
+        self._no_handshake_said = False
         self.registrar = Registrar(
             options.plugin_dir,
             options.endpoint,
@@ -265,6 +276,9 @@ class Daemon:
                     log.error("task %s did not stop in time; abandoning it", name)
         await self._bounded("stopping the plugin server", self.endpoint.stop(grace=budget * 0.1), budget * 0.3)
         self.endpoint.remove_socket()
+        await self.gpu_reset.close(timeout=budget * 0.2)
+        if self._handshake is not None:
+            await self._bounded("closing the API connection", self._handshake.kube.close(), budget * 0.05)
         if self._probes is not None:
             await self._bounded("stopping the probe server", self._probes.stop(), budget * 0.1)
         for file in self._files:
@@ -309,6 +323,8 @@ class Daemon:
                     self._health_polled(event)
                 case Discovered():
                     self._discovered_inventory(event)
+                    if event.applied is not None:
+                        event.applied.set()
                 case TelemetrySampled(samples, allocations):
                     assert self.telemetry is not None
                     self.telemetry.update(samples, self.inventory, chip_pods(self.plan, allocations))
@@ -578,6 +594,54 @@ class Daemon:
             self._first_label.set_result(value)
         self._events.put_nowait(NodeLabelChanged(value))
 
+    # ---- flags.reset_gpu ---------------------------------------------------------------------
+
+    async def _before_allocate(self, plan: Plan, request: api_pb2.AllocateRequest) -> bool:
+        """With flags.reset_gpu, reset the chips behind the request first; True when that was done."""
+        if not self.config.reset_gpu:
+            return False
+        uuids = sorted({chip.uuid for req in request.container_requests for chip in _chips(plan, req.devices_ids)})
+        try:
+            await self.gpu_reset.reset(uuids)
+        except GpuResetError as error:
+            raise AllocationError(f"GPU reset before Allocate: {error}", unavailable=True) from None
+        return True
+
+    async def _rediscover_now(self) -> Inventory:
+        """Discover again and wait until the reconcile loop serves what was found."""
+        try:
+            inventory = await self._discover()
+        except BackendError as error:
+            raise GpuResetError(f"the chips could not be discovered again after the reset: {error}") from None
+        applied = asyncio.Event()
+        self._events.put_nowait(Discovered(inventory, applied=applied))
+        await applied.wait()
+        return self.inventory
+
+    async def _reset_handshake(self) -> ResetHandshake | None:
+        """The handshake with other IXML users, when the API server is configured; None without one."""
+        if self._handshake is not None:
+            return self._handshake
+        settings = self.options.kube
+        if settings is None:
+            if not self._no_handshake_said:
+                log.warning(
+                    "flags.reset_gpu without API access (NODE_NAME and a service account or kubeconfig): "
+                    "other IXML users such as ix-exporter are not asked to let go before a reset"
+                )
+                self._no_handshake_said = True
+            return None
+        from ix_device_plugin.kube import KubeConfigError, KubeError, connect
+
+        try:
+            kube = await connect(settings)
+            handshake = ResetHandshake(kube, settings.namespace, settings.node_name)
+            await handshake.announce()
+        except (KubeConfigError, KubeError) as error:
+            raise GpuResetError(f"cannot reach the API server for the reset handshake: {error}", "refused") from None
+        self._handshake = handshake
+        return handshake
+
     # ---- start-up helpers --------------------------------------------------------------------
 
     async def _discover(self) -> Inventory:
@@ -650,6 +714,11 @@ def _read_bytes(path: Path) -> bytes | None:
             return stream.read(MAX_BYTES + 1)
     except OSError:
         return None
+
+
+def _chips(plan: Plan, device_ids: Iterable[str]) -> list[Chip]:
+    """The chips behind these device IDs (IDs the plan does not know were refused before)."""
+    return [chip for device_id in device_ids if (device := plan.by_id.get(device_id)) for chip in device.chips]
 
 
 def _chip_set(inventory: Inventory) -> frozenset[str]:

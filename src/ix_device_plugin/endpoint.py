@@ -12,7 +12,7 @@ import grpc
 from ix_device_plugin.api import api_pb2_grpc
 from ix_device_plugin.errors import StartupError
 from ix_device_plugin.registration import unix_target
-from ix_device_plugin.server import CallObserver, DevicePluginService
+from ix_device_plugin.server import BeforeAllocate, CallObserver, DevicePluginService
 from ix_device_plugin.state import Current
 
 log = logging.getLogger(__name__)
@@ -44,10 +44,17 @@ def socket_answers(path: Path) -> bool:
 class Endpoint:
     """Serves the DevicePlugin service for the Current state on one socket path."""
 
-    def __init__(self, path: Path, current: Current, observer: CallObserver | None = None) -> None:
+    def __init__(
+        self,
+        path: Path,
+        current: Current,
+        observer: CallObserver | None = None,
+        before_allocate: BeforeAllocate | None = None,
+    ) -> None:
         self.path = path
         self._current = current
         self._observer = observer
+        self._before_allocate = before_allocate
         self.service: DevicePluginService | None = None
         self._server: grpc.aio.Server | None = None
         self._identity: Identity | None = None
@@ -61,7 +68,7 @@ class Endpoint:
     async def start(self, resource_name: str) -> None:
         """Clear the way, listen on the socket and serve; raises StartupError saying why not."""
         self._clear_the_way()
-        service = DevicePluginService(self._current, self._observer)
+        service = DevicePluginService(self._current, self._observer, self._before_allocate)
         server = grpc.aio.server()
         api_pb2_grpc.add_DevicePluginServicer_to_server(service, server)
         try:

@@ -39,6 +39,7 @@ class Hardware:
         self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._running: tuple[str, float] | None = None  # (call name, started at)
+        self._running_limit = timeout
         self._turn = asyncio.Lock()
 
     @property
@@ -53,17 +54,18 @@ class Hardware:
             return None
         name, started = running
         elapsed = time.monotonic() - started
-        return (name, elapsed) if elapsed > self.timeout else None
+        return (name, elapsed) if elapsed > self._running_limit else None
 
-    async def call(self, name: str, work: Callable[[Backend], T]) -> T:
-        """work(backend) on the worker thread; raises BackendError, or BackendTimeout past the deadline."""
+    async def call(self, name: str, work: Callable[[Backend], T], timeout: float | None = None) -> T:
+        """work(backend) on the worker thread; raises BackendError, or BackendTimeout past the deadline
+        (the backend timeout, unless this call has its own)."""
 
         def job() -> T:
             if self._backend is None:
                 self._backend = self._factory()
             return work(self._backend)
 
-        return await self._run(name, job)
+        return await self._run(name, job, timeout)
 
     async def close(self, timeout: float) -> None:
         """Release the backend when the worker is free; never waits longer than timeout."""
@@ -88,10 +90,10 @@ class Hardware:
         loop = asyncio.get_running_loop()
         future: asyncio.Future[T] = loop.create_future()
         future.add_done_callback(_retrieve)  # an abandoned call's late error is not "never retrieved"
-        self._running = (name, time.monotonic())
+        limit = self.timeout if timeout is None else timeout
+        self._running, self._running_limit = (name, time.monotonic()), limit
         self._ensure_worker()
         self._jobs.put((job, loop, future))
-        limit = self.timeout if timeout is None else timeout
         try:
             async with asyncio.timeout(limit):
                 return await asyncio.shield(future)

@@ -14,6 +14,7 @@ from ix_device_plugin.inventory import HEALTH_ERROR_NAMES
 from ix_device_plugin.state import State
 
 PREFIX = "ix_device_plugin"
+_RESET_BUCKETS = (0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 _LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5, 1.0)
 
 
@@ -49,6 +50,15 @@ class Metrics:
         self.config_reloads = Counter(f"{PREFIX}_config_reloads", "Configuration changes applied", registry=r)
         self.config_reload_failures = Counter(
             f"{PREFIX}_config_reload_failures", "Configuration changes rejected as invalid", registry=r
+        )
+        self.gpu_resets = Counter(
+            f"{PREFIX}_gpu_resets", "GPU resets before Allocate (flags.reset_gpu), by result", ["result"], registry=r
+        )
+        self.gpu_reset_duration = Histogram(
+            f"{PREFIX}_gpu_reset_duration_seconds",
+            "Time from asking other IXML users to let go to the chips rediscovered",
+            buckets=_RESET_BUCKETS,
+            registry=r,
         )
         for method in ("Allocate", "GetPreferredAllocation"):
             self.calls.labels(method=method)

@@ -16,9 +16,10 @@ from pathlib import Path
 from typing import Any
 
 from ix_device_plugin import __version__
-from ix_device_plugin.backends.base import Backend
+from ix_device_plugin.backends.base import DEFAULT_IXSMI, Backend
 from ix_device_plugin.config import DEFAULT_CONFIG_PATH, SETTINGS, Config, ConfigError, load_file, resolve
 from ix_device_plugin.endpoint import ENDPOINT
+from ix_device_plugin.gpureset import ResetSettings
 from ix_device_plugin.kube import KubeConfigError, KubeSettings, settings_from
 from ix_device_plugin.probes import parse_address
 
@@ -212,6 +213,33 @@ OPTIONS: tuple[Option, ...] = (
         "deadline of one GPU library call (default: 3 health intervals, at least 10 s)",
     ),
     Option(
+        "ixsmi_path",
+        "--ixsmi-path",
+        "IX_IXSMI_PATH",
+        DEFAULT_IXSMI,
+        _text,
+        "PATH",
+        "ixsmi, which resets chips for flags.reset_gpu",
+    ),
+    Option(
+        "reset_wait_timeout",
+        "--reset-wait-timeout",
+        "IX_RESET_WAIT_TIMEOUT",
+        "60",
+        _seconds,
+        "SECONDS",
+        "flags.reset_gpu: how long to wait for other IXML users (ix-exporter) to let go, and to come back",
+    ),
+    Option(
+        "reset_timeout",
+        "--reset-timeout",
+        "IX_RESET_TIMEOUT",
+        "120",
+        _seconds,
+        "SECONDS",
+        "flags.reset_gpu: how long `ixsmi -r` may take",
+    ),
+    Option(
         "health_address",
         "--health-address",
         "IX_HEALTH_ADDRESS",
@@ -252,7 +280,8 @@ class Options:
     pod_resources_socket: Path | None = None  # None: telemetry without pod labels
     node_name: str = ""  # for metric labels: NODE_NAME, else the host name
     per_node_config: bool = False  # the node label NODE_CONFIG_LABEL picks the ConfigMap key
-    kube: KubeSettings | None = None  # how to reach the API server, when a feature needs it
+    kube: KubeSettings | None = None  # how to reach the API server, when a feature needs it or it is at hand
+    reset: ResetSettings = field(default_factory=ResetSettings)
     label_wait: float = 5.0  # at start, how long to wait for the node label before using ix-config
 
     @property
@@ -293,7 +322,7 @@ def load_config(options: Options, path: Path | None = None) -> tuple[Config, tup
 
 def not_acted_on(config: Config) -> tuple[str, ...]:
     """Warnings for settings that are accepted and checked but that this version does not act on yet."""
-    pending = {"flags.reset_gpu": config.reset_gpu, "flags.usevolcano": config.use_volcano}
+    pending = {"flags.usevolcano": config.use_volcano}
     return tuple(
         f"{key} is true, but this version does not act on it yet: it changes nothing"
         for key, on in pending.items()
@@ -404,7 +433,9 @@ def backend_factory(args: argparse.Namespace) -> Callable[[], Backend]:
     def ixml() -> Backend:
         from ix_device_plugin.backends.ixml import IxmlBackend
 
-        return IxmlBackend(args.ixml_library, dev_root=args.dev_root, sysfs_root=args.sysfs_root)
+        return IxmlBackend(
+            args.ixml_library, dev_root=args.dev_root, sysfs_root=args.sysfs_root, ixsmi_path=args.ixsmi_path
+        )
 
     return ixml
 
@@ -430,6 +461,7 @@ def options_from(args: argparse.Namespace, env: Mapping[str, str]) -> Options:
         node_name=env.get("NODE_NAME") or socket.gethostname(),
         per_node_config=args.per_node_config,
         kube=_kube_settings(args, env),
+        reset=ResetSettings(wait_timeout=args.reset_wait_timeout, command_timeout=args.reset_timeout),
     )
     check_settings(options)
     return options
@@ -439,7 +471,11 @@ def _kube_settings(args: argparse.Namespace, env: Mapping[str, str]) -> KubeSett
     """How to reach the API server, when a feature that needs it is on; raises OptionsError saying what is missing."""
     needs = [flag for flag, on in (("--per-node-config", args.per_node_config),) if on]
     if not needs:
-        return None
+        # Not required, but flags.reset_gpu (which a live config change can turn on) uses it when at hand.
+        try:
+            return settings_from(env, args.kubeconfig, "flags.reset_gpu")
+        except KubeConfigError:
+            return None
     try:
         return settings_from(env, args.kubeconfig, " and ".join(needs))
     except KubeConfigError as error:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TypeVar
 
 import grpc
@@ -21,6 +21,9 @@ log = logging.getLogger(__name__)
 # Called after each RPC with (method, seconds, error or None); metrics hook in here.
 CallObserver = Callable[[str, float, str | None], None]
 Response = TypeVar("Response")
+# Work to do before Allocate answers (a GPU reset), given the plan and the request that were checked;
+# True when it changed the state, so the answer is built again. AllocationError refuses the call.
+BeforeAllocate = Callable[[Plan, api_pb2.AllocateRequest], Awaitable[bool]]
 
 
 def list_response(plan: Plan) -> api_pb2.ListAndWatchResponse:
@@ -37,10 +40,13 @@ def list_response(plan: Plan) -> api_pb2.ListAndWatchResponse:
 class DevicePluginService(api_pb2_grpc.DevicePluginServicer):
     """Answers from the Current state at the moment of each call; streams follow its device view."""
 
-    def __init__(self, current: Current, observer: CallObserver | None = None) -> None:
+    def __init__(
+        self, current: Current, observer: CallObserver | None = None, before_allocate: BeforeAllocate | None = None
+    ) -> None:
         self._current = current
         self._closed = asyncio.Event()
         self._observer = observer
+        self._before_allocate = before_allocate
         self._message: tuple[int, api_pb2.ListAndWatchResponse] | None = None  # (view generation, message)
         self.streams = 0
 
@@ -94,8 +100,14 @@ class DevicePluginService(api_pb2_grpc.DevicePluginServicer):
         self, request: api_pb2.AllocateRequest, context: grpc.aio.ServicerContext
     ) -> api_pb2.AllocateResponse:
         """Device nodes and environment for each container; all or nothing."""
+        return await self._answer_async("Allocate", context, lambda: self._allocate(request))
+
+    async def _allocate(self, request: api_pb2.AllocateRequest) -> api_pb2.AllocateResponse:
         plan = self._current.plan
-        return await self._answer("Allocate", context, lambda: _allocate_response(plan, request))
+        response = _allocate_response(plan, request)  # a bad request is refused before anything is done
+        if self._before_allocate is not None and await self._before_allocate(plan, request):
+            response = _allocate_response(self._current.plan, request)  # the state that work left behind
+        return response
 
     async def PreStartContainer(
         self, request: api_pb2.PreStartContainerRequest, context: grpc.aio.ServicerContext
@@ -105,9 +117,19 @@ class DevicePluginService(api_pb2_grpc.DevicePluginServicer):
 
     async def _answer(self, method: str, context: grpc.aio.ServicerContext, build: Callable[[], Response]) -> Response:
         """build()'s response, timed; an AllocationError becomes a gRPC status with its message."""
+
+        async def built() -> Response:
+            return build()
+
+        return await self._answer_async(method, context, built)
+
+    async def _answer_async(
+        self, method: str, context: grpc.aio.ServicerContext, build: Callable[[], Awaitable[Response]]
+    ) -> Response:
+        """The response build() gives, timed; an AllocationError becomes a gRPC status with its message."""
         started = time.perf_counter()
         try:
-            response = build()
+            response = await build()
         except AllocationError as error:
             code = grpc.StatusCode.FAILED_PRECONDITION if error.unavailable else grpc.StatusCode.INVALID_ARGUMENT
             self._observe(method, started, code.name)

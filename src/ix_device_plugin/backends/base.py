@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Protocol
 
 from ix_device_plugin.inventory import ChipStatus, Inventory
 from ix_device_plugin.telemetry import ChipSample
+
+DEFAULT_IXSMI = "/usr/local/corex/bin/ixsmi"  # CoreX's tool; resets chips for flags.reset_gpu
 
 
 class BackendError(Exception):
@@ -30,6 +32,11 @@ class Backend(Protocol):
 
     def sample(self, inventory: Inventory) -> Mapping[str, ChipSample]:
         """Telemetry of each chip of inventory, by UUID, in one pass; a figure the hardware lacks is None."""
+        ...
+
+    def reset(self, uuids: Sequence[str], timeout: float) -> None:
+        """Reset these chips (the library is released first; the next discover opens it again);
+        raises BackendError saying why when the reset fails or takes longer than timeout seconds."""
         ...
 
     def close(self) -> None:

@@ -10,13 +10,14 @@ import ctypes.util
 import logging
 import os
 import re
+import subprocess
 import threading
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from ix_device_plugin.backends.base import BackendError
+from ix_device_plugin.backends.base import DEFAULT_IXSMI, BackendError
 from ix_device_plugin.devnodes import check_device_nodes, node_checked_status
 from ix_device_plugin.inventory import (
     Board,
@@ -292,8 +293,10 @@ class IxmlBackend:
         library_path: str | None = None,
         dev_root: str | Path = "/",
         sysfs_root: str | Path = "/sys",
+        ixsmi_path: str = DEFAULT_IXSMI,
     ) -> None:
         self._library_path = library_path
+        self._ixsmi_path = ixsmi_path
         self._dev_root = Path(dev_root)
         self._sysfs_root = Path(sysfs_root)
         self._library: _Library | None = None
@@ -393,6 +396,24 @@ class IxmlBackend:
         if self._telemetry_problems.get(call) != problem:
             self._telemetry_problems[call] = problem
             log.info("telemetry: %s; that figure is left out", problem)
+
+    def reset(self, uuids: Sequence[str], timeout: float) -> None:
+        """Shut the library down and run `ixsmi -r -i <uuids>`; BackendError with ixsmi's words on failure."""
+        self.close()
+        command = [self._ixsmi_path, "-r", "-i", ",".join(uuids)]
+        shown = " ".join(command)
+        try:
+            done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, check=False)
+        except FileNotFoundError:
+            raise BackendError(f"{self._ixsmi_path} not found: install CoreX's ixsmi or set --ixsmi-path") from None
+        except PermissionError:
+            raise BackendError(f"{self._ixsmi_path} is not executable") from None
+        except subprocess.TimeoutExpired:
+            raise BackendError(f"{shown} did not finish within {timeout:g}s") from None
+        output = " ".join((done.stdout + done.stderr).split())[-500:]
+        if done.returncode != 0:
+            raise BackendError(f"{shown} exited with code {done.returncode}: {output or 'no output'}")
+        log.info("%s: %s", shown, output or "done")
 
     def close(self) -> None:
         """Shut the library down; a later discover() starts it again."""

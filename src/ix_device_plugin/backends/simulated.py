@@ -9,7 +9,8 @@ from __future__ import annotations
 import difflib
 import re
 import uuid as uuidlib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -39,19 +40,43 @@ class SimulatedBackend:
     def __init__(self, source: str = DEFAULT_SPEC) -> None:
         self.source = source
         self._path = _as_existing_file(source)
+        self.resets: list[tuple[str, ...]] = []  # every reset asked for, in order
+        self._renamed: dict[str, str] = {}  # UUID in the file -> UUID after a reset that changed it
 
     def discover(self) -> Inventory:
         """Boards and chips as the spec or file describes them now."""
-        if self._path is None:
-            return Inventory(boards=parse_spec(self.source), driver_version="simulated")
-        return Inventory(boards=load_file(self._path), driver_version="simulated")
+        return Inventory(boards=self._boards(), driver_version="simulated")
 
     def health(self, inventory: Inventory) -> Mapping[str, ChipStatus]:
         """Chip statuses as the file says now; chips gone from the file are not present."""
         if self._path is None:
             return inventory.statuses()
-        current = {chip.uuid: chip.status for board in load_file(self._path) for chip in board.chips}
+        current = {chip.uuid: chip.status for board in self._boards() for chip in board.chips}
         return {chip.uuid: current.get(chip.uuid, ChipStatus(present=False)) for chip in inventory.chips()}
+
+    def reset(self, uuids: Sequence[str], timeout: float) -> None:
+        """A reset as the file's `reset:` mapping says: chips listed under `fail` fail it, chips under
+        `new_uuid` come back with another UUID; all others reset fine."""
+        self.resets.append(tuple(uuids))
+        behaviour = reset_behaviour(self._path) if self._path is not None else {}
+        original = {new: old for old, new in self._renamed.items()}
+        failing = [uuid for uuid in uuids if behaviour.get(original.get(uuid, uuid)) == "fail"]
+        if failing:
+            raise BackendError(f"simulated ixsmi -r -i {','.join(uuids)}: {', '.join(failing)} did not reset")
+        for uuid in uuids:
+            if behaviour.get(original.get(uuid, uuid)) == "new_uuid":
+                self._renamed[original.get(uuid, uuid)] = f"{original.get(uuid, uuid)}-reset{len(self.resets)}"
+
+    def _boards(self) -> tuple[Board, ...]:
+        boards = parse_spec(self.source) if self._path is None else load_file(self._path)
+        if not self._renamed:
+            return boards
+        return tuple(
+            replace(
+                board, chips=tuple(replace(chip, uuid=self._renamed.get(chip.uuid, chip.uuid)) for chip in board.chips)
+            )
+            for board in boards
+        )
 
     def sample(self, inventory: Inventory) -> dict[str, ChipSample]:
         """Plausible, deterministic figures for every present chip (they vary with the chip's minor)."""
@@ -151,6 +176,25 @@ def _default_board(product: str, board_index: int, first_minor: int) -> Board:
     count = PRODUCTS[product].chips_per_board
     chips = tuple(_default_chip(product, board_index, i, first_minor + i) for i in range(count))
     return Board(product=product, chips=chips)
+
+
+RESET_BEHAVIOURS = ("fail", "new_uuid")
+
+
+def reset_behaviour(path: Path) -> dict[str, str]:
+    """UUID -> `fail` or `new_uuid`, from the file's optional `reset:` mapping; BackendError when malformed."""
+    document = _read_document(path)
+    section = document.get("reset") if isinstance(document, dict) else None
+    if section is None:
+        return {}
+    if not isinstance(section, dict) or not set(section) <= set(RESET_BEHAVIOURS):
+        raise BackendError(f"simulated devices file {path}: reset: expected a mapping with fail and new_uuid lists")
+    behaviour: dict[str, str] = {}
+    for kind, uuids in section.items():
+        if not isinstance(uuids, list) or not all(isinstance(uuid, str) for uuid in uuids):
+            raise BackendError(f"simulated devices file {path}: reset.{kind}: expected a list of chip UUIDs")
+        behaviour.update(dict.fromkeys(uuids, kind))
+    return behaviour
 
 
 def load_file(path: Path) -> tuple[Board, ...]:

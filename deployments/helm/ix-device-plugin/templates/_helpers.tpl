@@ -18,5 +18,5 @@ app.kubernetes.io/name: {{ include "ix-device-plugin.name" . }}
 
 {{/* Non-empty when an enabled feature needs the API server. */}}
 {{- define "ix-device-plugin.needsApi" -}}
-{{- if .Values.features.perNodeConfig }}true{{ end -}}
+{{- if or .Values.features.perNodeConfig .Values.features.gpuReset }}true{{ end -}}
 {{- end }}
