@@ -190,7 +190,11 @@ def dra_command(args: argparse.Namespace, options: Options, env: dict[str, str])
         if args.command == "list":  # no API server needed: a placeholder node when none is named
             node = args.node_name or options.node_name
             dra = DraOptions(
-                options, node, None, Path(args.kubelet_registrar_directory_path), Path(args.kubelet_plugins_directory_path)
+                options,
+                node,
+                None,
+                Path(args.kubelet_registrar_directory_path),
+                Path(args.kubelet_plugins_directory_path),
             )
         else:
             dra = dra_options_from(args, env, options)
