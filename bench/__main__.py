@@ -12,7 +12,19 @@ from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from bench import footprint, health, hostile, kubeclient, latency, listwatch, machine, reregistration, startup, stops
+from bench import (
+    dra,
+    footprint,
+    health,
+    hostile,
+    kubeclient,
+    latency,
+    listwatch,
+    machine,
+    reregistration,
+    startup,
+    stops,
+)
 from bench.report import table, targets
 from bench.settings import FULL, SMOKE, Settings
 
@@ -42,6 +54,7 @@ RUNNERS: dict[str, Runner] = {
     "stops": _single("stops", stops.run),
     "hostile": _single("hostile", hostile.run),
     "kubeclient": _single("kubeclient", kubeclient.run),
+    "dra": _single("dra", dra.run),
 }
 
 

@@ -115,6 +115,16 @@ def _hostile() -> Iterator[Figure]:
     yield Figure("hostile", "largest peak memory while refusing", ("worst_peak_kib",), "KiB", 64 * 1024)
 
 
+def _dra() -> Iterator[Figure]:
+    yield Figure("dra", "start -> registration served, median", ("to_registration", "median_ms"), "ms", 1000)
+    yield Figure("dra", "start -> ResourceSlice published, median", ("to_slice", "median_ms"), "ms")
+    yield Figure("dra", "NodePrepareResources p50", ("prepare", "p50_ms"), "ms")
+    yield Figure("dra", "NodePrepareResources p99", ("prepare", "p99_ms"), "ms", 50)
+    yield Figure("dra", "NodeUnprepareResources p99", ("unprepare", "p99_ms"), "ms")
+    yield Figure("dra", "RSS after start", ("rss_start_mib",), "MiB")
+    yield Figure("dra", "RSS after the prepares", ("rss_after_prepares_mib",), "MiB")
+
+
 def figures(sections: Mapping[str, Any]) -> list[Figure]:
     """Every figure of the sections present."""
     groups: dict[str, Any] = {
@@ -128,6 +138,7 @@ def figures(sections: Mapping[str, Any]) -> list[Figure]:
         "stops": _stops,
         "hostile": _hostile,
         "kubeclient": lambda: _kubeclient(sections),
+        "dra": _dra,
     }
     return [figure for name, group in groups.items() if name in sections for figure in group()]
 

@@ -20,6 +20,7 @@ SECTIONS = (
     "stops",
     "hostile",
     "kubeclient",
+    "dra",
 )
 
 
