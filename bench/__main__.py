@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import (
+    dra,
     footprint,
     health,
     hostile,
@@ -55,6 +56,7 @@ RUNNERS: dict[str, Runner] = {
     "hostile": _single("hostile", hostile.run),
     "kubeclient": _single("kubeclient", kubeclient.run),
     "node_agent": _single("node_agent", node_agent.run),
+    "dra": _single("dra", dra.run),
 }
 
 

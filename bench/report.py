@@ -126,6 +126,16 @@ def _node_agent() -> Iterator[Figure]:
     yield Figure("node_agent", "rendering the 32-chip exposition", ("pass", "render_ms"), "ms")
 
 
+def _dra() -> Iterator[Figure]:
+    yield Figure("dra", "start -> registration served, median", ("to_registration", "median_ms"), "ms", 1000)
+    yield Figure("dra", "start -> ResourceSlice published, median", ("to_slice", "median_ms"), "ms")
+    yield Figure("dra", "NodePrepareResources p50", ("prepare", "p50_ms"), "ms")
+    yield Figure("dra", "NodePrepareResources p99", ("prepare", "p99_ms"), "ms", 50)
+    yield Figure("dra", "NodeUnprepareResources p99", ("unprepare", "p99_ms"), "ms")
+    yield Figure("dra", "RSS after start", ("rss_start_mib",), "MiB")
+    yield Figure("dra", "RSS after the prepares", ("rss_after_prepares_mib",), "MiB")
+
+
 def figures(sections: Mapping[str, Any]) -> list[Figure]:
     """Every figure of the sections present."""
     groups: dict[str, Any] = {
@@ -140,6 +150,7 @@ def figures(sections: Mapping[str, Any]) -> list[Figure]:
         "hostile": _hostile,
         "kubeclient": lambda: _kubeclient(sections),
         "node_agent": _node_agent,
+        "dra": _dra,
     }
     return [figure for name, group in groups.items() if name in sections for figure in group()]
 

@@ -32,6 +32,10 @@ CHART_DIR = ROOT / "deployments" / "helm" / "ix-device-plugin"
 STATIC_DIR = ROOT / "deployments" / "static"
 # The static files that `helm template` with default values must reproduce (the pod is an example).
 STATIC_FILES = ("ix-config.yaml", "ix-device-plugin.yaml")
+# The static files the chart must reproduce in DRA mode (dra.enabled, devicePlugin off), with their values.
+DRA_STATIC_FILES = ("ix-dra-driver.yaml",)
+DRA_VALUES: dict[str, Any] = {"dra": {"enabled": True}, "devicePlugin": {"enabled": False}}
+EXAMPLE_FILES = ("corex-example.yaml", "dra-examples.yaml")
 DEFAULT_NAMESPACE = "kube-system"
 DEFAULT_RELEASE = "ix-device-plugin"
 
@@ -464,9 +468,14 @@ def keyed(objects: list[dict[str, Any]]) -> dict[tuple[str, str, str], dict[str,
     return result
 
 
-def static_objects(static_dir: Path = STATIC_DIR) -> list[dict[str, Any]]:
-    """The objects of the static files that the chart reproduces."""
-    return [obj for name in STATIC_FILES for obj in load_objects((static_dir / name).read_text())]
+def static_objects(static_dir: Path = STATIC_DIR, names: tuple[str, ...] = STATIC_FILES) -> list[dict[str, Any]]:
+    """The objects of the static files that the chart reproduces (with default values, or DRA_VALUES)."""
+    return [obj for name in names for obj in load_objects((static_dir / name).read_text())]
+
+
+def dra_objects(static_dir: Path = STATIC_DIR) -> list[dict[str, Any]]:
+    """The objects of the DRA static file, which the chart renders with DRA_VALUES."""
+    return static_objects(static_dir, DRA_STATIC_FILES)
 
 
 def differences(rendered: list[dict[str, Any]], static: list[dict[str, Any]]) -> list[str]:
@@ -502,6 +511,8 @@ def helm_render(chart_dir: Path = CHART_DIR, namespace: str = DEFAULT_NAMESPACE)
 def _check() -> int:
     static = static_objects()
     problems = differences(load_objects(render_chart()), static)
+    dra = [f"dra: {line}" for line in differences(load_objects(render_chart(overrides=DRA_VALUES)), dra_objects())]
+    problems += dra
     helm_text = helm_render()
     if helm_text is not None:
         problems += [f"helm: {line}" for line in differences(load_objects(helm_text), static)]

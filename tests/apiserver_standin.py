@@ -225,6 +225,7 @@ class ApiServerStandIn:
         self.history_limit = history
         self.unavailable = False
         self.delay = 0.0  # seconds every answer waits
+        self.device_taints = True  # False: ResourceSlice device taints are dropped on write (DRADeviceTaints off)
         self.requests: list[Recorded] = []
         self._objects: dict[tuple[str, str, str], Object] = {}  # (plural, namespace or "", name) -> object
         self._history: list[Change] = []
@@ -524,7 +525,7 @@ class ApiServerStandIn:
             )
         for server_field in ("resourceVersion", "uid", "creationTimestamp"):
             metadata.pop(server_field, None)
-        return self._store(kind, obj, "ADDED")
+        return self._store(kind, self._admitted(kind, obj), "ADDED")
 
     def _replace(self, kind: Kind, namespace: str, name: str, body: Any) -> Object:
         current = self._read(kind, namespace, name)
@@ -550,7 +551,14 @@ class ApiServerStandIn:
         metadata["creationTimestamp"] = current["metadata"]["creationTimestamp"]
         if kind.namespaced:
             metadata["namespace"] = namespace
-        return self._store(kind, obj, "MODIFIED")
+        return self._store(kind, self._admitted(kind, obj), "MODIFIED")
+
+    def _admitted(self, kind: Kind, obj: Object) -> Object:
+        """obj as the API server keeps it: without device taints when they are off."""
+        if kind.plural == "resourceslices" and not self.device_taints:
+            for device in (obj.get("spec") or {}).get("devices") or []:
+                device.pop("taints", None)
+        return obj
 
     def _patch(self, kind: Kind, namespace: str, name: str, body: Any, content_type: str) -> Object:
         current = self._read(kind, namespace, name)

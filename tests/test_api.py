@@ -10,7 +10,7 @@ from ix_device_plugin.api.generate import API_DIR, generate
 
 def test_generated_modules_are_current(tmp_path: Path) -> None:
     pairs = generate(tmp_path)
-    assert len(pairs) == 6  # device plugin and pod-resources, three modules each
+    assert len(pairs) == 15  # device plugin, pod-resources, DRA v1 and v1beta1, registration: three modules each
     for produced, committed in pairs:
         assert committed.read_text() == produced.read_text(), (
             f"{committed.relative_to(API_DIR)} is stale: run python -m ix_device_plugin.api.generate"
@@ -67,3 +67,34 @@ def test_wire_contract() -> None:
     assert fields(api_pb2.Mount) == {"container_path": 1, "host_path": 2, "read_only": 3}
     method = api_pb2.DESCRIPTOR.services_by_name["DevicePlugin"].methods_by_name["ListAndWatch"]
     assert method.server_streaming and not method.client_streaming
+
+
+UPSTREAM = Path(__file__).resolve().parents[2] / "shared" / "kubelet-apis"
+
+
+def test_the_dra_and_registration_protos_are_the_upstream_ones() -> None:
+    copies = {"dra/v1": "dra_v1", "dra/v1beta1": "dra_v1beta1", "pluginregistration/v1": "pluginregistration"}
+    for upstream, ours in copies.items():
+        if (UPSTREAM / upstream / "api.proto").exists():
+            assert (API_DIR / ours / "api.proto").read_text() == (UPSTREAM / upstream / "api.proto").read_text()
+    from ix_device_plugin.api.dra_v1 import api_pb2 as dra_v1
+    from ix_device_plugin.api.dra_v1beta1 import api_pb2 as dra_v1beta1
+    from ix_device_plugin.api.pluginregistration import api_pb2 as registration
+
+    assert dra_v1.DESCRIPTOR.package == "k8s.io.kubelet.pkg.apis.dra.v1"
+    assert dra_v1beta1.DESCRIPTOR.package == "k8s.io.kubelet.pkg.apis.dra.v1beta1"
+    for module in (dra_v1, dra_v1beta1):
+        service = module.DESCRIPTOR.services_by_name["DRAPlugin"]
+        assert [m.name for m in service.methods] == ["NodePrepareResources", "NodeUnprepareResources"]
+        assert fields(module.Claim) == {"namespace": 1, "uid": 2, "name": 3}
+    assert fields(dra_v1.Device) == {
+        "request_names": 1,
+        "pool_name": 2,
+        "device_name": 3,
+        "cdi_device_ids": 4,
+        "share_id": 5,
+    }
+    assert registration.DESCRIPTOR.package == "pluginregistration"
+    service = registration.DESCRIPTOR.services_by_name["Registration"]
+    assert [m.name for m in service.methods] == ["GetInfo", "NotifyRegistrationStatus"]
+    assert fields(registration.PluginInfo) == {"type": 1, "name": 2, "endpoint": 3, "supported_versions": 4}

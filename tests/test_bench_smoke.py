@@ -21,6 +21,7 @@ SECTIONS = (
     "hostile",
     "kubeclient",
     "node_agent",
+    "dra",
 )
 
 

@@ -44,7 +44,8 @@ METRICS_ON = {"metrics": {"enabled": True, "serviceMonitor": {"enabled": True}}}
 
 
 def static() -> list[dict[str, Any]]:
-    return [obj for path in sorted(STATIC_DIR.glob("*.yaml")) for obj in load_file(path)]
+    dra = {*render.DRA_STATIC_FILES, "dra-examples.yaml"}  # checked by tests/test_dra_manifests.py
+    return [obj for path in sorted(STATIC_DIR.glob("*.yaml")) if path.name not in dra for obj in load_file(path)]
 
 
 def rendered(overrides: dict[str, Any] | None = None) -> list[dict[str, Any]]:
@@ -272,7 +273,7 @@ def test_the_chart_with_default_values_renders_the_static_manifests() -> None:
 
 def test_the_static_files_reproduced_by_the_chart_are_all_there_is_besides_the_example() -> None:
     names = {path.name for path in STATIC_DIR.glob("*.yaml")}
-    assert names == {*render.STATIC_FILES, "corex-example.yaml"}
+    assert names == {*render.STATIC_FILES, *render.DRA_STATIC_FILES, *render.EXAMPLE_FILES}
 
 
 def test_metrics_add_a_service_and_a_service_monitor_that_find_the_plugin() -> None:

@@ -21,6 +21,7 @@ from ix_device_plugin.inventory import Inventory
 from ix_device_plugin.logs import setup as setup_logging
 from ix_device_plugin.options import (
     NODE_CONFIG_LABEL,
+    DraOptions,
     Options,
     OptionsError,
     config_file_for,
@@ -55,6 +56,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         return run_demo(args, env)
     assert options is not None
+    if args.command == "dra" or (args.command == "list" and args.dra):
+        return dra_command(args, options, env)
     if args.command == "list":
         return list_command(args, options)
     if args.command == "cdi":
@@ -206,3 +209,68 @@ def _node_label_once(options: Options) -> str | None:
     except (KubeConfigError, KubeError) as error:
         print(f"warning: cannot read node label {NODE_CONFIG_LABEL}: {error}", file=sys.stderr)
         return None
+
+
+def dra_command(args: argparse.Namespace, options: Options, env: dict[str, str]) -> int:
+    """`dra` (run the DRA kubelet plugin) and `list --dra`; bad DRA options exit 2."""
+    from ix_device_plugin.options import dra_options_from
+
+    try:
+        if args.command == "list":  # no API server needed: a placeholder node when none is named
+            node = args.node_name or options.node_name
+            dra = DraOptions(
+                options,
+                node,
+                None,
+                Path(args.kubelet_registrar_directory_path),
+                Path(args.kubelet_plugins_directory_path),
+            )
+        else:
+            dra = dra_options_from(args, env, options)
+    except OptionsError as error:
+        for message in error.messages:
+            print(f"ix-device-plugin {args.command}: error: {message}", file=sys.stderr)
+        return USAGE_ERROR
+    if args.command == "list":
+        return dra_list_command(args, dra)
+    from ix_device_plugin.dra import run_dra
+
+    log.info("ix-device-plugin %s starting in DRA mode (driver gpu.iluvatar.com, node %s)", __version__, dra.node_name)
+    return run_dra(dra, run_until_done)
+
+
+def dra_list_command(args: argparse.Namespace, options: DraOptions) -> int:
+    """Print the devices the node's ResourceSlice would hold and the prepared claims of the checkpoint."""
+    from ix_device_plugin.dra import pcie_roots, read_checkpoint
+    from ix_device_plugin.dra_claims import CheckpointError
+    from ix_device_plugin.dra_slices import slice_content, slice_devices, slice_name
+
+    try:
+        inventory = discover_once(options.base)
+        claims = read_checkpoint(options)
+    except (BackendError, CheckpointError) as error:
+        return _print_error(args, error)
+    content = slice_content(inventory)
+    report = {
+        "resourceSlice": slice_name(options.node_name),
+        "devices": slice_devices(content, pcie_roots(inventory, options.base.sysfs_root), taints=True),
+        "warnings": list(content.warnings),
+        "preparedClaims": {
+            uid: {"claim": f"{c.ref.namespace}/{c.ref.name}", "devices": [d.device for d in c.devices]}
+            for uid, c in claims.items()
+        },
+    }
+    if args.output == "json":
+        print(json.dumps(report, indent=2))
+        return 0
+    print(f"ResourceSlice {report['resourceSlice']} (driver gpu.iluvatar.com, pool {options.node_name}):")
+    for device in report["devices"]:
+        attributes = device["attributes"]
+        taint = " UNHEALTHY (tainted)" if device.get("taints") else ""
+        print(f"  {device['name']}: {attributes['uuid']['string']} board {attributes['boardUUID']['string']}{taint}")
+    for warning in content.warnings:
+        print(f"  warning: {warning}")
+    print(f"Prepared claims ({len(claims)}):")
+    for uid, claim in sorted(claims.items()):
+        print(f"  {claim.ref.namespace}/{claim.ref.name} ({uid}): {', '.join(d.device for d in claim.devices)}")
+    return 0

@@ -25,7 +25,9 @@ from ix_device_plugin.probes import parse_address
 
 DEFAULT_PLUGIN_DIR = "/var/lib/kubelet/device-plugins"
 NODE_CONFIG_LABEL = "iluvatar.com/device-plugin.config"
-COMMANDS = ("run", "list", "demo", "check-config", "cdi")
+COMMANDS = ("run", "list", "demo", "check-config", "cdi", "dra")
+DEFAULT_REGISTRAR_DIR = "/var/lib/kubelet/plugins_registry"
+DEFAULT_KUBELET_PLUGINS_DIR = "/var/lib/kubelet/plugins"
 MIN_INTERVAL, MAX_INTERVAL = 0.1, 3600.0
 LOG_LEVELS = ("debug", "info", "warning", "error")
 
@@ -251,6 +253,28 @@ OPTIONS: tuple[Option, ...] = (
     Option("log_level", "--log-level", "IX_LOG_LEVEL", "info", _choice(*LOG_LEVELS), "|".join(LOG_LEVELS), "log level"),
     Option("log_format", "--log-format", "IX_LOG_FORMAT", "text", _choice("text", "json"), "text|json", "log format"),
 )
+# Options of the DRA mode (`dra`, `list --dra`) only.
+DRA_OPTIONS: tuple[Option, ...] = (
+    Option("node_name", "--node-name", "NODE_NAME", None, _text, "NAME", "the node this driver runs on (required)"),
+    Option(
+        "kubelet_registrar_directory_path",
+        "--kubelet-registrar-directory-path",
+        "KUBELET_REGISTRAR_DIRECTORY_PATH",
+        DEFAULT_REGISTRAR_DIR,
+        _text,
+        "DIR",
+        "the kubelet's plugin watcher directory, where the registration socket goes",
+    ),
+    Option(
+        "kubelet_plugins_directory_path",
+        "--kubelet-plugins-directory-path",
+        "KUBELET_PLUGINS_DIRECTORY_PATH",
+        DEFAULT_KUBELET_PLUGINS_DIR,
+        _text,
+        "DIR",
+        "the kubelet's plugins directory, where the DRA socket and the checkpoint go",
+    ),
+)
 OPTIONS_BY_DEST = {option.dest: option for option in OPTIONS}
 
 
@@ -338,8 +362,12 @@ def check_settings(options: Options) -> None:
         raise OptionsError(error.messages) from None
 
 
-def _add_daemon_flags(parser: argparse.ArgumentParser, options: Sequence[Option]) -> None:
-    group = parser.add_argument_group("node and daemon (flag > environment variable > default)")
+def _add_daemon_flags(
+    parser: argparse.ArgumentParser,
+    options: Sequence[Option],
+    title: str = "node and daemon (flag > environment variable > default)",
+) -> None:
+    group = parser.add_argument_group(title)
     for option in options:
         default = f"; default {option.default}" if option.default else ""
         help_text = f"{option.help} (env {option.env}{default})"
@@ -387,6 +415,10 @@ def build_parser() -> argparse.ArgumentParser:
         "generate", parents=[common], help="print (or write) the CDI spec for this node's chips, without the daemon"
     )
     generate.add_argument("--output", metavar="PATH", help="write the spec here (atomically) instead of printing it")
+    lister.add_argument("--dra", action="store_true", help="show the DRA ResourceSlice devices and prepared claims")
+    _add_daemon_flags(lister, DRA_OPTIONS, "DRA mode (flag > environment variable > default)")
+    dra = sub.add_parser("dra", parents=[common], help="run the DRA kubelet plugin for driver gpu.iluvatar.com")
+    _add_daemon_flags(dra, DRA_OPTIONS, "DRA mode (flag > environment variable > default)")
     check = sub.add_parser("check-config", help="validate a config file; exit 0 when valid, 1 otherwise")
     check.add_argument("path", metavar="PATH")
     return parser
@@ -404,7 +436,7 @@ def resolve_options(args: argparse.Namespace, env: Mapping[str, str]) -> argpars
     """args with every daemon option parsed from its flag, variable or default; raises OptionsError."""
     values = dict(vars(args))
     errors: list[str] = []
-    for option in OPTIONS:
+    for option in (*OPTIONS, *DRA_OPTIONS):
         if option.dest not in values:
             continue  # a command that does not take it
         raw, source = values[option.dest], f"flag {option.flag}"
@@ -480,3 +512,41 @@ def _kube_settings(args: argparse.Namespace, env: Mapping[str, str]) -> KubeSett
         return settings_from(env, args.kubeconfig, " and ".join(needs))
     except KubeConfigError as error:
         raise OptionsError([str(error)]) from None
+
+
+@dataclass(frozen=True)
+class DraOptions:
+    """What the DRA mode needs, already validated: the daemon's options plus the kubelet's directories."""
+
+    base: Options
+    node_name: str
+    kube: KubeSettings | None  # None only for `list --dra`, which needs no API server
+    registrar_dir: Path = Path(DEFAULT_REGISTRAR_DIR)
+    plugins_dir: Path = Path(DEFAULT_KUBELET_PLUGINS_DIR)
+    claim_read_timeout: float = 10.0  # how long one NodePrepareResources retries reading a claim
+
+    @property
+    def cdi_spec_dir(self) -> Path:
+        """Where claim CDI specs go (the daemon's --cdi-spec-dir; `off` is refused for DRA)."""
+        assert self.base.cdi_spec_dir is not None
+        return self.base.cdi_spec_dir
+
+
+def dra_options_from(args: argparse.Namespace, env: Mapping[str, str], base: Options) -> DraOptions:
+    """DRA options from resolved arguments; raises OptionsError naming what is missing or wrong."""
+    node = args.node_name
+    if not node:
+        raise OptionsError(["dra needs the node name: give --node-name or NODE_NAME (downward API spec.nodeName)"])
+    if base.cdi_spec_dir is None:
+        raise OptionsError(["dra writes a CDI spec per claim: --cdi-spec-dir (IX_CDI_SPEC_DIR) must not be off"])
+    try:
+        kube = settings_from({**env, "NODE_NAME": node}, args.kubeconfig, "dra")
+    except KubeConfigError as error:
+        raise OptionsError([str(error)]) from None
+    return DraOptions(
+        base=base,
+        node_name=node,
+        kube=kube,
+        registrar_dir=Path(args.kubelet_registrar_directory_path),
+        plugins_dir=Path(args.kubelet_plugins_directory_path),
+    )

@@ -1,6 +1,8 @@
 """Regenerate the committed Python modules of the kubelet APIs from their upstream protos.
 
-api.proto: the device plugin API v1beta1; podresources/api.proto: the pod-resources API v1.
+api.proto: the device plugin API v1beta1; podresources/api.proto: the pod-resources API v1;
+dra_v1/api.proto and dra_v1beta1/api.proto: the DRA kubelet plugin API; pluginregistration/api.proto: the
+plugin watcher's registration API v1.
 """
 
 from __future__ import annotations
@@ -11,7 +13,13 @@ from pathlib import Path
 
 API_DIR = Path(__file__).resolve().parent
 SRC_ROOT = API_DIR.parent.parent
-PROTOS = (API_DIR / "api.proto", API_DIR / "podresources" / "api.proto")
+PROTOS = (
+    API_DIR / "api.proto",
+    API_DIR / "podresources" / "api.proto",
+    API_DIR / "dra_v1" / "api.proto",
+    API_DIR / "dra_v1beta1" / "api.proto",
+    API_DIR / "pluginregistration" / "api.proto",
+)
 GENERATED = ("api_pb2.py", "api_pb2_grpc.py", "api_pb2.pyi")
 
 

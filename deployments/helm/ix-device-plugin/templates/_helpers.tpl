@@ -20,3 +20,8 @@ app.kubernetes.io/name: {{ include "ix-device-plugin.name" . }}
 {{- define "ix-device-plugin.needsApi" -}}
 {{- if or .Values.features.perNodeConfig .Values.features.gpuReset }}true{{ end -}}
 {{- end }}
+
+{{/* The DRA driver's DaemonSet, ServiceAccount and RBAC name, and its selector label (apart from the plugin's). */}}
+{{- define "ix-device-plugin.draName" -}}
+iluvatar-dra-driver
+{{- end -}}

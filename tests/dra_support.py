@@ -1,0 +1,124 @@
+"""Helpers for the DRA tests: a node (simulated chips in a file, kubelet directories), its driver and claims."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import yaml
+from apiserver_standin import ApiServerStandIn
+
+from ix_device_plugin.backends.simulated import SimulatedBackend
+from ix_device_plugin.dra import DraDriver, registration_socket
+from ix_device_plugin.dra_kubelet_standin import DraKubeletStandIn
+from ix_device_plugin.dra_slices import DRIVER, slice_name
+from ix_device_plugin.kube import settings_from
+from ix_device_plugin.options import DraOptions, Options
+
+NODE = "node-a"
+TWO_BOARDS: list[dict[str, Any]] = [{"product": "BI-V150"}, {"product": "BI-V150"}]
+
+
+class DraNode:
+    """A node with simulated chips described by a file the test edits (hot-plug, health)."""
+
+    def __init__(self, root: Path, api: ApiServerStandIn, node: str = NODE) -> None:
+        self.root = root
+        self.api = api
+        self.node = node
+        self.devices_file = root / "devices.yaml"
+        self.write_boards(TWO_BOARDS)
+        self.cdi_dir = root / "cdi"
+        self.kubeconfig = api.write_kubeconfig(root / "kubeconfig")
+        self.drivers: list[DraDriver] = []
+
+    def write_boards(self, boards: Sequence[dict[str, Any]]) -> None:
+        """Describe the node's boards (the simulated backend reads the file on every discovery and poll)."""
+        self.devices_file.write_text(yaml.safe_dump({"boards": list(boards)}))
+
+    def options(self, **base: Any) -> DraOptions:
+        """DraOptions for this node, with short intervals."""
+        options = Options(
+            backend_factory=lambda: SimulatedBackend(str(self.devices_file)),
+            dev_root=self.root,
+            sysfs_root=self.root / "sys",
+            cdi_spec_dir=self.cdi_dir,
+            health_interval=0.05,
+            rediscover_interval=0.2,
+            stop_timeout=0.5,
+        )
+        kube = replace(settings_from({"NODE_NAME": self.node}, str(self.kubeconfig), "test"), timeout=1.0)
+        return DraOptions(
+            base=replace(options, **base),
+            node_name=self.node,
+            kube=kube,
+            registrar_dir=self.root / "plugins_registry",
+            plugins_dir=self.root / "plugins",
+            claim_read_timeout=1.5,
+        )
+
+    async def start(self, **base: Any) -> DraDriver:
+        """A started driver; stopped by stop_all."""
+        driver = DraDriver(self.options(**base))
+        await driver.start()
+        self.drivers.append(driver)
+        return driver
+
+    async def stop(self, driver: DraDriver) -> None:
+        """Stop one driver (a plugin restart)."""
+        await driver.shutdown()
+        self.drivers.remove(driver)
+
+    async def stop_all(self) -> None:
+        """Stop every driver still running."""
+        for driver in list(self.drivers):
+            await self.stop(driver)
+
+    async def kubelet(self, driver: DraDriver, **kwargs: Any) -> DraKubeletStandIn:
+        """A kubelet stand-in registered with driver."""
+        kubelet = DraKubeletStandIn(DRIVER, **kwargs)
+        await kubelet.register(registration_socket(driver.options))
+        return kubelet
+
+    def slice(self) -> dict[str, Any] | None:
+        """The node's ResourceSlice as the API server stores it."""
+        return self.api.get("resourceslices", slice_name(self.node))
+
+    def slice_devices(self) -> dict[str, dict[str, Any]]:
+        """The slice's devices by name ({} without a slice)."""
+        stored = self.slice()
+        return {} if stored is None else {d["name"]: d for d in stored["spec"]["devices"]}
+
+    async def wait_slice(self, predicate: Callable[[dict[str, dict[str, Any]]], bool], timeout: float = 5.0) -> None:
+        """Wait until the stored slice's devices satisfy predicate."""
+        async with asyncio.timeout(timeout):
+            while not predicate(self.slice_devices()):
+                await asyncio.sleep(0.02)
+
+    def claim(
+        self,
+        name: str,
+        devices: Sequence[str],
+        namespace: str = "default",
+        driver: str = DRIVER,
+        pool: str | None = None,
+        request: str = "gpu",
+    ) -> tuple[str, str, str]:
+        """Store an allocated ResourceClaim, as the scheduler leaves it; (namespace, name, uid)."""
+        uid = str(uuid.uuid4())
+        results = [{"request": request, "driver": driver, "pool": pool or self.node, "device": d} for d in devices]
+        self.api.put(
+            "resourceclaims",
+            {
+                "apiVersion": "resource.k8s.io/v1",
+                "kind": "ResourceClaim",
+                "metadata": {"name": name, "namespace": namespace, "uid": uid},
+                "spec": {"devices": {"requests": [{"name": request, "exactly": {"deviceClassName": DRIVER}}]}},
+                "status": {"allocation": {"devices": {"results": results}}},
+            },
+        )
+        return namespace, name, uid
