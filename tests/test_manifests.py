@@ -398,13 +398,23 @@ def test_per_node_config_adds_a_service_account_and_only_node_reads() -> None:
     assert not by_kind(objects, "Role")
 
 
+def test_volcano_adds_pod_reads_and_patches_and_its_configmap() -> None:
+    objects = rendered({"features": {"volcano": True}})
+    (cluster_role,) = by_kind(objects, "ClusterRole")
+    assert cluster_role["rules"] == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "patch"]}]
+    (role,) = by_kind(objects, "Role")
+    assert role["rules"][0]["resources"] == ["configmaps"]
+
+
 def test_gpu_reset_adds_only_configmap_access_in_the_plugins_namespace() -> None:
     objects = rendered({"features": {"gpuReset": True}})
     assert pod_spec(daemonset(objects))["serviceAccountName"] == "iluvatar-device-plugin"
     assert not by_kind(objects, "ClusterRole")
     (role,) = by_kind(objects, "Role")
     assert role["metadata"]["namespace"] == "kube-system"
-    assert role["rules"] == [{"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get", "create", "update"]}]
+    assert role["rules"] == [
+        {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get", "create", "update", "patch"]}
+    ]
     (binding,) = by_kind(objects, "RoleBinding")
     assert binding["roleRef"]["name"] == role["metadata"]["name"]
 

@@ -43,8 +43,10 @@ from ix_device_plugin.podresources import PodResourcesClient, PodResourcesError
 from ix_device_plugin.probes import ProbeHandlers, ProbeServer, parse_address
 from ix_device_plugin.registrar import Registrar
 from ix_device_plugin.registration import KUBELET_SOCKET
-from ix_device_plugin.state import Current, State
+from ix_device_plugin.state import Current, State, first_set
 from ix_device_plugin.telemetry import ChipSample, PodRef, TelemetryCollector, chip_pods
+from ix_device_plugin.volcano import LIST_PERIOD as VOLCANO_PERIOD
+from ix_device_plugin.volcano import VolcanoMode
 from ix_device_plugin.watch import Watcher
 from ix_device_plugin.yamlsafe import MAX_BYTES
 
@@ -123,6 +125,9 @@ class Daemon:
             self.hardware, self._reset_handshake, self._rediscover_now, self.metrics, options.reset
         )
         self._handshake: ResetHandshake | None = None
+        self._volcano: VolcanoMode | None = None
+        self._volcano_soon = asyncio.Event()
+        self._volcano_pod_errors = OncePerError(log, logging.WARNING)
         self._no_handshake_said = False
         self.registrar = Registrar(
             options.plugin_dir,
@@ -250,6 +255,8 @@ class Daemon:
         self._spawn("discovery", self._rediscover())
         if self.telemetry is not None:
             self._spawn("telemetry", self._sample_telemetry())
+        if self.options.kube is not None:
+            self._spawn("volcano", self._run_volcano())
 
     def stop(self) -> None:
         """Ask the daemon to stop (safe to call from a signal handler)."""
@@ -277,8 +284,8 @@ class Daemon:
         await self._bounded("stopping the plugin server", self.endpoint.stop(grace=budget * 0.1), budget * 0.3)
         self.endpoint.remove_socket()
         await self.gpu_reset.close(timeout=budget * 0.2)
-        if self._handshake is not None:
-            await self._bounded("closing the API connection", self._handshake.kube.close(), budget * 0.05)
+        for kube in {id(k): k for k in self._api_connections()}.values():
+            await self._bounded("closing the API connection", kube.close(), budget * 0.05)
         if self._probes is not None:
             await self._bounded("stopping the probe server", self._probes.stop(), budget * 0.1)
         for file in self._files:
@@ -289,6 +296,9 @@ class Daemon:
         if self._pod_resources is not None:
             await self._bounded("closing the pod-resources channel", self._pod_resources.close(), budget * 0.05)
         await self.hardware.close(timeout=budget * 0.1)
+
+    def _api_connections(self) -> list[Kube]:
+        return [part.kube for part in (self._handshake, self._volcano) if part is not None]
 
     async def _bounded(self, what: str, work: Coroutine[Any, Any, None], timeout: float) -> None:
         try:
@@ -596,16 +606,22 @@ class Daemon:
 
     # ---- flags.reset_gpu ---------------------------------------------------------------------
 
-    async def _before_allocate(self, plan: Plan, request: api_pb2.AllocateRequest) -> bool:
-        """With flags.reset_gpu, reset the chips behind the request first; True when that was done."""
-        if not self.config.reset_gpu:
-            return False
-        uuids = sorted({chip.uuid for req in request.container_requests for chip in _chips(plan, req.devices_ids)})
-        try:
-            await self.gpu_reset.reset(uuids)
-        except GpuResetError as error:
-            raise AllocationError(f"GPU reset before Allocate: {error}", unavailable=True) from None
-        return True
+    async def _before_allocate(self, plan: Plan, request: api_pb2.AllocateRequest) -> api_pb2.AllocateRequest | None:
+        """With flags.usevolcano, the devices Volcano chose; with flags.reset_gpu, reset their chips first.
+        The request to answer, or None when neither is on."""
+        config = self.config
+        if not config.use_volcano and not config.reset_gpu:
+            return None
+        if config.use_volcano:
+            request = await self._volcano_request(request)
+        if config.reset_gpu:
+            current = self.current.plan
+            chips = {chip.uuid for req in request.container_requests for chip in _chips(current, req.devices_ids)}
+            try:
+                await self.gpu_reset.reset(sorted(chips))
+            except GpuResetError as error:
+                raise AllocationError(f"GPU reset before Allocate: {error}", unavailable=True) from None
+        return request
 
     async def _rediscover_now(self) -> Inventory:
         """Discover again and wait until the reconcile loop serves what was found."""
@@ -641,6 +657,74 @@ class Daemon:
             raise GpuResetError(f"cannot reach the API server for the reset handshake: {error}", "refused") from None
         self._handshake = handshake
         return handshake
+
+    # ---- flags.usevolcano ---------------------------------------------------------------------
+
+    async def _volcano_request(self, request: api_pb2.AllocateRequest) -> api_pb2.AllocateRequest:
+        """The request with each container's devices replaced by those Volcano chose for its pod."""
+        mode = await self._volcano_mode()
+        chosen = [await mode.chosen_devices(list(req.devices_ids)) for req in request.container_requests]
+        self._volcano_soon.set()  # annotate the pod as soon as the kubelet reports it
+        return api_pb2.AllocateRequest(
+            container_requests=[api_pb2.ContainerAllocateRequest(devices_ids=ids) for ids in chosen]
+        )
+
+    async def _volcano_mode(self) -> VolcanoMode:
+        if self._volcano is not None:
+            return self._volcano
+        settings = self.options.kube
+        if settings is None:
+            raise AllocationError(
+                "flags.usevolcano needs API access: NODE_NAME and a service account (chart: "
+                "features.volcano=true) or --kubeconfig",
+                unavailable=True,
+            )
+        from ix_device_plugin.kube import KubeConfigError, KubeError, connect
+
+        try:
+            kube = await connect(settings)
+        except (KubeConfigError, KubeError) as error:
+            raise AllocationError(f"Volcano mode: cannot reach the API server: {error}", unavailable=True) from None
+        self._volcano = VolcanoMode(
+            kube, settings.namespace, settings.node_name, lambda: self.current.plan, self._pod_devices
+        )
+        return self._volcano
+
+    async def _pod_devices(self) -> dict[tuple[str, str], list[str]]:
+        """(namespace, pod) -> the device IDs the kubelet gave it, from the pod-resources socket."""
+        held: dict[tuple[str, str], list[str]] = {}
+        for device_id, ref in (await self._allocations(self._volcano_pod_errors)).items():
+            held.setdefault((ref.namespace, ref.pod), []).append(device_id)
+        return held
+
+    async def _run_volcano(self) -> None:
+        """While flags.usevolcano is on: keep ix-device-info-cm-<node> current and annotate allocated pods."""
+        from ix_device_plugin.kube import KubeError
+
+        errors, published_view = OncePerError(log), -1
+        while True:
+            if self.config.use_volcano:
+                view = self.current.view_generation
+                try:
+                    mode = await self._volcano_mode()
+                    await mode.annotate_allocations()
+                    await mode.publish(full=view != published_view)
+                    published_view = view
+                    errors.succeeded("Volcano mode: the API server answers again")
+                except (KubeError, AllocationError) as error:
+                    errors.failed("Volcano mode: %s; retrying", error)
+            await self._volcano_wait(VOLCANO_PERIOD)
+
+    async def _volcano_wait(self, seconds: float) -> None:
+        """Sleep until the period is over, the device view changes or an Allocate asks for a pass."""
+        try:
+            async with asyncio.timeout(seconds):
+                await first_set(self.current.news, self._volcano_soon)
+        except TimeoutError:
+            pass
+        if self._volcano_soon.is_set():
+            self._volcano_soon.clear()
+            await asyncio.sleep(_SETTLE)  # the kubelet records the allocation just after Allocate returns
 
     # ---- start-up helpers --------------------------------------------------------------------
 

@@ -242,6 +242,8 @@ class PodDoc:
     created: datetime | None
     containers: tuple[ContainerLimits, ...]
     resource_version: str = ""
+    deleting: bool = False  # metadata.deletionTimestamp is set
+    status_reason: str = ""  # status.reason, e.g. UnexpectedAdmissionError
 
 
 def config_map_doc(obj: Mapping[str, Any]) -> ConfigMapDoc:
@@ -276,6 +278,8 @@ def pod_doc(obj: Mapping[str, Any]) -> PodDoc:
         created=_timestamp(metadata.get("creationTimestamp")),
         containers=containers,
         resource_version=str(metadata.get("resourceVersion", "")),
+        deleting=bool(metadata.get("deletionTimestamp")),
+        status_reason=str((obj.get("status") or {}).get("reason", "")),
     )
 
 

@@ -341,17 +341,7 @@ def load_config(options: Options, path: Path | None = None) -> tuple[Config, tup
     if path.exists() or options.config_required:
         file = load_file(path)
     config = resolve(file, options.env, options.flags)
-    return config, (*(file.warnings if file is not None else ()), *not_acted_on(config))
-
-
-def not_acted_on(config: Config) -> tuple[str, ...]:
-    """Warnings for settings that are accepted and checked but that this version does not act on yet."""
-    pending = {"flags.usevolcano": config.use_volcano}
-    return tuple(
-        f"{key} is true, but this version does not act on it yet: it changes nothing"
-        for key, on in pending.items()
-        if on
-    )
+    return config, (file.warnings if file is not None else ())
 
 
 def check_settings(options: Options) -> None:
@@ -503,9 +493,10 @@ def _kube_settings(args: argparse.Namespace, env: Mapping[str, str]) -> KubeSett
     """How to reach the API server, when a feature that needs it is on; raises OptionsError saying what is missing."""
     needs = [flag for flag, on in (("--per-node-config", args.per_node_config),) if on]
     if not needs:
-        # Not required, but flags.reset_gpu (which a live config change can turn on) uses it when at hand.
+        # Not required, but flags.reset_gpu and flags.usevolcano (which a live config change can turn
+        # on) use it when at hand.
         try:
-            return settings_from(env, args.kubeconfig, "flags.reset_gpu")
+            return settings_from(env, args.kubeconfig, "flags.reset_gpu and flags.usevolcano")
         except KubeConfigError:
             return None
     try:

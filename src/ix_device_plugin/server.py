@@ -14,16 +14,17 @@ from ix_device_plugin.allocation import DEVICE_PERMISSIONS, AllocationError, all
 from ix_device_plugin.api import HEALTHY, UNHEALTHY, api_pb2, api_pb2_grpc
 from ix_device_plugin.plan import Plan
 from ix_device_plugin.preferred import preferred
-from ix_device_plugin.state import Current
+from ix_device_plugin.state import Current, first_set
 
 log = logging.getLogger(__name__)
 
 # Called after each RPC with (method, seconds, error or None); metrics hook in here.
 CallObserver = Callable[[str, float, str | None], None]
 Response = TypeVar("Response")
-# Work to do before Allocate answers (a GPU reset), given the plan and the request that were checked;
-# True when it changed the state, so the answer is built again. AllocationError refuses the call.
-BeforeAllocate = Callable[[Plan, api_pb2.AllocateRequest], Awaitable[bool]]
+# Work to do before Allocate answers (Volcano's choice of devices, a GPU reset), given the plan and the
+# request that were checked: the request to answer from the state as it is then, or None to answer the
+# one checked. AllocationError refuses the call.
+BeforeAllocate = Callable[[Plan, api_pb2.AllocateRequest], Awaitable[api_pb2.AllocateRequest | None]]
 
 
 def list_response(plan: Plan) -> api_pb2.ListAndWatchResponse:
@@ -78,7 +79,7 @@ class DevicePluginService(api_pb2_grpc.DevicePluginServicer):
                     seen, message = self._list_message()
                     yield message
                     continue
-                await _first_set(current.news, self._closed)
+                await first_set(current.news, self._closed)
         finally:
             self.streams -= 1
 
@@ -105,8 +106,10 @@ class DevicePluginService(api_pb2_grpc.DevicePluginServicer):
     async def _allocate(self, request: api_pb2.AllocateRequest) -> api_pb2.AllocateResponse:
         plan = self._current.plan
         response = _allocate_response(plan, request)  # a bad request is refused before anything is done
-        if self._before_allocate is not None and await self._before_allocate(plan, request):
-            response = _allocate_response(self._current.plan, request)  # the state that work left behind
+        if self._before_allocate is not None:
+            answered = await self._before_allocate(plan, request)
+            if answered is not None:
+                response = _allocate_response(self._current.plan, answered)
         return response
 
     async def PreStartContainer(
@@ -176,13 +179,3 @@ def _container_response(plan: Plan, device_ids: list[str], index: int) -> api_pb
             for host, inside in allocation.device_specs
         ],
     )
-
-
-async def _first_set(*events: asyncio.Event) -> None:
-    """Return when any of events is set."""
-    waiters = [asyncio.ensure_future(event.wait()) for event in events]
-    try:
-        await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for waiter in waiters:
-            waiter.cancel()

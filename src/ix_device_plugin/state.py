@@ -74,3 +74,13 @@ class Current:
         woken, self._news = self._news, asyncio.Event()
         woken.set()
         return True
+
+
+async def first_set(*events: asyncio.Event) -> None:
+    """Return when any of events is set."""
+    waiters = [asyncio.ensure_future(event.wait()) for event in events]
+    try:
+        await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for waiter in waiters:
+            waiter.cancel()
