@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import (
+    api_features,
     dra,
     footprint,
     health,
@@ -57,6 +58,7 @@ RUNNERS: dict[str, Runner] = {
     "kubeclient": _single("kubeclient", kubeclient.run),
     "node_agent": _single("node_agent", node_agent.run),
     "dra": _single("dra", dra.run),
+    "api_features": _single("api_features", api_features.run),
 }
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import atexit
 import contextlib
+import os
 import shutil
 import subprocess
 import sys
@@ -132,10 +133,12 @@ class PluginProcess:
         health_interval: float | None = None,
         devices_file: bool = False,
         extra_args: tuple[str, ...] = (),
+        extra_env: dict[str, str] | None = None,
     ) -> None:
         self.node = node
         self.health_interval = health_interval
         self.extra_args = extra_args
+        self.extra_env = extra_env or {}
         self.workdir = short_dir()
         self.plugin_dir = self.workdir / "dp"
         self.config_path = self.workdir / "ix-config"
@@ -185,7 +188,8 @@ class PluginProcess:
         """Start the process; the perf_counter time just before it was started."""
         with self.log_path.open("ab") as log:
             started = time.perf_counter()
-            self.process = subprocess.Popen(self.command(), stdin=subprocess.DEVNULL, stdout=log, stderr=log)
+            env = {**os.environ, **self.extra_env}
+            self.process = subprocess.Popen(self.command(), stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=env)
         _live.add(self.process)
         return started
 

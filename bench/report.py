@@ -136,6 +136,12 @@ def _dra() -> Iterator[Figure]:
     yield Figure("dra", "RSS after the prepares", ("rss_after_prepares_mib",), "MiB")
 
 
+def _api_features() -> Iterator[Figure]:
+    yield Figure("api_features", "1 GPU, API features off: RSS", ("off", "rss_mib"), "MiB")
+    yield Figure("api_features", "1 GPU, per-node config + Volcano on: RSS", ("on", "rss_mib"), "MiB")
+    yield Figure("api_features", "RSS added by the API features", ("rss_added_mib",), "MiB")
+
+
 def figures(sections: Mapping[str, Any]) -> list[Figure]:
     """Every figure of the sections present."""
     groups: dict[str, Any] = {
@@ -151,6 +157,7 @@ def figures(sections: Mapping[str, Any]) -> list[Figure]:
         "kubeclient": lambda: _kubeclient(sections),
         "node_agent": _node_agent,
         "dra": _dra,
+        "api_features": _api_features,
     }
     return [figure for name, group in groups.items() if name in sections for figure in group()]
 

@@ -22,6 +22,7 @@ SECTIONS = (
     "kubeclient",
     "node_agent",
     "dra",
+    "api_features",
 )
 
 
