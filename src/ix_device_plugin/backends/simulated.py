@@ -17,7 +17,7 @@ from typing import Any
 import yaml
 
 from ix_device_plugin import yamlsafe
-from ix_device_plugin.backends.base import BackendError
+from ix_device_plugin.backends.base import BackendError, XidSink
 from ix_device_plugin.inventory import HEALTH_ERROR_NAMES, Board, Chip, ChipStatus, Inventory
 from ix_device_plugin.products import PRODUCTS, Product, lookup
 from ix_device_plugin.telemetry import ChipSample
@@ -103,6 +103,9 @@ class SimulatedBackend:
                 ecc_dbe_volatile=float("ECC" in chip.status.errors),
             )
         return samples
+
+    def watch_xids(self, sink: XidSink) -> None:
+        """Simulated chips raise no XID events: health comes from polling alone."""
 
     def close(self) -> None:
         """Nothing to release."""
