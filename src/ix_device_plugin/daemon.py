@@ -298,7 +298,8 @@ class Daemon:
                 log.warning("%s: %s", file.name, error)
         if self._pod_resources is not None:
             await self._bounded("closing the pod-resources channel", self._pod_resources.close(), budget * 0.05)
-        await self.hardware.close(timeout=budget * 0.1)
+        # Room for the XID waiter's last bounded wait (EVENT_WAIT_MS), which must end before IXML shuts down.
+        await self.hardware.close(timeout=budget * 0.4)
 
     async def _bounded(self, what: str, work: Coroutine[Any, Any, None], timeout: float) -> None:
         try:
