@@ -499,13 +499,14 @@ class Daemon:
             log.info(
                 "XID %d on %s ignored (an application XID, or listed in IX_DISABLE_HEALTHCHECKS)", event.xid, chip.uuid
             )
-        else:
-            log.warning(
-                "XID %d on %s: a critical error; the chip is Unhealthy until the plugin restarts", event.xid, chip.uuid
-            )
+            return
         status = chip.status.with_xids(frozenset({event.xid}))
-        if status != chip.status:
-            self._serve(self.inventory.with_statuses({chip.uuid: status}), self.config)
+        if status == chip.status:
+            return  # the same XID again: the chip is Unhealthy already
+        log.warning(
+            "XID %d on %s: a critical error; the chip is Unhealthy until the plugin restarts", event.xid, chip.uuid
+        )
+        self._serve(self.inventory.with_statuses({chip.uuid: status}), self.config)
 
     # ---- inputs: each only turns a happening into an event ----------------------------------
 
@@ -519,8 +520,8 @@ class Daemon:
 
         try:
             await self.hardware.call("watch_xids", lambda backend: backend.watch_xids(sink))
-        except BackendError as error:
-            log.warning("no XID events (%s): chip health comes from polling alone", error)
+        except BackendError as error:  # the backend cannot be opened: discovery says why
+            log.debug("no XID events: %s", error)
 
     async def _watch_files(self) -> None:
         options = self.options
