@@ -111,6 +111,24 @@ def test_the_waiter_is_registered_again_after_a_close(libs: dict[str, Path], con
         backend.close()
 
 
+def test_a_reset_stops_the_waiter_and_a_rediscovery_watches_new_chips(libs: dict[str, Path], conf: Path) -> None:
+    sink = Sink()
+    backend = IxmlBackend(str(libs["full"]), dev_root="/nonexistent", ixsmi_path="/bin/true")
+    backend.watch_xids(sink)
+    backend.discover()
+    backend.reset(["GPU-x0"], timeout=5)
+    assert not any(thread.name == "ix-xid-events" for thread in threading.enumerate())
+    assert shutdown_while_waiting(libs["full"]) == 0
+    backend.discover()  # waits again, for the two chips
+    conf.write_text(TWO_CHIPS + 'device uuid=GPU-x2 name="Iluvatar BI-V100" minor=2 bus=00000000:8C:00.0\n')
+    backend.discover()
+    try:
+        inject(conf, 2, 94)
+        assert sink.wait(1) == [XidEvent(uuid="GPU-x2", xid=94)]
+    finally:
+        backend.close()
+
+
 def test_without_the_event_calls_health_is_polled_only_said_once(
     libs: dict[str, Path], conf: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
