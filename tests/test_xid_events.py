@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import ctypes
 import logging
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -127,6 +129,37 @@ def test_a_reset_stops_the_waiter_and_a_rediscovery_watches_new_chips(libs: dict
         assert sink.wait(1) == [XidEvent(uuid="GPU-x2", xid=94)]
     finally:
         backend.close()
+
+
+HUNG_WAIT_SCRIPT = """
+import ctypes, logging, sys, time
+from ix_device_plugin.backends.ixml import IxmlBackend
+logging.basicConfig(level=logging.INFO, format="%(message)s")
+backend = IxmlBackend(sys.argv[1], dev_root="/nonexistent")
+backend.watch_xids(lambda event: None)
+backend.discover()
+time.sleep(0.1)
+started = time.monotonic()
+backend.close()
+print(f"closed in {time.monotonic() - started:.1f}s")
+print("shutdown while waiting:", ctypes.CDLL(sys.argv[1]).ixml_double_shutdown_while_waiting())
+"""
+
+
+def test_a_wait_that_never_returns_keeps_the_library_from_being_shut_down_under_it(
+    libs: dict[str, Path], conf: Path
+) -> None:
+    """Run in a process of its own: the hung waiter thread would stay inside this one's copy of the double."""
+    conf.write_text(TWO_CHIPS + "hang_wait=1\n")
+    done = subprocess.run(
+        [sys.executable, "-c", HUNG_WAIT_SCRIPT, str(libs["full"])], capture_output=True, text=True, timeout=20
+    )
+    assert done.returncode == 0, done.stderr
+    assert "Traceback" not in done.stderr
+    assert "shutdown while waiting: 0" in done.stdout
+    seconds = float(done.stdout.split("closed in ")[1].split("s")[0])
+    assert seconds < 3
+    assert "the XID event waiter did not return from nvmlEventSetWait_v2; IXML is left initialised" in done.stderr
 
 
 def test_without_the_event_calls_health_is_polled_only_said_once(

@@ -13,6 +13,7 @@
  *                                (pairs not listed answer 50, SYSTEM)
  *   xid=1,79                     a critical XID event (79) on device 1: each xid line is delivered once,
  *                                in file order, by nvmlEventSetWait_v2 (append lines to inject more)
+ *   hang_wait=1                  nvmlEventSetWait_v2 never returns (it sleeps an hour)
  *   device key=value ...         one device, in index order; keys:
  *     uuid=GPU-...  name="Iluvatar BI-V150"  minor=0  bus=00000000:8A:00.0
  *     memory=32768 (MiB)  board=B0  position=0  health=0x14
@@ -548,10 +549,23 @@ static int next_xid(unsigned int *index, unsigned long long *xid) {
     return found;
 }
 
+/* 1 when the config file has a hang_wait=1 line. */
+static int wait_hangs(void) {
+    const char *path = getenv("IXML_DOUBLE_CONFIG");
+    FILE *f = path == NULL ? NULL : fopen(path, "r");
+    if (f == NULL) return 0;
+    char line[1024];
+    int hangs = 0;
+    while (!hangs && fgets(line, sizeof(line), f) != NULL) hangs = strncmp(line, "hang_wait=1", 11) == 0;
+    fclose(f);
+    return hangs;
+}
+
 nvmlReturn_t nvmlEventSetWait_v2(struct event_set *set, nvmlEventData_t *data, unsigned int timeoutms) {
     if (init_count == 0) return NVML_ERROR_UNINITIALIZED;
     if (set == NULL || data == NULL) return NVML_ERROR_INVALID_ARGUMENT;
     waiting++;
+    if (wait_hangs()) sleep(3600);
     nvmlReturn_t ret = NVML_ERROR_TIMEOUT;
     struct timespec tick = {0, 10 * 1000 * 1000};
     for (unsigned int waited = 0;; waited += 10) {
