@@ -15,8 +15,9 @@ from pathlib import Path
 import pytest
 
 from ix_device_plugin.api import HEALTHY, UNHEALTHY
-from ix_device_plugin.backends.base import XidEvent
+from ix_device_plugin.backends.base import BackendError, XidEvent
 from ix_device_plugin.backends.ixml import IxmlBackend
+from ix_device_plugin.backends.simulated import SimulatedBackend
 from ix_device_plugin.config import ConfigError, resolve
 from ix_device_plugin.inventory import ChipStatus
 from ix_device_plugin.kubelet_standin import KubeletStandIn
@@ -134,6 +135,7 @@ def test_a_reset_stops_the_waiter_and_a_rediscovery_watches_new_chips(libs: dict
 HUNG_WAIT_SCRIPT = """
 import ctypes, logging, sys, time
 from ix_device_plugin.backends.ixml import IxmlBackend
+from ix_device_plugin.backends.simulated import SimulatedBackend
 logging.basicConfig(level=logging.INFO, format="%(message)s")
 backend = IxmlBackend(sys.argv[1], dev_root="/nonexistent")
 backend.watch_xids(lambda event: None)
@@ -273,3 +275,38 @@ async def test_an_xid_listed_in_disable_healthchecks_leaves_the_device_healthy(
     assert view.devices["GPU-x0"] == HEALTHY
     assert daemon.plan.by_id["GPU-x0"].healthy
     assert "XID 79 on GPU-x0 ignored" in caplog.text
+
+
+SIMULATED = """boards:
+  - product: BI-V100
+    chips: [{{uuid: GPU-s0, minor: 0{xids}}}]
+  - product: BI-V100
+    chips: [{{uuid: GPU-s1, minor: 1}}]
+"""
+
+
+async def test_simulated_xids_reach_the_kubelet_once_each(
+    kubelet: KubeletStandIn, start_daemon: DaemonFactory, short_dir: Path
+) -> None:
+    devices = short_dir / "devices.yaml"
+    devices.write_text(SIMULATED.format(xids=""))
+    daemon = await start_daemon(str(devices), health_interval=0.05)
+    view = await kubelet.wait_registered(RESOURCE, capacity=2)
+    allocated = await kubelet.allocate(RESOURCE, [["GPU-s0"]])
+    assert allocated.container_responses[0].devices
+    devices.write_text(SIMULATED.format(xids=", xids: [31, 62]"))
+    await kubelet.wait_for(lambda: view.devices["GPU-s0"] == UNHEALTHY, timeout=3)
+    assert daemon.plan.by_id["GPU-s0"].reasons == ("GPU-s0: XID 62",)  # 31 is an application XID
+    assert view.devices["GPU-s1"] == HEALTHY
+    devices.write_text(SIMULATED.format(xids=""))  # the file no longer says so; the XID stays
+    polls = daemon.metrics.last_health_poll._value.get()
+    await eventually(lambda: daemon.metrics.last_health_poll._value.get() > polls + 0.1)
+    assert view.devices["GPU-s0"] == UNHEALTHY
+    assert daemon.metrics.xid_events.labels(xid="62")._value.get() == 1
+
+
+def test_simulated_xids_must_be_xid_numbers(short_dir: Path) -> None:
+    devices = short_dir / "devices.yaml"
+    devices.write_text(SIMULATED.format(xids=", xids: [seventy-nine]"))
+    with pytest.raises(BackendError, match=r"chips\[0\]\.xids: expected a list of XID numbers"):
+        SimulatedBackend(str(devices)).discover()
