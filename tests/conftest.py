@@ -32,6 +32,7 @@ IXML_VARIANTS = {
     "old": ["-DNO_VERSIONED_NAMES", "-DNO_IXML_EXTENSIONS"],
     "no_topology": ["-DNO_TOPOLOGY"],
     "no_telemetry": ["-DNO_TELEMETRY"],
+    "no_events": ["-DNO_EVENTS"],
     "upnp": ["-DLIBUPNP_LIKE"],
 }
 

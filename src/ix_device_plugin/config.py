@@ -15,7 +15,7 @@ from typing import Any
 import yaml
 
 from ix_device_plugin.cdi import DEVICE_SPECS, parse_device_list_strategy
-from ix_device_plugin.inventory import HEALTH_ERROR_NAMES, IGNORE_ALL
+from ix_device_plugin.inventory import HEALTH_ERROR_NAMES, IGNORE_ALL, IGNORE_XIDS, xid_name
 from ix_device_plugin.yamlsafe import MAX_BYTES, YamlError, compose, compose_all, decode, scalar_value, shown
 
 DEFAULT_CONFIG_PATH = "/ixconfig/ix-config"
@@ -203,7 +203,8 @@ class Config:
     replicas: int = 0
     rename_by_default: bool = False
     fail_requests_greater_than_one: bool = False
-    # Health error names not to act on (IX_DISABLE_HEALTHCHECKS); "all" ignores every error.
+    # Health error names not to act on (IX_DISABLE_HEALTHCHECKS); "all" ignores every error and XID,
+    # "xids" every XID event, "XID <n>" that XID (besides the application XIDs always ignored).
     ignored_health_errors: frozenset[str] = frozenset()
     # Where each value came from: "default", "file <path>", "env <NAME>" or "flag <--name>".
     sources: Mapping[str, str] = field(default_factory=dict, compare=False)
@@ -521,17 +522,29 @@ def _conflicts(values: Mapping[str, Any], sources: Mapping[str, str]) -> list[st
 
 
 def _ignored_health_errors(text: str, errors: list[str]) -> frozenset[str]:
-    """Parse IX_DISABLE_HEALTHCHECKS: `all`, or a comma list of IXML health error names."""
-    by_lower = {name.lower(): name for name in (*HEALTH_ERROR_NAMES, IGNORE_ALL)}
+    """Parse IX_DISABLE_HEALTHCHECKS: a comma list of `all`, `xids`, IXML health error names and XID numbers."""
+    by_lower = {name.lower(): name for name in (*HEALTH_ERROR_NAMES, IGNORE_ALL, IGNORE_XIDS)}
     names: set[str] = set()
     for item in filter(None, (part.strip() for part in text.split(","))):
-        name = by_lower.get(item.lower())
+        name = by_lower.get(item.lower()) or _xid_item(item)
         if name is None:
-            known = ", ".join((IGNORE_ALL, *HEALTH_ERROR_NAMES))
-            errors.append(f"environment variable {DISABLE_HEALTHCHECKS_ENV}: unknown check {item!r} (known: {known})")
+            known = ", ".join((IGNORE_ALL, IGNORE_XIDS, *HEALTH_ERROR_NAMES))
+            errors.append(
+                f"environment variable {DISABLE_HEALTHCHECKS_ENV}: unknown check {item!r} "
+                f"(known: {known}, or an XID number such as 79)"
+            )
         else:
             names.add(name)
     return frozenset(names)
+
+
+def _xid_item(item: str) -> str | None:
+    """`XID <n>` for an XID number (`79`, `xid79`, `XID 79`), None for anything else."""
+    digits = item.lower().removeprefix("xid").strip()
+    if not digits.isdigit() or not digits.isascii():
+        return None
+    xid = int(digits)
+    return xid_name(xid) if 0 < xid < 2**32 else None
 
 
 def describe(config: Config) -> list[tuple[str, Any, str]]:

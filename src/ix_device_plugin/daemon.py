@@ -4,6 +4,7 @@ Inputs (tasks that put events on one queue):
 - watch: the socket directory, the config's directory and /dev, woken by inotify and a timer;
 - health: polls chip health every --health-interval seconds;
 - discovery: re-enumerates the GPUs every minute, or soon after a hint;
+- XID events: the backend's own thread hands each critical XID to the loop (call_soon_threadsafe);
 - signals: SIGHUP re-reads the config; SIGTERM/SIGINT stop.
 The reconcile loop takes one event at a time, computes the desired State (inventory, last
 valid config, their plan) and applies it: `Current.swap` is the one place where what is
@@ -14,6 +15,7 @@ probes and metrics. Backend calls run through `Hardware`, with a deadline.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import signal
 import time
@@ -24,14 +26,14 @@ from typing import TYPE_CHECKING, Any
 
 from ix_device_plugin.allocation import AllocationError
 from ix_device_plugin.api import api_pb2
-from ix_device_plugin.backends.base import BackendError
+from ix_device_plugin.backends.base import BackendError, XidEvent
 from ix_device_plugin.config import SETTINGS, Config, ConfigError
 from ix_device_plugin.devnodes import with_control_nodes
 from ix_device_plugin.endpoint import Endpoint, identity
 from ix_device_plugin.errors import StartupError
 from ix_device_plugin.gpureset import GpuReset, GpuResetError, ResetHandshake
 from ix_device_plugin.hardware import Hardware
-from ix_device_plugin.inventory import Chip, ChipStatus, Inventory, carry_missing
+from ix_device_plugin.inventory import Chip, ChipStatus, Inventory, carry_missing, xid_ignored
 from ix_device_plugin.limits import device_list_problem
 from ix_device_plugin.logs import OncePerError
 from ix_device_plugin.metrics import Metrics
@@ -107,7 +109,14 @@ class NodeLabelChanged:
     value: str | None
 
 
-Event = FilesChanged | ReloadRequested | HealthPolled | Discovered | NodeLabelChanged | TelemetrySampled
+@dataclass(frozen=True)
+class XidOccurred:
+    """The backend reported a critical XID error on a chip."""
+
+    event: XidEvent
+
+
+Event = FilesChanged | ReloadRequested | HealthPolled | Discovered | NodeLabelChanged | TelemetrySampled | XidOccurred
 
 
 class Daemon:
@@ -240,6 +249,7 @@ class Daemon:
         config = self._load_config()
         self._config_seen = _read_bytes(self.config_path)
         await self._start_probes()
+        await self._watch_xids()
         inventory = carry_missing(Inventory(), await self._first_discovery(config))
         if (problem := device_list_problem(inventory, config)) is not None:
             raise ConfigError([f"{self.config_path}: {problem}"])
@@ -295,7 +305,8 @@ class Daemon:
                 log.warning("%s: %s", file.name, error)
         if self._pod_resources is not None:
             await self._bounded("closing the pod-resources channel", self._pod_resources.close(), budget * 0.05)
-        await self.hardware.close(timeout=budget * 0.1)
+        # Room for the XID waiter's last bounded wait (EVENT_WAIT_MS), which must end before IXML shuts down.
+        await self.hardware.close(timeout=budget * 0.4)
 
     def _api_connections(self) -> list[Kube]:
         return [part.kube for part in (self._handshake, self._volcano) if part is not None]
@@ -341,6 +352,8 @@ class Daemon:
                 case NodeLabelChanged(value):
                     self._label = value
                     self._reload_config(force=False)
+                case XidOccurred(xid_event):
+                    self._xid_occurred(xid_event)
             await self._converge()
             self._write_files()
 
@@ -463,6 +476,7 @@ class Daemon:
             if any(not status.present for status in statuses.values()):
                 self._rediscover_soon.set()
         current = inventory.statuses()
+        statuses = {uuid: _keeping_xids(status, current.get(uuid)) for uuid, status in statuses.items()}
         if all(current.get(uuid) == status for uuid, status in statuses.items()):
             return  # nothing changed: no need to re-plan (most polls, on a healthy node)
         self._serve(inventory.with_statuses(statuses), self.config)
@@ -473,6 +487,10 @@ class Daemon:
             return
         self._discovery_errors.succeeded()
         inventory = carry_missing(self.inventory, event.inventory)
+        previous = self.inventory.statuses()
+        inventory = inventory.with_statuses(
+            {chip.uuid: _keeping_xids(chip.status, previous.get(chip.uuid)) for chip in inventory.chips()}
+        )
         if _chip_set(inventory) != _chip_set(self.inventory):
             log.info("GPU inventory changed: %d -> %d chips", self.inventory.chip_count(), inventory.chip_count())
         if not self._discovered:
@@ -480,7 +498,40 @@ class Daemon:
         if self._serve(inventory, self.config):
             self._generation += 1
 
+    def _xid_occurred(self, event: XidEvent) -> None:
+        """A critical XID: the chip is Unhealthy from now on (unless the XID is ignored), until the plugin restarts."""
+        self.metrics.xid_events.labels(xid=str(event.xid)).inc()
+        chip = next((chip for chip in self.inventory.chips() if chip.uuid == event.uuid), None)
+        if chip is None:
+            log.info("XID %d on %s, a chip not served now; ignored", event.xid, event.uuid)
+            return
+        if xid_ignored(event.xid, self.config.ignored_health_errors):
+            log.info(
+                "XID %d on %s ignored (an application XID, or listed in IX_DISABLE_HEALTHCHECKS)", event.xid, chip.uuid
+            )
+            return
+        status = chip.status.with_xids(frozenset({event.xid}))
+        if status == chip.status:
+            return  # the same XID again: the chip is Unhealthy already
+        log.warning(
+            "XID %d on %s: a critical error; the chip is Unhealthy until the plugin restarts", event.xid, chip.uuid
+        )
+        self._serve(self.inventory.with_statuses({chip.uuid: status}), self.config)
+
     # ---- inputs: each only turns a happening into an event ----------------------------------
+
+    async def _watch_xids(self) -> None:
+        """Ask the backend to hand XID events to the loop; without them, health comes from polling alone."""
+        loop = asyncio.get_running_loop()
+
+        def sink(event: XidEvent) -> None:  # runs on the backend's event thread
+            with contextlib.suppress(RuntimeError):  # the loop is closed: the daemon has stopped
+                loop.call_soon_threadsafe(self._events.put_nowait, XidOccurred(event))
+
+        try:
+            await self.hardware.call("watch_xids", lambda backend: backend.watch_xids(sink))
+        except BackendError as error:  # the backend cannot be opened: discovery says why
+            log.debug("no XID events: %s", error)
 
     async def _watch_files(self) -> None:
         options = self.options
@@ -803,6 +854,11 @@ def _read_bytes(path: Path) -> bytes | None:
 def _chips(plan: Plan, device_ids: Iterable[str]) -> list[Chip]:
     """The chips behind these device IDs (IDs the plan does not know were refused before)."""
     return [chip for device_id in device_ids if (device := plan.by_id.get(device_id)) for chip in device.chips]
+
+
+def _keeping_xids(status: ChipStatus, before: ChipStatus | None) -> ChipStatus:
+    """status, keeping the XIDs the chip had before: a poll or rediscovery does not clear them."""
+    return status if before is None else status.with_xids(before.xids)
 
 
 def _chip_set(inventory: Inventory) -> frozenset[str]:

@@ -20,6 +20,21 @@ HEALTH_BITS: dict[str, int] = {
 }
 HEALTH_ERROR_NAMES: tuple[str, ...] = tuple(HEALTH_BITS)
 IGNORE_ALL = "all"
+IGNORE_XIDS = "xids"  # in the ignored set: no XID event makes a chip Unhealthy
+# Application XIDs (a program's fault, not the chip's), ignored as NVIDIA's device plugin ignores them.
+DEFAULT_IGNORED_XIDS: frozenset[int] = frozenset({13, 31, 43, 45, 68, 109})
+
+
+def xid_name(xid: int) -> str:
+    """How a critical XID is named among a chip's reasons and in the ignored set: `XID 79`."""
+    return f"XID {xid}"
+
+
+def xid_ignored(xid: int, ignored_errors: frozenset[str]) -> bool:
+    """True when an XID event must not make a chip Unhealthy under this ignored set."""
+    if xid in DEFAULT_IGNORED_XIDS:
+        return True
+    return bool({IGNORE_ALL, IGNORE_XIDS, xid_name(xid)} & ignored_errors)
 
 
 def health_errors_from_mask(mask: int) -> frozenset[str]:
@@ -40,16 +55,20 @@ def health_errors_from_mask(mask: int) -> frozenset[str]:
 
 @dataclass(frozen=True)
 class ChipStatus:
-    """How one chip is doing: IXML health errors plus any other reason it is unusable."""
+    """How one chip is doing: IXML health errors plus any other reason it is unusable.
+
+    xids are the critical XID events seen since the plugin started (the daemon keeps them across polls).
+    """
 
     errors: frozenset[str] = frozenset()
     problems: tuple[str, ...] = ()
     present: bool = True
+    xids: frozenset[int] = frozenset()
 
     def reasons(self, ignored_errors: frozenset[str] = frozenset()) -> tuple[str, ...]:
         """Why the chip is unusable (empty when healthy), leaving out ignored error names.
 
-        `all` in ignored_errors ignores every health error; presence and other problems still count.
+        `all` in ignored_errors ignores every health error and XID; presence and other problems still count.
         """
         reasons: list[str] = []
         if not self.present:
@@ -57,7 +76,12 @@ class ChipStatus:
         reasons.extend(self.problems)
         if IGNORE_ALL not in ignored_errors:
             reasons.extend(sorted(e for e in self.errors if e not in ignored_errors))
+        reasons.extend(xid_name(xid) for xid in sorted(self.xids) if not xid_ignored(xid, ignored_errors))
         return tuple(reasons)
+
+    def with_xids(self, xids: frozenset[int]) -> ChipStatus:
+        """This status with these XIDs added."""
+        return self if xids <= self.xids else replace(self, xids=self.xids | xids)
 
     def with_problem(self, problem: str) -> ChipStatus:
         """This status with one more reason."""

@@ -60,6 +60,12 @@ class Metrics:
             buckets=_RESET_BUCKETS,
             registry=r,
         )
+        self.xid_events = Counter(
+            f"{PREFIX}_xid_events",
+            "Critical XID events the GPU library reported, ignored ones too",
+            ["xid"],
+            registry=r,
+        )
         for method in ("Allocate", "GetPreferredAllocation"):
             self.calls.labels(method=method)
             self.call_latency.labels(method=method)

@@ -11,6 +11,9 @@
  *   fail_count=1                 nvmlDeviceGetCount answers UNKNOWN (999)
  *   link=0,1,10                  common-ancestor level of devices 0 and 1
  *                                (pairs not listed answer 50, SYSTEM)
+ *   xid=1,79                     a critical XID event (79) on device 1: each xid line is delivered once,
+ *                                in file order, by nvmlEventSetWait_v2 (append lines to inject more)
+ *   hang_wait=1                  nvmlEventSetWait_v2 never returns (it sleeps an hour)
  *   device key=value ...         one device, in index order; keys:
  *     uuid=GPU-...  name="Iluvatar BI-V150"  minor=0  bus=00000000:8A:00.0
  *     memory=32768 (MiB)  board=B0  position=0  health=0x14
@@ -21,18 +24,21 @@
  *       mem_util=% mem_used=MiB pcie_tx=KB/s pcie_rx=KB/s ecc_sbe=N ecc_dbe=N
  *   where LIST is a comma-separated subset of: handle, uuid, name, minor, pci, memory,
  *   board (ixmlDeviceGetBoardPosition), same_board (nvmlDeviceOnSameBoard), health, topology,
- *   temperature, fan, power, board_power, clock, utilization, pcie, ecc
+ *   temperature, fan, power, board_power, clock, utilization, pcie, ecc,
+ *   events (nvmlDeviceRegisterEvents)
  *
  * Build variants with -D:
  *   NO_VERSIONED_NAMES   export only nvmlInit, nvmlDeviceGetCount, ... (old driver)
  *   NO_IXML_EXTENSIONS   leave out ixmlDeviceGetBoardPosition and ixmlDeviceGetHealth
  *   NO_TOPOLOGY          leave out nvmlDeviceGetTopologyCommonAncestor
  *   NO_TELEMETRY         leave out the temperature, fan, power, clock, utilization, PCIe and ECC calls
+ *   NO_EVENTS            leave out nvmlEventSetCreate, nvmlDeviceRegisterEvents, nvmlEventSetWait_v2, nvmlEventSetFree
  *   LIBUPNP_LIKE         export only XML-parser symbols, like libupnp's libixml.so
  */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #ifdef LIBUPNP_LIKE
@@ -58,6 +64,7 @@ void ixmlDocument_free(IXML_Document *doc) { (void)doc; }
 #define NVML_ERROR_NOT_SUPPORTED 3
 #define NVML_ERROR_INSUFFICIENT_SIZE 7
 #define NVML_ERROR_DRIVER_NOT_LOADED 9
+#define NVML_ERROR_TIMEOUT 10
 #define NVML_ERROR_GPU_IS_LOST 15
 #define NVML_ERROR_UNKNOWN 999
 
@@ -279,8 +286,15 @@ static nvmlReturn_t do_init(void) {
     return NVML_SUCCESS;
 }
 
+static volatile int waiting; /* nvmlEventSetWait_v2 calls in progress */
+static volatile int shutdown_while_waiting;
+
+/* 1 once nvmlShutdown ran while a thread was inside nvmlEventSetWait_v2 (a use-after-free on real drivers). */
+int ixml_double_shutdown_while_waiting(void) { return shutdown_while_waiting; }
+
 nvmlReturn_t nvmlShutdown(void) {
     if (init_count == 0) return NVML_ERROR_UNINITIALIZED;
+    if (waiting) shutdown_while_waiting = 1;
     init_count--;
     return NVML_SUCCESS;
 }
@@ -476,5 +490,111 @@ nvmlReturn_t ixmlDeviceGetBoardPowerUsage(void *handle, unsigned int *power) {
 }
 #endif
 #endif /* NO_TELEMETRY */
+
+#ifndef NO_EVENTS
+#define XID_CRITICAL_ERROR 0x8ULL
+
+typedef struct {
+    void *device;
+    unsigned long long eventType;
+    unsigned long long eventData;
+    unsigned int gpuInstanceId;
+    unsigned int computeInstanceId;
+} nvmlEventData_t;
+
+struct event_set {
+    unsigned long long registered[MAX_DEVICES]; /* event types registered, by device index */
+};
+
+static unsigned int xids_delivered; /* xid lines of the config file already delivered */
+static char xids_path[4096];         /* ... of this file (another file starts again) */
+
+nvmlReturn_t nvmlEventSetCreate(struct event_set **set) {
+    if (init_count == 0) return NVML_ERROR_UNINITIALIZED;
+    if (set == NULL) return NVML_ERROR_INVALID_ARGUMENT;
+    *set = calloc(1, sizeof(struct event_set));
+    return *set == NULL ? NVML_ERROR_UNKNOWN : NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceRegisterEvents(void *handle, unsigned long long types, struct event_set *set) {
+    struct device *d;
+    nvmlReturn_t ret = lookup(handle, &d);
+    if (ret == NVML_SUCCESS) ret = injected(d, "events");
+    if (ret != NVML_SUCCESS) return ret;
+    if (set == NULL) return NVML_ERROR_INVALID_ARGUMENT;
+    set->registered[((struct slot *)handle)->index] |= types;
+    return NVML_SUCCESS;
+}
+
+/* The next undelivered xid line of the config file, read without touching the device table
+ * (other threads use it meanwhile); 1 when there is one. */
+static int next_xid(unsigned int *index, unsigned long long *xid) {
+    const char *path = getenv("IXML_DOUBLE_CONFIG");
+    FILE *f = path == NULL ? NULL : fopen(path, "r");
+    if (f == NULL) return 0;
+    if (strcmp(path, xids_path) != 0) {
+        copy_value(xids_path, sizeof(xids_path), path);
+        xids_delivered = 0;
+    }
+    char line[1024];
+    unsigned int seen = 0;
+    int found = 0;
+    while (!found && fgets(line, sizeof(line), f) != NULL) {
+        char *p = line;
+        while (*p == ' ' || *p == '\t') p++;
+        if (strncmp(p, "xid=", 4) != 0 || sscanf(p + 4, "%u,%llu", index, xid) != 2) continue;
+        if (seen++ == xids_delivered) found = 1;
+    }
+    fclose(f);
+    return found;
+}
+
+/* 1 when the config file has a hang_wait=1 line. */
+static int wait_hangs(void) {
+    const char *path = getenv("IXML_DOUBLE_CONFIG");
+    FILE *f = path == NULL ? NULL : fopen(path, "r");
+    if (f == NULL) return 0;
+    char line[1024];
+    int hangs = 0;
+    while (!hangs && fgets(line, sizeof(line), f) != NULL) hangs = strncmp(line, "hang_wait=1", 11) == 0;
+    fclose(f);
+    return hangs;
+}
+
+nvmlReturn_t nvmlEventSetWait_v2(struct event_set *set, nvmlEventData_t *data, unsigned int timeoutms) {
+    if (init_count == 0) return NVML_ERROR_UNINITIALIZED;
+    if (set == NULL || data == NULL) return NVML_ERROR_INVALID_ARGUMENT;
+    waiting++;
+    if (wait_hangs()) sleep(3600);
+    nvmlReturn_t ret = NVML_ERROR_TIMEOUT;
+    struct timespec tick = {0, 10 * 1000 * 1000};
+    for (unsigned int waited = 0;; waited += 10) {
+        unsigned int index;
+        unsigned long long xid;
+        if (next_xid(&index, &xid)) {
+            xids_delivered++;
+            if (index < MAX_DEVICES && (set->registered[index] & XID_CRITICAL_ERROR)) {
+                memset(data, 0, sizeof(*data));
+                data->device = &slots[index];
+                data->eventType = XID_CRITICAL_ERROR;
+                data->eventData = xid;
+                ret = NVML_SUCCESS;
+                break;
+            }
+            continue; /* an event for a device this set does not watch */
+        }
+        if (waited >= timeoutms) break;
+        nanosleep(&tick, NULL);
+    }
+    waiting--;
+    return ret;
+}
+
+nvmlReturn_t nvmlEventSetFree(struct event_set *set) {
+    if (set == NULL) return NVML_ERROR_INVALID_ARGUMENT;
+    free(set);
+    return NVML_SUCCESS;
+}
+#endif /* NO_EVENTS */
 
 #endif /* LIBUPNP_LIKE */

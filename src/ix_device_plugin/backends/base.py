@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Protocol
 
 from ix_device_plugin.inventory import ChipStatus, Inventory
@@ -13,6 +14,18 @@ DEFAULT_IXSMI = "/usr/local/corex/bin/ixsmi"  # CoreX's tool; resets chips for f
 
 class BackendError(Exception):
     """The backend cannot answer at all (library missing, init failed, bad file)."""
+
+
+@dataclass(frozen=True)
+class XidEvent:
+    """The library reported a critical XID error (its number) on the chip with this UUID."""
+
+    uuid: str
+    xid: int
+
+
+# Called with each XID event, from a thread of the backend's own: it must only hand the event on.
+XidSink = Callable[[XidEvent], None]
 
 
 class Backend(Protocol):
@@ -39,6 +52,11 @@ class Backend(Protocol):
         raises BackendError saying why when the reset fails or takes longer than timeout seconds."""
         ...
 
+    def watch_xids(self, sink: XidSink) -> None:
+        """From the next discover() on, hand every critical XID event to sink (from a thread of the
+        backend's own, re-registered after each rediscovery); a backend without events only says so."""
+        ...
+
     def close(self) -> None:
-        """Release the library or files."""
+        """Release the library or files (stopping any event thread first)."""
         ...

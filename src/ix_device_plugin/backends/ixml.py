@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from ix_device_plugin.backends.base import DEFAULT_IXSMI, BackendError
+from ix_device_plugin.backends.base import DEFAULT_IXSMI, BackendError, XidEvent, XidSink
 from ix_device_plugin.devnodes import check_device_nodes, node_checked_status
 from ix_device_plugin.inventory import (
     Board,
@@ -43,6 +43,9 @@ UNKNOWN_PRODUCT = "unknown"
 
 NVML_SUCCESS = 0
 NVML_ERROR_NOT_SUPPORTED = 3
+NVML_ERROR_TIMEOUT = 10
+NVML_EVENT_XID_CRITICAL = 0x8  # nvmlEventTypeXidCriticalError; the event's data is the XID number
+EVENT_WAIT_MS = 500  # one nvmlEventSetWait_v2 call waits at most this long, so the waiter stops promptly
 
 _UUID_BUFFER_SIZE = 80
 _NAME_BUFFER_SIZE = 64
@@ -77,6 +80,18 @@ class _Memory(ctypes.Structure):
 
 class _Utilization(ctypes.Structure):
     _fields_ = [("gpu", ctypes.c_uint), ("memory", ctypes.c_uint)]
+
+
+class _EventData(ctypes.Structure):
+    """nvmlEventData_t."""
+
+    _fields_ = (
+        ("device", ctypes.c_void_p),
+        ("eventType", ctypes.c_ulonglong),
+        ("eventData", ctypes.c_ulonglong),
+        ("gpuInstanceId", ctypes.c_uint),
+        ("computeInstanceId", ctypes.c_uint),
+    )
 
 
 class _LinkMap(ctypes.Structure):
@@ -118,7 +133,13 @@ _CALLS: dict[str, tuple[tuple[str, ...], tuple[Any, ...]]] = {
     "utilization": (("nvmlDeviceGetUtilizationRates",), (_HANDLE, _P(_Utilization))),
     "pcie": (("nvmlDeviceGetPcieThroughput",), (_HANDLE, ctypes.c_int, _P(ctypes.c_uint))),
     "ecc": (("nvmlDeviceGetTotalEccErrors",), (_HANDLE, ctypes.c_int, ctypes.c_int, _P(ctypes.c_ulonglong))),
+    # XID events, as NVML's event API (go-ixml's binding loads the same four).
+    "event_set_create": (("nvmlEventSetCreate",), (_P(_HANDLE),)),
+    "register_events": (("nvmlDeviceRegisterEvents",), (_HANDLE, ctypes.c_ulonglong, _HANDLE)),
+    "event_wait": (("nvmlEventSetWait_v2", "nvmlEventSetWait"), (_HANDLE, _P(_EventData), ctypes.c_uint)),
+    "event_set_free": (("nvmlEventSetFree",), (_HANDLE,)),
 }
+_EVENT_CALLS = ("event_set_create", "register_events", "event_wait", "event_set_free")
 _TEMPERATURE_GPU, _CLOCK_SM, _CLOCK_MEM, _PCIE_TX, _PCIE_RX = 0, 1, 2, 0, 1
 _ECC_CORRECTED, _ECC_UNCORRECTED, _ECC_VOLATILE = 0, 1, 0
 _MIB = 1024 * 1024
@@ -254,9 +275,13 @@ class _Library:
 
     def call(self, call: str, *args: Any) -> None:
         """Runs one call; raises _CallError unless it succeeds."""
-        code = self._functions[call](*args)
+        code = self.code(call, *args)
         if code != NVML_SUCCESS:
             raise _CallError(self.symbol(call), code, self.error_string(code))
+
+    def code(self, call: str, *args: Any) -> int:
+        """Runs one call and returns what it answered (nvmlReturn_t)."""
+        return int(self._functions[call](*args))
 
     def error_string(self, code: int) -> str:
         if self._error_string is not None:
@@ -269,6 +294,80 @@ class _Library:
         buffer = ctypes.create_string_buffer(size)
         self.call(call, *args, buffer, size)
         return buffer.value.decode(errors="replace")
+
+
+class _XidWaiter:
+    """A thread of its own that waits on one IXML event set and hands each critical XID to a sink.
+
+    Each nvmlEventSetWait_v2 call waits at most EVENT_WAIT_MS, then the stop flag is checked, so
+    stop() returns within about that long; the library is never shut down while a wait is under way.
+    The wait runs without _LIBRARY_LOCK (NVML's event wait may run alongside other calls).
+    """
+
+    def __init__(self, library: _Library, event_set: _HANDLE, uuids: Mapping[int, str], sink: XidSink) -> None:
+        self.targets = tuple(sorted(uuids.items()))
+        self._library = library
+        self._set = event_set
+        self._uuids = dict(uuids)
+        self._sink = sink
+        self._stop = threading.Event()
+        self._last_problem = ""
+        self._thread = threading.Thread(target=self._run, name="ix-xid-events", daemon=True)
+        self._thread.start()
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    def stop(self) -> bool:
+        """Stop waiting and free the event set; False when the thread is still inside the library."""
+        self._stop.set()
+        self._thread.join(timeout=EVENT_WAIT_MS / 1000 + 1.0)
+        if self._thread.is_alive():
+            return False
+        _free_event_set(self._library, self._set)
+        return True
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            data = _EventData()
+            code = self._library.code("event_wait", self._set, ctypes.byref(data), EVENT_WAIT_MS)
+            if code == NVML_ERROR_TIMEOUT:
+                continue
+            if code != NVML_SUCCESS:
+                self._note(f"{self._library.symbol('event_wait')} failed: {self._library.error_string(code)}")
+                self._stop.wait(EVENT_WAIT_MS / 1000)  # do not spin on a failing wait; polling still runs
+                continue
+            self._note("")
+            if data.eventType & NVML_EVENT_XID_CRITICAL:
+                self._deliver(data)
+
+    def _deliver(self, data: _EventData) -> None:
+        uuid = self._uuids.get(data.device or 0)
+        if uuid is None:
+            log.warning("XID %d on a device IXML did not name; health polling covers it", data.eventData)
+            return
+        try:
+            self._sink(XidEvent(uuid=uuid, xid=int(data.eventData)))
+        except Exception as error:  # the sink's failure must not end the waiter
+            log.warning("XID %d on %s was not handed on: %s", data.eventData, uuid, error)
+
+    def _note(self, problem: str) -> None:
+        """Log a new wait failure once, and its end once."""
+        if problem == self._last_problem:
+            return
+        if problem:
+            log.warning("XID events: %s; health polling goes on", problem)
+        else:
+            log.info("XID events arrive again")
+        self._last_problem = problem
+
+
+def _free_event_set(library: _Library, event_set: _HANDLE) -> None:
+    try:
+        library.call("event_set_free", event_set)
+    except _CallError as exc:
+        log.warning("XID events: %s", exc)
 
 
 @dataclass(frozen=True)
@@ -303,6 +402,10 @@ class IxmlBackend:
         self._initialized = False
         self._health_unavailable_logged = False
         self._telemetry_problems: dict[str, str] = {}
+        self._xid_sink: XidSink | None = None
+        self._xid_waiter: _XidWaiter | None = None
+        self._xid_unavailable_logged = False
+        self._xid_stuck = False  # a waiter that did not stop: the library is left initialised
 
     def discover(self) -> Inventory:
         """Every board and chip with its current status; raises BackendError when it cannot."""
@@ -317,7 +420,78 @@ class IxmlBackend:
                 cuda_version=self._cuda_version(library),
                 links=self._links(library, devices),
             )
+            self._watch(library, devices)
         return check_device_nodes(inventory, self._dev_root)
+
+    def watch_xids(self, sink: XidSink) -> None:
+        """From the next discover() on, hand each critical XID event to sink, from a thread of its own."""
+        with _LIBRARY_LOCK:
+            self._xid_sink = sink
+
+    def _watch(self, library: _Library, devices: Sequence[_Device]) -> None:
+        """Wait for XID events of these devices (again, when they changed or the waiter stopped)."""
+        if self._xid_sink is None:
+            return
+        uuids = {device.handle: device.chip.uuid for device in devices if device.handle is not None}
+        waiter = self._xid_waiter
+        if waiter is not None and waiter.alive and waiter.targets == tuple(sorted(uuids.items())):
+            return
+        if not self._stop_xid_waiter():
+            return
+        missing = [_CALLS[call][0][0] for call in _EVENT_CALLS if not library.has(call)]
+        if missing:
+            self._note_xid_unavailable(f"{library.path} lacks {', '.join(missing)}")
+            return
+        event_set = self._register(library, uuids)
+        if event_set is not None:
+            self._xid_waiter = _XidWaiter(library, event_set, uuids, self._xid_sink)
+
+    def _register(self, library: _Library, uuids: dict[int, str]) -> _HANDLE | None:
+        """A new event set with every device that supports XID events (uuids keeps only those); None if none."""
+        event_set = _HANDLE()
+        try:
+            library.call("event_set_create", ctypes.byref(event_set))
+        except _CallError as exc:
+            self._note_xid_unavailable(str(exc))
+            return None
+        unsupported = []
+        for handle, uuid in list(uuids.items()):
+            try:
+                library.call("register_events", _HANDLE(handle), NVML_EVENT_XID_CRITICAL, event_set)
+            except _CallError as exc:
+                del uuids[handle]
+                if exc.not_supported:
+                    unsupported.append(uuid)
+                else:
+                    log.warning("XID events: %s: %s; that chip's health comes from polling only", uuid, exc)
+        if unsupported:
+            log.info("XID events are not supported on %s; health polling covers them", ", ".join(unsupported))
+        if not uuids:
+            _free_event_set(library, event_set)
+            self._note_xid_unavailable(f"{library.symbol('register_events')} registers no chip")
+            return None
+        log.info("waiting for XID events of %d chips", len(uuids))
+        return event_set
+
+    def _stop_xid_waiter(self) -> bool:
+        """Stop the XID waiter, if any; False when it did not stop (it is still inside the library)."""
+        if self._xid_stuck:
+            return False
+        waiter, self._xid_waiter = self._xid_waiter, None
+        if waiter is None or waiter.stop():
+            return True
+        self._xid_stuck = True
+        log.error(
+            "the XID event waiter did not return from %s; IXML is left initialised and XID events stop "
+            "(health polling goes on)",
+            self._library.symbol("event_wait") if self._library else "nvmlEventSetWait_v2",
+        )
+        return False
+
+    def _note_xid_unavailable(self, why: str) -> None:
+        if not self._xid_unavailable_logged:
+            self._xid_unavailable_logged = True
+            log.warning("no IXML XID events (%s): chip health comes from polling alone", why)
 
     def health(self, inventory: Inventory) -> Mapping[str, ChipStatus]:
         """Current status of each chip of inventory, by UUID; chips it cannot reach are not present."""
@@ -416,8 +590,10 @@ class IxmlBackend:
         log.info("%s: %s", shown, output or "done")
 
     def close(self) -> None:
-        """Shut the library down; a later discover() starts it again."""
+        """Stop the XID waiter, then shut the library down; a later discover() starts it again."""
         with _LIBRARY_LOCK:
+            if not self._stop_xid_waiter():
+                return  # shutting down under a thread that is inside the library would pull it from under it
             if self._library is not None and self._initialized:
                 try:
                     self._library.call("shutdown")

@@ -1,7 +1,9 @@
 """Simulated devices, from a short spec (`BI-V150:2,BI-V100:1`) or a YAML file.
 
 The YAML file is re-read at every health poll, so editing a chip's `health:`
-or `present:` while the plugin runs changes what the kubelet is told.
+or `present:` while the plugin runs changes what the kubelet is told. A chip's
+`xids: [79]` are critical XID events: each is handed to watch_xids' sink once,
+at the first discovery or poll that reads it.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from typing import Any
 import yaml
 
 from ix_device_plugin import yamlsafe
-from ix_device_plugin.backends.base import BackendError
+from ix_device_plugin.backends.base import BackendError, XidEvent, XidSink
 from ix_device_plugin.inventory import HEALTH_ERROR_NAMES, Board, Chip, ChipStatus, Inventory
 from ix_device_plugin.products import PRODUCTS, Product, lookup
 from ix_device_plugin.telemetry import ChipSample
@@ -27,7 +29,7 @@ MAX_BOARDS = 256
 MAX_MINOR = (1 << 20) - 1  # Linux minor numbers have 20 bits
 _UUID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
 _UUID_NAMESPACE = uuidlib.UUID("6f1c1b0e-5d8e-4c1a-9a43-1e3e00000000")
-_CHIP_KEYS = {"uuid", "minor", "bus_id", "numa_node", "memory_mib", "health", "present"}
+_CHIP_KEYS = {"uuid", "minor", "bus_id", "numa_node", "memory_mib", "health", "present", "xids"}
 _BOARD_KEYS = {"product", "chips"}
 
 
@@ -42,6 +44,8 @@ class SimulatedBackend:
         self._path = _as_existing_file(source)
         self.resets: list[tuple[str, ...]] = []  # every reset asked for, in order
         self._renamed: dict[str, str] = {}  # UUID in the file -> UUID after a reset that changed it
+        self._xid_sink: XidSink | None = None
+        self._xids_sent: set[tuple[str, int]] = set()
 
     def discover(self) -> Inventory:
         """Boards and chips as the spec or file describes them now."""
@@ -68,7 +72,7 @@ class SimulatedBackend:
                 self._renamed[original.get(uuid, uuid)] = f"{original.get(uuid, uuid)}-reset{len(self.resets)}"
 
     def _boards(self) -> tuple[Board, ...]:
-        boards = parse_spec(self.source) if self._path is None else load_file(self._path)
+        boards = parse_spec(self.source) if self._path is None else self._sending_xids(load_file(self._path))
         if not self._renamed:
             return boards
         return tuple(
@@ -103,6 +107,22 @@ class SimulatedBackend:
                 ecc_dbe_volatile=float("ECC" in chip.status.errors),
             )
         return samples
+
+    def watch_xids(self, sink: XidSink) -> None:
+        """Hand each chip's `xids:` from the file to sink, once each."""
+        self._xid_sink = sink
+
+    def _sending_xids(self, boards: tuple[Board, ...]) -> tuple[Board, ...]:
+        """boards without their xids, each new one handed to the sink (the daemon keeps them, not the file)."""
+        for chip in (chip for board in boards for chip in board.chips):
+            for xid in sorted(chip.status.xids):
+                if self._xid_sink is not None and (chip.uuid, xid) not in self._xids_sent:
+                    self._xids_sent.add((chip.uuid, xid))
+                    self._xid_sink(XidEvent(uuid=chip.uuid, xid=xid))
+        return tuple(
+            replace(board, chips=tuple(replace(c, status=replace(c.status, xids=frozenset())) for c in board.chips))
+            for board in boards
+        )
 
     def close(self) -> None:
         """Nothing to release."""
@@ -281,7 +301,9 @@ def _chip_from(entry: object, default: Chip, where: str) -> Chip:
         bus_id=str(entry.get("bus_id", default.bus_id)),
         numa_node=None if numa < 0 else numa,
         memory_mib=_int(entry, "memory_mib", default.memory_mib, where),
-        status=ChipStatus(errors=_health(entry, where), present=_bool(entry, "present", where)),
+        status=ChipStatus(
+            errors=_health(entry, where), present=_bool(entry, "present", where), xids=_xids(entry, where)
+        ),
     )
 
 
@@ -308,6 +330,15 @@ def _bool(entry: dict[str, Any], key: str, where: str) -> bool:
     if not isinstance(value, bool):
         raise BackendError(f"{where}.{key}: expected true or false, got {yamlsafe.shown(value)}")
     return value
+
+
+def _xids(entry: dict[str, Any], where: str) -> frozenset[int]:
+    value = entry.get("xids") or []
+    if not isinstance(value, list) or not all(
+        isinstance(xid, int) and not isinstance(xid, bool) and 0 < xid < 1 << 32 for xid in value
+    ):
+        raise BackendError(f"{where}.xids: expected a list of XID numbers, got {yamlsafe.shown(value)}")
+    return frozenset(value)
 
 
 def _health(entry: dict[str, Any], where: str) -> frozenset[str]:
