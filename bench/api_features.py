@@ -35,12 +35,12 @@ async def run(settings: Settings) -> dict[str, Any]:
             kubeconfig = api.write_kubeconfig(workdir / "kubeconfig", namespace=NAMESPACE)
             env = {"NODE_NAME": NODE, "POD_NAMESPACE": NAMESPACE, "KUBECONFIG": str(kubeconfig)}
             on = await _rss(settings, ("--per-node-config", "true", "--use-volcano", "true"), env)
-            published = api.get("configmaps", f"ix-device-info-cm-{NODE}", NAMESPACE) is not None
+            if api.get("configmaps", f"ix-device-info-cm-{NODE}", NAMESPACE) is None:
+                raise RuntimeError("Volcano mode did not publish its ConfigMap: the API features were not on")
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     return {
         "off": off,
         "on": on,
         "rss_added_mib": round(on["rss_mib"] - off["rss_mib"], 2),
-        "volcano_published": published,
     }
