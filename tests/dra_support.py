@@ -50,6 +50,7 @@ class DraNode:
             health_interval=0.05,
             rediscover_interval=0.2,
             stop_timeout=0.5,
+            health_address="off",
         )
         kube = replace(settings_from({"NODE_NAME": self.node}, str(self.kubeconfig), "test"), timeout=1.0)
         return DraOptions(

@@ -276,3 +276,34 @@ async def test_a_corrupt_checkpoint_is_moved_aside(node: DraNode, caplog: pytest
     assert driver.store.claims == {}
     assert any("not JSON" in r.message and "moved to" in r.message for r in caplog.records)
     assert list(directory.glob(f"{CHECKPOINT_FILE}.corrupt-*"))
+
+
+async def test_probes_and_metrics_follow_registration_and_the_slice(node: DraNode) -> None:
+    import urllib.error
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    driver = await node.start(health_address="127.0.0.1:0")
+
+    def get(path: str) -> tuple[int, str]:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{driver.probe_port}{path}", timeout=5) as response:
+                return response.status, response.read().decode()
+        except urllib.error.HTTPError as error:
+            return error.code, error.read().decode()
+
+    status, body = await asyncio.to_thread(get, "/healthz")
+    assert (status, body) == (200, f"ok: serving DRA driver {DRIVER} for {len(driver.content.devices)} chips\n")
+    status, body = await asyncio.to_thread(get, "/readyz")
+    assert (status, body) == (503, "not ok: not registered with the kubelet's plugin watcher\n")
+    await DraKubeletStandIn(DRIVER).register(registration_socket(driver.options))
+    async with asyncio.timeout(5):
+        while driver.publisher is None or driver.publisher.published is None:
+            await asyncio.sleep(0.02)
+    assert (await asyncio.to_thread(get, "/readyz"))[0] == 200
+    text = (await asyncio.to_thread(get, "/metrics"))[1]
+    values = {s.name: s.value for f in text_string_to_metric_families(text) for s in f.samples}
+    assert values["ix_device_plugin_dra_registered"] == 1
+    assert values["ix_device_plugin_dra_slice_devices"] == len(driver.content.devices) > 0
+    assert values["ix_device_plugin_dra_prepared_claims"] == 0

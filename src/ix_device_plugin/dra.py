@@ -18,11 +18,14 @@ import logging
 import os
 import signal
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 import grpc
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 from ix_device_plugin.api.dra_v1 import api_pb2 as dra_v1
 from ix_device_plugin.api.dra_v1 import api_pb2_grpc as dra_v1_grpc
@@ -60,6 +63,7 @@ from ix_device_plugin.kube import RESOURCE_CLAIM, RESOURCE_SLICE, Backoff, Kube,
 from ix_device_plugin.logs import OncePerError
 from ix_device_plugin.options import DraOptions
 from ix_device_plugin.outputs import OutputError, _spec_yaml, write_atomically
+from ix_device_plugin.probes import ProbeHandlers, ProbeServer, parse_address
 from ix_device_plugin.registration import unix_target
 
 log = logging.getLogger(__name__)
@@ -318,6 +322,10 @@ class DraDriver:
         self._lock = asyncio.Lock()  # prepare and unprepare change the store one at a time
         self._servers: list[grpc.aio.Server] = []
         self._tasks: list[asyncio.Task[None]] = []
+        self._probes: ProbeServer | None = None
+        self.probe_port: int | None = None
+        self.metrics = CollectorRegistry(auto_describe=True)
+        self.metrics.register(_DraCollector(self))
 
     # ---- lifecycle ---------------------------------------------------------------------------
 
@@ -345,6 +353,7 @@ class DraDriver:
         self._spawn("publish-slice", self._publish_slices())
         self._spawn("hardware", self._watch_hardware())
         await self._serve()
+        await self._start_probes()
         self.ready.set()
         log.info("DRA driver %s ready in %.0f ms", DRIVER, (time.perf_counter() - started) * 1000)
 
@@ -368,6 +377,9 @@ class DraDriver:
         for server in self._servers:
             await server.stop(timeout / 2)
         self._servers.clear()
+        if self._probes is not None:
+            await self._probes.stop()
+            self._probes = None
         for path in (registration_socket(self.options), dra_socket(self.options)):
             with contextlib.suppress(OSError):
                 path.unlink(missing_ok=True)
@@ -395,6 +407,29 @@ class DraDriver:
         await registrar.start()
         self._servers.append(registrar)
         log.info("serving %s and %s", registration_socket(self.options), endpoint)
+
+    # ---- probes and metrics -------------------------------------------------------------------
+
+    async def _start_probes(self) -> None:
+        address = parse_address(self.options.base.health_address)
+        if address is None:
+            return
+        handlers = ProbeHandlers(live=self._live, ready=self._ready, metrics=lambda: generate_latest(self.metrics))
+        self._probes = ProbeServer(handlers)
+        self.probe_port = await self._probes.start(*address)
+
+    def _live(self) -> tuple[bool, str]:
+        stuck = self.hardware.stuck_for()
+        if stuck is not None:
+            return False, f"GPU library call {stuck[0]}() has not returned for {stuck[1]:.0f}s"
+        return True, f"serving DRA driver {DRIVER} for {len(self.content.devices)} chips"
+
+    def _ready(self) -> tuple[bool, str]:
+        if not self.registration.registered.is_set():
+            return False, "not registered with the kubelet's plugin watcher"
+        if self.publisher is None or self.publisher.published is None:
+            return False, "ResourceSlice not published yet"
+        return True, f"registered, ResourceSlice {self.publisher.name} published"
 
     # ---- the hardware: the one owner of the inventory ----------------------------------------
 
@@ -542,3 +577,23 @@ def run_dra(options: DraOptions, run_until_done: Callable[[Any], int]) -> int:
         return await driver.run()
 
     return run_until_done(serve())
+
+
+class _DraCollector(Collector):
+    """The DRA mode's state, read at scrape time."""
+
+    def __init__(self, driver: DraDriver) -> None:
+        self._driver = driver
+
+    def describe(self) -> Iterator[Metric]:
+        return iter(())
+
+    def collect(self) -> Iterator[Metric]:
+        driver = self._driver
+        figures = (
+            ("registered", "1 while registered with the kubelet", int(driver.registration.registered.is_set())),
+            ("slice_devices", "Chips in the node's ResourceSlice", len(driver.content.devices)),
+            ("prepared_claims", "ResourceClaims prepared on the node", len(driver.store.claims)),
+        )
+        for name, help_text, value in figures:
+            yield GaugeMetricFamily(f"ix_device_plugin_dra_{name}", help_text, value=value)
