@@ -243,6 +243,20 @@ async def start_with_api(
     return await start_resetting(start_daemon, backend, kube=kube, **extra)
 
 
+async def test_the_plugin_says_it_holds_the_gpus_at_start_and_keeps_the_others_entries(
+    kubelet: KubeletStandIn, start_daemon: DaemonFactory, apiserver: ApiServerStandIn, short_dir: Path, tmp_path: Path
+) -> None:
+    write_document(apiserver, ResetInfo(NODE, False, {EXPORTER: True}))
+    backend = SimulatedBackend(str(devices_file(tmp_path / "d.yaml")))
+    await start_with_api(start_daemon, apiserver, short_dir, backend)
+    await kubelet.wait_registered(RESOURCE, capacity=2)
+    async with asyncio.timeout(5):
+        while (info := reset_document(apiserver)) is None or OUR_NAME not in info.occupy:
+            await asyncio.sleep(0.02)
+    assert info == ResetInfo(NODE, False, {EXPORTER: True, OUR_NAME: True})
+    assert backend.resets == []
+
+
 async def test_the_exporter_lets_go_during_the_reset_and_takes_the_gpus_back(
     kubelet: KubeletStandIn, start_daemon: DaemonFactory, apiserver: ApiServerStandIn, short_dir: Path, tmp_path: Path
 ) -> None:
@@ -338,3 +352,23 @@ def test_reset_gpu_with_replicas_is_a_config_error_naming_both_keys(tmp_path: Pa
     )
     assert result.returncode == 1
     assert "flags.reset_gpu" in result.stderr and "sharing.timeSlicing.replicas" in result.stderr
+
+
+async def test_an_unexpected_failure_before_allocate_is_an_internal_error_not_a_dead_server(
+    kubelet: KubeletStandIn, start_daemon: DaemonFactory, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    backend = SimulatedBackend(str(devices_file(tmp_path / "d.yaml")))
+    daemon = await start_resetting(start_daemon, backend)
+    await kubelet.wait_registered(RESOURCE, capacity=2)
+
+    async def broken(uuids: object) -> None:
+        raise RuntimeError("a defect")
+
+    daemon.gpu_reset.reset = broken  # type: ignore[method-assign]
+    with pytest.raises(grpc.aio.AioRpcError) as failed:
+        await kubelet.allocate(RESOURCE, [[CHIP_A]])
+    assert failed.value.code() == grpc.StatusCode.INTERNAL
+    assert failed.value.details() == "Allocate failed: a defect"
+    assert metric(daemon, "ix_device_plugin_call_errors_total", method="Allocate", code="INTERNAL") == 1
+    assert not any(record.exc_info for record in caplog.records if record.levelno >= logging.ERROR)
+    await kubelet.preferred(RESOURCE, [CHIP_A, CHIP_B], [], 1)  # still serving

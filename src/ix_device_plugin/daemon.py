@@ -134,6 +134,7 @@ class Daemon:
             self.hardware, self._reset_handshake, self._rediscover_now, self.metrics, options.reset
         )
         self._handshake: ResetHandshake | None = None
+        self._handshake_turn = asyncio.Lock()
         self._volcano: VolcanoMode | None = None
         self._volcano_soon = asyncio.Event()
         self._volcano_pod_errors = OncePerError(log, logging.WARNING)
@@ -267,6 +268,7 @@ class Daemon:
             self._spawn("telemetry", self._sample_telemetry())
         if self.options.kube is not None:
             self._spawn("volcano", self._run_volcano())
+            self._spawn("reset-announce", self._announce_reset())
 
     def stop(self) -> None:
         """Ask the daemon to stop (safe to call from a signal handler)."""
@@ -664,7 +666,12 @@ class Daemon:
         if not config.use_volcano and not config.reset_gpu:
             return None
         if config.use_volcano:
-            request = await self._volcano_request(request)
+            from ix_device_plugin.kube import KubeError
+
+            try:
+                request = await self._volcano_request(request)
+            except KubeError as error:
+                raise AllocationError(f"Volcano mode: {error}", unavailable=True) from None
         if config.reset_gpu:
             current = self.current.plan
             chips = {chip.uuid for req in request.container_requests for chip in _chips(current, req.devices_ids)}
@@ -685,8 +692,24 @@ class Daemon:
         await applied.wait()
         return self.inventory
 
+    async def _announce_reset(self) -> None:
+        """With flags.reset_gpu, say in ix-gpu-reset-<node> that we hold the GPUs, as upstream does at start."""
+        errors = OncePerError(log)
+        while self._handshake is None:
+            if self.config.reset_gpu:
+                try:
+                    await self._reset_handshake()
+                    errors.succeeded("GPU reset handshake: the API server answers again")
+                except GpuResetError as error:
+                    errors.failed("GPU reset handshake: %s; retrying", error)
+            await asyncio.sleep(VOLCANO_PERIOD)
+
     async def _reset_handshake(self) -> ResetHandshake | None:
         """The handshake with other IXML users, when the API server is configured; None without one."""
+        async with self._handshake_turn:
+            return await self._open_handshake()
+
+    async def _open_handshake(self) -> ResetHandshake | None:
         if self._handshake is not None:
             return self._handshake
         settings = self.options.kube
@@ -702,9 +725,13 @@ class Daemon:
 
         try:
             kube = await connect(settings)
-            handshake = ResetHandshake(kube, settings.namespace, settings.node_name)
-            await handshake.announce()
         except (KubeConfigError, KubeError) as error:
+            raise GpuResetError(f"cannot reach the API server for the reset handshake: {error}", "refused") from None
+        handshake = ResetHandshake(kube, settings.namespace, settings.node_name)
+        try:
+            await handshake.announce()
+        except (KubeError, GpuResetError) as error:
+            await kube.close()
             raise GpuResetError(f"cannot reach the API server for the reset handshake: {error}", "refused") from None
         self._handshake = handshake
         return handshake

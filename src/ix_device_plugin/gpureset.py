@@ -21,6 +21,7 @@ import yaml
 
 from ix_device_plugin.backends.base import BackendError
 from ix_device_plugin.inventory import Inventory
+from ix_device_plugin.kube import KubeError
 
 if TYPE_CHECKING:
     from ix_device_plugin.hardware import Hardware
@@ -212,6 +213,10 @@ class GpuReset:
             except GpuResetError as error:
                 await self._undo(handshake)
                 raise GpuResetError(str(error), "refused") from None
+            except KubeError as error:
+                await self._undo(handshake)
+                message = f"cannot reach the API server for the reset handshake: {error}"
+                raise GpuResetError(message, "refused") from None
         try:
             await self._run_reset(uuids)
         finally:
@@ -263,7 +268,7 @@ class GpuReset:
             return
         try:
             async with asyncio.timeout(timeout):
-                await handshake.announce()
+                await handshake.announce()  # reset: false, our occupy true
             handshake.resetting = False
             log.info("GPU reset cut short by the stop; %s says reset: false again", handshake.where)
         except Exception as error:

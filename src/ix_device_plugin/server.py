@@ -138,6 +138,13 @@ class DevicePluginService(api_pb2_grpc.DevicePluginServicer):
             self._observe(method, started, code.name)
             log.warning("%s refused: %s", method, error)
             await context.abort(code, str(error))
+        except (asyncio.CancelledError, grpc.aio.AbortError):
+            raise
+        except Exception as error:  # a defect: answer the kubelet, keep serving; the trace only at debug
+            self._observe(method, started, grpc.StatusCode.INTERNAL.name)
+            log.error("%s failed: %s: %s", method, type(error).__name__, error)
+            log.debug("%s failed", method, exc_info=True)
+            await context.abort(grpc.StatusCode.INTERNAL, f"{method} failed: {error}")
         self._observe(method, started, None)
         return response
 
