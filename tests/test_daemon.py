@@ -244,3 +244,20 @@ async def test_kubelet_restarts_count_once_and_warn_never(
     assert metric(daemon, "ix_device_plugin_registrations_total") == restarts + 1
     assert metric(daemon, "ix_device_plugin_registration_failures_total") == 0
     assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
+
+
+async def test_a_kubelet_restart_seen_twice_registers_once(
+    kubelet: KubeletStandIn, start_daemon: DaemonFactory, plugin_dir: Path
+) -> None:
+    """Polling can see the kubelet's socket vanish and come back in different passes: one registration."""
+    from ix_device_plugin.endpoint import identity
+
+    daemon = await start_daemon("BI-V100:1")
+    await kubelet.wait_registered(RESOURCE)
+    registrations = len(kubelet.registrations)
+    same_kubelet = identity(plugin_dir / "kubelet.sock")
+    assert same_kubelet is not None
+    assert daemon.registrar.kubelet_restarted(same_kubelet) is False
+    assert daemon.registered and len(kubelet.registrations) == registrations
+    assert daemon.registrar.kubelet_restarted((0, 0)) is True  # another kubelet: register with it
+    await until(lambda: len(kubelet.registrations) == registrations + 1 and daemon.registered)

@@ -364,9 +364,8 @@ class Daemon:
         kubelet_now = identity(kubelet)
         recreated = kubelet_now is not None and (kubelet in paths or kubelet_now != self._kubelet_id)
         self._kubelet_id = kubelet_now
-        if recreated and self.endpoint.serving:
+        if recreated and self.endpoint.serving and kubelet_now and self.registrar.kubelet_restarted(kubelet_now):
             log.info("kubelet restarted (%s re-created); registering again", kubelet)
-            self.registrar.request()
         self._reload_config(force=False)
         dev_dir = self.options.dev_root / "dev"
         if any(path.parent == dev_dir and path.name.startswith(_GPU_NODE_PREFIXES) for path in paths):

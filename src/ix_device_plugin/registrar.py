@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from ix_device_plugin.endpoint import Identity, identity
 from ix_device_plugin.logs import OncePerError
 from ix_device_plugin.metrics import Metrics
 from ix_device_plugin.registration import KUBELET_SOCKET, RegistrationError, register
@@ -48,6 +49,8 @@ class Registrar:
         self._failing_since: float | None = None
         self._errors = OncePerError(log, logging.WARNING)
         self._waiting_logged = False
+        self._registered_with: Identity | None = None  # the kubelet.sock the last success went to
+        self._attempting_with: Identity | None = None  # the kubelet.sock of the attempt under way
 
     @property
     def registered(self) -> bool:
@@ -62,6 +65,16 @@ class Registrar:
         """Register (again) as soon as possible, waking any backoff."""
         self._requested += 1
         self._kick.set()
+
+    def kubelet_restarted(self, kubelet: Identity) -> bool:
+        """Register with the kubelet whose socket is now `kubelet`, unless already registered with it; True if asked.
+
+        Without inotify, the socket's disappearance and its re-creation can be seen in different polls,
+        after a registration that already went to the new kubelet: that one is not repeated."""
+        if (self.registered and kubelet == self._registered_with) or kubelet == self._attempting_with:
+            return False
+        self.request()
+        return True
 
     async def run(self) -> None:
         """Serve requests forever (cancel to stop)."""
@@ -85,6 +98,8 @@ class Registrar:
         answering = self._requested
         self._kick.clear()
         name = self._resource_name()
+        kubelet = identity(self._plugin_dir / KUBELET_SOCKET)
+        self._attempting_with = kubelet
         try:
             await register(self._plugin_dir, self._endpoint, name)
         except RegistrationError as error:
@@ -93,12 +108,15 @@ class Registrar:
                 self._failing_since = time.monotonic()
             self._errors.failed("%s; retrying with backoff up to %gs", error, BACKOFF_MAX)
             return False
+        finally:
+            self._attempting_with = None
         self._failing_since = None
         self._errors.succeeded()
         self._waiting_logged = False
         if answering != self._requested:
             return True  # asked again meanwhile (the kubelet restarted): register with the new one
         self._registered_for = answering
+        self._registered_with = kubelet
         self._metrics.registrations.inc()
         if self._ever_registered:
             self._metrics.reregistrations.inc()
