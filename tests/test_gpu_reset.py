@@ -227,7 +227,9 @@ async def exporter(apiserver: ApiServerStandIn, seen: list[tuple[bool, dict[str,
                 seen.append((info.reset, dict(info.occupy)))
             wanted = not info.reset or not lets_go
             if info.occupy.get(EXPORTER) != wanted:
-                write_document(apiserver, ResetInfo(info.nodename, info.reset, {**info.occupy, EXPORTER: wanted}))
+                answer = ResetInfo(info.nodename, info.reset, {**info.occupy, EXPORTER: wanted})
+                write_document(apiserver, answer)  # no await between read and write: nothing else writes
+                seen.append((answer.reset, dict(answer.occupy)))
         await asyncio.sleep(0.05)
 
 

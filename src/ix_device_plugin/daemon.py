@@ -19,21 +19,20 @@ import contextlib
 import logging
 import signal
 import time
-from collections.abc import Coroutine, Iterable, Mapping
+from collections.abc import Coroutine, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ix_device_plugin.allocation import AllocationError
-from ix_device_plugin.api import api_pb2
+from ix_device_plugin.api_features import ApiFeatures
 from ix_device_plugin.backends.base import BackendError, XidEvent
 from ix_device_plugin.config import SETTINGS, Config, ConfigError
 from ix_device_plugin.devnodes import with_control_nodes
 from ix_device_plugin.endpoint import Endpoint, identity
 from ix_device_plugin.errors import StartupError
-from ix_device_plugin.gpureset import GpuReset, GpuResetError, ResetHandshake
+from ix_device_plugin.gpureset import GpuReset, GpuResetError
 from ix_device_plugin.hardware import Hardware
-from ix_device_plugin.inventory import Chip, ChipStatus, Inventory, carry_missing, xid_ignored
+from ix_device_plugin.inventory import ChipStatus, Inventory, carry_missing, xid_ignored
 from ix_device_plugin.limits import device_list_problem
 from ix_device_plugin.logs import OncePerError
 from ix_device_plugin.metrics import Metrics
@@ -45,10 +44,8 @@ from ix_device_plugin.podresources import PodResourcesClient, PodResourcesError
 from ix_device_plugin.probes import ProbeHandlers, ProbeServer, parse_address
 from ix_device_plugin.registrar import Registrar
 from ix_device_plugin.registration import KUBELET_SOCKET
-from ix_device_plugin.state import Current, State, first_set
+from ix_device_plugin.state import Current, State
 from ix_device_plugin.telemetry import ChipSample, PodRef, TelemetryCollector, chip_pods
-from ix_device_plugin.volcano import LIST_PERIOD as VOLCANO_PERIOD
-from ix_device_plugin.volcano import VolcanoMode
 from ix_device_plugin.watch import Watcher
 from ix_device_plugin.yamlsafe import MAX_BYTES
 
@@ -127,18 +124,13 @@ class Daemon:
         self.metrics = metrics or Metrics()
         self.current = Current(State.of(Inventory(), Config()))
         self.hardware = Hardware(options.backend_factory, options.call_timeout)
+        self.api = ApiFeatures(
+            options, self.current, self.metrics, self.hardware, self._rediscover_now, self._pod_devices
+        )
         self.endpoint = Endpoint(
-            options.plugin_dir / options.endpoint, self.current, self.metrics.observe_call, self._before_allocate
+            options.plugin_dir / options.endpoint, self.current, self.metrics.observe_call, self.api.before_allocate
         )
-        self.gpu_reset = GpuReset(
-            self.hardware, self._reset_handshake, self._rediscover_now, self.metrics, options.reset
-        )
-        self._handshake: ResetHandshake | None = None
-        self._handshake_turn = asyncio.Lock()
-        self._volcano: VolcanoMode | None = None
-        self._volcano_soon = asyncio.Event()
         self._volcano_pod_errors = OncePerError(log, logging.WARNING)
-        self._no_handshake_said = False
         self.registrar = Registrar(
             options.plugin_dir,
             options.endpoint,
@@ -177,6 +169,11 @@ class Daemon:
         self._files_due = bool(self._files)
 
     # ---- what others read ------------------------------------------------------------------
+
+    @property
+    def gpu_reset(self) -> GpuReset:
+        """The GPU reset service (flags.reset_gpu)."""
+        return self.api.gpu_reset
 
     @property
     def plan(self) -> Plan:
@@ -267,8 +264,8 @@ class Daemon:
         if self.telemetry is not None:
             self._spawn("telemetry", self._sample_telemetry())
         if self.options.kube is not None:
-            self._spawn("volcano", self._run_volcano())
-            self._spawn("reset-announce", self._announce_reset())
+            self._spawn("volcano", self.api.run_volcano())
+            self._spawn("reset-announce", self.api.announce_reset())
 
     def stop(self) -> None:
         """Ask the daemon to stop (safe to call from a signal handler)."""
@@ -295,9 +292,7 @@ class Daemon:
                     log.error("task %s did not stop in time; abandoning it", name)
         await self._bounded("stopping the plugin server", self.endpoint.stop(grace=budget * 0.1), budget * 0.3)
         self.endpoint.remove_socket()
-        await self.gpu_reset.close(timeout=budget * 0.2)
-        for kube in {id(k): k for k in self._api_connections()}.values():
-            await self._bounded("closing the API connection", kube.close(), budget * 0.05)
+        await self._bounded("ending the API features", self.api.close(timeout=budget * 0.2), budget * 0.25)
         if self._probes is not None:
             await self._bounded("stopping the probe server", self._probes.stop(), budget * 0.1)
         for file in self._files:
@@ -309,9 +304,6 @@ class Daemon:
             await self._bounded("closing the pod-resources channel", self._pod_resources.close(), budget * 0.05)
         # Room for the XID waiter's last bounded wait (EVENT_WAIT_MS), which must end before IXML shuts down.
         await self.hardware.close(timeout=budget * 0.4)
-
-    def _api_connections(self) -> list[Kube]:
-        return [part.kube for part in (self._handshake, self._volcano) if part is not None]
 
     async def _bounded(self, what: str, work: Coroutine[Any, Any, None], timeout: float) -> None:
         try:
@@ -656,29 +648,7 @@ class Daemon:
             self._first_label.set_result(value)
         self._events.put_nowait(NodeLabelChanged(value))
 
-    # ---- flags.reset_gpu ---------------------------------------------------------------------
-
-    async def _before_allocate(self, plan: Plan, request: api_pb2.AllocateRequest) -> api_pb2.AllocateRequest | None:
-        """With flags.usevolcano, the devices Volcano chose; with flags.reset_gpu, reset their chips first.
-        The request to answer, or None when neither is on."""
-        config = self.config
-        if not config.use_volcano and not config.reset_gpu:
-            return None
-        if config.use_volcano:
-            from ix_device_plugin.kube import KubeError
-
-            try:
-                request = await self._volcano_request(request)
-            except KubeError as error:
-                raise AllocationError(f"Volcano mode: {error}", unavailable=True) from None
-        if config.reset_gpu:
-            current = self.current.plan
-            chips = {chip.uuid for req in request.container_requests for chip in _chips(current, req.devices_ids)}
-            try:
-                await self.gpu_reset.reset(sorted(chips))
-            except GpuResetError as error:
-                raise AllocationError(f"GPU reset before Allocate: {error}", unavailable=True) from None
-        return request
+    # ---- what the API features need from the loop ---------------------------------------------
 
     async def _rediscover_now(self) -> Inventory:
         """Discover again and wait until the reconcile loop serves what was found."""
@@ -691,117 +661,12 @@ class Daemon:
         await applied.wait()
         return self.inventory
 
-    async def _announce_reset(self) -> None:
-        """With flags.reset_gpu, say in ix-gpu-reset-<node> that we hold the GPUs, as upstream does at start."""
-        errors = OncePerError(log)
-        while self._handshake is None:
-            if self.config.reset_gpu:
-                try:
-                    await self._reset_handshake()
-                    errors.succeeded("GPU reset handshake: the API server answers again")
-                except GpuResetError as error:
-                    errors.failed("GPU reset handshake: %s; retrying", error)
-            await asyncio.sleep(VOLCANO_PERIOD)
-
-    async def _reset_handshake(self) -> ResetHandshake | None:
-        """The handshake with other IXML users, when the API server is configured; None without one."""
-        async with self._handshake_turn:
-            return await self._open_handshake()
-
-    async def _open_handshake(self) -> ResetHandshake | None:
-        if self._handshake is not None:
-            return self._handshake
-        settings = self.options.kube
-        if settings is None:
-            if not self._no_handshake_said:
-                log.warning(
-                    "flags.reset_gpu without API access (NODE_NAME and a service account or kubeconfig): "
-                    "other IXML users such as ix-exporter are not asked to let go before a reset"
-                )
-                self._no_handshake_said = True
-            return None
-        from ix_device_plugin.kube import KubeConfigError, KubeError, connect
-
-        try:
-            kube = await connect(settings)
-        except (KubeConfigError, KubeError) as error:
-            raise GpuResetError(f"cannot reach the API server for the reset handshake: {error}", "refused") from None
-        handshake = ResetHandshake(kube, settings.namespace, settings.node_name)
-        try:
-            await handshake.announce()
-        except (KubeError, GpuResetError) as error:
-            await kube.close()
-            raise GpuResetError(f"cannot reach the API server for the reset handshake: {error}", "refused") from None
-        self._handshake = handshake
-        return handshake
-
-    # ---- flags.usevolcano ---------------------------------------------------------------------
-
-    async def _volcano_request(self, request: api_pb2.AllocateRequest) -> api_pb2.AllocateRequest:
-        """The request with each container's devices replaced by those Volcano chose for its pod."""
-        mode = await self._volcano_mode()
-        chosen = [await mode.chosen_devices(list(req.devices_ids)) for req in request.container_requests]
-        self._volcano_soon.set()  # annotate the pod as soon as the kubelet reports it
-        return api_pb2.AllocateRequest(
-            container_requests=[api_pb2.ContainerAllocateRequest(devices_ids=ids) for ids in chosen]
-        )
-
-    async def _volcano_mode(self) -> VolcanoMode:
-        if self._volcano is not None:
-            return self._volcano
-        settings = self.options.kube
-        if settings is None:
-            raise AllocationError(
-                "flags.usevolcano needs API access: NODE_NAME and a service account (chart: "
-                "features.volcano=true) or --kubeconfig",
-                unavailable=True,
-            )
-        from ix_device_plugin.kube import KubeConfigError, KubeError, connect
-
-        try:
-            kube = await connect(settings)
-        except (KubeConfigError, KubeError) as error:
-            raise AllocationError(f"Volcano mode: cannot reach the API server: {error}", unavailable=True) from None
-        self._volcano = VolcanoMode(
-            kube, settings.namespace, settings.node_name, lambda: self.current.plan, self._pod_devices
-        )
-        return self._volcano
-
     async def _pod_devices(self) -> dict[tuple[str, str], list[str]]:
         """(namespace, pod) -> the device IDs the kubelet gave it, from the pod-resources socket."""
         held: dict[tuple[str, str], list[str]] = {}
         for device_id, ref in (await self._allocations(self._volcano_pod_errors)).items():
             held.setdefault((ref.namespace, ref.pod), []).append(device_id)
         return held
-
-    async def _run_volcano(self) -> None:
-        """While flags.usevolcano is on: keep ix-device-info-cm-<node> current and annotate allocated pods."""
-        from ix_device_plugin.kube import KubeError
-
-        errors, published_view = OncePerError(log), -1
-        while True:
-            if self.config.use_volcano:
-                view = self.current.view_generation
-                try:
-                    mode = await self._volcano_mode()
-                    await mode.annotate_allocations()
-                    await mode.publish(full=view != published_view)
-                    published_view = view
-                    errors.succeeded("Volcano mode: the API server answers again")
-                except (KubeError, AllocationError) as error:
-                    errors.failed("Volcano mode: %s; retrying", error)
-            await self._volcano_wait(VOLCANO_PERIOD)
-
-    async def _volcano_wait(self, seconds: float) -> None:
-        """Sleep until the period is over, the device view changes or an Allocate asks for a pass."""
-        try:
-            async with asyncio.timeout(seconds):
-                await first_set(self.current.news, self._volcano_soon)
-        except TimeoutError:
-            pass
-        if self._volcano_soon.is_set():
-            self._volcano_soon.clear()
-            await asyncio.sleep(_SETTLE)  # the kubelet records the allocation just after Allocate returns
 
     # ---- start-up helpers --------------------------------------------------------------------
 
@@ -875,11 +740,6 @@ def _read_bytes(path: Path) -> bytes | None:
             return stream.read(MAX_BYTES + 1)
     except OSError:
         return None
-
-
-def _chips(plan: Plan, device_ids: Iterable[str]) -> list[Chip]:
-    """The chips behind these device IDs (IDs the plan does not know were refused before)."""
-    return [chip for device_id in device_ids if (device := plan.by_id.get(device_id)) for chip in device.chips]
 
 
 def _keeping_xids(status: ChipStatus, before: ChipStatus | None) -> ChipStatus:
