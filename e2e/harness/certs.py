@@ -32,6 +32,7 @@ class Pki:
     kubelet_client: KeyPair  # the kubelet's node identity, towards the API server
     kubelet_serving: KeyPair
     apiserver_kubelet_client: KeyPair  # the API server towards the kubelet (logs, exec)
+    front_proxy_client: KeyPair  # the API server towards aggregated API servers (request headers)
     service_account_key: Path
     service_account_pub: Path
 
@@ -100,6 +101,7 @@ def make_pki(directory: Path, node_name: str, node_ip: str, service_ip: str) -> 
         apiserver_kubelet_client=make_leaf(
             ca, directory, "apiserver-kubelet-client", "/O=system:masters/CN=kube-apiserver-kubelet-client"
         ),
+        front_proxy_client=make_leaf(ca, directory, "front-proxy-client", "/CN=front-proxy-client"),
         service_account_key=sa_key,
         service_account_pub=sa_pub,
     )

@@ -212,6 +212,13 @@ class Cluster:
                 "--allow-privileged=true",
                 f"--kubelet-client-certificate={pki.apiserver_kubelet_client.cert}",
                 f"--kubelet-client-key={pki.apiserver_kubelet_client.key}",
+                f"--requestheader-client-ca-file={pki.ca.cert}",
+                "--requestheader-allowed-names=front-proxy-client",
+                "--requestheader-username-headers=X-Remote-User",
+                "--requestheader-group-headers=X-Remote-Group",
+                "--requestheader-extra-headers-prefix=X-Remote-Extra-",
+                f"--proxy-client-cert-file={pki.front_proxy_client.cert}",
+                f"--proxy-client-key-file={pki.front_proxy_client.key}",
                 "--kubelet-preferred-address-types=InternalIP",
                 "--profiling=false",
                 "--v=1",
@@ -302,6 +309,9 @@ class Cluster:
             f"[{cri_runtime}]",
             f'  cdi_spec_dirs = ["{self.cdi_dir}"]',
             "  netns_mounts_under_state_dir = true",
+            # No container gets a lower oom_score_adj than containerd's own: where the host withholds
+            # CAP_SYS_RESOURCE (some VM sandboxes), runc cannot set the sandbox's -998 and no pod starts.
+            "  restrict_oom_score_adj = true",
             f"[{cri_runtime}.containerd]",
             '  default_runtime_name = "runc"',
             f"[{runc}]",
@@ -594,7 +604,7 @@ class Cluster:
 def primary_ip() -> str:
     """The address this host reaches the outside with (the kubelet refuses a loopback node IP)."""
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
-        probe.connect(("192.0.2.255", 9))  # no packet is sent: connect only picks the route
+        probe.connect(("203.0.113.1", 9))  # TEST-NET-3; no packet is sent: connect only picks the route
         return probe.getsockname()[0]
 
 

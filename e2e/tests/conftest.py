@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import sys
 import tempfile
 import time
@@ -21,7 +22,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from harness.build import E2E_DIR, built_binaries
-from harness.cluster import Binaries, Cluster
+from harness.cluster import Binaries, Cluster, mounts_under
 from harness.kube import Kubectl
 from harness.plugin import bi_v150_chips, device_nodes
 from harness.procs import describe_logs
@@ -59,8 +60,12 @@ def gpu_device_nodes(binaries: Binaries) -> Iterator[list[Path]]:
 def cluster(binaries: Binaries, log_dir: Path, gpu_device_nodes: list[Path]) -> Iterator[Cluster]:
     """The running cluster; torn down at the end of the session, which fails if anything is left behind."""
     workdir = Path(tempfile.mkdtemp(prefix="ix-e2e-"))
-    started = Cluster(binaries, workdir, log_dir)
-    started.start()
+    try:
+        started = Cluster(binaries, workdir, log_dir).start()
+    except BaseException:
+        if not mounts_under(workdir):
+            shutil.rmtree(workdir, ignore_errors=True)
+        raise
     try:
         yield started
     finally:
