@@ -42,6 +42,9 @@ SERVICE_IP = "10.0.0.1"
 POD_CIDR = "10.244.0.0/24"
 BRIDGE = "ixe2e0"
 CONTAINER_LOG_LINKS = Path("/var/log/containers")
+# The kubelet's device manager serves kubelet.sock at this fixed path whatever --root-dir says
+# (pluginapi.KubeletSocket): the cluster bind-mounts its own device-plugin folder here while it runs.
+KUBELET_DEVICE_PLUGIN_DIR = Path("/var/lib/kubelet/device-plugins")
 # The DRA features the tests use, on explicitly (all are on by default in 1.37; GA ones are locked on).
 FEATURE_GATES = {
     "DRAAdminAccess": True,
@@ -87,6 +90,8 @@ class Cluster:
     feature_gates: dict[str, bool] = field(default_factory=lambda: dict(FEATURE_GATES))
     processes: dict[str, Process] = field(default_factory=dict)
     teardown_problems: list[str] = field(default_factory=list)
+    bind_mounts: list[Path] = field(default_factory=list)
+    created_dirs: list[Path] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.workdir = self.workdir.resolve()
@@ -135,6 +140,7 @@ class Cluster:
         self.import_image(images.busybox_image(busybox))
         self._write_cni_config()
         self._make_cgroup_root()
+        self._mount_device_plugin_dir()
         self.start_kubelet()
         self.wait_node_ready()
         self._wait_default_service_account()
@@ -385,6 +391,20 @@ class Cluster:
                 if (mount / name).exists() and not (directory / name).read_text().strip():
                     (directory / name).write_text((mount / name).read_text())
 
+    def _mount_device_plugin_dir(self) -> None:
+        """Bind-mount device_plugin_dir on KUBELET_DEVICE_PLUGIN_DIR (refusing where a kubelet uses it)."""
+        target = KUBELET_DEVICE_PLUGIN_DIR
+        if mounts_under(target):
+            raise AssertionError(f"{target} is a mount point already (another kubelet, or a run that crashed)")
+        if target.is_dir() and any(target.iterdir()):
+            raise AssertionError(
+                f"{target} is not empty: is a kubelet running on this host? ({sorted(target.iterdir())})"
+            )
+        self.created_dirs = [path for path in (target.parent, target) if not path.exists()]
+        target.mkdir(parents=True, exist_ok=True)
+        run(["mount", "--bind", str(self.device_plugin_dir), str(target)])
+        self.bind_mounts.append(target)
+
     def kubelet_config(self) -> dict[str, object]:
         """The KubeletConfiguration: cgroup v1 allowed, cgroupfs, everything under the work directory."""
         assert self.pki is not None
@@ -516,6 +536,7 @@ class Cluster:
             ("kube-apiserver", lambda: self._stop_process("kube-apiserver")),
             ("etcd", lambda: self._stop_process("etcd")),
             ("mounts", self._unmount_all),
+            ("device-plugin directory", self._unmount_device_plugin_dir),
             ("cgroups", self._remove_cgroups),
             ("bridge", self._remove_bridge),
             ("container log links", self._remove_log_links),
@@ -566,6 +587,17 @@ class Cluster:
         remaining = mounts_under(self.workdir)
         if remaining:
             raise AssertionError(f"could not unmount {remaining}")
+
+    def _unmount_device_plugin_dir(self) -> None:
+        for target in self.bind_mounts:
+            if mounts_under(target):
+                run(["umount", str(target)], check=False, timeout=30)
+            if mounts_under(target):
+                run(["umount", "-l", str(target)], timeout=30)
+        self.bind_mounts.clear()
+        for path in reversed(self.created_dirs):
+            with contextlib.suppress(OSError):
+                path.rmdir()
 
     def _remove_cgroups(self) -> None:
         for mount in [*cgroup_mounts(), *unified_mounts()]:

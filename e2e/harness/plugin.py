@@ -63,6 +63,12 @@ def devices_yaml(chips: Sequence[Chip]) -> str:
     return yaml.safe_dump(document, sort_keys=False)
 
 
+def write_atomically(path: Path, text: str) -> None:
+    temporary = path.with_name(f".{path.name}.tmp")
+    temporary.write_text(text)
+    temporary.rename(path)
+
+
 @contextlib.contextmanager
 def device_nodes(minors: Sequence[int], dev: Path = Path("/dev")) -> Iterator[list[Path]]:
     """Character devices /dev/iluvatar<minor> and /dev/itrctl (major DEVICE_MAJOR), removed afterwards.
@@ -112,6 +118,14 @@ class PluginRun:
 
     def metrics(self) -> str:
         return http_get(self.url("/metrics"), timeout=5).decode()
+
+    def set_config(self, config: dict[str, Any]) -> None:
+        """Replace the config file (atomically, as the kubelet swaps a ConfigMap); the plugin reloads it."""
+        write_atomically(self.files["config"], yaml.safe_dump(config, sort_keys=False) if config else "flags: {}\n")
+
+    def set_chips(self, chips: Sequence[Chip]) -> None:
+        """Replace the simulated devices file (health, presence); re-read at the next health poll."""
+        write_atomically(self.files["devices"], devices_yaml(chips))
 
     def stop(self) -> int | None:
         return self.process.stop()
