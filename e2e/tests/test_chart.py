@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,7 +19,7 @@ from harness.helm import Helm, by_key, of_kind, static_objects
 from harness.kube import Kubectl, KubectlError, Obj
 from harness.plugin import PluginRun, bi_v150_chips, start_device_plugin
 from harness.pods import SHOW_DEVICES, STAY, busybox_pod, node_resource, run_and_read, shown_devices
-from harness.procs import wait_until
+from harness.procs import run, wait_until
 
 RESOURCE = "iluvatar.com/gpu"
 NAMESPACE = "kube-system"
@@ -60,6 +61,14 @@ def test_the_chart_in_dra_mode_renders_the_static_dra_manifest(helm: Helm) -> No
     assert sorted(rendered) == sorted(static)
     for key, obj in static.items():
         assert rendered[key] == obj, key
+
+
+def test_the_helm_backed_chart_check_passes(cluster: Cluster) -> None:
+    """scripts/helm_chart.py (render_chart.py's successor) agrees: chart and static files are the same objects."""
+    script = Path(__file__).resolve().parents[2] / "scripts" / "helm_chart.py"
+    env = dict(os.environ, HELM=str(cluster.binaries["helm"]))
+    result = run([sys.executable, str(script), "check"], env=env)
+    assert "chart renders the static manifests (helm template)" in result.stdout
 
 
 @pytest.mark.parametrize("value_set", sorted(VALUE_SETS))
