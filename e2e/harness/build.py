@@ -12,6 +12,7 @@ E2E_DIR = Path(__file__).resolve().parents[1]
 REPO_ROOT = E2E_DIR.parent
 BUILD_SCRIPT = E2E_DIR / "cluster" / "build.sh"
 VERSIONS_FILE = E2E_DIR / "versions.env"
+CACHE = Path(os.environ.get("IX_E2E_CACHE") or "/var/cache/ix-device-plugin-e2e")
 
 
 def versions() -> dict[str, str]:

@@ -672,6 +672,15 @@ def _mountinfo() -> Iterator[tuple[str, str]]:
         yield point, fields[separator + 1]
 
 
+def bind_source(point: Path) -> str | None:
+    """For a mount at point, the path within its filesystem that is mounted there (a bind's source)."""
+    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+        fields = line.split()
+        if fields[4].encode().decode("unicode_escape") == str(point):
+            return fields[3].encode().decode("unicode_escape")
+    return None
+
+
 def mounts_under(directory: Path) -> list[str]:
     """Mount points at or below directory, in mount order."""
     prefix = str(directory)

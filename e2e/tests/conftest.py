@@ -21,11 +21,12 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from harness.build import E2E_DIR, built_binaries
+from harness.build import CACHE, E2E_DIR, built_binaries
 from harness.cluster import Binaries, Cluster, mounts_under
 from harness.kube import Kubectl
 from harness.plugin import bi_v150_chips, device_nodes
 from harness.procs import describe_logs
+from harness.runs import exclusive_run
 
 FAILURE_LOG_LINES = 25
 
@@ -58,23 +59,28 @@ def gpu_device_nodes(binaries: Binaries) -> Iterator[list[Path]]:
 
 @pytest.fixture(scope="session")
 def cluster(binaries: Binaries, log_dir: Path, gpu_device_nodes: list[Path]) -> Iterator[Cluster]:
-    """The running cluster; torn down at the end of the session, which fails if anything is left behind."""
+    """The running cluster; torn down at the end of the session, which fails if anything is left behind.
+
+    One run per machine at a time (a lock in the build cache); the remains of a run that was killed are
+    cleaned first.
+    """
     workdir = Path(tempfile.mkdtemp(prefix="ix-e2e-"))
-    try:
-        started = Cluster(binaries, workdir, log_dir).start()
-    except BaseException:
-        if not mounts_under(workdir):
-            shutil.rmtree(workdir, ignore_errors=True)
-        raise
-    try:
-        yield started
-    finally:
-        problems = started.stop()
-        if not problems and not os.environ.get("IX_E2E_KEEP_WORKDIR"):
-            started.remove_workdir()
-        sys.stderr.write(f"\ne2e: logs in {log_dir}\n")
-        if problems:
-            pytest.fail("teardown left things behind:\n" + "\n".join(problems))
+    with exclusive_run(CACHE, binaries, workdir, log_dir):
+        try:
+            started = Cluster(binaries, workdir, log_dir).start()
+        except BaseException:
+            if not mounts_under(workdir):
+                shutil.rmtree(workdir, ignore_errors=True)
+            raise
+        try:
+            yield started
+        finally:
+            problems = started.stop()
+            if not problems and not os.environ.get("IX_E2E_KEEP_WORKDIR"):
+                started.remove_workdir()
+            sys.stderr.write(f"\ne2e: logs in {log_dir}\n")
+            if problems:
+                pytest.fail("teardown left things behind:\n" + "\n".join(problems))
 
 
 @pytest.fixture(scope="session")

@@ -252,7 +252,9 @@ def test_a_refused_call_is_refused_by_the_server(admin: Kubectl, chart_account: 
         account("create", "configmap", "not-granted", "-n", "default")
 
 
-def test_the_service_account_token_is_the_only_credential(chart_account: Path) -> None:
+def test_the_service_account_token_is_the_only_credential(admin: Kubectl, chart_account: Path) -> None:
+    """The plugin runs with nothing but the chart's token: the server sees the ServiceAccount."""
     config = yaml.safe_load(chart_account.read_text())
     assert set(config["users"][0]["user"]) == {"token"}
-    assert os.environ.get("KUBECONFIG") != str(chart_account)
+    review = json.loads(admin.with_kubeconfig(chart_account)("auth", "whoami", "-o", "json"))
+    assert review["status"]["userInfo"]["username"] == f"system:serviceaccount:{NAMESPACE}:{SERVICE_ACCOUNT}"

@@ -6,12 +6,11 @@ DaemonSet (hostPath mounts, probes, the ConfigMap mounted and edited live), regi
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 import yaml
+from harness.build import CACHE
 from harness.cluster import Cluster
 from harness.helm import CHART, Helm
 from harness.kube import Kubectl, Obj
@@ -32,8 +31,7 @@ def project_image(cluster: Cluster) -> BuiltImage:
     missing = missing_tools()
     if missing:
         pytest.skip(f"building the image offline needs {', '.join(missing)} (apt-get install debootstrap buildah)")
-    cache = Path(os.environ.get("IX_E2E_CACHE", "/var/cache/ix-device-plugin-e2e"))
-    built = build_project_image(cache)
+    built = build_project_image(CACHE)
     cluster.import_image_file(built.archive)
     listed = cluster.ctr("images", "ls", "-q").stdout.split()
     assert built.name in listed, listed
