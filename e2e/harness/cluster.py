@@ -383,13 +383,24 @@ class Cluster:
         (self.cni_conf_dir / "10-ix-e2e.conflist").write_text(json.dumps(network, indent=2))
 
     def _make_cgroup_root(self) -> None:
-        """/ix-e2e in every cgroup v1 hierarchy (cpuset with its parent's CPUs and memory nodes)."""
+        """/ix-e2e in every cgroup v1 hierarchy (cpuset with its parent's CPUs and memory nodes), or, on a
+        cgroup v2 host, in the unified hierarchy with its controllers delegated (not exercised on the v1 VM
+        this suite was developed on).
+        """
         for mount in cgroup_mounts():
             directory = mount / CGROUP_ROOT
             directory.mkdir(exist_ok=True)
             for name in ("cpuset.cpus", "cpuset.mems"):
                 if (mount / name).exists() and not (directory / name).read_text().strip():
                     (directory / name).write_text((mount / name).read_text())
+        unified = Path("/sys/fs/cgroup")
+        if unified in unified_mounts():
+            directory = unified / CGROUP_ROOT
+            directory.mkdir(exist_ok=True)
+            controllers = (unified / "cgroup.controllers").read_text().split()
+            for parent in (unified, directory):
+                with contextlib.suppress(OSError):
+                    (parent / "cgroup.subtree_control").write_text(" ".join(f"+{c}" for c in controllers))
 
     def _mount_device_plugin_dir(self) -> None:
         """Bind-mount device_plugin_dir on KUBELET_DEVICE_PLUGIN_DIR (refusing where a kubelet uses it)."""

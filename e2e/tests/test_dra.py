@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from harness.cluster import Cluster
+from harness.cluster import CGROUP_ROOT, Cluster, cgroup_mounts, unified_mounts
 from harness.helm import Helm, load_objects, of_kind
 from harness.images import BUSYBOX_IMAGE
 from harness.kube import Kubectl, Obj
@@ -329,14 +329,15 @@ def test_after_a_reboot_the_pods_container_restarts_with_its_chip(
 
 
 def kill_container(cluster: Cluster, namespace: str, pod: str) -> None:
-    """SIGKILL the pod's container process (as a crash would), found through its cgroup."""
+    """SIGKILL the pod's container process (as a crash would), found through the pod's cgroups."""
     uid = cluster.admin.get("pod", pod, namespace)["metadata"]["uid"]
-    killed = 0
-    for procs in Path("/sys/fs/cgroup/pids").glob(f"ix-e2e/kubepods*/**/pod{uid}/*/cgroup.procs"):
-        for pid in procs.read_text().split():
-            if Path(f"/proc/{pid}/comm").read_text().strip() == "sh":
-                os.kill(int(pid), signal.SIGKILL)
-                killed += 1
+    pids: set[str] = set()
+    for mount in [*cgroup_mounts(), *unified_mounts()]:
+        for procs in mount.glob(f"{CGROUP_ROOT}/kubepods*/**/pod{uid}/*/cgroup.procs"):
+            pids |= set(procs.read_text().split())
+    killed = [pid for pid in pids if Path(f"/proc/{pid}/comm").read_text().strip() == "sh"]
+    for pid in killed:
+        os.kill(int(pid), signal.SIGKILL)
     assert killed, f"no container process found for {namespace}/{pod}"
 
 
