@@ -11,7 +11,7 @@ from typing import Any
 from bench import procfs
 from bench.plugin import ONE_GPU, PluginProcess, short_dir
 from bench.settings import Settings
-from tests.apiserver_standin import ApiServerStandIn
+from ix_device_plugin.standins.apiserver import ApiServerStandIn
 
 NODE = "bench-node"
 NAMESPACE = "kube-system"

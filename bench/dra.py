@@ -20,9 +20,9 @@ from typing import Any
 from bench.plugin import short_dir
 from bench.procfs import rss_mib
 from bench.stats import latency_ms, summary_ms
-from ix_device_plugin.dra_kubelet_standin import DraKubeletStandIn
-from ix_device_plugin.dra_slices import DRIVER, slice_name
-from tests.apiserver_standin import ApiServerStandIn
+from ix_device_plugin.dra.slices import DRIVER, slice_name
+from ix_device_plugin.standins.apiserver import ApiServerStandIn
+from ix_device_plugin.standins.dra_kubelet import DraKubeletStandIn
 
 NODE = "bench-node"
 START_TIMEOUT = 15.0

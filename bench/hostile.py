@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.settings import Settings
-from ix_device_plugin.config import ConfigError, load_document, resolve
+from ix_device_plugin.settings.config import ConfigError, load_document, resolve
 
 CORPUS = Path(__file__).resolve().parent.parent / "tests" / "hostile" / "configs"
 

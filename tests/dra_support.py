@@ -10,14 +10,14 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from apiserver_standin import ApiServerStandIn
 
-from ix_device_plugin.backends.simulated import SimulatedBackend
-from ix_device_plugin.dra import DraDriver, registration_socket
-from ix_device_plugin.dra_kubelet_standin import DraKubeletStandIn
-from ix_device_plugin.dra_slices import DRIVER, slice_name
-from ix_device_plugin.kube import settings_from
-from ix_device_plugin.options import DraOptions, Options
+from ix_device_plugin.apiserver.client import settings_from
+from ix_device_plugin.dra.driver import DraDriver, registration_socket
+from ix_device_plugin.dra.slices import DRIVER, slice_name
+from ix_device_plugin.hardware.simulated import SimulatedBackend
+from ix_device_plugin.settings.options import DraOptions, Options
+from ix_device_plugin.standins.apiserver import ApiServerStandIn
+from ix_device_plugin.standins.dra_kubelet import DraKubeletStandIn
 
 NODE = "node-a"
 TWO_BOARDS: list[dict[str, Any]] = [{"product": "BI-V150"}, {"product": "BI-V150"}]

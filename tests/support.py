@@ -9,9 +9,12 @@ import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
-from ix_device_plugin.daemon import Daemon
+from ix_device_plugin.deviceplugin.loop import Daemon
 
+TESTS_DIR = Path(__file__).resolve().parent
+REPO_ROOT = TESTS_DIR.parent
 RESOURCE = "iluvatar.com/gpu"
+IXML_DOUBLE_CONFIG = "IXML_DOUBLE_CONFIG"  # the environment variable naming the C double's device file
 # Plugins started by tests write no CDI spec or node labels on the machine unless a test asks.
 NO_NODE_FILES = ("--cdi-spec-dir", "off", "--node-feature-dir", "off")
 DaemonFactory = Callable[..., Awaitable[Daemon]]
@@ -61,3 +64,13 @@ async def until(predicate: Callable[[], bool], timeout: float = 5.0, step: float
     async with asyncio.timeout(timeout):
         while not predicate():
             await asyncio.sleep(step)
+
+
+def make_dev_root(root: Path, minors: list[int], *, itrctl: bool = True) -> Path:
+    """A fake host root whose dev/ holds iluvatar<minor> nodes (and itrctl) as plain files."""
+    (root / "dev").mkdir(parents=True)
+    for minor in minors:
+        (root / "dev" / f"iluvatar{minor}").touch()
+    if itrctl:
+        (root / "dev" / "itrctl").touch()
+    return root

@@ -13,13 +13,14 @@ from pathlib import Path
 from typing import Any
 
 from ix_device_plugin import __version__
-from ix_device_plugin.backends.base import BackendError
-from ix_device_plugin.config import CONFIG_KEY, ConfigError, load_document, read_bounded, resolve
-from ix_device_plugin.daemon import Daemon
-from ix_device_plugin.devnodes import with_control_nodes
-from ix_device_plugin.inventory import Inventory
-from ix_device_plugin.logs import setup as setup_logging
-from ix_device_plugin.options import (
+from ix_device_plugin.core.inventory import Inventory
+from ix_device_plugin.deviceplugin.loop import Daemon
+from ix_device_plugin.deviceplugin.telemetry import ChipSample, PodRef
+from ix_device_plugin.hardware.backend import BackendError
+from ix_device_plugin.hardware.devnodes import with_control_nodes
+from ix_device_plugin.runtime.logs import setup as setup_logging
+from ix_device_plugin.settings.config import CONFIG_KEY, ConfigError, load_document, read_bounded, resolve
+from ix_device_plugin.settings.options import (
     NODE_CONFIG_LABEL,
     DraOptions,
     Options,
@@ -30,8 +31,7 @@ from ix_device_plugin.options import (
     parse_args,
     resolve_options,
 )
-from ix_device_plugin.telemetry import ChipSample, PodRef
-from ix_device_plugin.yamlsafe import MAX_BYTES
+from ix_device_plugin.settings.yamlsafe import MAX_BYTES
 
 log = logging.getLogger("ix_device_plugin")
 USAGE_ERROR = 2  # as argparse exits for a bad flag
@@ -52,7 +52,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return USAGE_ERROR
     setup_logging(args.log_level, args.log_format)
     if args.command == "demo":
-        from ix_device_plugin.demo import run_demo
+        from ix_device_plugin.tools.demo import run_demo
 
         return run_demo(args, env)
     assert options is not None
@@ -134,7 +134,7 @@ def discover_and_sample(options: Options) -> tuple[Inventory, dict[str, ChipSamp
 
 def _pod_allocations(options: Options, resource_name: str) -> tuple[dict[str, PodRef] | None, str]:
     """Device ID -> the container holding it, from the kubelet's pod-resources socket; (None, why) without."""
-    from ix_device_plugin.podresources import PodResourcesError, list_allocations
+    from ix_device_plugin.kubelet.podresources import PodResourcesError, list_allocations
 
     socket_path = options.pod_resources_socket
     if socket_path is None:
@@ -156,7 +156,7 @@ def _print_error(args: argparse.Namespace, error: Exception) -> int:
 
 def cdi_generate_command(args: argparse.Namespace, options: Options) -> int:
     """Print or write the CDI spec for the node's chips."""
-    from ix_device_plugin.outputs import OutputError, cdi_generate
+    from ix_device_plugin.deviceplugin.outputs import OutputError, cdi_generate
 
     try:
         text = cdi_generate(discover_once(options), options.dev_root, Path(args.output) if args.output else None)
@@ -171,7 +171,7 @@ def cdi_generate_command(args: argparse.Namespace, options: Options) -> int:
 
 def list_command(args: argparse.Namespace, options: Options) -> int:
     """Print the inventory and the devices the kubelet would be told about."""
-    from ix_device_plugin.listing import add_live_figures, inventory_report, render_text
+    from ix_device_plugin.tools.listing import add_live_figures, inventory_report, render_text
 
     path, reason = config_file_for(options, _node_label_once(options))
     try:
@@ -194,7 +194,7 @@ def _node_label_once(options: Options) -> str | None:
     """The node's configuration label as the API server has it now (with --per-node-config), else None."""
     if not options.per_node_config or options.kube is None:
         return None
-    from ix_device_plugin.kube import KubeConfigError, KubeError, connect
+    from ix_device_plugin.apiserver.client import KubeConfigError, KubeError, connect
 
     async def read() -> str | None:
         kube = await connect(settings)
@@ -213,7 +213,7 @@ def _node_label_once(options: Options) -> str | None:
 
 def dra_command(args: argparse.Namespace, options: Options, env: dict[str, str]) -> int:
     """`dra` (run the DRA kubelet plugin) and `list --dra`; bad DRA options exit 2."""
-    from ix_device_plugin.options import dra_options_from
+    from ix_device_plugin.settings.options import dra_options_from
 
     try:
         if args.command == "list":  # no API server needed: a placeholder node when none is named
@@ -233,7 +233,7 @@ def dra_command(args: argparse.Namespace, options: Options, env: dict[str, str])
         return USAGE_ERROR
     if args.command == "list":
         return dra_list_command(args, dra)
-    from ix_device_plugin.dra import run_dra
+    from ix_device_plugin.dra.driver import run_dra
 
     log.info("ix-device-plugin %s starting in DRA mode (driver gpu.iluvatar.com, node %s)", __version__, dra.node_name)
     return run_dra(dra, run_until_done)
@@ -241,9 +241,9 @@ def dra_command(args: argparse.Namespace, options: Options, env: dict[str, str])
 
 def dra_list_command(args: argparse.Namespace, options: DraOptions) -> int:
     """Print the devices the node's ResourceSlice would hold and the prepared claims of the checkpoint."""
-    from ix_device_plugin.dra import pcie_roots, read_checkpoint
-    from ix_device_plugin.dra_claims import CheckpointError
-    from ix_device_plugin.dra_slices import slice_content, slice_devices, slice_name
+    from ix_device_plugin.dra.claims import CheckpointError
+    from ix_device_plugin.dra.driver import pcie_roots, read_checkpoint
+    from ix_device_plugin.dra.slices import slice_content, slice_devices, slice_name
 
     try:
         inventory = discover_once(options.base)

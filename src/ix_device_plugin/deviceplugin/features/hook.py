@@ -1,0 +1,196 @@
+"""The API features that Allocate waits for: flags.reset_gpu and flags.usevolcano, and their background
+passes (the reset handshake's record at start, Volcano's ConfigMap and pod annotations).
+
+A shell over the daemon's Current state: it reads the plan and config there and changes nothing in it;
+rediscovery after a reset goes through the daemon's reconcile loop (the `rediscover` it is given).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+
+from ix_device_plugin.api import api_pb2
+from ix_device_plugin.core.allocation import AllocationError
+from ix_device_plugin.core.inventory import Chip, Inventory
+from ix_device_plugin.core.plan import Plan
+from ix_device_plugin.deviceplugin.features.gpureset import GpuReset, GpuResetError, ResetHandshake
+from ix_device_plugin.deviceplugin.features.volcano import LIST_PERIOD as VOLCANO_PERIOD
+from ix_device_plugin.deviceplugin.features.volcano import VolcanoMode
+from ix_device_plugin.deviceplugin.metrics import Metrics
+from ix_device_plugin.deviceplugin.state import Current, first_set
+from ix_device_plugin.hardware.worker import Hardware
+from ix_device_plugin.runtime.logs import OncePerError
+from ix_device_plugin.settings.config import Config
+from ix_device_plugin.settings.options import Options
+
+log = logging.getLogger(__name__)
+
+SETTLE = 0.2  # the kubelet records an allocation just after Allocate returns
+PodDevices = Callable[[], Awaitable[Mapping[tuple[str, str], list[str]]]]
+
+
+class ApiFeatures:
+    """GPU reset and Volcano mode, on for as long as the current config says so."""
+
+    def __init__(
+        self,
+        options: Options,
+        current: Current,
+        metrics: Metrics,
+        hardware: Hardware,
+        rediscover: Callable[[], Awaitable[Inventory]],
+        pod_devices: PodDevices,
+    ) -> None:
+        self._options = options
+        self._current = current
+        self._pod_devices = pod_devices
+        self.gpu_reset = GpuReset(hardware, self._reset_handshake, rediscover, metrics, options.reset)
+        self._handshake: ResetHandshake | None = None
+        self._handshake_turn = asyncio.Lock()
+        self._volcano: VolcanoMode | None = None
+        self._volcano_soon = asyncio.Event()
+        self._no_handshake_said = False
+
+    @property
+    def _config(self) -> Config:
+        return self._current.state.config
+
+    async def close(self, timeout: float) -> None:
+        """Never leave reset: true behind; close the API connections."""
+        await self.gpu_reset.close(timeout)
+        for kube in {id(part.kube): part.kube for part in (self._handshake, self._volcano) if part}.values():
+            await kube.close()
+
+    async def before_allocate(self, plan: Plan, request: api_pb2.AllocateRequest) -> api_pb2.AllocateRequest | None:
+        """With flags.usevolcano, the devices Volcano chose; with flags.reset_gpu, reset their chips first.
+        The request to answer, or None when neither is on."""
+        config = self._config
+        if not config.use_volcano and not config.reset_gpu:
+            return None
+        if config.use_volcano:
+            from ix_device_plugin.apiserver.client import KubeError
+
+            try:
+                request = await self._volcano_request(request)
+            except KubeError as error:
+                raise AllocationError(f"Volcano mode: {error}", unavailable=True) from None
+        if config.reset_gpu:
+            current = self._current.plan
+            chips = {chip.uuid for req in request.container_requests for chip in _chips(current, req.devices_ids)}
+            try:
+                await self.gpu_reset.reset(sorted(chips))
+            except GpuResetError as error:
+                raise AllocationError(f"GPU reset before Allocate: {error}", unavailable=True) from None
+        return request
+
+    async def announce_reset(self) -> None:
+        """With flags.reset_gpu, say in ix-gpu-reset-<node> that we hold the GPUs, as upstream does at start."""
+        errors = OncePerError(log)
+        while self._handshake is None:
+            if self._config.reset_gpu:
+                try:
+                    await self._reset_handshake()
+                    errors.succeeded("GPU reset handshake: the API server answers again")
+                except GpuResetError as error:
+                    errors.failed("GPU reset handshake: %s; retrying", error)
+            await asyncio.sleep(VOLCANO_PERIOD)
+
+    async def _reset_handshake(self) -> ResetHandshake | None:
+        """The handshake with other IXML users, when the API server is configured; None without one."""
+        async with self._handshake_turn:
+            return await self._open_handshake()
+
+    async def _open_handshake(self) -> ResetHandshake | None:
+        if self._handshake is not None:
+            return self._handshake
+        settings = self._options.kube
+        if settings is None:
+            if not self._no_handshake_said:
+                log.warning(
+                    "flags.reset_gpu without API access (NODE_NAME and a service account or kubeconfig): "
+                    "other IXML users such as ix-exporter are not asked to let go before a reset"
+                )
+                self._no_handshake_said = True
+            return None
+        from ix_device_plugin.apiserver.client import KubeConfigError, KubeError, connect
+
+        try:
+            kube = await connect(settings)
+        except (KubeConfigError, KubeError) as error:
+            raise GpuResetError(f"cannot reach the API server for the reset handshake: {error}", "refused") from None
+        handshake = ResetHandshake(kube, settings.namespace, settings.node_name)
+        try:
+            await handshake.announce()
+        except (KubeError, GpuResetError) as error:
+            await kube.close()
+            raise GpuResetError(f"cannot reach the API server for the reset handshake: {error}", "refused") from None
+        self._handshake = handshake
+        return handshake
+
+    # ---- flags.usevolcano ---------------------------------------------------------------------
+
+    async def _volcano_request(self, request: api_pb2.AllocateRequest) -> api_pb2.AllocateRequest:
+        """The request with each container's devices replaced by those Volcano chose for its pod."""
+        mode = await self._volcano_mode()
+        chosen = [await mode.chosen_devices(list(req.devices_ids)) for req in request.container_requests]
+        self._volcano_soon.set()  # annotate the pod as soon as the kubelet reports it
+        return api_pb2.AllocateRequest(
+            container_requests=[api_pb2.ContainerAllocateRequest(devices_ids=ids) for ids in chosen]
+        )
+
+    async def _volcano_mode(self) -> VolcanoMode:
+        if self._volcano is not None:
+            return self._volcano
+        settings = self._options.kube
+        if settings is None:
+            raise AllocationError(
+                "flags.usevolcano needs API access: NODE_NAME and a service account (chart: "
+                "features.volcano=true) or --kubeconfig",
+                unavailable=True,
+            )
+        from ix_device_plugin.apiserver.client import KubeConfigError, KubeError, connect
+
+        try:
+            kube = await connect(settings)
+        except (KubeConfigError, KubeError) as error:
+            raise AllocationError(f"Volcano mode: cannot reach the API server: {error}", unavailable=True) from None
+        self._volcano = VolcanoMode(
+            kube, settings.namespace, settings.node_name, lambda: self._current.plan, self._pod_devices
+        )
+        return self._volcano
+
+    async def run_volcano(self) -> None:
+        """While flags.usevolcano is on: keep ix-device-info-cm-<node> current and annotate allocated pods."""
+        from ix_device_plugin.apiserver.client import KubeError
+
+        errors, published_view = OncePerError(log), -1
+        while True:
+            if self._config.use_volcano:
+                view = self._current.view_generation
+                try:
+                    mode = await self._volcano_mode()
+                    await mode.annotate_allocations()
+                    await mode.publish(full=view != published_view)
+                    published_view = view
+                    errors.succeeded("Volcano mode: the API server answers again")
+                except (KubeError, AllocationError) as error:
+                    errors.failed("Volcano mode: %s; retrying", error)
+            await self._volcano_wait(VOLCANO_PERIOD)
+
+    async def _volcano_wait(self, seconds: float) -> None:
+        """Sleep until the period is over, the device view changes or an Allocate asks for a pass."""
+        try:
+            async with asyncio.timeout(seconds):
+                await first_set(self._current.news, self._volcano_soon)
+        except TimeoutError:
+            pass
+        if self._volcano_soon.is_set():
+            self._volcano_soon.clear()
+            await asyncio.sleep(SETTLE)  # the kubelet records the allocation just after Allocate returns
+
+
+def _chips(plan: Plan, device_ids: Iterable[str]) -> list[Chip]:
+    """The chips behind these device IDs (IDs the plan does not know were refused before)."""
+    return [chip for device_id in device_ids if (device := plan.by_id.get(device_id)) for chip in device.chips]

@@ -1,0 +1,192 @@
+"""Files the plugin keeps on the host for others to read: the CDI spec and the NFD feature file.
+
+Thin shells over the pure `cdi` and `labels` modules. Every write is atomic (a temporary file in the same
+directory, fsynced, then renamed over the target), and happens only when the content changed, so readers
+(container runtimes, the NFD worker) never see a partial file and are not woken for nothing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+
+import yaml
+
+from ix_device_plugin.core.cdi import CDI_CLASS, CDI_VENDOR, build_spec
+from ix_device_plugin.core.inventory import Inventory
+from ix_device_plugin.core.labels import is_valid_label_value
+
+DEFAULT_CDI_DIR = Path("/var/run/cdi")
+# The CDI library's GenerateSpecName: <vendor>-<class>, plus the encoding's extension (as ix-ctk writes it).
+CDI_SPEC_FILE = f"{CDI_VENDOR}-{CDI_CLASS}.yaml"
+DEFAULT_FEATURES_DIR = Path("/etc/kubernetes/node-feature-discovery/features.d")
+DEFAULT_FEATURE_FILE = "ix-device-plugin"
+DMI_PRODUCT_NAME = Path("class/dmi/id/product_name")
+FILE_MODE = 0o644
+
+_LABEL_NAME = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
+_LABEL_PREFIX = re.compile(r"^(?=.{1,253}$)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+
+
+class OutputError(Exception):
+    """A file could not be written or removed; the message names the path and the reason."""
+
+
+def write_atomically(path: Path, text: str) -> None:
+    """Replace path with text in one step, creating its directory when missing; raises OutputError."""
+    directory = path.parent
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise OutputError(f"cannot create directory {directory}: {_reason(exc)}") from exc
+    # A dot-name ending in .tmp: NFD skips dot-files and CDI reads only *.yaml and *.json.
+    try:
+        handle, temp_name = tempfile.mkstemp(dir=directory, prefix=f".{path.name}.", suffix=".tmp")
+    except OSError as exc:
+        raise OutputError(f"cannot write {path}: {_reason(exc)}") from exc
+    try:
+        with os.fdopen(handle, "w", encoding="utf-8") as stream:
+            stream.write(text)
+            stream.flush()
+            os.fchmod(stream.fileno(), FILE_MODE)
+            os.fsync(stream.fileno())
+        os.replace(temp_name, path)
+        _fsync_directory(directory)
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            os.unlink(temp_name)
+        raise OutputError(f"cannot write {path}: {_reason(exc)}") from exc
+
+
+def _fsync_directory(directory: Path) -> None:
+    descriptor = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
+
+
+def _reason(exc: OSError) -> str:
+    return exc.strerror or str(exc)
+
+
+def _current_text(path: Path) -> str | None:
+    try:
+        return path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
+def _write_if_changed(path: Path, text: str) -> bool:
+    if _current_text(path) == text:
+        return False
+    write_atomically(path, text)
+    return True
+
+
+def _remove(path: Path) -> bool:
+    try:
+        path.unlink()
+    except FileNotFoundError:
+        return False
+    except OSError as exc:
+        raise OutputError(f"cannot remove {path}: {_reason(exc)}") from exc
+    return True
+
+
+def cdi_spec_text(inventory: Inventory, dev_root: Path) -> str:
+    """The CDI spec file's text for inventory; raises OutputError when no chip can be described."""
+    result = build_spec(inventory, dev_root)
+    if result.empty:
+        reasons = "; ".join(result.warnings) or "the node has no chips"
+        raise OutputError(f"no CDI spec: a spec needs at least one device, and none could be described ({reasons})")
+    return _spec_yaml(result.document)
+
+
+def _spec_yaml(document: Mapping[str, object]) -> str:
+    return yaml.safe_dump(dict(document), sort_keys=False, default_flow_style=False)
+
+
+class CdiSpecWriter:
+    """Keeps `<directory>/iluvatar.com-gpu.yaml` describing the node's chips; the file outlives the plugin."""
+
+    def __init__(self, directory: Path = DEFAULT_CDI_DIR, dev_root: Path = Path("/")) -> None:
+        self.directory = Path(directory)
+        self.dev_root = Path(dev_root)
+        self.path = self.directory / CDI_SPEC_FILE
+        self.warnings: tuple[str, ...] = ()
+
+    def apply(self, inventory: Inventory) -> bool:
+        """Write the spec for inventory when it differs from the file; True when the file changed.
+
+        With no chip to describe the file is removed (CDI rejects a spec without devices). The chips left
+        out, and why, are in `warnings` afterwards. Raises OutputError naming the path.
+        """
+        result = build_spec(inventory, self.dev_root)
+        self.warnings = result.warnings
+        if result.empty:
+            return _remove(self.path)
+        return _write_if_changed(self.path, _spec_yaml(result.document))
+
+
+def cdi_generate(inventory: Inventory, dev_root: Path, output: Path | None = None) -> str:
+    """The CDI spec text for inventory, also written atomically to output when given; raises OutputError."""
+    text = cdi_spec_text(inventory, dev_root)
+    if output is not None:
+        write_atomically(Path(output), text)
+    return text
+
+
+def feature_file_text(labels: Mapping[str, str]) -> str:
+    """The NFD local feature file for labels: a comment line, then `name=value` lines in name order."""
+    lines = ["# Node labels for Iluvatar GPUs, kept up to date by ix-device-plugin; edits are overwritten."]
+    lines.extend(f"{name}={labels[name]}" for name in sorted(labels))
+    return "\n".join(lines) + "\n"
+
+
+def check_label(name: str, value: str) -> None:
+    """Raise OutputError unless name is a valid label key and value a valid label value."""
+    prefix, _, short = name.rpartition("/")
+    if not _LABEL_NAME.match(short) or (prefix and not _LABEL_PREFIX.match(prefix)):
+        raise OutputError(f"label {name!r}: not a valid label name")
+    if not is_valid_label_value(value):
+        raise OutputError(f"label {name!r}: value {value!r} is not a valid label value")
+
+
+class FeatureFileWriter:
+    """Keeps an NFD local feature file (`features.d/<name>`) holding the plugin's node labels."""
+
+    def __init__(self, directory: Path = DEFAULT_FEATURES_DIR, name: str = DEFAULT_FEATURE_FILE) -> None:
+        if not name or name.startswith(".") or "/" in name:
+            raise OutputError(f"feature file name {name!r}: must be non-empty, without '/', not start with '.'")
+        self.directory = Path(directory)
+        self.path = self.directory / name
+
+    def apply(self, labels: Mapping[str, str]) -> bool:
+        """Write labels when they differ from the file; no labels removes it. True when the file changed.
+
+        Raises OutputError naming a bad label or the path.
+        """
+        if not labels:
+            return _remove(self.path)
+        for name, value in labels.items():
+            check_label(name, value)
+        return _write_if_changed(self.path, feature_file_text(labels))
+
+    def remove(self) -> bool:
+        """Remove the feature file (clean shutdown); True when there was one."""
+        return _remove(self.path)
+
+
+def read_machine_name(sysfs_root: Path) -> str | None:
+    """The machine's DMI product name (`<sysfs_root>/class/dmi/id/product_name`), None when unknown."""
+    try:
+        raw = (Path(sysfs_root) / DMI_PRODUCT_NAME).read_bytes()
+    except OSError:
+        return None
+    text = raw.decode("utf-8", errors="replace").strip()
+    return text or None

@@ -1,0 +1,156 @@
+"""Per-chip GPU metrics with the names and labels of Iluvatar's ix-exporter, so its dashboards work unchanged.
+
+Values are sampled in the background (one backend pass for every chip); a scrape only renders the last
+samples. A value the library cannot give is absent from that chip's series, never a made-up 0.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from ix_device_plugin.core.inventory import Inventory
+from ix_device_plugin.core.plan import Plan
+
+
+@dataclass(frozen=True)
+class ChipSample:
+    """One chip's figures from one pass; None where the library has no answer."""
+
+    temperature_c: float | None = None
+    fan_speed: float | None = None
+    power_w: float | None = None
+    sm_clock_mhz: float | None = None
+    mem_clock_mhz: float | None = None
+    gpu_utilization: float | None = None
+    mem_utilization: float | None = None
+    mem_total_mib: float | None = None
+    mem_used_mib: float | None = None
+    mem_free_mib: float | None = None
+    pcie_tx_kbps: float | None = None
+    pcie_rx_kbps: float | None = None
+    ecc_sbe_volatile: float | None = None  # 1 when single-bit errors occurred
+    ecc_dbe_volatile: float | None = None  # 1 when double-bit errors occurred
+
+
+@dataclass(frozen=True)
+class PodRef:
+    """The container that holds a device, as the kubelet's pod-resources API says."""
+
+    namespace: str
+    pod: str
+    container: str
+
+
+# (ix-exporter's metric name, its help, the ChipSample field)
+METRICS: tuple[tuple[str, str, str], ...] = (
+    ("ix_gpu_temperature", "GPU temperature of iluvatar GPU (C).", "temperature_c"),
+    ("ix_temperature", "Deprecated, use ix_gpu_temperature instead.", "temperature_c"),
+    ("ix_fan_speed", "Fan speed of iluvatar GPU (RPM).", "fan_speed"),
+    ("ix_power_usage", "Power usage of iluvatar GPU (W).", "power_w"),
+    ("ix_sm_clock", "Sm clock of iluvatar GPU (MHz).", "sm_clock_mhz"),
+    ("ix_mem_clock", "Mem clock of iluvatar GPU (MHz).", "mem_clock_mhz"),
+    ("ix_gpu_utilization", "Utilization of iluvatar GPU (%).", "gpu_utilization"),
+    ("ix_mem_utilization", "Memory utilization of iluvatar GPU (%).", "mem_utilization"),
+    ("ix_mem_total", "Total physical memory of iluvatar GPU (MiB).", "mem_total_mib"),
+    ("ix_mem_used", "Used physical memory of iluvatar GPU (MiB).", "mem_used_mib"),
+    ("ix_mem_free", "Free physical memory of iluvatar GPU (MiB).", "mem_free_mib"),
+    ("ix_pcie_tx_throughput", "PCIe tx (transmit) data including both header and payload (KB/s).", "pcie_tx_kbps"),
+    ("ix_pcie_rx_throughput", "PCIe rx (read) data including both header and payload (KB/s).", "pcie_rx_kbps"),
+    (
+        "ix_ecc_sbe_vol_status",
+        "Single-bit volatile ecc errors status. if the value is 1, errors occurred, otherwise, no errors.",
+        "ecc_sbe_volatile",
+    ),
+    (
+        "ix_ecc_dbe_vol_status",
+        "Double-bit volatile ecc errors status. if the value is 1, errors occurred, otherwise, no errors.",
+        "ecc_dbe_volatile",
+    ),
+)
+METRIC_NAMES = tuple(name for name, _, _ in METRICS)
+LABELS = ("gpu", "uuid", "name", "node_name", "driver", "namespace", "pod", "container")
+
+
+def chip_pods(plan: Plan, allocations: Mapping[str, PodRef]) -> dict[str, PodRef]:
+    """Chip UUID -> the container holding it, from device ID -> container (replicas and boards resolved)."""
+    pods: dict[str, PodRef] = {}
+    for device_id, ref in allocations.items():
+        device = plan.by_id.get(device_id)
+        if device is not None:
+            for chip in device.chips:
+                pods.setdefault(chip.uuid, ref)
+    return pods
+
+
+def metric_families(
+    samples: Mapping[str, ChipSample],
+    inventory: Inventory,
+    pods: Mapping[str, PodRef],
+    node_name: str,
+) -> list[GaugeMetricFamily]:
+    """The metric families for samples (chip UUID -> sample), labelled as ix-exporter labels them."""
+    families = {name: GaugeMetricFamily(name, help_text, labels=LABELS) for name, help_text, _ in METRICS}
+    for index, chip in enumerate(inventory.chips()):
+        sample = samples.get(chip.uuid)
+        if sample is None:
+            continue
+        ref = pods.get(chip.uuid)
+        labels = [
+            str(index),
+            chip.uuid,
+            f"Iluvatar {chip.product}",
+            node_name,
+            inventory.driver_version,
+            ref.namespace if ref else "",
+            ref.pod if ref else "",
+            ref.container if ref else "",
+        ]
+        for name, _, field in METRICS:
+            value = getattr(sample, field)
+            if value is not None:
+                families[name].add_metric(labels, value)
+    return [family for family in families.values() if family.samples]
+
+
+@dataclass(frozen=True)
+class _Snapshot:
+    samples: Mapping[str, ChipSample]
+    inventory: Inventory
+    pods: Mapping[str, PodRef]
+
+
+class TelemetryCollector(Collector):
+    """Renders the last samples at scrape time; `update` replaces them whole."""
+
+    def __init__(self, node_name: str) -> None:
+        self.node_name = node_name
+        self._snapshot = _Snapshot({}, Inventory(), {})
+        self._lock = threading.Lock()  # scrapes run on the probe server's loop, updates on the daemon's
+
+    def update(self, samples: Mapping[str, ChipSample], inventory: Inventory, pods: Mapping[str, PodRef]) -> None:
+        """Serve these samples from now on."""
+        with self._lock:
+            self._snapshot = _Snapshot(dict(samples), inventory, dict(pods))
+
+    @property
+    def samples(self) -> Mapping[str, ChipSample]:
+        """The last samples, by chip UUID."""
+        return self._snapshot.samples
+
+    @property
+    def pods(self) -> Mapping[str, PodRef]:
+        """The containers holding chips, by chip UUID, as last seen."""
+        return self._snapshot.pods
+
+    def describe(self) -> Iterator[Metric]:
+        return iter(())
+
+    def collect(self) -> Iterator[Metric]:
+        with self._lock:
+            snapshot = self._snapshot
+        yield from metric_families(snapshot.samples, snapshot.inventory, snapshot.pods, self.node_name)

@@ -1,0 +1,151 @@
+"""`ix-device-plugin list`: the inventory and what the kubelet would be told, as data or text."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import asdict
+from typing import Any
+
+from ix_device_plugin.api import HEALTHY, UNHEALTHY
+from ix_device_plugin.core.inventory import Inventory
+from ix_device_plugin.core.plan import plan
+from ix_device_plugin.deviceplugin.telemetry import ChipSample, PodRef
+from ix_device_plugin.hardware.devnodes import with_control_nodes
+from ix_device_plugin.settings.config import Config, describe
+from ix_device_plugin.settings.options import Options
+
+# (ChipSample field, how the text report shows it)
+_FIGURES = (
+    ("temperature_c", "{:.0f} C"),
+    ("gpu_utilization", "util {:.0f} %"),
+    ("mem_utilization", "mem util {:.0f} %"),
+    ("power_w", "{:.1f} W"),
+    ("sm_clock_mhz", "sm {:.0f} MHz"),
+    ("mem_clock_mhz", "mem {:.0f} MHz"),
+    ("fan_speed", "fan {:.0f}"),
+)
+
+
+def inventory_report(inventory: Inventory, config: Config, options: Options) -> dict[str, Any]:
+    """A JSON-ready report: driver, boards and chips, effective config with sources, devices."""
+    inventory = with_control_nodes(inventory, options.dev_root)
+    result = plan(inventory, config)
+    return {
+        "driver_version": inventory.driver_version,
+        "boards": [
+            {
+                "product": board.product,
+                "chips": [
+                    {
+                        "uuid": chip.uuid,
+                        "minor": chip.minor,
+                        "bus_id": chip.bus_id,
+                        "numa_node": chip.numa_node,
+                        "memory_mib": chip.memory_mib,
+                        "health_errors": sorted(chip.status.errors),
+                        "problems": list(chip.status.reasons(frozenset())),
+                        "healthy": not chip.status.reasons(config.ignored_health_errors),
+                    }
+                    for chip in board.chips
+                ],
+            }
+            for board in inventory.boards
+        ],
+        "config": [{"key": key, "value": value, "source": source} for key, value, source in describe(config)],
+        "ignored_health_errors": sorted(config.ignored_health_errors),
+        "resource_name": result.resource_name,
+        "capacity": result.capacity(),
+        "allocatable": result.healthy_count(),
+        "control_nodes": list(inventory.control_nodes),
+        "devices": [
+            {
+                "id": device.id,
+                "health": HEALTHY if device.healthy else UNHEALTHY,
+                "numa_nodes": list(device.numa_nodes),
+                "chips": [chip.uuid for chip in device.chips],
+                "reasons": list(device.reasons),
+            }
+            for device in result.devices
+        ],
+        "warnings": list(result.warnings),
+    }
+
+
+def add_live_figures(
+    report: dict[str, Any],
+    samples: Mapping[str, ChipSample],
+    pods: tuple[Mapping[str, PodRef] | None, str],
+) -> None:
+    """Add each chip's telemetry and, where the kubelet said, the container holding each device."""
+    for board in report["boards"]:
+        for chip in board["chips"]:
+            sample = samples.get(chip["uuid"])
+            figures = {} if sample is None else asdict(sample)
+            chip["telemetry"] = {name: value for name, value in figures.items() if value is not None}
+    allocations, source = pods
+    report["pod_resources"] = source
+    report["pod_resources_read"] = allocations is not None
+    for device in report["devices"]:
+        holder = None if allocations is None else allocations.get(device["id"])
+        device["held_by"] = None if holder is None else asdict(holder)
+
+
+def _figures_line(telemetry: Mapping[str, float]) -> str:
+    shown = [form.format(telemetry[name]) for name, form in _FIGURES if name in telemetry]
+    if "mem_used_mib" in telemetry and "mem_total_mib" in telemetry:
+        shown.insert(2, f"{telemetry['mem_used_mib']:.0f}/{telemetry['mem_total_mib']:.0f} MiB used")
+    return "  ".join(shown)
+
+
+def _holder(device: Mapping[str, Any], pods_read: bool) -> str:
+    holder = device.get("held_by")
+    if holder is not None:
+        return f"  held by {holder['namespace']}/{holder['pod']} ({holder['container']})"
+    return "  free" if pods_read else ""
+
+
+def _setting(value: Any) -> str:
+    """A setting's value as it is written in the config file."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, list | tuple):
+        return ",".join(map(str, value))
+    return str(value)
+
+
+def render_text(report: dict[str, Any]) -> str:
+    """The report as a human reads it."""
+    lines = [f"Driver version: {report['driver_version'] or 'unknown'}", "", "Boards:"]
+    for index, board in enumerate(report["boards"]):
+        lines.append(f"  [{index}] {board['product']}")
+        for chip in board["chips"]:
+            numa = "?" if chip["numa_node"] is None else chip["numa_node"]
+            state = "Healthy" if chip["healthy"] else "Unhealthy: " + "; ".join(chip["problems"])
+            minor = "?" if chip["minor"] is None else chip["minor"]
+            lines.append(
+                f"      {chip['uuid']}  minor {minor}  bus {chip['bus_id'] or '?'}  numa {numa}  "
+                f"{chip['memory_mib']} MiB  {state}"
+            )
+            if chip.get("telemetry"):
+                lines.append(f"          {_figures_line(chip['telemetry'])}")
+    lines += ["", "Configuration:"]
+    lines += [f"  {item['key']:<48} {_setting(item['value']):<20} ({item['source']})" for item in report["config"]]
+    if report["ignored_health_errors"]:
+        lines.append(f"  ignored health errors: {', '.join(report['ignored_health_errors'])}")
+    lines += [
+        "",
+        f"Capacity:\n  {report['resource_name']}: {report['capacity']}",
+        f"Allocatable:\n  {report['resource_name']}: {report['allocatable']}",
+        "",
+        "Devices:",
+    ]
+    pods_read = bool(report.get("pod_resources_read"))
+    for device in report["devices"]:
+        numa = ",".join(map(str, device["numa_nodes"])) or "?"
+        reasons = f"  ({'; '.join(device['reasons'])})" if device["reasons"] else ""
+        held = _holder(device, pods_read)
+        lines.append(f"  {device['id']:<46} {device['health']:<9} numa {numa}{reasons}{held}")
+    if "pod_resources" in report and not pods_read:
+        lines.append(f"(which pod holds each device is not known: {report['pod_resources']})")
+    lines += [f"warning: {warning}" for warning in report["warnings"]]
+    return "\n".join(lines)
