@@ -12,7 +12,8 @@ from typing import Any
 import yaml
 
 from ix_device_plugin.apiserver.client import settings_from
-from ix_device_plugin.dra.driver import DraDriver, registration_socket
+from ix_device_plugin.dra.driver import DraDriver
+from ix_device_plugin.dra.registration import registration_socket
 from ix_device_plugin.dra.slices import DRIVER, slice_name
 from ix_device_plugin.hardware.simulated import SimulatedBackend
 from ix_device_plugin.settings.options import DraOptions, Options
@@ -82,7 +83,7 @@ class DraNode:
     async def kubelet(self, driver: DraDriver, **kwargs: Any) -> DraKubeletStandIn:
         """A kubelet stand-in registered with driver."""
         kubelet = DraKubeletStandIn(DRIVER, **kwargs)
-        await kubelet.register(registration_socket(driver.options))
+        await kubelet.register(registration_socket(driver.options.registrar_dir))
         return kubelet
 
     def slice(self) -> dict[str, Any] | None:

@@ -14,8 +14,8 @@ from typing import Any
 
 from ix_device_plugin import __version__
 from ix_device_plugin.core.inventory import Inventory
+from ix_device_plugin.core.telemetry import ChipSample, PodRef
 from ix_device_plugin.deviceplugin.loop import Daemon
-from ix_device_plugin.deviceplugin.telemetry import ChipSample, PodRef
 from ix_device_plugin.hardware.backend import BackendError
 from ix_device_plugin.hardware.devnodes import with_control_nodes
 from ix_device_plugin.runtime.logs import setup as setup_logging
@@ -241,16 +241,18 @@ def dra_command(args: argparse.Namespace, options: Options, env: dict[str, str])
 
 def dra_list_command(args: argparse.Namespace, options: DraOptions) -> int:
     """Print the devices the node's ResourceSlice would hold and the prepared claims of the checkpoint."""
-    from ix_device_plugin.dra.claims import CheckpointError
-    from ix_device_plugin.dra.driver import pcie_roots, read_checkpoint
+    from ix_device_plugin.dra.checkpoint import CHECKPOINT_FILE, CheckpointError, read_checkpoint
+    from ix_device_plugin.dra.registration import plugin_dir
     from ix_device_plugin.dra.slices import slice_content, slice_devices, slice_name
+    from ix_device_plugin.hardware.pcie import pcie_roots
 
     try:
+        config, _ = load_config(options.base)
         inventory = discover_once(options.base)
-        claims = read_checkpoint(options)
-    except (BackendError, CheckpointError) as error:
+        claims = read_checkpoint(plugin_dir(options.plugins_dir) / CHECKPOINT_FILE)
+    except (BackendError, CheckpointError, ConfigError) as error:
         return _print_error(args, error)
-    content = slice_content(inventory)
+    content = slice_content(inventory, config.ignored_health_errors)
     report = {
         "resourceSlice": slice_name(options.node_name),
         "devices": slice_devices(content, pcie_roots(inventory, options.base.sysfs_root), taints=True),

@@ -12,8 +12,9 @@ import pytest
 import yaml
 from dra_support import DraNode
 
-from ix_device_plugin.dra.claims import CHECKPOINT_FILE, cdi_spec_file
-from ix_device_plugin.dra.driver import DRA_SOCKET, SUPPORTED_VERSIONS, dra_socket, registration_socket
+from ix_device_plugin.dra.checkpoint import CHECKPOINT_FILE
+from ix_device_plugin.dra.claims import cdi_spec_file
+from ix_device_plugin.dra.registration import DRA_SOCKET, SUPPORTED_VERSIONS, dra_socket, registration_socket
 from ix_device_plugin.dra.slices import DRIVER, UNHEALTHY_TAINT
 from ix_device_plugin.standins.apiserver import ApiServerStandIn
 from ix_device_plugin.standins.dra_kubelet import DraKubeletStandIn, RegistrationRefused
@@ -44,7 +45,7 @@ def chip_uuids(node: DraNode) -> dict[str, str]:
 
 async def test_registration_answers_get_info_and_accepts_the_kubelets_verdict(node: DraNode) -> None:
     driver = await node.start()
-    assert registration_socket(driver.options).name == "gpu.iluvatar.com-reg.sock"
+    assert registration_socket(driver.options.registrar_dir).name == "gpu.iluvatar.com-reg.sock"
     kubelet = await node.kubelet(driver)
     assert kubelet.info is not None
     assert (kubelet.info.type, kubelet.info.name) == ("DRAPlugin", DRIVER)
@@ -59,7 +60,7 @@ async def test_a_refusal_is_logged_with_its_reason(node: DraNode, caplog: pytest
     driver = await node.start()
     kubelet = DraKubeletStandIn(DRIVER, known_versions=["v2.DRAPlugin"])
     with caplog.at_level(logging.ERROR), pytest.raises(RegistrationRefused):
-        await kubelet.register(registration_socket(driver.options))
+        await kubelet.register(registration_socket(driver.options.registrar_dir))
     assert not driver.registration.registered.is_set()
     assert any("refused" in r.message and "v2.DRAPlugin" in r.message for r in caplog.records)
 
@@ -154,12 +155,12 @@ async def test_concurrent_and_duplicate_calls(node: DraNode) -> None:
     rivals = [node.claim(f"r{i}", [f"gpu-{i}"]) for i in range(4)]
     calls = [kubelet.prepare([claim]) for claim in claims * 3] + [kubelet.prepare([r]) for r in rivals]
     await asyncio.gather(*calls)
-    prepared = {uid: c.ref.name for uid, c in driver.store.claims.items()}
-    holders = [chip for claim in driver.store.claims.values() for chip in claim.uuids]
+    prepared = {uid: c.ref.name for uid, c in driver.state.claims.items()}
+    holders = [chip for claim in driver.state.claims.values() for chip in claim.uuids]
     assert len(holders) == len(set(holders)) == 4  # each chip held by exactly one claim
     assert len(prepared) == 4
     await asyncio.gather(*(kubelet.unprepare([claim]) for claim in claims + rivals + claims))
-    assert driver.store.claims == {} and list(node.cdi_dir.glob("*.yaml")) == []
+    assert driver.state.claims == {} and list(node.cdi_dir.glob("*.yaml")) == []
     await kubelet.close()
 
 
@@ -200,7 +201,7 @@ async def test_restart_between_prepare_and_unprepare_loses_nothing(node: DraNode
     assert answer(await kubelet.prepare([claim]), claim[2]) == before
     assert answer(await kubelet.unprepare([claim]), claim[2]).error == ""
     assert not (node.cdi_dir / cdi_spec_file(claim[2])).exists()
-    assert restarted.store.claims == {}
+    assert restarted.state.claims == {}
     await api.accept()
     await kubelet.close()
 
@@ -253,7 +254,7 @@ async def test_the_api_server_down_at_start_and_mid_run(node: DraNode, api: ApiS
     await api.refuse()
     driver = await node.start()  # starts and serves without the API server
     kubelet = await node.kubelet(driver)
-    assert dra_socket(driver.options).is_socket()
+    assert dra_socket(driver.options.plugins_dir).is_socket()
     await asyncio.sleep(0.3)
     assert node.slice() is None
     await api.accept()
@@ -276,7 +277,7 @@ async def test_a_corrupt_checkpoint_is_moved_aside(node: DraNode, caplog: pytest
     (directory / CHECKPOINT_FILE).write_text("{not json")
     with caplog.at_level(logging.ERROR):
         driver = await node.start()
-    assert driver.store.claims == {}
+    assert driver.state.claims == {}
     assert any("not JSON" in r.message and "moved to" in r.message for r in caplog.records)
     assert list(directory.glob(f"{CHECKPOINT_FILE}.corrupt-*"))
 
@@ -300,7 +301,7 @@ async def test_probes_and_metrics_follow_registration_and_the_slice(node: DraNod
     assert (status, body) == (200, f"ok: serving DRA driver {DRIVER} for {len(driver.content.devices)} chips\n")
     status, body = await asyncio.to_thread(get, "/readyz")
     assert (status, body) == (503, "not ok: not registered with the kubelet's plugin watcher\n")
-    await DraKubeletStandIn(DRIVER).register(registration_socket(driver.options))
+    await DraKubeletStandIn(DRIVER).register(registration_socket(driver.options.registrar_dir))
     async with asyncio.timeout(5):
         while driver.publisher is None or driver.publisher.published is None:
             await asyncio.sleep(0.02)

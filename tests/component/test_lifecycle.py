@@ -227,9 +227,15 @@ async def test_device_node_events_trigger_rediscovery(
     assert view.allocatable == 2
 
 
-async def test_an_internal_failure_stops_with_exit_code_1(plugin_dir: Path, short_dir: Path) -> None:
+async def test_a_failing_task_is_restarted_and_said_by_the_probe_while_down(
+    kubelet: KubeletStandIn, plugin_dir: Path, short_dir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    failures = 0
+
     class BrokenHealth(SimulatedBackend):
         def health(self, inventory):  # type: ignore[no-untyped-def]
+            nonlocal failures
+            failures += 1
             raise RuntimeError("bug in a backend")
 
     options = Options(
@@ -241,7 +247,18 @@ async def test_an_internal_failure_stops_with_exit_code_1(plugin_dir: Path, shor
         health_address="off",
     )
     daemon = Daemon(options)
-    assert await asyncio.wait_for(daemon.run(), 5) == 1
+    running = asyncio.create_task(daemon.run())
+    try:
+        await kubelet.wait_registered(RESOURCE, capacity=1)
+        await until(lambda: failures >= 1 and not daemon.live()[0], timeout=5)
+        assert "task hardware down (RuntimeError: bug in a backend)" in daemon.live()[1]
+        await until(lambda: failures >= 2, timeout=5)  # started again, after its delay
+        assert not running.done()  # the plugin keeps serving: Allocate needs no health poll
+        await kubelet.allocate(RESOURCE, [[daemon.plan.devices[0].id]])
+        assert any("task hardware failed: RuntimeError: bug in a backend" in r.getMessage() for r in caplog.records)
+    finally:
+        daemon.stop()
+        assert await asyncio.wait_for(running, 5) == 0
     assert not (plugin_dir / SOCKET).exists()
 
 

@@ -63,7 +63,7 @@ async def test_the_node_label_picks_the_config_live(
     short_dir: Path,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    caplog.set_level(logging.INFO, logger="ix_device_plugin.deviceplugin.loop")
+    caplog.set_level(logging.INFO, logger="ix_device_plugin.deviceplugin")
     apiserver.set_node_labels(NODE, {LABEL: "split"})
     kubeconfig = apiserver.write_kubeconfig(short_dir / "kubeconfig")
     kube = settings_from({"NODE_NAME": NODE}, str(kubeconfig), "--per-node-config")

@@ -76,8 +76,7 @@ async def test_healthz_fails_when_the_socket_is_gone(kubelet: KubeletStandIn, st
     daemon = await start_daemon("BI-V100:1", health_address="127.0.0.1:0")
     await kubelet.wait_registered(RESOURCE)
     assert (await fetch(daemon, "/healthz"))[0] == 200
-    for task in list(daemon._tasks.values()):  # a wedged daemon: nothing brings the server back
-        task.cancel()
+    await daemon.service.stop_tasks(timeout=1)  # a wedged daemon: nothing brings the server back
     await daemon.endpoint.stop(grace=0)
     status, body = await fetch(daemon, "/healthz")
     assert status == 503 and "not serving" in body

@@ -17,8 +17,9 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from ix_device_plugin.core.telemetry import ChipSample, PodRef, chip_pods
 from ix_device_plugin.deviceplugin.loop import Daemon
-from ix_device_plugin.deviceplugin.telemetry import METRIC_NAMES, ChipSample, PodRef, TelemetryCollector, chip_pods
+from ix_device_plugin.deviceplugin.telemetry import METRIC_NAMES, TelemetryCollector
 from ix_device_plugin.hardware.ixml import IxmlBackend
 from ix_device_plugin.hardware.simulated import SimulatedBackend
 from ix_device_plugin.standins.kubelet import KubeletStandIn

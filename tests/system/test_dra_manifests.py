@@ -17,7 +17,7 @@ from manifest_support import (
     schema_errors,
 )
 
-from ix_device_plugin.dra.driver import REGISTRATION_SOCKET
+from ix_device_plugin.dra.registration import REGISTRATION_SOCKET
 from ix_device_plugin.settings.options import DRA_OPTIONS, OPTIONS, parse_args, resolve_options
 
 render = load_render_module()

@@ -12,10 +12,12 @@ ix-ctk puts none into the spec either.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import yaml
 
 from ix_device_plugin.core.inventory import Chip, Inventory
 
@@ -192,3 +194,8 @@ def parse_device_list_strategy(value: object) -> tuple[str, ...]:
         if name not in chosen:
             chosen.append(name)
     return tuple(chosen)
+
+
+def spec_text(document: Mapping[str, object]) -> str:
+    """A CDI spec document as the YAML file runtimes read (keys in the document's order)."""
+    return yaml.safe_dump(dict(document), sort_keys=False, default_flow_style=False)

@@ -93,6 +93,23 @@ class Endpoint:
             self.path.unlink(missing_ok=True)
         self._identity = None
 
+    async def converge(self, resource_name: str) -> str | None:
+        """Serve resource_name, (re)starting when the socket was lost or the name changed; why it restarted.
+
+        None when it already served it; raises StartupError when it cannot serve again.
+        """
+        if self.serving and self.resource_name == resource_name:
+            return None
+        if self.service is None:
+            reason = "not serving"
+        elif not self.serving:
+            reason = f"socket {self.path} was removed"
+        else:
+            reason = f"resource name changed to {resource_name}"
+        await self.stop(grace=0)
+        await self.start(resource_name)
+        return reason
+
     def remove_socket(self) -> None:
         """Remove our socket file, if it is still ours (a stop that could not finish still cleans up)."""
         if self._identity is not None and identity(self.path) == self._identity:

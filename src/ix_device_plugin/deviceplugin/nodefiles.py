@@ -7,11 +7,18 @@ for container runtimes and the NFD local feature file for node labels.
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 from typing import Protocol
 
 from ix_device_plugin.core.labels import label_set
-from ix_device_plugin.deviceplugin.outputs import CdiSpecWriter, FeatureFileWriter
+from ix_device_plugin.deviceplugin.outputs import (
+    CdiSpecWriter,
+    FeatureFileWriter,
+    OutputError,
+    read_machine_name,
+)
 from ix_device_plugin.deviceplugin.state import State
+from ix_device_plugin.runtime.logs import OncePerError
 
 log = logging.getLogger(__name__)
 
@@ -74,3 +81,45 @@ class NodeLabelFile:
     def close(self) -> None:
         """Remove the labels: the node no longer has a plugin telling the truth about its GPUs."""
         self._writer.remove()
+
+
+class NodeFiles:
+    """Every node file turned on, kept in step with the served State; a failed write is logged once and retried."""
+
+    def __init__(
+        self, cdi_spec_dir: Path | None, node_feature_dir: Path | None, dev_root: Path, sysfs_root: Path
+    ) -> None:
+        self.files: list[NodeFile] = []
+        if cdi_spec_dir is not None:
+            self.files.append(CdiSpecFile(CdiSpecWriter(cdi_spec_dir, dev_root)))
+        if node_feature_dir is not None:
+            self.files.append(NodeLabelFile(FeatureFileWriter(node_feature_dir), read_machine_name(sysfs_root)))
+        self._errors = {file.name: OncePerError(log) for file in self.files}
+        self.due = bool(self.files)
+
+    def changed(self) -> None:
+        """The State changed: write at the next apply."""
+        self.due = bool(self.files)
+
+    def apply(self, state: State) -> None:
+        """Write what is due for state; a file that fails stays due."""
+        if not self.due:
+            return
+        self.due = False
+        for file in self.files:
+            errors = self._errors[file.name]
+            try:
+                file.apply(state)
+            except OutputError as error:
+                errors.failed("%s not written, retrying: %s", file.name, error)
+                self.due = True
+            else:
+                errors.succeeded("%s written again", file.name)
+
+    def close(self) -> None:
+        """Clean up every file at a clean shutdown (the CDI spec stays, the labels go)."""
+        for file in self.files:
+            try:
+                file.close()
+            except OutputError as error:
+                log.warning("%s: %s", file.name, error)

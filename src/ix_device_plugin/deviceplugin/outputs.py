@@ -7,18 +7,14 @@ directory, fsynced, then renamed over the target), and happens only when the con
 
 from __future__ import annotations
 
-import contextlib
-import os
 import re
-import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 
-import yaml
-
-from ix_device_plugin.core.cdi import CDI_CLASS, CDI_VENDOR, build_spec
+from ix_device_plugin.core.cdi import CDI_CLASS, CDI_VENDOR, build_spec, spec_text
 from ix_device_plugin.core.inventory import Inventory
 from ix_device_plugin.core.labels import is_valid_label_value
+from ix_device_plugin.runtime.files import OutputError, reason, write_atomically
 
 DEFAULT_CDI_DIR = Path("/var/run/cdi")
 # The CDI library's GenerateSpecName: <vendor>-<class>, plus the encoding's extension (as ix-ctk writes it).
@@ -26,52 +22,9 @@ CDI_SPEC_FILE = f"{CDI_VENDOR}-{CDI_CLASS}.yaml"
 DEFAULT_FEATURES_DIR = Path("/etc/kubernetes/node-feature-discovery/features.d")
 DEFAULT_FEATURE_FILE = "ix-device-plugin"
 DMI_PRODUCT_NAME = Path("class/dmi/id/product_name")
-FILE_MODE = 0o644
 
 _LABEL_NAME = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
 _LABEL_PREFIX = re.compile(r"^(?=.{1,253}$)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
-
-
-class OutputError(Exception):
-    """A file could not be written or removed; the message names the path and the reason."""
-
-
-def write_atomically(path: Path, text: str) -> None:
-    """Replace path with text in one step, creating its directory when missing; raises OutputError."""
-    directory = path.parent
-    try:
-        directory.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise OutputError(f"cannot create directory {directory}: {_reason(exc)}") from exc
-    # A dot-name ending in .tmp: NFD skips dot-files and CDI reads only *.yaml and *.json.
-    try:
-        handle, temp_name = tempfile.mkstemp(dir=directory, prefix=f".{path.name}.", suffix=".tmp")
-    except OSError as exc:
-        raise OutputError(f"cannot write {path}: {_reason(exc)}") from exc
-    try:
-        with os.fdopen(handle, "w", encoding="utf-8") as stream:
-            stream.write(text)
-            stream.flush()
-            os.fchmod(stream.fileno(), FILE_MODE)
-            os.fsync(stream.fileno())
-        os.replace(temp_name, path)
-        _fsync_directory(directory)
-    except OSError as exc:
-        with contextlib.suppress(OSError):
-            os.unlink(temp_name)
-        raise OutputError(f"cannot write {path}: {_reason(exc)}") from exc
-
-
-def _fsync_directory(directory: Path) -> None:
-    descriptor = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(descriptor)
-    finally:
-        os.close(descriptor)
-
-
-def _reason(exc: OSError) -> str:
-    return exc.strerror or str(exc)
 
 
 def _current_text(path: Path) -> str | None:
@@ -94,7 +47,7 @@ def _remove(path: Path) -> bool:
     except FileNotFoundError:
         return False
     except OSError as exc:
-        raise OutputError(f"cannot remove {path}: {_reason(exc)}") from exc
+        raise OutputError(f"cannot remove {path}: {reason(exc)}") from exc
     return True
 
 
@@ -104,11 +57,7 @@ def cdi_spec_text(inventory: Inventory, dev_root: Path) -> str:
     if result.empty:
         reasons = "; ".join(result.warnings) or "the node has no chips"
         raise OutputError(f"no CDI spec: a spec needs at least one device, and none could be described ({reasons})")
-    return _spec_yaml(result.document)
-
-
-def _spec_yaml(document: Mapping[str, object]) -> str:
-    return yaml.safe_dump(dict(document), sort_keys=False, default_flow_style=False)
+    return spec_text(result.document)
 
 
 class CdiSpecWriter:
@@ -130,7 +79,7 @@ class CdiSpecWriter:
         self.warnings = result.warnings
         if result.empty:
             return _remove(self.path)
-        return _write_if_changed(self.path, _spec_yaml(result.document))
+        return _write_if_changed(self.path, spec_text(result.document))
 
 
 def cdi_generate(inventory: Inventory, dev_root: Path, output: Path | None = None) -> str:

@@ -51,6 +51,7 @@ class Registrar:
         self._waiting_logged = False
         self._registered_with: Identity | None = None  # the kubelet.sock the last success went to
         self._attempting_with: Identity | None = None  # the kubelet.sock of the attempt under way
+        self._kubelet_seen = identity(plugin_dir / KUBELET_SOCKET)  # as files_changed last saw it
 
     @property
     def registered(self) -> bool:
@@ -65,6 +66,18 @@ class Registrar:
         """Register (again) as soon as possible, waking any backoff."""
         self._requested += 1
         self._kick.set()
+
+    def files_changed(self, paths: frozenset[Path], serving: bool) -> None:
+        """Register again when kubelet.sock was re-created (among paths, or seen with a new identity).
+
+        Only while the endpoint is serving: a lost endpoint registers again once it serves anew.
+        """
+        kubelet = self._plugin_dir / KUBELET_SOCKET
+        now = identity(kubelet)
+        recreated = now is not None and (kubelet in paths or now != self._kubelet_seen)
+        self._kubelet_seen = now
+        if recreated and serving and now is not None and self.kubelet_restarted(now):
+            log.info("kubelet restarted (%s re-created); registering again", kubelet)
 
     def kubelet_restarted(self, kubelet: Identity) -> bool:
         """Register with the kubelet whose socket is now `kubelet`, unless already registered with it; True if asked.

@@ -6,8 +6,10 @@ samples. A value the library cannot give is absent from that chip's series, neve
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass
 
 from prometheus_client.core import GaugeMetricFamily, Metric
@@ -15,35 +17,12 @@ from prometheus_client.registry import Collector
 
 from ix_device_plugin.core.inventory import Inventory
 from ix_device_plugin.core.plan import Plan
+from ix_device_plugin.core.telemetry import ChipSample, PodRef, chip_pods
+from ix_device_plugin.hardware.backend import Backend, BackendError
+from ix_device_plugin.hardware.worker import Hardware
+from ix_device_plugin.runtime.logs import OncePerError
 
-
-@dataclass(frozen=True)
-class ChipSample:
-    """One chip's figures from one pass; None where the library has no answer."""
-
-    temperature_c: float | None = None
-    fan_speed: float | None = None
-    power_w: float | None = None
-    sm_clock_mhz: float | None = None
-    mem_clock_mhz: float | None = None
-    gpu_utilization: float | None = None
-    mem_utilization: float | None = None
-    mem_total_mib: float | None = None
-    mem_used_mib: float | None = None
-    mem_free_mib: float | None = None
-    pcie_tx_kbps: float | None = None
-    pcie_rx_kbps: float | None = None
-    ecc_sbe_volatile: float | None = None  # 1 when single-bit errors occurred
-    ecc_dbe_volatile: float | None = None  # 1 when double-bit errors occurred
-
-
-@dataclass(frozen=True)
-class PodRef:
-    """The container that holds a device, as the kubelet's pod-resources API says."""
-
-    namespace: str
-    pod: str
-    container: str
+log = logging.getLogger(__name__)
 
 
 # (ix-exporter's metric name, its help, the ChipSample field)
@@ -74,17 +53,6 @@ METRICS: tuple[tuple[str, str, str], ...] = (
 )
 METRIC_NAMES = tuple(name for name, _, _ in METRICS)
 LABELS = ("gpu", "uuid", "name", "node_name", "driver", "namespace", "pod", "container")
-
-
-def chip_pods(plan: Plan, allocations: Mapping[str, PodRef]) -> dict[str, PodRef]:
-    """Chip UUID -> the container holding it, from device ID -> container (replicas and boards resolved)."""
-    pods: dict[str, PodRef] = {}
-    for device_id, ref in allocations.items():
-        device = plan.by_id.get(device_id)
-        if device is not None:
-            for chip in device.chips:
-                pods.setdefault(chip.uuid, ref)
-    return pods
 
 
 def metric_families(
@@ -154,3 +122,45 @@ class TelemetryCollector(Collector):
         with self._lock:
             snapshot = self._snapshot
         yield from metric_families(snapshot.samples, snapshot.inventory, snapshot.pods, self.node_name)
+
+
+Allocations = Callable[[], Awaitable[Mapping[str, PodRef]]]  # device ID -> the container holding it (empty: unknown)
+
+
+class TelemetrySampler:
+    """Samples every chip each interval and hands the figures, labelled with their pods, to the collector."""
+
+    def __init__(
+        self,
+        hardware: Hardware,
+        collector: TelemetryCollector,
+        interval: float,
+        served: Callable[[], tuple[Inventory, Plan]],
+        allocations: Allocations,
+    ) -> None:
+        self._hardware = hardware
+        self._collector = collector
+        self._interval = interval
+        self._served = served
+        self._allocations = allocations
+
+    async def run(self) -> None:
+        """One pass per interval until cancelled; a failed pass is said once and leaves the last figures."""
+        errors = OncePerError(log, logging.WARNING)
+        while True:
+            seen, _ = self._served()
+            if seen.boards:
+                try:
+                    samples = await self._hardware.call("sample", lambda backend, polled=seen: _sample(backend, polled))
+                except BackendError as error:
+                    errors.failed("telemetry pass failed: %s", error)
+                else:
+                    errors.succeeded("telemetry passes work again")
+                    allocations = await self._allocations()
+                    inventory, plan = self._served()
+                    self._collector.update(samples, inventory, chip_pods(plan, allocations))
+            await asyncio.sleep(self._interval)
+
+
+def _sample(backend: Backend, inventory: Inventory) -> Mapping[str, ChipSample]:
+    return backend.sample(inventory)

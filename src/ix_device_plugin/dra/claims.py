@@ -1,7 +1,7 @@
 """What preparing a ResourceClaim means for the driver: the claim's chips, their CDI spec, and the checkpoint.
 
 Pure: a ResourceClaim object (a dict, as the API server returns it) and the slice devices in, plain data out.
-`dra.py` reads the claim, writes the spec and the checkpoint, and answers the kubelet.
+`state.py` writes the spec and the checkpoint; the service answers the kubelet.
 
 A claim's CDI spec is transient and its own (kind `gpu.iluvatar.com/claim`, file
 `gpu.iluvatar.com-claim_<claim UID>.yaml`): a device `<claim UID>-<device>` per allocated chip with its device
@@ -12,9 +12,8 @@ plugin's node-wide `iluvatar.com/gpu` spec, so both modes can share a node while
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -26,16 +25,10 @@ from ix_device_plugin.dra.slices import DRIVER, SliceDevice
 CLAIM_CDI_VENDOR = DRIVER
 CLAIM_CDI_CLASS = "claim"
 CLAIM_CDI_KIND = f"{CLAIM_CDI_VENDOR}/{CLAIM_CDI_CLASS}"
-CHECKPOINT_FILE = "checkpoint.json"
-CHECKPOINT_VERSION = 1
 
 
 class ClaimError(Exception):
     """This claim cannot be prepared; the message says which claim and why."""
-
-
-class CheckpointError(Exception):
-    """The checkpoint file cannot be read; the message names the file and the problem."""
 
 
 @dataclass(frozen=True)
@@ -160,60 +153,6 @@ def claim_spec(uid: str, devices: list[SliceDevice], control_nodes: tuple[str, .
     spec: dict[str, Any] = {"cdiVersion": "", "kind": CLAIM_CDI_KIND, "devices": renamed, "containerEdits": edits}
     spec["cdiVersion"] = minimum_version(spec)
     return spec
-
-
-# ---- the checkpoint ---------------------------------------------------------------------------
-
-
-def checkpoint_text(claims: Mapping[str, PreparedClaim]) -> str:
-    """The checkpoint file's text: version and every prepared claim by UID (with its CDI spec)."""
-    entries = {
-        uid: {
-            "namespace": claim.ref.namespace,
-            "name": claim.ref.name,
-            "devices": [asdict(device) for device in claim.devices],
-            "spec": claim.spec,
-        }
-        for uid, claim in sorted(claims.items())
-    }
-    return json.dumps({"version": CHECKPOINT_VERSION, "driver": DRIVER, "claims": entries}, indent=1) + "\n"
-
-
-def parse_checkpoint(text: str, origin: str) -> dict[str, PreparedClaim]:
-    """The prepared claims in a checkpoint's text; CheckpointError naming origin and the problem."""
-    try:
-        document = json.loads(text)
-    except ValueError as error:
-        raise CheckpointError(f"{origin}: not JSON: {error}") from None
-    if not isinstance(document, dict) or document.get("version") != CHECKPOINT_VERSION:
-        version = document.get("version") if isinstance(document, dict) else None
-        raise CheckpointError(f"{origin}: unsupported checkpoint version {version!r} (expected {CHECKPOINT_VERSION})")
-    entries = document.get("claims")
-    if not isinstance(entries, dict):
-        raise CheckpointError(f"{origin}: `claims` must be an object")
-    return {str(uid): _claim_from(uid, entry, origin) for uid, entry in entries.items()}
-
-
-def _claim_from(uid: str, entry: Any, origin: str) -> PreparedClaim:
-    where = f"{origin}: claims.{uid}"
-    try:
-        ref = ClaimRef(str(entry["namespace"]), str(entry["name"]), uid)
-        devices = tuple(
-            PreparedDevice(
-                tuple(str(r) for r in device["requests"]),
-                str(device["pool"]),
-                str(device["device"]),
-                str(device["uuid"]),
-                tuple(str(i) for i in device["cdi_ids"]),
-            )
-            for device in entry["devices"]
-        )
-        spec = entry["spec"]
-        if not isinstance(spec, dict):
-            raise TypeError("spec is not an object")
-    except (KeyError, TypeError) as error:
-        raise CheckpointError(f"{where}: malformed entry ({type(error).__name__}: {error})") from None
-    return PreparedClaim(ref, devices, spec)
 
 
 def holders(claims: Mapping[str, PreparedClaim]) -> dict[str, ClaimRef]:

@@ -1,6 +1,6 @@
 """What the DRA driver publishes: the node's chips as the devices of one ResourceSlice (resource.k8s.io/v1).
 
-Pure: plain data in (an Inventory, the PCIe roots the shell resolved), plain dicts out. `dra.py` publishes them.
+Pure: plain data in (an Inventory, the PCIe roots the shell resolved), plain dicts out; the publisher sends them.
 
 One pool named after the node, one slice in it, one device per chip. Device names are `gpu-<minor>`: valid
 DNS labels, the names of the chips' /dev nodes, and stable across restarts of the plugin. Attributes are
@@ -25,7 +25,6 @@ PCIE_ROOT_ATTRIBUTE = "resource.kubernetes.io/pcieRoot"
 MAX_DEVICES_PER_SLICE = 128  # resource.k8s.io/v1 ResourceSliceMaxDevices
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 _VERSION = re.compile(r"^v?(\d+)(?:\.(\d+))?(?:\.(\d+))?(?:[-+._ ]?(.*))?$")
-_PCIE_ROOT = re.compile(r"^pci[0-9a-f]{4}:[0-9a-f]{2}$")
 
 
 @dataclass(frozen=True)
@@ -72,16 +71,11 @@ def semver(text: str) -> str | None:
     return f"{core}+{build}" if build else core
 
 
-def pcie_root(device_path: str) -> str | None:
-    """The PCIe root (`pci0000:00`) in the resolved sysfs path of a PCI device, None when there is none."""
-    for part in device_path.split("/"):
-        if _PCIE_ROOT.match(part):
-            return part
-    return None
+def slice_content(inventory: Inventory, ignored: frozenset[str] = frozenset()) -> SliceContent:
+    """The slice devices for inventory's chips, unhealthy for the reasons not ignored (IX_DISABLE_HEALTHCHECKS).
 
-
-def slice_content(inventory: Inventory) -> SliceContent:
-    """The slice devices for inventory's chips; chips without a usable name are left out, with a warning."""
+    Chips without a usable name are left out, with a warning.
+    """
     devices: list[SliceDevice] = []
     warnings: list[str] = []
     seen: set[str] = set()
@@ -93,7 +87,7 @@ def slice_content(inventory: Inventory) -> SliceContent:
                 warnings.append(f"chip {chip.uuid!r} left out of the ResourceSlice: {why}")
                 continue
             seen.add(name)
-            devices.append(SliceDevice(name, chip, board.uuid, chip.status.reasons()))
+            devices.append(SliceDevice(name, chip, board.uuid, chip.status.reasons(ignored)))
     if len(devices) > MAX_DEVICES_PER_SLICE:
         warnings.append(f"{len(devices) - MAX_DEVICES_PER_SLICE} chips left out: a slice holds {MAX_DEVICES_PER_SLICE}")
         devices = devices[:MAX_DEVICES_PER_SLICE]

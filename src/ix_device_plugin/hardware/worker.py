@@ -40,6 +40,7 @@ class Hardware:
         self._thread: threading.Thread | None = None
         self._running: tuple[str, float] | None = None  # (call name, started at)
         self._running_limit = timeout
+        self._pending: asyncio.Future[Any] | None = None  # the future of the call under way
         self._turn = asyncio.Lock()
 
     @property
@@ -68,14 +69,17 @@ class Hardware:
         return await self._run(name, job, timeout)
 
     async def close(self, timeout: float) -> None:
-        """Release the backend when the worker is free; never waits longer than timeout."""
+        """Release the backend once the call under way (if any) returns; never waits longer than timeout."""
+        deadline = time.monotonic() + timeout
+        if self._running is not None and self._pending is not None:
+            await asyncio.wait([self._pending], timeout=timeout)  # a call abandoned by a cancelled caller
         if self._backend is None or self._running is not None:
             self._stop_worker()
             return
         backend = self._backend
         self._backend = None
         try:
-            await self._run("close", backend.close, timeout=timeout)
+            await self._run("close", backend.close, timeout=max(0.05, deadline - time.monotonic()))
         except Exception as error:  # closing must not fail a stop
             log.warning("closing the GPU library: %s", error)
         self._stop_worker()
@@ -92,6 +96,7 @@ class Hardware:
         future.add_done_callback(_retrieve)  # an abandoned call's late error is not "never retrieved"
         limit = self.timeout if timeout is None else timeout
         self._running, self._running_limit = (name, time.monotonic()), limit
+        self._pending = future
         self._ensure_worker()
         self._jobs.put((job, loop, future))
         try:

@@ -9,8 +9,9 @@ from pathlib import Path
 import grpc
 
 from ix_device_plugin.api.podresources import api_pb2, api_pb2_grpc
-from ix_device_plugin.deviceplugin.telemetry import PodRef
+from ix_device_plugin.core.telemetry import PodRef
 from ix_device_plugin.kubelet.registration import CHANNEL_OPTIONS, unix_target
+from ix_device_plugin.runtime.logs import OncePerError
 
 DEFAULT_SOCKET = Path("/var/lib/kubelet/pod-resources/kubelet.sock")
 MAX_MESSAGE = 16 * 1024 * 1024  # the kubelet answers for every pod of the node in one message
@@ -68,3 +69,30 @@ def _allocations(response: api_pb2.ListPodResourcesResponse, resource_names: Set
                     for device_id in devices.device_ids:
                         allocations[device_id] = PodRef(pod.namespace, pod.name, container.name)
     return allocations
+
+
+class PodResources:
+    """The node's one pod-resources reader, shared by telemetry and Volcano mode; absent socket means unknown."""
+
+    def __init__(self, socket_path: Path | None) -> None:
+        self.socket_path = socket_path
+        self._client: PodResourcesClient | None = None
+
+    async def allocations(self, resource_names: Set[str], errors: OncePerError) -> dict[str, PodRef]:
+        """Device ID -> the container holding it (empty when unknown); a failure is said once through errors."""
+        if self.socket_path is None or not self.socket_path.exists():
+            return {}
+        if self._client is None:
+            self._client = PodResourcesClient(self.socket_path)
+        try:
+            allocations = await self._client.allocations(resource_names, timeout=2.0)
+        except PodResourcesError as error:
+            errors.failed("%s; GPU metrics carry no pod labels meanwhile", error)
+            return {}
+        errors.succeeded("pod resources answer again")
+        return allocations
+
+    async def close(self) -> None:
+        """Close the channel, if one was opened."""
+        if self._client is not None:
+            await self._client.close()

@@ -9,6 +9,8 @@ from dataclasses import dataclass
 
 from prometheus_client import CONTENT_TYPE_LATEST
 
+from ix_device_plugin.runtime.errors import StartupError
+
 log = logging.getLogger(__name__)
 
 # (ok, reason) for a probe.
@@ -103,3 +105,15 @@ class ProbeServer:
         ok, reason = check[path]()
         status = "200 OK" if ok else "503 Service Unavailable"
         return status, "text/plain; charset=utf-8", f"{'ok' if ok else 'not ok'}: {reason}\n".encode()
+
+
+async def start_probes(address: str, handlers: ProbeHandlers) -> tuple[ProbeServer, int] | None:
+    """Serve handlers on address (`HOST:PORT`, `off`): the server and its port, None when off; StartupError."""
+    parsed = parse_address(address)
+    if parsed is None:
+        return None
+    server = ProbeServer(handlers)
+    try:
+        return server, await server.start(*parsed)
+    except OSError as error:
+        raise StartupError(f"cannot listen on --health-address {address}: {error}") from error

@@ -10,25 +10,18 @@ import pytest
 
 from ix_device_plugin.cli import main
 from ix_device_plugin.core.inventory import Board, ChipStatus, Inventory
-from ix_device_plugin.dra.claims import (
-    CheckpointError,
-    ClaimError,
-    ClaimRef,
-    checkpoint_text,
-    parse_checkpoint,
-    prepare,
-)
-from ix_device_plugin.dra.driver import pcie_roots
+from ix_device_plugin.dra.checkpoint import CheckpointError, checkpoint_text, parse_checkpoint
+from ix_device_plugin.dra.claims import ClaimError, ClaimRef, prepare
 from ix_device_plugin.dra.slices import (
     PCIE_ROOT_ATTRIBUTE,
     device_body,
-    pcie_root,
     semver,
     slice_content,
     slice_devices,
     slice_name,
     taints_dropped,
 )
+from ix_device_plugin.hardware.pcie import pcie_root, pcie_roots
 from ix_device_plugin.hardware.simulated import parse_spec
 
 REF = ClaimRef("default", "claim", "uid-1")

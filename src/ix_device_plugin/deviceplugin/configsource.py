@@ -1,0 +1,110 @@
+"""Where the device plugin's configuration comes from: the ix-config file, or the ConfigMap key a node label names.
+
+`ConfigSource` knows which file is in force and why, tells whether it changed since it was last read, and reads
+it. With --per-node-config it follows the node label `iluvatar.com/device-plugin.config` through the API server
+(as an input of the reconcile loop: each value is handed to `label_seen`'s callback).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from ix_device_plugin.runtime.logs import OncePerError
+from ix_device_plugin.settings.config import Config
+from ix_device_plugin.settings.options import NODE_CONFIG_LABEL, Options, config_file_for, load_config
+from ix_device_plugin.settings.yamlsafe import MAX_BYTES
+
+if TYPE_CHECKING:
+    from ix_device_plugin.apiserver.client import Kube, KubeSettings
+
+log = logging.getLogger(__name__)
+
+
+class ConfigSource:
+    """The config file in force (per the node label when asked), and whether it changed since it was read."""
+
+    def __init__(self, options: Options) -> None:
+        self.options = options
+        self.label: str | None = None  # the node's configuration label, with --per-node-config
+        self.path, self.reason = config_file_for(options, None)
+        self._seen: bytes | None = None
+
+    def load(self) -> Config:
+        """Read the file in force (logging its warnings); raises ConfigError."""
+        self._seen = _read_bytes(self.path)
+        config, warnings = load_config(self.options, self.path)
+        for warning in warnings:
+            log.warning("%s", warning)
+        return config
+
+    def changed(self) -> bool:
+        """True when the file in force is another one now (the label moved), or its bytes changed since load()."""
+        path, self.reason = config_file_for(self.options, self.label)
+        if path != self.path:
+            log.info("configuration now from %s", self.reason)
+            self.path = path
+            return True
+        return _read_bytes(path) != self._seen
+
+    async def follow_label(self, spawn: Callable[..., None], put: Callable[[str | None], None]) -> None:
+        """Start following the node label (put gets each value); wait briefly for its first value."""
+        first: asyncio.Future[str | None] = asyncio.get_running_loop().create_future()
+
+        def seen(value: str | None) -> None:
+            if not first.done():
+                first.set_result(value)
+            put(value)
+
+        spawn("node-label", lambda: self._watch_label(seen))
+        try:
+            async with asyncio.timeout(self.options.label_wait):
+                self.label = await asyncio.shield(first)
+        except TimeoutError:
+            log.warning(
+                "no answer about node label %s within %gs; starting with %s",
+                NODE_CONFIG_LABEL,
+                self.options.label_wait,
+                self.options.config_path,
+            )
+        self.path, self.reason = config_file_for(self.options, self.label)
+        log.info("configuration from %s", self.reason)
+
+    async def _watch_label(self, put: Callable[[str | None], None]) -> None:
+        from ix_device_plugin.apiserver.nodelabel import NodeLabelWatcher
+
+        settings = self.options.kube
+        assert settings is not None
+        kube = await _connect(settings)
+        try:
+            await NodeLabelWatcher(kube, settings.node_name, NODE_CONFIG_LABEL).run(put)
+        finally:
+            await kube.close()
+
+
+async def _connect(settings: KubeSettings) -> Kube:
+    """A connection to the API server, retried with backoff for as long as it takes."""
+    from ix_device_plugin.apiserver.client import Backoff, KubeConfigError, KubeError, connect
+
+    backoff, errors = Backoff(), OncePerError(log)
+    while True:
+        try:
+            kube = await connect(settings)
+        except (KubeConfigError, KubeError) as error:
+            errors.failed("cannot reach the API server (%s): %s; retrying", settings.source, error)
+            await backoff.sleep()
+        else:
+            errors.succeeded("API server reachable again")
+            return kube
+
+
+def _read_bytes(path: Path) -> bytes | None:
+    """The file's bytes, at most one more than a ConfigMap can hold (enough to tell it changed)."""
+    try:
+        with path.open("rb") as stream:
+            return stream.read(MAX_BYTES + 1)
+    except OSError:
+        return None
