@@ -249,7 +249,8 @@ def dra_list_command(args: argparse.Namespace, options: DraOptions) -> int:
     try:
         config, _ = load_config(options.base)
         inventory = discover_once(options.base)
-        claims = read_checkpoint(plugin_dir(options.plugins_dir) / CHECKPOINT_FILE)
+        checkpoint = read_checkpoint(plugin_dir(options.plugins_dir) / CHECKPOINT_FILE)
+        claims = dict(checkpoint.claims) if checkpoint else {}
     except (BackendError, CheckpointError, ConfigError) as error:
         return _print_error(args, error)
     content = slice_content(inventory, config.ignored_health_errors)

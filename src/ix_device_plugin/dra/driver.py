@@ -36,7 +36,7 @@ from ix_device_plugin.dra.publisher import SlicePublisher
 from ix_device_plugin.dra.registration import RegistrationService, dra_socket, plugin_dir, registration_socket
 from ix_device_plugin.dra.service import DraService
 from ix_device_plugin.dra.slices import DRIVER, SliceContent, slice_content
-from ix_device_plugin.dra.state import DraState
+from ix_device_plugin.dra.state import DraState, read_boot_id
 from ix_device_plugin.hardware.monitor import HardwareMonitor, HardwareView, MonitorSettings
 from ix_device_plugin.hardware.pcie import pcie_roots
 from ix_device_plugin.hardware.worker import Hardware
@@ -70,7 +70,9 @@ class DraDriver:
         )
         self.monitor.subscribe(self._hardware_changed)
         self.kube = kube
-        self.state = DraState(plugin_dir(options.plugins_dir), options.cdi_spec_dir, options.node_name, base.dev_root)
+        self.state = DraState(
+            plugin_dir(options.plugins_dir), options.cdi_spec_dir, options.node_name, base.dev_root, read_boot_id()
+        )
         self.content = SliceContent((), None)
         self.roots: dict[str, str] = {}
         self.registration = RegistrationService(dra_socket(options.plugins_dir))
@@ -113,7 +115,7 @@ class DraDriver:
             log.warning("%s", warning)
         self._ignored = config.ignored_health_errors
         self.monitor.ignored = config.ignored_health_errors
-        self.state.load()
+        self.state.restore()
         await self.monitor.start(config.fail_on_init_error)
         if self.kube is None:
             assert self.options.kube is not None

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import tempfile
+import time
 from pathlib import Path
 
 FILE_MODE = 0o644
@@ -51,3 +52,27 @@ def _fsync_directory(directory: Path) -> None:
 def reason(exc: OSError) -> str:
     """The words of an OSError, without its number."""
     return exc.strerror or str(exc)
+
+
+TEMPORARY_MAX_AGE = 60.0  # seconds; a younger temporary may belong to a write under way in another process
+
+
+def remove_stale_temporaries(directory: Path, name: str, max_age: float = TEMPORARY_MAX_AGE) -> list[Path]:
+    """Remove the temporaries write_atomically left behind for files called name (a glob) after a kill -9 mid-write.
+
+    Only those older than max_age: a younger one may be a write under way in another process. The paths removed.
+    """
+    removed = []
+    now = time.time()
+    try:
+        candidates = list(directory.glob(f".{name}.*.tmp"))
+    except OSError:
+        return removed
+    for path in candidates:
+        try:
+            if path.is_file() and not path.is_symlink() and now - path.stat().st_mtime > max_age:
+                path.unlink()
+                removed.append(path)
+        except OSError:
+            continue
+    return removed

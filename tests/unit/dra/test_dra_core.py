@@ -10,7 +10,13 @@ import pytest
 
 from ix_device_plugin.cli import main
 from ix_device_plugin.core.inventory import Board, ChipStatus, Inventory
-from ix_device_plugin.dra.checkpoint import CheckpointError, checkpoint_text, parse_checkpoint
+from ix_device_plugin.dra.checkpoint import (
+    Checkpoint,
+    CheckpointError,
+    CheckpointTooNew,
+    checkpoint_text,
+    parse_checkpoint,
+)
 from ix_device_plugin.dra.claims import ClaimError, ClaimRef, prepare
 from ix_device_plugin.dra.slices import (
     PCIE_ROOT_ATTRIBUTE,
@@ -160,16 +166,45 @@ def test_a_chip_held_by_another_claim_is_refused_naming_the_holder() -> None:
 def test_the_checkpoint_round_trips_and_refuses_what_it_cannot_read() -> None:
     content = slice_content(inventory())
     prepared = prepare(REF, allocated_claim("gpu-1"), content.by_name(), {}, "node-a", (), Path("/"))
-    text = checkpoint_text({REF.uid: prepared})
-    assert parse_checkpoint(text, "cp") == {REF.uid: prepared}
-    with pytest.raises(CheckpointError, match="cp: not JSON"):
+    text = checkpoint_text({REF.uid: prepared}, "boot-1")
+    assert parse_checkpoint(text, "cp") == Checkpoint("boot-1", {REF.uid: prepared})
+    with pytest.raises(CheckpointError, match="cp: is not JSON"):
         parse_checkpoint(text[:20], "cp")
-    with pytest.raises(CheckpointError, match="unsupported checkpoint version 9"):
-        parse_checkpoint(json.dumps({"version": 9}), "cp")
+    with pytest.raises(CheckpointError, match="unsupported checkpoint version 0"):
+        parse_checkpoint(json.dumps({"version": 0}), "cp")
     broken = json.loads(text)
     del broken["claims"][REF.uid]["devices"][0]["uuid"]
     with pytest.raises(CheckpointError, match=r"cp: claims\.uid-1: malformed entry"):
         parse_checkpoint(json.dumps(broken), "cp")
+
+
+def test_a_checkpoint_of_a_newer_version_is_refused_not_discarded() -> None:
+    with pytest.raises(CheckpointTooNew, match="checkpoint version 9 was written by a newer driver"):
+        parse_checkpoint(json.dumps({"version": 9, "claims": {}}), "cp")
+
+
+@pytest.mark.parametrize(
+    ("data", "why"),
+    [
+        (b'{"version": 1, "claims": {"\xff": {}}}', "is not UTF-8"),
+        (b"[" * 100_000 + b"]" * 100_000, "nested more than"),
+        (b'{"version": 1, "claims": ' + b'{"a":' * 40 + b"1" + b"}" * 41, "nested more than 16 levels"),
+    ],
+)
+def test_a_hostile_checkpoint_is_a_clear_error(data: bytes, why: str) -> None:
+    with pytest.raises(CheckpointError, match=why):
+        parse_checkpoint(data, "cp")
+
+
+def test_fields_an_older_driver_does_not_know_are_ignored_and_new_ones_default() -> None:
+    content = slice_content(inventory())
+    prepared = prepare(REF, allocated_claim("gpu-1"), content.by_name(), {}, "node-a", (), Path("/"))
+    document = json.loads(checkpoint_text({REF.uid: prepared}))
+    del document["bootID"]
+    del document["claims"][REF.uid]["complete"]
+    del document["claims"][REF.uid]["devices"][0]["admin"]
+    document["claims"][REF.uid]["future"] = {"x": 1}
+    assert parse_checkpoint(json.dumps(document), "cp") == Checkpoint("", {REF.uid: prepared})
 
 
 def test_a_board_without_chips_gives_no_devices() -> None:
