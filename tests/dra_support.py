@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections.abc import Callable, Sequence
-from dataclasses import replace
+from dataclasses import fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +21,7 @@ from ix_device_plugin.standins.apiserver import ApiServerStandIn
 from ix_device_plugin.standins.dra_kubelet import DraKubeletStandIn
 
 NODE = "node-a"
+DRA_FIELDS = {field.name for field in fields(DraOptions)}
 TWO_BOARDS: list[dict[str, Any]] = [{"product": "BI-V150"}, {"product": "BI-V150"}]
 
 
@@ -36,13 +37,23 @@ class DraNode:
         self.cdi_dir = root / "cdi"
         self.kubeconfig = api.write_kubeconfig(root / "kubeconfig")
         self.drivers: list[DraDriver] = []
+        self.boot_id_file = root / "boot_id"
+        self.boot_id_file.write_text("boot-1\n")
+
+    def reboot(self) -> None:
+        """What a reboot does to the node's files: a new boot ID, and the CDI directory (a tmpfs) empty."""
+        self.boot_id_file.write_text(f"boot-{self.boot_id_file.read_text().strip()}-next\n")
+        for spec in self.cdi_dir.glob("*"):
+            spec.unlink()
 
     def write_boards(self, boards: Sequence[dict[str, Any]]) -> None:
         """Describe the node's boards (the simulated backend reads the file on every discovery and poll)."""
         self.devices_file.write_text(yaml.safe_dump({"boards": list(boards)}))
 
-    def options(self, **base: Any) -> DraOptions:
-        """DraOptions for this node, with short intervals."""
+    def options(self, **overrides: Any) -> DraOptions:
+        """DraOptions for this node, with short intervals; overrides name DraOptions or base Options fields."""
+        own = {name: overrides.pop(name) for name in list(overrides) if name in DRA_FIELDS}
+        base = overrides
         options = Options(
             backend_factory=lambda: SimulatedBackend(str(self.devices_file)),
             dev_root=self.root,
@@ -54,14 +65,16 @@ class DraNode:
             health_address="off",
         )
         kube = replace(settings_from({"NODE_NAME": self.node}, str(self.kubeconfig), "test"), timeout=1.0)
-        return DraOptions(
+        dra = DraOptions(
             base=replace(options, **base),
             node_name=self.node,
             kube=kube,
             registrar_dir=self.root / "plugins_registry",
             plugins_dir=self.root / "plugins",
             claim_read_timeout=1.5,
+            boot_id_path=self.boot_id_file,
         )
+        return replace(dra, **own)
 
     async def start(self, **base: Any) -> DraDriver:
         """A started driver; stopped by stop_all."""
@@ -109,10 +122,14 @@ class DraNode:
         driver: str = DRIVER,
         pool: str | None = None,
         request: str = "gpu",
+        admin_access: bool = False,
     ) -> tuple[str, str, str]:
         """Store an allocated ResourceClaim, as the scheduler leaves it; (namespace, name, uid)."""
         uid = str(uuid.uuid4())
         results = [{"request": request, "driver": driver, "pool": pool or self.node, "device": d} for d in devices]
+        if admin_access:
+            for result in results:
+                result["adminAccess"] = True
         self.api.put(
             "resourceclaims",
             {

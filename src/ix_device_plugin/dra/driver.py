@@ -71,7 +71,11 @@ class DraDriver:
         self.monitor.subscribe(self._hardware_changed)
         self.kube = kube
         self.state = DraState(
-            plugin_dir(options.plugins_dir), options.cdi_spec_dir, options.node_name, base.dev_root, read_boot_id()
+            plugin_dir(options.plugins_dir),
+            options.cdi_spec_dir,
+            options.node_name,
+            base.dev_root,
+            read_boot_id(options.boot_id_path),
         )
         self.content = SliceContent((), None)
         self.roots: dict[str, str] = {}

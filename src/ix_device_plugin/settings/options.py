@@ -515,6 +515,8 @@ class DraOptions:
     registrar_dir: Path = Path(DEFAULT_REGISTRAR_DIR)
     plugins_dir: Path = Path(DEFAULT_KUBELET_PLUGINS_DIR)
     claim_read_timeout: float = 10.0  # how long one NodePrepareResources retries reading a claim
+    boot_id_path: Path = Path("/proc/sys/kernel/random/boot_id")  # tells a reboot from a restart
+    pod_uid: str = ""  # POD_UID: names the sockets per pod, so that an update overlaps the old driver
 
     @property
     def cdi_spec_dir(self) -> Path:
