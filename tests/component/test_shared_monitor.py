@@ -167,3 +167,39 @@ async def test_dra_fails_at_start_when_the_library_fails_by_default(
     assert "no GPUs could be discovered" in text and "flags.failOnInitError" in text
     assert "Traceback" not in text
     assert node.slice() is None
+
+
+@pytest.mark.parametrize("version", ["v1", "v1alpha1"])
+async def test_the_kubelet_gets_device_health_within_a_second_of_an_xid_and_again_when_quiet(
+    version: str,
+    libs: dict[str, Path],
+    double_conf: Path,
+    short_dir: Path,
+    apiserver: ApiServerStandIn,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr("ix_device_plugin.dra.health.RESEND_INTERVAL", 0.5)
+    node = dra_node(short_dir, apiserver)
+    make_dev_root(node.root, [0, 1])
+    library = library_copy(libs, short_dir / "lib")
+    driver = await node.start(backend_factory=lambda: IxmlBackend(str(library), dev_root=node.root))
+    kubelet = await node.kubelet(driver)
+    watch = await kubelet.watch_health(version)
+    try:
+        await watch.wait_for(lambda w: len(w.devices) == 2)
+        assert watch.devices == {"gpu-0": ("HEALTHY", ""), "gpu-1": ("HEALTHY", "")}
+        first = watch.messages[0][1].devices[0]
+        assert (first.device.pool_name, first.health_check_timeout_seconds) == (node.node, 60)
+        injected = asyncio.get_running_loop().time()
+        with double_conf.open("a") as stream:
+            stream.write("xid=1,79\n")
+        await watch.wait_for(lambda w: w.devices["gpu-1"] == ("UNHEALTHY", "XID 79"), timeout=3)
+        arrival = next(t for t, m in watch.messages if any(d.health == watch.pb2.UNHEALTHY for d in m.devices))
+        assert arrival - injected < 1.0
+        count = len(watch.messages)
+        await watch.wait_for(lambda w: len(w.messages) >= count + 2, timeout=3)  # sent again while quiet
+        assert watch.devices["gpu-0"] == ("HEALTHY", "")
+    finally:
+        await watch.close()
+        await kubelet.close()
+        await node.stop_all()

@@ -24,6 +24,10 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from ix_device_plugin.api.dra_health_v1 import api_pb2 as health_v1
+from ix_device_plugin.api.dra_health_v1 import api_pb2_grpc as health_v1_grpc
+from ix_device_plugin.api.dra_health_v1alpha1 import api_pb2 as health_v1alpha1
+from ix_device_plugin.api.dra_health_v1alpha1 import api_pb2_grpc as health_v1alpha1_grpc
 from ix_device_plugin.api.dra_v1 import api_pb2 as dra_v1
 from ix_device_plugin.api.dra_v1 import api_pb2_grpc as dra_v1_grpc
 from ix_device_plugin.api.dra_v1beta1 import api_pb2 as dra_v1beta1
@@ -32,6 +36,7 @@ from ix_device_plugin.api.pluginregistration import api_pb2_grpc as registration
 from ix_device_plugin.apiserver.client import RESOURCE_CLAIM, Backoff, Kube, KubeError, connect
 from ix_device_plugin.core.inventory import Inventory
 from ix_device_plugin.dra.claims import ClaimError, ClaimRef, PreparedClaim
+from ix_device_plugin.dra.health import DeviceHealthBoard, HealthService
 from ix_device_plugin.dra.publisher import SlicePublisher
 from ix_device_plugin.dra.registration import RegistrationService, dra_socket, plugin_dir, registration_socket
 from ix_device_plugin.dra.service import DraService
@@ -79,6 +84,8 @@ class DraDriver:
         )
         self.content = SliceContent((), None)
         self.roots: dict[str, str] = {}
+        self.health = DeviceHealthBoard(options.node_name)
+        self._streams_end = asyncio.Event()
         self.registration = RegistrationService(dra_socket(options.plugins_dir))
         self.publisher: SlicePublisher | None = None
         self.ready = asyncio.Event()
@@ -136,6 +143,7 @@ class DraDriver:
     async def shutdown(self) -> None:
         """Stop the tasks and servers, remove the sockets, close the hardware (bounded by stop_timeout)."""
         timeout = self.options.base.stop_timeout
+        self._streams_end.set()
         await self.service.stop_tasks(timeout * 0.4)
         for server in self._servers:
             await bounded("stopping a gRPC server", server.stop(timeout / 4), timeout / 4)
@@ -160,6 +168,9 @@ class DraDriver:
         for pb2, grpc_module in ((dra_v1, dra_v1_grpc), (dra_v1beta1, dra_v1beta1_grpc)):
             service = DraService(self.prepare_claim, self.state.unprepare, pb2)
             grpc_module.add_DRAPluginServicer_to_server(service, dra)  # type: ignore[attr-defined]
+        for pb2, grpc_module in ((health_v1, health_v1_grpc), (health_v1alpha1, health_v1alpha1_grpc)):
+            health = HealthService(self.health, pb2, self._streams_end)
+            grpc_module.add_DRAResourceHealthServicer_to_server(health, dra)  # type: ignore[attr-defined]
         dra.add_insecure_port(unix_target(endpoint))
         await dra.start()
         self._servers.append(dra)
@@ -181,6 +192,7 @@ class DraDriver:
             if warning not in self.content.warnings:
                 log.warning("%s", warning)
         self.content, self.roots = content, roots
+        self.health.update(content)
         if self.publisher is not None:
             self.publisher.want(content, roots)
 

@@ -3,17 +3,23 @@
 It behaves as the kubelet does with a DRA driver: dials the registration socket, asks GetInfo, checks the
 type, name and versions, answers NotifyRegistrationStatus, then dials the endpoint GetInfo named and calls
 NodePrepareResources / NodeUnprepareResources in the newest API version both sides know (or the one asked for).
+Like the kubelet it follows the driver's device health (DRAResourceHealth/NodeWatchResources) when asked.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import grpc
 
+from ix_device_plugin.api.dra_health_v1 import api_pb2 as health_v1
+from ix_device_plugin.api.dra_health_v1 import api_pb2_grpc as health_v1_grpc
+from ix_device_plugin.api.dra_health_v1alpha1 import api_pb2 as health_v1alpha1
+from ix_device_plugin.api.dra_health_v1alpha1 import api_pb2_grpc as health_v1alpha1_grpc
 from ix_device_plugin.api.dra_v1 import api_pb2 as dra_v1
 from ix_device_plugin.api.dra_v1 import api_pb2_grpc as dra_v1_grpc
 from ix_device_plugin.api.dra_v1beta1 import api_pb2 as dra_v1beta1
@@ -26,6 +32,7 @@ CALL_TIMEOUT = 10.0
 # The services this kubelet knows, newest first, as PluginInfo.supported_versions names them.
 KNOWN_VERSIONS = {"v1.DRAPlugin": (dra_v1, dra_v1_grpc), "v1beta1.DRAPlugin": (dra_v1beta1, dra_v1beta1_grpc)}
 Claim = tuple[str, str, str]  # (namespace, name, uid)
+HEALTH_VERSIONS = {"v1": (health_v1, health_v1_grpc), "v1alpha1": (health_v1alpha1, health_v1alpha1_grpc)}
 
 
 class RegistrationRefused(Exception):
@@ -75,6 +82,14 @@ class DraKubeletStandIn:
             await self._channel.close()
             self._channel = None
 
+    async def watch_health(self, version: str = "v1") -> HealthWatch:
+        """Open NodeWatchResources in version (v1 or v1alpha1) and collect its messages until closed."""
+        assert self._channel is not None, "register first"
+        pb2, grpc_module = HEALTH_VERSIONS[version]
+        watch = HealthWatch(pb2, grpc_module.DRAResourceHealthStub(self._channel))
+        await watch.start()
+        return watch
+
     def _api(self, version: str | None) -> tuple[Any, Any]:
         assert self._channel is not None, "register first"
         pb2, grpc_module = KNOWN_VERSIONS[version or self.version]
@@ -99,3 +114,43 @@ class DraKubeletStandIn:
         async with asyncio.timeout(timeout):
             while not path.is_socket():
                 await asyncio.sleep(0.02)
+
+
+class HealthWatch:
+    """One NodeWatchResources stream: every message, and each device's latest (health name, message)."""
+
+    def __init__(self, pb2: Any, stub: Any) -> None:
+        self.pb2 = pb2
+        self.messages: list[tuple[float, Any]] = []  # (monotonic arrival, message)
+        self.devices: dict[str, tuple[str, str]] = {}
+        self._call = stub.NodeWatchResources(pb2.NodeWatchResourcesRequest())
+        self._task: asyncio.Task[None] | None = None
+        self._arrived = asyncio.Event()
+
+    async def start(self) -> None:
+        """Start reading the stream."""
+        self._task = asyncio.create_task(self._read())
+
+    async def _read(self) -> None:
+        loop = asyncio.get_running_loop()
+        async for message in self._call:
+            self.messages.append((loop.time(), message))
+            for device in message.devices:
+                health = self.pb2.HealthStatus.Name(device.health)
+                self.devices[device.device.device_name] = (health, device.message)
+            self._arrived.set()
+
+    async def wait_for(self, predicate: Any, timeout: float = 5.0) -> None:
+        """Wait until predicate(self) holds."""
+        async with asyncio.timeout(timeout):
+            while not predicate(self):
+                self._arrived.clear()
+                await self._arrived.wait()
+
+    async def close(self) -> None:
+        """End the stream."""
+        self._call.cancel()
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, grpc.aio.AioRpcError):
+                await self._task

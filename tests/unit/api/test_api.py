@@ -75,7 +75,13 @@ UPSTREAM = REPO_ROOT.parent / "shared" / "kubelet-apis"
 
 
 def test_the_dra_and_registration_protos_are_the_upstream_ones() -> None:
-    copies = {"dra/v1": "dra_v1", "dra/v1beta1": "dra_v1beta1", "pluginregistration/v1": "pluginregistration"}
+    copies = {
+        "dra/v1": "dra_v1",
+        "dra/v1beta1": "dra_v1beta1",
+        "pluginregistration/v1": "pluginregistration",
+        "dra-health/v1": "dra_health_v1",
+        "dra-health/v1alpha1": "dra_health_v1alpha1",
+    }
     for upstream, ours in copies.items():
         if (UPSTREAM / upstream / "api.proto").exists():
             assert (API_DIR / ours / "api.proto").read_text() == (UPSTREAM / upstream / "api.proto").read_text()
