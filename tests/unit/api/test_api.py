@@ -12,7 +12,7 @@ from support import REPO_ROOT
 
 def test_generated_modules_are_current(tmp_path: Path) -> None:
     pairs = generate(tmp_path)
-    assert len(pairs) == 15  # device plugin, pod-resources, DRA v1 and v1beta1, registration: three modules each
+    assert len(pairs) == 21  # device plugin, pod-resources, DRA v1, v1beta1, registration, health x2: 3 modules each
     for produced, committed in pairs:
         assert committed.read_text() == produced.read_text(), (
             f"{committed.relative_to(API_DIR)} is stale: run python -m ix_device_plugin.api.generate"
