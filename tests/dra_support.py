@@ -13,8 +13,9 @@ import yaml
 
 from ix_device_plugin.apiserver.client import settings_from
 from ix_device_plugin.dra.driver import DraDriver
+from ix_device_plugin.dra.pool import slice_base_name
 from ix_device_plugin.dra.registration import registration_socket
-from ix_device_plugin.dra.slices import DRIVER, slice_name
+from ix_device_plugin.dra.slices import DRIVER
 from ix_device_plugin.hardware.simulated import SimulatedBackend
 from ix_device_plugin.settings.options import DraOptions, Options
 from ix_device_plugin.standins.apiserver import ApiServerStandIn
@@ -101,7 +102,7 @@ class DraNode:
 
     def slice(self) -> dict[str, Any] | None:
         """The node's ResourceSlice as the API server stores it."""
-        return self.api.get("resourceslices", slice_name(self.node))
+        return self.api.get("resourceslices", slice_base_name(self.node))
 
     def slice_devices(self) -> dict[str, dict[str, Any]]:
         """The slice's devices by name ({} without a slice)."""

@@ -242,8 +242,9 @@ def dra_command(args: argparse.Namespace, options: Options, env: dict[str, str])
 def dra_list_command(args: argparse.Namespace, options: DraOptions) -> int:
     """Print the devices the node's ResourceSlice would hold and the prepared claims of the checkpoint."""
     from ix_device_plugin.dra.checkpoint import CHECKPOINT_FILE, CheckpointError, read_checkpoint
+    from ix_device_plugin.dra.pool import slice_base_name
     from ix_device_plugin.dra.registration import plugin_dir
-    from ix_device_plugin.dra.slices import slice_content, slice_devices, slice_name
+    from ix_device_plugin.dra.slices import slice_content, slice_devices
     from ix_device_plugin.hardware.pcie import pcie_roots
 
     try:
@@ -255,7 +256,7 @@ def dra_list_command(args: argparse.Namespace, options: DraOptions) -> int:
         return _print_error(args, error)
     content = slice_content(inventory, config.ignored_health_errors)
     report = {
-        "resourceSlice": slice_name(options.node_name),
+        "resourceSlice": slice_base_name(options.node_name),
         "devices": slice_devices(content, pcie_roots(inventory, options.base.sysfs_root), taints=True),
         "warnings": list(content.warnings),
         "preparedClaims": {

@@ -74,7 +74,8 @@ async def test_the_slice_holds_every_chip_with_its_attributes(node: DraNode) -> 
     devices = node.slice_devices()
     assert sorted(devices) == ["gpu-0", "gpu-1", "gpu-2", "gpu-3"]
     first = devices["gpu-0"]["attributes"]
-    assert set(first) == {"uuid", "productName", "boardUUID", "minor"}  # no NUMA, PCIe root or version here
+    # No NUMA node, PCIe root or version for simulated chips; the bus ID is the standard attribute.
+    assert set(first) == {"uuid", "productName", "boardUUID", "minor", "resource.kubernetes.io/pciBusID"}
     assert first["productName"] == {"string": "BI-V150"} and first["minor"] == {"int": 0}
     boards = [devices[name]["attributes"]["boardUUID"]["string"] for name in sorted(devices)]
     assert boards[0] == boards[1] != boards[2] == boards[3]

@@ -1,12 +1,14 @@
-"""What the DRA driver publishes: the node's chips as the devices of one ResourceSlice (resource.k8s.io/v1).
+"""What the DRA driver publishes: the node's chips as the devices of its ResourceSlices (resource.k8s.io/v1).
 
-Pure: plain data in (an Inventory, the PCIe roots the shell resolved), plain dicts out; the publisher sends them.
+Pure: plain data in (an Inventory, the PCIe roots the shell resolved), plain dicts out; `pool.py` cuts them
+into slices and the publisher sends them.
 
-One pool named after the node, one slice in it, one device per chip. Device names are `gpu-<minor>`: valid
-DNS labels, the names of the chips' /dev nodes, and stable across restarts of the plugin. Attributes are
-unqualified (the API server reads them as `gpu.iluvatar.com/<name>`), except the standard
-`resource.kubernetes.io/pcieRoot`. A chip that is unhealthy carries the taint `gpu.iluvatar.com/unhealthy`
-(NoSchedule) when the API server keeps device taints; otherwise it is left out of the slice.
+One device per chip. Device names are `gpu-<minor>`: valid DNS labels, the names of the chips' /dev nodes,
+and stable across restarts of the plugin. Attributes are unqualified (the API server reads them as
+`gpu.iluvatar.com/<name>`), except the standard `resource.kubernetes.io/pcieRoot`, `pciBusID` and `numaNode`;
+a string longer than the API allows (64 characters) is cut where it describes (productName) and left out where
+it identifies (uuid, boardUUID), said in the log either way. A chip that is unhealthy carries the taint
+`gpu.iluvatar.com/unhealthy` (NoSchedule) when the API server keeps device taints; otherwise it is left out.
 """
 
 from __future__ import annotations
@@ -22,7 +24,10 @@ DRIVER = "gpu.iluvatar.com"
 UNHEALTHY_TAINT = f"{DRIVER}/unhealthy"
 TAINT_EFFECT = "NoSchedule"
 PCIE_ROOT_ATTRIBUTE = "resource.kubernetes.io/pcieRoot"
-MAX_DEVICES_PER_SLICE = 128  # resource.k8s.io/v1 ResourceSliceMaxDevices
+PCI_BUS_ID_ATTRIBUTE = "resource.kubernetes.io/pciBusID"
+NUMA_NODE_ATTRIBUTE = "resource.kubernetes.io/numaNode"
+MAX_ATTRIBUTE_LENGTH = 64  # DeviceAttributeMaxValueLength: string and version values
+DESCRIPTIVE_ATTRIBUTES = ("productName",)  # cut when too long; the others identify, and are left out
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 _VERSION = re.compile(r"^v?(\d+)(?:\.(\d+))?(?:\.(\d+))?(?:[-+._ ]?(.*))?$")
 
@@ -88,30 +93,50 @@ def slice_content(inventory: Inventory, ignored: frozenset[str] = frozenset()) -
                 continue
             seen.add(name)
             devices.append(SliceDevice(name, chip, board.uuid, chip.status.reasons(ignored)))
-    if len(devices) > MAX_DEVICES_PER_SLICE:
-        warnings.append(f"{len(devices) - MAX_DEVICES_PER_SLICE} chips left out: a slice holds {MAX_DEVICES_PER_SLICE}")
-        devices = devices[:MAX_DEVICES_PER_SLICE]
     version = semver(inventory.driver_version) if inventory.driver_version else None
     if inventory.driver_version and version is None:
         warnings.append(
             f"driver version {inventory.driver_version!r} is not a version: attribute driverVersion left out"
         )
+    if version is not None and len(version) > MAX_ATTRIBUTE_LENGTH:
+        warnings.append(f"driver version {version!r} is longer than {MAX_ATTRIBUTE_LENGTH}: driverVersion left out")
+        version = None
+    for device in devices:
+        for name, value in _strings(device).items():
+            if len(value) > MAX_ATTRIBUTE_LENGTH:
+                what = "cut" if name in DESCRIPTIVE_ATTRIBUTES else "left out"
+                warnings.append(
+                    f"{device.name}: attribute {name} ({value[:80]!r}) is longer than {MAX_ATTRIBUTE_LENGTH}: {what}"
+                )
     return SliceContent(tuple(devices), version, tuple(warnings))
+
+
+def _strings(device: SliceDevice) -> dict[str, str]:
+    return {"uuid": device.chip.uuid, "productName": device.chip.product, "boardUUID": device.board_uuid}
+
+
+def _string_attributes(device: SliceDevice) -> dict[str, dict[str, Any]]:
+    """The string attributes of device within the API's length: descriptive ones cut, identifying ones left out."""
+    attributes = {}
+    for name, value in _strings(device).items():
+        if len(value) <= MAX_ATTRIBUTE_LENGTH:
+            attributes[name] = {"string": value}
+        elif name in DESCRIPTIVE_ATTRIBUTES:
+            attributes[name] = {"string": value[:MAX_ATTRIBUTE_LENGTH]}
+    return attributes
 
 
 def device_body(device: SliceDevice, driver_version: str | None, pcie_roots: Mapping[str, str]) -> dict[str, Any]:
     """The ResourceSlice v1 `spec.devices[]` entry for device (without taints)."""
     chip = device.chip
-    attributes: dict[str, dict[str, Any]] = {
-        "uuid": {"string": chip.uuid},
-        "productName": {"string": chip.product},
-        "boardUUID": {"string": device.board_uuid},
-        "minor": {"int": chip.minor},
-    }
+    attributes: dict[str, dict[str, Any]] = {**_string_attributes(device), "minor": {"int": chip.minor}}
     if chip.numa_node is not None:
         attributes["numaNode"] = {"int": chip.numa_node}
+        attributes[NUMA_NODE_ATTRIBUTE] = {"int": chip.numa_node}
     if driver_version is not None:
         attributes["driverVersion"] = {"version": driver_version}
+    if chip.bus_id and len(chip.bus_id) <= MAX_ATTRIBUTE_LENGTH:
+        attributes[PCI_BUS_ID_ATTRIBUTE] = {"string": chip.bus_id}
     if chip.bus_id and chip.bus_id in pcie_roots:
         attributes[PCIE_ROOT_ATTRIBUTE] = {"string": pcie_roots[chip.bus_id]}
     body: dict[str, Any] = {"name": device.name, "attributes": attributes}
@@ -142,31 +167,9 @@ def slice_devices(content: SliceContent, pcie_roots: Mapping[str, str], taints: 
     return bodies
 
 
-def slice_name(node: str) -> str:
-    """The name of the node's slice: `<node>-gpu.iluvatar.com` (a DNS subdomain, as node names are)."""
-    name = f"{node}-{DRIVER}"
-    return name if len(name) <= 253 else f"{node[: 252 - len(DRIVER)]}-{DRIVER}"
-
-
-def slice_spec(node: str, devices: list[dict[str, Any]], generation: int) -> dict[str, Any]:
-    """The ResourceSlice spec: one pool named after the node, one slice in it."""
-    return {
-        "driver": DRIVER,
-        "pool": {"name": node, "generation": generation, "resourceSliceCount": 1},
-        "nodeName": node,
-        "devices": devices,
-    }
-
-
-def slice_object(node: str, devices: list[dict[str, Any]], generation: int) -> dict[str, Any]:
-    """The whole ResourceSlice object for the node (no resourceVersion)."""
-    metadata = {"name": slice_name(node), "labels": {"app.kubernetes.io/managed-by": "ix-device-plugin"}}
-    return {"metadata": metadata, "spec": slice_spec(node, devices, generation)}
-
-
-def taints_dropped(sent: list[dict[str, Any]], stored: Mapping[str, Any]) -> bool:
-    """True when sent had device taints and the stored slice has none: the API server does not keep them."""
+def taints_dropped(sent: list[dict[str, Any]], stored: list[Mapping[str, Any]]) -> bool:
+    """True when sent had device taints and the stored slices have none: the API server does not keep them."""
     if not any("taints" in device for device in sent):
         return False
-    devices = (stored.get("spec") or {}).get("devices") or []
+    devices = [device for obj in stored for device in (obj.get("spec") or {}).get("devices") or []]
     return not any(device.get("taints") for device in devices)

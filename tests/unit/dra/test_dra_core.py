@@ -24,7 +24,6 @@ from ix_device_plugin.dra.slices import (
     semver,
     slice_content,
     slice_devices,
-    slice_name,
     taints_dropped,
 )
 from ix_device_plugin.hardware.pcie import pcie_root, pcie_roots
@@ -88,6 +87,8 @@ def test_each_chip_is_a_device_with_the_contract_attributes() -> None:
         "numaNode": {"int": 1},
         "driverVersion": {"version": "4.1.0"},
         PCIE_ROOT_ATTRIBUTE: {"string": "pci0000:10"},
+        "resource.kubernetes.io/pciBusID": {"string": device.chip.bus_id},
+        "resource.kubernetes.io/numaNode": {"int": 1},
     }
     assert body["capacity"] == {"memory": {"value": f"{device.chip.memory_mib}Mi"}}
 
@@ -107,13 +108,8 @@ def test_unhealthy_chips_are_tainted_or_left_out() -> None:
     tainted = slice_devices(content, {}, taints=True)
     assert tainted[1]["taints"] == [{"key": "gpu.iluvatar.com/unhealthy", "effect": "NoSchedule", "value": "ECC_PCIE"}]
     assert [d["name"] for d in slice_devices(content, {}, taints=False)] == ["gpu-0"]
-    assert taints_dropped(tainted, {"spec": {"devices": slice_devices(content, {}, taints=False)}})
-    assert not taints_dropped(tainted, {"spec": {"devices": tainted}})
-
-
-def test_slice_names_are_valid_for_long_node_names() -> None:
-    assert slice_name("node-a") == "node-a-gpu.iluvatar.com"
-    assert len(slice_name("n" * 253)) == 253
+    assert taints_dropped(tainted, [{"spec": {"devices": slice_devices(content, {}, taints=False)}}])
+    assert not taints_dropped(tainted, [{"spec": {"devices": tainted}}])
 
 
 def test_prepare_gives_the_chips_their_cdi_ids_and_the_claim_its_env() -> None:
