@@ -11,11 +11,11 @@ from typing import Any
 
 import yaml
 
-from ix_device_plugin.apiserver.client import settings_from
+from ix_device_plugin.apiserver.client import KubeSettings, settings_from
 from ix_device_plugin.dra.driver import DraDriver, registration_socket
 from ix_device_plugin.dra.slices import DRIVER, slice_name
-from ix_device_plugin.hardware.simulated import SimulatedBackend
-from ix_device_plugin.settings.options import DraOptions, Options
+from ix_device_plugin.settings.options import DraOptions, NodeOptions
+from ix_device_plugin.settings.table import DRA
 from ix_device_plugin.standins.apiserver import ApiServerStandIn
 from ix_device_plugin.standins.dra_kubelet import DraKubeletStandIn
 
@@ -41,9 +41,11 @@ class DraNode:
         self.devices_file.write_text(yaml.safe_dump({"boards": list(boards)}))
 
     def options(self, **base: Any) -> DraOptions:
-        """DraOptions for this node, with short intervals."""
-        options = Options(
-            backend_factory=lambda: SimulatedBackend(str(self.devices_file)),
+        """DraOptions for this node, with short intervals, on the simulated chips of its devices file."""
+        options = NodeOptions(
+            mode=DRA,
+            backend="simulated",
+            simulated_devices=str(self.devices_file),
             dev_root=self.root,
             sysfs_root=self.root / "sys",
             cdi_spec_dir=self.cdi_dir,
@@ -52,19 +54,21 @@ class DraNode:
             stop_timeout=0.5,
             health_address="off",
         )
-        kube = replace(settings_from({"NODE_NAME": self.node}, str(self.kubeconfig), "test"), timeout=1.0)
         return DraOptions(
             base=replace(options, **base),
             node_name=self.node,
-            kube=kube,
             registrar_dir=self.root / "plugins_registry",
             plugins_dir=self.root / "plugins",
             claim_read_timeout=1.5,
         )
 
+    def kube_settings(self) -> KubeSettings:
+        """How the driver reaches the API server stand-in (short timeouts)."""
+        return replace(settings_from({"NODE_NAME": self.node}, str(self.kubeconfig), "test"), timeout=1.0)
+
     async def start(self, **base: Any) -> DraDriver:
         """A started driver; stopped by stop_all."""
-        driver = DraDriver(self.options(**base))
+        driver = DraDriver(self.options(**base), kube_settings=self.kube_settings())
         await driver.start()
         self.drivers.append(driver)
         return driver

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 from ix_device_plugin.core.inventory import ChipStatus, Inventory, carry_missing, xid_ignored
 from ix_device_plugin.core.limits import device_list_problem
 from ix_device_plugin.core.plan import Plan
-from ix_device_plugin.deviceplugin.endpoint import Endpoint, identity
+from ix_device_plugin.deviceplugin.endpoint import ENDPOINT, Endpoint, identity
 from ix_device_plugin.deviceplugin.features.gpureset import GpuReset, GpuResetError
 from ix_device_plugin.deviceplugin.features.hook import ApiFeatures
 from ix_device_plugin.deviceplugin.metrics import Metrics
@@ -38,6 +38,8 @@ from ix_device_plugin.deviceplugin.state import Current, State
 from ix_device_plugin.deviceplugin.telemetry import ChipSample, PodRef, TelemetryCollector, chip_pods
 from ix_device_plugin.hardware.backend import BackendError, XidEvent
 from ix_device_plugin.hardware.devnodes import with_control_nodes
+from ix_device_plugin.hardware.open import BackendFactory
+from ix_device_plugin.hardware.open import backend_factory as open_backend
 from ix_device_plugin.hardware.worker import Hardware
 from ix_device_plugin.kubelet.podresources import PodResourcesClient, PodResourcesError
 from ix_device_plugin.kubelet.registration import KUBELET_SOCKET
@@ -45,8 +47,10 @@ from ix_device_plugin.runtime.errors import StartupError
 from ix_device_plugin.runtime.filewatch import Watcher
 from ix_device_plugin.runtime.logs import OncePerError
 from ix_device_plugin.runtime.probes import ProbeHandlers, ProbeServer, parse_address
-from ix_device_plugin.settings.config import SETTINGS, Config, ConfigError
-from ix_device_plugin.settings.options import NODE_CONFIG_LABEL, Options, config_file_for, load_config
+from ix_device_plugin.settings.config import Config
+from ix_device_plugin.settings.errors import SettingsError
+from ix_device_plugin.settings.options import Options, config_file_for, load_config
+from ix_device_plugin.settings.table import FILE_SETTINGS, NODE_CONFIG_LABEL
 from ix_device_plugin.settings.yamlsafe import MAX_BYTES
 
 if TYPE_CHECKING:
@@ -117,23 +121,35 @@ Event = FilesChanged | ReloadRequested | HealthPolled | Discovered | NodeLabelCh
 
 
 class Daemon:
-    """One plugin instance: serves the Current state, keeps it registered and true."""
+    """One plugin instance: serves the Current state, keeps it registered and true.
 
-    def __init__(self, options: Options, metrics: Metrics | None = None) -> None:
+    kube: how to reach the API server, for the features that use it (None: they go without);
+    backend_factory: the GPUs' backend (default: the one options name).
+    """
+
+    def __init__(
+        self,
+        options: Options,
+        metrics: Metrics | None = None,
+        *,
+        kube: KubeSettings | None = None,
+        backend_factory: BackendFactory | None = None,
+    ) -> None:
         self.options = options
+        self.kube_settings = kube
         self.metrics = metrics or Metrics()
         self.current = Current(State.of(Inventory(), Config()))
-        self.hardware = Hardware(options.backend_factory, options.call_timeout)
+        self.hardware = Hardware(backend_factory or open_backend(options), options.call_timeout)
         self.api = ApiFeatures(
-            options, self.current, self.metrics, self.hardware, self._rediscover_now, self._pod_devices
+            options, self.current, self.metrics, self.hardware, self._rediscover_now, self._pod_devices, kube
         )
         self.endpoint = Endpoint(
-            options.plugin_dir / options.endpoint, self.current, self.metrics.observe_call, self.api.before_allocate
+            options.plugin_dir / ENDPOINT, self.current, self.metrics.observe_call, self.api.before_allocate
         )
         self._volcano_pod_errors = OncePerError(log, logging.WARNING)
         self.registrar = Registrar(
             options.plugin_dir,
-            options.endpoint,
+            ENDPOINT,
             lambda: self.current.plan.resource_name,
             self.metrics,
             options.poll_interval,
@@ -228,7 +244,7 @@ class Daemon:
         if not starting.done():
             starting.cancel()  # a stop during start-up (e.g. a slow discovery) does not wait for it
         elif (error := starting.exception()) is not None:
-            if isinstance(error, StartupError | ConfigError):
+            if isinstance(error, StartupError | SettingsError):
                 for line in str(error).splitlines():
                     log.error("%s", line)
             else:
@@ -241,7 +257,7 @@ class Daemon:
         return 1 if self._crashed else code
 
     async def start(self) -> None:
-        """Load config, discover, serve and ask for registration; raises StartupError or ConfigError."""
+        """Load config, discover, serve and ask for registration; raises StartupError or SettingsError."""
         if self.options.per_node_config:
             await self._follow_node_label()
         config = self._load_config()
@@ -250,7 +266,7 @@ class Daemon:
         await self._watch_xids()
         inventory = carry_missing(Inventory(), await self._first_discovery(config))
         if (problem := device_list_problem(inventory, config)) is not None:
-            raise ConfigError([f"{self.config_path}: {problem}"])
+            raise SettingsError([f"{self.config_path}: {problem}"])
         self._swap(State.of(inventory, config))
         self._log_plan()
         await self.endpoint.start(self.plan.resource_name)
@@ -263,7 +279,7 @@ class Daemon:
         self._spawn("discovery", self._rediscover())
         if self.telemetry is not None:
             self._spawn("telemetry", self._sample_telemetry())
-        if self.options.kube is not None:
+        if self.kube_settings is not None:
             self._spawn("volcano", self.api.run_volcano())
             self._spawn("reset-announce", self.api.announce_reset())
 
@@ -431,7 +447,7 @@ class Daemon:
         self._config_seen = seen
         try:
             config = self._load_config()
-        except ConfigError as error:
+        except SettingsError as error:
             self.metrics.config_reload_failures.inc()
             for line in error.messages:
                 log.error("config change rejected, keeping the last good configuration: %s", line)
@@ -620,7 +636,7 @@ class Daemon:
     async def _watch_node_label(self) -> None:
         from ix_device_plugin.apiserver.nodelabel import NodeLabelWatcher
 
-        settings = self.options.kube
+        settings = self.kube_settings
         assert settings is not None
         kube = await self._connect(settings)
         try:
@@ -768,8 +784,8 @@ def _log_transitions(before: Plan, after: Plan) -> None:
 
 def _config_diff(before: Config, after: Config) -> str:
     changes = [
-        f"{s.key} {getattr(before, s.attr)!r} -> {getattr(after, s.attr)!r}"
-        for s in SETTINGS
-        if getattr(before, s.attr) != getattr(after, s.attr)
+        f"{s.key} {getattr(before, s.name)!r} -> {getattr(after, s.name)!r}"
+        for s in FILE_SETTINGS
+        if getattr(before, s.name) != getattr(after, s.name)
     ]
     return ", ".join(changes) or "no effective change"

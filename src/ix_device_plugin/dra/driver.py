@@ -40,6 +40,7 @@ from ix_device_plugin.apiserver.client import (
     Kube,
     KubeAlreadyExists,
     KubeError,
+    KubeSettings,
     connect,
 )
 from ix_device_plugin.core.inventory import Inventory, carry_missing
@@ -68,6 +69,8 @@ from ix_device_plugin.dra.slices import (
 )
 from ix_device_plugin.hardware.backend import BackendError
 from ix_device_plugin.hardware.devnodes import check_device_nodes, with_control_nodes
+from ix_device_plugin.hardware.open import BackendFactory
+from ix_device_plugin.hardware.open import backend_factory as open_backend
 from ix_device_plugin.hardware.worker import Hardware
 from ix_device_plugin.kubelet.registration import unix_target
 from ix_device_plugin.runtime.logs import OncePerError
@@ -310,13 +313,25 @@ class DraService:
 
 
 class DraDriver:
-    """The DRA mode: owns the inventory, publishes the slice, serves the kubelet."""
+    """The DRA mode: owns the inventory, publishes the slice, serves the kubelet.
 
-    def __init__(self, options: DraOptions, kube: Kube | None = None) -> None:
+    kube: a connected API client, else one is made from kube_settings at start;
+    backend_factory: the GPUs' backend (default: the one options name).
+    """
+
+    def __init__(
+        self,
+        options: DraOptions,
+        kube: Kube | None = None,
+        *,
+        kube_settings: KubeSettings | None = None,
+        backend_factory: BackendFactory | None = None,
+    ) -> None:
         self.options = options
         base = options.base
-        self.hardware = Hardware(base.backend_factory, base.call_timeout)
+        self.hardware = Hardware(backend_factory or open_backend(base), base.call_timeout)
         self.kube = kube
+        self.kube_settings = kube_settings
         self.store = ClaimStore(plugin_dir(options), options.cdi_spec_dir)
         self.inventory = Inventory()
         self.content = SliceContent((), None)
@@ -355,8 +370,8 @@ class DraDriver:
         self.store.load()
         await self._first_discovery()
         if self.kube is None:
-            assert self.options.kube is not None
-            self.kube = await connect(self.options.kube)
+            assert self.kube_settings is not None
+            self.kube = await connect(self.kube_settings)
         self.publisher = SlicePublisher(self.kube, self.options.node_name)
         self._spawn("publish-slice", self._publish_slices())
         self._spawn("hardware", self._watch_hardware())
@@ -576,11 +591,11 @@ class DraDriver:
             ) from None
 
 
-def run_dra(options: DraOptions, run_until_done: Callable[[Any], int]) -> int:
+def run_dra(options: DraOptions, kube: KubeSettings, run_until_done: Callable[[Any], int]) -> int:
     """Run the DRA driver until SIGTERM or SIGINT; the exit code."""
 
     async def serve() -> int:
-        driver = DraDriver(options)
+        driver = DraDriver(options, kube_settings=kube)
         driver.install_signal_handlers()
         return await driver.run()
 
