@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import pytest
 
@@ -84,3 +85,16 @@ def test_a_flag_the_mode_does_not_use_exits_2_naming_it(
         parse_command_line(argv, "0")
     assert exited.value.code == 2
     assert message in capsys.readouterr().err
+
+
+def test_the_readme_says_which_command_takes_each_setting() -> None:
+    readme = (Path(__file__).resolve().parents[3] / "README.md").read_text()
+    table = readme[readme.index("| Flag | Env | Default | Used by |") :].split("\n\n", 1)[0]
+    rows = [line.split(" | ") for line in table.splitlines()[2:]]
+    documented: dict[str, frozenset[str]] = {}
+    for _flags, variables, _default, used_by in rows:
+        modes = frozenset(MODES) if used_by.strip(" |") == "all" else frozenset(used_by.strip(" |").split(", "))
+        for variable in re.findall(r"`([A-Z_]+)`", variables):
+            documented[variable] = modes
+    by_env = {s.env: s.modes for s in SETTINGS if s.env and s.key is None}
+    assert {env: documented[env] for env in by_env} == by_env
