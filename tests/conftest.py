@@ -85,8 +85,10 @@ async def start_daemon(plugin_dir: Path, short_dir: Path) -> AsyncIterator[Calla
     daemons: list[Daemon] = []
 
     async def start(devices: str = "BI-V150:2", **overrides: Any) -> Daemon:
+        """A started daemon; overrides are Options fields, or the Daemon's backend_factory and kube."""
+        factory = overrides.pop("backend_factory", lambda: SimulatedBackend(devices))
+        kube = overrides.pop("kube", None)
         options = Options(
-            backend_factory=lambda: SimulatedBackend(devices),
             plugin_dir=plugin_dir,
             config_path=short_dir / "no-config",
             dev_root=short_dir,
@@ -94,7 +96,7 @@ async def start_daemon(plugin_dir: Path, short_dir: Path) -> AsyncIterator[Calla
             health_address="off",
             poll_interval=0.2,
         )
-        daemon = Daemon(replace(options, **overrides))
+        daemon = Daemon(replace(options, **overrides), backend_factory=factory, kube=kube)
         await daemon.start()
         daemons.append(daemon)
         return daemon

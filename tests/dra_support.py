@@ -11,13 +11,13 @@ from typing import Any
 
 import yaml
 
-from ix_device_plugin.apiserver.client import settings_from
+from ix_device_plugin.apiserver.client import KubeSettings, settings_from
 from ix_device_plugin.dra.driver import DraDriver
 from ix_device_plugin.dra.pool import slice_base_name
 from ix_device_plugin.dra.registration import registration_socket
 from ix_device_plugin.dra.slices import DRIVER
-from ix_device_plugin.hardware.simulated import SimulatedBackend
-from ix_device_plugin.settings.options import DraOptions, Options
+from ix_device_plugin.settings.options import DraOptions, NodeOptions
+from ix_device_plugin.settings.table import DRA
 from ix_device_plugin.standins.apiserver import ApiServerStandIn
 from ix_device_plugin.standins.dra_kubelet import DraKubeletStandIn
 
@@ -52,11 +52,16 @@ class DraNode:
         self.devices_file.write_text(yaml.safe_dump({"boards": list(boards)}))
 
     def options(self, **overrides: Any) -> DraOptions:
-        """DraOptions for this node, with short intervals; overrides name DraOptions or base Options fields."""
+        """DraOptions for this node, with short intervals, on the simulated chips of its devices file.
+
+        overrides name DraOptions or NodeOptions fields.
+        """
         own = {name: overrides.pop(name) for name in list(overrides) if name in DRA_FIELDS}
         base = overrides
-        options = Options(
-            backend_factory=lambda: SimulatedBackend(str(self.devices_file)),
+        options = NodeOptions(
+            mode=DRA,
+            backend="simulated",
+            simulated_devices=str(self.devices_file),
             dev_root=self.root,
             sysfs_root=self.root / "sys",
             cdi_spec_dir=self.cdi_dir,
@@ -65,11 +70,9 @@ class DraNode:
             stop_timeout=0.5,
             health_address="off",
         )
-        kube = replace(settings_from({"NODE_NAME": self.node}, str(self.kubeconfig), "test"), timeout=1.0)
         dra = DraOptions(
             base=replace(options, **base),
             node_name=self.node,
-            kube=kube,
             registrar_dir=self.root / "plugins_registry",
             plugins_dir=self.root / "plugins",
             claim_read_timeout=1.5,
@@ -77,9 +80,14 @@ class DraNode:
         )
         return replace(dra, **own)
 
-    async def start(self, **base: Any) -> DraDriver:
-        """A started driver; stopped by stop_all."""
-        driver = DraDriver(self.options(**base))
+    def kube_settings(self) -> KubeSettings:
+        """How the driver reaches the API server stand-in (short timeouts)."""
+        return replace(settings_from({"NODE_NAME": self.node}, str(self.kubeconfig), "test"), timeout=1.0)
+
+    async def start(self, backend_factory: Any = None, **overrides: Any) -> DraDriver:
+        """A started driver (on backend_factory's backend when given); stopped by stop_all."""
+        options = self.options(**overrides)
+        driver = DraDriver(options, kube_settings=self.kube_settings(), backend_factory=backend_factory)
         await driver.start()
         self.drivers.append(driver)
         return driver

@@ -205,13 +205,8 @@ async def test_a_hung_health_call_fails_healthz_and_marks_chips_unhealthy(
 async def test_a_stop_during_a_hung_discovery_ends_within_2s(plugin_dir: Path, short_dir: Path) -> None:
     backend = HangingBackend("BI-V100:1", hang="discover")
     daemon = Daemon(
-        Options(
-            backend_factory=lambda: backend,
-            plugin_dir=plugin_dir,
-            config_path=short_dir / "none",
-            dev_root=short_dir,
-            health_address="off",
-        )
+        Options(plugin_dir=plugin_dir, config_path=short_dir / "none", dev_root=short_dir, health_address="off"),
+        backend_factory=lambda: backend,
     )
     running = asyncio.create_task(daemon.run())
     try:

@@ -21,6 +21,8 @@ from ix_device_plugin.hardware.simulated import SimulatedBackend
 from ix_device_plugin.kubelet.registration import CHANNEL_OPTIONS, unix_target
 from ix_device_plugin.settings.options import Options
 
+from support import config_flags
+
 BATCH = 10
 ALLOWED_CODES = {grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.FAILED_PRECONDITION}
 
@@ -31,15 +33,14 @@ class PluginThread:
     def __init__(self, root: Path) -> None:
         self.loop = asyncio.new_event_loop()
         options = Options(
-            backend_factory=lambda: SimulatedBackend("BI-V150:2,BI-V100:1"),
             plugin_dir=root,
             config_path=root / "none",
             dev_root=root,
             health_address="off",
             health_interval=60,
-            flags={"replicas": "3", "splitboard": "true"},
+            given=config_flags(replicas="3", splitboard="true"),
         )
-        self.daemon = Daemon(options)
+        self.daemon = Daemon(options, backend_factory=lambda: SimulatedBackend("BI-V150:2,BI-V100:1"))
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.thread.start()
         asyncio.run_coroutine_threadsafe(self.daemon.start(), self.loop).result(10)

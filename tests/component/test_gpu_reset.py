@@ -20,7 +20,7 @@ from ix_device_plugin.hardware.simulated import SimulatedBackend
 from ix_device_plugin.standins.apiserver import ApiServerStandIn
 from ix_device_plugin.standins.kubelet import KubeletStandIn
 
-from support import RESOURCE, DaemonFactory, metric
+from support import RESOURCE, DaemonFactory, config_flags, metric
 
 NODE = "gpu-node-1"
 NAMESPACE = "kube-system"
@@ -118,8 +118,14 @@ def test_a_missing_ixsmi_names_the_flag(tmp_path: Path) -> None:
 
 
 async def start_resetting(start_daemon: DaemonFactory, backend: SimulatedBackend, **overrides: object):  # type: ignore[no-untyped-def]
+    reset = overrides.pop("reset", FAST)
+    assert isinstance(reset, ResetSettings)
     return await start_daemon(
-        backend_factory=lambda: backend, flags={"reset_gpu": True}, reset=overrides.pop("reset", FAST), **overrides
+        backend_factory=lambda: backend,
+        given=config_flags(reset_gpu=True),
+        reset_wait_timeout=reset.wait_timeout,
+        reset_timeout=reset.command_timeout,
+        **overrides,
     )
 
 

@@ -13,7 +13,7 @@ from ix_device_plugin.runtime.errors import StartupError
 from ix_device_plugin.standins.kubelet import KubeletStandIn
 from ix_device_plugin.tools.demo import ConfigMapDir
 
-from support import RESOURCE, DaemonFactory, until
+from support import RESOURCE, DaemonFactory, config_flags, until
 
 SOCKET = "iluvatar-gpu.sock"
 
@@ -85,7 +85,9 @@ async def test_a_device_list_too_large_for_the_kubelet_is_refused_like_a_bad_con
     caplog.set_level(logging.ERROR, logger="ix_device_plugin.deviceplugin.loop")
     configmap = ConfigMapDir(short_dir / "ixconfig")
     configmap.write("sharing:\n  timeSlicing:\n    replicas: 2\n")
-    await start_daemon("BI-V150:40", config_path=configmap.path, config_required=True, flags={"splitboard": "true"})
+    await start_daemon(
+        "BI-V150:40", config_path=configmap.path, config_required=True, given=config_flags(splitboard="true")
+    )
     await kubelet.wait_registered(RESOURCE, capacity=160, timeout=10)
     configmap.write("sharing:\n  timeSlicing:\n    replicas: 1024\n")  # 81,920 devices: about 5.6 MB
     await until(lambda: any("over the kubelet's 4 MiB limit" in r.getMessage() for r in caplog.records), timeout=5)

@@ -17,7 +17,7 @@ from ix_device_plugin.hardware.ixml import IxmlBackend
 from ix_device_plugin.runtime.errors import StartupError
 from ix_device_plugin.standins.kubelet import KubeletStandIn
 
-from support import RESOURCE, DaemonFactory
+from support import RESOURCE, DaemonFactory, config_flags
 
 CHIPS = [  # uuid, minor, bus, numa, board
     ("GPU-b0-c0", 0, "8A", 0, "B0"),
@@ -107,14 +107,14 @@ async def test_ixml_and_simulated_tell_the_kubelet_the_same(
     capacity: int,
 ) -> None:
     ixml.conf.write_text(double_config(sick="GPU-b1-c1"))
-    daemon = await start_daemon(backend_factory=ixml.factory, flags=flags)
+    daemon = await start_daemon(backend_factory=ixml.factory, given=config_flags(**flags))
     seen_ixml = await kubelet_sees(kubelet, RESOURCE, capacity)
     await daemon.shutdown()
     await kubelet.wait_for(lambda: not kubelet.resources[RESOURCE].connected)
 
     devices = ixml.conf.parent / "devices.yaml"
     devices.write_text(simulated_yaml(sick="GPU-b1-c1"))
-    await start_daemon(str(devices), flags=flags)
+    await start_daemon(str(devices), given=config_flags(**flags))
     seen_simulated = await kubelet_sees(kubelet, RESOURCE, capacity)
 
     assert seen_ixml == seen_simulated
@@ -131,7 +131,7 @@ async def test_ixml_health_flips_reach_the_kubelet(
     ixml.conf.write_text(double_config())
     await start_daemon(
         backend_factory=ixml.factory,
-        flags={"splitboard": "true"},
+        given=config_flags(splitboard="true"),
         health_interval=0.1,
     )
     view = await kubelet.wait_registered(RESOURCE, capacity=4)
@@ -153,7 +153,7 @@ async def test_ixml_init_failure_with_fail_on_init_error_false(
     ixml.conf.write_text("fail_init=1\n")
     await start_daemon(
         backend_factory=ixml.factory,
-        flags={"fail_on_init_error": "false"},
+        given=config_flags(fail_on_init_error="false"),
         rediscover_interval=0.3,
     )
     view = await kubelet.wait_registered(RESOURCE)

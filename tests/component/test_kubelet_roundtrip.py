@@ -10,7 +10,7 @@ import pytest
 from ix_device_plugin.api import HEALTHY, UNHEALTHY, api_pb2
 from ix_device_plugin.standins.kubelet import KubeletStandIn
 
-from support import RESOURCE, DaemonFactory
+from support import RESOURCE, DaemonFactory, config_flags
 
 BOARDS_YAML = """
 boards:
@@ -59,7 +59,7 @@ async def test_register_list_prefer_allocate(kubelet: KubeletStandIn, start_daem
 async def test_capacity_seen_by_kubelet(
     kubelet: KubeletStandIn, start_daemon: DaemonFactory, devices: str, flags: dict[str, str], capacity: int
 ) -> None:
-    await start_daemon(devices, flags=flags)
+    await start_daemon(devices, given=config_flags(**flags))
     view = await kubelet.wait_registered(RESOURCE)
     assert view.capacity == capacity
 
@@ -97,7 +97,7 @@ async def test_health_flips_through_the_file_and_recover(
 async def test_chip_falling_off_the_bus(kubelet: KubeletStandIn, start_daemon: DaemonFactory, short_dir: Path) -> None:
     devices = short_dir / "devices.yaml"
     devices.write_text(BOARDS_YAML.replace("{health}", "[]"))
-    daemon = await start_daemon(str(devices), health_interval=0.1, flags={"splitboard": "true"})
+    daemon = await start_daemon(str(devices), health_interval=0.1, given=config_flags(splitboard="true"))
     view = await kubelet.wait_registered(RESOURCE, capacity=4)
     last = daemon.plan.devices[3].id
     devices.write_text(
@@ -156,7 +156,7 @@ async def test_prestart_is_a_noop(kubelet: KubeletStandIn, start_daemon: DaemonF
 
 
 async def test_many_containers_in_one_request(kubelet: KubeletStandIn, start_daemon: DaemonFactory) -> None:
-    daemon = await start_daemon("BI-V150:1", flags={"replicas": "2"})
+    daemon = await start_daemon("BI-V150:1", given=config_flags(replicas="2"))
     await kubelet.wait_registered(RESOURCE)
     ids = [d.id for d in daemon.plan.devices]
     response = await kubelet.allocate(RESOURCE, [[ids[0]], [ids[1]]])

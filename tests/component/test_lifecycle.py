@@ -17,13 +17,13 @@ from ix_device_plugin.hardware.simulated import SimulatedBackend
 from ix_device_plugin.settings.options import Options
 from ix_device_plugin.standins.kubelet import KubeletStandIn
 
-from support import RESOURCE, DaemonFactory, metric, spawn_plugin, stop_process, until
+from support import RESOURCE, DaemonFactory, config_flags, metric, spawn_plugin, stop_process, until
 
 SOCKET = "iluvatar-gpu.sock"
 
 
 async def test_fifty_kubelet_restarts(kubelet: KubeletStandIn, start_daemon: DaemonFactory) -> None:
-    daemon = await start_daemon("BI-V150:2", flags={"replicas": "2"})
+    daemon = await start_daemon("BI-V150:2", given=config_flags(replicas="2"))
     await kubelet.wait_registered(RESOURCE, capacity=4)
     expected = sorted(d.id for d in daemon.plan.devices)
     for _ in range(50):
@@ -115,7 +115,7 @@ async def test_health_flip_within_one_poll_and_back(
 async def test_disabled_health_checks(kubelet: KubeletStandIn, start_daemon: DaemonFactory, short_dir: Path) -> None:
     devices = short_dir / "devices.yaml"
     devices.write_text("boards:\n  - product: BI-V100\n    chips:\n      - health: [OverTemp]\n")
-    await start_daemon(str(devices), env={"IX_DISABLE_HEALTHCHECKS": "OverTemp"})
+    await start_daemon(str(devices), ignored_health_errors=frozenset({"OverTemp"}))
     view = await kubelet.wait_registered(RESOURCE, capacity=1)
     assert view.allocatable == 1
 
@@ -239,14 +239,13 @@ async def test_a_failing_task_is_restarted_and_said_by_the_probe_while_down(
             raise RuntimeError("bug in a backend")
 
     options = Options(
-        backend_factory=lambda: BrokenHealth("BI-V100:1"),
         plugin_dir=plugin_dir,
         config_path=short_dir / "none",
         dev_root=short_dir,
         health_interval=0.1,
         health_address="off",
     )
-    daemon = Daemon(options)
+    daemon = Daemon(options, backend_factory=lambda: BrokenHealth("BI-V100:1"))
     running = asyncio.create_task(daemon.run())
     try:
         await kubelet.wait_registered(RESOURCE, capacity=1)

@@ -15,7 +15,7 @@ from ix_device_plugin import __version__
 from ix_device_plugin.deviceplugin.loop import Daemon
 from ix_device_plugin.standins.kubelet import KubeletStandIn
 
-from support import RESOURCE, DaemonFactory, metric, until
+from support import RESOURCE, DaemonFactory, config_flags, metric, until
 
 
 def get(daemon: Daemon, path: str) -> tuple[int, str]:
@@ -89,7 +89,7 @@ async def test_metrics_tell_what_happened(
     devices.write_text(
         "boards:\n  - product: BI-V150\n    chips:\n      - {}\n      - health: [ECC, OverTemp]\n  - product: BI-V100\n"
     )
-    daemon = await start_daemon(str(devices), health_address="127.0.0.1:0", flags={"replicas": "2"})
+    daemon = await start_daemon(str(devices), health_address="127.0.0.1:0", given=config_flags(replicas="2"))
     view = await kubelet.wait_registered(RESOURCE, capacity=4)
     healthy = [device_id for device_id, health in view.devices.items() if health == "Healthy"]
     await kubelet.allocate(RESOURCE, [[healthy[0]]])

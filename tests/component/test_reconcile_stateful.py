@@ -22,8 +22,10 @@ from ix_device_plugin.core.plan import Plan, plan
 from ix_device_plugin.deviceplugin.loop import Daemon
 from ix_device_plugin.hardware.devnodes import with_control_nodes
 from ix_device_plugin.hardware.simulated import SimulatedBackend
-from ix_device_plugin.settings.config import Config, parse_text, resolve
+from ix_device_plugin.settings.config import Config
+from ix_device_plugin.settings.configfile import parse_text
 from ix_device_plugin.settings.options import Options
+from ix_device_plugin.settings.resolve import config_from
 from ix_device_plugin.standins.kubelet import KubeletStandIn
 from ix_device_plugin.tools.demo import ConfigMapDir
 
@@ -48,7 +50,7 @@ BOARDS = tuple(
 
 
 def _expected_config(text: str) -> Config:
-    return resolve(parse_text(text, "ix-config"), {}, {})
+    return config_from(parse_text(text, "ix-config"), {})
 
 
 class ReconcileMachine(RuleBasedStateMachine):
@@ -70,7 +72,6 @@ class ReconcileMachine(RuleBasedStateMachine):
         self.configmap.write(self.on_disk)
         self.config = _expected_config(self.on_disk)
         options = Options(
-            backend_factory=lambda: SimulatedBackend(str(self.devices)),
             plugin_dir=self.plugin_dir,
             config_path=self.configmap.path,
             config_required=True,
@@ -81,7 +82,7 @@ class ReconcileMachine(RuleBasedStateMachine):
             rediscover_interval=0.3,
         )
         self.kubelet = KubeletStandIn(self.plugin_dir)
-        self.daemon = Daemon(options)
+        self.daemon = Daemon(options, backend_factory=lambda: SimulatedBackend(str(self.devices)))
         self._run(self.kubelet.start())
         self._run(self.daemon.start())
         self._run(self._install_signal_handlers())

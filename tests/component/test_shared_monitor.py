@@ -106,7 +106,7 @@ async def test_the_dra_driver_honours_ix_disable_healthchecks(
     double_conf.write_text(TWO_CHIPS.replace("minor=1 ", "minor=1 health=0x10 "))  # ECC on chip 1
     driver = await node.start(
         backend_factory=lambda: IxmlBackend(str(library), dev_root=node.root),
-        env={"IX_DISABLE_HEALTHCHECKS": "ECC,79"},
+        ignored_health_errors=frozenset({"ECC", "XID 79"}),
     )
     try:
         await node.wait_slice(lambda devices: len(devices) == 2)

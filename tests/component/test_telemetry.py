@@ -26,7 +26,7 @@ from ix_device_plugin.standins.kubelet import KubeletStandIn
 from ix_device_plugin.standins.podresources import PodResourcesStandIn
 
 from support import IXML_DOUBLE_CONFIG as CONFIG_ENV
-from support import NO_NODE_FILES, RESOURCE, DaemonFactory, make_dev_root, stop_process
+from support import NO_NODE_FILES, RESOURCE, DaemonFactory, config_flags, make_dev_root, stop_process
 
 TELEMETRY_DEVICES = """
 driver=4.1.0
@@ -256,7 +256,7 @@ async def test_chips_allocated_to_a_pod_carry_its_labels(
             telemetry_interval=0.1,
             pod_resources_socket=pod_resources.socket_path,
             node_name="gpu-node-1",
-            flags={"splitboard": "true"},
+            given=config_flags(splitboard="true"),
         )
         view = await kubelet.wait_registered(RESOURCE, capacity=4)
         chosen = sorted(view.devices)[:2]

@@ -35,7 +35,7 @@ from ix_device_plugin.standins.apiserver import ApiServerStandIn
 from ix_device_plugin.standins.kubelet import KubeletStandIn
 from ix_device_plugin.standins.podresources import PodResourcesStandIn
 
-from support import RESOURCE, DaemonFactory, until
+from support import RESOURCE, DaemonFactory, config_flags, until
 
 NODE = "gpu-node-1"
 NAMESPACE = "kube-system"
@@ -140,7 +140,7 @@ async def start_volcano(
     backend = SimulatedBackend(devices(tmp_path / "devices.yaml"))
     return await start_daemon(
         backend_factory=lambda: backend,
-        flags={"use_volcano": True},
+        given=config_flags(use_volcano=True),
         kube=kube,
         pod_resources_socket=pod_resources.socket_path,
     )
@@ -222,7 +222,7 @@ async def test_without_api_access_volcano_mode_refuses_allocate_saying_what_it_n
     kubelet: KubeletStandIn, start_daemon: DaemonFactory, tmp_path: Path
 ) -> None:
     backend = SimulatedBackend(devices(tmp_path / "devices.yaml"))
-    await start_daemon(backend_factory=lambda: backend, flags={"use_volcano": True})
+    await start_daemon(backend_factory=lambda: backend, given=config_flags(use_volcano=True))
     await kubelet.wait_registered(RESOURCE, capacity=2)
     with pytest.raises(grpc.aio.AioRpcError) as refused:
         await kubelet.allocate(RESOURCE, [[CHIP_A]])

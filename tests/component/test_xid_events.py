@@ -19,7 +19,9 @@ from ix_device_plugin.core.inventory import ChipStatus
 from ix_device_plugin.hardware.backend import BackendError, XidEvent
 from ix_device_plugin.hardware.ixml import IxmlBackend
 from ix_device_plugin.hardware.simulated import SimulatedBackend
-from ix_device_plugin.settings.config import ConfigError, resolve
+from ix_device_plugin.settings.errors import SettingsError
+from ix_device_plugin.settings.resolve import resolve
+from ix_device_plugin.settings.table import RUN
 from ix_device_plugin.standins.kubelet import KubeletStandIn
 
 from support import RESOURCE, DaemonFactory
@@ -215,13 +217,13 @@ def test_xid_reasons_and_the_ignored_set() -> None:
     [("xids", {"xids"}), ("79, xid48,XID 63", {"XID 79", "XID 48", "XID 63"}), ("ECC,94", {"ECC", "XID 94"})],
 )
 def test_disable_healthchecks_takes_xids(text: str, ignored: set[str]) -> None:
-    assert resolve(None, {"IX_DISABLE_HEALTHCHECKS": text}, {}).ignored_health_errors == ignored
+    assert resolve(RUN, {}, {"IX_DISABLE_HEALTHCHECKS": text})["disabled_healthchecks"] == ignored
 
 
 @pytest.mark.parametrize("text", ["xid-1", "0", "\uff14\uff12", "99999999999"])
 def test_disable_healthchecks_refuses_what_is_no_xid(text: str) -> None:
-    with pytest.raises(ConfigError, match="unknown check"):
-        resolve(None, {"IX_DISABLE_HEALTHCHECKS": text}, {})
+    with pytest.raises(SettingsError, match=r"^environment variable IX_DISABLE_HEALTHCHECKS: unknown check"):
+        resolve(RUN, {}, {"IX_DISABLE_HEALTHCHECKS": text})
 
 
 async def test_xid_while_a_container_runs_turns_its_device_unhealthy(
@@ -267,7 +269,7 @@ async def test_an_xid_listed_in_disable_healthchecks_leaves_the_device_healthy(
         (short_dir / "dev" / f"iluvatar{minor}").touch()
     daemon = await start_daemon(
         backend_factory=lambda: IxmlBackend(str(libs["full"]), dev_root=short_dir),
-        env={"IX_DISABLE_HEALTHCHECKS": "79"},
+        ignored_health_errors=frozenset({"XID 79"}),
     )
     view = await kubelet.wait_registered(RESOURCE, capacity=2)
     inject(conf, 0, 79)

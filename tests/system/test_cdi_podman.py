@@ -98,13 +98,13 @@ async def test_a_container_started_with_the_names_allocate_returned_sees_exactly
     node: Node, kubelet, start_daemon
 ) -> None:
     """The daemon writes the spec, the kubelet asks for one GPU, the runtime injects what Allocate named."""
-    from support import RESOURCE
+    from support import RESOURCE, config_flags
 
     daemon = await start_daemon(
         "BI-V150:2",
         cdi_spec_dir=node.podman.cdi_dir,
         dev_root=node.dev_root,
-        flags={"device_list_strategy": "cdi-cri"},
+        given=config_flags(device_list_strategy="cdi-cri"),
     )
     await kubelet.wait_registered(RESOURCE, capacity=2)
     container = await kubelet.admit(RESOURCE, 1)

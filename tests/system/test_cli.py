@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from ix_device_plugin import __version__
-from ix_device_plugin.settings.options import parse_args, resolve_options
+from ix_device_plugin.settings.table import BY_FLAG, LIST, SETTINGS
+from ix_device_plugin.standins.apiserver import ApiServerStandIn
 from ix_device_plugin.standins.podresources import PodResourcesStandIn
 
 from support import spawn_plugin, stop_process
@@ -110,25 +111,34 @@ def test_list_errors_are_clear(args: list[str], message: str) -> None:
     assert message in result.stderr
 
 
+BAD_VALUES = [
+    (["--replicas", "-2"], {}, "flag --replicas: expected a whole number >= 0"),
+    ([], {"IX_REPLICAS": "-2"}, "environment variable IX_REPLICAS: expected a whole number >= 0"),
+    (["--health-address", "nonsense"], {}, "flag --health-address: expected HOST:PORT, :PORT or off"),
+    (["--health-address", ":99999"], {}, "flag --health-address: expected HOST:PORT"),
+    ([], {"IX_HEALTH_ADDRESS": ":²"}, "environment variable IX_HEALTH_ADDRESS: expected HOST:PORT"),
+    ([], {"IX_LOG_LEVEL": "trace"}, "environment variable IX_LOG_LEVEL: expected one of debug, info"),
+    ([], {"IX_LOG_FORMAT": "xml"}, "environment variable IX_LOG_FORMAT: expected one of text, json"),
+    ([], {"IX_BACKEND": "foo"}, "environment variable IX_BACKEND: expected one of ixml, simulated"),
+    (["--health-interval", "1e-300"], {}, "flag --health-interval: expected a number of seconds from 0.1"),
+    (["--health-interval", "nan"], {}, "flag --health-interval: expected a number of seconds from 0.1"),
+    ([], {"IX_HEALTH_INTERVAL": "inf"}, "environment variable IX_HEALTH_INTERVAL: expected a number of seconds"),
+    (["--health-interval", "soon"], {}, "flag --health-interval: expected a number of seconds, got 'soon'"),
+    (["--backend-timeout", "0"], {}, "flag --backend-timeout: expected a number of seconds from 0.1"),
+    ([], {"IX_DISABLE_HEALTHCHECKS": "Fan"}, "environment variable IX_DISABLE_HEALTHCHECKS: unknown check 'Fan'"),
+]
+BY_ENV = {setting.env: setting for setting in SETTINGS}
+
+
+def _used_by_list(args: list[str], env: dict[str, str]) -> bool:
+    setting = BY_FLAG[args[0]] if args else BY_ENV[next(iter(env))]
+    return setting.used_by(LIST)
+
+
 @pytest.mark.parametrize(
-    ("args", "env", "message"),
-    [
-        (["--replicas", "-2"], {}, "flag --replicas: expected a whole number >= 0"),
-        ([], {"IX_REPLICAS": "-2"}, "environment variable IX_REPLICAS: expected a whole number >= 0"),
-        (["--health-address", "nonsense"], {}, "flag --health-address: expected HOST:PORT, :PORT or off"),
-        (["--health-address", ":99999"], {}, "flag --health-address: expected HOST:PORT"),
-        ([], {"IX_HEALTH_ADDRESS": ":²"}, "environment variable IX_HEALTH_ADDRESS: expected HOST:PORT"),
-        ([], {"IX_LOG_LEVEL": "trace"}, "environment variable IX_LOG_LEVEL: expected one of debug, info"),
-        ([], {"IX_LOG_FORMAT": "xml"}, "environment variable IX_LOG_FORMAT: expected one of text, json"),
-        ([], {"IX_BACKEND": "foo"}, "environment variable IX_BACKEND: expected one of ixml, simulated"),
-        (["--health-interval", "1e-300"], {}, "flag --health-interval: expected a number of seconds from 0.1"),
-        (["--health-interval", "nan"], {}, "flag --health-interval: expected a number of seconds from 0.1"),
-        ([], {"IX_HEALTH_INTERVAL": "inf"}, "environment variable IX_HEALTH_INTERVAL: expected a number of seconds"),
-        (["--health-interval", "soon"], {}, "flag --health-interval: expected a number of seconds, got 'soon'"),
-        (["--backend-timeout", "0"], {}, "flag --backend-timeout: expected a number of seconds from 0.1"),
-    ],
+    ("command", "args", "env", "message"),
+    [("run", *case) for case in BAD_VALUES] + [("list", *case) for case in BAD_VALUES if _used_by_list(*case[:2])],
 )
-@pytest.mark.parametrize("command", ["run", "list"])
 def test_bad_flags_and_variables_are_one_line_each_and_exit_2(
     command: str, args: list[str], env: dict[str, str], message: str
 ) -> None:
@@ -142,7 +152,24 @@ def test_bad_flags_and_variables_are_one_line_each_and_exit_2(
 def test_demo_refuses_flags_it_does_not_use() -> None:
     result = cli("demo", "--replicas", "3")
     assert result.returncode == 2
-    assert "unrecognized arguments: --replicas 3" in result.stderr
+    assert "ix-device-plugin demo: error: demo does not use --replicas (used by run, list)" in result.stderr
+    result = cli("demo", "--no-such-flag")
+    assert result.returncode == 2
+    assert "unrecognized arguments: --no-such-flag" in result.stderr
+
+
+def test_dra_refuses_a_device_plugin_flag_naming_it() -> None:
+    result = cli("dra", "--use-volcano", "true", "--node-name", "node-a")
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines()[-1] == (
+        "ix-device-plugin dra: error: dra does not use --use-volcano (a device plugin setting)"
+    )
+    result = cli("list", "--dra", "--replicas=4")
+    assert result.returncode == 2
+    assert "list --dra does not use --replicas" in result.stderr
+    result = cli("run", "--kubelet-plugins-directory-path", "/x")
+    assert result.returncode == 2
+    assert "run does not use --kubelet-plugins-directory-path (a DRA setting)" in result.stderr
 
 
 def test_list_without_gpus_suggests_the_simulated_backend(tmp_path: Path) -> None:
@@ -158,19 +185,6 @@ def test_bad_simulated_file_names_the_key(tmp_path: Path) -> None:
     result = cli("list", "--backend", "simulated", "--simulated-devices", str(devices))
     assert result.returncode == 1
     assert f"{devices}: boards[0].chips[0].health: unknown error 'Hot'" in result.stderr
-
-
-def test_env_sets_daemon_flags_and_flags_win() -> None:
-    env = {"IX_DEVICE_PLUGIN_PATH": "/from/env", "IX_BACKEND": "simulated", "IX_HEALTH_INTERVAL": "7"}
-    args = resolve_options(parse_args([]), env)
-    assert (args.command, args.device_plugin_path, args.backend, args.health_interval) == (
-        "run",
-        "/from/env",
-        "simulated",
-        7.0,
-    )
-    args = resolve_options(parse_args(["--device-plugin-path", "/from/flag"]), env)
-    assert args.device_plugin_path == "/from/flag"
 
 
 def test_json_logs_are_one_object_per_line(tmp_path: Path) -> None:
@@ -212,3 +226,36 @@ async def test_list_shows_live_figures_and_which_pod_holds_each_device(short_dir
     assert f"{device_ids[0]:<46} Healthy   numa ?  held by ml/trainer-0 (main)" in text
     assert f"{device_ids[1]:<46} Healthy   numa ?  free" in text
     assert "flags.splitboard                                 true" in text
+
+
+async def test_dra_says_once_which_variables_and_config_keys_it_does_not_use(short_dir: Path) -> None:
+    config = short_dir / "ix-config"
+    config.write_text("flags:\n  failOnInitError: true\nsharing:\n  timeSlicing:\n    replicas: 4\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("IX_")}
+    env |= {"IX_REPLICAS": "4", "IX_USE_VOLCANO": "true", "NODE_NAME": "node-a", "PYTHONUNBUFFERED": "1"}
+    async with ApiServerStandIn() as api:
+        process = await asyncio.create_subprocess_exec(
+            *(sys.executable, "-m", "ix_device_plugin", "dra", "--backend", "simulated", "--config", str(config)),
+            *("--kubeconfig", str(api.write_kubeconfig(short_dir / "kubeconfig")), "--dev-root", str(short_dir)),
+            *("--kubelet-registrar-directory-path", str(short_dir / "registry"), "--health-address", "off"),
+            *("--kubelet-plugins-directory-path", str(short_dir / "plugins"), "--cdi-spec-dir", str(short_dir / "cdi")),
+            stderr=asyncio.subprocess.PIPE,
+            env=env,
+        )
+        assert process.stderr is not None
+        lines: list[str] = []
+        try:
+            async with asyncio.timeout(30):
+                while not lines or "ready in" not in lines[-1]:
+                    lines.append((await process.stderr.readline()).decode())
+                    assert lines[-1], "".join(lines)
+        finally:
+            process.terminate()
+            await process.wait()
+    log = "".join(lines)
+    assert log.count("environment variables dra does not use") == 1
+    assert (
+        "environment variables dra does not use, ignored: IX_USE_VOLCANO (a device plugin setting), "
+        "IX_REPLICAS (a device plugin setting)"
+    ) in log
+    assert log.count(f"{config}: keys dra does not use, ignored: sharing.timeSlicing.replicas (line 5)") == 1

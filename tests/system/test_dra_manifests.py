@@ -17,8 +17,11 @@ from manifest_support import (
     schema_errors,
 )
 
+from ix_device_plugin import __version__
 from ix_device_plugin.dra.registration import REGISTRATION_SOCKET
-from ix_device_plugin.settings.options import DRA_OPTIONS, OPTIONS, parse_args, resolve_options
+from ix_device_plugin.settings.argv import parse_command_line
+from ix_device_plugin.settings.resolve import resolve
+from ix_device_plugin.settings.table import DRA, settings_of
 
 render = load_render_module()
 
@@ -89,14 +92,16 @@ def test_the_daemonset_runs_dra_mode_with_the_kubelets_directories_mounted() -> 
     (container,) = spec["containers"]
     assert container["args"] == ["dra"]
     env = {item["name"]: item.get("value") for item in container["env"]}
-    known = {option.env for option in (*OPTIONS, *DRA_OPTIONS)} | {"POD_NAMESPACE"}
-    assert set(env) <= known
-    args = resolve_options(parse_args(container["args"]), {k: v for k, v in env.items() if v is not None})
+    known = {setting.env for setting in settings_of(DRA)} | {"POD_NAMESPACE"}
+    assert set(env) <= known  # only settings the DRA mode uses
+    command = parse_command_line(container["args"], __version__)
+    settings = resolve(command.mode, command.flags, {k: v for k, v in env.items() if v is not None})
+    assert (command.mode, settings.unused_env) == (DRA, ())
     mounts = {m["mountPath"] for m in container["volumeMounts"]}
     assert {
-        args.kubelet_registrar_directory_path,
-        args.kubelet_plugins_directory_path,
-        str(args.cdi_spec_dir),
+        str(settings["kubelet_registrar_directory_path"]),
+        str(settings["kubelet_plugins_directory_path"]),
+        str(settings["cdi_spec_dir"]),
     } <= mounts
     assert REGISTRATION_SOCKET == "gpu.iluvatar.com-reg.sock"
     assert spec["serviceAccountName"] == only(objects, "ServiceAccount")["metadata"]["name"]

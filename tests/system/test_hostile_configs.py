@@ -20,7 +20,9 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ix_device_plugin.settings.config import ConfigError, load_document, parse_bytes, resolve
+from ix_device_plugin.settings.configfile import load_document, parse_bytes
+from ix_device_plugin.settings.errors import SettingsError
+from ix_device_plugin.settings.resolve import config_from
 from ix_device_plugin.standins.kubelet import KubeletStandIn
 from ix_device_plugin.tools.demo import ConfigMapDir
 
@@ -214,8 +216,8 @@ def test_any_document_is_a_config_or_a_config_error(document, encoding, decorati
     text = decoration + yaml.safe_dump(document, default_flow_style=depth % 2 == 0, allow_unicode=True)
     text = "[" * depth + text.strip() + "]" * depth if depth > 20 else text
     data = text.encode(encoding, errors="replace")
-    for parse in (lambda: resolve(parse_bytes(data, "generated"), {}, {}), lambda: load_document(data, "generated")):
+    for parse in (lambda: config_from(parse_bytes(data, "generated"), {}), lambda: load_document(data, "generated")):
         try:
             parse()
-        except ConfigError as error:
+        except SettingsError as error:
             assert error.messages and all(message.startswith("generated") for message in error.messages)

@@ -21,15 +21,10 @@ from manifest_support import (
 )
 
 from ix_device_plugin import __version__
-from ix_device_plugin.settings.config import (
-    DEFAULT_RESOURCE_NAME,
-    DISABLE_HEALTHCHECKS_ENV,
-    SETTINGS,
-    parse_text,
-    resolve,
-)
-from ix_device_plugin.settings.options import OPTIONS, resolve_options
-from ix_device_plugin.settings.options import parse_args as parse_command_line
+from ix_device_plugin.settings.argv import parse_command_line
+from ix_device_plugin.settings.configfile import parse_text
+from ix_device_plugin.settings.resolve import Resolved, config_from, resolve
+from ix_device_plugin.settings.table import DEFAULT_RESOURCE_NAME, RUN, SETTINGS, settings_of
 
 render = load_render_module()
 
@@ -37,7 +32,7 @@ PLUGIN_DIR = "/var/lib/kubelet/device-plugins"
 CONFIG_MOUNT = "/ixconfig"
 CONFIG_KEY = "ix-config"
 HEALTH_PORT = 8080
-KNOWN_CONFIG_KEYS = {setting.key for setting in SETTINGS} | {
+KNOWN_CONFIG_KEYS = {setting.key for setting in SETTINGS if setting.key} | {
     "resourceName",
     "flags.splitboard",
     "flags.failOnInitError",
@@ -162,13 +157,14 @@ def test_the_config_content_has_only_known_keys_and_is_accepted_by_the_plugin(
         parsed = parse_text(text, configmap["metadata"]["name"])
         assert parsed.warnings == ()
         assert parsed.values == {"flags.splitboard": False}  # sharing off, as the README's defaults
-        assert resolve(parsed, {}, {}).replicas == 0
+        assert config_from(parsed, {}).replicas == 0
         assert "#     replicas: 4" in text  # the time-slicing example is there, commented
 
 
-def parse_args(argv: list[str], env: dict[str, str]) -> Any:
-    """The daemon's options as the plugin resolves them from argv and env."""
-    return resolve_options(parse_command_line(argv), env)
+def parse_args(argv: list[str], env: dict[str, str]) -> Resolved:
+    """The daemon's settings as the plugin resolves them from argv and env."""
+    command = parse_command_line(argv, __version__)
+    return resolve(command.mode, command.flags, env)
 
 
 def test_the_config_is_mounted_where_the_plugin_reads_it(objects: list[dict[str, Any]]) -> None:
@@ -176,11 +172,11 @@ def test_the_config_is_mounted_where_the_plugin_reads_it(objects: list[dict[str,
     assert mount.get("readOnly") is True
     assert "configMap" in volume
     args = parse_args([], env_of(container(objects)))
-    assert args.config == f"{CONFIG_MOUNT}/{CONFIG_KEY}"
+    assert str(args["config"]) == f"{CONFIG_MOUNT}/{CONFIG_KEY}"
 
 
-def test_every_environment_variable_is_one_the_plugin_reads(objects: list[dict[str, Any]]) -> None:
-    known = {option.env for option in OPTIONS} | {setting.env for setting in SETTINGS} | {DISABLE_HEALTHCHECKS_ENV}
+def test_every_environment_variable_is_one_the_device_plugin_reads(objects: list[dict[str, Any]]) -> None:
+    known = {setting.env for setting in settings_of(RUN)} | {"POD_NAMESPACE"}
     for name in env_of(container(objects)):
         assert name in known, name
 
@@ -189,8 +185,8 @@ def test_the_socket_directory_is_the_kubelets(objects: list[dict[str, Any]]) -> 
     mount, volume = mount_for(objects, PLUGIN_DIR)
     assert volume["hostPath"]["path"] == PLUGIN_DIR
     assert not mount.get("readOnly", False)
-    assert parse_args([], env_of(container(objects))).device_plugin_path == PLUGIN_DIR
-    assert parse_args([], {}).device_plugin_path == PLUGIN_DIR
+    assert str(parse_args([], env_of(container(objects)))["device_plugin_path"]) == PLUGIN_DIR
+    assert str(parse_args([], {})["device_plugin_path"]) == PLUGIN_DIR
 
 
 def test_the_probes_use_the_plugins_health_endpoints_and_port(objects: list[dict[str, Any]]) -> None:
@@ -200,8 +196,8 @@ def test_the_probes_use_the_plugins_health_endpoints_and_port(objects: list[dict
         action = plugin[probe]["httpGet"]
         assert action["path"] == path
         assert port_number(plugin, action["port"]) == HEALTH_PORT
-    assert parse_args([], env_of(plugin)).health_address == f":{HEALTH_PORT}"
-    assert parse_args([], {}).health_address == f":{HEALTH_PORT}"
+    assert parse_args([], env_of(plugin))["health_address"] == f":{HEALTH_PORT}"
+    assert parse_args([], {})["health_address"] == f":{HEALTH_PORT}"
 
 
 def test_the_host_paths_the_plugin_needs_are_mounted_read_only(objects: list[dict[str, Any]]) -> None:
@@ -321,7 +317,7 @@ def test_values_reach_the_rendered_objects() -> None:
     assert plugin["image"] == "registry.example/ix-device-plugin:9.9.9"
     assert yaml.safe_load(only(objects, "ConfigMap")["data"][CONFIG_KEY])["sharing"]["timeSlicing"]["replicas"] == 2
     assert port_number(plugin, plugin["livenessProbe"]["httpGet"]["port"]) == 9090
-    assert parse_args([], env_of(plugin)).health_address == ":9090"
+    assert parse_args([], env_of(plugin))["health_address"] == ":9090"
     assert env_of(plugin)["IX_LOG_FORMAT"] == "json"
     assert pod_spec(daemonset(objects))["nodeSelector"] == {"kubernetes.io/arch": "amd64"}
 

@@ -9,9 +9,10 @@ import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from ix_device_plugin.core.cdi import CDI_ANNOTATIONS, CDI_CRI, DEVICE_SPECS, qualified_names
 from ix_device_plugin.core.cdi import annotations as cdi_annotations
+from ix_device_plugin.core.cdi import qualified_names
 from ix_device_plugin.core.plan import Plan, PlannedDevice
+from ix_device_plugin.settings.devicelist import CDI_ANNOTATIONS, CDI_CRI, DEVICE_SPECS
 
 VISIBLE_DEVICES_ENV = "IX_VISIBLE_DEVICES"
 REPLICA_DEVICES_ENV = "IX_REPLICA_DEVICES"

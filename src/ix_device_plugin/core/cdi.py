@@ -35,11 +35,6 @@ MAX_ANNOTATION_NAME_LENGTH = 63
 EARLIEST_VERSION = "0.3.0"
 HOST_PATH_VERSION = "0.5.0"
 
-DEVICE_SPECS = "device-specs"
-CDI_CRI = "cdi-cri"
-CDI_ANNOTATIONS = "cdi-annotations"
-DEVICE_LIST_STRATEGIES = (DEVICE_SPECS, CDI_CRI, CDI_ANNOTATIONS)
-DEFAULT_DEVICE_LIST_STRATEGY = (DEVICE_SPECS,)
 
 # parser.ValidateDeviceName: alphanumeric first and last, `_ - . :` allowed between.
 _DEVICE_NAME = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9_.:-]*[A-Za-z0-9])?$")
@@ -167,33 +162,6 @@ _QUALIFIED = re.compile(
 def is_qualified_name(name: str) -> bool:
     """True when name has the form `vendor/class=device` CDI runtimes accept."""
     return bool(_QUALIFIED.match(name))
-
-
-def parse_device_list_strategy(value: object) -> tuple[str, ...]:
-    """The device list strategies named by `flags.deviceListStrategy`: one name, or a list of names.
-
-    Order is kept and repeats are dropped. Raises ValueError naming the bad value and the allowed ones.
-    """
-    allowed = ", ".join(DEVICE_LIST_STRATEGIES)
-    items: list[object]
-    if isinstance(value, str):
-        items = [value]
-    elif isinstance(value, list | tuple):
-        items = list(value)
-    else:
-        raise ValueError(f"must be a string or a list of strings out of {allowed}; got {type(value).__name__}")
-    if not items:
-        raise ValueError(f"must name at least one of {allowed}")
-    chosen: list[str] = []
-    for item in items:
-        if not isinstance(item, str):
-            raise ValueError(f"{item!r} is not a string; allowed: {allowed}")
-        name = item.strip()
-        if name not in DEVICE_LIST_STRATEGIES:
-            raise ValueError(f"unknown device list strategy {item!r}; allowed: {allowed}")
-        if name not in chosen:
-            chosen.append(name)
-    return tuple(chosen)
 
 
 def spec_text(document: Mapping[str, object]) -> str:

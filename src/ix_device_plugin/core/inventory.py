@@ -8,26 +8,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, replace
 
-# IXML health bits (ixmlDeviceGetHealth); 0 means healthy.
-HEALTH_BITS: dict[str, int] = {
-    "SYSHUB": 0x1,
-    "MC": 0x2,
-    "OverTemp": 0x4,
-    "OverVoltage": 0x8,
-    "ECC": 0x10,
-    "Memory": 0x20,
-    "PCIE": 0x40,
-}
-HEALTH_ERROR_NAMES: tuple[str, ...] = tuple(HEALTH_BITS)
-IGNORE_ALL = "all"
-IGNORE_XIDS = "xids"  # in the ignored set: no XID event makes a chip Unhealthy
-# Application XIDs (a program's fault, not the chip's), ignored as NVIDIA's device plugin ignores them.
-DEFAULT_IGNORED_XIDS: frozenset[int] = frozenset({13, 31, 43, 45, 68, 109})
-
-
-def xid_name(xid: int) -> str:
-    """How a critical XID is named among a chip's reasons and in the ignored set: `XID 79`."""
-    return f"XID {xid}"
+from ix_device_plugin.settings.health import DEFAULT_IGNORED_XIDS, HEALTH_BITS, IGNORE_ALL, IGNORE_XIDS, xid_name
 
 
 def xid_ignored(xid: int, ignored_errors: frozenset[str]) -> bool:

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from ix_device_plugin.core.inventory import Inventory
 from ix_device_plugin.core.plan import MAX_DEVICE_ID_LENGTH, REPLICA_SEPARATOR, physical_groups
-from ix_device_plugin.settings.config import MAX_REPLICAS, Config
+from ix_device_plugin.settings.config import Config
+from ix_device_plugin.settings.values import MAX_REPLICAS
 
 KUBELET_MAX_MESSAGE_BYTES = 4 * 1024 * 1024  # grpc-go's default maximum receive size, which the kubelet keeps
 _HEALTHY, _UNHEALTHY = len("Healthy"), len("Unhealthy")

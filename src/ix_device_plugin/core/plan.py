@@ -10,10 +10,10 @@ from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from ix_device_plugin.core.cdi import DEVICE_SPECS
 from ix_device_plugin.core.inventory import Board, Chip, Inventory, link_key
 from ix_device_plugin.core.products import lookup
 from ix_device_plugin.settings.config import Config
+from ix_device_plugin.settings.devicelist import DEVICE_SPECS
 
 MAX_DEVICE_ID_LENGTH = 63
 REPLICA_SEPARATOR = "::"

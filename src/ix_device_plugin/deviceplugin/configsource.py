@@ -15,7 +15,8 @@ from typing import TYPE_CHECKING
 
 from ix_device_plugin.runtime.logs import OncePerError
 from ix_device_plugin.settings.config import Config
-from ix_device_plugin.settings.options import NODE_CONFIG_LABEL, Options, config_file_for, load_config
+from ix_device_plugin.settings.options import Options, config_file_for, load_config
+from ix_device_plugin.settings.table import NODE_CONFIG_LABEL
 from ix_device_plugin.settings.yamlsafe import MAX_BYTES
 
 if TYPE_CHECKING:
@@ -27,14 +28,15 @@ log = logging.getLogger(__name__)
 class ConfigSource:
     """The config file in force (per the node label when asked), and whether it changed since it was read."""
 
-    def __init__(self, options: Options) -> None:
+    def __init__(self, options: Options, kube: KubeSettings | None = None) -> None:
         self.options = options
+        self.kube = kube
         self.label: str | None = None  # the node's configuration label, with --per-node-config
         self.path, self.reason = config_file_for(options, None)
         self._seen: bytes | None = None
 
     def load(self) -> Config:
-        """Read the file in force (logging its warnings); raises ConfigError."""
+        """Read the file in force (logging its warnings); raises SettingsError."""
         self._seen = _read_bytes(self.path)
         config, warnings = load_config(self.options, self.path)
         for warning in warnings:
@@ -76,7 +78,7 @@ class ConfigSource:
     async def _watch_label(self, put: Callable[[str | None], None]) -> None:
         from ix_device_plugin.apiserver.nodelabel import NodeLabelWatcher
 
-        settings = self.options.kube
+        settings = self.kube
         assert settings is not None
         kube = await _connect(settings)
         try:

@@ -15,12 +15,13 @@ import asyncio
 import logging
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ix_device_plugin.core.inventory import Inventory
 from ix_device_plugin.core.limits import device_list_problem
 from ix_device_plugin.core.plan import Plan
 from ix_device_plugin.deviceplugin.configsource import ConfigSource
-from ix_device_plugin.deviceplugin.endpoint import Endpoint
+from ix_device_plugin.deviceplugin.endpoint import ENDPOINT, Endpoint
 from ix_device_plugin.deviceplugin.features.gpureset import GpuReset, GpuResetError
 from ix_device_plugin.deviceplugin.features.hook import ApiFeatures
 from ix_device_plugin.deviceplugin.metrics import Metrics
@@ -30,6 +31,8 @@ from ix_device_plugin.deviceplugin.state import Current, State
 from ix_device_plugin.deviceplugin.telemetry import TelemetryCollector, TelemetrySampler
 from ix_device_plugin.hardware.backend import BackendError
 from ix_device_plugin.hardware.monitor import HardwareMonitor, HardwareView, MonitorSettings
+from ix_device_plugin.hardware.open import BackendFactory
+from ix_device_plugin.hardware.open import backend_factory as open_backend
 from ix_device_plugin.hardware.worker import Hardware
 from ix_device_plugin.kubelet.podresources import PodResources
 from ix_device_plugin.runtime.errors import StartupError
@@ -37,8 +40,13 @@ from ix_device_plugin.runtime.filewatch import Watcher
 from ix_device_plugin.runtime.logs import OncePerError
 from ix_device_plugin.runtime.probes import ProbeHandlers, ProbeServer, start_probes
 from ix_device_plugin.runtime.service import Service, bounded
-from ix_device_plugin.settings.config import SETTINGS, Config, ConfigError
+from ix_device_plugin.settings.config import Config
+from ix_device_plugin.settings.errors import SettingsError
 from ix_device_plugin.settings.options import Options
+from ix_device_plugin.settings.table import FILE_SETTINGS
+
+if TYPE_CHECKING:
+    from ix_device_plugin.apiserver.client import KubeSettings
 
 log = logging.getLogger(__name__)
 
@@ -73,14 +81,26 @@ Event = FilesChanged | ReloadRequested | HardwareChanged | NodeLabelChanged
 
 
 class Daemon:
-    """One plugin instance: serves the Current state, keeps it registered and true."""
+    """One plugin instance: serves the Current state, keeps it registered and true.
 
-    def __init__(self, options: Options, metrics: Metrics | None = None) -> None:
+    kube: how to reach the API server, for the features that use it (None: they go without);
+    backend_factory: the GPUs' backend (default: the one options name).
+    """
+
+    def __init__(
+        self,
+        options: Options,
+        metrics: Metrics | None = None,
+        *,
+        kube: KubeSettings | None = None,
+        backend_factory: BackendFactory | None = None,
+    ) -> None:
         self.options = options
+        self.kube_settings = kube
         self.metrics = metrics or Metrics()
         self.service = Service(options.stop_timeout)
         self.current = Current(State.of(Inventory(), Config()))
-        self.hardware = Hardware(options.backend_factory, options.call_timeout)
+        self.hardware = Hardware(backend_factory or open_backend(options), options.call_timeout)
         self.monitor = HardwareMonitor(
             self.hardware,
             MonitorSettings(
@@ -92,16 +112,17 @@ class Daemon:
             on_xid=lambda xid: self.metrics.xid_events.labels(xid=str(xid)).inc(),
             on_poll=self.metrics.observe_health_poll,
         )
+        self.monitor.ignored = options.ignored_health_errors
         self.monitor.subscribe(lambda view: self._events.put_nowait(HardwareChanged(view)))
         self.api = ApiFeatures(
-            options, self.current, self.metrics, self.hardware, self._rediscover_now, self._pod_devices
+            options, self.current, self.metrics, self.hardware, self._rediscover_now, self._pod_devices, kube
         )
         self.endpoint = Endpoint(
-            options.plugin_dir / options.endpoint, self.current, self.metrics.observe_call, self.api.before_allocate
+            options.plugin_dir / ENDPOINT, self.current, self.metrics.observe_call, self.api.before_allocate
         )
         self.registrar = Registrar(
             options.plugin_dir,
-            options.endpoint,
+            ENDPOINT,
             lambda: self.current.plan.resource_name,
             self.metrics,
             options.poll_interval,
@@ -112,7 +133,7 @@ class Daemon:
             self.telemetry = TelemetryCollector(options.node_name)
             self.metrics.registry.register(self.telemetry)
         self.pod_resources = PodResources(options.pod_resources_socket)
-        self.config_source = ConfigSource(options)
+        self.config_source = ConfigSource(options, kube)
         self.files = NodeFiles(options.cdi_spec_dir, options.node_feature_dir, options.dev_root, options.sysfs_root)
         self.socket_path = self.endpoint.path
         self.probe_port: int | None = None
@@ -198,7 +219,6 @@ class Daemon:
             await self.config_source.follow_label(spawn, lambda value: self._events.put_nowait(NodeLabelChanged(value)))
         config = self._first_config()
         await self._start_probes()
-        self.monitor.ignored = config.ignored_health_errors
         view = await self.monitor.start(config.fail_on_init_error)
         self._applied_version = view.version  # its HardwareChanged event, already queued, changes nothing
         if (problem := device_list_problem(view.inventory, config)) is not None:
@@ -222,7 +242,7 @@ class Daemon:
                 lambda: self.pod_resources.allocations({self.plan.resource_name}, self._telemetry_pod_errors),
             )
             spawn("telemetry", sampler.run)
-        if self.options.kube is not None:
+        if self.kube_settings is not None:
             spawn("volcano", self.api.run_volcano)
             spawn("reset-announce", self.api.announce_reset)
 
@@ -301,7 +321,7 @@ class Daemon:
             return
         try:
             config = self.config_source.load()
-        except ConfigError as error:
+        except SettingsError as error:
             self.metrics.config_reload_failures.inc()
             for line in error.messages:
                 log.error("config change rejected, keeping the last good configuration: %s", line)
@@ -353,7 +373,7 @@ class Daemon:
     def _first_config(self) -> Config:
         try:
             return self.config_source.load()
-        except ConfigError as error:
+        except SettingsError as error:
             raise StartupError("\n".join(error.messages)) from None
 
     async def _start_probes(self) -> None:
@@ -387,8 +407,8 @@ def _log_transitions(before: Plan, after: Plan) -> None:
 
 def _config_diff(before: Config, after: Config) -> str:
     changes = [
-        f"{s.key} {getattr(before, s.attr)!r} -> {getattr(after, s.attr)!r}"
-        for s in SETTINGS
-        if getattr(before, s.attr) != getattr(after, s.attr)
+        f"{s.key} {getattr(before, s.name)!r} -> {getattr(after, s.name)!r}"
+        for s in FILE_SETTINGS
+        if getattr(before, s.name) != getattr(after, s.name)
     ]
     return ", ".join(changes) or "no effective change"

@@ -10,8 +10,8 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from ix_device_plugin import __version__
-from ix_device_plugin.core.inventory import HEALTH_ERROR_NAMES
 from ix_device_plugin.deviceplugin.state import State
+from ix_device_plugin.settings.health import HEALTH_ERROR_NAMES
 
 PREFIX = "ix_device_plugin"
 _RESET_BUCKETS = (0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)

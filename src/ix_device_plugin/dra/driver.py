@@ -33,7 +33,7 @@ from ix_device_plugin.api.dra_v1 import api_pb2_grpc as dra_v1_grpc
 from ix_device_plugin.api.dra_v1beta1 import api_pb2 as dra_v1beta1
 from ix_device_plugin.api.dra_v1beta1 import api_pb2_grpc as dra_v1beta1_grpc
 from ix_device_plugin.api.pluginregistration import api_pb2_grpc as registration_grpc
-from ix_device_plugin.apiserver.client import RESOURCE_CLAIM, Backoff, Kube, KubeError, connect
+from ix_device_plugin.apiserver.client import RESOURCE_CLAIM, Backoff, Kube, KubeError, KubeSettings, connect
 from ix_device_plugin.core.inventory import Inventory
 from ix_device_plugin.dra.claims import ClaimError, ClaimRef, PreparedClaim
 from ix_device_plugin.dra.health import DeviceHealthBoard, HealthService
@@ -43,27 +43,38 @@ from ix_device_plugin.dra.service import DraService
 from ix_device_plugin.dra.slices import DRIVER, SliceContent, slice_content
 from ix_device_plugin.dra.state import DraState, read_boot_id
 from ix_device_plugin.hardware.monitor import HardwareMonitor, HardwareView, MonitorSettings
+from ix_device_plugin.hardware.open import BackendFactory
+from ix_device_plugin.hardware.open import backend_factory as open_backend
 from ix_device_plugin.hardware.pcie import pcie_roots
 from ix_device_plugin.hardware.worker import Hardware
 from ix_device_plugin.kubelet.registration import unix_target
-from ix_device_plugin.runtime.errors import StartupError
 from ix_device_plugin.runtime.logs import OncePerError
 from ix_device_plugin.runtime.probes import ProbeHandlers, ProbeServer, start_probes
 from ix_device_plugin.runtime.service import Service, bounded
-from ix_device_plugin.settings.config import ConfigError
-from ix_device_plugin.settings.options import DraOptions, load_config
+from ix_device_plugin.settings.options import DraOptions
 
 log = logging.getLogger(__name__)
 
 
 class DraDriver:
-    """The DRA mode: follows the hardware monitor, publishes the slice, serves the kubelet."""
+    """The DRA mode: follows the hardware monitor, publishes the slice, serves the kubelet.
 
-    def __init__(self, options: DraOptions, kube: Kube | None = None) -> None:
+    kube: a connected API client, else one is made from kube_settings at start;
+    backend_factory: the GPUs' backend (default: the one options name).
+    """
+
+    def __init__(
+        self,
+        options: DraOptions,
+        kube: Kube | None = None,
+        *,
+        kube_settings: KubeSettings | None = None,
+        backend_factory: BackendFactory | None = None,
+    ) -> None:
         self.options = options
         base = options.base
         self.service = Service(base.stop_timeout)
-        self.hardware = Hardware(base.backend_factory, base.call_timeout)
+        self.hardware = Hardware(backend_factory or open_backend(base), base.call_timeout)
         self.monitor = HardwareMonitor(
             self.hardware,
             MonitorSettings(
@@ -73,8 +84,10 @@ class DraDriver:
                 health_stale_after=base.health_stale_after,
             ),
         )
+        self.monitor.ignored = base.ignored_health_errors
         self.monitor.subscribe(self._hardware_changed)
         self.kube = kube
+        self.kube_settings = kube_settings
         self.state = DraState(
             plugin_dir(options.plugins_dir),
             options.cdi_spec_dir,
@@ -89,7 +102,6 @@ class DraDriver:
         self.registration = RegistrationService(dra_socket(options.plugins_dir))
         self.publisher: SlicePublisher | None = None
         self.ready = asyncio.Event()
-        self._ignored: frozenset[str] = frozenset()
         self._servers: list[grpc.aio.Server] = []
         self._probes: ProbeServer | None = None
         self.probe_port: int | None = None
@@ -118,19 +130,11 @@ class DraDriver:
     async def start(self) -> None:
         """Read ix-config, load the checkpoint, discover, serve both sockets, publish; raises StartupError."""
         started = time.perf_counter()
-        try:
-            config, warnings = load_config(self.options.base)
-        except ConfigError as error:
-            raise StartupError("\n".join(error.messages)) from None
-        for warning in warnings:
-            log.warning("%s", warning)
-        self._ignored = config.ignored_health_errors
-        self.monitor.ignored = config.ignored_health_errors
         self.state.restore()
-        await self.monitor.start(config.fail_on_init_error)
+        await self.monitor.start(self.options.config.fail_on_init_error)
         if self.kube is None:
-            assert self.options.kube is not None
-            self.kube = await connect(self.options.kube)
+            assert self.kube_settings is not None
+            self.kube = await connect(self.kube_settings)
         self.publisher = SlicePublisher(self.kube, self.options.node_name)
         self.publisher.want(self.content, self.roots)
         self.service.spawn("publish-slice", self.publisher.run)
@@ -184,7 +188,7 @@ class DraDriver:
     # ---- the hardware, as the monitor sees it -------------------------------------------------
 
     def _hardware_changed(self, view: HardwareView) -> None:
-        content = slice_content(view.inventory, self._ignored)
+        content = slice_content(view.inventory, self.options.base.ignored_health_errors)
         roots = pcie_roots(view.inventory, self.options.base.sysfs_root)
         if content == self.content and roots == self.roots:
             return
@@ -251,11 +255,11 @@ class DraDriver:
         return True, f"registered, ResourceSlice {self.publisher.name} published"
 
 
-def run_dra(options: DraOptions, run_until_done: Callable[[Any], int]) -> int:
+def run_dra(options: DraOptions, kube: KubeSettings, run_until_done: Callable[[Any], int]) -> int:
     """Run the DRA driver until SIGTERM or SIGINT; the exit code."""
 
     async def serve() -> int:
-        driver = DraDriver(options)
+        driver = DraDriver(options, kube_settings=kube)
         driver.install_signal_handlers()
         return await driver.run()
 

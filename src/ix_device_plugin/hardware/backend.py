@@ -8,8 +8,7 @@ from typing import Protocol
 
 from ix_device_plugin.core.inventory import ChipStatus, Inventory
 from ix_device_plugin.core.telemetry import ChipSample
-
-DEFAULT_IXSMI = "/usr/local/corex/bin/ixsmi"  # CoreX's tool; resets chips for flags.reset_gpu
+from ix_device_plugin.settings.table import DEFAULT_IXSMI as DEFAULT_IXSMI
 
 
 class BackendError(Exception):

@@ -18,13 +18,15 @@ from typing import Any
 
 import yaml
 
-from ix_device_plugin.core.inventory import HEALTH_ERROR_NAMES, Board, Chip, ChipStatus, Inventory
+from ix_device_plugin.core.inventory import Board, Chip, ChipStatus, Inventory
 from ix_device_plugin.core.products import PRODUCTS, Product, lookup
 from ix_device_plugin.core.telemetry import ChipSample
 from ix_device_plugin.hardware.backend import BackendError, XidEvent, XidSink
 from ix_device_plugin.settings import yamlsafe
+from ix_device_plugin.settings.health import HEALTH_ERROR_NAMES
+from ix_device_plugin.settings.table import DEFAULT_SIMULATED_DEVICES
 
-DEFAULT_SPEC = "BI-V150:2"
+DEFAULT_SPEC = DEFAULT_SIMULATED_DEVICES
 MAX_BOARDS = 256
 MAX_MINOR = (1 << 20) - 1  # Linux minor numbers have 20 bits
 _UUID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")

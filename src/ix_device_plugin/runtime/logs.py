@@ -8,6 +8,8 @@ import sys
 import time
 
 _STANDARD = set(vars(logging.LogRecord("", 0, "", 0, "", (), None))) | {"message", "asctime"}
+# Libraries whose own logs (one line per HTTP request, per HTTP/2 frame...) show only at debug.
+LIBRARIES = ("httpx", "httpx2", "httpcore", "httpcore2", "lightkube", "grpc", "asyncio", "hpack", "h2", "urllib3")
 
 
 class JsonFormatter(logging.Formatter):
@@ -27,7 +29,8 @@ class JsonFormatter(logging.Formatter):
 
 
 def setup(level: str = "info", fmt: str = "text") -> None:
-    """Send the plugin's logs to stderr in fmt ("text" or "json") at level."""
+    """Send the logs to stderr in fmt ("text" or "json") at level; the libraries' own at WARNING unless
+    level is debug."""
     handler = logging.StreamHandler(sys.stderr)
     if fmt == "json":
         handler.setFormatter(JsonFormatter())
@@ -36,7 +39,8 @@ def setup(level: str = "info", fmt: str = "text") -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
-    logging.getLogger("grpc").setLevel(logging.WARNING)
+    for name in LIBRARIES:
+        logging.getLogger(name).setLevel(logging.NOTSET if level.lower() == "debug" else logging.WARNING)
 
 
 class OncePerError:

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from ix_device_plugin.runtime.errors import StartupError
+from ix_device_plugin.settings.values import parse_address as parse_address  # the address is a setting
 
 log = logging.getLogger(__name__)
 
@@ -24,17 +25,6 @@ class ProbeHandlers:
     live: Check
     ready: Check
     metrics: Callable[[], bytes]
-
-
-def parse_address(address: str) -> tuple[str | None, int] | None:
-    """(host, port) for `HOST:PORT` or `:PORT`; None for `off`. Raises ValueError when malformed."""
-    if address.strip().lower() in {"off", "none", ""}:
-        return None
-    host, sep, port_text = address.rpartition(":")
-    if not sep or not (port_text.isascii() and port_text.isdigit()) or not 0 <= int(port_text) <= 65535:
-        raise ValueError("expected HOST:PORT, :PORT or off, with a port from 0 to 65535")
-    host = host.strip("[]")
-    return (host or None, int(port_text))
 
 
 _REQUEST_TIMEOUT = 5.0

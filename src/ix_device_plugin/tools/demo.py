@@ -7,25 +7,23 @@ is live reload as much as planning.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import os
 import sys
 import tempfile
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from ix_device_plugin import __version__
 from ix_device_plugin.deviceplugin.loop import Daemon
-from ix_device_plugin.hardware.simulated import DEFAULT_SPEC, SimulatedBackend
 from ix_device_plugin.runtime.logs import setup as setup_logging
-from ix_device_plugin.settings.config import DISABLE_HEALTHCHECKS_ENV, parse_text, resolve
+from ix_device_plugin.settings.configfile import CONFIG_KEY, parse_text
 from ix_device_plugin.settings.options import Options
+from ix_device_plugin.settings.resolve import Resolved, config_from
 from ix_device_plugin.standins.kubelet import KubeletStandIn
 
-CONFIG_KEY = "ix-config"
 SCENARIOS: tuple[tuple[str, str], ...] = (
     ("one GPU per board (the default)", "flags:\n  splitboard: false\n"),
     ("split every board into its chips", "flags:\n  splitboard: true\n"),
@@ -64,32 +62,33 @@ class ConfigMapDir:
             self.path.symlink_to(f"..data/{CONFIG_KEY}")
 
 
-def run_demo(args: argparse.Namespace, env: Mapping[str, str]) -> int:
-    """Run the demo; prints what `kubectl describe node` and a pod would see."""
-    if args.log_level == "info":
-        setup_logging("warning", args.log_format)
-    return asyncio.run(_demo(args, env))
+def run_demo(settings: Resolved, output: str | None) -> int:
+    """Run the demo with the demo's settings; prints what `kubectl describe node` and a pod would see."""
+    if settings["log_level"] == "info":
+        setup_logging("warning", settings["log_format"])
+    return asyncio.run(_demo(settings, output != "json"))
 
 
-async def _demo(args: argparse.Namespace, env: Mapping[str, str]) -> int:
-    spec = args.simulated_devices or DEFAULT_SPEC
-    text_output = args.output == "text"
+async def _demo(settings: Resolved, text_output: bool) -> int:
+    spec = settings["simulated_devices"]
+    config_file = settings["config"]
     with tempfile.TemporaryDirectory(prefix="ix-demo-") as tmp:
         root = Path(tmp)
         plugin_dir = root / "device-plugins"
         configmap = ConfigMapDir(root / "ixconfig")
         try:
-            scenarios = SCENARIOS if args.config is None else (("your configuration", Path(args.config).read_text()),)
+            scenarios = SCENARIOS if config_file is None else (("your configuration", config_file.read_text()),)
         except (OSError, UnicodeDecodeError) as error:
-            print(f"demo: cannot read --config {args.config}: {error}", file=sys.stderr)
+            print(f"demo: cannot read --config {config_file}: {error}", file=sys.stderr)
             return 1
         configmap.write(scenarios[0][1])
         options = Options(
-            backend_factory=lambda: SimulatedBackend(spec),
+            backend="simulated",
+            simulated_devices=spec,
             plugin_dir=plugin_dir,
             config_path=configmap.path,
             config_required=True,
-            env={name: value for name, value in env.items() if name == DISABLE_HEALTHCHECKS_ENV},
+            ignored_health_errors=settings["disabled_healthchecks"],
             health_address="off",
             dev_root=root,
         )
@@ -126,7 +125,7 @@ class _PluginStopped(Exception):
 async def _scenario(
     kubelet: KubeletStandIn, daemon: Daemon, runner: asyncio.Task[int], title: str, config_text: str
 ) -> dict[str, Any]:
-    wanted = resolve(parse_text(config_text, title), daemon.options.env, {})
+    wanted = config_from(parse_text(config_text, title), {}, daemon.options.ignored_health_errors)
 
     def reached() -> bool:
         if runner.done():

@@ -2,17 +2,28 @@
 
 from __future__ import annotations
 
+import asyncio
+import json
+import sys
 from collections.abc import Mapping
 from dataclasses import asdict
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ix_device_plugin.api import HEALTHY, UNHEALTHY
 from ix_device_plugin.core.inventory import Inventory
 from ix_device_plugin.core.plan import plan
 from ix_device_plugin.core.telemetry import ChipSample, PodRef
+from ix_device_plugin.hardware.backend import BackendError
 from ix_device_plugin.hardware.devnodes import with_control_nodes
-from ix_device_plugin.settings.config import Config, describe
-from ix_device_plugin.settings.options import Options
+from ix_device_plugin.settings.config import Config
+from ix_device_plugin.settings.errors import SettingsError
+from ix_device_plugin.settings.options import Options, config_file_for, load_config
+from ix_device_plugin.settings.resolve import describe
+from ix_device_plugin.settings.table import NODE_CONFIG_LABEL
+from ix_device_plugin.tools.discovery import discover_and_sample, print_error
+
+if TYPE_CHECKING:
+    from ix_device_plugin.apiserver.client import KubeSettings
 
 # (ChipSample field, how the text report shows it)
 _FIGURES = (
@@ -24,6 +35,60 @@ _FIGURES = (
     ("mem_clock_mhz", "mem {:.0f} MHz"),
     ("fan_speed", "fan {:.0f}"),
 )
+
+
+def list_command(options: Options, kube: KubeSettings | None, output: str | None) -> int:
+    """Print the inventory and the devices the kubelet would be told about; the exit code."""
+    path, reason = config_file_for(options, _node_label_once(options, kube))
+    try:
+        config, warnings = load_config(options, path)
+        inventory, samples = discover_and_sample(options)
+    except (SettingsError, BackendError) as error:
+        return print_error(options, error)
+    report = {"config_file": reason, **inventory_report(inventory, config, options)}
+    add_live_figures(report, samples, _pod_allocations(options, report["resource_name"]))
+    for warning in warnings:
+        print(f"warning: {warning}", file=sys.stderr)
+    if output == "json":
+        print(json.dumps(report, indent=2))
+    else:
+        print(f"Configuration from: {reason}\n{render_text(report)}")
+    return 0
+
+
+def _node_label_once(options: Options, settings: KubeSettings | None) -> str | None:
+    """The node's configuration label as the API server has it now (with --per-node-config), else None."""
+    if not options.per_node_config or settings is None:
+        return None
+    from ix_device_plugin.apiserver.client import KubeConfigError, KubeError, connect
+
+    async def read() -> str | None:
+        kube = await connect(settings)
+        try:
+            return (await kube.get_node(settings.node_name)).get(NODE_CONFIG_LABEL)
+        finally:
+            await kube.close()
+
+    try:
+        return asyncio.run(read())
+    except (KubeConfigError, KubeError) as error:
+        print(f"warning: cannot read node label {NODE_CONFIG_LABEL}: {error}", file=sys.stderr)
+        return None
+
+
+def _pod_allocations(options: Options, resource_name: str) -> tuple[dict[str, PodRef] | None, str]:
+    """Device ID -> the container holding it, from the kubelet's pod-resources socket; (None, why) without."""
+    from ix_device_plugin.kubelet.podresources import PodResourcesError, list_allocations
+
+    socket_path = options.pod_resources_socket
+    if socket_path is None:
+        return None, "pod-resources socket turned off"
+    if not socket_path.exists():
+        return None, f"{socket_path} does not exist (not a Kubernetes node, or not mounted)"
+    try:
+        return asyncio.run(list_allocations(socket_path, {resource_name}, timeout=5.0)), str(socket_path)
+    except PodResourcesError as error:
+        return None, str(error)
 
 
 def inventory_report(inventory: Inventory, config: Config, options: Options) -> dict[str, Any]:

@@ -12,11 +12,9 @@ import yaml
 
 from ix_device_plugin.core.cdi import (
     CDI_KIND,
-    DEVICE_LIST_STRATEGIES,
     annotations,
     build_spec,
     minimum_version,
-    parse_device_list_strategy,
     qualified_names,
     spec,
 )
@@ -136,26 +134,6 @@ def test_annotations_key_and_value_as_the_cdi_library_makes_them() -> None:
 def test_bad_annotation_requests_are_refused(names: list[str], response_id: str, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         annotations(names, response_id)
-
-
-@pytest.mark.parametrize(
-    ("value", "expected"),
-    [
-        ("device-specs", ("device-specs",)),
-        ("cdi-cri", ("cdi-cri",)),
-        (["cdi-annotations", "device-specs"], ("cdi-annotations", "device-specs")),
-        (["cdi-cri", "cdi-cri", " device-specs "], ("cdi-cri", "device-specs")),
-    ],
-)
-def test_device_list_strategy(value: object, expected: tuple[str, ...]) -> None:
-    assert parse_device_list_strategy(value) == expected
-
-
-@pytest.mark.parametrize("value", ["envvar", ["device-specs", "volume-mounts"], [], 3, [None], {"a": 1}])
-def test_bad_device_list_strategy_names_the_allowed_values(value: object) -> None:
-    with pytest.raises(ValueError) as caught:
-        parse_device_list_strategy(value)
-    assert all(name in str(caught.value) for name in DEVICE_LIST_STRATEGIES)
 
 
 # The writer, on real files.

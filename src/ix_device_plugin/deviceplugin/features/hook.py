@@ -10,12 +10,13 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Iterable, Mapping
+from typing import TYPE_CHECKING
 
 from ix_device_plugin.api import api_pb2
 from ix_device_plugin.core.allocation import AllocationError
 from ix_device_plugin.core.inventory import Chip, Inventory
 from ix_device_plugin.core.plan import Plan
-from ix_device_plugin.deviceplugin.features.gpureset import GpuReset, GpuResetError, ResetHandshake
+from ix_device_plugin.deviceplugin.features.gpureset import GpuReset, GpuResetError, ResetHandshake, ResetSettings
 from ix_device_plugin.deviceplugin.features.volcano import LIST_PERIOD as VOLCANO_PERIOD
 from ix_device_plugin.deviceplugin.features.volcano import VolcanoMode
 from ix_device_plugin.deviceplugin.metrics import Metrics
@@ -23,7 +24,10 @@ from ix_device_plugin.deviceplugin.state import Current, first_set
 from ix_device_plugin.hardware.worker import Hardware
 from ix_device_plugin.runtime.logs import OncePerError
 from ix_device_plugin.settings.config import Config
-from ix_device_plugin.settings.options import Options
+from ix_device_plugin.settings.options import NodeOptions
+
+if TYPE_CHECKING:
+    from ix_device_plugin.apiserver.client import KubeSettings
 
 log = logging.getLogger(__name__)
 
@@ -32,21 +36,24 @@ PodDevices = Callable[[], Awaitable[Mapping[tuple[str, str], list[str]]]]
 
 
 class ApiFeatures:
-    """GPU reset and Volcano mode, on for as long as the current config says so."""
+    """GPU reset and Volcano mode, on for as long as the current config says so; kube: how to reach the
+    API server (None: the reset goes without the handshake, Volcano mode cannot answer)."""
 
     def __init__(
         self,
-        options: Options,
+        options: NodeOptions,
         current: Current,
         metrics: Metrics,
         hardware: Hardware,
         rediscover: Callable[[], Awaitable[Inventory]],
         pod_devices: PodDevices,
+        kube: KubeSettings | None = None,
     ) -> None:
-        self._options = options
+        self._kube_settings = kube
         self._current = current
         self._pod_devices = pod_devices
-        self.gpu_reset = GpuReset(hardware, self._reset_handshake, rediscover, metrics, options.reset)
+        reset = ResetSettings(wait_timeout=options.reset_wait_timeout, command_timeout=options.reset_timeout)
+        self.gpu_reset = GpuReset(hardware, self._reset_handshake, rediscover, metrics, reset)
         self._handshake: ResetHandshake | None = None
         self._handshake_turn = asyncio.Lock()
         self._volcano: VolcanoMode | None = None
@@ -105,7 +112,7 @@ class ApiFeatures:
     async def _open_handshake(self) -> ResetHandshake | None:
         if self._handshake is not None:
             return self._handshake
-        settings = self._options.kube
+        settings = self._kube_settings
         if settings is None:
             if not self._no_handshake_said:
                 log.warning(
@@ -143,7 +150,7 @@ class ApiFeatures:
     async def _volcano_mode(self) -> VolcanoMode:
         if self._volcano is not None:
             return self._volcano
-        settings = self._options.kube
+        settings = self._kube_settings
         if settings is None:
             raise AllocationError(
                 "flags.usevolcano needs API access: NODE_NAME and a service account (chart: "

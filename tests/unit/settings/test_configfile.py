@@ -1,4 +1,4 @@
-"""The ix-config schema: every bad input gets one precise message; precedence; check-config."""
+"""The ix-config schema: every bad input gets one precise message naming the file, line and key; check-config."""
 
 from __future__ import annotations
 
@@ -8,14 +8,18 @@ from pathlib import Path
 
 import pytest
 
-from ix_device_plugin.settings.config import Config, ConfigError, load_file, parse_text, resolve
+from ix_device_plugin.settings.config import Config
+from ix_device_plugin.settings.configfile import load_file, parse_text
+from ix_device_plugin.settings.errors import SettingsError
+from ix_device_plugin.settings.resolve import config_from
+from ix_device_plugin.settings.table import DRA
 
 ORIGIN = "/ixconfig/ix-config"
 SEED = "flags:\n  splitboard: false\nsharing:\n  timeSlicing:\n    replicas: 4\n"
 
 
 def errors_of(text: str) -> list[str]:
-    with pytest.raises(ConfigError) as caught:
+    with pytest.raises(SettingsError) as caught:
         parse_text(text, ORIGIN)
     return caught.value.messages
 
@@ -23,13 +27,13 @@ def errors_of(text: str) -> list[str]:
 def test_seed_example_is_valid() -> None:
     file = parse_text(SEED, ORIGIN)
     assert file.values == {"flags.splitboard": False, "sharing.timeSlicing.replicas": 4}
-    config = resolve(file, {}, {})
+    config = config_from(file, {})
     assert (config.splitboard, config.replicas, config.resource_name) == (False, 4, "iluvatar.com/gpu")
 
 
 def test_json_loads_too() -> None:
     text = '{"flags": {"splitboard": true}, "sharing": {"timeSlicing": {"replicas": 2, "renameByDefault": true}}}'
-    config = resolve(parse_text(text, ORIGIN), {}, {})
+    config = config_from(parse_text(text, ORIGIN), {})
     assert config.splitboard and config.replicas == 2
     assert config.advertised_resource_name == "iluvatar.com/gpu.shared"
 
@@ -40,7 +44,7 @@ def test_every_key() -> None:
         "sharing:\n  timeSlicing:\n    replicas: 3\n    renameByDefault: true\n"
         "    failRequestsGreaterThanOne: true\n"
     )
-    config = resolve(parse_text(text, ORIGIN), {}, {})
+    config = config_from(parse_text(text, ORIGIN), {})
     assert config == Config(
         resource_name="example.com/ix",
         splitboard=True,
@@ -101,8 +105,8 @@ def test_upstream_keys_are_settings() -> None:
 
 def test_reset_gpu_with_replicas_names_both_keys() -> None:
     file = parse_text("flags:\n  reset_gpu: true\nsharing:\n  timeSlicing:\n    replicas: 2\n", ORIGIN)
-    with pytest.raises(ConfigError) as error:
-        resolve(file, {}, {})
+    with pytest.raises(SettingsError) as error:
+        config_from(file, {})
     (message,) = error.value.messages
     assert f"flags.reset_gpu (file {ORIGIN}) cannot be combined with sharing.timeSlicing.replicas" in message
 
@@ -112,17 +116,14 @@ def test_a_renamed_resource_name_is_checked_as_advertised() -> None:
     file = parse_text(
         f"resourceName: {name}\nsharing:\n  timeSlicing:\n    replicas: 2\n    renameByDefault: true\n", ORIGIN
     )
-    with pytest.raises(ConfigError, match=r"is advertised as example.com/g+\.shared, which is not a valid"):
-        resolve(file, {}, {})
+    with pytest.raises(SettingsError, match=r"is advertised as example.com/g+\.shared, which is not a valid"):
+        config_from(file, {})
 
 
 def test_device_list_strategy_takes_a_list_or_one_name() -> None:
     listed = parse_text("flags:\n  deviceListStrategy: [cdi-cri, device-specs]\n", ORIGIN)
-    assert resolve(listed, {}, {}).device_list_strategy == ("cdi-cri", "device-specs")
-    assert resolve(None, {"IX_DEVICE_LIST_STRATEGY": "cdi-annotations"}, {}).device_list_strategy == (
-        "cdi-annotations",
-    )
-    with pytest.raises(ConfigError, match="deviceListStrategy"):
+    assert config_from(listed, {}).device_list_strategy == ("cdi-cri", "device-specs")
+    with pytest.raises(SettingsError, match="deviceListStrategy"):
         parse_text("flags:\n  deviceListStrategy: [gds]\n", ORIGIN)
 
 
@@ -130,35 +131,18 @@ def test_null_sections_mean_defaults() -> None:
     assert parse_text("flags:\nsharing:\n", ORIGIN).values == {}
 
 
-def test_precedence_flag_over_env_over_file_over_default() -> None:
-    file = parse_text(SEED, ORIGIN)
-    assert resolve(file, {}, {}).sources["replicas"] == f"file {ORIGIN}"
-    env = {"IX_REPLICAS": "6", "IX_SPLITBOARD": "true"}
-    from_env = resolve(file, env, {})
-    assert (from_env.replicas, from_env.splitboard) == (6, True)
-    assert from_env.sources["replicas"] == "env IX_REPLICAS"
-    from_flag = resolve(file, env, {"replicas": "8", "splitboard": "false"})
-    assert (from_flag.replicas, from_flag.splitboard) == (8, False)
-    assert from_flag.sources["splitboard"] == "flag --splitboard"
-    assert from_flag.sources["resource_name"] == "default"
-
-
-def test_bad_env_and_flag_values_are_named() -> None:
-    with pytest.raises(ConfigError) as caught:
-        resolve(None, {"IX_REPLICAS": "lots", "IX_DISABLE_HEALTHCHECKS": "ECC,Fan"}, {"splitboard": "perhaps"})
-    text = str(caught.value)
-    assert "environment variable IX_REPLICAS: expected a whole number >= 0, got 'lots'" in text
-    assert "flag --splitboard: expected true or false, got 'perhaps'" in text
-    assert "IX_DISABLE_HEALTHCHECKS: unknown check 'Fan'" in text
-
-
-def test_disable_healthchecks() -> None:
-    assert resolve(None, {"IX_DISABLE_HEALTHCHECKS": "all"}, {}).ignored_health_errors == {"all"}
-    assert resolve(None, {"IX_DISABLE_HEALTHCHECKS": "overtemp, ECC"}, {}).ignored_health_errors == {"OverTemp", "ECC"}
+def test_keys_of_settings_a_mode_does_not_use_are_listed_with_their_line_not_parsed() -> None:
+    text = "flags:\n  failOnInitError: false\n  splitboard: maybe\nsharing:\n  timeSlicing:\n    replicas: 4\n"
+    file = parse_text(text, ORIGIN, mode=DRA)
+    assert file.values == {"flags.failOnInitError": False}
+    assert file.unused == ("flags.splitboard (line 3)", "sharing.timeSlicing.replicas (line 6)")
+    assert errors_of("flags:\n  splitbord: true\n")  # an unknown key is an error in every mode
+    with pytest.raises(SettingsError, match="unknown key"):
+        parse_text("flags:\n  splitbord: true\n", ORIGIN, mode=DRA)
 
 
 def test_missing_file_is_named(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match=f"{tmp_path}/absent: cannot read config file"):
+    with pytest.raises(SettingsError, match=f"{tmp_path}/absent: cannot read config file"):
         load_file(tmp_path / "absent")
 
 
