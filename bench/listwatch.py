@@ -15,7 +15,7 @@ from ix_device_plugin.api import api_pb2, api_pb2_grpc
 from ix_device_plugin.core.plan import plan
 from ix_device_plugin.deviceplugin.service import list_response
 from ix_device_plugin.hardware.simulated import SimulatedBackend
-from ix_device_plugin.kubelet.registration import CHANNEL_OPTIONS
+from ix_device_plugin.kubelet.sockets import CHANNEL_OPTIONS
 from ix_device_plugin.settings.config import Config
 
 READ_TIMEOUT = 10.0

@@ -23,7 +23,7 @@ from ix_device_plugin.api import api_pb2
 from ix_device_plugin.core.products import PRODUCTS
 from ix_device_plugin.deviceplugin.endpoint import ENDPOINT
 from ix_device_plugin.hardware.simulated import default_uuid
-from ix_device_plugin.kubelet.registration import unix_target
+from ix_device_plugin.kubelet.sockets import unix_target
 from ix_device_plugin.standins.kubelet import KubeletStandIn, ResourceView
 
 RESOURCE = "iluvatar.com/gpu"

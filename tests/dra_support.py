@@ -14,7 +14,6 @@ import yaml
 from ix_device_plugin.apiserver.client import KubeSettings, settings_from
 from ix_device_plugin.dra.driver import DraDriver
 from ix_device_plugin.dra.pool import slice_base_name
-from ix_device_plugin.dra.registration import registration_socket
 from ix_device_plugin.dra.slices import DRIVER
 from ix_device_plugin.settings.options import DraOptions, NodeOptions
 from ix_device_plugin.settings.table import DRA
@@ -37,6 +36,8 @@ class DraNode:
         self.write_boards(TWO_BOARDS)
         self.cdi_dir = root / "cdi"
         self.kubeconfig = api.write_kubeconfig(root / "kubeconfig")
+        if api.get("nodes", node) is None:
+            api.add_node(node)
         self.drivers: list[DraDriver] = []
         self.boot_id_file = root / "boot_id"
         self.boot_id_file.write_text("boot-1\n")
@@ -105,7 +106,7 @@ class DraNode:
     async def kubelet(self, driver: DraDriver, **kwargs: Any) -> DraKubeletStandIn:
         """A kubelet stand-in registered with driver."""
         kubelet = DraKubeletStandIn(DRIVER, **kwargs)
-        await kubelet.register(registration_socket(driver.options.registrar_dir))
+        await kubelet.register(driver.registrar_socket)
         return kubelet
 
     def slice(self) -> dict[str, Any] | None:

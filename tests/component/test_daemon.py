@@ -245,7 +245,7 @@ async def test_a_kubelet_restart_seen_twice_registers_once(
     kubelet: KubeletStandIn, start_daemon: DaemonFactory, plugin_dir: Path
 ) -> None:
     """Polling can see the kubelet's socket vanish and come back in different passes: one registration."""
-    from ix_device_plugin.deviceplugin.endpoint import identity
+    from ix_device_plugin.kubelet.sockets import identity
 
     daemon = await start_daemon("BI-V100:1")
     await kubelet.wait_registered(RESOURCE)

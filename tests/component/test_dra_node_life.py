@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import logging
@@ -207,4 +208,42 @@ async def test_a_full_disk_fails_the_prepare_and_the_unprepare_and_loses_no_chip
     assert "is prepared for claim default/kept" in answer(await kubelet.prepare([rival]), rival[2]).error
     other = node.claim("other", ["gpu-1"])
     assert answer(await kubelet.prepare([other]), other[2]).error == ""  # gpu-1 was never handed out
+    await kubelet.close()
+
+
+async def test_two_drivers_overlapping_in_an_update_fail_no_prepare(node: DraNode) -> None:
+    old = await node.start(pod_uid="pod-old")
+    await node.wait_slice(lambda devices: len(devices) == 4)
+    new = await node.start(pod_uid="pod-new")
+    assert old.registrar_socket != new.registrar_socket and old.endpoint != new.endpoint
+    assert old.registrar_socket.is_socket() and new.registrar_socket.is_socket()  # both serve at once
+    to_old, to_new = await node.kubelet(old), await node.kubelet(new)
+    claims = [node.claim(f"c{i}", [f"gpu-{i % 4}"]) for i in range(8)]  # two claims want each chip
+    calls = [(to_old if i % 2 else to_new).prepare([claim]) for i, claim in enumerate(claims)]
+    answers = [answer(response, claim[2]) for response, claim in zip(await asyncio.gather(*calls), claims, strict=True)]
+    won = [claim for claim, result in zip(claims, answers, strict=True) if not result.error]
+    assert len(won) == 4  # one claim per chip, whichever driver answered
+    assert all("is prepared for claim" in result.error for result in answers if result.error)
+    await to_old.close()
+    await node.stop(old)  # the old pod ends; its sockets go, the new driver's stay
+    assert not old.registrar_socket.exists() and new.registrar_socket.is_socket()
+    for claim in won:  # the new driver knows every claim the old one prepared
+        assert answer(await to_new.prepare([claim]), claim[2]).error == ""
+        assert answer(await to_new.unprepare([claim]), claim[2]).error == ""
+    assert new.state.claims == {} and list(node.cdi_dir.glob("*.yaml")) == []
+    await to_new.close()
+
+
+async def test_slices_deleted_by_a_restarting_kubelet_are_published_again_at_registration(
+    node: DraNode, api: ApiServerStandIn
+) -> None:
+    driver = await node.start()
+    await node.wait_slice(lambda devices: len(devices) == 4)
+    for stored in list(api.objects("resourceslices")):
+        api.delete("resourceslices", stored["metadata"]["name"])  # what the kubelet does when it starts
+    assert node.slice() is None
+    kubelet = await node.kubelet(driver)  # the restarted kubelet registers the driver again
+    await node.wait_slice(lambda devices: len(devices) == 4, timeout=2)
+    assert node.slice()["metadata"]["ownerReferences"][0]["kind"] == "Node"
+    assert driver.registration.registrations == 1
     await kubelet.close()

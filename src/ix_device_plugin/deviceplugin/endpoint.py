@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import socket
 import stat
 from pathlib import Path
 
@@ -12,33 +11,12 @@ import grpc
 from ix_device_plugin.api import api_pb2_grpc
 from ix_device_plugin.deviceplugin.service import BeforeAllocate, CallObserver, DevicePluginService
 from ix_device_plugin.deviceplugin.state import Current
-from ix_device_plugin.kubelet.registration import unix_target
+from ix_device_plugin.kubelet.sockets import Identity, identity, socket_answers, unix_target
 from ix_device_plugin.runtime.errors import StartupError
 
 log = logging.getLogger(__name__)
 
 ENDPOINT = "iluvatar-gpu.sock"
-Identity = tuple[int, int]
-
-
-def identity(path: Path) -> Identity | None:
-    """(inode, ctime) of path, None when it does not exist: tells a re-created file from the old one."""
-    try:
-        st = path.lstat()
-    except OSError:
-        return None
-    return (st.st_ino, st.st_ctime_ns)
-
-
-def socket_answers(path: Path) -> bool:
-    """True when something accepts connections on the unix socket at path."""
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
-        probe.settimeout(0.5)
-        try:
-            probe.connect(str(path))
-        except OSError:
-            return False
-    return True
 
 
 class Endpoint:

@@ -15,9 +15,9 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from ix_device_plugin.deviceplugin.endpoint import Identity, identity
 from ix_device_plugin.deviceplugin.metrics import Metrics
 from ix_device_plugin.kubelet.registration import KUBELET_SOCKET, RegistrationError, register
+from ix_device_plugin.kubelet.sockets import Identity, identity
 from ix_device_plugin.runtime.logs import OncePerError
 
 log = logging.getLogger(__name__)

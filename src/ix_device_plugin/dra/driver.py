@@ -38,7 +38,13 @@ from ix_device_plugin.core.inventory import Inventory
 from ix_device_plugin.dra.claims import ClaimError, ClaimRef, PreparedClaim
 from ix_device_plugin.dra.health import DeviceHealthBoard, HealthService
 from ix_device_plugin.dra.publisher import SlicePublisher
-from ix_device_plugin.dra.registration import RegistrationService, dra_socket, plugin_dir, registration_socket
+from ix_device_plugin.dra.registration import (
+    RegistrationService,
+    dra_socket,
+    plugin_dir,
+    registration_socket,
+    stale_sockets,
+)
 from ix_device_plugin.dra.service import DraService
 from ix_device_plugin.dra.slices import DRIVER, SliceContent, slice_content
 from ix_device_plugin.dra.state import DraState, read_boot_id
@@ -47,7 +53,7 @@ from ix_device_plugin.hardware.open import BackendFactory
 from ix_device_plugin.hardware.open import backend_factory as open_backend
 from ix_device_plugin.hardware.pcie import pcie_roots
 from ix_device_plugin.hardware.worker import Hardware
-from ix_device_plugin.kubelet.registration import unix_target
+from ix_device_plugin.kubelet.sockets import unix_target
 from ix_device_plugin.runtime.logs import OncePerError
 from ix_device_plugin.runtime.probes import ProbeHandlers, ProbeServer, start_probes
 from ix_device_plugin.runtime.service import Service, bounded
@@ -97,9 +103,11 @@ class DraDriver:
         )
         self.content = SliceContent((), None)
         self.roots: dict[str, str] = {}
+        self.endpoint = dra_socket(options.plugins_dir, options.pod_uid)
+        self.registrar_socket = registration_socket(options.registrar_dir, options.pod_uid)
         self.health = DeviceHealthBoard(options.node_name)
         self._streams_end = asyncio.Event()
-        self.registration = RegistrationService(dra_socket(options.plugins_dir))
+        self.registration = RegistrationService(self.endpoint, self._registered)
         self.publisher: SlicePublisher | None = None
         self.ready = asyncio.Event()
         self._servers: list[grpc.aio.Server] = []
@@ -155,7 +163,7 @@ class DraDriver:
         if self._probes is not None:
             await bounded("stopping the probe server", self._probes.stop(), timeout / 10)
             self._probes = None
-        for path in (registration_socket(self.options.registrar_dir), dra_socket(self.options.plugins_dir)):
+        for path in (self.registrar_socket, self.endpoint):
             with contextlib.suppress(OSError):
                 path.unlink(missing_ok=True)
         if self.kube is not None:
@@ -163,11 +171,11 @@ class DraDriver:
         await self.hardware.close(timeout * 0.4)
 
     async def _serve(self) -> None:
-        endpoint = dra_socket(self.options.plugins_dir)
-        registrar = registration_socket(self.options.registrar_dir)
+        endpoint, registrar = self.endpoint, self.registrar_socket
         for path in (registrar, endpoint):
             path.parent.mkdir(parents=True, exist_ok=True)
-            path.unlink(missing_ok=True)  # a stale socket of an earlier run
+        for path in {*stale_sockets(self.options.registrar_dir, self.options.plugins_dir), registrar, endpoint}:
+            path.unlink(missing_ok=True)  # left by an earlier pod that was killed (or ours, from our last run)
         dra = grpc.aio.server()
         for pb2, grpc_module in ((dra_v1, dra_v1_grpc), (dra_v1beta1, dra_v1beta1_grpc)):
             service = DraService(self.prepare_claim, self.state.unprepare, pb2)
@@ -184,6 +192,11 @@ class DraDriver:
         await registration.start()
         self._servers.append(registration)
         log.info("serving %s and %s", registrar, endpoint)
+
+    def _registered(self) -> None:
+        """The kubelet (re)registered us: it deletes a node's slices when it starts, so publish them again."""
+        if self.publisher is not None:
+            self.publisher.republish()
 
     # ---- the hardware, as the monitor sees it -------------------------------------------------
 

@@ -10,7 +10,7 @@ import grpc
 
 from ix_device_plugin.api.podresources import api_pb2, api_pb2_grpc
 from ix_device_plugin.core.telemetry import PodRef
-from ix_device_plugin.kubelet.registration import CHANNEL_OPTIONS, unix_target
+from ix_device_plugin.kubelet.sockets import CHANNEL_OPTIONS, unix_target
 from ix_device_plugin.runtime.logs import OncePerError
 
 DEFAULT_SOCKET = Path("/var/lib/kubelet/pod-resources/kubelet.sock")

@@ -7,23 +7,13 @@ from pathlib import Path
 import grpc
 
 from ix_device_plugin.api import API_VERSION, api_pb2, api_pb2_grpc
+from ix_device_plugin.kubelet.sockets import CHANNEL_OPTIONS, unix_target
 
 KUBELET_SOCKET = "kubelet.sock"
-
-# Newer grpcio percent-encodes a unix socket path into :authority, which the
-# kubelet's HTTP/2 server rejects; name the authority explicitly. A private
-# subchannel pool keeps a new channel from inheriting the reconnect backoff of
-# an earlier one that found no kubelet (grpc shares subchannels process-wide).
-CHANNEL_OPTIONS = (("grpc.default_authority", "localhost"), ("grpc.use_local_subchannel_pool", 1))
 
 
 class RegistrationError(Exception):
     """The kubelet could not be reached or refused the registration."""
-
-
-def unix_target(path: str | Path) -> str:
-    """A gRPC target for the unix socket at path."""
-    return f"unix://{Path(path).absolute()}"
 
 
 async def register(plugin_dir: str | Path, endpoint: str, resource_name: str, timeout: float = 5.0) -> None:

@@ -151,6 +151,7 @@ def dra_options_from(resolved: Resolved) -> DraOptions:
         node_name=node or socket.gethostname(),  # `list --dra` needs no name: a placeholder
         registrar_dir=resolved["kubelet_registrar_directory_path"],
         plugins_dir=resolved["kubelet_plugins_directory_path"],
+        pod_uid=resolved.values.get("pod_uid") or "",
     )
 
 

@@ -139,6 +139,9 @@ SETTINGS: tuple[Setting, ...] = (
     _setting("kubelet_plugins_directory_path", "--kubelet-plugins-directory-path",
              "KUBELET_PLUGINS_DIRECTORY_PATH", Path(DEFAULT_KUBELET_PLUGINS_DIR), v.path, "DIR",
              "the kubelet's plugins directory, where the DRA socket and the checkpoint go", DRA_MODES),
+    _setting("pod_uid", "--pod-uid", "POD_UID", None, v.pod_uid, "UID",
+             "this pod's UID (downward API metadata.uid): sockets named per pod, so that an update overlaps the old "
+             "driver (kubelet 1.33+); unset: the fixed names", (DRA,)),
     _setting("disabled_healthchecks", None, "IX_DISABLE_HEALTHCHECKS", frozenset(), parse_disabled_healthchecks,
              "LIST", "health checks not to act on: `all`, or a comma list of error names, `xids` and XID numbers",
              (RUN, LIST, DEMO, DRA)),

@@ -121,3 +121,13 @@ def resource_name(value: Any, from_text: bool = False) -> str:
     if domain in {"kubernetes.io", "k8s.io"} or domain.endswith(".kubernetes.io"):
         raise ValueError("expected an extended resource name outside the kubernetes.io domain")
     return value
+
+
+_POD_UID = re.compile(r"^[a-z0-9]([-a-z0-9]{0,62}[a-z0-9])?$")
+
+
+def pod_uid(value: Any, from_text: bool = True) -> str:
+    """A pod UID as the downward API gives it (lower-case letters, digits and dashes), safe in a file name."""
+    if not isinstance(value, str) or not _POD_UID.match(value.strip()):
+        raise ValueError("expected a pod UID such as 3f9a2c1e-7b4d-4c6e-9a1b-2d3e4f5a6b7c")
+    return value.strip()

@@ -351,6 +351,11 @@ class ApiServerStandIn:
             metadata.setdefault("creationTimestamp", existing["metadata"]["creationTimestamp"])
         return self._store(kind, obj, "MODIFIED" if existing is not None else "ADDED")
 
+    def delete(self, plural: str, name: str, namespace: str = "") -> Object:
+        """Delete a stored object (a DELETED event); the object as it was."""
+        kind = next(kind for kind in KINDS if kind.plural == plural)
+        return self._delete(kind, namespace if kind.namespaced else "", name)
+
     def add_node(self, name: str, labels: Mapping[str, str] | None = None) -> Object:
         """Store a node with labels."""
         return self.put(

@@ -26,7 +26,7 @@ from ix_device_plugin.api.dra_v1beta1 import api_pb2 as dra_v1beta1
 from ix_device_plugin.api.dra_v1beta1 import api_pb2_grpc as dra_v1beta1_grpc
 from ix_device_plugin.api.pluginregistration import api_pb2 as registration_pb2
 from ix_device_plugin.api.pluginregistration import api_pb2_grpc as registration_grpc
-from ix_device_plugin.kubelet.registration import CHANNEL_OPTIONS, unix_target
+from ix_device_plugin.kubelet.sockets import CHANNEL_OPTIONS, unix_target
 
 CALL_TIMEOUT = 10.0
 # The services this kubelet knows, newest first, as PluginInfo.supported_versions names them.

@@ -19,7 +19,8 @@ from pathlib import Path
 import grpc
 
 from ix_device_plugin.api import API_VERSION, HEALTHY, UNHEALTHY, api_pb2, api_pb2_grpc
-from ix_device_plugin.kubelet.registration import CHANNEL_OPTIONS, KUBELET_SOCKET, unix_target
+from ix_device_plugin.kubelet.registration import KUBELET_SOCKET
+from ix_device_plugin.kubelet.sockets import CHANNEL_OPTIONS, unix_target
 
 log = logging.getLogger(__name__)
 DIAL_TIMEOUT = 10.0

@@ -8,7 +8,7 @@ from pathlib import Path
 import grpc
 
 from ix_device_plugin.api.podresources import api_pb2, api_pb2_grpc
-from ix_device_plugin.kubelet.registration import unix_target
+from ix_device_plugin.kubelet.sockets import unix_target
 
 # (namespace, pod) -> container -> resource name -> device IDs
 Pods = Mapping[tuple[str, str], Mapping[str, Mapping[str, Sequence[str]]]]
