@@ -312,3 +312,19 @@ async def test_probes_and_metrics_follow_registration_and_the_slice(node: DraNod
     assert values["ix_device_plugin_dra_registered"] == 1
     assert values["ix_device_plugin_dra_slice_devices"] == len(driver.content.devices) > 0
     assert values["ix_device_plugin_dra_prepared_claims"] == 0
+    kubelet = await node.kubelet(driver)
+    good, bad = node.claim("good", ["gpu-0"]), node.claim("bad", ["gpu-9"])
+    await kubelet.prepare([good, bad])
+    await kubelet.unprepare([good])
+    node.write_boards([{"product": "BI-V150", "chips": [None, {"health": ["ECC"]}]}, {"product": "BI-V150"}])
+    await node.wait_slice(lambda devices: "taints" in devices.get("gpu-1", {}))
+    text = (await asyncio.to_thread(get, "/metrics"))[1]
+    values = {(s.name, tuple(sorted(s.labels.items()))): s.value for f in text_string_to_metric_families(text)
+              for s in f.samples}  # fmt: skip
+    assert values[("ix_device_plugin_dra_claims_total", (("call", "prepare"), ("result", "ok")))] == 1
+    assert values[("ix_device_plugin_dra_claims_total", (("call", "prepare"), ("result", "error")))] == 1
+    assert values[("ix_device_plugin_dra_claims_total", (("call", "unprepare"), ("result", "ok")))] == 1
+    assert values[("ix_device_plugin_dra_claim_duration_seconds_count", (("call", "prepare"),))] == 2
+    assert values[("ix_device_plugin_dra_health_changes_total", ())] == 1
+    assert values[("ix_device_plugin_dra_restored_claims", ())] == 0
+    await kubelet.close()

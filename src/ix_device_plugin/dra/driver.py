@@ -16,13 +16,10 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import grpc
-from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.core import GaugeMetricFamily, Metric
-from prometheus_client.registry import Collector
 
 from ix_device_plugin.api.dra_health_v1 import api_pb2 as health_v1
 from ix_device_plugin.api.dra_health_v1 import api_pb2_grpc as health_v1_grpc
@@ -37,6 +34,7 @@ from ix_device_plugin.apiserver.client import RESOURCE_CLAIM, Backoff, Kube, Kub
 from ix_device_plugin.core.inventory import Inventory
 from ix_device_plugin.dra.claims import ClaimError, ClaimRef, PreparedClaim
 from ix_device_plugin.dra.health import DeviceHealthBoard, HealthService
+from ix_device_plugin.dra.metrics import DraMetrics
 from ix_device_plugin.dra.publisher import SlicePublisher
 from ix_device_plugin.dra.registration import (
     RegistrationService,
@@ -113,8 +111,7 @@ class DraDriver:
         self._servers: list[grpc.aio.Server] = []
         self._probes: ProbeServer | None = None
         self.probe_port: int | None = None
-        self.metrics = CollectorRegistry(auto_describe=True)
-        self.metrics.register(_DraCollector(self))
+        self.metrics = DraMetrics(self._figures)
 
     @property
     def inventory(self) -> Inventory:
@@ -178,7 +175,7 @@ class DraDriver:
             path.unlink(missing_ok=True)  # left by an earlier pod that was killed (or ours, from our last run)
         dra = grpc.aio.server()
         for pb2, grpc_module in ((dra_v1, dra_v1_grpc), (dra_v1beta1, dra_v1beta1_grpc)):
-            service = DraService(self.prepare_claim, self.state.unprepare, pb2)
+            service = DraService(self.prepare_claim, self.unprepare_claim, pb2)
             grpc_module.add_DRAPluginServicer_to_server(service, dra)  # type: ignore[attr-defined]
         for pb2, grpc_module in ((health_v1, health_v1_grpc), (health_v1alpha1, health_v1alpha1_grpc)):
             health = HealthService(self.health, pb2, self._streams_end)
@@ -217,11 +214,14 @@ class DraDriver:
 
     async def prepare_claim(self, ref: ClaimRef) -> PreparedClaim | str:
         """The prepared claim, or the per-claim error message; never raises."""
-        return await self.state.prepare(ref, self._read_claim, self.content.by_name(), self.inventory.control_nodes)
+        work = self.state.prepare(ref, self._read_claim, self.content.by_name(), self.inventory.control_nodes)
+        prepared: PreparedClaim | str = await self.metrics.timed("prepare", work)
+        return prepared
 
     async def unprepare_claim(self, ref: ClaimRef) -> str | None:
         """Remove the claim's CDI spec and checkpoint entry; the error message, or None."""
-        return await self.state.unprepare(ref)
+        error: str | None = await self.metrics.timed("unprepare", self.state.unprepare(ref))
+        return error
 
     async def _read_claim(self, ref: ClaimRef) -> dict[str, Any]:
         """The ResourceClaim, retried for claim_read_timeout; ClaimError naming the claim when it cannot be read."""
@@ -247,7 +247,7 @@ class DraDriver:
     # ---- probes and metrics -------------------------------------------------------------------
 
     async def _start_probes(self) -> None:
-        handlers = ProbeHandlers(live=self._live, ready=self._ready, metrics=lambda: generate_latest(self.metrics))
+        handlers = ProbeHandlers(live=self._live, ready=self._ready, metrics=self.metrics.render)
         started = await start_probes(self.options.base.health_address, handlers)
         if started is not None:
             self._probes, self.probe_port = started
@@ -259,6 +259,17 @@ class DraDriver:
         if problem is not None:
             return False, problem
         return True, f"serving DRA driver {DRIVER} for {len(self.content.devices)} chips"
+
+    def _figures(self) -> dict[str, float]:
+        publisher = self.publisher
+        return {
+            "registered": int(self.registration.registered.is_set()),
+            "slice_devices": len(self.content.devices),
+            "prepared_claims": len(self.state.claims),
+            "restored_claims": self.state.restored,
+            "health_changes": self.health.changes,
+            "slice_repairs": publisher.repairs if publisher is not None else 0,
+        }
 
     def _ready(self) -> tuple[bool, str]:
         if not self.registration.registered.is_set():
@@ -277,23 +288,3 @@ def run_dra(options: DraOptions, kube: KubeSettings, run_until_done: Callable[[A
         return await driver.run()
 
     return run_until_done(serve())
-
-
-class _DraCollector(Collector):
-    """The DRA mode's state, read at scrape time."""
-
-    def __init__(self, driver: DraDriver) -> None:
-        self._driver = driver
-
-    def describe(self) -> Iterator[Metric]:
-        return iter(())
-
-    def collect(self) -> Iterator[Metric]:
-        driver = self._driver
-        figures = (
-            ("registered", "1 while registered with the kubelet", int(driver.registration.registered.is_set())),
-            ("slice_devices", "Chips in the node's ResourceSlice", len(driver.content.devices)),
-            ("prepared_claims", "ResourceClaims prepared on the node", len(driver.state.claims)),
-        )
-        for name, help_text, value in figures:
-            yield GaugeMetricFamily(f"ix_device_plugin_dra_{name}", help_text, value=value)
