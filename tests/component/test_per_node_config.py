@@ -144,3 +144,34 @@ async def test_list_says_which_key_is_in_force_and_why(
     text = out.decode()
     assert f"Configuration from: {configmap.root / 'shared'} (node label {LABEL}=shared)" in text
     assert "iluvatar.com/gpu: 8" in text
+
+
+async def test_a_label_naming_an_invalid_config_falls_back_at_start_and_takes_the_fix_live(
+    kubelet: KubeletStandIn,
+    start_daemon: DaemonFactory,
+    apiserver: ApiServerStandIn,
+    configmap: NamedConfigMap,
+    short_dir: Path,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    configmap.write_keys(
+        {
+            "ix-config": "flags:\n  splitboard: false\n",
+            "split": "flags:\n  splitbord: true\n",  # a typo an editor of the ConfigMap made
+            "shared": "sharing:\n  timeSlicing:\n    replicas: 4\n",
+        }
+    )
+    apiserver.set_node_labels(NODE, {LABEL: "split"})
+    kube = settings_from({"NODE_NAME": NODE}, str(apiserver.write_kubeconfig(short_dir / "kubeconfig")), "test")
+    await start_daemon("BI-V150:2", config_path=configmap.path, config_required=True, per_node_config=True, kube=kube)
+    await kubelet.wait_registered(RESOURCE, capacity=2)  # ix-config, not a crash loop
+    assert any("unknown key; did you mean 'splitboard'" in r.getMessage() for r in caplog.records)
+    assert any("starting with" in r.getMessage() and "until it is fixed" in r.getMessage() for r in caplog.records)
+    configmap.write_keys(
+        {
+            "ix-config": "flags:\n  splitboard: false\n",
+            "split": "flags:\n  splitboard: true\n",
+            "shared": "sharing:\n  timeSlicing:\n    replicas: 4\n",
+        }
+    )
+    await kubelet.wait_registered(RESOURCE, capacity=4, timeout=10)  # the fixed key, picked up live

@@ -299,3 +299,19 @@ async def poll(predicate, timeout: float = 10.0) -> None:  # type: ignore[no-unt
     async with asyncio.timeout(timeout):
         while not await asyncio.to_thread(predicate):
             await asyncio.sleep(0.05)
+
+
+def test_the_name_label_says_iluvatar_once_whatever_the_library_calls_the_product() -> None:
+    from dataclasses import replace
+
+    inventory = SimulatedBackend("BI-V100:1").discover()
+    board = inventory.boards[0]
+    raw = replace(inventory, boards=(replace(board, chips=(replace(board.chips[0], product="Iluvatar BI-V100"),)),))
+    collector = TelemetryCollector("node-a")
+    registry = CollectorRegistry()
+    registry.register(collector)
+    for named in (inventory, raw):  # the simulated name, and IXML's with its vendor prefix
+        collector.update({board.chips[0].uuid: ChipSample(temperature_c=50)}, named, {})
+        text = generate_latest(registry).decode()
+        (family,) = [f for f in text_string_to_metric_families(text) if f.name == "ix_gpu_temperature"]
+        assert family.samples[0].labels["name"] == "Iluvatar BI-V100"

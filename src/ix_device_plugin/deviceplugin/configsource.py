@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 from ix_device_plugin.runtime.logs import OncePerError
 from ix_device_plugin.settings.config import Config
+from ix_device_plugin.settings.errors import SettingsError
 from ix_device_plugin.settings.options import Options, config_file_for, load_config
 from ix_device_plugin.settings.table import NODE_CONFIG_LABEL
 from ix_device_plugin.settings.yamlsafe import MAX_BYTES
@@ -42,6 +43,23 @@ class ConfigSource:
         for warning in warnings:
             log.warning("%s", warning)
         return config
+
+    def load_at_start(self) -> Config:
+        """load(); when the file a node label picked is invalid, say so and start with ix-config instead.
+
+        A broken named configuration must not crash-loop the plugin; its fix is picked up live. SettingsError
+        only when ix-config itself is invalid.
+        """
+        try:
+            return self.load()
+        except SettingsError as error:
+            if self.path == self.options.config_path:
+                raise
+            for line in error.messages:
+                log.error("%s", line)
+            log.error("%s is invalid; starting with %s until it is fixed", self.reason, self.options.config_path)
+            self.path, self.reason = self.options.config_path, f"{self.options.config_path} (fallback)"
+            return self.load()
 
     def changed(self) -> bool:
         """True when the file in force is another one now (the label moved), or its bytes changed since load()."""

@@ -372,7 +372,7 @@ class Daemon:
 
     def _first_config(self) -> Config:
         try:
-            return self.config_source.load()
+            return self.config_source.load_at_start()
         except SettingsError as error:
             raise StartupError("\n".join(error.messages)) from None
 

@@ -14,7 +14,8 @@ from pathlib import Path
 from ix_device_plugin.core.cdi import CDI_CLASS, CDI_VENDOR, build_spec, spec_text
 from ix_device_plugin.core.inventory import Inventory
 from ix_device_plugin.core.labels import is_valid_label_value
-from ix_device_plugin.runtime.files import OutputError, reason, write_atomically
+from ix_device_plugin.runtime.files import OutputError, reason, remove_stale_temporaries, write_atomically
+from ix_device_plugin.settings.documents import DocumentError, read_file
 
 DEFAULT_CDI_DIR = Path("/var/run/cdi")
 # The CDI library's GenerateSpecName: <vendor>-<class>, plus the encoding's extension (as ix-ctk writes it).
@@ -27,10 +28,17 @@ _LABEL_NAME = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
 _LABEL_PREFIX = re.compile(r"^(?=.{1,253}$)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 
 
+CURRENT_LIMIT = 4 * 1024 * 1024  # what we write is far smaller; anything larger is not ours and gets replaced
+
+
 def _current_text(path: Path) -> str | None:
+    """The file's text when it is a regular file we may have written; None for anything else (replaced).
+
+    Read without following a symlink or blocking: a FIFO or a link to /dev/zero at the path never hangs us.
+    """
     try:
-        return path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError):
+        return read_file(path, CURRENT_LIMIT, follow_symlinks=False).decode("utf-8")
+    except (OSError, UnicodeDecodeError, DocumentError):
         return None
 
 
@@ -68,6 +76,7 @@ class CdiSpecWriter:
         self.dev_root = Path(dev_root)
         self.path = self.directory / CDI_SPEC_FILE
         self.warnings: tuple[str, ...] = ()
+        remove_stale_temporaries(self.directory, CDI_SPEC_FILE)  # a kill -9 mid-write left one behind
 
     def apply(self, inventory: Inventory) -> bool:
         """Write the spec for inventory when it differs from the file; True when the file changed.
@@ -114,6 +123,7 @@ class FeatureFileWriter:
             raise OutputError(f"feature file name {name!r}: must be non-empty, without '/', not start with '.'")
         self.directory = Path(directory)
         self.path = self.directory / name
+        remove_stale_temporaries(self.directory, name)
 
     def apply(self, labels: Mapping[str, str]) -> bool:
         """Write labels when they differ from the file; no labels removes it. True when the file changed.

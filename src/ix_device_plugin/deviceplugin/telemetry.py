@@ -16,6 +16,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from ix_device_plugin.core.inventory import Inventory
+from ix_device_plugin.core.labels import product_model
 from ix_device_plugin.core.plan import Plan
 from ix_device_plugin.core.telemetry import ChipSample, PodRef, chip_pods
 from ix_device_plugin.hardware.backend import Backend, BackendError
@@ -71,7 +72,7 @@ def metric_families(
         labels = [
             str(index),
             chip.uuid,
-            f"Iluvatar {chip.product}",
+            f"Iluvatar {product_model(chip.product)}",
             node_name,
             inventory.driver_version,
             ref.namespace if ref else "",

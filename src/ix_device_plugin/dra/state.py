@@ -231,7 +231,7 @@ class DraState:
 
     def _write_spec(self, claim: PreparedClaim, only_if_missing: bool = False) -> None:
         path = self.cdi_dir / cdi_spec_file(claim.ref.uid)
-        if only_if_missing and path.exists():
+        if only_if_missing and path.is_file() and not path.is_symlink():
             return
         write_atomically(path, spec_text(claim.spec))
 
