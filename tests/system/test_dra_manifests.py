@@ -104,6 +104,10 @@ def test_the_daemonset_runs_dra_mode_with_the_kubelets_directories_mounted() -> 
         str(settings["cdi_spec_dir"]),
     } <= mounts
     assert REGISTRATION_SOCKET == "gpu.iluvatar.com-reg.sock"
+    pod_uid = next(item for item in container["env"] if item["name"] == "POD_UID")
+    assert pod_uid["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.uid"  # sockets named per pod
+    strategy = only(objects, "DaemonSet")["spec"]["updateStrategy"]
+    assert strategy == {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}}
     assert spec["serviceAccountName"] == only(objects, "ServiceAccount")["metadata"]["name"]
 
 
