@@ -25,7 +25,8 @@ from bench.footprint import idle_cpu_percent
 from bench.plugin import Node, PluginProcess, short_dir
 from bench.settings import Settings
 from ix_device_plugin.core.plan import plan
-from ix_device_plugin.deviceplugin.telemetry import PodRef, TelemetryCollector, chip_pods
+from ix_device_plugin.core.telemetry import PodRef, chip_pods
+from ix_device_plugin.deviceplugin.telemetry import TelemetryCollector
 from ix_device_plugin.hardware.ixml import IxmlBackend
 from ix_device_plugin.hardware.simulated import SimulatedBackend
 from ix_device_plugin.settings.config import Config

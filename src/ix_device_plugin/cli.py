@@ -14,8 +14,8 @@ from typing import Any
 
 from ix_device_plugin import __version__
 from ix_device_plugin.core.inventory import Inventory
+from ix_device_plugin.core.telemetry import ChipSample, PodRef
 from ix_device_plugin.deviceplugin.loop import Daemon
-from ix_device_plugin.deviceplugin.telemetry import ChipSample, PodRef
 from ix_device_plugin.hardware.backend import BackendError
 from ix_device_plugin.hardware.devnodes import with_control_nodes
 from ix_device_plugin.runtime.logs import setup as setup_logging

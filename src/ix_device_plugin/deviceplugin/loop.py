@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 from ix_device_plugin.core.inventory import ChipStatus, Inventory, carry_missing, xid_ignored
 from ix_device_plugin.core.limits import device_list_problem
 from ix_device_plugin.core.plan import Plan
+from ix_device_plugin.core.telemetry import ChipSample, PodRef, chip_pods
 from ix_device_plugin.deviceplugin.endpoint import Endpoint, identity
 from ix_device_plugin.deviceplugin.features.gpureset import GpuReset, GpuResetError
 from ix_device_plugin.deviceplugin.features.hook import ApiFeatures
@@ -35,7 +36,7 @@ from ix_device_plugin.deviceplugin.nodefiles import CdiSpecFile, NodeFile, NodeL
 from ix_device_plugin.deviceplugin.outputs import CdiSpecWriter, FeatureFileWriter, OutputError, read_machine_name
 from ix_device_plugin.deviceplugin.registrar import Registrar
 from ix_device_plugin.deviceplugin.state import Current, State
-from ix_device_plugin.deviceplugin.telemetry import ChipSample, PodRef, TelemetryCollector, chip_pods
+from ix_device_plugin.deviceplugin.telemetry import TelemetryCollector
 from ix_device_plugin.hardware.backend import BackendError, XidEvent
 from ix_device_plugin.hardware.devnodes import with_control_nodes
 from ix_device_plugin.hardware.worker import Hardware

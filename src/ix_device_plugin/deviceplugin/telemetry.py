@@ -14,37 +14,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from ix_device_plugin.core.inventory import Inventory
-from ix_device_plugin.core.plan import Plan
-
-
-@dataclass(frozen=True)
-class ChipSample:
-    """One chip's figures from one pass; None where the library has no answer."""
-
-    temperature_c: float | None = None
-    fan_speed: float | None = None
-    power_w: float | None = None
-    sm_clock_mhz: float | None = None
-    mem_clock_mhz: float | None = None
-    gpu_utilization: float | None = None
-    mem_utilization: float | None = None
-    mem_total_mib: float | None = None
-    mem_used_mib: float | None = None
-    mem_free_mib: float | None = None
-    pcie_tx_kbps: float | None = None
-    pcie_rx_kbps: float | None = None
-    ecc_sbe_volatile: float | None = None  # 1 when single-bit errors occurred
-    ecc_dbe_volatile: float | None = None  # 1 when double-bit errors occurred
-
-
-@dataclass(frozen=True)
-class PodRef:
-    """The container that holds a device, as the kubelet's pod-resources API says."""
-
-    namespace: str
-    pod: str
-    container: str
-
+from ix_device_plugin.core.telemetry import ChipSample, PodRef
 
 # (ix-exporter's metric name, its help, the ChipSample field)
 METRICS: tuple[tuple[str, str, str], ...] = (
@@ -74,17 +44,6 @@ METRICS: tuple[tuple[str, str, str], ...] = (
 )
 METRIC_NAMES = tuple(name for name, _, _ in METRICS)
 LABELS = ("gpu", "uuid", "name", "node_name", "driver", "namespace", "pod", "container")
-
-
-def chip_pods(plan: Plan, allocations: Mapping[str, PodRef]) -> dict[str, PodRef]:
-    """Chip UUID -> the container holding it, from device ID -> container (replicas and boards resolved)."""
-    pods: dict[str, PodRef] = {}
-    for device_id, ref in allocations.items():
-        device = plan.by_id.get(device_id)
-        if device is not None:
-            for chip in device.chips:
-                pods.setdefault(chip.uuid, ref)
-    return pods
 
 
 def metric_families(

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from ix_device_plugin.core.inventory import ChipStatus, Inventory
-from ix_device_plugin.deviceplugin.telemetry import ChipSample
+from ix_device_plugin.core.telemetry import ChipSample
 
 DEFAULT_IXSMI = "/usr/local/corex/bin/ixsmi"  # CoreX's tool; resets chips for flags.reset_gpu
 

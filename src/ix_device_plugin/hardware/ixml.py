@@ -25,7 +25,7 @@ from ix_device_plugin.core.inventory import (
     health_errors_from_mask,
     link_key,
 )
-from ix_device_plugin.deviceplugin.telemetry import ChipSample
+from ix_device_plugin.core.telemetry import ChipSample
 from ix_device_plugin.hardware.backend import DEFAULT_IXSMI, BackendError, XidEvent, XidSink
 from ix_device_plugin.hardware.devnodes import check_device_nodes, node_checked_status
 

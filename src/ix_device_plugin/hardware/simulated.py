@@ -20,7 +20,7 @@ import yaml
 
 from ix_device_plugin.core.inventory import HEALTH_ERROR_NAMES, Board, Chip, ChipStatus, Inventory
 from ix_device_plugin.core.products import PRODUCTS, Product, lookup
-from ix_device_plugin.deviceplugin.telemetry import ChipSample
+from ix_device_plugin.core.telemetry import ChipSample
 from ix_device_plugin.hardware.backend import BackendError, XidEvent, XidSink
 from ix_device_plugin.settings import yamlsafe
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import grpc
 
 from ix_device_plugin.api.podresources import api_pb2, api_pb2_grpc
-from ix_device_plugin.deviceplugin.telemetry import PodRef
+from ix_device_plugin.core.telemetry import PodRef
 from ix_device_plugin.kubelet.registration import CHANNEL_OPTIONS, unix_target
 
 DEFAULT_SOCKET = Path("/var/lib/kubelet/pod-resources/kubelet.sock")

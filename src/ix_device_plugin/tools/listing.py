@@ -9,7 +9,7 @@ from typing import Any
 from ix_device_plugin.api import HEALTHY, UNHEALTHY
 from ix_device_plugin.core.inventory import Inventory
 from ix_device_plugin.core.plan import plan
-from ix_device_plugin.deviceplugin.telemetry import ChipSample, PodRef
+from ix_device_plugin.core.telemetry import ChipSample, PodRef
 from ix_device_plugin.hardware.devnodes import with_control_nodes
 from ix_device_plugin.settings.config import Config, describe
 from ix_device_plugin.settings.options import Options
