@@ -25,20 +25,14 @@ from ix_device_plugin.core.inventory import (
 )
 from ix_device_plugin.hardware.backend import BackendError
 from ix_device_plugin.hardware.devnodes import CONTROL_NODE, check_device_nodes
-from ix_device_plugin.hardware.ixml import (
-    IxmlBackend,
-    NoDevicesError,
-    find_library,
-    load_library,
-    normalize_bus_id,
-    placeholder_uuid,
-    read_numa_node,
-)
+from ix_device_plugin.hardware.ixml import IxmlBackend, NoDevicesError
+from ix_device_plugin.hardware.ixml.devices import normalize_bus_id, placeholder_uuid, read_numa_node
+from ix_device_plugin.hardware.ixml.library import find_library, load_library
 
 from support import IXML_DOUBLE_CONFIG as CONFIG_ENV
 from support import make_dev_root
 
-LOGGER = "ix_device_plugin.hardware.ixml"
+LOGGER = "ix_device_plugin.hardware.ixml"  # the package's modules log under it
 
 # Two BI-V150 cards, listed out of board order so grouping has to use positions.
 TWO_BI_V150 = """
