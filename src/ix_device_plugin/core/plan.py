@@ -118,7 +118,12 @@ def physical_groups(inventory: Inventory, splitboard: bool) -> list[Group]:
 
 
 def expected_chips(board: Board) -> int:
-    """How many chips the board should have: the product table's count, else what its first discovery saw."""
+    """How many chips the board should have: the product table's count, else what its first discovery saw.
+
+    A board whose membership the library did not report is the chips it has.
+    """
+    if not board.membership_known:
+        return len(board.chips)
     product = lookup(board.product)
     if product is not None:
         return product.chips_per_board

@@ -10,12 +10,19 @@ from ix_device_plugin.hardware.ixml.library import CallError, Library
 
 
 def boards(library: Library, devices: list[Device]) -> tuple[Board, ...]:
-    """The devices as boards, in enumeration order of each board's first chip; chips by board position."""
-    groups = _board_groups(library, devices)
-    ordered = [sorted(members, key=lambda device: (device.position or 0, device.index)) for members in groups]
-    ordered.sort(key=lambda members: min(device.index for device in members))
+    """The devices as boards, in enumeration order of each board's first chip; chips by board position.
+
+    A chip the library cannot place (no board position, or no nvmlDeviceOnSameBoard) is a board of its
+    own whose membership is not known, as Iluvatar's plugin treats it: a single-chip board.
+    """
+    ordered = [
+        (sorted(members, key=lambda device: (device.position or 0, device.index)), known)
+        for members, known in _board_groups(library, devices)
+    ]
+    ordered.sort(key=lambda group: min(device.index for device in group[0]))
     return tuple(
-        Board(product=members[0].chip.product, chips=tuple(device.chip for device in members)) for members in ordered
+        Board(product=members[0].chip.product, chips=tuple(device.chip for device in members), membership_known=known)
+        for members, known in ordered
     )
 
 
@@ -36,24 +43,30 @@ def links(library: Library, devices: list[Device]) -> dict[tuple[str, str], int]
     return found
 
 
-def _board_groups(library: Library, devices: list[Device]) -> list[list[Device]]:
-    """Devices grouped by board: each chip joins the position-0 chip it shares a board with."""
-    alone = [[device] for device in devices]
+def _board_groups(library: Library, devices: list[Device]) -> list[tuple[list[Device], bool]]:
+    """Devices grouped by board, each group with whether the library said which chips it has.
+
+    Each chip with a board position joins the position-0 chip it shares a board with; a chip without
+    one is a group of its own.
+    """
+    alone = [([device], False) for device in devices]
     if not (library.has("board_position") and library.has("same_board")):
         return alone
     leaders = [d for d in devices if d.position == 0 and d.handle is not None]
     groups: dict[int, list[Device]] = {leader.index: [leader] for leader in leaders}
+    unplaced: list[Device] = []
     for device in devices:
         if device.position == 0 and device.handle is not None:
             continue
-        leader = None
-        if device.position is not None and device.handle is not None:
-            try:
-                leader = _board_leader(library, device, leaders)
-            except CallError:
-                return alone
+        if device.position is None or device.handle is None:
+            unplaced.append(device)
+            continue
+        try:
+            leader = _board_leader(library, device, leaders)
+        except CallError:
+            return alone
         groups.setdefault(leader.index if leader else device.index, []).append(device)
-    return list(groups.values())
+    return [(members, True) for members in groups.values()] + [([device], False) for device in unplaced]
 
 
 def _board_leader(library: Library, device: Device, leaders: list[Device]) -> Device | None:
