@@ -19,6 +19,7 @@ from ix_device_plugin.deviceplugin.loop import Daemon
 from ix_device_plugin.hardware.backend import BackendError
 from ix_device_plugin.hardware.devnodes import with_control_nodes
 from ix_device_plugin.runtime.logs import setup as setup_logging
+from ix_device_plugin.runtime.memory import limit_malloc_arenas
 from ix_device_plugin.settings.config import CONFIG_KEY, ConfigError, load_document, read_bounded, resolve
 from ix_device_plugin.settings.options import (
     NODE_CONFIG_LABEL,
@@ -79,6 +80,7 @@ def run_command(args: argparse.Namespace, options: Options) -> int:
 
 def run_until_done(main: Coroutine[Any, Any, int]) -> int:
     """Run main on a new event loop; tasks it abandoned get a short grace, nothing waits on worker threads."""
+    limit_malloc_arenas()  # before the service's threads start
     loop = asyncio.new_event_loop()
     try:
         code = loop.run_until_complete(main)

@@ -18,7 +18,7 @@ MAX_DEVICE_ID_LENGTH = 63
 REPLICA_SEPARATOR = "::"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class PlannedDevice:
     """One advertised device: a board, a chip, or a time-sliced replica of either."""
 

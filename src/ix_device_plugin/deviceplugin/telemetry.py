@@ -9,12 +9,13 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-
-from prometheus_client.core import GaugeMetricFamily, Metric
-from prometheus_client.registry import Collector
+from typing import TYPE_CHECKING
 
 from ix_device_plugin.core.inventory import Inventory
 from ix_device_plugin.core.telemetry import ChipSample, PodRef
+
+if TYPE_CHECKING:
+    from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 
 # (ix-exporter's metric name, its help, the ChipSample field)
 METRICS: tuple[tuple[str, str, str], ...] = (
@@ -53,6 +54,8 @@ def metric_families(
     node_name: str,
 ) -> list[GaugeMetricFamily]:
     """The metric families for samples (chip UUID -> sample), labelled as ix-exporter labels them."""
+    from prometheus_client.metrics_core import GaugeMetricFamily
+
     families = {name: GaugeMetricFamily(name, help_text, labels=LABELS) for name, help_text, _ in METRICS}
     for index, chip in enumerate(inventory.chips()):
         sample = samples.get(chip.uuid)
@@ -83,7 +86,7 @@ class _Snapshot:
     pods: Mapping[str, PodRef]
 
 
-class TelemetryCollector(Collector):
+class TelemetryCollector:
     """Renders the last samples at scrape time; `update` replaces them whole."""
 
     def __init__(self, node_name: str) -> None:

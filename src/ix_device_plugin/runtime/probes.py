@@ -7,7 +7,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from prometheus_client import CONTENT_TYPE_LATEST
+from ix_device_plugin.runtime.lazymetrics import CONTENT_TYPE as CONTENT_TYPE_LATEST
 
 log = logging.getLogger(__name__)
 
