@@ -85,11 +85,16 @@ def _footprint() -> Iterator[Figure]:
     yield Figure("footprint", "CPU per call under load", ("cpu_us_per_call",), "us")
 
 
+_CALLS = (("allocate", "Allocate"), ("preferred", "GetPreferredAllocation"))
+
+
 def _baseline() -> Iterator[Figure]:
-    for call, call_name in (("allocate", "Allocate"), ("preferred", "GetPreferredAllocation")):
+    for call, call_name in _CALLS:
         for mode, mode_name in MODES:
             yield Figure("baseline", f"floor: {call_name} {mode_name} p50", (call, mode, "p50_ms"), "ms")
             yield Figure("baseline", f"floor: {call_name} {mode_name} p99", (call, mode, "p99_ms"), "ms")
+    for mode, mode_name in MODES:  # the two calls' ratios side by side
+        for call, call_name in _CALLS:
             yield Figure("baseline", f"plugin/floor p50: {call_name} {mode_name}", ("ratio_p50", f"{call}_{mode}"), "x")
     yield Figure("baseline", "floor server RSS", ("rss_mib",), "MiB")
 

@@ -17,6 +17,7 @@ from typing import Any
 from ix_device_plugin import __version__
 from ix_device_plugin.apiserver.client import KubeConfigError, KubeSettings, settings_from
 from ix_device_plugin.runtime.logs import setup as setup_logging
+from ix_device_plugin.runtime.memory import limit_malloc_arenas
 from ix_device_plugin.settings.argv import CHECK_CONFIG, Command, parse_command_line
 from ix_device_plugin.settings.errors import SettingsError
 from ix_device_plugin.settings.options import (
@@ -159,6 +160,7 @@ def run_dra_driver(options: DraOptions, kube: KubeSettings) -> int:
 
 def run_until_done(main: Coroutine[Any, Any, int]) -> int:
     """Run main on a new event loop; tasks it abandoned get a short grace, nothing waits on worker threads."""
+    limit_malloc_arenas()  # before the service's threads start
     loop = asyncio.new_event_loop()
     try:
         code = loop.run_until_complete(main)

@@ -145,6 +145,22 @@ async def test_ixml_health_flips_reach_the_kubelet(
     await kubelet.wait_for(lambda: set(view.devices.values()) == {HEALTHY}, timeout=3)
 
 
+async def test_a_driver_without_board_positions_advertises_every_chip_healthy(
+    kubelet: KubeletStandIn,
+    start_daemon: DaemonFactory,
+    ixml: IxmlNode,
+    libs: dict[str, Path],
+    host: tuple[Path, Path],
+) -> None:
+    ixml.conf.write_text(double_config())
+    dev_root, sysfs = host
+    await start_daemon(backend_factory=lambda: IxmlBackend(str(libs["old"]), dev_root=dev_root, sysfs_root=sysfs))
+    view = await kubelet.wait_registered(RESOURCE, capacity=4)
+    assert view.devices == dict.fromkeys(("GPU-b0-c0", "GPU-b0-c1", "GPU-b1-c0", "GPU-b1-c1"), HEALTHY)
+    (container,) = (await kubelet.allocate(RESOURCE, [["GPU-b0-c1"]])).container_responses
+    assert [d.host_path for d in container.devices] == ["/dev/iluvatar1", "/dev/itrctl"]
+
+
 async def test_ixml_init_failure_with_fail_on_init_error_false(
     kubelet: KubeletStandIn,
     start_daemon: DaemonFactory,

@@ -17,7 +17,7 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from ix_device_plugin.core.telemetry import ChipSample, PodRef, chip_pods
+from ix_device_plugin.core.telemetry import ChipSample, PodRef
 from ix_device_plugin.deviceplugin.loop import Daemon
 from ix_device_plugin.deviceplugin.telemetry import METRIC_NAMES, TelemetryCollector
 from ix_device_plugin.hardware.ixml import IxmlBackend
@@ -227,18 +227,6 @@ def test_collector_renders_ix_exporter_names_and_leaves_absent_figures_out() -> 
     by_uuid = {sample.labels["uuid"]: sample for sample in families["ix_gpu_temperature"].samples}
     assert by_uuid[second].labels["pod"] == "" and by_uuid[second].labels["gpu"] == "1"
     assert by_uuid[second].value == 51
-
-
-def test_chip_pods_resolves_replicas_and_whole_boards() -> None:
-    from ix_device_plugin.core.plan import plan
-    from ix_device_plugin.settings.config import Config
-
-    inventory = SimulatedBackend("BI-V150:1").discover()
-    board_plan = plan(inventory, Config())
-    (board,) = board_plan.devices
-    holder = PodRef("ns", "p", "c")
-    pods = chip_pods(board_plan, {board.id: holder, "not-a-device": PodRef("x", "y", "z")})
-    assert pods == {chip.uuid: holder for chip in inventory.chips()}
 
 
 # ---- end to end: kubelet stand-in, pod-resources stand-in, real HTTP ------------------------

@@ -24,7 +24,10 @@ from ix_device_plugin.settings.resolve import resolve
 from ix_device_plugin.settings.table import RUN
 from ix_device_plugin.standins.kubelet import KubeletStandIn
 
-from support import RESOURCE, DaemonFactory
+from support import RESOURCE, DaemonFactory, metric
+
+XID_EVENTS = "ix_device_plugin_xid_events_total"
+LAST_POLL = "ix_device_plugin_last_health_poll_timestamp_seconds"
 
 TWO_CHIPS = (
     'device uuid=GPU-x0 name="Iluvatar BI-V100" minor=0 bus=00000000:8A:00.0\n'
@@ -245,11 +248,11 @@ async def test_xid_while_a_container_runs_turns_its_device_unhealthy(
     assert view.devices["GPU-x0"] == HEALTHY
     device = daemon.plan.by_id["GPU-x1"]
     assert device.reasons == ("GPU-x1: XID 79",)
-    await eventually(lambda: daemon.metrics.xid_events.labels(xid="13")._value.get() == 1)
-    assert daemon.metrics.xid_events.labels(xid="79")._value.get() == 1
+    await eventually(lambda: metric(daemon, XID_EVENTS, xid="13") == 1)
+    assert metric(daemon, XID_EVENTS, xid="79") == 1
 
-    polls = daemon.metrics.last_health_poll._value.get()
-    await eventually(lambda: daemon.metrics.last_health_poll._value.get() > polls)
+    polls = metric(daemon, LAST_POLL)
+    await eventually(lambda: metric(daemon, LAST_POLL) > polls)
     await asyncio.sleep(0.05)  # the reconcile loop applies that poll
     assert view.devices["GPU-x1"] == UNHEALTHY  # later polls do not clear it
     assert daemon.plan.by_id["GPU-x1"].reasons == ("GPU-x1: XID 79",)
@@ -273,7 +276,7 @@ async def test_an_xid_listed_in_disable_healthchecks_leaves_the_device_healthy(
     )
     view = await kubelet.wait_registered(RESOURCE, capacity=2)
     inject(conf, 0, 79)
-    await eventually(lambda: daemon.metrics.xid_events.labels(xid="79")._value.get() == 1)
+    await eventually(lambda: metric(daemon, XID_EVENTS, xid="79") == 1)
     assert view.devices["GPU-x0"] == HEALTHY
     assert daemon.plan.by_id["GPU-x0"].healthy
     assert "XID 79 on GPU-x0 ignored" in caplog.text
@@ -301,10 +304,10 @@ async def test_simulated_xids_reach_the_kubelet_once_each(
     assert daemon.plan.by_id["GPU-s0"].reasons == ("GPU-s0: XID 62",)  # 31 is an application XID
     assert view.devices["GPU-s1"] == HEALTHY
     devices.write_text(SIMULATED.format(xids=""))  # the file no longer says so; the XID stays
-    polls = daemon.metrics.last_health_poll._value.get()
-    await eventually(lambda: daemon.metrics.last_health_poll._value.get() > polls + 0.1)
+    polls = metric(daemon, LAST_POLL)
+    await eventually(lambda: metric(daemon, LAST_POLL) > polls + 0.1)
     assert view.devices["GPU-s0"] == UNHEALTHY
-    assert daemon.metrics.xid_events.labels(xid="62")._value.get() == 1
+    assert metric(daemon, XID_EVENTS, xid="62") == 1
 
 
 def test_simulated_xids_must_be_xid_numbers(short_dir: Path) -> None:

@@ -103,6 +103,15 @@ def resolve_ids(plan: Plan, device_ids: Sequence[str], where: str, *, allow_empt
     """The planned devices for device_ids, in order, rejecting duplicate and unknown IDs (and none, unless allowed)."""
     if not device_ids and not allow_empty:
         raise AllocationError(f"{where}: no device IDs given")
+    ids = list(device_ids)  # a protobuf field makes a new str for each item at each pass: one pass
+    unique = set(ids)
+    if len(unique) == len(ids) and unique <= plan.by_id.keys():
+        return list(map(plan.by_id.__getitem__, ids))  # the common case, without a Python loop per ID
+    return _resolve_one_by_one(plan, ids, where)
+
+
+def _resolve_one_by_one(plan: Plan, device_ids: list[str], where: str) -> list[PlannedDevice]:
+    """resolve_ids for a request with a duplicate or unknown ID: finds the first, to say which."""
     seen: set[str] = set()
     devices: list[PlannedDevice] = []
     for device_id in device_ids:

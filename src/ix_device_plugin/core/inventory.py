@@ -96,11 +96,15 @@ class Board:
 
     expected_chips is how many chips the board should have when the product table does not say
     (an unknown product): learnt from the first discovery that saw the board.
+
+    membership_known is False when the library could not say which board the chip sits on (a driver
+    without board positions): the board is then that one chip, and no chip counts as missing from it.
     """
 
     product: str
     chips: tuple[Chip, ...]
     expected_chips: int | None = None
+    membership_known: bool = True
 
     @property
     def uuid(self) -> str:
@@ -165,12 +169,16 @@ def carry_missing(previous: Inventory, discovered: Inventory) -> Inventory:
 
     A chip that vanished from enumeration does not shrink its board: the board keeps its identity (its
     first chip) and is planned Unhealthy until the chip is back. A board none of whose chips is enumerated
-    any more is gone (hot-unplug). Boards seen for the first time learn their chip count.
+    any more is gone (hot-unplug). Boards seen for the first time learn their chip count. A board whose
+    membership is not known is what was discovered, and teaches nothing about the chips a board has.
     """
     enumerated = {chip.uuid for chip in discovered.chips()}
-    by_chip = {chip.uuid: board for board in previous.boards for chip in board.chips}
+    by_chip = {chip.uuid: board for board in previous.boards if board.membership_known for chip in board.chips}
     boards = []
     for board in discovered.boards:
+        if not board.membership_known:
+            boards.append(board)
+            continue
         before = next((by_chip[chip.uuid] for chip in board.chips if chip.uuid in by_chip), None)
         boards.append(_with_vanished_chips(board, before, enumerated))
     return replace(discovered, boards=tuple(boards))

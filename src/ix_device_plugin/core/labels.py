@@ -47,7 +47,6 @@ _LABEL_VALUE = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)?$")
 _NOT_VALUE_CHARACTER = re.compile(r"[^A-Za-z0-9_.\-\s]")
 _EDGE = re.compile(r"^[^A-Za-z0-9]+|[^A-Za-z0-9]+$")
 _WHITESPACE = re.compile(r"\s+")
-_DRIVER_VERSION = re.compile(r"^(\d+)\.(\d+)(?:\.(\d+))?$")
 _CUDA_DOTTED = re.compile(r"^(\d+)\.(\d+)$")
 
 
@@ -121,19 +120,40 @@ def _memory_mib(chips: list[Chip]) -> int | None:
     return min(known) if known else None
 
 
+def parse_driver_version(version: str) -> tuple[str, str, str] | None:
+    """(major, minor, revision) as ix-feature-discovery reads the driver version, None when it has no such form.
+
+    The text is split on dots into two or three parts, taken as they are: `4.1.0-rc1` gives
+    ("4", "1", "0-rc1"), `4.1` gives ("4", "1", ""); one part or more than three is no version.
+    """
+    parts = version.split(".")
+    if not 2 <= len(parts) <= 3:
+        return None
+    return parts[0], parts[1], parts[2] if len(parts) == 3 else ""
+
+
 def _driver_labels(version: str, notes: list[str]) -> dict[str, str]:
-    match = _DRIVER_VERSION.match(version.strip())
-    if match is None:
+    full = version.strip()
+    parsed = parse_driver_version(full)
+    if parsed is None:
         shown = repr(version) if version else "unknown"
         notes.append(f"driver version {shown} is not of the form X.Y[.Z]: no driver version labels")
         return {}
-    major, minor, revision = match.groups()
-    return {
-        f"{DRIVER_VERSION}.full": version.strip(),
+    major, minor, revision = parsed
+    result = {
+        f"{DRIVER_VERSION}.full": full,
         f"{DRIVER_VERSION}.major": major,
         f"{DRIVER_VERSION}.minor": minor,
-        f"{DRIVER_VERSION}.revision": revision or "",
+        f"{DRIVER_VERSION}.revision": revision,
     }
+    invalid = next(((name, value) for name, value in result.items() if not is_valid_label_value(value)), None)
+    if invalid is not None:
+        name, value = invalid
+        notes.append(
+            f"driver version {version!r} gives {name} {value!r}, not a valid label value: no driver version labels"
+        )
+        return {}
+    return result
 
 
 def _cuda_labels(version: str | None, notes: list[str]) -> dict[str, str]:

@@ -6,7 +6,6 @@ A Plan is immutable; the server swaps it whole when anything changes.
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -19,7 +18,7 @@ MAX_DEVICE_ID_LENGTH = 63
 REPLICA_SEPARATOR = "::"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class PlannedDevice:
     """One advertised device: a board, a chip, or a time-sliced replica of either."""
 
@@ -51,13 +50,16 @@ class Plan:
     warnings: tuple[str, ...] = ()
     by_id: Mapping[str, PlannedDevice] = field(init=False, repr=False, compare=False)
     gpu_order: Mapping[str, int] = field(init=False, repr=False, compare=False)  # GPU -> advertised order
-    gpu_device_count: Mapping[str, int] = field(init=False, repr=False, compare=False)  # devices per GPU
+    # GPU -> the IDs of its devices (replicas in order), in advertised order.
+    gpu_device_ids: Mapping[str, tuple[str, ...]] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "by_id", {device.id: device for device in self.devices})
-        gpus = dict.fromkeys(device.gpu for device in self.devices)
-        object.__setattr__(self, "gpu_order", {gpu: index for index, gpu in enumerate(gpus)})
-        object.__setattr__(self, "gpu_device_count", Counter(device.gpu for device in self.devices))
+        by_gpu: dict[str, list[str]] = {}
+        for device in self.devices:
+            by_gpu.setdefault(device.gpu, []).append(device.id)
+        object.__setattr__(self, "gpu_device_ids", {gpu: tuple(ids) for gpu, ids in by_gpu.items()})
+        object.__setattr__(self, "gpu_order", {gpu: index for index, gpu in enumerate(by_gpu)})
 
     @property
     def shared(self) -> bool:
@@ -118,7 +120,12 @@ def physical_groups(inventory: Inventory, splitboard: bool) -> list[Group]:
 
 
 def expected_chips(board: Board) -> int:
-    """How many chips the board should have: the product table's count, else what its first discovery saw."""
+    """How many chips the board should have: the product table's count, else what its first discovery saw.
+
+    A board whose membership the library did not report is the chips it has.
+    """
+    if not board.membership_known:
+        return len(board.chips)
     product = lookup(board.product)
     if product is not None:
         return product.chips_per_board

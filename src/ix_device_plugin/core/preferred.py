@@ -4,12 +4,15 @@ Rules, in order: every must-include device; devices on one NUMA node (the one th
 must-include devices sit on, else the node that fits the request most tightly);
 for time-sliced replicas, spread over distinct physical GPUs, least used first;
 then the GPUs closest on PCIe to the first one chosen; then advertised order.
+
+The kubelet offers every free device (thousands with time-slicing) and asks for a few, so the offered
+IDs are checked and shared out per GPU by set operations, with no Python step per offered ID.
 """
 
 from __future__ import annotations
 
 import heapq
-from collections import Counter, defaultdict
+from collections import Counter
 from collections.abc import Sequence
 
 from ix_device_plugin.core.allocation import AllocationError, resolve_ids
@@ -24,42 +27,51 @@ def preferred(plan: Plan, available: Sequence[str], must_include: Sequence[str],
     where = "preferred allocation"
     if size < 1:
         raise AllocationError(f"{where}: allocation_size must be at least 1, got {size}")
-    candidates = {device.id: device for device in resolve_ids(plan, available, f"{where}: available_deviceIDs")}
-    if size > len(candidates):
-        raise AllocationError(f"{where}: allocation_size {size} is larger than the {len(candidates)} available")
+    offered = list(available)  # a protobuf field makes a new str for each item at each pass: one pass
+    free = set(offered)
+    per_gpu = _free_per_gpu(plan, free)
+    if not free or len(free) != len(offered) or sum(map(len, per_gpu.values())) != len(free):
+        resolve_ids(plan, offered, f"{where}: available_deviceIDs")  # says what is wrong: none, repeated, unknown
+    if size > len(free):
+        raise AllocationError(f"{where}: allocation_size {size} is larger than the {len(free)} available")
     chosen = resolve_ids(plan, must_include, f"{where}: must_include_deviceIDs", allow_empty=True)
-    missing = [device.id for device in chosen if device.id not in candidates]
+    missing = [device.id for device in chosen if device.id not in free]
     if missing:
         raise AllocationError(f"{where}: must-include device {missing[0]!r} is not in available_deviceIDs")
     if len(chosen) > size:
         raise AllocationError(f"{where}: {len(chosen)} must-include devices exceed allocation_size {size}")
-    return [device.id for device in chosen] + _pick(plan, candidates, chosen, size - len(chosen))
+    return [device.id for device in chosen] + _pick(plan, offered, per_gpu, chosen, size - len(chosen))
+
+
+def _free_per_gpu(plan: Plan, free: set[str]) -> dict[str, set[str]]:
+    """The free IDs of each GPU that has any, GPUs in advertised order."""
+    per_gpu = {gpu: free.intersection(ids) for gpu, ids in plan.gpu_device_ids.items()}
+    return {gpu: ids for gpu, ids in per_gpu.items() if ids}
 
 
 def _numa(device: PlannedDevice) -> int:
     return device.numa_nodes[0] if len(device.numa_nodes) == 1 else _NO_NUMA
 
 
-def _pick(plan: Plan, candidates: dict[str, PlannedDevice], chosen: list[PlannedDevice], count: int) -> list[str]:
-    """count more IDs from candidates; the work is per physical GPU, not per replica."""
+def _pick(
+    plan: Plan, offered: list[str], per_gpu: dict[str, set[str]], chosen: list[PlannedDevice], count: int
+) -> list[str]:
+    """count more IDs from per_gpu (the free IDs of each GPU; offered: them all, as the kubelet listed them)."""
     if count == 0:
         return []
-    offered: defaultdict[str, list[PlannedDevice]] = defaultdict(list)
-    for device in candidates.values():
-        offered[device.gpu].append(device)
     taken: Counter[str] = Counter()
     for device in chosen:
-        offered[device.gpu].remove(device)
+        per_gpu[device.gpu].discard(device.id)
         taken[device.gpu] += 1
-    per_gpu = {gpu: devices for gpu, devices in offered.items() if devices}
-    numa = {gpu: _numa(devices[0]) for gpu, devices in per_gpu.items()}
+    per_gpu = {gpu: ids for gpu, ids in per_gpu.items() if ids}
+    numa = {gpu: _numa(plan.by_id[plan.gpu_device_ids[gpu][0]]) for gpu in per_gpu}
     # Replicas of each GPU in use elsewhere (advertised but not offered), plus those chosen here.
     usage: Counter[str] = Counter()
     if plan.shared:
-        for gpu, devices in per_gpu.items():
-            usage[gpu] = plan.gpu_device_count[gpu] - len(devices)
+        for gpu, ids in per_gpu.items():
+            usage[gpu] = len(plan.gpu_device_ids[gpu]) - len(ids)
     target = _target_numa(per_gpu, numa, chosen, count)
-    anchor = chosen[0].gpu if chosen else _first_gpu(per_gpu, numa, target, usage)
+    anchor = chosen[0].gpu if chosen else _first_gpu(plan, offered, per_gpu, numa, target, usage)
 
     # One heap entry per GPU, keyed by how many of its replicas this request already took,
     # then by its total use: replicas spread over distinct GPUs, least used first.
@@ -73,7 +85,7 @@ def _pick(plan: Plan, candidates: dict[str, PlannedDevice], chosen: list[Planned
     picked: list[str] = []
     while len(picked) < count:
         gpu = heapq.heappop(heap)[-1]
-        picked.append(_take_first_replica(per_gpu[gpu]).id)
+        picked.append(_take_first_replica(plan, gpu, per_gpu[gpu]))
         taken[gpu] += 1
         usage[gpu] += 1
         if per_gpu[gpu]:
@@ -81,27 +93,32 @@ def _pick(plan: Plan, candidates: dict[str, PlannedDevice], chosen: list[Planned
     return picked
 
 
-def _take_first_replica(devices: list[PlannedDevice]) -> PlannedDevice:
-    """Remove and return the lowest-numbered replica (callers take few, so no sort up front)."""
-    index = min(range(len(devices)), key=lambda i: devices[i].replica or 0)
-    devices[index], devices[-1] = devices[-1], devices[index]
-    return devices.pop()
+def _take_first_replica(plan: Plan, gpu: str, free: set[str]) -> str:
+    """Remove and return the GPU's lowest-numbered free replica."""
+    device_id = next(device_id for device_id in plan.gpu_device_ids[gpu] if device_id in free)
+    free.remove(device_id)
+    return device_id
 
 
-def _target_numa(
-    per_gpu: dict[str, list[PlannedDevice]], numa: dict[str, int], chosen: list[PlannedDevice], count: int
-) -> int:
+def _target_numa(per_gpu: dict[str, set[str]], numa: dict[str, int], chosen: list[PlannedDevice], count: int) -> int:
     if chosen:
         return Counter(_numa(device) for device in chosen).most_common(1)[0][0]
     free: Counter[int] = Counter()
-    for gpu, devices in per_gpu.items():
-        free[numa[gpu]] += len(devices)
+    for gpu, ids in per_gpu.items():
+        free[numa[gpu]] += len(ids)
     fitting = [node for node, n in free.items() if n >= count and node != _NO_NUMA]
     if fitting:
         return min(fitting, key=lambda node: (free[node], node))
     return max(free, key=lambda node: (free[node], -node))
 
 
-def _first_gpu(per_gpu: dict[str, list[PlannedDevice]], numa: dict[str, int], target: int, usage: Counter[str]) -> str:
+def _first_gpu(
+    plan: Plan, offered: list[str], per_gpu: dict[str, set[str]], numa: dict[str, int], target: int, usage: Counter[str]
+) -> str:
+    """The least used GPU on the target node (any node when none is there); of equals, the first offered."""
     on_target = [gpu for gpu in per_gpu if numa[gpu] == target] or list(per_gpu)
-    return min(on_target, key=lambda gpu: usage[gpu])
+    least = min(usage[gpu] for gpu in on_target)
+    tied = {gpu for gpu in on_target if usage[gpu] == least}
+    if len(tied) == 1:
+        return tied.pop()
+    return next(gpu for gpu in (plan.by_id[device_id].gpu for device_id in offered) if gpu in tied)

@@ -1,17 +1,18 @@
-"""Prometheus metrics of the plugin, in a registry of its own."""
+"""Prometheus metrics of the plugin, in a registry of its own (prometheus_client is loaded at the first scrape)."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
-
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, generate_latest
-from prometheus_client.core import GaugeMetricFamily, Metric
-from prometheus_client.registry import Collector
+from typing import TYPE_CHECKING
 
 from ix_device_plugin import __version__
 from ix_device_plugin.deviceplugin.state import State
+from ix_device_plugin.runtime.lazymetrics import Counter, Gauge, Histogram, Info, Registry
 from ix_device_plugin.settings.health import HEALTH_ERROR_NAMES
+
+if TYPE_CHECKING:
+    from prometheus_client.metrics_core import Metric
 
 PREFIX = "ix_device_plugin"
 _RESET_BUCKETS = (0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
@@ -22,7 +23,7 @@ class Metrics:
     """Every metric the plugin exports; one instance per process."""
 
     def __init__(self) -> None:
-        self.registry = CollectorRegistry(auto_describe=True)
+        self.registry = Registry()
         r = self.registry
         self.build_info = Info(f"{PREFIX}_build", "Build of the plugin", registry=r)
         self.build_info.info({"version": __version__})
@@ -87,10 +88,10 @@ class Metrics:
 
     def render(self) -> bytes:
         """The Prometheus text exposition of every metric."""
-        return generate_latest(self.registry)
+        return self.registry.render()
 
 
-class _StateCollector(Collector):
+class _StateCollector:
     """The gauges that describe the served state, derived from it at scrape time."""
 
     def __init__(self, state: Callable[[], State], registered: Callable[[], bool]) -> None:
@@ -101,6 +102,8 @@ class _StateCollector(Collector):
         return iter(())  # names are known only at collect time; nothing to pre-register
 
     def collect(self) -> Iterator[Metric]:
+        from prometheus_client.metrics_core import GaugeMetricFamily
+
         state = self._state()
         plan = state.plan
         devices = GaugeMetricFamily(

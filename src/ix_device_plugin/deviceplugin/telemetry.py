@@ -11,9 +11,7 @@ import logging
 import threading
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass
-
-from prometheus_client.core import GaugeMetricFamily, Metric
-from prometheus_client.registry import Collector
+from typing import TYPE_CHECKING
 
 from ix_device_plugin.core.inventory import Inventory
 from ix_device_plugin.core.labels import product_model
@@ -25,6 +23,8 @@ from ix_device_plugin.runtime.logs import OncePerError
 
 log = logging.getLogger(__name__)
 
+if TYPE_CHECKING:
+    from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 
 # (ix-exporter's metric name, its help, the ChipSample field)
 METRICS: tuple[tuple[str, str, str], ...] = (
@@ -63,6 +63,8 @@ def metric_families(
     node_name: str,
 ) -> list[GaugeMetricFamily]:
     """The metric families for samples (chip UUID -> sample), labelled as ix-exporter labels them."""
+    from prometheus_client.metrics_core import GaugeMetricFamily
+
     families = {name: GaugeMetricFamily(name, help_text, labels=LABELS) for name, help_text, _ in METRICS}
     for index, chip in enumerate(inventory.chips()):
         sample = samples.get(chip.uuid)
@@ -93,7 +95,7 @@ class _Snapshot:
     pods: Mapping[str, PodRef]
 
 
-class TelemetryCollector(Collector):
+class TelemetryCollector:
     """Renders the last samples at scrape time; `update` replaces them whole."""
 
     def __init__(self, node_name: str) -> None:

@@ -7,9 +7,8 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from prometheus_client import CONTENT_TYPE_LATEST
-
 from ix_device_plugin.runtime.errors import StartupError
+from ix_device_plugin.runtime.lazymetrics import CONTENT_TYPE as CONTENT_TYPE_LATEST
 from ix_device_plugin.settings.values import parse_address as parse_address  # the address is a setting
 
 log = logging.getLogger(__name__)

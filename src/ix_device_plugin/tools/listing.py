@@ -100,6 +100,7 @@ def inventory_report(inventory: Inventory, config: Config, options: Options) -> 
         "boards": [
             {
                 "product": board.product,
+                "board_position_known": board.membership_known,
                 "chips": [
                     {
                         "uuid": chip.uuid,
@@ -182,7 +183,8 @@ def render_text(report: dict[str, Any]) -> str:
     """The report as a human reads it."""
     lines = [f"Driver version: {report['driver_version'] or 'unknown'}", "", "Boards:"]
     for index, board in enumerate(report["boards"]):
-        lines.append(f"  [{index}] {board['product']}")
+        unplaced = "" if board["board_position_known"] else "  (board position unknown: a board of its own)"
+        lines.append(f"  [{index}] {board['product']}{unplaced}")
         for chip in board["chips"]:
             numa = "?" if chip["numa_node"] is None else chip["numa_node"]
             state = "Healthy" if chip["healthy"] else "Unhealthy: " + "; ".join(chip["problems"])

@@ -172,6 +172,28 @@ def test_preferred_rejects_unknown_ids() -> None:
         preferred(make_plan(), ["nope"], [], 1)
 
 
+def test_preferred_names_the_repeated_or_unknown_id_among_many() -> None:
+    p = make_plan("BI-V150:4", replicas=8)
+    ids = [d.id for d in p.devices]
+    with pytest.raises(AllocationError, match=f"available_deviceIDs: device ID '{ids[5]}' requested twice"):
+        preferred(p, [*ids, ids[5]], [], 2)
+    with pytest.raises(AllocationError, match="available_deviceIDs: unknown device ID 'GPU-gone::0'"):
+        preferred(p, [*ids[:7], "GPU-gone::0", *ids[7:]], [], 2)
+    with pytest.raises(AllocationError, match="available_deviceIDs: no device IDs given"):
+        preferred(p, [], [], 1)
+
+
+def test_of_equally_good_gpus_the_first_offered_comes_first() -> None:
+    p = make_plan("BI-V100:4", replicas=2)
+    ids = [d.id for d in p.devices]
+    offered = ids[6:] + ids[:6]  # the kubelet's order: the last GPU first
+    assert preferred(p, offered, [], 1) == [ids[6]]
+    assert [p.by_id[i].gpu for i in preferred(p, offered, [], 3)] == [
+        p.devices[6].gpu,
+        *(d.gpu for d in p.devices[:4:2]),
+    ]
+
+
 def _with_minors(minors: list[int]) -> Plan:
     boards = tuple(Board("BI-V100", (Chip(uuid=f"GPU-{minor}", minor=minor, product="BI-V100"),)) for minor in minors)
     return plan(Inventory(boards=boards, control_nodes=("/dev/itrctl",)), Config())

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 from ix_device_plugin.core.inventory import MISSING_CHIP, Board, Chip, Inventory, carry_missing
+from ix_device_plugin.core.labels import labels
+from ix_device_plugin.core.limits import list_message_size
 from ix_device_plugin.core.plan import plan
+from ix_device_plugin.deviceplugin.service import list_response
 from ix_device_plugin.settings.config import Config
 
 
@@ -52,3 +55,40 @@ def test_an_unknown_product_learns_its_chip_count_from_the_first_discovery() -> 
     first = carry_missing(Inventory(), three)
     assert first.boards[0].expected_chips == 2
     assert plan(first, Config()).devices[0].healthy
+
+
+def alone(*chips: Chip) -> Inventory:
+    """Chips whose board the library did not report (a driver without board positions)."""
+    return Inventory(boards=tuple(Board("BI-V150", (c,), membership_known=False) for c in chips))
+
+
+def test_a_chip_without_a_board_position_is_a_healthy_board_of_its_own() -> None:
+    inventory = carry_missing(Inventory(), alone(chip("GPU-a", 0), chip("GPU-b", 1), chip("GPU-c", 2)))
+    result = plan(inventory, Config())
+    assert [(device.id, device.healthy) for device in result.devices] == [
+        ("GPU-a", True),
+        ("GPU-b", True),
+        ("GPU-c", True),
+    ]
+    assert list_message_size(inventory, Config()) == list_response(result).ByteSize()
+    node = labels(inventory, result, Config(), None, None)
+    assert node["iluvatar.com/gpu.healthy"] == "3" and node["iluvatar.com/gpu.boards"] == "3"
+
+
+def test_a_board_whose_membership_is_unknown_carries_no_vanished_chip_and_teaches_no_count() -> None:
+    first = carry_missing(Inventory(), BOTH)
+    unknown = carry_missing(first, alone(chip("GPU-a", 0)))
+    assert [c.uuid for c in unknown.chips()] == ["GPU-a"] and plan(unknown, Config()).devices[0].healthy
+    x1 = Chip("GPU-x", 0, "X-1")
+    learnt = carry_missing(Inventory(), Inventory(boards=(Board("X-1", (x1,), membership_known=False),)))
+    both = Inventory(boards=(Board("X-1", (x1, Chip("GPU-y", 1, "X-1"))),))
+    assert carry_missing(learnt, both).boards[0].expected_chips == 2
+
+
+def test_a_placed_chip_without_its_partner_is_still_short() -> None:
+    placed = Board("BI-V150", (chip("GPU-a", 0),))
+    inventory = carry_missing(Inventory(), Inventory(boards=(placed, *alone(chip("GPU-b", 1)).boards)))
+    assert [(device.id, device.healthy) for device in plan(inventory, Config()).devices] == [
+        ("GPU-a", False),
+        ("GPU-b", True),
+    ]

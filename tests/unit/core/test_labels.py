@@ -17,6 +17,7 @@ from ix_device_plugin.core.labels import (
     label_set,
     labels,
     parse_cuda_version,
+    parse_driver_version,
     product_model,
     sanitise_label_value,
 )
@@ -113,6 +114,46 @@ def test_driver_version_with_two_parts_has_an_empty_revision() -> None:
     result = node_labels("BI-V150:1", Config(), driver="4.1")
     assert result["iluvatar.com/ix.driver-version.full"] == "4.1"
     assert result["iluvatar.com/ix.driver-version.revision"] == ""
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("4.1.0", ("4", "1", "0")),
+        ("4.1.0-rc1", ("4", "1", "0-rc1")),
+        ("4.1", ("4", "1", "")),
+        ("4.4.0_20240801", ("4", "4", "0_20240801")),
+        ("4..1", ("4", "", "1")),
+        ("4", None),
+        ("4.1.0.1", None),
+        ("", None),
+        ("simulated", None),
+    ],
+)
+def test_driver_version_is_split_on_dots_as_ix_feature_discovery_does(
+    text: str, expected: tuple[str, str, str] | None
+) -> None:
+    assert parse_driver_version(text) == expected
+
+
+def test_a_release_candidate_driver_keeps_its_labels() -> None:
+    result = node_labels("BI-V150:1", Config(), driver=" 4.1.0-rc1\n")
+    assert {name: value for name, value in result.items() if "driver-version" in name} == {
+        "iluvatar.com/ix.driver-version.full": "4.1.0-rc1",
+        "iluvatar.com/ix.driver-version.major": "4",
+        "iluvatar.com/ix.driver-version.minor": "1",
+        "iluvatar.com/ix.driver-version.revision": "0-rc1",
+    }
+
+
+def test_a_driver_version_part_that_is_no_label_value_is_a_note() -> None:
+    inventory = Inventory(boards=parse_spec("BI-V150:1"), driver_version="4.1.0 (beta)")
+    result = label_set(inventory, plan(inventory, Config()), Config(), None, None)
+    assert not any("driver-version" in name for name in result.labels)
+    assert result.notes == (
+        "driver version '4.1.0 (beta)' gives iluvatar.com/ix.driver-version.full '4.1.0 (beta)', "
+        "not a valid label value: no driver version labels",
+    )
 
 
 def test_unreadable_versions_are_notes_not_labels() -> None:

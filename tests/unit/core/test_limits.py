@@ -22,9 +22,10 @@ chips = st.builds(
     numa_node=st.one_of(st.none(), st.integers(0, 300)),
     status=st.sampled_from([ChipStatus(), ChipStatus(errors=frozenset({"ECC"})), ChipStatus(present=False)]),
 )
-inventories = st.lists(st.lists(chips, min_size=1, max_size=2), min_size=1, max_size=6).map(
-    lambda boards: Inventory(boards=tuple(Board("BI-V150", tuple(b)) for b in boards))
+boards = st.tuples(st.lists(chips, min_size=1, max_size=2), st.booleans()).map(
+    lambda drawn: Board("BI-V150", tuple(drawn[0]), membership_known=drawn[1] or len(drawn[0]) > 1)
 )
+inventories = st.lists(boards, min_size=1, max_size=6).map(lambda drawn: Inventory(boards=tuple(drawn)))
 
 
 @given(inventories, st.integers(0, 50), st.booleans())

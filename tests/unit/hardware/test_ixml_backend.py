@@ -21,24 +21,21 @@ from ix_device_plugin.core.inventory import (
     Chip,
     ChipStatus,
     Inventory,
+    carry_missing,
     link_key,
 )
+from ix_device_plugin.core.plan import plan
 from ix_device_plugin.hardware.backend import BackendError
 from ix_device_plugin.hardware.devnodes import CONTROL_NODE, check_device_nodes
-from ix_device_plugin.hardware.ixml import (
-    IxmlBackend,
-    NoDevicesError,
-    find_library,
-    load_library,
-    normalize_bus_id,
-    placeholder_uuid,
-    read_numa_node,
-)
+from ix_device_plugin.hardware.ixml import IxmlBackend, NoDevicesError
+from ix_device_plugin.hardware.ixml.devices import normalize_bus_id, placeholder_uuid, read_numa_node
+from ix_device_plugin.hardware.ixml.library import find_library, load_library
+from ix_device_plugin.settings.config import Config
 
 from support import IXML_DOUBLE_CONFIG as CONFIG_ENV
 from support import make_dev_root
 
-LOGGER = "ix_device_plugin.hardware.ixml"
+LOGGER = "ix_device_plugin.hardware.ixml"  # the package's modules log under it
 
 # Two BI-V150 cards, listed out of board order so grouping has to use positions.
 TWO_BI_V150 = """
@@ -192,6 +189,7 @@ def test_old_library_without_extensions(config, backend_for, warnings_logged):
     backend.discover()
 
     assert chip_uuids(inventory) == [["GPU-b0-c1"], ["GPU-b0-c0"], ["GPU-b1-c0"], ["GPU-b1-c1"]]
+    assert not any(board.membership_known for board in inventory.boards)
     assert all(status == ChipStatus() for status in statuses.values())
     assert [chip.bus_id for chip in inventory.chips()] == [
         "0000:8b:00.0",
@@ -201,6 +199,16 @@ def test_old_library_without_extensions(config, backend_for, warnings_logged):
     ]
     unavailable = [r for r in warnings_logged if "health checks are unavailable" in r.getMessage()]
     assert len(unavailable) == 1
+
+
+def test_without_board_positions_every_bi_v150_chip_is_advertised_healthy(config, backend_for):
+    config(TWO_BI_V150)
+
+    inventory = carry_missing(Inventory(), backend_for("old").discover())
+    devices = plan(inventory, Config()).devices
+
+    assert sorted(device.id for device in devices) == ["GPU-b0-c0", "GPU-b0-c1", "GPU-b1-c0", "GPU-b1-c1"]
+    assert all(device.healthy for device in devices)
 
 
 def test_not_supported_answers_mean_no_boards_and_no_health(config, backend_for, warnings_logged):
@@ -214,7 +222,11 @@ def test_not_supported_answers_mean_no_boards_and_no_health(config, backend_for,
 
     # Only GPU-b1-c0 still answers; its board partner cannot say where it sits.
     assert chip_uuids(inventory) == [["GPU-b0-c1"], ["GPU-b0-c0"], ["GPU-b1-c0"], ["GPU-b1-c1"]]
+    assert [board.membership_known for board in inventory.boards] == [False, False, True, False]
     assert all(status == ChipStatus() for status in inventory.statuses().values())
+    # As Iluvatar's plugin: the placed chip without its partner is short, the unplaced ones are single boards.
+    healthy = {device.id: device.healthy for device in plan(inventory, Config()).devices}
+    assert healthy == {"GPU-b0-c1": True, "GPU-b0-c0": True, "GPU-b1-c0": False, "GPU-b1-c1": True}
     assert sum("health checks are unavailable" in r.getMessage() for r in warnings_logged) == 1
 
 
@@ -224,6 +236,7 @@ def test_same_board_not_supported_keeps_every_chip_alone(config, backend_for):
     inventory = backend_for().discover()
 
     assert chip_uuids(inventory) == [["GPU-b0-c1"], ["GPU-b0-c0"], ["GPU-b1-c0"], ["GPU-b1-c1"]]
+    assert not any(board.membership_known for board in inventory.boards)
     assert all(status == ChipStatus() for status in inventory.statuses().values())
 
 
@@ -233,6 +246,7 @@ def test_failed_same_board_answer_leaves_that_chip_alone(config, backend_for):
     inventory = backend_for().discover()
 
     assert chip_uuids(inventory) == [["GPU-b0-c0", "GPU-b0-c1"], ["GPU-b1-c0"], ["GPU-b1-c1"]]
+    assert all(board.membership_known for board in inventory.boards)  # placed, so each is short of a chip
 
 
 def test_init_failure(config, backend_for, libs):
@@ -514,6 +528,7 @@ def test_cli_list_reports_the_double_devices(libs, tmp_path, splitboard, capacit
         ["GPU-b0-c0", "GPU-b0-c1"],
         ["GPU-b1-c0", "GPU-b1-c1"],
     ]
+    assert all(board["board_position_known"] for board in report["boards"])
     assert (report["capacity"], report["allocatable"]) == (capacity, allocatable)
     assert report["control_nodes"] == [CONTROL_NODE]
     health = {device["id"]: device["health"] for device in report["devices"]}
