@@ -11,7 +11,7 @@ from typing import Any
 
 import yaml
 
-from ix_device_plugin.apiserver.client import settings_from
+from ix_device_plugin.apiserver.settings import settings_from
 from ix_device_plugin.dra.driver import DraDriver, registration_socket
 from ix_device_plugin.dra.slices import DRIVER, slice_name
 from ix_device_plugin.hardware.simulated import SimulatedBackend

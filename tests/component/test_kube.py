@@ -16,24 +16,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ix_device_plugin.apiserver.client import (
-    CONFIG_MAP,
-    RESOURCE_CLAIM,
-    RESOURCE_SLICE,
-    Backoff,
-    ContainerLimits,
-    Kube,
-    KubeAlreadyExists,
-    KubeConfigError,
-    KubeConflict,
-    KubeError,
-    KubeNotFound,
-    KubeSettings,
-    ObjectKind,
-    connect,
-    settings_from,
-)
+from ix_device_plugin.apiserver.client import Backoff, Kube, connect
+from ix_device_plugin.apiserver.errors import KubeAlreadyExists, KubeConflict, KubeError, KubeNotFound
 from ix_device_plugin.apiserver.nodelabel import NodeLabelWatcher
+from ix_device_plugin.apiserver.objects import CONFIG_MAP, RESOURCE_CLAIM, RESOURCE_SLICE, ContainerLimits, ObjectKind
+from ix_device_plugin.apiserver.settings import KubeConfigError, KubeSettings, settings_from
 from ix_device_plugin.standins.apiserver import ApiServerStandIn
 
 NODE = "gpu-node-1"
@@ -723,7 +710,8 @@ def test_plain_plugging_does_not_import_the_client_library():
 def test_connecting_imports_the_client_library(kubeconfig):
     script = (
         "import asyncio, sys\n"
-        "from ix_device_plugin.apiserver.client import connect, settings_from\n"
+        "from ix_device_plugin.apiserver.client import connect\n"
+        "from ix_device_plugin.apiserver.settings import settings_from\n"
         f"settings = settings_from({{'NODE_NAME': 'n'}}, {str(kubeconfig)!r}, 'test')\n"
         "asyncio.run(connect(settings))\n"
         "print('lightkube' in sys.modules)\n"

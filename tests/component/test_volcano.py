@@ -14,7 +14,8 @@ import grpc
 import pytest
 import yaml
 
-from ix_device_plugin.apiserver.client import PodDoc, settings_from
+from ix_device_plugin.apiserver.objects import PodDoc
+from ix_device_plugin.apiserver.settings import settings_from
 from ix_device_plugin.core.plan import plan
 from ix_device_plugin.deviceplugin.features.volcano import (
     DEV_KUBELET,

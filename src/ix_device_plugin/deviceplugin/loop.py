@@ -50,7 +50,8 @@ from ix_device_plugin.settings.options import NODE_CONFIG_LABEL, Options, config
 from ix_device_plugin.settings.yamlsafe import MAX_BYTES
 
 if TYPE_CHECKING:
-    from ix_device_plugin.apiserver.client import Kube, KubeSettings
+    from ix_device_plugin.apiserver.client import Kube
+    from ix_device_plugin.apiserver.settings import KubeSettings
 
 log = logging.getLogger(__name__)
 
@@ -630,7 +631,9 @@ class Daemon:
 
     async def _connect(self, settings: KubeSettings) -> Kube:
         """A connection to the API server, retried with backoff for as long as it takes."""
-        from ix_device_plugin.apiserver.client import Backoff, KubeConfigError, KubeError, connect
+        from ix_device_plugin.apiserver.client import Backoff, connect
+        from ix_device_plugin.apiserver.errors import KubeError
+        from ix_device_plugin.apiserver.settings import KubeConfigError
 
         backoff, errors = Backoff(), OncePerError(log)
         while True:

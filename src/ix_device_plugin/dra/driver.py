@@ -33,15 +33,9 @@ from ix_device_plugin.api.dra_v1beta1 import api_pb2 as dra_v1beta1
 from ix_device_plugin.api.dra_v1beta1 import api_pb2_grpc as dra_v1beta1_grpc
 from ix_device_plugin.api.pluginregistration import api_pb2 as registration_pb2
 from ix_device_plugin.api.pluginregistration import api_pb2_grpc as registration_grpc
-from ix_device_plugin.apiserver.client import (
-    RESOURCE_CLAIM,
-    RESOURCE_SLICE,
-    Backoff,
-    Kube,
-    KubeAlreadyExists,
-    KubeError,
-    connect,
-)
+from ix_device_plugin.apiserver.client import Backoff, Kube, connect
+from ix_device_plugin.apiserver.errors import KubeAlreadyExists, KubeError
+from ix_device_plugin.apiserver.objects import RESOURCE_CLAIM, RESOURCE_SLICE
 from ix_device_plugin.core.inventory import Inventory, carry_missing
 from ix_device_plugin.deviceplugin.outputs import OutputError, _spec_yaml, write_atomically
 from ix_device_plugin.dra.claims import (

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from ix_device_plugin import __version__
-from ix_device_plugin.apiserver.client import KubeConfigError, KubeSettings, settings_from
+from ix_device_plugin.apiserver.settings import KubeConfigError, KubeSettings, settings_from
 from ix_device_plugin.deviceplugin.endpoint import ENDPOINT
 from ix_device_plugin.deviceplugin.features.gpureset import ResetSettings
 from ix_device_plugin.hardware.backend import DEFAULT_IXSMI, Backend

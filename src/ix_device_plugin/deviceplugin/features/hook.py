@@ -70,7 +70,7 @@ class ApiFeatures:
         if not config.use_volcano and not config.reset_gpu:
             return None
         if config.use_volcano:
-            from ix_device_plugin.apiserver.client import KubeError
+            from ix_device_plugin.apiserver.errors import KubeError
 
             try:
                 request = await self._volcano_request(request)
@@ -114,7 +114,9 @@ class ApiFeatures:
                 )
                 self._no_handshake_said = True
             return None
-        from ix_device_plugin.apiserver.client import KubeConfigError, KubeError, connect
+        from ix_device_plugin.apiserver.client import connect
+        from ix_device_plugin.apiserver.errors import KubeError
+        from ix_device_plugin.apiserver.settings import KubeConfigError
 
         try:
             kube = await connect(settings)
@@ -150,7 +152,9 @@ class ApiFeatures:
                 "features.volcano=true) or --kubeconfig",
                 unavailable=True,
             )
-        from ix_device_plugin.apiserver.client import KubeConfigError, KubeError, connect
+        from ix_device_plugin.apiserver.client import connect
+        from ix_device_plugin.apiserver.errors import KubeError
+        from ix_device_plugin.apiserver.settings import KubeConfigError
 
         try:
             kube = await connect(settings)
@@ -163,7 +167,7 @@ class ApiFeatures:
 
     async def run_volcano(self) -> None:
         """While flags.usevolcano is on: keep ix-device-info-cm-<node> current and annotate allocated pods."""
-        from ix_device_plugin.apiserver.client import KubeError
+        from ix_device_plugin.apiserver.errors import KubeError
 
         errors, published_view = OncePerError(log), -1
         while True:

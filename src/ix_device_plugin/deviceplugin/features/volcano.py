@@ -23,7 +23,8 @@ from ix_device_plugin.core.allocation import AllocationError
 from ix_device_plugin.core.plan import REPLICA_SEPARATOR, Plan
 
 if TYPE_CHECKING:
-    from ix_device_plugin.apiserver.client import Kube, PodDoc
+    from ix_device_plugin.apiserver.client import Kube
+    from ix_device_plugin.apiserver.objects import PodDoc
 
 log = logging.getLogger(__name__)
 
@@ -160,7 +161,7 @@ class VolcanoMode:
         }
         if full:
             data[DEVICE_INFO_KEY] = json.dumps({"DeviceInfo": device_info(plan), "UpdateTime": now})
-        from ix_device_plugin.apiserver.client import KubeNotFound
+        from ix_device_plugin.apiserver.errors import KubeNotFound
 
         try:
             await self.kube.patch_config_map_data(self.namespace, self.name, data)
