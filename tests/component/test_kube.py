@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import random
 import shutil
 import subprocess
 import sys
@@ -13,14 +12,13 @@ from datetime import datetime
 from pathlib import Path
 
 import pytest
-from hypothesis import given
-from hypothesis import strategies as st
 
-from ix_device_plugin.apiserver.client import Backoff, Kube, connect
+from ix_device_plugin.apiserver.client import Kube, connect
 from ix_device_plugin.apiserver.errors import KubeAlreadyExists, KubeConflict, KubeError, KubeNotFound
 from ix_device_plugin.apiserver.nodelabel import NodeLabelWatcher
 from ix_device_plugin.apiserver.objects import CONFIG_MAP, RESOURCE_CLAIM, RESOURCE_SLICE, ContainerLimits, ObjectKind
 from ix_device_plugin.apiserver.settings import KubeConfigError, KubeSettings, settings_from
+from ix_device_plugin.runtime.backoff import Backoff
 from ix_device_plugin.standins.apiserver import ApiServerStandIn
 
 NODE = "gpu-node-1"
@@ -546,28 +544,6 @@ async def test_config_maps_through_the_generic_calls(kube):
 # ---- Backoff --------------------------------------------------------------------------------
 
 
-def test_backoff_grows_to_the_cap_and_resets():
-    backoff = Backoff(initial=0.5, cap=4.0, factor=2.0, jitter=0.0)
-    assert [backoff.next_delay() for _ in range(6)] == [0.5, 1.0, 2.0, 4.0, 4.0, 4.0]
-    backoff.reset()
-    assert backoff.next_delay() == 0.5
-
-
-@given(
-    initial=st.floats(0.01, 5.0),
-    cap=st.floats(0.01, 60.0),
-    jitter=st.floats(0.0, 0.9),
-    tries=st.integers(1, 80),
-    seed=st.integers(0, 2**32),
-)
-def test_backoff_delays_stay_within_jitter_of_the_capped_exponential(initial, cap, jitter, tries, seed):
-    backoff = Backoff(initial=initial, cap=cap, factor=2.0, jitter=jitter, rng=random.Random(seed))
-    for attempt in range(tries):
-        base = min(cap, initial * 2.0**attempt)
-        delay = backoff.next_delay()
-        assert base * (1 - jitter) - 1e-9 <= delay <= min(cap, base * (1 + jitter)) + 1e-9
-
-
 async def test_retry_rides_out_an_outage(kube, apiserver):
     apiserver.unavailable = True
 
@@ -600,7 +576,7 @@ async def test_retry_raises_at_once_what_trying_again_cannot_fix(kube):
 async def test_retry_gives_up_after_the_attempts_and_logs_once(kube, apiserver, caplog):
     apiserver.unavailable = True
     with (
-        caplog.at_level(logging.WARNING, logger="ix_device_plugin.apiserver.client"),
+        caplog.at_level(logging.WARNING, logger="ix_device_plugin.runtime.backoff"),
         pytest.raises(KubeError) as caught,
     ):
         await Backoff(initial=0.01, cap=0.01).retry(lambda: kube.get_node(NODE), attempts=4)

@@ -5,8 +5,8 @@ per-node configuration label, DRA). The client library (lightkube) is imported w
 never when this module is imported, so plain device plugging never loads it.
 
 Every `Kube` call has a deadline and raises `KubeError` (or a subclass) whose message names the verb, the
-object and the HTTP status. Features call through `Backoff.retry`: API failures are retried with capped,
-jittered exponential backoff and never take device plugging down.
+object and the HTTP status. Features retry through `runtime.backoff.Backoff` (transient failures only), so
+API failures never take device plugging down.
 """
 
 from __future__ import annotations
@@ -14,9 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import random
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Self, TypeVar
 
 from ix_device_plugin.apiserver.errors import (
@@ -42,7 +40,6 @@ from ix_device_plugin.apiserver.objects import (
 )
 from ix_device_plugin.apiserver.settings import KubeConfigError, KubeSettings
 from ix_device_plugin.apiserver.watch import watch_events
-from ix_device_plugin.runtime.logs import OncePerError
 
 if TYPE_CHECKING:
     from lightkube import AsyncClient, KubeConfig
@@ -50,64 +47,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
-
-
-# ---- retries --------------------------------------------------------------------------------
-
-
-@dataclass
-class Backoff:
-    """Capped exponential delays with jitter: initial, initial*factor, ... up to cap, each scaled by 1 +- jitter."""
-
-    initial: float = 0.5
-    cap: float = 30.0
-    factor: float = 2.0
-    jitter: float = 0.2
-    rng: random.Random = field(default_factory=random.Random)
-    attempt: int = 0
-
-    def next_delay(self) -> float:
-        """The delay before the next try; each call makes the following one longer, up to cap."""
-        base = min(self.cap, self.initial * self.factor**self.attempt)
-        self.attempt += 1
-        return min(self.cap, base * self.rng.uniform(1 - self.jitter, 1 + self.jitter))
-
-    def reset(self) -> None:
-        """Start again from the initial delay (after a success)."""
-        self.attempt = 0
-
-    async def sleep(self) -> None:
-        """Wait the next delay."""
-        await asyncio.sleep(self.next_delay())
-
-    async def retry(
-        self,
-        call: Callable[[], Awaitable[T]],
-        *,
-        attempts: int | None = None,
-        errors: OncePerError | None = None,
-        retry_if: Callable[[KubeError], bool] = lambda error: error.transient,
-    ) -> T:
-        """call() until it succeeds; transient KubeErrors are retried (at most attempts tries; None: forever).
-
-        Each distinct failure is logged once (through errors, or at WARNING here); a KubeError that
-        retry_if rejects, or the last one when the attempts are spent, is raised.
-        """
-        errors = errors or OncePerError(log, logging.WARNING)
-        tries = 0
-        while True:
-            tries += 1
-            try:
-                result = await call()
-            except KubeError as error:
-                if not retry_if(error) or (attempts is not None and tries >= attempts):
-                    raise
-                errors.failed("%s (retrying)", error.message)
-                await self.sleep()
-                continue
-            errors.succeeded("API server answering again")
-            self.reset()
-            return result
 
 
 # ---- the facade -----------------------------------------------------------------------------

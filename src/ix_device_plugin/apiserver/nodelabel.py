@@ -7,8 +7,9 @@ import logging
 import time
 from collections.abc import Callable
 
-from ix_device_plugin.apiserver.client import Backoff, Kube
+from ix_device_plugin.apiserver.client import Kube
 from ix_device_plugin.apiserver.errors import KubeError
+from ix_device_plugin.runtime.backoff import Backoff
 from ix_device_plugin.runtime.logs import OncePerError
 
 log = logging.getLogger(__name__)

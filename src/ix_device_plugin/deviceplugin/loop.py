@@ -631,9 +631,10 @@ class Daemon:
 
     async def _connect(self, settings: KubeSettings) -> Kube:
         """A connection to the API server, retried with backoff for as long as it takes."""
-        from ix_device_plugin.apiserver.client import Backoff, connect
+        from ix_device_plugin.apiserver.client import connect
         from ix_device_plugin.apiserver.errors import KubeError
         from ix_device_plugin.apiserver.settings import KubeConfigError
+        from ix_device_plugin.runtime.backoff import Backoff
 
         backoff, errors = Backoff(), OncePerError(log)
         while True:

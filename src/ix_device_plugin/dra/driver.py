@@ -33,7 +33,7 @@ from ix_device_plugin.api.dra_v1beta1 import api_pb2 as dra_v1beta1
 from ix_device_plugin.api.dra_v1beta1 import api_pb2_grpc as dra_v1beta1_grpc
 from ix_device_plugin.api.pluginregistration import api_pb2 as registration_pb2
 from ix_device_plugin.api.pluginregistration import api_pb2_grpc as registration_grpc
-from ix_device_plugin.apiserver.client import Backoff, Kube, connect
+from ix_device_plugin.apiserver.client import Kube, connect
 from ix_device_plugin.apiserver.errors import KubeAlreadyExists, KubeError
 from ix_device_plugin.apiserver.objects import RESOURCE_CLAIM, RESOURCE_SLICE
 from ix_device_plugin.core.inventory import Inventory, carry_missing
@@ -64,6 +64,7 @@ from ix_device_plugin.hardware.backend import BackendError
 from ix_device_plugin.hardware.devnodes import check_device_nodes, with_control_nodes
 from ix_device_plugin.hardware.worker import Hardware
 from ix_device_plugin.kubelet.registration import unix_target
+from ix_device_plugin.runtime.backoff import Backoff
 from ix_device_plugin.runtime.logs import OncePerError
 from ix_device_plugin.runtime.probes import ProbeHandlers, ProbeServer, parse_address
 from ix_device_plugin.settings.options import DraOptions
