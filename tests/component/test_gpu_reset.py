@@ -330,7 +330,8 @@ async def test_an_unreachable_api_server_refuses_the_reset_and_allocate_says_why
     await apiserver.refuse()
     with pytest.raises(grpc.aio.AioRpcError) as refused:
         await kubelet.allocate(RESOURCE, [[CHIP_A]])
-    assert "cannot reach the API server for the reset handshake" in (refused.value.details() or "")
+    details = refused.value.details() or ""
+    assert "the reset handshake failed: " in details and f"cannot reach the API server at {apiserver.url}" in details
     assert backend.resets == []
     await apiserver.accept()
     await kubelet.allocate(RESOURCE, [[CHIP_A]])

@@ -1,4 +1,5 @@
-"""The Kubernetes API shell and NodeLabelWatcher, driving the real client library against the API server stand-in."""
+"""The Kubernetes API shell (settings, the Kube facade, errors), driving the real client library against the API server
+stand-in."""
 
 from __future__ import annotations
 
@@ -7,7 +8,6 @@ import json
 import logging
 import shutil
 import subprocess
-import sys
 from datetime import datetime
 from pathlib import Path
 
@@ -15,7 +15,6 @@ import pytest
 
 from ix_device_plugin.apiserver.client import Kube, connect
 from ix_device_plugin.apiserver.errors import KubeAlreadyExists, KubeConflict, KubeError, KubeNotFound
-from ix_device_plugin.apiserver.nodelabel import NodeLabelWatcher
 from ix_device_plugin.apiserver.objects import CONFIG_MAP, RESOURCE_CLAIM, RESOURCE_SLICE, ContainerLimits, ObjectKind
 from ix_device_plugin.apiserver.settings import KubeConfigError, KubeSettings, settings_from
 from ix_device_plugin.runtime.backoff import Backoff
@@ -583,114 +582,3 @@ async def test_retry_gives_up_after_the_attempts_and_logs_once(kube, apiserver, 
     assert caught.value.status == 503
     assert sum(r.path == f"/api/v1/nodes/{NODE}" for r in apiserver.requests) == 4
     assert len([r for r in caplog.records if "503" in r.getMessage()]) == 1
-
-
-# ---- NodeLabelWatcher -----------------------------------------------------------------------
-
-
-class _Puts:
-    def __init__(self) -> None:
-        self.values: list[str | None] = []
-
-    def __call__(self, value: str | None) -> None:
-        self.values.append(value)
-
-    async def wait(self, *expected: str | None) -> None:
-        await _eventually(lambda: tuple(self.values) == expected)
-
-
-async def _run_watcher(kube: Kube, puts: _Puts) -> asyncio.Task[None]:
-    watcher = NodeLabelWatcher(kube, NODE, LABEL, Backoff(initial=0.05, cap=0.2))
-    return asyncio.create_task(watcher.run(puts))
-
-
-async def _stop(task: asyncio.Task[None]) -> None:
-    task.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await task
-
-
-async def test_node_label_watcher_puts_the_value_and_each_change(kube, apiserver):
-    puts = _Puts()
-    task = await _run_watcher(kube, puts)
-    await puts.wait(None)
-    await _eventually(lambda: any(r.query.get("watch") == "true" for r in apiserver.requests))
-    apiserver.set_node_labels(NODE, {LABEL: "small"})
-    await puts.wait(None, "small")
-    apiserver.set_node_labels(NODE, {LABEL: "small", "other": "x"})  # another label: nothing to put
-    apiserver.set_node_labels(NODE, {LABEL: "large", "other": "x"})
-    await puts.wait(None, "small", "large")
-    apiserver.set_node_labels(NODE, {"other": "x"})
-    await puts.wait(None, "small", "large", None)
-    await _stop(task)
-
-
-async def test_node_label_watcher_survives_the_api_server_down(kube, apiserver, caplog):
-    apiserver.set_node_labels(NODE, {LABEL: "before"})
-    puts = _Puts()
-    watcher = NodeLabelWatcher(kube, NODE, LABEL, Backoff(initial=0.05, cap=0.2))
-    with caplog.at_level(logging.WARNING, logger="ix_device_plugin.apiserver.nodelabel"):
-        task = asyncio.create_task(watcher.run(puts))
-        await puts.wait("before")
-        await _eventually(lambda: any(r.query.get("watch") == "true" for r in apiserver.requests))
-        await apiserver.refuse()
-        apiserver.set_node_labels(NODE, {LABEL: "during"})
-        await _eventually(lambda: watcher.backoff.attempt >= 4)  # several retries against a closed port
-        assert not task.done()
-        await apiserver.accept()
-        await puts.wait("before", "during")
-        apiserver.set_node_labels(NODE, {LABEL: "after"})
-        await puts.wait("before", "during", "after")
-        await _stop(task)
-    messages = [r.getMessage() for r in caplog.records]
-    assert any("cannot reach the API server" in message for message in messages), messages
-    assert len(messages) == len(set(messages)) < 4, messages  # each distinct problem once, not once per retry
-    assert all(message.startswith(f"label {LABEL} of node {NODE}: ") for message in messages)
-
-
-async def test_node_label_watcher_waits_out_503_and_a_missing_node(kube, apiserver, caplog):
-    apiserver.unavailable = True
-    puts = _Puts()
-    with caplog.at_level(logging.WARNING, logger="ix_device_plugin.apiserver.nodelabel"):
-        task = await _run_watcher(kube, puts)
-        await _eventually(lambda: len(apiserver.requests) >= 3)
-        apiserver.unavailable = False
-        await puts.wait(None)
-        await _stop(task)
-        apiserver._objects.clear()
-        puts = _Puts()
-        task = await _run_watcher(kube, puts)
-        await _eventually(lambda: any("404" in r.getMessage() for r in caplog.records))
-        apiserver.add_node(NODE, {LABEL: "new-node"})
-        await puts.wait("new-node")
-    messages = [r.getMessage() for r in caplog.records]
-    assert sum("503" in message for message in messages) == 1
-    assert sum("404" in message for message in messages) == 1
-    await _stop(task)
-
-
-# ---- lazy import ----------------------------------------------------------------------------
-
-
-def test_plain_plugging_does_not_import_the_client_library():
-    script = (
-        "import sys\n"
-        "import ix_device_plugin.deviceplugin.loop, ix_device_plugin.cli\n"
-        "import ix_device_plugin.apiserver.client, ix_device_plugin.apiserver.nodelabel\n"
-        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('lightkube', 'httpx2', 'httpx', 'httpcore2')))\n"
-    )
-    completed = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=True)
-    assert completed.stdout.strip() == "[]"
-
-
-def test_connecting_imports_the_client_library(kubeconfig):
-    script = (
-        "import asyncio, sys\n"
-        "from ix_device_plugin.apiserver.client import connect\n"
-        "from ix_device_plugin.apiserver.settings import settings_from\n"
-        f"settings = settings_from({{'NODE_NAME': 'n'}}, {str(kubeconfig)!r}, 'test')\n"
-        "asyncio.run(connect(settings))\n"
-        "print('lightkube' in sys.modules)\n"
-    )
-    completed = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=True)
-    assert completed.stdout.strip() == "True"

@@ -7,8 +7,9 @@ import logging
 import time
 from collections.abc import Callable
 
-from ix_device_plugin.apiserver.client import Kube
+from ix_device_plugin.apiserver.connection import ApiConnection
 from ix_device_plugin.apiserver.errors import KubeError
+from ix_device_plugin.apiserver.settings import KubeConfigError
 from ix_device_plugin.runtime.backoff import Backoff
 from ix_device_plugin.runtime.logs import OncePerError
 
@@ -19,13 +20,13 @@ _UNSEEN = object()
 
 
 class NodeLabelWatcher:
-    """Follows one label of a node: its value at start, then every change, through API server outages."""
+    """Follows one label of this node: its value at start, then every change, through API server outages."""
 
-    def __init__(self, kube: Kube, node: str, label: str, backoff: Backoff | None = None) -> None:
-        self.kube = kube
-        self.node = node
+    def __init__(self, api: ApiConnection, label: str, backoff: Backoff | None = None) -> None:
+        self.api = api
+        self.node = api.node_name
         self.label = label
-        self.backoff = backoff or Backoff()
+        self.backoff = backoff or api.backoff()
         self._errors = OncePerError(log, logging.WARNING)
 
     async def run(self, put: Callable[[str | None], None]) -> None:
@@ -38,7 +39,8 @@ class NodeLabelWatcher:
         while True:
             started = time.monotonic()
             try:
-                async with contextlib.aclosing(self.kube.watch_node(self.node)) as labels_seen:
+                kube = await self.api.kube()
+                async with contextlib.aclosing(kube.watch_node(self.node)) as labels_seen:
                     async for labels in labels_seen:
                         self._errors.succeeded("watching label %s of node %s again", self.label, self.node)
                         value = labels.get(self.label)
@@ -46,8 +48,8 @@ class NodeLabelWatcher:
                             last = value
                             put(value)
                 problem = "the watch ended"
-            except KubeError as error:
-                problem = error.message
+            except (KubeError, KubeConfigError) as error:
+                problem = str(error)
             except Exception as error:  # a bug in a library must not stop the plugin: report it and go on
                 problem = f"{type(error).__name__}: {error}"
             if time.monotonic() - started > HEALTHY_FOR:

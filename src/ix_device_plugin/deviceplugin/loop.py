@@ -50,8 +50,7 @@ from ix_device_plugin.settings.options import NODE_CONFIG_LABEL, Options, config
 from ix_device_plugin.settings.yamlsafe import MAX_BYTES
 
 if TYPE_CHECKING:
-    from ix_device_plugin.apiserver.client import Kube
-    from ix_device_plugin.apiserver.settings import KubeSettings
+    from ix_device_plugin.apiserver.connection import ApiConnection
 
 log = logging.getLogger(__name__)
 
@@ -125,8 +124,9 @@ class Daemon:
         self.metrics = metrics or Metrics()
         self.current = Current(State.of(Inventory(), Config()))
         self.hardware = Hardware(options.backend_factory, options.call_timeout)
+        self.apiserver = api_connection(options)  # the one connection to the API server, made on first use
         self.api = ApiFeatures(
-            options, self.current, self.metrics, self.hardware, self._rediscover_now, self._pod_devices
+            options, self.current, self.metrics, self.hardware, self._rediscover_now, self._pod_devices, self.apiserver
         )
         self.endpoint = Endpoint(
             options.plugin_dir / options.endpoint, self.current, self.metrics.observe_call, self.api.before_allocate
@@ -294,6 +294,8 @@ class Daemon:
         await self._bounded("stopping the plugin server", self.endpoint.stop(grace=budget * 0.1), budget * 0.3)
         self.endpoint.remove_socket()
         await self._bounded("ending the API features", self.api.close(timeout=budget * 0.2), budget * 0.25)
+        if self.apiserver is not None:
+            await self._bounded("closing the API connection", self.apiserver.close(), budget * 0.05)
         if self._probes is not None:
             await self._bounded("stopping the probe server", self._probes.stop(), budget * 0.1)
         for file in self._files:
@@ -621,31 +623,8 @@ class Daemon:
     async def _watch_node_label(self) -> None:
         from ix_device_plugin.apiserver.nodelabel import NodeLabelWatcher
 
-        settings = self.options.kube
-        assert settings is not None
-        kube = await self._connect(settings)
-        try:
-            await NodeLabelWatcher(kube, settings.node_name, NODE_CONFIG_LABEL).run(self._label_seen)
-        finally:
-            await kube.close()
-
-    async def _connect(self, settings: KubeSettings) -> Kube:
-        """A connection to the API server, retried with backoff for as long as it takes."""
-        from ix_device_plugin.apiserver.client import connect
-        from ix_device_plugin.apiserver.errors import KubeError
-        from ix_device_plugin.apiserver.settings import KubeConfigError
-        from ix_device_plugin.runtime.backoff import Backoff
-
-        backoff, errors = Backoff(), OncePerError(log)
-        while True:
-            try:
-                kube = await connect(settings)
-            except (KubeConfigError, KubeError) as error:
-                errors.failed("cannot reach the API server (%s): %s; retrying", settings.source, error)
-                await backoff.sleep()
-            else:
-                errors.succeeded("API server reachable again")
-                return kube
+        assert self.apiserver is not None
+        await NodeLabelWatcher(self.apiserver, NODE_CONFIG_LABEL).run(self._label_seen)
 
     def _label_seen(self, value: str | None) -> None:
         if self._first_label is not None and not self._first_label.done():
@@ -724,6 +703,15 @@ class Daemon:
         except OSError as error:
             self._probes = None
             raise StartupError(f"cannot listen on --health-address {self.options.health_address}: {error}") from error
+
+
+def api_connection(options: Options) -> ApiConnection | None:
+    """The connection to the API server, when a feature needs one (nothing is imported or asked before its use)."""
+    if options.kube is None:
+        return None
+    from ix_device_plugin.apiserver.connection import ApiConnection
+
+    return ApiConnection(options.kube)
 
 
 def node_files(options: Options) -> list[NodeFile]:

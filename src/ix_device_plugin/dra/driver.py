@@ -33,7 +33,8 @@ from ix_device_plugin.api.dra_v1beta1 import api_pb2 as dra_v1beta1
 from ix_device_plugin.api.dra_v1beta1 import api_pb2_grpc as dra_v1beta1_grpc
 from ix_device_plugin.api.pluginregistration import api_pb2 as registration_pb2
 from ix_device_plugin.api.pluginregistration import api_pb2_grpc as registration_grpc
-from ix_device_plugin.apiserver.client import Kube, connect
+from ix_device_plugin.apiserver.client import Kube
+from ix_device_plugin.apiserver.connection import ApiConnection
 from ix_device_plugin.apiserver.errors import KubeAlreadyExists, KubeError
 from ix_device_plugin.apiserver.objects import RESOURCE_CLAIM, RESOURCE_SLICE
 from ix_device_plugin.core.inventory import Inventory, carry_missing
@@ -307,11 +308,12 @@ class DraService:
 class DraDriver:
     """The DRA mode: owns the inventory, publishes the slice, serves the kubelet."""
 
-    def __init__(self, options: DraOptions, kube: Kube | None = None) -> None:
+    def __init__(self, options: DraOptions, api: ApiConnection | None = None) -> None:
         self.options = options
         base = options.base
         self.hardware = Hardware(base.backend_factory, base.call_timeout)
-        self.kube = kube
+        self.api = api or (ApiConnection(options.kube) if options.kube is not None else None)
+        self.kube: Kube | None = None
         self.store = ClaimStore(plugin_dir(options), options.cdi_spec_dir)
         self.inventory = Inventory()
         self.content = SliceContent((), None)
@@ -349,9 +351,8 @@ class DraDriver:
         started = time.perf_counter()
         self.store.load()
         await self._first_discovery()
-        if self.kube is None:
-            assert self.options.kube is not None
-            self.kube = await connect(self.options.kube)
+        assert self.api is not None
+        self.kube = await self.api.kube()
         self.publisher = SlicePublisher(self.kube, self.options.node_name)
         self._spawn("publish-slice", self._publish_slices())
         self._spawn("hardware", self._watch_hardware())
@@ -386,8 +387,8 @@ class DraDriver:
         for path in (registration_socket(self.options), dra_socket(self.options)):
             with contextlib.suppress(OSError):
                 path.unlink(missing_ok=True)
-        if self.kube is not None:
-            await self.kube.close()
+        if self.api is not None:
+            await self.api.close()
         await self.hardware.close(timeout)
 
     def _spawn(self, name: str, work: Any) -> None:

@@ -215,7 +215,7 @@ class GpuReset:
                 raise GpuResetError(str(error), "refused") from None
             except KubeError as error:
                 await self._undo(handshake)
-                message = f"cannot reach the API server for the reset handshake: {error}"
+                message = f"the reset handshake failed: {error}"
                 raise GpuResetError(message, "refused") from None
         try:
             await self._run_reset(uuids)

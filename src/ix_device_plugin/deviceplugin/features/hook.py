@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Iterable, Mapping
+from typing import TYPE_CHECKING
 
 from ix_device_plugin.api import api_pb2
 from ix_device_plugin.core.allocation import AllocationError
@@ -25,9 +26,13 @@ from ix_device_plugin.runtime.logs import OncePerError
 from ix_device_plugin.settings.config import Config
 from ix_device_plugin.settings.options import Options
 
+if TYPE_CHECKING:
+    from ix_device_plugin.apiserver.connection import ApiConnection
+
 log = logging.getLogger(__name__)
 
 SETTLE = 0.2  # the kubelet records an allocation just after Allocate returns
+CONFIG_POLL = 5.0  # seconds between looks at whether flags.reset_gpu was turned on
 PodDevices = Callable[[], Awaitable[Mapping[tuple[str, str], list[str]]]]
 
 
@@ -42,8 +47,9 @@ class ApiFeatures:
         hardware: Hardware,
         rediscover: Callable[[], Awaitable[Inventory]],
         pod_devices: PodDevices,
+        api: ApiConnection | None,
     ) -> None:
-        self._options = options
+        self._api = api
         self._current = current
         self._pod_devices = pod_devices
         self.gpu_reset = GpuReset(hardware, self._reset_handshake, rediscover, metrics, options.reset)
@@ -58,10 +64,8 @@ class ApiFeatures:
         return self._current.state.config
 
     async def close(self, timeout: float) -> None:
-        """Never leave reset: true behind; close the API connections."""
+        """Never leave reset: true behind (the API connection is closed by its owner, after this)."""
         await self.gpu_reset.close(timeout)
-        for kube in {id(part.kube): part.kube for part in (self._handshake, self._volcano) if part}.values():
-            await kube.close()
 
     async def before_allocate(self, plan: Plan, request: api_pb2.AllocateRequest) -> api_pb2.AllocateRequest | None:
         """With flags.usevolcano, the devices Volcano chose; with flags.reset_gpu, reset their chips first.
@@ -87,15 +91,19 @@ class ApiFeatures:
 
     async def announce_reset(self) -> None:
         """With flags.reset_gpu, say in ix-gpu-reset-<node> that we hold the GPUs, as upstream does at start."""
-        errors = OncePerError(log)
+        if self._api is None:
+            return
+        errors, backoff = OncePerError(log), self._api.backoff()
         while self._handshake is None:
-            if self._config.reset_gpu:
-                try:
-                    await self._reset_handshake()
-                    errors.succeeded("GPU reset handshake: the API server answers again")
-                except GpuResetError as error:
-                    errors.failed("GPU reset handshake: %s; retrying", error)
-            await asyncio.sleep(VOLCANO_PERIOD)
+            if not self._config.reset_gpu:
+                await asyncio.sleep(CONFIG_POLL)
+                continue
+            try:
+                await self._reset_handshake()
+                errors.succeeded("GPU reset handshake: the API server answers again")
+            except GpuResetError as error:
+                errors.failed("GPU reset handshake: %s; retrying", error)
+                await backoff.sleep()
 
     async def _reset_handshake(self) -> ResetHandshake | None:
         """The handshake with other IXML users, when the API server is configured; None without one."""
@@ -105,8 +113,7 @@ class ApiFeatures:
     async def _open_handshake(self) -> ResetHandshake | None:
         if self._handshake is not None:
             return self._handshake
-        settings = self._options.kube
-        if settings is None:
+        if self._api is None:
             if not self._no_handshake_said:
                 log.warning(
                     "flags.reset_gpu without API access (NODE_NAME and a service account or kubeconfig): "
@@ -114,20 +121,14 @@ class ApiFeatures:
                 )
                 self._no_handshake_said = True
             return None
-        from ix_device_plugin.apiserver.client import connect
         from ix_device_plugin.apiserver.errors import KubeError
         from ix_device_plugin.apiserver.settings import KubeConfigError
 
         try:
-            kube = await connect(settings)
-        except (KubeConfigError, KubeError) as error:
-            raise GpuResetError(f"cannot reach the API server for the reset handshake: {error}", "refused") from None
-        handshake = ResetHandshake(kube, settings.namespace, settings.node_name)
-        try:
+            handshake = ResetHandshake(await self._api.kube(), self._api.namespace, self._api.node_name)
             await handshake.announce()
-        except (KubeError, GpuResetError) as error:
-            await kube.close()
-            raise GpuResetError(f"cannot reach the API server for the reset handshake: {error}", "refused") from None
+        except (KubeConfigError, KubeError, GpuResetError) as error:
+            raise GpuResetError(f"the reset handshake failed: {error}", "refused") from None
         self._handshake = handshake
         return handshake
 
@@ -145,23 +146,21 @@ class ApiFeatures:
     async def _volcano_mode(self) -> VolcanoMode:
         if self._volcano is not None:
             return self._volcano
-        settings = self._options.kube
-        if settings is None:
+        if self._api is None:
             raise AllocationError(
                 "flags.usevolcano needs API access: NODE_NAME and a service account (chart: "
                 "features.volcano=true) or --kubeconfig",
                 unavailable=True,
             )
-        from ix_device_plugin.apiserver.client import connect
         from ix_device_plugin.apiserver.errors import KubeError
         from ix_device_plugin.apiserver.settings import KubeConfigError
 
         try:
-            kube = await connect(settings)
+            kube = await self._api.kube()
         except (KubeConfigError, KubeError) as error:
-            raise AllocationError(f"Volcano mode: cannot reach the API server: {error}", unavailable=True) from None
+            raise AllocationError(f"Volcano mode: {error}", unavailable=True) from None
         self._volcano = VolcanoMode(
-            kube, settings.namespace, settings.node_name, lambda: self._current.plan, self._pod_devices
+            kube, self._api.namespace, self._api.node_name, lambda: self._current.plan, self._pod_devices
         )
         return self._volcano
 
