@@ -140,6 +140,10 @@ def _api_features() -> Iterator[Figure]:
     yield Figure("api_features", "1 GPU, API features off: RSS", ("off", "rss_mib"), "MiB")
     yield Figure("api_features", "1 GPU, per-node config + Volcano on: RSS", ("on", "rss_mib"), "MiB")
     yield Figure("api_features", "RSS added by the API features", ("rss_added_mib",), "MiB")
+    for feature, name in (("per_node_config", "per-node config"), ("gpu_reset", "GPU reset"), ("volcano", "Volcano")):
+        path = ("idle", feature)
+        yield Figure("api_features", f"{name}: requests at idle, per node", (*path, "requests_per_hour"), "/h", 1)
+        yield Figure("api_features", f"{name}: watches opened at idle, per node", (*path, "watch_opens_per_hour"), "/h")
 
 
 def figures(sections: Mapping[str, Any]) -> list[Figure]:
