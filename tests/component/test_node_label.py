@@ -80,13 +80,13 @@ async def test_node_label_watcher_survives_the_api_server_down(api, apiserver, c
     apiserver.set_node_labels(NODE, {LABEL: "before"})
     puts = _Puts()
     watcher = NodeLabelWatcher(api, LABEL)
-    with caplog.at_level(logging.WARNING, logger="ix_device_plugin.apiserver.nodelabel"):
+    with caplog.at_level(logging.WARNING, logger="ix_device_plugin.apiserver.watch"):
         task = asyncio.create_task(watcher.run(puts))
         await puts.wait("before")
         await _eventually(lambda: any(r.query.get("watch") == "true" for r in apiserver.requests))
         await apiserver.refuse()
         apiserver.set_node_labels(NODE, {LABEL: "during"})
-        await _eventually(lambda: watcher.backoff.attempt >= 4)  # several retries against a closed port
+        await _eventually(lambda: watcher.mirror.backoff.attempt >= 4)  # several retries against a closed port
         assert not task.done()
         await apiserver.accept()
         await puts.wait("before", "during")
@@ -102,7 +102,7 @@ async def test_node_label_watcher_survives_the_api_server_down(api, apiserver, c
 async def test_node_label_watcher_waits_out_503_and_a_missing_node(api, apiserver, caplog):
     apiserver.unavailable = True
     puts = _Puts()
-    with caplog.at_level(logging.WARNING, logger="ix_device_plugin.apiserver.nodelabel"):
+    with caplog.at_level(logging.WARNING, logger="ix_device_plugin.apiserver.watch"):
         task = await _run_watcher(api, puts)
         await _eventually(lambda: len(apiserver.requests) >= 3)
         apiserver.unavailable = False
@@ -125,7 +125,7 @@ async def test_an_unusable_kubeconfig_is_named_and_waited_out(apiserver, tmp_pat
     kubeconfig.write_text("{not yaml: [")
     api = ApiConnection(settings_from({"NODE_NAME": NODE}, str(kubeconfig), "test"), FAST)
     puts = _Puts()
-    with caplog.at_level(logging.WARNING, logger="ix_device_plugin.apiserver.nodelabel"):
+    with caplog.at_level(logging.WARNING, logger="ix_device_plugin.apiserver.watch"):
         task = await _run_watcher(api, puts)
         await _eventually(lambda: any(str(kubeconfig) in r.getMessage() for r in caplog.records))
         assert not task.done() and puts.values == []

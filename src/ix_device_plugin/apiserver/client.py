@@ -19,7 +19,6 @@ from typing import TYPE_CHECKING, Any, Self, TypeVar
 
 from ix_device_plugin.apiserver.errors import (
     KubeError,
-    KubeExpired,
     KubeNotFound,
     kube_error,
 )
@@ -36,7 +35,6 @@ from ix_device_plugin.apiserver.objects import (
     labels_of,
     pod_doc,
     resource,
-    version_of,
 )
 from ix_device_plugin.apiserver.settings import KubeConfigError, KubeSettings
 from ix_device_plugin.apiserver.watch import watch_events
@@ -173,35 +171,6 @@ class Kube:
             raise KubeNotFound(f"get {NODE.describe(name)}: HTTP 404 NotFound: no such node", 404, "NotFound")
         return obj
 
-    async def watch_node(self, name: str) -> AsyncIterator[dict[str, str]]:
-        """The node's labels now, then each time they change; raises KubeError when the API server fails.
-
-        A watch the server ends (or that falls silent) is resumed from the last resourceVersion seen;
-        when that version is too old (410 Gone) the node is read again and watched from there. A deleted
-        node yields {}.
-        """
-        node = await self._get_node(name)
-        labels, version, fields = labels_of(node), version_of(node), {"metadata.name": name}
-        what = f"watch {NODE.describe(name)}"
-        yield labels
-        while True:
-            try:
-                events = watch_events(self._client, NODE, what, version, field_selector=fields)
-                async with contextlib.aclosing(events):
-                    async for change, obj in events:
-                        version = version_of(obj) or version
-                        if change in ("ADDED", "MODIFIED", "DELETED"):
-                            current = {} if change == "DELETED" else labels_of(obj)
-                            if current != labels:
-                                labels = current
-                                yield labels
-            except KubeExpired:
-                node = await self._get_node(name)
-                version = version_of(node)
-                if labels_of(node) != labels:
-                    labels = labels_of(node)
-                    yield labels
-
     # ---- any kind --------------------------------------------------------------------------
 
     async def get_object(self, kind: ObjectKind, name: str, namespace: str | None = None) -> Object | None:
@@ -224,21 +193,56 @@ class Kube:
         label_selector: Mapping[str, str] | None = None,
     ) -> list[Object]:
         """Objects of kind (in namespace; None: every namespace) whose fields and labels equal the selectors'."""
+        objects, _ = await self.list_with_version(
+            kind, namespace, field_selector=field_selector, label_selector=label_selector
+        )
+        return objects
+
+    async def list_with_version(
+        self,
+        kind: ObjectKind,
+        namespace: str | None = None,
+        *,
+        field_selector: Mapping[str, str] | None = None,
+        label_selector: Mapping[str, str] | None = None,
+    ) -> tuple[list[Object], str]:
+        """The objects list_objects gives, and the resourceVersion of the list (to watch from)."""
         from lightkube import ALL_NS
 
         scope = {"namespace": namespace or ALL_NS} if kind.namespaced else {}
         where = f"in {namespace}" if namespace else "in every namespace" if kind.namespaced else ""
 
-        async def listed() -> list[Object]:
+        async def listed() -> tuple[list[Object], str]:
             listing = self._client.list(
                 resource(kind),
                 fields=dict(field_selector) if field_selector else None,
                 labels=dict(label_selector) if label_selector else None,
                 **scope,
             )
-            return [as_dict(obj) async for obj in listing]
+            objects = [as_dict(obj) async for obj in listing]
+            return objects, listing.resourceVersion
 
         return await self._call(f"list {kind.plural} {where}".rstrip(), listed)
+
+    def watch(
+        self,
+        kind: ObjectKind,
+        version: str,
+        *,
+        namespace: str | None = None,
+        field_selector: Mapping[str, str] | None = None,
+    ) -> AsyncIterator[tuple[str, Object]]:
+        """(event type, object) of one watch of kind from version (namespace None: every namespace), until the
+        server ends it; raises KubeError (KubeExpired when version is too old)."""
+        fields = dict(field_selector or {})
+        if "metadata.name" in fields:
+            what = f"watch {kind.describe(fields['metadata.name'], namespace)}"
+        else:
+            where = f" in {namespace}" if namespace else " in every namespace" if kind.namespaced else ""
+            what = f"watch {kind.plural}{where}"
+        if fields.keys() - {"metadata.name"}:
+            what += f" ({','.join(f'{key}={value}' for key, value in fields.items() if key != 'metadata.name')})"
+        return watch_events(self._client, kind, what, version, namespace=namespace, field_selector=fields)
 
     async def create_object(self, kind: ObjectKind, obj: Mapping[str, Any]) -> Object:
         """Create obj (its namespace is metadata.namespace); the object as stored. KubeAlreadyExists when taken."""
