@@ -8,6 +8,7 @@ rediscovery after a reset goes through the daemon's reconcile loop (the `redisco
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import TYPE_CHECKING
@@ -17,8 +18,7 @@ from ix_device_plugin.core.allocation import AllocationError
 from ix_device_plugin.core.inventory import Chip, Inventory
 from ix_device_plugin.core.plan import Plan
 from ix_device_plugin.deviceplugin.features.gpureset import GpuReset, GpuResetError, ResetHandshake
-from ix_device_plugin.deviceplugin.features.volcano import LIST_PERIOD as VOLCANO_PERIOD
-from ix_device_plugin.deviceplugin.features.volcano import VolcanoMode
+from ix_device_plugin.deviceplugin.features.volcano import PASS_PERIOD, VolcanoMode
 from ix_device_plugin.deviceplugin.metrics import Metrics
 from ix_device_plugin.deviceplugin.state import Current, first_set
 from ix_device_plugin.hardware.worker import Hardware
@@ -75,10 +75,11 @@ class ApiFeatures:
             return None
         if config.use_volcano:
             from ix_device_plugin.apiserver.errors import KubeError
+            from ix_device_plugin.apiserver.settings import KubeConfigError
 
             try:
                 request = await self._volcano_request(request)
-            except KubeError as error:
+            except (KubeError, KubeConfigError) as error:
                 raise AllocationError(f"Volcano mode: {error}", unavailable=True) from None
         if config.reset_gpu:
             current = self._current.plan
@@ -152,46 +153,65 @@ class ApiFeatures:
                 "features.volcano=true) or --kubeconfig",
                 unavailable=True,
             )
-        from ix_device_plugin.apiserver.errors import KubeError
-        from ix_device_plugin.apiserver.settings import KubeConfigError
-
-        try:
-            kube = await self._api.kube()
-        except (KubeConfigError, KubeError) as error:
-            raise AllocationError(f"Volcano mode: {error}", unavailable=True) from None
-        self._volcano = VolcanoMode(
-            kube, self._api.namespace, self._api.node_name, lambda: self._current.plan, self._pod_devices
-        )
+        self._volcano = VolcanoMode(self._api, lambda: self._current.plan, self._pod_devices)
         return self._volcano
 
     async def run_volcano(self) -> None:
-        """While flags.usevolcano is on: keep ix-device-info-cm-<node> current and annotate allocated pods."""
+        """While flags.usevolcano is on: follow the node's pods and ix-device-info-cm-<node>, keep the ConfigMap
+        current and annotate allocated pods. Each pass runs when something changed (or PASS_PERIOD passed,
+        for the kubelet's allocations); a pass at rest asks the API server nothing."""
         from ix_device_plugin.apiserver.errors import KubeError
+        from ix_device_plugin.apiserver.settings import KubeConfigError
 
-        errors, published_view = OncePerError(log), -1
-        while True:
-            if self._config.use_volcano:
-                view = self._current.view_generation
+        if self._api is None:
+            return
+        errors, backoff = OncePerError(log), self._api.backoff()
+        following: asyncio.Task[None] | None = None
+        try:
+            while True:
+                if not self._config.use_volcano:
+                    following = await _stopped(following)
+                    await self._volcano_wait(CONFIG_POLL, self._wake_events(None))
+                    continue
+                mode = await self._volcano_mode()
+                if following is None:
+                    following = asyncio.create_task(mode.follow(), name="volcano-watches")
+                wake, wait = self._wake_events(mode), PASS_PERIOD  # taken before the pass: no change is missed
                 try:
-                    mode = await self._volcano_mode()
-                    await mode.annotate_allocations()
-                    await mode.publish(full=view != published_view)
-                    published_view = view
+                    await mode.annotate_allocations(self._current.plan.resource_name)
+                    await mode.publish()
                     errors.succeeded("Volcano mode: the API server answers again")
-                except (KubeError, AllocationError) as error:
+                    backoff.reset()
+                except (KubeError, KubeConfigError) as error:
                     errors.failed("Volcano mode: %s; retrying", error)
-            await self._volcano_wait(VOLCANO_PERIOD)
+                    wait = backoff.next_delay()
+                await self._volcano_wait(wait, wake)
+        finally:
+            await _stopped(following)
 
-    async def _volcano_wait(self, seconds: float) -> None:
-        """Sleep until the period is over, the device view changes or an Allocate asks for a pass."""
+    def _wake_events(self, mode: VolcanoMode | None) -> list[asyncio.Event]:
+        """Set when the device view or what Volcano mode's watches see changes, or an Allocate asks for a pass."""
+        events = [self._current.news, self._volcano_soon]
+        return events if mode is None else [*events, mode.pods.news, mode.config_map.news]
+
+    async def _volcano_wait(self, seconds: float, wake: list[asyncio.Event]) -> None:
+        """Sleep until seconds pass or one of wake is set (after an Allocate, a little longer)."""
         try:
             async with asyncio.timeout(seconds):
-                await first_set(self._current.news, self._volcano_soon)
+                await first_set(*wake)
         except TimeoutError:
             pass
         if self._volcano_soon.is_set():
             self._volcano_soon.clear()
             await asyncio.sleep(SETTLE)  # the kubelet records the allocation just after Allocate returns
+
+
+async def _stopped(task: asyncio.Task[None] | None) -> None:
+    """Cancel task (if any) and wait for it to end; None, for the caller to hold."""
+    if task is not None:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
 
 
 def _chips(plan: Plan, device_ids: Iterable[str]) -> list[Chip]:
