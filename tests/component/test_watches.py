@@ -202,6 +202,25 @@ async def test_watches_that_end_at_once_are_backed_off_and_lose_no_change(api, a
     await following.stop()
 
 
+async def test_the_backoff_starts_again_only_after_a_watch_lived(api, apiserver):
+    following = Following(api, Backoff(0.01, 1.5), healthy_for=0.5)
+    await following.label("first")
+    apiserver.watches_end = "at once"
+    apiserver.drop_watches()
+    await _eventually(lambda: following.mirror.backoff.attempt >= 7)  # the next delay has grown past 1 s
+    apiserver.watches_end = None
+    await _eventually(lambda: len(apiserver._watches) == 1)
+    assert following.mirror.backoff.attempt >= 7  # a watch open, not yet lived: no reset
+    await asyncio.sleep(0.7)  # now it has lived
+    apiserver.watches_end = "expired"
+    ended, before = time.monotonic(), len(apiserver.requests)
+    apiserver.drop_watches()
+    await _eventually(lambda: len(apiserver.requests) > before)
+    assert time.monotonic() - ended < 0.6  # the first delay again (0.01 s), not the grown one (over 1 s)
+    apiserver.watches_end = None
+    await following.stop()
+
+
 async def test_the_pods_of_a_node_in_every_namespace(api, apiserver):
     apiserver.add_pod("team-a", "train", NODE_NAME)
     apiserver.add_pod("team-b", "elsewhere", "gpu-node-2")

@@ -152,15 +152,16 @@ class Mirror(Generic[T]):
         """Read, then watch, for ever (cancel to stop): every failure is logged once and waited out."""
         read = True
         while True:
+            started = time.monotonic()
             problem = await self._read_and_watch(read)
-            lived = problem is None
-            if lived:
+            if time.monotonic() - started >= self._healthy_for:  # it lived: the next delay is the first again
                 self.backoff.reset()
+            if problem is None:
                 self._errors.succeeded("%s: watching again", self.what)
             else:
                 self.problem = problem
                 self._errors.failed("%s: %s; reading it again", self.what, problem)
-            read = not lived
+            read = problem is not None
             await self.backoff.sleep()
 
     async def _read_and_watch(self, read: bool) -> str | None:
