@@ -9,6 +9,10 @@ is done (node label watched, reset handshake announced, device-info ConfigMap wr
 in which nothing changes. Every request the stand-in receives in the window is counted: a watch being opened
 (again) apart, since a watch open at idle is the price of hearing about a change; everything else is load
 that buys nothing. Both are given per node per hour; the target for the rest is zero.
+
+Hostile watches: the plugin with per-node config against an API server that answers every watch with 410
+Expired (as after a compaction), or ends every watch at once: the requests per second one node makes over
+the same window, from the moment the watches start to end so (its backoff growing from 0.5 s to 30 s).
 """
 
 from __future__ import annotations
@@ -81,8 +85,8 @@ async def _until(ready: Callable[[], bool], what: str, plugin: PluginProcess) ->
         await asyncio.sleep(0.05)
 
 
-async def idle_requests(settings: Settings, feature: str) -> dict[str, float]:
-    """Requests per hour the plugin makes with `feature` on while nothing changes: watches opened, and the rest."""
+async def _window(settings: Settings, feature: str, watches_end: str | None = None) -> tuple[float, list[Recorded]]:
+    """The requests the plugin with `feature` on makes over the idle window, once started (and the window)."""
     workdir = short_dir()
     try:
         async with ApiServerStandIn() as api:
@@ -91,11 +95,19 @@ async def idle_requests(settings: Settings, feature: str) -> dict[str, float]:
                 await plugin.launch()
                 await _until(lambda: READY[feature](api), f"{feature}'s start-up work", plugin)
                 await asyncio.sleep(settings.settle_seconds)
+                if watches_end is not None:  # the open watches end too: from now on every one ends so
+                    api.watches_end = watches_end
+                    api.drop_watches()
                 first, started = len(api.requests), time.monotonic()
                 await asyncio.sleep(settings.idle_seconds)
-                window, seen = time.monotonic() - started, api.requests[first:]
+                return time.monotonic() - started, api.requests[first:]
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
+
+
+async def idle_requests(settings: Settings, feature: str) -> dict[str, float]:
+    """Requests per hour the plugin makes with `feature` on while nothing changes: watches opened, and the rest."""
+    window, seen = await _window(settings, feature)
     watches = sum(_is_watch(request) for request in seen)
     return {
         "requests_per_hour": round((len(seen) - watches) * HOUR / window, 1),
@@ -117,9 +129,14 @@ async def run(settings: Settings) -> dict[str, Any]:
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     idle = {feature: await idle_requests(settings, feature) for feature in FEATURES}
+    hostile = {}
+    for name, ending in (("expired", "expired"), ("ended_at_once", "at once")):
+        window, seen = await _window(settings, "per_node_config", ending)
+        hostile[name] = {"requests_per_s": round(len(seen) / window, 2), "window_s": round(window, 1)}
     return {
         "off": off,
         "on": on,
         "rss_added_mib": round(on["rss_mib"] - off["rss_mib"], 2),
         "idle": idle,
+        "hostile_watches": hostile,
     }

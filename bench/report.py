@@ -144,6 +144,9 @@ def _api_features() -> Iterator[Figure]:
         path = ("idle", feature)
         yield Figure("api_features", f"{name}: requests at idle, per node", (*path, "requests_per_hour"), "/h", 1)
         yield Figure("api_features", f"{name}: watches opened at idle, per node", (*path, "watch_opens_per_hour"), "/h")
+    for ending, name in (("expired", "every watch answered 410"), ("ended_at_once", "every watch ended at once")):
+        path = ("hostile_watches", ending, "requests_per_s")
+        yield Figure("api_features", f"per-node config, {name}: requests", path, "/s", 1)
 
 
 def figures(sections: Mapping[str, Any]) -> list[Figure]:
