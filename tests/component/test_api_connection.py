@@ -9,6 +9,8 @@ from pathlib import Path
 
 import grpc
 import pytest
+from dra_support import NODE as DRA_NODE
+from dra_support import DraNode
 
 from ix_device_plugin.apiserver import connection as connection_module
 from ix_device_plugin.apiserver.connection import ApiConnection, ConnectionClosed
@@ -156,3 +158,16 @@ async def test_an_api_server_that_answers_no_is_not_called_unreachable(
     details = refused.value.details() or ""
     assert details.startswith("GPU reset before Allocate: the reset handshake failed: get configmap "), details
     assert "HTTP 401 Unauthorized" in details and "cannot reach" not in details
+
+
+async def test_the_dra_driver_makes_one_connection_and_closes_it(
+    short_dir: Path, apiserver: ApiServerStandIn, connects: list[str]
+) -> None:
+    node = DraNode(short_dir, apiserver)
+    driver = await node.start()
+    await until(lambda: apiserver.objects("resourceslices") != [], timeout=10)
+    assert connects == [DRA_NODE]
+    await node.stop(driver)
+    assert driver.api is not None
+    with pytest.raises(ConnectionClosed):
+        await driver.api.kube()
