@@ -145,6 +145,13 @@ def _api_features() -> Iterator[Figure]:
     yield Figure("api_features", "1 GPU, API features off: RSS", ("off", "rss_mib"), "MiB")
     yield Figure("api_features", "1 GPU, per-node config + Volcano on: RSS", ("on", "rss_mib"), "MiB")
     yield Figure("api_features", "RSS added by the API features", ("rss_added_mib",), "MiB")
+    for feature, name in (("per_node_config", "per-node config"), ("gpu_reset", "GPU reset"), ("volcano", "Volcano")):
+        path = ("idle", feature)
+        yield Figure("api_features", f"{name}: requests at idle, per node", (*path, "requests_per_hour"), "/h", 1)
+        yield Figure("api_features", f"{name}: watches opened at idle, per node", (*path, "watch_opens_per_hour"), "/h")
+    for ending, name in (("expired", "every watch answered 410"), ("ended_at_once", "every watch ended at once")):
+        path = ("hostile_watches", ending, "requests_per_s")
+        yield Figure("api_features", f"per-node config, {name}: requests", path, "/s", 1)
 
 
 def figures(sections: Mapping[str, Any]) -> list[Figure]:

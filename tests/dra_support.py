@@ -11,7 +11,7 @@ from typing import Any
 
 import yaml
 
-from ix_device_plugin.apiserver.client import KubeSettings, settings_from
+from ix_device_plugin.apiserver.settings import KubeSettings, settings_from
 from ix_device_plugin.dra.driver import DraDriver
 from ix_device_plugin.dra.pool import slice_base_name
 from ix_device_plugin.dra.slices import DRIVER

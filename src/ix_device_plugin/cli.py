@@ -15,7 +15,7 @@ from dataclasses import replace
 from typing import Any
 
 from ix_device_plugin import __version__
-from ix_device_plugin.apiserver.client import KubeConfigError, KubeSettings, settings_from
+from ix_device_plugin.apiserver.settings import KubeConfigError, KubeSettings, settings_from
 from ix_device_plugin.runtime.logs import setup as setup_logging
 from ix_device_plugin.runtime.memory import limit_malloc_arenas
 from ix_device_plugin.settings.argv import CHECK_CONFIG, Command, parse_command_line

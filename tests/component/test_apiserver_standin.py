@@ -265,6 +265,22 @@ async def test_watch_history_limit_expires_old_versions(http):
             assert (await _Watch(response).next())["object"]["metadata"]["labels"] == {"v": "b"}
 
 
+async def test_hostile_watches_are_answered_410_or_ended_at_once(http, server):
+    server.add_node("n1", {"a": "1"})
+    server.watches_end = "expired"
+    async with http.get("/api/v1/nodes", params={"watch": "true", "resourceVersion": "1"}) as response:
+        watch = _Watch(response)
+        error = await watch.next()
+        assert (error["type"], error["object"]["code"], error["object"]["reason"]) == ("ERROR", 410, "Expired")
+        assert await watch.ended()
+    server.watches_end = "at once"
+    async with http.get("/api/v1/nodes", params={"watch": "true"}) as response:
+        assert response.status == 200 and await _Watch(response).ended()  # not even the ADDED of n1
+    server.watches_end = None
+    async with http.get("/api/v1/nodes", params={"watch": "true"}) as response:
+        assert (await _Watch(response).next())["type"] == "ADDED"
+
+
 async def test_watch_timeout_seconds_ends_the_stream(http, server):
     params = {"watch": "true", "timeoutSeconds": "1"}
     async with http.get("/api/v1/nodes", params=params) as response:

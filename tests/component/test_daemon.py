@@ -53,6 +53,38 @@ async def test_registrar_backoff_is_cancelled_even_when_kicked_in_the_same_itera
             await running
 
 
+class RefusingKubelet(KubeletStandIn):
+    """The kubelet stand-in, refusing the first `refusals` registrations and noting when each came."""
+
+    def __init__(self, plugin_dir: Path, refusals: int) -> None:
+        super().__init__(plugin_dir)
+        self.refusals = refusals
+        self.attempts: list[float] = []
+
+    async def Register(self, request, context):  # type: ignore[no-untyped-def]
+        self.attempts.append(time.monotonic())
+        if len(self.attempts) <= self.refusals:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "not yet")
+        return await super().Register(request, context)
+
+
+async def test_a_refused_registration_is_retried_with_the_one_backoff_policy(
+    plugin_dir: Path, start_daemon: DaemonFactory
+) -> None:
+    kubelet = RefusingKubelet(plugin_dir, refusals=4)
+    await kubelet.start()
+    try:
+        daemon = await start_daemon("BI-V150:1")
+        await kubelet.wait_registered(RESOURCE, capacity=1)
+    finally:
+        await kubelet.stop()
+    gaps = [later - earlier for earlier, later in zip(kubelet.attempts, kubelet.attempts[1:], strict=False)]
+    assert len(gaps) == 4
+    for attempt, gap in enumerate(gaps):  # 0.05 s doubled each time, +-20 % jitter
+        assert gap >= 0.05 * 2**attempt * 0.8, gaps
+    assert metric(daemon, "ix_device_plugin_registration_failures_total") == 4
+
+
 # ---- 2. Allocate always answers from the current plan ---------------------------------------
 
 

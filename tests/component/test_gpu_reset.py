@@ -12,7 +12,7 @@ import grpc
 import pytest
 import yaml
 
-from ix_device_plugin.apiserver.client import settings_from
+from ix_device_plugin.apiserver.settings import settings_from
 from ix_device_plugin.deviceplugin.features.gpureset import DATA_KEY, OUR_NAME, GpuResetError, ResetInfo, ResetSettings
 from ix_device_plugin.hardware.backend import BackendError
 from ix_device_plugin.hardware.ixml import IxmlBackend
@@ -336,7 +336,8 @@ async def test_an_unreachable_api_server_refuses_the_reset_and_allocate_says_why
     await apiserver.refuse()
     with pytest.raises(grpc.aio.AioRpcError) as refused:
         await kubelet.allocate(RESOURCE, [[CHIP_A]])
-    assert "cannot reach the API server for the reset handshake" in (refused.value.details() or "")
+    details = refused.value.details() or ""
+    assert "the reset handshake failed: " in details and f"cannot reach the API server at {apiserver.url}" in details
     assert backend.resets == []
     await apiserver.accept()
     await kubelet.allocate(RESOURCE, [[CHIP_A]])

@@ -1,39 +1,23 @@
-"""The Kubernetes API shell and NodeLabelWatcher, driving the real client library against the API server stand-in."""
+"""The Kubernetes API shell (settings, the Kube facade, errors), driving the real client library against the API server
+stand-in."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import logging
-import random
 import shutil
 import subprocess
-import sys
 from datetime import datetime
 from pathlib import Path
 
 import pytest
-from hypothesis import given
-from hypothesis import strategies as st
 
-from ix_device_plugin.apiserver.client import (
-    CONFIG_MAP,
-    RESOURCE_CLAIM,
-    RESOURCE_SLICE,
-    Backoff,
-    ContainerLimits,
-    Kube,
-    KubeAlreadyExists,
-    KubeConfigError,
-    KubeConflict,
-    KubeError,
-    KubeNotFound,
-    KubeSettings,
-    ObjectKind,
-    connect,
-    settings_from,
-)
-from ix_device_plugin.apiserver.nodelabel import NodeLabelWatcher
+from ix_device_plugin.apiserver.client import Kube, connect
+from ix_device_plugin.apiserver.errors import KubeAlreadyExists, KubeConflict, KubeError, KubeNotFound
+from ix_device_plugin.apiserver.objects import CONFIG_MAP, RESOURCE_CLAIM, RESOURCE_SLICE, ContainerLimits, ObjectKind
+from ix_device_plugin.apiserver.settings import KubeConfigError, KubeSettings, settings_from
+from ix_device_plugin.runtime.backoff import Backoff
 from ix_device_plugin.standins.apiserver import ApiServerStandIn
 
 NODE = "gpu-node-1"
@@ -73,53 +57,7 @@ async def _eventually(predicate, timeout: float = 10.0) -> None:
             await asyncio.sleep(0.02)
 
 
-# ---- settings_from --------------------------------------------------------------------------
-
-
-def test_missing_node_name_names_the_feature_and_the_downward_api(kubeconfig):
-    with pytest.raises(KubeConfigError) as caught:
-        settings_from({"KUBECONFIG": str(kubeconfig)}, None, FEATURE)
-    assert str(caught.value) == (
-        "flags.usevolcano needs NODE_NAME (set it from the downward API: fieldRef spec.nodeName)"
-    )
-
-
-@pytest.mark.parametrize("name", ["Node_1", "-node", "node..a", "a" * 254])
-def test_invalid_node_name_is_refused(kubeconfig, name):
-    with pytest.raises(KubeConfigError, match=r"flags.usevolcano: NODE_NAME .* is not a valid node name"):
-        settings_from({"NODE_NAME": name, "KUBECONFIG": str(kubeconfig)}, None, FEATURE)
-
-
-def test_kubeconfig_flag_wins_over_the_variable(kubeconfig, tmp_path):
-    other = tmp_path / "other"
-    other.write_text("{}")
-    settings = settings_from({"NODE_NAME": NODE, "KUBECONFIG": str(other)}, str(kubeconfig), FEATURE)
-    assert settings.kubeconfig == kubeconfig
-    assert settings.in_cluster is None
-    assert settings.namespace == "kube-system"
-    assert settings.source == f"kubeconfig {kubeconfig}"
-
-
-def test_missing_kubeconfig_files_are_named(tmp_path):
-    missing = tmp_path / "nope"
-    with pytest.raises(KubeConfigError, match=rf"^flags.usevolcano: --kubeconfig {missing}: no such file$"):
-        settings_from({"NODE_NAME": NODE}, str(missing), FEATURE)
-    with pytest.raises(KubeConfigError, match=rf"^flags.usevolcano: KUBECONFIG={missing}: no such file$"):
-        settings_from({"NODE_NAME": NODE, "KUBECONFIG": str(missing)}, None, FEATURE)
-
-
-def test_kubeconfig_variable_takes_the_first_existing_file_of_a_list(kubeconfig, tmp_path):
-    listed = f"{tmp_path / 'absent'}:{kubeconfig}"
-    assert settings_from({"NODE_NAME": NODE, "KUBECONFIG": listed}, None, FEATURE).kubeconfig == kubeconfig
-
-
-def test_no_api_server_at_all_says_what_is_missing(tmp_path):
-    with pytest.raises(KubeConfigError) as caught:
-        settings_from({"NODE_NAME": NODE}, None, "flags.reset_gpu", service_account_dir=tmp_path)
-    message = str(caught.value)
-    assert message.startswith("flags.reset_gpu needs the Kubernetes API server: give --kubeconfig or KUBECONFIG")
-    assert "KUBERNETES_SERVICE_HOST" in message and "KUBERNETES_SERVICE_PORT" in message
-    assert str(tmp_path / "token") in message and str(tmp_path / "ca.crt") in message
+# ---- connecting ---------------------------------------------------------------------------
 
 
 def _service_account(directory: Path, namespace: str = "ix-system") -> Path:
@@ -128,21 +66,6 @@ def _service_account(directory: Path, namespace: str = "ix-system") -> Path:
     (directory / "ca.crt").write_text("not a real certificate\n")
     (directory / "namespace").write_text(namespace)
     return directory
-
-
-def test_in_cluster_service_account(tmp_path):
-    account = _service_account(tmp_path / "sa")
-    env = {"NODE_NAME": NODE, "KUBERNETES_SERVICE_HOST": "10.96.0.1", "KUBERNETES_SERVICE_PORT": "443"}
-    settings = settings_from(env, None, FEATURE, service_account_dir=account)
-    assert settings.kubeconfig is None
-    assert settings.in_cluster is not None
-    assert settings.in_cluster.server == "https://10.96.0.1:443"
-    assert settings.in_cluster.token_file == account / "token"
-    assert settings.in_cluster.ca_file == account / "ca.crt"
-    assert settings.namespace == "ix-system"
-    ipv6 = settings_from({**env, "KUBERNETES_SERVICE_HOST": "fd00::1"}, None, FEATURE, service_account_dir=account)
-    assert ipv6.in_cluster is not None and ipv6.in_cluster.server == "https://[fd00::1]:443"
-    assert settings_from({**env, "POD_NAMESPACE": "gpu"}, None, FEATURE, service_account_dir=account).namespace == "gpu"
 
 
 async def test_connect_in_cluster_with_a_bad_ca_names_it(tmp_path):
@@ -339,119 +262,6 @@ async def test_get_node_labels(kube, apiserver):
         await kube.get_node("absent")
 
 
-class _Labels:
-    """Collects what a watch yields, in a task."""
-
-    def __init__(self, kube: Kube, node: str = NODE) -> None:
-        self.seen: list[dict[str, str]] = []
-        self.error: BaseException | None = None
-        self._task = asyncio.create_task(self._follow(kube, node))
-
-    async def _follow(self, kube: Kube, node: str) -> None:
-        try:
-            async for labels in kube.watch_node(node):
-                self.seen.append(labels)
-        except KubeError as error:
-            self.error = error
-
-    async def wait(self, count: int) -> None:
-        await _eventually(lambda: len(self.seen) >= count or self.error is not None)
-
-    async def stop(self) -> None:
-        self._task.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await self._task
-
-
-def _node_requests(apiserver: ApiServerStandIn) -> list:
-    return [r for r in apiserver.requests if r.path in ("/api/v1/nodes", f"/api/v1/nodes/{NODE}")]
-
-
-async def test_watch_node_delivers_label_changes(kube, apiserver):
-    labels = _Labels(kube)
-    await labels.wait(1)
-    assert labels.seen == [{"kubernetes.io/hostname": NODE}]
-    await _eventually(lambda: any(r.query.get("watch") == "true" for r in apiserver.requests))
-    apiserver.set_node_labels(NODE, {"kubernetes.io/hostname": NODE, LABEL: "bi-v150"})
-    await labels.wait(2)
-    assert labels.seen[-1] == {"kubernetes.io/hostname": NODE, LABEL: "bi-v150"}
-    watch = next(r for r in apiserver.requests if r.query.get("watch") == "true")
-    assert watch.path == "/api/v1/nodes" and watch.query["fieldSelector"] == f"metadata.name={NODE}"
-    assert watch.query["resourceVersion"] == "1"  # from the first read: nothing between read and watch is lost
-    await labels.stop()
-
-
-async def test_watch_node_resumes_after_the_server_drops_it(kube, apiserver):
-    labels = _Labels(kube)
-    await labels.wait(1)
-    apiserver.set_node_labels(NODE, {LABEL: "a"})
-    await labels.wait(2)
-    seen_version = apiserver.resource_version
-    apiserver.drop_watches()
-    await _eventually(lambda: sum(r.query.get("watch") == "true" for r in apiserver.requests) == 2)
-    apiserver.set_node_labels(NODE, {LABEL: "b"})
-    await labels.wait(3)
-    assert labels.seen[1:] == [{LABEL: "a"}, {LABEL: "b"}]
-    resumed = [r for r in apiserver.requests if r.query.get("watch") == "true"][1]
-    assert resumed.query["resourceVersion"] == str(seen_version)
-    assert [r.method for r in _node_requests(apiserver)].count("GET") == 3  # one read, two watches: no re-list
-    await labels.stop()
-
-
-async def test_watch_node_relists_on_410_gone(kube, apiserver):
-    labels = _Labels(kube)
-    await labels.wait(1)
-    await _eventually(lambda: any(r.query.get("watch") == "true" for r in apiserver.requests))
-    # While no watch is open the label changes and the server forgets the history: resuming gets 410.
-    apiserver.drop_watches()
-    apiserver.set_node_labels(NODE, {LABEL: "after-gone"})
-    apiserver.compact()
-    await labels.wait(2)
-    assert labels.error is None
-    assert labels.seen[-1] == {LABEL: "after-gone"}
-    paths = [(r.path, r.query.get("watch"), r.query.get("resourceVersion")) for r in _node_requests(apiserver)]
-    assert paths[:3] == [
-        (f"/api/v1/nodes/{NODE}", None, None),
-        ("/api/v1/nodes", "true", "1"),
-        ("/api/v1/nodes", "true", "1"),
-    ]
-    assert paths[3] == (f"/api/v1/nodes/{NODE}", None, None)  # the re-list after 410
-    await _eventually(lambda: len(_node_requests(apiserver)) >= 5)
-    assert _node_requests(apiserver)[4].query["resourceVersion"] == str(apiserver.resource_version)
-    apiserver.set_node_labels(NODE, {LABEL: "watched-again"})
-    await labels.wait(3)
-    assert labels.seen[-1] == {LABEL: "watched-again"}
-    await labels.stop()
-
-
-async def test_watch_node_yields_empty_labels_when_the_node_is_deleted(kube, apiserver):
-    labels = _Labels(kube)
-    await labels.wait(1)
-    await _eventually(lambda: any(r.query.get("watch") == "true" for r in apiserver.requests))
-    apiserver._delete(
-        next(
-            k
-            for k in __import__("ix_device_plugin.standins.apiserver", fromlist=["KINDS"]).KINDS
-            if k.plural == "nodes"
-        ),
-        "",
-        NODE,
-    )
-    await labels.wait(2)
-    assert labels.seen[-1] == {}
-    await labels.stop()
-
-
-async def test_watch_node_raises_kube_error_when_the_server_goes_away(kube, apiserver):
-    labels = _Labels(kube)
-    await labels.wait(1)
-    await _eventually(lambda: any(r.query.get("watch") == "true" for r in apiserver.requests))
-    await apiserver.refuse()
-    await _eventually(lambda: labels.error is not None)
-    assert isinstance(labels.error, KubeError) and labels.error.transient
-    assert str(labels.error).startswith(f"watch node {NODE}: lost the connection to the API server at {apiserver.url}")
-
-
 # ---- failures -------------------------------------------------------------------------------
 
 
@@ -559,28 +369,6 @@ async def test_config_maps_through_the_generic_calls(kube):
 # ---- Backoff --------------------------------------------------------------------------------
 
 
-def test_backoff_grows_to_the_cap_and_resets():
-    backoff = Backoff(initial=0.5, cap=4.0, factor=2.0, jitter=0.0)
-    assert [backoff.next_delay() for _ in range(6)] == [0.5, 1.0, 2.0, 4.0, 4.0, 4.0]
-    backoff.reset()
-    assert backoff.next_delay() == 0.5
-
-
-@given(
-    initial=st.floats(0.01, 5.0),
-    cap=st.floats(0.01, 60.0),
-    jitter=st.floats(0.0, 0.9),
-    tries=st.integers(1, 80),
-    seed=st.integers(0, 2**32),
-)
-def test_backoff_delays_stay_within_jitter_of_the_capped_exponential(initial, cap, jitter, tries, seed):
-    backoff = Backoff(initial=initial, cap=cap, factor=2.0, jitter=jitter, rng=random.Random(seed))
-    for attempt in range(tries):
-        base = min(cap, initial * 2.0**attempt)
-        delay = backoff.next_delay()
-        assert base * (1 - jitter) - 1e-9 <= delay <= min(cap, base * (1 + jitter)) + 1e-9
-
-
 async def test_retry_rides_out_an_outage(kube, apiserver):
     apiserver.unavailable = True
 
@@ -613,120 +401,10 @@ async def test_retry_raises_at_once_what_trying_again_cannot_fix(kube):
 async def test_retry_gives_up_after_the_attempts_and_logs_once(kube, apiserver, caplog):
     apiserver.unavailable = True
     with (
-        caplog.at_level(logging.WARNING, logger="ix_device_plugin.apiserver.client"),
+        caplog.at_level(logging.WARNING, logger="ix_device_plugin.runtime.backoff"),
         pytest.raises(KubeError) as caught,
     ):
         await Backoff(initial=0.01, cap=0.01).retry(lambda: kube.get_node(NODE), attempts=4)
     assert caught.value.status == 503
     assert sum(r.path == f"/api/v1/nodes/{NODE}" for r in apiserver.requests) == 4
     assert len([r for r in caplog.records if "503" in r.getMessage()]) == 1
-
-
-# ---- NodeLabelWatcher -----------------------------------------------------------------------
-
-
-class _Puts:
-    def __init__(self) -> None:
-        self.values: list[str | None] = []
-
-    def __call__(self, value: str | None) -> None:
-        self.values.append(value)
-
-    async def wait(self, *expected: str | None) -> None:
-        await _eventually(lambda: tuple(self.values) == expected)
-
-
-async def _run_watcher(kube: Kube, puts: _Puts) -> asyncio.Task[None]:
-    watcher = NodeLabelWatcher(kube, NODE, LABEL, Backoff(initial=0.05, cap=0.2))
-    return asyncio.create_task(watcher.run(puts))
-
-
-async def _stop(task: asyncio.Task[None]) -> None:
-    task.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await task
-
-
-async def test_node_label_watcher_puts_the_value_and_each_change(kube, apiserver):
-    puts = _Puts()
-    task = await _run_watcher(kube, puts)
-    await puts.wait(None)
-    await _eventually(lambda: any(r.query.get("watch") == "true" for r in apiserver.requests))
-    apiserver.set_node_labels(NODE, {LABEL: "small"})
-    await puts.wait(None, "small")
-    apiserver.set_node_labels(NODE, {LABEL: "small", "other": "x"})  # another label: nothing to put
-    apiserver.set_node_labels(NODE, {LABEL: "large", "other": "x"})
-    await puts.wait(None, "small", "large")
-    apiserver.set_node_labels(NODE, {"other": "x"})
-    await puts.wait(None, "small", "large", None)
-    await _stop(task)
-
-
-async def test_node_label_watcher_survives_the_api_server_down(kube, apiserver, caplog):
-    apiserver.set_node_labels(NODE, {LABEL: "before"})
-    puts = _Puts()
-    watcher = NodeLabelWatcher(kube, NODE, LABEL, Backoff(initial=0.05, cap=0.2))
-    with caplog.at_level(logging.WARNING, logger="ix_device_plugin.apiserver.nodelabel"):
-        task = asyncio.create_task(watcher.run(puts))
-        await puts.wait("before")
-        await _eventually(lambda: any(r.query.get("watch") == "true" for r in apiserver.requests))
-        await apiserver.refuse()
-        apiserver.set_node_labels(NODE, {LABEL: "during"})
-        await _eventually(lambda: watcher.backoff.attempt >= 4)  # several retries against a closed port
-        assert not task.done()
-        await apiserver.accept()
-        await puts.wait("before", "during")
-        apiserver.set_node_labels(NODE, {LABEL: "after"})
-        await puts.wait("before", "during", "after")
-        await _stop(task)
-    messages = [r.getMessage() for r in caplog.records]
-    assert any("cannot reach the API server" in message for message in messages), messages
-    assert len(messages) == len(set(messages)) < 4, messages  # each distinct problem once, not once per retry
-    assert all(message.startswith(f"label {LABEL} of node {NODE}: ") for message in messages)
-
-
-async def test_node_label_watcher_waits_out_503_and_a_missing_node(kube, apiserver, caplog):
-    apiserver.unavailable = True
-    puts = _Puts()
-    with caplog.at_level(logging.WARNING, logger="ix_device_plugin.apiserver.nodelabel"):
-        task = await _run_watcher(kube, puts)
-        await _eventually(lambda: len(apiserver.requests) >= 3)
-        apiserver.unavailable = False
-        await puts.wait(None)
-        await _stop(task)
-        apiserver._objects.clear()
-        puts = _Puts()
-        task = await _run_watcher(kube, puts)
-        await _eventually(lambda: any("404" in r.getMessage() for r in caplog.records))
-        apiserver.add_node(NODE, {LABEL: "new-node"})
-        await puts.wait("new-node")
-    messages = [r.getMessage() for r in caplog.records]
-    assert sum("503" in message for message in messages) == 1
-    assert sum("404" in message for message in messages) == 1
-    await _stop(task)
-
-
-# ---- lazy import ----------------------------------------------------------------------------
-
-
-def test_plain_plugging_does_not_import_the_client_library():
-    script = (
-        "import sys\n"
-        "import ix_device_plugin.deviceplugin.loop, ix_device_plugin.cli\n"
-        "import ix_device_plugin.apiserver.client, ix_device_plugin.apiserver.nodelabel\n"
-        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('lightkube', 'httpx2', 'httpx', 'httpcore2')))\n"
-    )
-    completed = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=True)
-    assert completed.stdout.strip() == "[]"
-
-
-def test_connecting_imports_the_client_library(kubeconfig):
-    script = (
-        "import asyncio, sys\n"
-        "from ix_device_plugin.apiserver.client import connect, settings_from\n"
-        f"settings = settings_from({{'NODE_NAME': 'n'}}, {str(kubeconfig)!r}, 'test')\n"
-        "asyncio.run(connect(settings))\n"
-        "print('lightkube' in sys.modules)\n"
-    )
-    completed = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=True)
-    assert completed.stdout.strip() == "True"

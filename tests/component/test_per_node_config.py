@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from ix_device_plugin.apiserver.client import settings_from
+from ix_device_plugin.apiserver.settings import settings_from
 from ix_device_plugin.standins.apiserver import ApiServerStandIn
 from ix_device_plugin.standins.kubelet import KubeletStandIn
 from ix_device_plugin.tools.demo import ConfigMapDir

@@ -6,15 +6,14 @@ device-plugin and pod-resources stand-ins.
 
 from __future__ import annotations
 
-import json
 from dataclasses import replace
 from pathlib import Path
 
 import grpc
 import pytest
-import yaml
+from volcano_support import CHIP_A, CHIP_B, CHIP_C, NODE, devices, placed, published, start_volcano
 
-from ix_device_plugin.apiserver.client import PodDoc, settings_from
+from ix_device_plugin.apiserver.objects import PodDoc
 from ix_device_plugin.core.plan import plan
 from ix_device_plugin.deviceplugin.features.volcano import (
     DEV_KUBELET,
@@ -36,11 +35,6 @@ from ix_device_plugin.standins.kubelet import KubeletStandIn
 from ix_device_plugin.standins.podresources import PodResourcesStandIn
 
 from support import RESOURCE, DaemonFactory, config_flags, until
-
-NODE = "gpu-node-1"
-NAMESPACE = "kube-system"
-CONFIG_MAP = f"ix-device-info-cm-{NODE}"
-CHIP_A, CHIP_B, CHIP_C = (f"GPU-{letter * 8}-0000-0000-0000-00000000000{i}" for i, letter in enumerate("abc"))
 
 
 def pod(name: str, annotations: dict[str, str], **fields: object) -> PodDoc:
@@ -117,35 +111,6 @@ async def pod_resources(short_dir: Path):  # type: ignore[no-untyped-def]
     await standin.stop()
 
 
-def devices(path: Path) -> str:
-    boards = [{"product": "BI-V100", "chips": [{"uuid": uuid, "minor": i}]} for i, uuid in enumerate((CHIP_A, CHIP_B))]
-    path.write_text(yaml.safe_dump({"boards": boards}))
-    return str(path)
-
-
-def published(apiserver: ApiServerStandIn) -> dict[str, dict[str, object]]:
-    found = apiserver.get("configmaps", CONFIG_MAP, NAMESPACE)
-    return {} if found is None else {key: json.loads(value) for key, value in found["data"].items()}
-
-
-async def start_volcano(
-    start_daemon: DaemonFactory,
-    apiserver: ApiServerStandIn,
-    pod_resources: PodResourcesStandIn,
-    short_dir: Path,
-    tmp_path: Path,
-):  # type: ignore[no-untyped-def]
-    kubeconfig = apiserver.write_kubeconfig(short_dir / "kubeconfig", namespace=NAMESPACE)
-    kube = settings_from({"NODE_NAME": NODE, "POD_NAMESPACE": NAMESPACE}, str(kubeconfig), "flags.usevolcano")
-    backend = SimulatedBackend(devices(tmp_path / "devices.yaml"))
-    return await start_daemon(
-        backend_factory=lambda: backend,
-        given=config_flags(use_volcano=True),
-        kube=kube,
-        pod_resources_socket=pod_resources.socket_path,
-    )
-
-
 async def test_the_device_info_config_map_is_published_in_upstreams_format(
     kubelet: KubeletStandIn,
     start_daemon: DaemonFactory,
@@ -174,9 +139,9 @@ async def test_allocate_gives_the_oldest_waiting_pod_what_volcano_chose_and_anno
 ) -> None:
     await start_volcano(start_daemon, apiserver, pod_resources, short_dir, tmp_path)
     await kubelet.wait_registered(RESOURCE, capacity=2)
-    apiserver.add_pod("ml", "newer", NODE, phase="Pending", annotations={DEV_VOLCANO: CHIP_A, PREDICATE_TIME: "200"})
-    apiserver.add_pod("ml", "older", NODE, phase="Pending", annotations={DEV_VOLCANO: CHIP_B, PREDICATE_TIME: "100"})
-    apiserver.add_pod("ml", "elsewhere", "other-node", annotations={DEV_VOLCANO: CHIP_A, PREDICATE_TIME: "1"})
+    placed(apiserver, "newer", CHIP_A, "200")
+    placed(apiserver, "older", CHIP_B, "100")
+    placed(apiserver, "elsewhere", CHIP_A, "1", node="other-node")
 
     first = await kubelet.allocate(RESOURCE, [[CHIP_A]])  # the kubelet's own choice is replaced
     assert first.container_responses[0].envs["IX_VISIBLE_DEVICES"] == CHIP_B
@@ -211,7 +176,7 @@ async def test_no_waiting_pod_is_an_allocate_error_that_says_so(
 ) -> None:
     await start_volcano(start_daemon, apiserver, pod_resources, short_dir, tmp_path)
     await kubelet.wait_registered(RESOURCE, capacity=2)
-    apiserver.add_pod("ml", "wants-two", NODE, annotations={DEV_VOLCANO: f"{CHIP_A},{CHIP_B}", PREDICATE_TIME: "5"})
+    placed(apiserver, "wants-two", f"{CHIP_A},{CHIP_B}", "5")
     with pytest.raises(grpc.aio.AioRpcError) as refused:
         await kubelet.allocate(RESOURCE, [[CHIP_A]])
     assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION

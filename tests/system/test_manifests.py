@@ -400,12 +400,20 @@ def test_per_node_config_adds_a_service_account_and_only_node_reads() -> None:
     assert not by_kind(objects, "Role")
 
 
-def test_volcano_adds_pod_reads_and_patches_and_its_configmap() -> None:
+def test_volcano_adds_pod_reads_watches_and_patches_and_its_watched_configmap() -> None:
     objects = rendered({"features": {"volcano": True}})
     (cluster_role,) = by_kind(objects, "ClusterRole")
-    assert cluster_role["rules"] == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "patch"]}]
+    assert cluster_role["rules"] == [
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch", "patch"]}
+    ]
     (role,) = by_kind(objects, "Role")
-    assert role["rules"][0]["resources"] == ["configmaps"]
+    assert role["rules"] == [
+        {
+            "apiGroups": [""],
+            "resources": ["configmaps"],
+            "verbs": ["get", "list", "watch", "create", "update", "patch"],
+        }
+    ]
 
 
 def test_gpu_reset_adds_only_configmap_access_in_the_plugins_namespace() -> None:

@@ -2,53 +2,40 @@
 
 from __future__ import annotations
 
-import contextlib
-import logging
-import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import Any
 
-from ix_device_plugin.apiserver.client import Backoff, Kube, KubeError
-from ix_device_plugin.runtime.logs import OncePerError
+from ix_device_plugin.apiserver.connection import ApiConnection
+from ix_device_plugin.apiserver.objects import NODE, labels_of
+from ix_device_plugin.apiserver.watch import Key, Mirror
 
-log = logging.getLogger(__name__)
-
-HEALTHY_FOR = 30.0  # seconds a watch must have lasted for its failure to start the backoff again from the start
 _UNSEEN = object()
 
 
 class NodeLabelWatcher:
-    """Follows one label of a node: its value at start, then every change, through API server outages."""
+    """Follows one label of this node: its value at start, then every change, through API server outages."""
 
-    def __init__(self, kube: Kube, node: str, label: str, backoff: Backoff | None = None) -> None:
-        self.kube = kube
-        self.node = node
+    def __init__(self, api: ApiConnection, label: str, **watching: Any) -> None:
+        """watching: Mirror's backoff and healthy_for, when not the connection's."""
+        self.node = api.node_name
         self.label = label
-        self.backoff = backoff or Backoff()
-        self._errors = OncePerError(log, logging.WARNING)
+        what = f"label {label} of node {self.node}"
+        self.mirror = Mirror(api, NODE, labels_of, what, name=self.node, on_change=self._seen, **watching)
+        self._last: object = _UNSEEN
+        self._put: Callable[[str | None], None] = lambda value: None
 
     async def run(self, put: Callable[[str | None], None]) -> None:
         """put(value) with the label's value (None when absent) now and on each change; returns only by cancellation.
 
-        When the API server is down or the node is missing, each distinct problem is logged once and the
-        watch is tried again with backoff; the value is put again only when it differs from the last one put.
+        When the API server is down, the node is missing or its watches end, each distinct problem is logged
+        once and waited out; the value is put again only when it differs from the last one put (a deleted
+        node has no label).
         """
-        last: object = _UNSEEN
-        while True:
-            started = time.monotonic()
-            try:
-                async with contextlib.aclosing(self.kube.watch_node(self.node)) as labels_seen:
-                    async for labels in labels_seen:
-                        self._errors.succeeded("watching label %s of node %s again", self.label, self.node)
-                        value = labels.get(self.label)
-                        if value != last:
-                            last = value
-                            put(value)
-                problem = "the watch ended"
-            except KubeError as error:
-                problem = error.message
-            except Exception as error:  # a bug in a library must not stop the plugin: report it and go on
-                problem = f"{type(error).__name__}: {error}"
-            if time.monotonic() - started > HEALTHY_FOR:
-                self.backoff.reset()
-            self._errors.failed("label %s of node %s: %s; retrying", self.label, self.node, problem)
-            await self.backoff.sleep()
+        self._put = put
+        await self.mirror.run()
+
+    def _seen(self, nodes: Mapping[Key, dict[str, str]]) -> None:
+        value = next(iter(nodes.values()), {}).get(self.label)
+        if value != self._last:
+            self._last = value
+            self._put(value)

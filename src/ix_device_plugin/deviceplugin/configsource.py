@@ -13,7 +13,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ix_device_plugin.runtime.logs import OncePerError
 from ix_device_plugin.settings.config import Config
 from ix_device_plugin.settings.errors import SettingsError
 from ix_device_plugin.settings.options import Options, config_file_for, load_config
@@ -21,7 +20,7 @@ from ix_device_plugin.settings.table import NODE_CONFIG_LABEL
 from ix_device_plugin.settings.yamlsafe import MAX_BYTES
 
 if TYPE_CHECKING:
-    from ix_device_plugin.apiserver.client import Kube, KubeSettings
+    from ix_device_plugin.apiserver.connection import ApiConnection
 
 log = logging.getLogger(__name__)
 
@@ -29,9 +28,9 @@ log = logging.getLogger(__name__)
 class ConfigSource:
     """The config file in force (per the node label when asked), and whether it changed since it was read."""
 
-    def __init__(self, options: Options, kube: KubeSettings | None = None) -> None:
+    def __init__(self, options: Options, api: ApiConnection | None = None) -> None:
         self.options = options
-        self.kube = kube
+        self.api = api
         self.label: str | None = None  # the node's configuration label, with --per-node-config
         self.path, self.reason = config_file_for(options, None)
         self._seen: bytes | None = None
@@ -96,29 +95,8 @@ class ConfigSource:
     async def _watch_label(self, put: Callable[[str | None], None]) -> None:
         from ix_device_plugin.apiserver.nodelabel import NodeLabelWatcher
 
-        settings = self.kube
-        assert settings is not None
-        kube = await _connect(settings)
-        try:
-            await NodeLabelWatcher(kube, settings.node_name, NODE_CONFIG_LABEL).run(put)
-        finally:
-            await kube.close()
-
-
-async def _connect(settings: KubeSettings) -> Kube:
-    """A connection to the API server, retried with backoff for as long as it takes."""
-    from ix_device_plugin.apiserver.client import Backoff, KubeConfigError, KubeError, connect
-
-    backoff, errors = Backoff(), OncePerError(log)
-    while True:
-        try:
-            kube = await connect(settings)
-        except (KubeConfigError, KubeError) as error:
-            errors.failed("cannot reach the API server (%s): %s; retrying", settings.source, error)
-            await backoff.sleep()
-        else:
-            errors.succeeded("API server reachable again")
-            return kube
+        assert self.api is not None
+        await NodeLabelWatcher(self.api, NODE_CONFIG_LABEL).run(put)
 
 
 def _read_bytes(path: Path) -> bytes | None:

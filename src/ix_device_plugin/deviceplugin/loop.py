@@ -46,7 +46,8 @@ from ix_device_plugin.settings.options import Options
 from ix_device_plugin.settings.table import FILE_SETTINGS
 
 if TYPE_CHECKING:
-    from ix_device_plugin.apiserver.client import KubeSettings
+    from ix_device_plugin.apiserver.connection import ApiConnection
+    from ix_device_plugin.apiserver.settings import KubeSettings
 
 log = logging.getLogger(__name__)
 
@@ -100,6 +101,7 @@ class Daemon:
         self.metrics = metrics or Metrics()
         self.service = Service(options.stop_timeout)
         self.current = Current(State.of(Inventory(), Config()))
+        self.apiserver = api_connection(kube)  # the one connection to the API server, made on first use
         self.hardware = Hardware(backend_factory or open_backend(options), options.call_timeout)
         self.monitor = HardwareMonitor(
             self.hardware,
@@ -115,7 +117,7 @@ class Daemon:
         self.monitor.ignored = options.ignored_health_errors
         self.monitor.subscribe(lambda view: self._events.put_nowait(HardwareChanged(view)))
         self.api = ApiFeatures(
-            options, self.current, self.metrics, self.hardware, self._rediscover_now, self._pod_devices, kube
+            options, self.current, self.metrics, self.hardware, self._rediscover_now, self._pod_devices, self.apiserver
         )
         self.endpoint = Endpoint(
             options.plugin_dir / ENDPOINT, self.current, self.metrics.observe_call, self.api.before_allocate
@@ -133,7 +135,7 @@ class Daemon:
             self.telemetry = TelemetryCollector(options.node_name)
             self.metrics.registry.register(self.telemetry)
         self.pod_resources = PodResources(options.pod_resources_socket)
-        self.config_source = ConfigSource(options, kube)
+        self.config_source = ConfigSource(options, self.apiserver)
         self.files = NodeFiles(options.cdi_spec_dir, options.node_feature_dir, options.dev_root, options.sysfs_root)
         self.socket_path = self.endpoint.path
         self.probe_port: int | None = None
@@ -253,6 +255,8 @@ class Daemon:
         await bounded("stopping the plugin server", self.endpoint.stop(grace=budget * 0.1), budget * 0.3)
         self.endpoint.remove_socket()
         await bounded("ending the API features", self.api.close(timeout=budget * 0.2), budget * 0.25)
+        if self.apiserver is not None:
+            await bounded("closing the API connection", self.apiserver.close(), budget * 0.05)
         if self._probes is not None:
             await bounded("stopping the probe server", self._probes.stop(), budget * 0.1)
         self.files.close()
@@ -388,6 +392,15 @@ def _log_plan(plan: Plan) -> None:
     for device in plan.devices:
         if not device.healthy and device.replica in (None, 0):
             log.warning("GPU %s is Unhealthy: %s", device.gpu, "; ".join(device.reasons))
+
+
+def api_connection(kube: KubeSettings | None) -> ApiConnection | None:
+    """The connection to the API server, when a feature needs one (nothing is imported or asked before its use)."""
+    if kube is None:
+        return None
+    from ix_device_plugin.apiserver.connection import ApiConnection
+
+    return ApiConnection(kube)
 
 
 def _log_transitions(before: Plan, after: Plan) -> None:

@@ -18,11 +18,12 @@ from pathlib import Path
 from ix_device_plugin.deviceplugin.metrics import Metrics
 from ix_device_plugin.kubelet.registration import KUBELET_SOCKET, RegistrationError, register
 from ix_device_plugin.kubelet.sockets import Identity, identity
+from ix_device_plugin.runtime.backoff import Backoff
 from ix_device_plugin.runtime.logs import OncePerError
 
 log = logging.getLogger(__name__)
 
-BACKOFF_START = 0.05
+BACKOFF_START = 0.05  # seconds before the first retry of a failed registration, doubled each time
 BACKOFF_MAX = 5.0
 
 
@@ -52,6 +53,7 @@ class Registrar:
         self._registered_with: Identity | None = None  # the kubelet.sock the last success went to
         self._attempting_with: Identity | None = None  # the kubelet.sock of the attempt under way
         self._kubelet_seen = identity(plugin_dir / KUBELET_SOCKET)  # as files_changed last saw it
+        self._backoff = Backoff(initial=BACKOFF_START, cap=BACKOFF_MAX)
 
     @property
     def registered(self) -> bool:
@@ -91,7 +93,6 @@ class Registrar:
 
     async def run(self) -> None:
         """Serve requests forever (cancel to stop)."""
-        delay = BACKOFF_START
         while True:
             if self.registered or self._requested == 0:
                 await self._sleep_until_kicked(None)
@@ -102,10 +103,9 @@ class Registrar:
                 await self._sleep_until_kicked(self._poll_interval)
                 continue
             if await self._attempt():
-                delay = BACKOFF_START
+                self._backoff.reset()
             else:
-                await self._sleep_until_kicked(delay)
-                delay = min(delay * 2, BACKOFF_MAX)
+                await self._sleep_until_kicked(self._backoff.next_delay())
 
     async def _attempt(self) -> bool:
         answering = self._requested

@@ -30,7 +30,11 @@ from ix_device_plugin.api.dra_v1 import api_pb2_grpc as dra_v1_grpc
 from ix_device_plugin.api.dra_v1beta1 import api_pb2 as dra_v1beta1
 from ix_device_plugin.api.dra_v1beta1 import api_pb2_grpc as dra_v1beta1_grpc
 from ix_device_plugin.api.pluginregistration import api_pb2_grpc as registration_grpc
-from ix_device_plugin.apiserver.client import RESOURCE_CLAIM, Backoff, Kube, KubeError, KubeSettings, connect
+from ix_device_plugin.apiserver.client import Kube
+from ix_device_plugin.apiserver.connection import ApiConnection
+from ix_device_plugin.apiserver.errors import KubeError
+from ix_device_plugin.apiserver.objects import RESOURCE_CLAIM
+from ix_device_plugin.apiserver.settings import KubeSettings
 from ix_device_plugin.core.inventory import Inventory
 from ix_device_plugin.dra.claims import ClaimError, ClaimRef, PreparedClaim
 from ix_device_plugin.dra.health import DeviceHealthBoard, HealthService
@@ -52,6 +56,7 @@ from ix_device_plugin.hardware.open import backend_factory as open_backend
 from ix_device_plugin.hardware.pcie import pcie_roots
 from ix_device_plugin.hardware.worker import Hardware
 from ix_device_plugin.kubelet.sockets import unix_target
+from ix_device_plugin.runtime.backoff import Backoff
 from ix_device_plugin.runtime.logs import OncePerError
 from ix_device_plugin.runtime.probes import ProbeHandlers, ProbeServer, start_probes
 from ix_device_plugin.runtime.service import Service, bounded
@@ -63,7 +68,7 @@ log = logging.getLogger(__name__)
 class DraDriver:
     """The DRA mode: follows the hardware monitor, publishes the slice, serves the kubelet.
 
-    kube: a connected API client, else one is made from kube_settings at start;
+    kube: a connected API client, else the one connection made from kube_settings (at start);
     backend_factory: the GPUs' backend (default: the one options name).
     """
 
@@ -91,7 +96,7 @@ class DraDriver:
         self.monitor.ignored = base.ignored_health_errors
         self.monitor.subscribe(self._hardware_changed)
         self.kube = kube
-        self.kube_settings = kube_settings
+        self.api = ApiConnection(kube_settings) if kube_settings is not None else None
         self.state = DraState(
             plugin_dir(options.plugins_dir),
             options.cdi_spec_dir,
@@ -138,8 +143,8 @@ class DraDriver:
         self.state.restore()
         await self.monitor.start(self.options.config.fail_on_init_error)
         if self.kube is None:
-            assert self.kube_settings is not None
-            self.kube = await connect(self.kube_settings)
+            assert self.api is not None
+            self.kube = await self.api.kube()
         self.publisher = SlicePublisher(self.kube, self.options.node_name)
         self.publisher.want(self.content, self.roots)
         self.service.spawn("publish-slice", self.publisher.run)
@@ -163,8 +168,8 @@ class DraDriver:
         for path in (self.registrar_socket, self.endpoint):
             with contextlib.suppress(OSError):
                 path.unlink(missing_ok=True)
-        if self.kube is not None:
-            await bounded("closing the API connection", self.kube.close(), timeout / 10)
+        if self.api is not None:
+            await bounded("closing the API connection", self.api.close(), timeout / 10)
         await self.hardware.close(timeout * 0.4)
 
     async def _serve(self) -> None:

@@ -15,17 +15,12 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-from ix_device_plugin.apiserver.client import (
-    NODE,
-    RESOURCE_SLICE,
-    Backoff,
-    Kube,
-    KubeAlreadyExists,
-    KubeError,
-    KubeNotFound,
-)
+from ix_device_plugin.apiserver.client import Kube
+from ix_device_plugin.apiserver.errors import KubeAlreadyExists, KubeError, KubeNotFound
+from ix_device_plugin.apiserver.objects import NODE, RESOURCE_SLICE
 from ix_device_plugin.dra.pool import MANAGED_BY, pool_objects, same_owner, same_spec, slice_base_name
 from ix_device_plugin.dra.slices import DRIVER, UNHEALTHY_TAINT, SliceContent, slice_devices, taints_dropped
+from ix_device_plugin.runtime.backoff import Backoff
 from ix_device_plugin.runtime.logs import OncePerError
 
 log = logging.getLogger(__name__)

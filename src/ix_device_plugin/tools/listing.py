@@ -23,7 +23,7 @@ from ix_device_plugin.settings.table import NODE_CONFIG_LABEL
 from ix_device_plugin.tools.discovery import discover_and_sample, print_error
 
 if TYPE_CHECKING:
-    from ix_device_plugin.apiserver.client import KubeSettings
+    from ix_device_plugin.apiserver.settings import KubeSettings
 
 # (ChipSample field, how the text report shows it)
 _FIGURES = (

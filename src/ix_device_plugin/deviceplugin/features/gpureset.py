@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from ix_device_plugin.apiserver.client import KubeError
+from ix_device_plugin.apiserver.errors import KubeError
 from ix_device_plugin.core.inventory import Inventory
 from ix_device_plugin.hardware.backend import BackendError
 
@@ -133,7 +133,7 @@ class ResetHandshake:
         return ResetInfo.parse(found.data.get(DATA_KEY), self.node), found.resource_version
 
     async def _write(self, *, resetting: bool) -> None:
-        from ix_device_plugin.apiserver.client import KubeAlreadyExists, KubeConflict
+        from ix_device_plugin.apiserver.errors import KubeAlreadyExists, KubeConflict
 
         for _ in range(WRITE_ATTEMPTS):
             info, version = await self._read()
@@ -215,7 +215,7 @@ class GpuReset:
                 raise GpuResetError(str(error), "refused") from None
             except KubeError as error:
                 await self._undo(handshake)
-                message = f"cannot reach the API server for the reset handshake: {error}"
+                message = f"the reset handshake failed: {error}"
                 raise GpuResetError(message, "refused") from None
         try:
             await self._run_reset(uuids)

@@ -8,6 +8,14 @@ kubelet's choice is replaced by those of the oldest such pod whose request size 
 `predicate-time` is set to the largest uint64 so that it is not picked twice. Once the kubelet reports
 the pod's devices, the pod is annotated with `iluvatar.com/DevKubelet` (the kubelet's IDs) and
 `iluvatar.com/DevRealAlloc` (the IDs really given).
+
+What the API server is asked, and when: the node's pods and the ConfigMap are each followed by a watch
+(one LIST, then a WATCH from its resourceVersion; a LIST again only when a watch fails or ends early), so
+Allocate reads a local view and never lists. The ConfigMap is written only when what it says changes (the
+free devices, or the GPUs and their links) or it differs from what it should say (deleted, edited), each
+write with an `UpdateTime` later than any before (a reader that takes a newer `UpdateTime` as new data skips
+a write that does not move it, even two in one second). A node at rest makes no request beyond its open
+watches.
 """
 
 from __future__ import annotations
@@ -23,7 +31,9 @@ from ix_device_plugin.core.allocation import AllocationError
 from ix_device_plugin.core.plan import REPLICA_SEPARATOR, Plan
 
 if TYPE_CHECKING:
-    from ix_device_plugin.apiserver.client import Kube, PodDoc
+    from ix_device_plugin.apiserver.connection import ApiConnection
+    from ix_device_plugin.apiserver.objects import ConfigMapDoc, PodDoc
+    from ix_device_plugin.apiserver.watch import Mirror
 
 log = logging.getLogger(__name__)
 
@@ -35,9 +45,9 @@ DEV_KUBELET = "iluvatar.com/DevKubelet"
 DEV_REAL_ALLOC = "iluvatar.com/DevRealAlloc"
 PREDICATE_TIME = "predicate-time"
 TAKEN = str(2**64 - 1)  # predicate-time of a pod whose devices were handed out
-LIST_PERIOD = 5.0  # DeviceListCfg is rewritten this often, as upstream does
-MATCH_ATTEMPTS = 3  # a pod annotated just now may not be listed yet: look again, a second apart
-MATCH_RETRY = 1.0
+PASS_PERIOD = 5.0  # seconds between looks at the kubelet's allocations (local), to annotate allocated pods
+MATCH_WAIT = 2.0  # a pod annotated just now may not have reached the watch yet: wait this long for it
+UPDATE_TIME = "UpdateTime"
 FINISHED_PHASES = ("Succeeded", "Failed")
 
 # NVML topology level -> (Iluvatar's P2PLinkType index, its name)
@@ -124,11 +134,55 @@ def allocation_annotations(pod: PodDoc, kubelet_ids: Sequence[str]) -> dict[str,
     return {DEV_KUBELET: ",".join(kubelet_ids), DEV_REAL_ALLOC: ",".join(real)}
 
 
+def needs_devices(pod: PodDoc, resource_name: str) -> bool:
+    """True when a container of the pod has a limit on resource_name (the kubelet gives it devices)."""
+    return any(container.limits.get(resource_name, "0") not in ("", "0") for container in pod.containers)
+
+
+Content = dict[str, dict[str, Any]]  # ConfigMap key -> its document without UpdateTime
+
+
+def wanted_content(plan: Plan, pods: Iterable[PodDoc]) -> Content:
+    """What ix-device-info-cm-<node> should say: each GPU and its links, and the free healthy device IDs."""
+    return {
+        DEVICE_INFO_KEY: {"DeviceInfo": device_info(plan)},
+        DEVICE_LIST_KEY: {"DeviceList": free_devices(plan, allocated_devices(pods))},
+    }
+
+
+def stored_content(data: Mapping[str, str]) -> tuple[dict[str, dict[str, Any] | None], int]:
+    """What a ConfigMap's data says (None for a key missing or unreadable), and its latest UpdateTime."""
+    content: dict[str, dict[str, Any] | None] = {}
+    latest = 0
+    for key in (DEVICE_INFO_KEY, DEVICE_LIST_KEY):
+        try:
+            document = json.loads(data[key])
+        except (KeyError, ValueError):
+            document = None
+        if not isinstance(document, dict):
+            content[key] = None
+            continue
+        stamp = document.pop(UPDATE_TIME, 0)
+        latest = max(latest, stamp if isinstance(stamp, int) else 0)
+        content[key] = document
+    return content, latest
+
+
+def config_map_data(content: Content, keys: Iterable[str], stamp: int) -> dict[str, str]:
+    """The ConfigMap data for keys of content, each stamped with UpdateTime, in upstream's JSON layout."""
+    return {key: json.dumps({**content[key], UPDATE_TIME: stamp}) for key in keys}
+
+
+def update_time(now: float, *earlier: int) -> int:
+    """The UpdateTime of a write at now: later than every earlier one, so that a reader takes it as new data."""
+    return max([int(now), *(stamp + 1 for stamp in earlier)])
+
+
 def _ids(text: str) -> list[str]:
     return [part for part in text.split(",") if part]
 
 
-# ---- the shell: the ConfigMap, the pods, the Allocate substitution ----------------------------------
+# ---- the shell: the watches, the ConfigMap, the Allocate substitution --------------------------------
 
 PodDevices = Callable[[], Awaitable[Mapping[tuple[str, str], list[str]]]]  # (namespace, pod) -> device IDs
 
@@ -136,69 +190,140 @@ PodDevices = Callable[[], Awaitable[Mapping[tuple[str, str], list[str]]]]  # (na
 class VolcanoMode:
     """Keeps `ix-device-info-cm-<node>` current and answers which devices Volcano chose for a request."""
 
-    def __init__(
-        self, kube: Kube, namespace: str, node: str, plan: Callable[[], Plan], pod_devices: PodDevices
-    ) -> None:
-        self.kube = kube
-        self.namespace = namespace
-        self.node = node
-        self.name = CONFIG_MAP_PREFIX + node
+    def __init__(self, api: ApiConnection, plan: Callable[[], Plan], pod_devices: PodDevices) -> None:
+        from ix_device_plugin.apiserver.objects import CONFIG_MAP, POD, config_map_doc, pod_doc
+        from ix_device_plugin.apiserver.watch import Mirror
+
+        self.api = api
+        self.namespace = api.namespace
+        self.node = api.node_name
+        self.name = CONFIG_MAP_PREFIX + self.node
+        self.pods: Mirror[PodDoc] = Mirror(
+            api, POD, pod_doc, f"Volcano mode: pods on node {self.node}", field_selector={"spec.nodeName": self.node}
+        )
+        self.config_map: Mirror[ConfigMapDoc] = Mirror(
+            api,
+            CONFIG_MAP,
+            config_map_doc,
+            f"Volcano mode: ConfigMap {self.namespace}/{self.name}",
+            namespace=self.namespace,
+            field_selector={"metadata.name": self.name},
+        )
         self._plan = plan
         self._pod_devices = pod_devices
         self._turn = asyncio.Lock()  # one Allocate at a time picks a pod, so no pod is picked twice
+        self._taken: set[str] = set()  # pods given their devices here, until the watch shows them taken
+        self._annotated: set[str] = set()  # pods annotated here, until the watch shows the annotations
+        self._written: tuple[Content, int] | None = None  # what was last written, at which generation of the watch
+        self._stamp = 0  # the last UpdateTime written
 
-    async def pods(self) -> list[PodDoc]:
-        """The node's pods that have not finished, as the API server has them now."""
-        return active(await self.kube.list_pods(field_selector={"spec.nodeName": self.node}))
+    async def follow(self) -> None:
+        """Watch the node's pods and the ConfigMap, for ever (cancel to stop)."""
+        async with asyncio.TaskGroup() as watches:
+            watches.create_task(self.pods.run(), name="volcano-pods")
+            watches.create_task(self.config_map.run(), name="volcano-config-map")
 
-    async def publish(self, *, full: bool) -> None:
-        """Write DeviceListCfg (and, when full, DeviceInfoCfg) into the ConfigMap."""
-        plan, pods = self._plan(), await self.pods()
-        now = int(time.time())
-        data = {
-            DEVICE_LIST_KEY: json.dumps({"DeviceList": free_devices(plan, allocated_devices(pods)), "UpdateTime": now})
-        }
-        if full:
-            data[DEVICE_INFO_KEY] = json.dumps({"DeviceInfo": device_info(plan), "UpdateTime": now})
-        from ix_device_plugin.apiserver.client import KubeNotFound
+    def active_pods(self) -> list[PodDoc]:
+        """The node's pods that have not finished, as the watch has them now."""
+        return active(self.pods.items.values())
 
+    async def publish(self) -> bool:
+        """Write what changed of the ConfigMap (or all of it, when it is missing); True when something was written.
+
+        Nothing is written before both watches have read what is there, nor while the API server has what
+        should be there, nor again while the watch has not brought back what was written last.
+        """
+        if not (self.pods.synced and self.config_map.synced):
+            return False
+        want = wanted_content(self._plan(), self.active_pods())
+        stored = next(iter(self.config_map.items.values()), None)
+        content, latest = stored_content(stored.data) if stored is not None else ({}, 0)
+        if content == want or self._written == (want, self.config_map.generation):
+            return False
+        keys = [key for key in want if content.get(key) != want[key]]
+        self._stamp = update_time(time.time(), self._stamp, latest)
+        await self._write(config_map_data(want, keys, self._stamp), stored is None, want)
+        self._written = (want, self.config_map.generation)
+        return True
+
+    async def _write(self, data: dict[str, str], missing: bool, want: Content) -> None:
+        from ix_device_plugin.apiserver.errors import KubeAlreadyExists, KubeNotFound
+
+        kube = await self.api.kube()
         try:
-            await self.kube.patch_config_map_data(self.namespace, self.name, data)
-        except KubeNotFound:
-            if not full:  # a new ConfigMap starts with both keys
-                await self.publish(full=True)
-                return
-            await self.kube.create_config_map(self.namespace, self.name, data)
+            if missing:
+                await kube.create_config_map(self.namespace, self.name, data)
+            else:
+                await kube.patch_config_map_data(self.namespace, self.name, data)
+        except KubeAlreadyExists:  # made meanwhile: the watch has not brought it yet
+            await kube.patch_config_map_data(self.namespace, self.name, config_map_data(want, want, self._stamp))
+        except KubeNotFound:  # deleted meanwhile
+            await kube.create_config_map(self.namespace, self.name, config_map_data(want, want, self._stamp))
 
-    async def annotate_allocations(self) -> None:
-        """Give pods the kubelet has allocated to their DevKubelet and DevRealAlloc annotations."""
+    async def annotate_allocations(self, resource_name: str) -> None:
+        """Give pods the kubelet has allocated to their DevKubelet and DevRealAlloc annotations.
+
+        The kubelet's allocations (a local call) are asked for only while a pod that needs devices has none.
+        """
+        pods = self.active_pods()
+        self._annotated &= {pod.uid for pod in pods if DEV_REAL_ALLOC not in pod.annotations}
+        waiting = [
+            pod
+            for pod in pods
+            if DEV_REAL_ALLOC not in pod.annotations
+            and pod.uid not in self._annotated
+            and needs_devices(pod, resource_name)
+        ]
+        if not waiting:
+            return
         held = await self._pod_devices()
-        for pod in await self.pods():
+        kube = await self.api.kube()
+        for pod in waiting:
             annotations = allocation_annotations(pod, held.get((pod.namespace, pod.name), []))
             if annotations is not None:
-                await self.kube.patch_pod_annotations(pod.namespace, pod.name, annotations)
+                await kube.patch_pod_annotations(pod.namespace, pod.name, annotations)
+                self._annotated.add(pod.uid)
                 log.info("pod %s/%s annotated: %s", pod.namespace, pod.name, annotations)
 
     async def chosen_devices(self, kubelet_ids: Sequence[str]) -> list[str]:
-        """The devices Volcano chose for a container the kubelet gave kubelet_ids; AllocationError if none."""
+        """The devices Volcano chose for a container the kubelet gave kubelet_ids; AllocationError if none.
+
+        The pods are read from the watch's view; a pod annotated just now is waited for, up to MATCH_WAIT.
+        """
         async with self._turn:
-            for attempt in range(MATCH_ATTEMPTS):
-                pod = oldest_waiting(await self.pods(), len(kubelet_ids))
+            deadline = time.monotonic() + MATCH_WAIT
+            while True:
+                pod = self._waiting_pod(len(kubelet_ids)) if self.pods.synced else None
                 if pod is not None:
-                    await self.kube.patch_pod_annotations(pod.namespace, pod.name, {PREDICATE_TIME: TAKEN})
-                    chosen = _ids(pod.annotations[DEV_VOLCANO])
-                    log.info(
-                        "Volcano mode: pod %s/%s gets %s (the kubelet offered %s)",
-                        pod.namespace,
-                        pod.name,
-                        ",".join(chosen),
-                        ",".join(kubelet_ids),
-                    )
-                    return chosen
-                if attempt + 1 < MATCH_ATTEMPTS:
-                    await asyncio.sleep(MATCH_RETRY)
+                    return await self._take(pod, kubelet_ids)
+                left = deadline - time.monotonic()
+                if left <= 0 or not await self.pods.changed(left):
+                    break
+        if not self.pods.synced:
+            why = self.pods.problem or "the API server has not answered yet"
+            message = f"Volcano mode: the pods on node {self.node} are not known yet: {why}"
+            raise AllocationError(message, unavailable=True)
         raise AllocationError(
             f"Volcano mode: no pod on node {self.node} waits for {len(kubelet_ids)} device(s) "
             f"(a {DEV_VOLCANO} annotation with that many IDs and a {PREDICATE_TIME} not yet taken)",
             unavailable=True,
         )
+
+    def _waiting_pod(self, size: int) -> PodDoc | None:
+        pods = self.active_pods()
+        self._taken &= {pod.uid for pod in pods if pod.annotations.get(PREDICATE_TIME) != TAKEN}
+        return oldest_waiting((pod for pod in pods if pod.uid not in self._taken), size)
+
+    async def _take(self, pod: PodDoc, kubelet_ids: Sequence[str]) -> list[str]:
+        kube = await self.api.kube()
+        await kube.patch_pod_annotations(pod.namespace, pod.name, {PREDICATE_TIME: TAKEN})
+        self._taken.add(pod.uid)
+        chosen = _ids(pod.annotations[DEV_VOLCANO])
+        log.info(
+            "Volcano mode: pod %s/%s gets %s (the kubelet offered %s)",
+            pod.namespace,
+            pod.name,
+            ",".join(chosen),
+            ",".join(kubelet_ids),
+        )
+        return chosen
