@@ -22,6 +22,7 @@ from ix_device_plugin.apiserver.errors import (
     KubeNotFound,
     kube_error,
 )
+from ix_device_plugin.apiserver.events import watch_events
 from ix_device_plugin.apiserver.objects import (
     CONFIG_MAP,
     NODE,
@@ -37,7 +38,6 @@ from ix_device_plugin.apiserver.objects import (
     resource,
 )
 from ix_device_plugin.apiserver.settings import KubeConfigError, KubeSettings
-from ix_device_plugin.apiserver.watch import watch_events
 
 if TYPE_CHECKING:
     from lightkube import AsyncClient, KubeConfig

@@ -1,4 +1,4 @@
-"""Watches: one watch request at a time, and `Mirror`, a local copy of the objects a selector picks kept current.
+"""`Mirror`: a local copy of the objects a selector picks, kept current by one watch request at a time.
 
 A Mirror reads the objects once (a LIST, or a GET of one named object), then watches from the
 resourceVersion of that read, so that nothing between the two is missed. Every end of a watch, whatever
@@ -15,17 +15,15 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Generic, TypeVar
 
-from ix_device_plugin.apiserver.errors import KubeError, KubeExpired, KubeNotFound, kube_error
-from ix_device_plugin.apiserver.objects import Object, ObjectKind, as_dict, resource, version_of
+from ix_device_plugin.apiserver.errors import KubeError, KubeExpired, KubeNotFound
+from ix_device_plugin.apiserver.objects import Object, ObjectKind, version_of
 from ix_device_plugin.apiserver.settings import KubeConfigError
 from ix_device_plugin.runtime.logs import OncePerError
 
 if TYPE_CHECKING:
-    from lightkube import AsyncClient
-
     from ix_device_plugin.apiserver.client import Kube
     from ix_device_plugin.apiserver.connection import ApiConnection
     from ix_device_plugin.runtime.backoff import Backoff
@@ -35,62 +33,7 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 Key = tuple[str, str]  # (namespace, name)
 
-WATCH_SERVER_TIMEOUT = 240  # seconds after which the API server ends a watch; it is resumed
-WATCH_IDLE_GRACE = 30.0  # a watch silent this long past the server timeout is presumed dead and resumed
 HEALTHY_FOR = 30.0  # seconds a watch must live for its end to be a normal one (no re-read, backoff from the start)
-
-
-async def watch_events(
-    client: AsyncClient,
-    kind: ObjectKind,
-    what: str,
-    version: str,
-    *,
-    namespace: str | None = None,
-    field_selector: Mapping[str, str] | None = None,
-) -> AsyncIterator[tuple[str, Object]]:
-    """(event type, object) of one watch request from version, until the stream ends or falls silent.
-
-    Raises KubeError naming what (KubeExpired when version is older than the history the server keeps).
-    Unlike the client library's own watch, which opens the next request at once whenever one ends, this
-    makes exactly one request: what comes next, and when, is the caller's choice.
-    """
-    from lightkube import ALL_NS
-    from lightkube.core.generic_client import WatchDriver
-
-    generic = client._client  # the library's request layer: one request, not its endless re-opening loop
-    params = {
-        "timeoutSeconds": WATCH_SERVER_TIMEOUT,
-        "resourceVersion": version or None,
-        "allowWatchBookmarks": "true",
-        "fieldSelector": ",".join(f"{key}={value}" for key, value in (field_selector or {}).items()) or None,
-    }
-    scope = (namespace or ALL_NS) if kind.namespaced else None
-    try:
-        request = generic.prepare_request("list", res=resource(kind), namespace=scope, watch=True, params=params)
-        driver = WatchDriver(request, generic._client.build_request)
-        response = await generic.send(driver.get_request(timeout=generic._watch_timeout), stream=True)
-    except Exception as error:
-        raise kube_error(what, error) from None
-    try:
-        try:
-            response.raise_for_status()
-            lines = response.aiter_lines()
-        except Exception as error:
-            raise kube_error(what, error) from None
-        while True:
-            try:
-                async with asyncio.timeout(WATCH_SERVER_TIMEOUT + WATCH_IDLE_GRACE):
-                    line = await anext(lines)
-                change, obj = driver.process_one_line(line)
-            except (StopAsyncIteration, TimeoutError):
-                return  # ended by the server, or silent past its own timeout
-            except Exception as error:
-                raise kube_error(what, error) from None
-            yield change, as_dict(obj)
-    finally:
-        with contextlib.suppress(Exception):
-            await response.aclose()
 
 
 class Mirror(Generic[T]):
