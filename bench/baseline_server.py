@@ -15,7 +15,7 @@ import sys
 import grpc
 
 from ix_device_plugin.api import api_pb2, api_pb2_grpc
-from ix_device_plugin.registration import unix_target
+from ix_device_plugin.kubelet.sockets import unix_target
 
 _UUID = "GPU-00000000-0000-0000-0000-000000000000"
 FIXED_ALLOCATE = api_pb2.AllocateResponse(

@@ -20,9 +20,10 @@ from typing import Any
 from bench.plugin import short_dir
 from bench.procfs import rss_mib
 from bench.stats import latency_ms, summary_ms
-from ix_device_plugin.dra_kubelet_standin import DraKubeletStandIn
-from ix_device_plugin.dra_slices import DRIVER, slice_name
-from tests.apiserver_standin import ApiServerStandIn
+from ix_device_plugin.dra.pool import slice_base_name
+from ix_device_plugin.dra.slices import DRIVER
+from ix_device_plugin.standins.apiserver import ApiServerStandIn
+from ix_device_plugin.standins.dra_kubelet import DraKubeletStandIn
 
 NODE = "bench-node"
 START_TIMEOUT = 15.0
@@ -63,7 +64,7 @@ async def _run_once(api: ApiServerStandIn, prepares: int, node: str) -> dict[str
     directory = short_dir()
     kubeconfig = api.write_kubeconfig(directory / "kubeconfig")
     socket = directory / "registry" / f"{DRIVER}-reg.sock"
-    name = slice_name(node)  # a node per start: each start publishes its slice afresh
+    name = slice_base_name(node)  # a node per start: each start publishes its slice afresh
     started = time.perf_counter()
     process = subprocess.Popen(_command(directory, kubeconfig, node), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:

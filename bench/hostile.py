@@ -8,7 +8,9 @@ from pathlib import Path
 from typing import Any
 
 from bench.settings import Settings
-from ix_device_plugin.config import ConfigError, load_document, resolve
+from ix_device_plugin.settings.configfile import load_document
+from ix_device_plugin.settings.errors import SettingsError
+from ix_device_plugin.settings.resolve import config_from
 
 CORPUS = Path(__file__).resolve().parent.parent / "tests" / "hostile" / "configs"
 
@@ -16,8 +18,8 @@ CORPUS = Path(__file__).resolve().parent.parent / "tests" / "hostile" / "configs
 def _check(data: bytes) -> None:
     try:
         for config in load_document(data, "bench").values():
-            resolve(config, {}, {})
-    except ConfigError:
+            config_from(config, {})
+    except SettingsError:
         pass
 
 

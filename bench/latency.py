@@ -14,7 +14,7 @@ from bench import procfs
 from bench.load import Load, allocate_calls, measure, preferred_calls
 from bench.plugin import LARGE, ONE_GPU, PluginProcess, short_dir, stop_process, track
 from bench.settings import Settings
-from ix_device_plugin.registration import unix_target
+from ix_device_plugin.kubelet.sockets import unix_target
 
 PREFERRED_SIZE = 8
 _ROOT = Path(__file__).resolve().parent.parent

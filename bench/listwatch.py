@@ -12,11 +12,11 @@ from bench.plugin import LARGE, PluginProcess, write_atomically
 from bench.settings import Settings
 from bench.stats import summary_ms
 from ix_device_plugin.api import api_pb2, api_pb2_grpc
-from ix_device_plugin.backends.simulated import SimulatedBackend
-from ix_device_plugin.config import Config
-from ix_device_plugin.plan import plan
-from ix_device_plugin.registration import CHANNEL_OPTIONS
-from ix_device_plugin.server import list_response
+from ix_device_plugin.core.plan import plan
+from ix_device_plugin.deviceplugin.service import list_response
+from ix_device_plugin.hardware.simulated import SimulatedBackend
+from ix_device_plugin.kubelet.sockets import CHANNEL_OPTIONS
+from ix_device_plugin.settings.config import Config
 
 READ_TIMEOUT = 10.0
 

@@ -12,7 +12,7 @@ import grpc
 
 from bench.stats import latency_ms
 from ix_device_plugin.api import api_pb2, api_pb2_grpc
-from ix_device_plugin.registration import CHANNEL_OPTIONS
+from ix_device_plugin.kubelet.sockets import CHANNEL_OPTIONS
 
 CALL_TIMEOUT = 10.0
 ALLOCATE = "Allocate"

@@ -20,11 +20,11 @@ import grpc
 import yaml
 
 from ix_device_plugin.api import api_pb2
-from ix_device_plugin.backends.simulated import default_uuid
-from ix_device_plugin.endpoint import ENDPOINT
-from ix_device_plugin.kubelet_standin import KubeletStandIn, ResourceView
-from ix_device_plugin.products import PRODUCTS
-from ix_device_plugin.registration import unix_target
+from ix_device_plugin.core.products import PRODUCTS
+from ix_device_plugin.deviceplugin.endpoint import ENDPOINT
+from ix_device_plugin.hardware.simulated import default_uuid
+from ix_device_plugin.kubelet.sockets import unix_target
+from ix_device_plugin.standins.kubelet import KubeletStandIn, ResourceView
 
 RESOURCE = "iluvatar.com/gpu"
 START_TIMEOUT = 15.0

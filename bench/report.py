@@ -85,11 +85,16 @@ def _footprint() -> Iterator[Figure]:
     yield Figure("footprint", "CPU per call under load", ("cpu_us_per_call",), "us")
 
 
+_CALLS = (("allocate", "Allocate"), ("preferred", "GetPreferredAllocation"))
+
+
 def _baseline() -> Iterator[Figure]:
-    for call, call_name in (("allocate", "Allocate"), ("preferred", "GetPreferredAllocation")):
+    for call, call_name in _CALLS:
         for mode, mode_name in MODES:
             yield Figure("baseline", f"floor: {call_name} {mode_name} p50", (call, mode, "p50_ms"), "ms")
             yield Figure("baseline", f"floor: {call_name} {mode_name} p99", (call, mode, "p99_ms"), "ms")
+    for mode, mode_name in MODES:  # the two calls' ratios side by side
+        for call, call_name in _CALLS:
             yield Figure("baseline", f"plugin/floor p50: {call_name} {mode_name}", ("ratio_p50", f"{call}_{mode}"), "x")
     yield Figure("baseline", "floor server RSS", ("rss_mib",), "MiB")
 
@@ -140,6 +145,13 @@ def _api_features() -> Iterator[Figure]:
     yield Figure("api_features", "1 GPU, API features off: RSS", ("off", "rss_mib"), "MiB")
     yield Figure("api_features", "1 GPU, per-node config + Volcano on: RSS", ("on", "rss_mib"), "MiB")
     yield Figure("api_features", "RSS added by the API features", ("rss_added_mib",), "MiB")
+    for feature, name in (("per_node_config", "per-node config"), ("gpu_reset", "GPU reset"), ("volcano", "Volcano")):
+        path = ("idle", feature)
+        yield Figure("api_features", f"{name}: requests at idle, per node", (*path, "requests_per_hour"), "/h", 1)
+        yield Figure("api_features", f"{name}: watches opened at idle, per node", (*path, "watch_opens_per_hour"), "/h")
+    for ending, name in (("expired", "every watch answered 410"), ("ended_at_once", "every watch ended at once")):
+        path = ("hostile_watches", ending, "requests_per_s")
+        yield Figure("api_features", f"per-node config, {name}: requests", path, "/s", 1)
 
 
 def figures(sections: Mapping[str, Any]) -> list[Figure]:

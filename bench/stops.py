@@ -20,9 +20,9 @@ from typing import Any
 
 from bench.settings import Settings
 from bench.stats import summary_ms
-from ix_device_plugin.demo import ConfigMapDir
-from ix_device_plugin.endpoint import ENDPOINT
-from ix_device_plugin.kubelet_standin import KubeletStandIn
+from ix_device_plugin.deviceplugin.endpoint import ENDPOINT
+from ix_device_plugin.standins.kubelet import KubeletStandIn
+from ix_device_plugin.tools.demo import ConfigMapDir
 
 RESOURCE = "iluvatar.com/gpu"
 STOP_BOUND = 2.0

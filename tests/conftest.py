@@ -14,10 +14,10 @@ from typing import Any
 import pytest
 from hypothesis import settings
 
-from ix_device_plugin.backends.simulated import SimulatedBackend
-from ix_device_plugin.daemon import Daemon
-from ix_device_plugin.kubelet_standin import KubeletStandIn
-from ix_device_plugin.options import Options
+from ix_device_plugin.deviceplugin.loop import Daemon
+from ix_device_plugin.hardware.simulated import SimulatedBackend
+from ix_device_plugin.settings.options import Options
+from ix_device_plugin.standins.kubelet import KubeletStandIn
 
 # Moderate by default so the suite stays quick; HYPOTHESIS_PROFILE=full runs 10,000 examples per test.
 settings.register_profile("default", max_examples=60, deadline=None)
@@ -85,8 +85,10 @@ async def start_daemon(plugin_dir: Path, short_dir: Path) -> AsyncIterator[Calla
     daemons: list[Daemon] = []
 
     async def start(devices: str = "BI-V150:2", **overrides: Any) -> Daemon:
+        """A started daemon; overrides are Options fields, or the Daemon's backend_factory and kube."""
+        factory = overrides.pop("backend_factory", lambda: SimulatedBackend(devices))
+        kube = overrides.pop("kube", None)
         options = Options(
-            backend_factory=lambda: SimulatedBackend(devices),
             plugin_dir=plugin_dir,
             config_path=short_dir / "no-config",
             dev_root=short_dir,
@@ -94,7 +96,7 @@ async def start_daemon(plugin_dir: Path, short_dir: Path) -> AsyncIterator[Calla
             health_address="off",
             poll_interval=0.2,
         )
-        daemon = Daemon(replace(options, **overrides))
+        daemon = Daemon(replace(options, **overrides), backend_factory=factory, kube=kube)
         await daemon.start()
         daemons.append(daemon)
         return daemon
@@ -102,3 +104,15 @@ async def start_daemon(plugin_dir: Path, short_dir: Path) -> AsyncIterator[Calla
     yield start
     for daemon in daemons:
         await daemon.shutdown()
+
+
+_KINDS = ("unit", "component", "system")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark each test with its kind, the folder it lives in: tests/unit, tests/component or tests/system."""
+    tests_dir = Path(__file__).parent
+    for item in items:
+        parts = Path(item.fspath).relative_to(tests_dir).parts
+        if parts and parts[0] in _KINDS:
+            item.add_marker(getattr(pytest.mark, parts[0]))

@@ -5,21 +5,23 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections.abc import Callable, Sequence
-from dataclasses import replace
+from dataclasses import fields, replace
 from pathlib import Path
 from typing import Any
 
 import yaml
-from apiserver_standin import ApiServerStandIn
 
-from ix_device_plugin.backends.simulated import SimulatedBackend
-from ix_device_plugin.dra import DraDriver, registration_socket
-from ix_device_plugin.dra_kubelet_standin import DraKubeletStandIn
-from ix_device_plugin.dra_slices import DRIVER, slice_name
-from ix_device_plugin.kube import settings_from
-from ix_device_plugin.options import DraOptions, Options
+from ix_device_plugin.apiserver.settings import KubeSettings, settings_from
+from ix_device_plugin.dra.driver import DraDriver
+from ix_device_plugin.dra.pool import slice_base_name
+from ix_device_plugin.dra.slices import DRIVER
+from ix_device_plugin.settings.options import DraOptions, NodeOptions
+from ix_device_plugin.settings.table import DRA
+from ix_device_plugin.standins.apiserver import ApiServerStandIn
+from ix_device_plugin.standins.dra_kubelet import DraKubeletStandIn
 
 NODE = "node-a"
+DRA_FIELDS = {field.name for field in fields(DraOptions)}
 TWO_BOARDS: list[dict[str, Any]] = [{"product": "BI-V150"}, {"product": "BI-V150"}]
 
 
@@ -34,16 +36,33 @@ class DraNode:
         self.write_boards(TWO_BOARDS)
         self.cdi_dir = root / "cdi"
         self.kubeconfig = api.write_kubeconfig(root / "kubeconfig")
+        if api.get("nodes", node) is None:
+            api.add_node(node)
         self.drivers: list[DraDriver] = []
+        self.boot_id_file = root / "boot_id"
+        self.boot_id_file.write_text("boot-1\n")
+
+    def reboot(self) -> None:
+        """What a reboot does to the node's files: a new boot ID, and the CDI directory (a tmpfs) empty."""
+        self.boot_id_file.write_text(f"boot-{self.boot_id_file.read_text().strip()}-next\n")
+        for spec in self.cdi_dir.glob("*"):
+            spec.unlink()
 
     def write_boards(self, boards: Sequence[dict[str, Any]]) -> None:
         """Describe the node's boards (the simulated backend reads the file on every discovery and poll)."""
         self.devices_file.write_text(yaml.safe_dump({"boards": list(boards)}))
 
-    def options(self, **base: Any) -> DraOptions:
-        """DraOptions for this node, with short intervals."""
-        options = Options(
-            backend_factory=lambda: SimulatedBackend(str(self.devices_file)),
+    def options(self, **overrides: Any) -> DraOptions:
+        """DraOptions for this node, with short intervals, on the simulated chips of its devices file.
+
+        overrides name DraOptions or NodeOptions fields.
+        """
+        own = {name: overrides.pop(name) for name in list(overrides) if name in DRA_FIELDS}
+        base = overrides
+        options = NodeOptions(
+            mode=DRA,
+            backend="simulated",
+            simulated_devices=str(self.devices_file),
             dev_root=self.root,
             sysfs_root=self.root / "sys",
             cdi_spec_dir=self.cdi_dir,
@@ -52,19 +71,24 @@ class DraNode:
             stop_timeout=0.5,
             health_address="off",
         )
-        kube = replace(settings_from({"NODE_NAME": self.node}, str(self.kubeconfig), "test"), timeout=1.0)
-        return DraOptions(
+        dra = DraOptions(
             base=replace(options, **base),
             node_name=self.node,
-            kube=kube,
             registrar_dir=self.root / "plugins_registry",
             plugins_dir=self.root / "plugins",
             claim_read_timeout=1.5,
+            boot_id_path=self.boot_id_file,
         )
+        return replace(dra, **own)
 
-    async def start(self, **base: Any) -> DraDriver:
-        """A started driver; stopped by stop_all."""
-        driver = DraDriver(self.options(**base))
+    def kube_settings(self) -> KubeSettings:
+        """How the driver reaches the API server stand-in (short timeouts)."""
+        return replace(settings_from({"NODE_NAME": self.node}, str(self.kubeconfig), "test"), timeout=1.0)
+
+    async def start(self, backend_factory: Any = None, **overrides: Any) -> DraDriver:
+        """A started driver (on backend_factory's backend when given); stopped by stop_all."""
+        options = self.options(**overrides)
+        driver = DraDriver(options, kube_settings=self.kube_settings(), backend_factory=backend_factory)
         await driver.start()
         self.drivers.append(driver)
         return driver
@@ -82,12 +106,12 @@ class DraNode:
     async def kubelet(self, driver: DraDriver, **kwargs: Any) -> DraKubeletStandIn:
         """A kubelet stand-in registered with driver."""
         kubelet = DraKubeletStandIn(DRIVER, **kwargs)
-        await kubelet.register(registration_socket(driver.options))
+        await kubelet.register(driver.registrar_socket)
         return kubelet
 
     def slice(self) -> dict[str, Any] | None:
         """The node's ResourceSlice as the API server stores it."""
-        return self.api.get("resourceslices", slice_name(self.node))
+        return self.api.get("resourceslices", slice_base_name(self.node))
 
     def slice_devices(self) -> dict[str, dict[str, Any]]:
         """The slice's devices by name ({} without a slice)."""
@@ -108,10 +132,14 @@ class DraNode:
         driver: str = DRIVER,
         pool: str | None = None,
         request: str = "gpu",
+        admin_access: bool = False,
     ) -> tuple[str, str, str]:
         """Store an allocated ResourceClaim, as the scheduler leaves it; (namespace, name, uid)."""
         uid = str(uuid.uuid4())
         results = [{"request": request, "driver": driver, "pool": pool or self.node, "device": d} for d in devices]
+        if admin_access:
+            for result in results:
+                result["adminAccess"] = True
         self.api.put(
             "resourceclaims",
             {

@@ -8,13 +8,25 @@ import subprocess
 import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
-from ix_device_plugin.daemon import Daemon
+from ix_device_plugin.deviceplugin.loop import Daemon
+from ix_device_plugin.settings.resolve import resolve
+from ix_device_plugin.settings.table import RUN
 
+TESTS_DIR = Path(__file__).resolve().parent
+REPO_ROOT = TESTS_DIR.parent
 RESOURCE = "iluvatar.com/gpu"
+IXML_DOUBLE_CONFIG = "IXML_DOUBLE_CONFIG"  # the environment variable naming the C double's device file
 # Plugins started by tests write no CDI spec or node labels on the machine unless a test asks.
 NO_NODE_FILES = ("--cdi-spec-dir", "off", "--node-feature-dir", "off")
 DaemonFactory = Callable[..., Awaitable[Daemon]]
+
+
+def config_flags(**flags: str | bool) -> dict[str, tuple[Any, str]]:
+    """ix-config settings as the daemon holds them when given as flags (`replicas="2"`), for Options.given."""
+    text = {name: (str(value).lower() if isinstance(value, bool) else value) for name, value in flags.items()}
+    return resolve(RUN, text, {}).given
 
 
 def spawn_plugin(plugin_dir: Path, *args: str, log_file: Path | None = None) -> subprocess.Popen[bytes]:
@@ -61,3 +73,13 @@ async def until(predicate: Callable[[], bool], timeout: float = 5.0, step: float
     async with asyncio.timeout(timeout):
         while not predicate():
             await asyncio.sleep(step)
+
+
+def make_dev_root(root: Path, minors: list[int], *, itrctl: bool = True) -> Path:
+    """A fake host root whose dev/ holds iluvatar<minor> nodes (and itrctl) as plain files."""
+    (root / "dev").mkdir(parents=True)
+    for minor in minors:
+        (root / "dev" / f"iluvatar{minor}").touch()
+    if itrctl:
+        (root / "dev" / "itrctl").touch()
+    return root

@@ -2,7 +2,7 @@
 
 api.proto: the device plugin API v1beta1; podresources/api.proto: the pod-resources API v1;
 dra_v1/api.proto and dra_v1beta1/api.proto: the DRA kubelet plugin API; pluginregistration/api.proto: the
-plugin watcher's registration API v1.
+plugin watcher's registration API v1; dra_health_v1/ and dra_health_v1alpha1/: the DRA device health API.
 """
 
 from __future__ import annotations
@@ -19,6 +19,8 @@ PROTOS = (
     API_DIR / "dra_v1" / "api.proto",
     API_DIR / "dra_v1beta1" / "api.proto",
     API_DIR / "pluginregistration" / "api.proto",
+    API_DIR / "dra_health_v1" / "api.proto",
+    API_DIR / "dra_health_v1alpha1" / "api.proto",
 )
 GENERATED = ("api_pb2.py", "api_pb2_grpc.py", "api_pb2.pyi")
 

@@ -1,0 +1,1 @@
+"""The Kubernetes API server: one connection owner, typed calls, watches."""

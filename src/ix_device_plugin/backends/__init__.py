@@ -1,1 +1,0 @@
-"""Where devices come from: the IXML library on a real node, or a simulation."""

@@ -1,0 +1,1 @@
+"""Features behind Allocate's hook: GPU reset and Volcano mode."""

@@ -1,0 +1,221 @@
+"""The API features that Allocate waits for: flags.reset_gpu and flags.usevolcano, and their background
+passes (the reset handshake's record at start, Volcano's ConfigMap and pod annotations).
+
+A shell over the daemon's Current state: it reads the plan and config there and changes nothing in it;
+rediscovery after a reset goes through the daemon's reconcile loop (the `rediscover` it is given).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from typing import TYPE_CHECKING
+
+from ix_device_plugin.api import api_pb2
+from ix_device_plugin.core.allocation import AllocationError
+from ix_device_plugin.core.inventory import Chip, Inventory
+from ix_device_plugin.core.plan import Plan
+from ix_device_plugin.deviceplugin.features.gpureset import GpuReset, GpuResetError, ResetHandshake, ResetSettings
+from ix_device_plugin.deviceplugin.features.volcano import PASS_PERIOD, VolcanoMode
+from ix_device_plugin.deviceplugin.metrics import Metrics
+from ix_device_plugin.deviceplugin.state import Current, first_set
+from ix_device_plugin.hardware.worker import Hardware
+from ix_device_plugin.runtime.logs import OncePerError
+from ix_device_plugin.settings.config import Config
+from ix_device_plugin.settings.options import NodeOptions
+
+if TYPE_CHECKING:
+    from ix_device_plugin.apiserver.connection import ApiConnection
+
+log = logging.getLogger(__name__)
+
+SETTLE = 0.2  # the kubelet records an allocation just after Allocate returns
+CONFIG_POLL = 5.0  # seconds between looks at whether flags.reset_gpu was turned on
+PodDevices = Callable[[], Awaitable[Mapping[tuple[str, str], list[str]]]]
+
+
+class ApiFeatures:
+    """GPU reset and Volcano mode, on for as long as the current config says so; api: the process's API server
+    connection (None: the reset goes without the handshake, Volcano mode cannot answer)."""
+
+    def __init__(
+        self,
+        options: NodeOptions,
+        current: Current,
+        metrics: Metrics,
+        hardware: Hardware,
+        rediscover: Callable[[], Awaitable[Inventory]],
+        pod_devices: PodDevices,
+        api: ApiConnection | None = None,
+    ) -> None:
+        self._api = api
+        self._current = current
+        self._pod_devices = pod_devices
+        reset = ResetSettings(wait_timeout=options.reset_wait_timeout, command_timeout=options.reset_timeout)
+        self.gpu_reset = GpuReset(hardware, self._reset_handshake, rediscover, metrics, reset)
+        self._handshake: ResetHandshake | None = None
+        self._handshake_turn = asyncio.Lock()
+        self._volcano: VolcanoMode | None = None
+        self._volcano_soon = asyncio.Event()
+        self._no_handshake_said = False
+
+    @property
+    def _config(self) -> Config:
+        return self._current.state.config
+
+    async def close(self, timeout: float) -> None:
+        """Never leave reset: true behind (the API connection is closed by its owner, after this)."""
+        await self.gpu_reset.close(timeout)
+
+    async def before_allocate(self, plan: Plan, request: api_pb2.AllocateRequest) -> api_pb2.AllocateRequest | None:
+        """With flags.usevolcano, the devices Volcano chose; with flags.reset_gpu, reset their chips first.
+        The request to answer, or None when neither is on."""
+        config = self._config
+        if not config.use_volcano and not config.reset_gpu:
+            return None
+        if config.use_volcano:
+            from ix_device_plugin.apiserver.errors import KubeError
+            from ix_device_plugin.apiserver.settings import KubeConfigError
+
+            try:
+                request = await self._volcano_request(request)
+            except (KubeError, KubeConfigError) as error:
+                raise AllocationError(f"Volcano mode: {error}", unavailable=True) from None
+        if config.reset_gpu:
+            current = self._current.plan
+            chips = {chip.uuid for req in request.container_requests for chip in _chips(current, req.devices_ids)}
+            try:
+                await self.gpu_reset.reset(sorted(chips))
+            except GpuResetError as error:
+                raise AllocationError(f"GPU reset before Allocate: {error}", unavailable=True) from None
+        return request
+
+    async def announce_reset(self) -> None:
+        """With flags.reset_gpu, say in ix-gpu-reset-<node> that we hold the GPUs, as upstream does at start."""
+        if self._api is None:
+            return
+        errors, backoff = OncePerError(log), self._api.backoff()
+        while self._handshake is None:
+            if not self._config.reset_gpu:
+                await asyncio.sleep(CONFIG_POLL)
+                continue
+            try:
+                await self._reset_handshake()
+                errors.succeeded("GPU reset handshake: the API server answers again")
+            except GpuResetError as error:
+                errors.failed("GPU reset handshake: %s; retrying", error)
+                await backoff.sleep()
+
+    async def _reset_handshake(self) -> ResetHandshake | None:
+        """The handshake with other IXML users, when the API server is configured; None without one."""
+        async with self._handshake_turn:
+            return await self._open_handshake()
+
+    async def _open_handshake(self) -> ResetHandshake | None:
+        if self._handshake is not None:
+            return self._handshake
+        if self._api is None:
+            if not self._no_handshake_said:
+                log.warning(
+                    "flags.reset_gpu without API access (NODE_NAME and a service account or kubeconfig): "
+                    "other IXML users such as ix-exporter are not asked to let go before a reset"
+                )
+                self._no_handshake_said = True
+            return None
+        from ix_device_plugin.apiserver.errors import KubeError
+        from ix_device_plugin.apiserver.settings import KubeConfigError
+
+        try:
+            handshake = ResetHandshake(await self._api.kube(), self._api.namespace, self._api.node_name)
+            await handshake.announce()
+        except (KubeConfigError, KubeError, GpuResetError) as error:
+            raise GpuResetError(f"the reset handshake failed: {error}", "refused") from None
+        self._handshake = handshake
+        return handshake
+
+    # ---- flags.usevolcano ---------------------------------------------------------------------
+
+    async def _volcano_request(self, request: api_pb2.AllocateRequest) -> api_pb2.AllocateRequest:
+        """The request with each container's devices replaced by those Volcano chose for its pod."""
+        mode = await self._volcano_mode()
+        chosen = [await mode.chosen_devices(list(req.devices_ids)) for req in request.container_requests]
+        self._volcano_soon.set()  # annotate the pod as soon as the kubelet reports it
+        return api_pb2.AllocateRequest(
+            container_requests=[api_pb2.ContainerAllocateRequest(devices_ids=ids) for ids in chosen]
+        )
+
+    async def _volcano_mode(self) -> VolcanoMode:
+        if self._volcano is not None:
+            return self._volcano
+        if self._api is None:
+            raise AllocationError(
+                "flags.usevolcano needs API access: NODE_NAME and a service account (chart: "
+                "features.volcano=true) or --kubeconfig",
+                unavailable=True,
+            )
+        self._volcano = VolcanoMode(self._api, lambda: self._current.plan, self._pod_devices)
+        return self._volcano
+
+    async def run_volcano(self) -> None:
+        """While flags.usevolcano is on: follow the node's pods and ix-device-info-cm-<node>, keep the ConfigMap
+        current and annotate allocated pods. Each pass runs when something changed (or PASS_PERIOD passed,
+        for the kubelet's allocations); a pass at rest asks the API server nothing."""
+        from ix_device_plugin.apiserver.errors import KubeError
+        from ix_device_plugin.apiserver.settings import KubeConfigError
+
+        if self._api is None:
+            return
+        errors, backoff = OncePerError(log), self._api.backoff()
+        following: asyncio.Task[None] | None = None
+        try:
+            while True:
+                if not self._config.use_volcano:
+                    following = await _stopped(following)
+                    await self._volcano_wait(CONFIG_POLL, self._wake_events(None))
+                    continue
+                mode = await self._volcano_mode()
+                if following is None:
+                    following = asyncio.create_task(mode.follow(), name="volcano-watches")
+                wake, wait = self._wake_events(mode), PASS_PERIOD  # taken before the pass: no change is missed
+                try:
+                    await mode.annotate_allocations(self._current.plan.resource_name)
+                    await mode.publish()
+                    errors.succeeded("Volcano mode: the API server answers again")
+                    backoff.reset()
+                except (KubeError, KubeConfigError) as error:
+                    errors.failed("Volcano mode: %s; retrying", error)
+                    wait = backoff.next_delay()
+                await self._volcano_wait(wait, wake)
+        finally:
+            await _stopped(following)
+
+    def _wake_events(self, mode: VolcanoMode | None) -> list[asyncio.Event]:
+        """Set when the device view or what Volcano mode's watches see changes, or an Allocate asks for a pass."""
+        events = [self._current.news, self._volcano_soon]
+        return events if mode is None else [*events, mode.pods.news, mode.config_map.news]
+
+    async def _volcano_wait(self, seconds: float, wake: list[asyncio.Event]) -> None:
+        """Sleep until seconds pass or one of wake is set (after an Allocate, a little longer)."""
+        try:
+            async with asyncio.timeout(seconds):
+                await first_set(*wake)
+        except TimeoutError:
+            pass
+        if self._volcano_soon.is_set():
+            self._volcano_soon.clear()
+            await asyncio.sleep(SETTLE)  # the kubelet records the allocation just after Allocate returns
+
+
+async def _stopped(task: asyncio.Task[None] | None) -> None:
+    """Cancel task (if any) and wait for it to end; None, for the caller to hold."""
+    if task is not None:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+def _chips(plan: Plan, device_ids: Iterable[str]) -> list[Chip]:
+    """The chips behind these device IDs (IDs the plan does not know were refused before)."""
+    return [chip for device_id in device_ids if (device := plan.by_id.get(device_id)) for chip in device.chips]

@@ -1,0 +1,427 @@
+"""The device plugin's reconcile loop: the one writer of the served State; every other task only sends it events.
+
+Inputs (each only turns a happening into an event on one queue):
+- the hardware monitor: each new view of the chips (discovery, health polls, XID events, hot-plug);
+- the file watcher: the socket directory and the config's directory, woken by inotify and a timer;
+- the node label (with --per-node-config) and SIGHUP, which re-read the configuration.
+The loop takes one event at a time, computes the desired State (inventory, last valid config, their plan)
+and applies it: `Current.swap` is the one place where what is served changes. Outputs read that State: the
+endpoint (gRPC service), the registrar, the node files, the probes and the metrics.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from ix_device_plugin.core.inventory import Inventory
+from ix_device_plugin.core.limits import device_list_problem
+from ix_device_plugin.core.plan import Plan
+from ix_device_plugin.deviceplugin.configsource import ConfigSource
+from ix_device_plugin.deviceplugin.endpoint import ENDPOINT, Endpoint
+from ix_device_plugin.deviceplugin.features.gpureset import GpuReset, GpuResetError
+from ix_device_plugin.deviceplugin.features.hook import ApiFeatures
+from ix_device_plugin.deviceplugin.metrics import Metrics
+from ix_device_plugin.deviceplugin.nodefiles import NodeFiles
+from ix_device_plugin.deviceplugin.registrar import Registrar
+from ix_device_plugin.deviceplugin.state import Current, State
+from ix_device_plugin.deviceplugin.telemetry import TelemetryCollector, TelemetrySampler
+from ix_device_plugin.hardware.backend import BackendError
+from ix_device_plugin.hardware.monitor import HardwareMonitor, HardwareView, MonitorSettings
+from ix_device_plugin.hardware.open import BackendFactory
+from ix_device_plugin.hardware.open import backend_factory as open_backend
+from ix_device_plugin.hardware.worker import Hardware
+from ix_device_plugin.kubelet.podresources import PodResources
+from ix_device_plugin.runtime.errors import StartupError
+from ix_device_plugin.runtime.filewatch import Watcher
+from ix_device_plugin.runtime.logs import OncePerError
+from ix_device_plugin.runtime.probes import ProbeHandlers, ProbeServer, start_probes
+from ix_device_plugin.runtime.service import Service, bounded
+from ix_device_plugin.settings.config import Config
+from ix_device_plugin.settings.errors import SettingsError
+from ix_device_plugin.settings.options import Options
+from ix_device_plugin.settings.table import FILE_SETTINGS
+
+if TYPE_CHECKING:
+    from ix_device_plugin.apiserver.connection import ApiConnection
+    from ix_device_plugin.apiserver.settings import KubeSettings
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class FilesChanged:
+    """The watcher woke up: these paths changed (possibly none: a timer tick)."""
+
+    paths: frozenset[Path]
+
+
+@dataclass(frozen=True)
+class ReloadRequested:
+    """SIGHUP: re-read the config even if its bytes look the same."""
+
+
+@dataclass(frozen=True)
+class HardwareChanged:
+    """The hardware monitor has a new view of the chips."""
+
+    view: HardwareView
+
+
+@dataclass(frozen=True)
+class NodeLabelChanged:
+    """The node's configuration label has this value now (None: not set)."""
+
+    value: str | None
+
+
+Event = FilesChanged | ReloadRequested | HardwareChanged | NodeLabelChanged
+
+
+class Daemon:
+    """One plugin instance: serves the Current state, keeps it registered and true.
+
+    kube: how to reach the API server, for the features that use it (None: they go without);
+    backend_factory: the GPUs' backend (default: the one options name).
+    """
+
+    def __init__(
+        self,
+        options: Options,
+        metrics: Metrics | None = None,
+        *,
+        kube: KubeSettings | None = None,
+        backend_factory: BackendFactory | None = None,
+    ) -> None:
+        self.options = options
+        self.kube_settings = kube
+        self.metrics = metrics or Metrics()
+        self.service = Service(options.stop_timeout)
+        self.current = Current(State.of(Inventory(), Config()))
+        self.apiserver = api_connection(kube)  # the one connection to the API server, made on first use
+        self.hardware = Hardware(backend_factory or open_backend(options), options.call_timeout)
+        self.monitor = HardwareMonitor(
+            self.hardware,
+            MonitorSettings(
+                health_interval=options.health_interval,
+                rediscover_interval=options.rediscover_interval,
+                dev_root=options.dev_root,
+                health_stale_after=options.health_stale_after,
+            ),
+            on_xid=lambda xid: self.metrics.xid_events.labels(xid=str(xid)).inc(),
+            on_poll=self.metrics.observe_health_poll,
+        )
+        self.monitor.ignored = options.ignored_health_errors
+        self.monitor.subscribe(lambda view: self._events.put_nowait(HardwareChanged(view)))
+        self.api = ApiFeatures(
+            options, self.current, self.metrics, self.hardware, self._rediscover_now, self._pod_devices, self.apiserver
+        )
+        self.endpoint = Endpoint(
+            options.plugin_dir / ENDPOINT, self.current, self.metrics.observe_call, self.api.before_allocate
+        )
+        self.registrar = Registrar(
+            options.plugin_dir,
+            ENDPOINT,
+            lambda: self.current.plan.resource_name,
+            self.metrics,
+            options.poll_interval,
+        )
+        self.metrics.read_state_from(lambda: self.current.state, lambda: self.registrar.registered)
+        self.telemetry: TelemetryCollector | None = None
+        if options.telemetry_interval is not None:
+            self.telemetry = TelemetryCollector(options.node_name)
+            self.metrics.registry.register(self.telemetry)
+        self.pod_resources = PodResources(options.pod_resources_socket)
+        self.config_source = ConfigSource(options, self.apiserver)
+        self.files = NodeFiles(options.cdi_spec_dir, options.node_feature_dir, options.dev_root, options.sysfs_root)
+        self.socket_path = self.endpoint.path
+        self.probe_port: int | None = None
+        self._events: asyncio.Queue[Event] = asyncio.Queue()
+        self._probes: ProbeServer | None = None
+        self._applied_version = 0  # the last hardware view the loop has taken
+        self._applied = asyncio.Event()
+        self._endpoint_errors = OncePerError(log)
+        self._limit_errors = OncePerError(log)
+        self._telemetry_pod_errors = OncePerError(log, logging.WARNING)
+        self._volcano_pod_errors = OncePerError(log, logging.WARNING)
+
+    # ---- what others read ------------------------------------------------------------------
+
+    @property
+    def gpu_reset(self) -> GpuReset:
+        """The GPU reset service (flags.reset_gpu)."""
+        return self.api.gpu_reset
+
+    @property
+    def plan(self) -> Plan:
+        """The plan served now."""
+        return self.current.plan
+
+    @property
+    def config(self) -> Config:
+        """The last valid configuration."""
+        return self.current.state.config
+
+    @property
+    def inventory(self) -> Inventory:
+        """The inventory served now."""
+        return self.current.state.inventory
+
+    @property
+    def config_path(self) -> Path:
+        """The config file in force."""
+        return self.config_source.path
+
+    @property
+    def registered(self) -> bool:
+        """True while registered with the kubelet."""
+        return self.registrar.registered
+
+    def live(self) -> tuple[bool, str]:
+        """Liveness: serving, registration not failing for long, the GPU library answering, no task down."""
+        if not self.endpoint.serving:
+            return False, f"not serving on {self.socket_path}"
+        failing = self.registrar.failing_for()
+        if failing is not None and failing > self.options.registration_grace:
+            return False, f"registration failing for {failing:.0f}s"
+        problem = self.monitor.problem()
+        if problem is None and (down := self.service.down()):
+            problem = "; ".join(down)
+        if problem is not None:
+            return False, problem
+        return True, f"serving {self.plan.capacity()} {self.plan.resource_name} on {self.socket_path}"
+
+    def ready(self) -> tuple[bool, str]:
+        """Readiness: registered with the kubelet."""
+        if self.registered:
+            return True, f"registered {self.plan.resource_name}"
+        return False, "not registered with the kubelet"
+
+    # ---- running and stopping --------------------------------------------------------------
+
+    async def run(self) -> int:
+        """Serve until stop() or a signal; returns the process exit code."""
+        return await self.service.run(self.start, self.shutdown)
+
+    def stop(self) -> None:
+        """Ask the daemon to stop (safe to call from a signal handler)."""
+        self.service.stop()
+
+    def install_signal_handlers(self) -> None:
+        """SIGTERM/SIGINT stop the daemon, SIGHUP re-reads the configuration."""
+        self.service.install_signal_handlers(lambda: self._events.put_nowait(ReloadRequested()))
+
+    async def start(self) -> None:
+        """Load config, discover, serve and ask for registration; raises StartupError."""
+        spawn = self.service.spawn
+        if self.options.per_node_config:
+            await self.config_source.follow_label(spawn, lambda value: self._events.put_nowait(NodeLabelChanged(value)))
+        config = self._first_config()
+        await self._start_probes()
+        view = await self.monitor.start(config.fail_on_init_error)
+        self._applied_version = view.version  # its HardwareChanged event, already queued, changes nothing
+        if (problem := device_list_problem(view.inventory, config)) is not None:
+            raise StartupError(f"{self.config_path}: {problem}")
+        self._swap(State.of(view.inventory, config))
+        _log_plan(self.plan)
+        await self.endpoint.start(self.plan.resource_name)
+        self.registrar.request()
+        self.files.apply(self.current.state)
+        spawn("reconcile", self._reconcile_loop)
+        spawn("registrar", self.registrar.run)
+        spawn("watch", self._watch_files)
+        spawn("hardware", self.monitor.run)
+        if self.telemetry is not None:
+            assert self.options.telemetry_interval is not None
+            sampler = TelemetrySampler(
+                self.hardware,
+                self.telemetry,
+                self.options.telemetry_interval,
+                lambda: (self.inventory, self.plan),
+                lambda: self.pod_resources.allocations({self.plan.resource_name}, self._telemetry_pod_errors),
+            )
+            spawn("telemetry", sampler.run)
+        if self.kube_settings is not None:
+            spawn("volcano", self.api.run_volcano)
+            spawn("reset-announce", self.api.announce_reset)
+
+    async def shutdown(self) -> None:
+        """Stop every task, stop serving and remove the socket, within options.stop_timeout."""
+        budget = self.options.stop_timeout
+        await self.service.stop_tasks(budget * 0.4)
+        await bounded("stopping the plugin server", self.endpoint.stop(grace=budget * 0.1), budget * 0.3)
+        self.endpoint.remove_socket()
+        await bounded("ending the API features", self.api.close(timeout=budget * 0.2), budget * 0.25)
+        if self.apiserver is not None:
+            await bounded("closing the API connection", self.apiserver.close(), budget * 0.05)
+        if self._probes is not None:
+            await bounded("stopping the probe server", self._probes.stop(), budget * 0.1)
+        self.files.close()
+        await bounded("closing the pod-resources channel", self.pod_resources.close(), budget * 0.05)
+        # Room for the XID waiter's last bounded wait (EVENT_WAIT_MS), which must end before IXML shuts down.
+        await self.hardware.close(timeout=budget * 0.4)
+
+    # ---- the reconcile loop: the only writer of state -----------------------------------------
+
+    async def _reconcile_loop(self) -> None:
+        while True:
+            event = await self._events.get()
+            match event:
+                case FilesChanged(paths):
+                    self.registrar.files_changed(paths, self.endpoint.serving)
+                    self._reload_config(force=False)
+                case ReloadRequested():
+                    self._reload_config(force=True)
+                case HardwareChanged(view):
+                    self._hardware_changed(view)
+                case NodeLabelChanged(value):
+                    self.config_source.label = value
+                    self._reload_config(force=False)
+            await self._converge()
+            self.files.apply(self.current.state)
+
+    def _hardware_changed(self, view: HardwareView) -> None:
+        if view.version > self._applied_version:
+            self._serve(view.inventory, self.config)
+            self._applied_version = view.version
+            woken, self._applied = self._applied, asyncio.Event()
+            woken.set()
+
+    async def _converge(self) -> None:
+        """Make the endpoint serve the current plan: (re)start it when lost or renamed, then register again."""
+        try:
+            restarted = await self.endpoint.converge(self.plan.resource_name)
+        except StartupError as error:
+            self._endpoint_errors.failed("%s; retrying", error)
+            return
+        if restarted is not None:
+            log.info("plugin server restarted: %s", restarted)
+            self._endpoint_errors.succeeded()
+            self.registrar.request()
+
+    def _serve(self, inventory: Inventory, config: Config) -> bool:
+        """Swap in the state for inventory and config, unless its device list is too large to send; True if swapped."""
+        problem = device_list_problem(inventory, config)
+        if problem is not None:
+            self._limit_errors.failed("not advertising the change, keeping the last device list: %s", problem)
+            return False
+        self._limit_errors.succeeded()
+        self._swap(State.of(inventory, config))
+        return True
+
+    def _swap(self, state: State) -> None:
+        before = self.current.state
+        for warning in state.plan.warnings:
+            log.warning("%s", warning)
+        _log_transitions(before.plan, state.plan)
+        self.current.swap(state)
+        self.files.changed()
+
+    def _reload_config(self, force: bool) -> None:
+        if not self.config_source.changed() and not force:
+            return
+        try:
+            config = self.config_source.load()
+        except SettingsError as error:
+            self.metrics.config_reload_failures.inc()
+            for line in error.messages:
+                log.error("config change rejected, keeping the last good configuration: %s", line)
+            return
+        before = self.config
+        if config == before:
+            return
+        if (problem := device_list_problem(self.inventory, config)) is not None:
+            self.metrics.config_reload_failures.inc()
+            log.error("config change rejected, keeping the last good configuration: %s: %s", self.config_path, problem)
+            return
+        self._swap(State.of(self.inventory, config))
+        log.info("configuration reloaded: %s", _config_diff(before, config))
+        self.metrics.config_reloads.inc()
+
+    # ---- inputs and helpers -------------------------------------------------------------------
+
+    async def _watch_files(self) -> None:
+        options = self.options
+        watcher = Watcher()
+        try:
+            for directory in (options.plugin_dir, options.config_path.parent):
+                watcher.watch(directory)
+            interval = options.poll_interval if watcher.uses_inotify else options.poll_interval / 4
+            while True:
+                changed = await watcher.wait(interval)
+                self._events.put_nowait(FilesChanged(frozenset(changed)))
+        finally:
+            watcher.close()
+
+    async def _rediscover_now(self) -> Inventory:
+        """Discover again (after a GPU reset) and wait until the reconcile loop serves what was found."""
+        try:
+            view = await self.monitor.rediscover()
+        except BackendError as error:
+            raise GpuResetError(f"the chips could not be discovered again after the reset: {error}") from None
+        while self._applied_version < view.version:
+            await self._applied.wait()
+        return self.inventory
+
+    async def _pod_devices(self) -> dict[tuple[str, str], list[str]]:
+        """(namespace, pod) -> the device IDs the kubelet gave it, from the pod-resources socket."""
+        held: dict[tuple[str, str], list[str]] = {}
+        allocations = await self.pod_resources.allocations({self.plan.resource_name}, self._volcano_pod_errors)
+        for device_id, ref in allocations.items():
+            held.setdefault((ref.namespace, ref.pod), []).append(device_id)
+        return held
+
+    def _first_config(self) -> Config:
+        try:
+            return self.config_source.load_at_start()
+        except SettingsError as error:
+            raise StartupError("\n".join(error.messages)) from None
+
+    async def _start_probes(self) -> None:
+        handlers = ProbeHandlers(live=self.live, ready=self.ready, metrics=self.metrics.render)
+        started = await start_probes(self.options.health_address, handlers)
+        if started is not None:
+            self._probes, self.probe_port = started
+
+
+def _log_plan(plan: Plan) -> None:
+    log.info("advertising %d %s (%d healthy)", plan.capacity(), plan.resource_name, plan.healthy_count())
+    for device in plan.devices:
+        if not device.healthy and device.replica in (None, 0):
+            log.warning("GPU %s is Unhealthy: %s", device.gpu, "; ".join(device.reasons))
+
+
+def api_connection(kube: KubeSettings | None) -> ApiConnection | None:
+    """The connection to the API server, when a feature needs one (nothing is imported or asked before its use)."""
+    if kube is None:
+        return None
+    from ix_device_plugin.apiserver.connection import ApiConnection
+
+    return ApiConnection(kube)
+
+
+def _log_transitions(before: Plan, after: Plan) -> None:
+    """One line per physical GPU whose health changed, with the chip and reason."""
+    old = {d.gpu: d for d in before.devices}
+    for device in after.devices:
+        if device.replica not in (None, 0):
+            continue
+        previous = old.get(device.gpu)
+        if previous is None or previous.healthy == device.healthy:
+            continue
+        if device.healthy:
+            log.info("GPU %s is Healthy again", device.gpu)
+        else:
+            log.warning("GPU %s became Unhealthy: %s", device.gpu, "; ".join(device.reasons))
+
+
+def _config_diff(before: Config, after: Config) -> str:
+    changes = [
+        f"{s.key} {getattr(before, s.name)!r} -> {getattr(after, s.name)!r}"
+        for s in FILE_SETTINGS
+        if getattr(before, s.name) != getattr(after, s.name)
+    ]
+    return ", ".join(changes) or "no effective change"

@@ -1,0 +1,135 @@
+"""Prometheus metrics of the plugin, in a registry of its own (prometheus_client is loaded at the first scrape)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING
+
+from ix_device_plugin import __version__
+from ix_device_plugin.deviceplugin.state import State
+from ix_device_plugin.runtime.lazymetrics import Counter, Gauge, Histogram, Info, Registry
+from ix_device_plugin.settings.health import HEALTH_ERROR_NAMES
+
+if TYPE_CHECKING:
+    from prometheus_client.metrics_core import Metric
+
+PREFIX = "ix_device_plugin"
+_RESET_BUCKETS = (0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
+_LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5, 1.0)
+
+
+class Metrics:
+    """Every metric the plugin exports; one instance per process."""
+
+    def __init__(self) -> None:
+        self.registry = Registry()
+        r = self.registry
+        self.build_info = Info(f"{PREFIX}_build", "Build of the plugin", registry=r)
+        self.build_info.info({"version": __version__})
+        self.registrations = Counter(f"{PREFIX}_registrations", "Successful registrations with the kubelet", registry=r)
+        self.registration_failures = Counter(
+            f"{PREFIX}_registration_failures", "Failed registration attempts", registry=r
+        )
+        self.reregistrations = Counter(
+            f"{PREFIX}_reregistrations", "Registrations after a kubelet restart or lost socket", registry=r
+        )
+        self.calls = Counter(f"{PREFIX}_calls", "gRPC calls served", ["method"], registry=r)
+        self.call_errors = Counter(f"{PREFIX}_call_errors", "gRPC calls refused", ["method", "code"], registry=r)
+        self.call_latency = Histogram(
+            f"{PREFIX}_call_duration_seconds",
+            "Time to answer a gRPC call",
+            ["method"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.last_health_poll = Gauge(
+            f"{PREFIX}_last_health_poll_timestamp_seconds",
+            "When the last successful health poll finished",
+            registry=r,
+        )
+        self.config_reloads = Counter(f"{PREFIX}_config_reloads", "Configuration changes applied", registry=r)
+        self.config_reload_failures = Counter(
+            f"{PREFIX}_config_reload_failures", "Configuration changes rejected as invalid", registry=r
+        )
+        self.gpu_resets = Counter(
+            f"{PREFIX}_gpu_resets", "GPU resets before Allocate (flags.reset_gpu), by result", ["result"], registry=r
+        )
+        self.gpu_reset_duration = Histogram(
+            f"{PREFIX}_gpu_reset_duration_seconds",
+            "Time from asking other IXML users to let go to the chips rediscovered",
+            buckets=_RESET_BUCKETS,
+            registry=r,
+        )
+        self.xid_events = Counter(
+            f"{PREFIX}_xid_events",
+            "Critical XID events the GPU library reported, ignored ones too",
+            ["xid"],
+            registry=r,
+        )
+        for method in ("Allocate", "GetPreferredAllocation"):
+            self.calls.labels(method=method)
+            self.call_latency.labels(method=method)
+
+    def observe_call(self, method: str, seconds: float, error: str | None) -> None:
+        """Record one gRPC call."""
+        self.calls.labels(method=method).inc()
+        self.call_latency.labels(method=method).observe(seconds)
+        if error is not None:
+            self.call_errors.labels(method=method, code=error).inc()
+
+    def read_state_from(self, state: Callable[[], State], registered: Callable[[], bool]) -> None:
+        """Export the devices, chips and registration as they are at each scrape."""
+        self.registry.register(_StateCollector(state, registered))
+
+    def observe_health_poll(self) -> None:
+        """Record a successful health poll."""
+        self.last_health_poll.set(time.time())
+
+    def render(self) -> bytes:
+        """The Prometheus text exposition of every metric."""
+        return self.registry.render()
+
+
+class _StateCollector:
+    """The gauges that describe the served state, derived from it at scrape time."""
+
+    def __init__(self, state: Callable[[], State], registered: Callable[[], bool]) -> None:
+        self._state = state
+        self._registered = registered
+
+    def describe(self) -> Iterator[Metric]:
+        return iter(())  # names are known only at collect time; nothing to pre-register
+
+    def collect(self) -> Iterator[Metric]:
+        from prometheus_client.metrics_core import GaugeMetricFamily
+
+        state = self._state()
+        plan = state.plan
+        devices = GaugeMetricFamily(
+            f"{PREFIX}_devices", "Devices advertised to the kubelet, by health", labels=["resource", "health"]
+        )
+        healthy = plan.healthy_count()
+        devices.add_metric([plan.resource_name, "Healthy"], healthy)
+        devices.add_metric([plan.resource_name, "Unhealthy"], plan.capacity() - healthy)
+        yield devices
+        errors = dict.fromkeys(HEALTH_ERROR_NAMES, 0)
+        present = absent = 0
+        for chip in state.inventory.chips():
+            present += chip.status.present
+            absent += not chip.status.present
+            for error in chip.status.errors:
+                errors[error] = errors.get(error, 0) + 1
+        chip_errors = GaugeMetricFamily(
+            f"{PREFIX}_chip_health_errors", "Chips reporting each IXML health error", labels=["error"]
+        )
+        for error, count in errors.items():
+            chip_errors.add_metric([error], count)
+        yield chip_errors
+        chips = GaugeMetricFamily(f"{PREFIX}_chips", "Chips found on the node, by state", labels=["state"])
+        chips.add_metric(["present"], present)
+        chips.add_metric(["absent"], absent)
+        yield chips
+        yield GaugeMetricFamily(
+            f"{PREFIX}_registered", "1 while registered with the kubelet", value=int(self._registered())
+        )

@@ -1,0 +1,295 @@
+"""The DRA mode (`ix-device-plugin dra`): the kubelet plugin of driver gpu.iluvatar.com and its ResourceSlice.
+
+Composed on the same spine as the device plugin: the shared hardware monitor tells the driver what the node
+has (each view becomes the slice content the publisher keeps in the API server), the runtime skeleton runs
+and stops it, and `DraState` owns the prepared claims. The kubelet reaches it through the registration
+service on `<registrar dir>/gpu.iluvatar.com-reg.sock` and the DRAPlugin service (v1 and v1beta1) on
+`<plugins dir>/gpu.iluvatar.com/dra.sock`.
+
+On a clean stop the sockets are removed and the slice is kept: a restart or an upgrade does not withdraw the
+chips from the scheduler, and the kubelet deletes the slices of a driver that stays unregistered (uninstall).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+import grpc
+
+from ix_device_plugin.api.dra_health_v1 import api_pb2 as health_v1
+from ix_device_plugin.api.dra_health_v1 import api_pb2_grpc as health_v1_grpc
+from ix_device_plugin.api.dra_health_v1alpha1 import api_pb2 as health_v1alpha1
+from ix_device_plugin.api.dra_health_v1alpha1 import api_pb2_grpc as health_v1alpha1_grpc
+from ix_device_plugin.api.dra_v1 import api_pb2 as dra_v1
+from ix_device_plugin.api.dra_v1 import api_pb2_grpc as dra_v1_grpc
+from ix_device_plugin.api.dra_v1beta1 import api_pb2 as dra_v1beta1
+from ix_device_plugin.api.dra_v1beta1 import api_pb2_grpc as dra_v1beta1_grpc
+from ix_device_plugin.api.pluginregistration import api_pb2_grpc as registration_grpc
+from ix_device_plugin.apiserver.client import Kube
+from ix_device_plugin.apiserver.connection import ApiConnection
+from ix_device_plugin.apiserver.errors import KubeError
+from ix_device_plugin.apiserver.objects import RESOURCE_CLAIM
+from ix_device_plugin.apiserver.settings import KubeSettings
+from ix_device_plugin.core.inventory import Inventory
+from ix_device_plugin.dra.claims import ClaimError, ClaimRef, PreparedClaim
+from ix_device_plugin.dra.health import DeviceHealthBoard, HealthService
+from ix_device_plugin.dra.metrics import DraMetrics
+from ix_device_plugin.dra.publisher import SlicePublisher
+from ix_device_plugin.dra.registration import (
+    RegistrationService,
+    dra_socket,
+    plugin_dir,
+    registration_socket,
+    stale_sockets,
+)
+from ix_device_plugin.dra.service import DraService
+from ix_device_plugin.dra.slices import DRIVER, SliceContent, slice_content
+from ix_device_plugin.dra.state import DraState, read_boot_id
+from ix_device_plugin.hardware.monitor import HardwareMonitor, HardwareView, MonitorSettings
+from ix_device_plugin.hardware.open import BackendFactory
+from ix_device_plugin.hardware.open import backend_factory as open_backend
+from ix_device_plugin.hardware.pcie import pcie_roots
+from ix_device_plugin.hardware.worker import Hardware
+from ix_device_plugin.kubelet.sockets import unix_target
+from ix_device_plugin.runtime.backoff import Backoff
+from ix_device_plugin.runtime.logs import OncePerError
+from ix_device_plugin.runtime.probes import ProbeHandlers, ProbeServer, start_probes
+from ix_device_plugin.runtime.service import Service, bounded
+from ix_device_plugin.settings.options import DraOptions
+
+log = logging.getLogger(__name__)
+
+
+class DraDriver:
+    """The DRA mode: follows the hardware monitor, publishes the slice, serves the kubelet.
+
+    kube: a connected API client, else the one connection made from kube_settings (at start);
+    backend_factory: the GPUs' backend (default: the one options name).
+    """
+
+    def __init__(
+        self,
+        options: DraOptions,
+        kube: Kube | None = None,
+        *,
+        kube_settings: KubeSettings | None = None,
+        backend_factory: BackendFactory | None = None,
+    ) -> None:
+        self.options = options
+        base = options.base
+        self.service = Service(base.stop_timeout)
+        self.hardware = Hardware(backend_factory or open_backend(base), base.call_timeout)
+        self.monitor = HardwareMonitor(
+            self.hardware,
+            MonitorSettings(
+                health_interval=base.health_interval,
+                rediscover_interval=base.rediscover_interval,
+                dev_root=base.dev_root,
+                health_stale_after=base.health_stale_after,
+            ),
+        )
+        self.monitor.ignored = base.ignored_health_errors
+        self.monitor.subscribe(self._hardware_changed)
+        self.kube = kube
+        self.api = ApiConnection(kube_settings) if kube_settings is not None else None
+        self.state = DraState(
+            plugin_dir(options.plugins_dir),
+            options.cdi_spec_dir,
+            options.node_name,
+            base.dev_root,
+            read_boot_id(options.boot_id_path),
+        )
+        self.content = SliceContent((), None)
+        self.roots: dict[str, str] = {}
+        self.endpoint = dra_socket(options.plugins_dir, options.pod_uid)
+        self.registrar_socket = registration_socket(options.registrar_dir, options.pod_uid)
+        self.health = DeviceHealthBoard(options.node_name)
+        self._streams_end = asyncio.Event()
+        self.registration = RegistrationService(self.endpoint, self._registered)
+        self.publisher: SlicePublisher | None = None
+        self.ready = asyncio.Event()
+        self._servers: list[grpc.aio.Server] = []
+        self._probes: ProbeServer | None = None
+        self.probe_port: int | None = None
+        self.metrics = DraMetrics(self._figures)
+
+    @property
+    def inventory(self) -> Inventory:
+        """The inventory the slice describes."""
+        return self.monitor.inventory
+
+    # ---- lifecycle ---------------------------------------------------------------------------
+
+    async def run(self) -> int:
+        """Serve until stop() or a signal; the process exit code."""
+        return await self.service.run(self.start, self.shutdown)
+
+    def stop(self) -> None:
+        """Ask the driver to stop (safe from a signal handler)."""
+        self.service.stop()
+
+    def install_signal_handlers(self) -> None:
+        """SIGTERM and SIGINT stop the driver."""
+        self.service.install_signal_handlers()
+
+    async def start(self) -> None:
+        """Read ix-config, load the checkpoint, discover, serve both sockets, publish; raises StartupError."""
+        started = time.perf_counter()
+        self.state.restore()
+        await self.monitor.start(self.options.config.fail_on_init_error)
+        if self.kube is None:
+            assert self.api is not None
+            self.kube = await self.api.kube()
+        self.publisher = SlicePublisher(self.kube, self.options.node_name)
+        self.publisher.want(self.content, self.roots)
+        self.service.spawn("publish-slice", self.publisher.run)
+        self.service.spawn("hardware", self.monitor.run)
+        await self._serve()
+        await self._start_probes()
+        self.ready.set()
+        log.info("DRA driver %s ready in %.0f ms", DRIVER, (time.perf_counter() - started) * 1000)
+
+    async def shutdown(self) -> None:
+        """Stop the tasks and servers, remove the sockets, close the hardware (bounded by stop_timeout)."""
+        timeout = self.options.base.stop_timeout
+        self._streams_end.set()
+        await self.service.stop_tasks(timeout * 0.4)
+        for server in self._servers:
+            await bounded("stopping a gRPC server", server.stop(timeout / 4), timeout / 4)
+        self._servers.clear()
+        if self._probes is not None:
+            await bounded("stopping the probe server", self._probes.stop(), timeout / 10)
+            self._probes = None
+        for path in (self.registrar_socket, self.endpoint):
+            with contextlib.suppress(OSError):
+                path.unlink(missing_ok=True)
+        if self.api is not None:
+            await bounded("closing the API connection", self.api.close(), timeout / 10)
+        await self.hardware.close(timeout * 0.4)
+
+    async def _serve(self) -> None:
+        endpoint, registrar = self.endpoint, self.registrar_socket
+        for path in (registrar, endpoint):
+            path.parent.mkdir(parents=True, exist_ok=True)
+        for path in {*stale_sockets(self.options.registrar_dir, self.options.plugins_dir), registrar, endpoint}:
+            path.unlink(missing_ok=True)  # left by an earlier pod that was killed (or ours, from our last run)
+        dra = grpc.aio.server()
+        for pb2, grpc_module in ((dra_v1, dra_v1_grpc), (dra_v1beta1, dra_v1beta1_grpc)):
+            service = DraService(self.prepare_claim, self.unprepare_claim, pb2)
+            grpc_module.add_DRAPluginServicer_to_server(service, dra)  # type: ignore[attr-defined]
+        for pb2, grpc_module in ((health_v1, health_v1_grpc), (health_v1alpha1, health_v1alpha1_grpc)):
+            health = HealthService(self.health, pb2, self._streams_end)
+            grpc_module.add_DRAResourceHealthServicer_to_server(health, dra)  # type: ignore[attr-defined]
+        dra.add_insecure_port(unix_target(endpoint))
+        await dra.start()
+        self._servers.append(dra)
+        registration = grpc.aio.server()
+        registration_grpc.add_RegistrationServicer_to_server(self.registration, registration)
+        registration.add_insecure_port(unix_target(registrar))
+        await registration.start()
+        self._servers.append(registration)
+        log.info("serving %s and %s", registrar, endpoint)
+
+    def _registered(self) -> None:
+        """The kubelet (re)registered us: it deletes a node's slices when it starts, so publish them again."""
+        if self.publisher is not None:
+            self.publisher.republish()
+
+    # ---- the hardware, as the monitor sees it -------------------------------------------------
+
+    def _hardware_changed(self, view: HardwareView) -> None:
+        content = slice_content(view.inventory, self.options.base.ignored_health_errors)
+        roots = pcie_roots(view.inventory, self.options.base.sysfs_root)
+        if content == self.content and roots == self.roots:
+            return
+        for warning in content.warnings:
+            if warning not in self.content.warnings:
+                log.warning("%s", warning)
+        self.content, self.roots = content, roots
+        self.health.update(content)
+        if self.publisher is not None:
+            self.publisher.want(content, roots)
+
+    # ---- claims ---------------------------------------------------------------------------------
+
+    async def prepare_claim(self, ref: ClaimRef) -> PreparedClaim | str:
+        """The prepared claim, or the per-claim error message; never raises."""
+        work = self.state.prepare(ref, self._read_claim, self.content.by_name(), self.inventory.control_nodes)
+        prepared: PreparedClaim | str = await self.metrics.timed("prepare", work)
+        return prepared
+
+    async def unprepare_claim(self, ref: ClaimRef) -> str | None:
+        """Remove the claim's CDI spec and checkpoint entry; the error message, or None."""
+        error: str | None = await self.metrics.timed("unprepare", self.state.unprepare(ref))
+        return error
+
+    async def _read_claim(self, ref: ClaimRef) -> dict[str, Any]:
+        """The ResourceClaim, retried for claim_read_timeout; ClaimError naming the claim when it cannot be read."""
+        assert self.kube is not None
+        kube = self.kube
+
+        async def read() -> dict[str, Any]:
+            claim = await kube.get_object(RESOURCE_CLAIM, ref.name, ref.namespace)
+            if claim is None:
+                raise ClaimError(f"claim {ref}: no such ResourceClaim")
+            return claim
+
+        try:
+            async with asyncio.timeout(self.options.claim_read_timeout):
+                return await Backoff(initial=0.1, cap=2.0).retry(read, errors=OncePerError(log, logging.WARNING))
+        except TimeoutError:
+            raise ClaimError(
+                f"claim {ref}: cannot read it from the API server within {self.options.claim_read_timeout:g}s"
+            ) from None
+        except KubeError as error:
+            raise ClaimError(f"claim {ref}: {error.message}") from None
+
+    # ---- probes and metrics -------------------------------------------------------------------
+
+    async def _start_probes(self) -> None:
+        handlers = ProbeHandlers(live=self._live, ready=self._ready, metrics=self.metrics.render)
+        started = await start_probes(self.options.base.health_address, handlers)
+        if started is not None:
+            self._probes, self.probe_port = started
+
+    def _live(self) -> tuple[bool, str]:
+        problem = self.monitor.problem()
+        if problem is None and (down := self.service.down()):
+            problem = "; ".join(down)
+        if problem is not None:
+            return False, problem
+        return True, f"serving DRA driver {DRIVER} for {len(self.content.devices)} chips"
+
+    def _figures(self) -> dict[str, float]:
+        publisher = self.publisher
+        return {
+            "registered": int(self.registration.registered.is_set()),
+            "slice_devices": len(self.content.devices),
+            "prepared_claims": len(self.state.claims),
+            "restored_claims": self.state.restored,
+            "health_changes": self.health.changes,
+            "slice_repairs": publisher.repairs if publisher is not None else 0,
+        }
+
+    def _ready(self) -> tuple[bool, str]:
+        if not self.registration.registered.is_set():
+            return False, "not registered with the kubelet's plugin watcher"
+        if self.publisher is None or self.publisher.published is None:
+            return False, "ResourceSlice not published yet"
+        return True, f"registered, ResourceSlice {self.publisher.name} published"
+
+
+def run_dra(options: DraOptions, kube: KubeSettings, run_until_done: Callable[[Any], int]) -> int:
+    """Run the DRA driver until SIGTERM or SIGINT; the exit code."""
+
+    async def serve() -> int:
+        driver = DraDriver(options, kube_settings=kube)
+        driver.install_signal_handlers()
+        return await driver.run()
+
+    return run_until_done(serve())

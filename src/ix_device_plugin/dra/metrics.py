@@ -1,0 +1,75 @@
+"""The DRA mode's metrics on /metrics: what the kubelet asked and how it went, and the driver's state."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+PREFIX = "ix_device_plugin_dra"
+_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+
+
+class DraMetrics:
+    """Counters and histograms of the kubelet's calls, plus gauges read from the driver at scrape time."""
+
+    def __init__(self, state: Callable[[], dict[str, float]]) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.calls = Counter(
+            f"{PREFIX}_claims", "Claims the kubelet asked to prepare or unprepare, by call and result",
+            ["call", "result"], registry=r,
+        )  # fmt: skip
+        self.duration = Histogram(
+            f"{PREFIX}_claim_duration_seconds", "Time to prepare or unprepare one claim", ["call"],
+            buckets=_BUCKETS, registry=r,
+        )  # fmt: skip
+        for call in ("prepare", "unprepare"):
+            self.duration.labels(call=call)
+            for result in ("ok", "error"):
+                self.calls.labels(call=call, result=result)
+        r.register(_StateCollector(state))
+
+    async def timed(self, call: str, work: Awaitable[Any]) -> Any:
+        """work's outcome, counted as ok (no error message) or error, and timed."""
+        started = time.perf_counter()
+        outcome = await work
+        self.duration.labels(call=call).observe(time.perf_counter() - started)
+        failed = isinstance(outcome, str) and outcome
+        self.calls.labels(call=call, result="error" if failed else "ok").inc()
+        return outcome
+
+    def render(self) -> bytes:
+        """The Prometheus text exposition."""
+        return generate_latest(self.registry)
+
+
+# name -> (help, counter or gauge)
+_FIGURES: dict[str, tuple[str, bool]] = {
+    "registered": ("1 while registered with the kubelet", False),
+    "slice_devices": ("Devices in the node's ResourceSlices", False),
+    "prepared_claims": ("ResourceClaims prepared on the node", False),
+    "restored_claims": ("Prepared claims found in the checkpoint at start", False),
+    "health_changes": ("Device health changes sent to the kubelet", True),
+    "slice_repairs": ("Times the node's ResourceSlices were found changed or deleted by someone else", True),
+}
+
+
+class _StateCollector(Collector):
+    """The driver's state, read at scrape time."""
+
+    def __init__(self, state: Callable[[], dict[str, float]]) -> None:
+        self._state = state
+
+    def describe(self) -> Iterator[Metric]:
+        return iter(())
+
+    def collect(self) -> Iterator[Metric]:
+        values = self._state()
+        for name, (help_text, counter) in _FIGURES.items():
+            family = CounterMetricFamily if counter else GaugeMetricFamily
+            yield family(f"{PREFIX}_{name}", help_text, value=values.get(name, 0))

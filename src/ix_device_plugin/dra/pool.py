@@ -1,0 +1,120 @@
+"""The node's pool as ResourceSlice objects: split to the API server's limits, named for any node, compared as stored.
+
+Pure. One pool named after the node; as many slices as the limits need (resource.k8s.io/v1: at most 128
+devices in a slice, 64 when a device has taints or consumes counters), every one with the pool's generation
+and `resourceSliceCount`, owned by the Node so that they go with it. Names are `<node>-gpu.iluvatar.com`, then
+`-1`, `-2`, ...; a node name too long for that is cut and given a hash, so every name is a valid one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Mapping, Sequence
+from decimal import Decimal, InvalidOperation
+from typing import Any
+
+from ix_device_plugin.dra.slices import DRIVER
+
+MAX_DEVICES = 128  # ResourceSliceMaxDevices
+MAX_DEVICES_WITH_TAINTS_OR_COUNTERS = 64  # ResourceSliceMaxDevicesWithTaintsOrConsumesCounters
+MAX_NAME = 253
+MANAGED_BY = {"app.kubernetes.io/managed-by": "ix-device-plugin"}
+_SUFFIX = f"-{DRIVER}"
+_QUANTITY = re.compile(r"^([+-]?[0-9.]+)([a-zA-Z]*)$")
+_BINARY = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
+_DECIMAL = {"": 1, "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E": 10**18, "m": Decimal("0.001")}
+
+
+def slice_base_name(node: str) -> str:
+    """The name of the pool's first slice: `<node>-gpu.iluvatar.com`, cut with a hash when too long."""
+    name = f"{node}{_SUFFIX}"
+    if len(name) + len("-999") <= MAX_NAME:
+        return name
+    digest = hashlib.sha256(node.encode()).hexdigest()[:10]
+    keep = MAX_NAME - len("-999") - len(_SUFFIX) - len(digest) - 1
+    return f"{node[:keep].rstrip('.-')}-{digest}{_SUFFIX}"
+
+
+def slice_names(node: str, count: int) -> list[str]:
+    """The names of a pool of count slices."""
+    base = slice_base_name(node)
+    return [base if index == 0 else f"{base}-{index}" for index in range(count)]
+
+
+def chunks(devices: Sequence[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+    """devices cut into slices that respect the per-slice limits (one, possibly empty, at least)."""
+    limit = MAX_DEVICES
+    if any("taints" in device or "consumesCounters" in device for device in devices):
+        limit = MAX_DEVICES_WITH_TAINTS_OR_COUNTERS
+    return [list(devices[start : start + limit]) for start in range(0, len(devices), limit)] or [[]]
+
+
+def pool_objects(
+    node: str, devices: Sequence[dict[str, Any]], generation: int, node_uid: str | None
+) -> list[dict[str, Any]]:
+    """Every ResourceSlice of the pool, in name order, without resourceVersion."""
+    parts = chunks(devices)
+    owner = (
+        [{"apiVersion": "v1", "kind": "Node", "name": node, "uid": node_uid, "controller": True}] if node_uid else []
+    )
+    objects = []
+    for name, part in zip(slice_names(node, len(parts)), parts, strict=True):
+        metadata: dict[str, Any] = {"name": name, "labels": dict(MANAGED_BY)}
+        if owner:
+            metadata["ownerReferences"] = owner
+        spec = {
+            "driver": DRIVER,
+            "pool": {"name": node, "generation": generation, "resourceSliceCount": len(parts)},
+            "nodeName": node,
+            "devices": part,
+        }
+        objects.append({"metadata": metadata, "spec": spec})
+    return objects
+
+
+def same_spec(wanted: Mapping[str, Any], stored: Mapping[str, Any]) -> bool:
+    """True when stored says what wanted says, the pool generation aside, with quantities compared by value."""
+    return _normal(_without_generation(wanted)) == _normal(_without_generation(stored))
+
+
+def same_owner(wanted: Mapping[str, Any], stored: Mapping[str, Any]) -> bool:
+    """True when stored has wanted's labels and owner (what someone else may have edited)."""
+    metadata, current = wanted.get("metadata") or {}, stored.get("metadata") or {}
+    labels = current.get("labels") or {}
+    owners_match = not metadata.get("ownerReferences") or metadata["ownerReferences"] == current.get("ownerReferences")
+    return all(labels.get(key) == value for key, value in (metadata.get("labels") or {}).items()) and owners_match
+
+
+def _without_generation(spec: Mapping[str, Any]) -> dict[str, Any]:
+    pool = dict(spec.get("pool") or {})
+    pool.pop("generation", None)
+    return {**spec, "pool": pool}
+
+
+def _normal(value: Any) -> Any:
+    """value with every quantity (`{"value": "32768Mi"}`) as its number, for comparisons."""
+    if isinstance(value, dict):
+        if set(value) == {"value"} and isinstance(value["value"], str):
+            number = quantity(value["value"])
+            return {"value": number if number is not None else value["value"]}
+        return {key: _normal(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_normal(item) for item in value]
+    return value
+
+
+def quantity(text: str) -> Decimal | None:
+    """The value of a Kubernetes quantity (`32Gi`, `34359738368`, `1.5k`, `5e3`); None when it is not one."""
+    text = text.strip()
+    try:
+        if "e" in text.lower() and not any(text.endswith(s) for s in ("Ei", "E")):
+            return Decimal(text)
+        match = _QUANTITY.match(text)
+        if match is None:
+            return None
+        number, suffix = match.groups()
+        scale = _BINARY.get(suffix) or _DECIMAL.get(suffix)
+        return None if scale is None else Decimal(number) * scale
+    except InvalidOperation:
+        return None

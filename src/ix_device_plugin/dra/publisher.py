@@ -1,0 +1,193 @@
+"""Keeps the node's ResourceSlices equal to what the driver wants published, through API server outages.
+
+`SlicePublisher.want` takes the content to publish; `run` writes it: the pool's slices as `pool.py` cuts them,
+each created or replaced at its stored resourceVersion with the pool generation bumped once for all of them,
+and slices the pool no longer needs deleted; retried with backoff. It learns from the first tainted device
+whether the API server keeps device taints, and leaves unhealthy chips out where it does not. `republish`
+writes again even when nothing changed here (the kubelet deleted the slices, or someone edited them).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+from ix_device_plugin.apiserver.client import Kube
+from ix_device_plugin.apiserver.errors import KubeAlreadyExists, KubeError, KubeNotFound
+from ix_device_plugin.apiserver.objects import NODE, RESOURCE_SLICE
+from ix_device_plugin.dra.pool import MANAGED_BY, pool_objects, same_owner, same_spec, slice_base_name
+from ix_device_plugin.dra.slices import DRIVER, UNHEALTHY_TAINT, SliceContent, slice_devices, taints_dropped
+from ix_device_plugin.runtime.backoff import Backoff
+from ix_device_plugin.runtime.logs import OncePerError
+
+log = logging.getLogger(__name__)
+
+WRITE_ATTEMPTS = 5  # a conflict means someone else wrote a slice: read them again, this many times
+
+
+class SlicePublisher:
+    """Publishes the content it is given; `published` holds the pool's slices as the API server stored them last."""
+
+    def __init__(self, kube: Kube, node: str) -> None:
+        self.kube = kube
+        self.node = node
+        self.name = slice_base_name(node)
+        self.taints: bool | None = None  # None: not known yet whether the API server keeps device taints
+        self.published: list[dict[str, Any]] | None = None
+        self.repairs = 0  # writes made because the stored slices differed from what was last published
+        self._node_uid: str | None = None
+        self._wanted: tuple[SliceContent, Mapping[str, str]] = (SliceContent((), None), {})
+        self._generation = 0  # bumped with every new wish
+        self._changed = asyncio.Event()
+
+    def want(self, content: SliceContent, roots: Mapping[str, str]) -> None:
+        """Publish this content (with these PCIe roots) as soon as possible."""
+        self._wanted = (content, roots)
+        self.republish()
+
+    def republish(self) -> None:
+        """Compare the stored slices with the wish again and repair them (no write when they agree)."""
+        self._generation += 1
+        self._changed.set()
+
+    async def run(self) -> None:
+        """Publish each new wish, retrying with backoff until the API server takes it; until cancelled."""
+        backoff = Backoff(initial=0.2, cap=30.0)
+        errors = OncePerError(log, logging.WARNING)
+        published = -1
+        while True:
+            if published == self._generation:
+                self._changed.clear()
+                await self._changed.wait()
+                continue
+            generation = self._generation
+            try:
+                await self.publish(*self._wanted)
+            except KubeError as error:
+                errors.failed("cannot publish ResourceSlice %s: %s (retrying)", self.name, error.message)
+                await backoff.sleep()
+                continue
+            errors.succeeded("API server answering again: ResourceSlice %s published", self.name)
+            backoff.reset()
+            published = generation
+
+    async def publish(self, content: SliceContent, roots: Mapping[str, str]) -> None:
+        """Create, update or delete the pool's slices until they say what content says; raises KubeError."""
+        await self._learn_node_uid()
+        devices = slice_devices(content, roots, taints=self.taints is not False)
+        stored, wrote = await self._write(devices)
+        if self.taints is None and any("taints" in d for d in devices):
+            self.taints = not taints_dropped(devices, stored)
+            if self.taints:
+                log.info("the API server keeps device taints: unhealthy chips are tainted %s", UNHEALTHY_TAINT)
+            else:
+                log.warning("the API server drops device taints (DRADeviceTaints off): unhealthy chips are left out")
+                stored, wrote = await self._write(slice_devices(content, roots, taints=False))
+        first = self.published is None
+        self.published = stored
+        if wrote or first:
+            self._log(content, stored)
+
+    async def _learn_node_uid(self) -> None:
+        """The Node's UID, for the slices' owner reference (asked once; without it the slices have no owner)."""
+        if self._node_uid is not None:
+            return
+        node = await self.kube.get_object(NODE, self.node)
+        if node is None:
+            log.warning("node %s not found: its ResourceSlices get no owner reference", self.node)
+            self._node_uid = ""
+            return
+        self._node_uid = str((node.get("metadata") or {}).get("uid", ""))
+
+    async def _write(self, devices: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], bool]:
+        """The stored slices once they say devices, and whether anything was written."""
+        for _ in range(WRITE_ATTEMPTS):
+            current = await self._stored()
+            generation = max((_generation(obj) for obj in current.values()), default=0)
+            wanted = pool_objects(self.node, devices, generation, self._node_uid)
+            if _agrees(wanted, current):
+                return [current[obj["metadata"]["name"]] for obj in wanted], False
+            if self.published is not None:
+                self.repairs += _differs_from_published(self.published, current)
+            try:
+                stored = await self._replace(pool_objects(self.node, devices, generation + 1, self._node_uid), current)
+            except (KubeAlreadyExists, KubeNotFound):
+                continue
+            except KubeError as error:
+                if error.status != 409:
+                    raise
+                continue
+            return stored, True
+        message = f"update the ResourceSlices of pool {self.node}: still conflicting after {WRITE_ATTEMPTS} tries"
+        raise KubeError(message, 409, "Conflict")
+
+    async def _stored(self) -> dict[str, dict[str, Any]]:
+        objects = await self.kube.list_objects(
+            RESOURCE_SLICE, field_selector={"spec.nodeName": self.node}, label_selector=MANAGED_BY
+        )
+        return {
+            obj["metadata"]["name"]: obj
+            for obj in objects
+            if (obj.get("spec") or {}).get("driver") == DRIVER and (obj.get("metadata") or {}).get("name")
+        }
+
+    async def _replace(
+        self, wanted: list[dict[str, Any]], current: Mapping[str, dict[str, Any]]
+    ) -> list[dict[str, Any]]:
+        stored = []
+        for obj in wanted:
+            existing = current.get(obj["metadata"]["name"])
+            if existing is None:
+                stored.append(await self.kube.create_object(RESOURCE_SLICE, obj))
+                continue
+            obj["metadata"]["resourceVersion"] = (existing.get("metadata") or {}).get("resourceVersion", "")
+            stored.append(await self.kube.replace_object(RESOURCE_SLICE, obj))
+        names = {obj["metadata"]["name"] for obj in wanted}
+        for name in sorted(set(current) - names):
+            with contextlib.suppress(KubeNotFound):
+                await self.kube.delete_object(RESOURCE_SLICE, name)
+        return stored
+
+    def _log(self, content: SliceContent, stored: list[dict[str, Any]]) -> None:
+        left_out = [d.name for d in content.devices if not d.healthy and self.taints is False]
+        tainted = [d.name for d in content.devices if not d.healthy and self.taints]
+        count = sum(len((obj.get("spec") or {}).get("devices") or []) for obj in stored)
+        generation = _generation(stored[0]) if stored else 0
+        log.info(
+            "ResourceSlice %s: %d devices in %d slice(s) (generation %s)%s%s",
+            self.name,
+            count,
+            len(stored),
+            generation,
+            f"; unhealthy, left out: {', '.join(left_out)}" if left_out else "",
+            f"; unhealthy, tainted: {', '.join(tainted)}" if tainted else "",
+        )
+
+
+def _generation(obj: Mapping[str, Any]) -> int:
+    try:
+        return int(((obj.get("spec") or {}).get("pool") or {}).get("generation") or 0)
+    except (TypeError, ValueError):
+        return 0
+
+
+def _agrees(wanted: list[dict[str, Any]], current: Mapping[str, dict[str, Any]]) -> bool:
+    """True when the stored slices are exactly the wanted ones, each saying what it should, at one generation."""
+    if set(current) != {obj["metadata"]["name"] for obj in wanted}:
+        return False
+    generations = {_generation(obj) for obj in current.values()}
+    return len(generations) == 1 and all(
+        same_spec(obj["spec"], current[obj["metadata"]["name"]].get("spec") or {})
+        and same_owner(obj, current[obj["metadata"]["name"]])
+        for obj in wanted
+    )
+
+
+def _differs_from_published(published: list[dict[str, Any]], current: Mapping[str, dict[str, Any]]) -> int:
+    """1 when the stored slices are not the ones last published (someone else changed or deleted them)."""
+    versions = {obj["metadata"]["name"]: obj["metadata"].get("resourceVersion") for obj in published}
+    now = {name: (obj.get("metadata") or {}).get("resourceVersion") for name, obj in current.items()}
+    return int(versions != now)

@@ -1,0 +1,77 @@
+"""How the kubelet finds the DRA driver: its sockets, and the plugin watcher's Registration service."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from pathlib import Path
+
+import grpc
+
+from ix_device_plugin.api.pluginregistration import api_pb2 as registration_pb2
+from ix_device_plugin.api.pluginregistration import api_pb2_grpc as registration_grpc
+from ix_device_plugin.dra.slices import DRIVER
+from ix_device_plugin.kubelet.sockets import socket_answers
+
+log = logging.getLogger(__name__)
+
+REGISTRATION_SOCKET = f"{DRIVER}-reg.sock"
+DRA_SOCKET = "dra.sock"
+PLUGIN_TYPE = "DRAPlugin"
+SUPPORTED_VERSIONS = ("v1.DRAPlugin", "v1beta1.DRAPlugin")
+
+
+def plugin_dir(plugins_dir: Path) -> Path:
+    """The driver's directory under the kubelet's plugins directory (socket and checkpoint)."""
+    return plugins_dir / DRIVER
+
+
+def registration_socket(registrar_dir: Path, pod_uid: str = "") -> Path:
+    """Where the plugin watcher finds the driver: `gpu.iluvatar.com-reg.sock`, or `gpu.iluvatar.com-<pod>-reg.sock`
+    per pod, so that the next pod of an update registers beside this one (the kubelet allows it since 1.33)."""
+    return registrar_dir / (f"{DRIVER}-{pod_uid}-reg.sock" if pod_uid else REGISTRATION_SOCKET)
+
+
+def dra_socket(plugins_dir: Path, pod_uid: str = "") -> Path:
+    """The DRAPlugin service's socket, the endpoint GetInfo names: `dra.sock`, or `dra-<pod>.sock` per pod."""
+    return plugin_dir(plugins_dir) / (f"dra-{pod_uid}.sock" if pod_uid else DRA_SOCKET)
+
+
+def stale_sockets(registrar_dir: Path, plugins_dir: Path) -> list[Path]:
+    """This driver's sockets that nothing serves any more (left by a pod that was killed), to remove."""
+    candidates = [*registrar_dir.glob(f"{DRIVER}*-reg.sock"), *plugin_dir(plugins_dir).glob("dra*.sock")]
+    return [path for path in candidates if path.is_socket() and not socket_answers(path)]
+
+
+class RegistrationService(registration_grpc.RegistrationServicer):
+    """The plugin watcher's side: who we are, and what the kubelet made of it."""
+
+    def __init__(self, endpoint: Path, on_registered: Callable[[], None] | None = None) -> None:
+        self.endpoint = endpoint
+        self.status: registration_pb2.RegistrationStatus | None = None
+        self.registered = asyncio.Event()
+        self.registrations = 0
+        self._on_registered = on_registered or (lambda: None)
+
+    async def GetInfo(
+        self, request: registration_pb2.InfoRequest, context: grpc.aio.ServicerContext
+    ) -> registration_pb2.PluginInfo:
+        """Type DRAPlugin, the driver, its endpoint and the DRA services it serves."""
+        return registration_pb2.PluginInfo(
+            type=PLUGIN_TYPE, name=DRIVER, endpoint=str(self.endpoint), supported_versions=list(SUPPORTED_VERSIONS)
+        )
+
+    async def NotifyRegistrationStatus(
+        self, request: registration_pb2.RegistrationStatus, context: grpc.aio.ServicerContext
+    ) -> registration_pb2.RegistrationStatusResponse:
+        """Log the kubelet's verdict: registered, or refused and why."""
+        self.status = request
+        if request.plugin_registered:
+            log.info("registered with the kubelet as DRA driver %s (endpoint %s)", DRIVER, self.endpoint)
+            self.registered.set()
+            self.registrations += 1
+            self._on_registered()  # a kubelet that (re)starts deletes the node's slices: publish them again
+        else:
+            log.error("the kubelet refused DRA driver %s: %s", DRIVER, request.error or "no reason given")
+        return registration_pb2.RegistrationStatusResponse()

@@ -1,0 +1,52 @@
+"""The DRAPlugin gRPC service, in API versions v1 and v1beta1: translates the kubelet's calls for the driver."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import grpc
+
+from ix_device_plugin.dra.claims import ClaimRef, PreparedClaim
+
+Prepare = Callable[[ClaimRef], Awaitable[PreparedClaim | str]]  # the prepared claim, or why not
+Unprepare = Callable[[ClaimRef], Awaitable[str | None]]  # None, or why not
+
+
+class DraService:
+    """NodePrepareResources and NodeUnprepareResources in one API version (its generated module pb2)."""
+
+    def __init__(self, prepare: Prepare, unprepare: Unprepare, pb2: Any) -> None:
+        self._prepare = prepare
+        self._unprepare = unprepare
+        self.pb2 = pb2
+
+    async def NodePrepareResources(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        """Prepare every claim; each answers its devices or its own error."""
+        refs = [ClaimRef(c.namespace, c.name, c.uid) for c in request.claims]
+        outcomes = await asyncio.gather(*(self._prepare(ref) for ref in refs))
+        response = self.pb2.NodePrepareResourcesResponse()
+        for ref, outcome in zip(refs, outcomes, strict=True):
+            answer = response.claims[ref.uid]
+            if isinstance(outcome, str):
+                answer.error = outcome
+                continue
+            for device in outcome.devices:
+                answer.devices.append(
+                    self.pb2.Device(
+                        request_names=list(device.requests),
+                        pool_name=device.pool,
+                        device_name=device.device,
+                        cdi_device_ids=list(device.cdi_ids),
+                    )
+                )
+        return response
+
+    async def NodeUnprepareResources(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        """Unprepare every claim; unknown claims are already unprepared."""
+        response = self.pb2.NodeUnprepareResourcesResponse()
+        for claim in request.claims:
+            error = await self._unprepare(ClaimRef(claim.namespace, claim.name, claim.uid))
+            response.claims[claim.uid].error = error or ""
+        return response

@@ -1,0 +1,321 @@
+"""The hardware monitor: the one place that asks the hardware what is there and how it is.
+
+It owns the node's `HardwareView` (the inventory, every chip with its current status) and changes it from
+four inputs, one at a time in its own task: health polls every health interval, rediscovery every rediscover
+interval or soon after a hint (a `/dev/iluvatar*` node came or went, a chip fell off the bus, a reset), XID
+events from the backend's own thread, and the first discovery at start. Both front ends subscribe: each change
+is handed to every subscriber, which turns it into its own state (ListAndWatch health, ResourceSlice taints,
+the DRA health stream), so what one mode learns of the hardware the other learns too.
+
+A chip keeps a critical XID until the process restarts; a chip that vanished from enumeration stays in its
+board as not present until it is back. Every backend call goes through the deadlined `Hardware` worker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from ix_device_plugin.core.inventory import ChipStatus, Inventory, carry_missing, xid_ignored
+from ix_device_plugin.hardware.backend import Backend, BackendError, XidEvent
+from ix_device_plugin.hardware.devnodes import with_control_nodes
+from ix_device_plugin.hardware.worker import Hardware
+from ix_device_plugin.runtime.errors import StartupError
+from ix_device_plugin.runtime.filewatch import Watcher
+from ix_device_plugin.runtime.logs import OncePerError
+
+log = logging.getLogger(__name__)
+
+SETTLE = 0.2  # let a burst of hot-plug events settle before rediscovering
+GPU_NODE_PREFIXES = ("iluvatar", "itrctl")  # /dev entries whose coming and going means rediscover
+
+
+@dataclass(frozen=True)
+class HardwareView:
+    """What the node has now; version grows with every change."""
+
+    inventory: Inventory
+    version: int = 0
+    discovered: bool = False  # False until a discovery succeeded
+
+
+Subscriber = Callable[[HardwareView], None]
+
+
+@dataclass(frozen=True)
+class MonitorSettings:
+    """How often the monitor looks, and what it leaves alone."""
+
+    health_interval: float = 5.0
+    rediscover_interval: float = 60.0
+    dev_root: Path = Path("/")
+    watch_dev: bool = True  # follow /dev for hot-plug
+    health_stale_after: float = 60.0  # liveness fails when the last good poll is older than this
+
+
+@dataclass(frozen=True)
+class _Rediscover:
+    """Discover now; answer the view on done (None: a hint, nobody waits)."""
+
+    done: asyncio.Future[HardwareView] | None = None
+
+
+_Request = XidEvent | _Rediscover
+
+
+class HardwareMonitor:
+    """Discovery, health polls, XID events and hot-plug on one worker, handed to every subscriber."""
+
+    def __init__(
+        self,
+        hardware: Hardware,
+        settings: MonitorSettings,
+        on_xid: Callable[[int], None] | None = None,
+        on_poll: Callable[[], None] | None = None,
+    ) -> None:
+        self.hardware = hardware
+        self.settings = settings
+        self.view = HardwareView(Inventory())
+        self.ignored: frozenset[str] = frozenset()  # IX_DISABLE_HEALTHCHECKS: the XIDs it names are not kept
+        self._subscribers: list[Subscriber] = []
+        self._requests: asyncio.Queue[_Request] = asyncio.Queue()
+        self._on_xid = on_xid or (lambda xid: None)
+        self._on_poll = on_poll or (lambda: None)
+        self._last_good_poll = time.monotonic()
+        self._health_errors = OncePerError(log)
+        self._discovery_errors = OncePerError(log)
+
+    # ---- what the front ends use ------------------------------------------------------------
+
+    @property
+    def inventory(self) -> Inventory:
+        """The inventory as last seen."""
+        return self.view.inventory
+
+    def subscribe(self, subscriber: Subscriber) -> None:
+        """Call subscriber with every new view, on the event loop, in the order of the changes."""
+        self._subscribers.append(subscriber)
+
+    async def start(self, fail_on_init_error: bool) -> HardwareView:
+        """Ask for XID events, then discover; StartupError when that fails and fail_on_init_error is set.
+
+        Otherwise a failed first discovery leaves an empty view, retried every rediscover interval.
+        """
+        await self._watch_xids()
+        try:
+            inventory = await self._discover()
+        except BackendError as error:
+            self._discovery_errors.failed("GPU discovery failed: %s", error)
+            if fail_on_init_error:
+                raise StartupError(
+                    "no GPUs could be discovered; exiting (set flags.failOnInitError: false to keep "
+                    "running with 0 GPUs and retry every minute)"
+                ) from None
+            log.warning("continuing with 0 GPUs; retrying discovery every %gs", self.settings.rediscover_interval)
+            return self.view
+        self._take_discovery(inventory)
+        return self.view
+
+    async def rediscover(self) -> HardwareView:
+        """Discover now (after a GPU reset); the view once every subscriber has been handed it. BackendError."""
+        done: asyncio.Future[HardwareView] = asyncio.get_running_loop().create_future()
+        self._requests.put_nowait(_Rediscover(done))
+        return await done
+
+    def hint_rediscover(self) -> None:
+        """Rediscover soon (something suggests the chips changed)."""
+        self._requests.put_nowait(_Rediscover())
+
+    def problem(self) -> str | None:
+        """Why the hardware side is not live (a call stuck in the library, no good poll for long), else None."""
+        stuck = self.hardware.stuck_for()
+        if stuck is not None:
+            return f"GPU library call {stuck[0]}() has not returned for {stuck[1]:.0f}s"
+        if self.view.discovered:
+            age = time.monotonic() - self._last_good_poll
+            if age > self.settings.health_stale_after:
+                return f"no successful health poll for {age:.0f}s"
+        return None
+
+    async def run(self) -> None:
+        """Poll, rediscover and take XID events until cancelled."""
+        watcher = Watcher() if self.settings.watch_dev else None
+        dev_task = asyncio.create_task(self._follow_dev(watcher), name="dev-watch") if watcher else None
+        try:
+            await self._serve_requests()
+        finally:
+            if dev_task is not None:
+                dev_task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await dev_task
+            if watcher is not None:
+                watcher.close()
+
+    # ---- the monitor's own task ---------------------------------------------------------------
+
+    async def _serve_requests(self) -> None:
+        settings = self.settings
+        next_poll = time.monotonic() + settings.health_interval
+        next_discovery = time.monotonic() + settings.rediscover_interval
+        while True:
+            request = await self._next_request(min(next_poll, next_discovery))
+            now = time.monotonic()
+            if isinstance(request, XidEvent):
+                self._take_xid(request)
+            elif isinstance(request, _Rediscover) or now >= next_discovery:
+                if request is not None and request.done is None:
+                    await asyncio.sleep(SETTLE)
+                    self._drop_hints()
+                await self._rediscover(request.done if request else None)
+                next_discovery = time.monotonic() + settings.rediscover_interval
+            elif now >= next_poll:
+                await self._poll()
+                next_poll = time.monotonic() + settings.health_interval
+
+    async def _next_request(self, deadline: float) -> _Request | None:
+        """The next request, or None when deadline (monotonic) passes first."""
+        try:
+            async with asyncio.timeout(max(0.0, deadline - time.monotonic())):
+                return await self._requests.get()
+        except TimeoutError:
+            return None
+
+    def _drop_hints(self) -> None:
+        """Forget rediscovery hints queued meanwhile (the discovery about to run covers them); keep the rest."""
+        kept = []
+        while not self._requests.empty():
+            request = self._requests.get_nowait()
+            if not (isinstance(request, _Rediscover) and request.done is None):
+                kept.append(request)
+        for request in kept:
+            self._requests.put_nowait(request)
+
+    async def _rediscover(self, done: asyncio.Future[HardwareView] | None) -> None:
+        try:
+            inventory = await self._discover()
+        except BackendError as error:
+            self._discovery_errors.failed("GPU discovery failed: %s", error)
+            if done is not None and not done.done():
+                done.set_exception(BackendError(str(error)))
+            return
+        self._take_discovery(inventory)
+        if done is not None and not done.done():
+            done.set_result(self.view)
+
+    async def _poll(self) -> None:
+        if not self.view.discovered:
+            return
+        polled = self.view.inventory
+        if not polled.boards:
+            return
+        try:
+            statuses = await self.hardware.call("health", lambda backend: backend.health(polled))
+        except BackendError as error:
+            self._health_errors.failed("health check failed for every chip: %s", error)
+            problem = f"health check failed: {error}"
+            statuses = {chip.uuid: ChipStatus(problems=(problem,)) for chip in polled.chips()}
+        else:
+            self._health_errors.succeeded("health checks answer again")
+            self._last_good_poll = time.monotonic()
+            self._on_poll()
+            if any(not status.present for status in statuses.values()):
+                self.hint_rediscover()
+        current = polled.statuses()
+        kept = {uuid: _keeping_xids(status, current.get(uuid)) for uuid, status in statuses.items()}
+        if all(current.get(uuid) == status for uuid, status in kept.items()):
+            return  # nothing changed (most polls, on a healthy node)
+        self._publish(polled.with_statuses(kept), self.view.discovered)
+
+    def _take_discovery(self, inventory: Inventory) -> None:
+        self._discovery_errors.succeeded()
+        previous = self.view.inventory
+        carried = carry_missing(previous, inventory)
+        before = previous.statuses()
+        carried = carried.with_statuses(
+            {chip.uuid: _keeping_xids(chip.status, before.get(chip.uuid)) for chip in carried.chips()}
+        )
+        if not self.view.discovered:
+            self._note_first_discovery(carried)
+        elif _chip_set(carried) != _chip_set(previous):
+            log.info("GPU inventory changed: %d -> %d chips", previous.chip_count(), carried.chip_count())
+        if carried != previous or not self.view.discovered:
+            self._publish(carried, True)
+
+    def _note_first_discovery(self, inventory: Inventory) -> None:
+        log.info(
+            "found %d boards, %d chips (driver %s)",
+            len(inventory.boards),
+            inventory.chip_count(),
+            inventory.driver_version or "unknown",
+        )
+        self._last_good_poll = time.monotonic()
+
+    def _take_xid(self, event: XidEvent) -> None:
+        """A critical XID: the chip is Unhealthy from now on (unless the XID is ignored), until the process restarts."""
+        self._on_xid(event.xid)
+        chip = next((chip for chip in self.view.inventory.chips() if chip.uuid == event.uuid), None)
+        if chip is None:
+            log.info("XID %d on %s, a chip not served now; ignored", event.xid, event.uuid)
+            return
+        if xid_ignored(event.xid, self.ignored):
+            log.info(
+                "XID %d on %s ignored (an application XID, or listed in IX_DISABLE_HEALTHCHECKS)", event.xid, chip.uuid
+            )
+            return
+        status = chip.status.with_xids(frozenset({event.xid}))
+        if status == chip.status:
+            return  # the same XID again: the chip is Unhealthy already
+        log.warning(
+            "XID %d on %s: a critical error; the chip is Unhealthy until the plugin restarts", event.xid, chip.uuid
+        )
+        self._publish(self.view.inventory.with_statuses({chip.uuid: status}), self.view.discovered)
+
+    def _publish(self, inventory: Inventory, discovered: bool) -> None:
+        self.view = HardwareView(inventory, self.view.version + 1, discovered)
+        for subscriber in self._subscribers:
+            subscriber(self.view)
+
+    # ---- inputs -------------------------------------------------------------------------------
+
+    async def _discover(self) -> Inventory:
+        inventory = await self.hardware.call("discover", lambda backend: backend.discover())
+        return with_control_nodes(inventory, self.settings.dev_root)
+
+    async def _watch_xids(self) -> None:
+        """Ask the backend to hand XID events to the monitor; without them, health comes from polling alone."""
+        loop = asyncio.get_running_loop()
+
+        def sink(event: XidEvent) -> None:  # runs on the backend's event thread
+            with contextlib.suppress(RuntimeError):  # the loop is closed: the process has stopped
+                loop.call_soon_threadsafe(self._requests.put_nowait, event)
+
+        def watch(backend: Backend) -> None:
+            backend.watch_xids(sink)
+
+        try:
+            await self.hardware.call("watch_xids", watch)
+        except BackendError as error:  # the backend cannot be opened: discovery says why
+            log.debug("no XID events: %s", error)
+
+    async def _follow_dev(self, watcher: Watcher) -> None:
+        """Hint a rediscovery when a GPU's /dev node comes or goes (what udev does on hot-plug)."""
+        dev_dir = self.settings.dev_root / "dev"
+        watcher.watch(dev_dir)
+        while True:
+            changed = await watcher.wait(self.settings.rediscover_interval)
+            if any(path.parent == dev_dir and path.name.startswith(GPU_NODE_PREFIXES) for path in changed):
+                self.hint_rediscover()
+
+
+def _keeping_xids(status: ChipStatus, before: ChipStatus | None) -> ChipStatus:
+    """status, keeping the XIDs the chip had before: a poll or rediscovery does not clear them."""
+    return status if before is None else status.with_xids(before.xids)
+
+
+def _chip_set(inventory: Inventory) -> frozenset[str]:
+    return frozenset(chip.uuid for chip in inventory.chips() if chip.status.present)

@@ -1,0 +1,354 @@
+"""Simulated devices, from a short spec (`BI-V150:2,BI-V100:1`) or a YAML file.
+
+The YAML file is re-read at every health poll, so editing a chip's `health:`
+or `present:` while the plugin runs changes what the kubelet is told. A chip's
+`xids: [79]` are critical XID events: each is handed to watch_xids' sink once,
+at the first discovery or poll that reads it.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+import uuid as uuidlib
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from ix_device_plugin.core.inventory import Board, Chip, ChipStatus, Inventory
+from ix_device_plugin.core.products import PRODUCTS, Product, lookup
+from ix_device_plugin.core.telemetry import ChipSample
+from ix_device_plugin.hardware.backend import BackendError, XidEvent, XidSink
+from ix_device_plugin.settings import yamlsafe
+from ix_device_plugin.settings.health import HEALTH_ERROR_NAMES
+from ix_device_plugin.settings.table import DEFAULT_SIMULATED_DEVICES
+
+DEFAULT_SPEC = DEFAULT_SIMULATED_DEVICES
+MAX_BOARDS = 256
+MAX_MINOR = (1 << 20) - 1  # Linux minor numbers have 20 bits
+_UUID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
+_UUID_NAMESPACE = uuidlib.UUID("6f1c1b0e-5d8e-4c1a-9a43-1e3e00000000")
+_CHIP_KEYS = {"uuid", "minor", "bus_id", "numa_node", "memory_mib", "health", "present", "xids"}
+_BOARD_KEYS = {"product", "chips"}
+
+
+class SimulatedBackend:
+    """A Backend over simulated boards; see the module docstring for the inputs."""
+
+    name = "simulated"
+    has_device_nodes = False
+
+    def __init__(self, source: str = DEFAULT_SPEC) -> None:
+        self.source = source
+        self._path = _as_existing_file(source)
+        self.resets: list[tuple[str, ...]] = []  # every reset asked for, in order
+        self._renamed: dict[str, str] = {}  # UUID in the file -> UUID after a reset that changed it
+        self._xid_sink: XidSink | None = None
+        self._xids_sent: set[tuple[str, int]] = set()
+
+    def discover(self) -> Inventory:
+        """Boards and chips as the spec or file describes them now."""
+        return Inventory(boards=self._boards(), driver_version="simulated")
+
+    def health(self, inventory: Inventory) -> Mapping[str, ChipStatus]:
+        """Chip statuses as the file says now; chips gone from the file are not present."""
+        if self._path is None:
+            return inventory.statuses()
+        current = {chip.uuid: chip.status for board in self._boards() for chip in board.chips}
+        return {chip.uuid: current.get(chip.uuid, ChipStatus(present=False)) for chip in inventory.chips()}
+
+    def reset(self, uuids: Sequence[str], timeout: float) -> None:
+        """A reset as the file's `reset:` mapping says: chips listed under `fail` fail it, chips under
+        `new_uuid` come back with another UUID; all others reset fine."""
+        self.resets.append(tuple(uuids))
+        behaviour = reset_behaviour(self._path) if self._path is not None else {}
+        original = {new: old for old, new in self._renamed.items()}
+        failing = [uuid for uuid in uuids if behaviour.get(original.get(uuid, uuid)) == "fail"]
+        if failing:
+            raise BackendError(f"simulated ixsmi -r -i {','.join(uuids)}: {', '.join(failing)} did not reset")
+        for uuid in uuids:
+            if behaviour.get(original.get(uuid, uuid)) == "new_uuid":
+                self._renamed[original.get(uuid, uuid)] = f"{original.get(uuid, uuid)}-reset{len(self.resets)}"
+
+    def _boards(self) -> tuple[Board, ...]:
+        boards = parse_spec(self.source) if self._path is None else self._sending_xids(load_file(self._path))
+        if not self._renamed:
+            return boards
+        return tuple(
+            replace(
+                board, chips=tuple(replace(chip, uuid=self._renamed.get(chip.uuid, chip.uuid)) for chip in board.chips)
+            )
+            for board in boards
+        )
+
+    def sample(self, inventory: Inventory) -> dict[str, ChipSample]:
+        """Plausible, deterministic figures for every present chip (they vary with the chip's minor)."""
+        samples = {}
+        for chip in inventory.chips():
+            if not chip.status.present:
+                continue
+            seed = chip.minor or 0
+            used = float(1024 * (seed % 8))
+            samples[chip.uuid] = ChipSample(
+                temperature_c=40.0 + seed,
+                fan_speed=30.0 + seed,
+                power_w=60.0 + 5 * seed,
+                sm_clock_mhz=1500.0,
+                mem_clock_mhz=1600.0,
+                gpu_utilization=float(10 * (seed % 10)),
+                mem_utilization=float(5 * (seed % 20)),
+                mem_total_mib=float(chip.memory_mib),
+                mem_used_mib=used,
+                mem_free_mib=float(chip.memory_mib) - used,
+                pcie_tx_kbps=1000.0 * seed,
+                pcie_rx_kbps=2000.0 * seed,
+                ecc_sbe_volatile=0.0,
+                ecc_dbe_volatile=float("ECC" in chip.status.errors),
+            )
+        return samples
+
+    def watch_xids(self, sink: XidSink) -> None:
+        """Hand each chip's `xids:` from the file to sink, once each."""
+        self._xid_sink = sink
+
+    def _sending_xids(self, boards: tuple[Board, ...]) -> tuple[Board, ...]:
+        """boards without their xids, each new one handed to the sink (the daemon keeps them, not the file)."""
+        for chip in (chip for board in boards for chip in board.chips):
+            for xid in sorted(chip.status.xids):
+                if self._xid_sink is not None and (chip.uuid, xid) not in self._xids_sent:
+                    self._xids_sent.add((chip.uuid, xid))
+                    self._xid_sink(XidEvent(uuid=chip.uuid, xid=xid))
+        return tuple(
+            replace(board, chips=tuple(replace(c, status=replace(c.status, xids=frozenset())) for c in board.chips))
+            for board in boards
+        )
+
+    def close(self) -> None:
+        """Nothing to release."""
+
+
+def _as_existing_file(source: str) -> Path | None:
+    path = Path(source)
+    if path.suffix in {".yaml", ".yml", ".json"} or "/" in source:
+        if not path.is_file():
+            raise BackendError(f"simulated devices file {source} does not exist")
+        return path
+    return None
+
+
+def parse_spec(spec: str) -> tuple[Board, ...]:
+    """Boards for a spec like `BI-V150:2,BI-V100:1` (count defaults to 1)."""
+    boards: list[Board] = []
+    for position, item in enumerate(part.strip() for part in spec.split(",")):
+        if not item:
+            raise BackendError(f"simulated devices spec {spec!r}: empty item at position {position + 1}")
+        name, _, count_text = item.partition(":")
+        product = _product(name, where=f"simulated devices spec {spec!r}")
+        count = _spec_count(count_text, item, spec)
+        for _ in range(count):
+            boards.append(_default_board(product.name, len(boards), _next_minor(boards)))
+    return tuple(boards)
+
+
+def _spec_count(text: str, item: str, spec: str) -> int:
+    if not text:
+        return 1
+    if not (text.isascii() and text.isdigit()) or not 1 <= int(text) <= MAX_BOARDS:
+        raise BackendError(
+            f"simulated devices spec {spec!r}: count in {item!r} must be a whole number from 1 to {MAX_BOARDS}"
+        )
+    return int(text)
+
+
+def _product(name: str, where: str) -> Product:
+    product = lookup(name)
+    if product is None:
+        known = ", ".join(PRODUCTS)
+        close = difflib.get_close_matches(name.upper(), list(PRODUCTS), n=1, cutoff=0.5)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        raise BackendError(f"{where}: unknown product {name!r}{hint} (known: {known})")
+    return product
+
+
+def _next_minor(boards: list[Board]) -> int:
+    return sum(len(board.chips) for board in boards)
+
+
+def default_uuid(board_index: int, chip_index: int) -> str:
+    """The deterministic UUID of chip chip_index on board board_index."""
+    return f"GPU-{uuidlib.uuid5(_UUID_NAMESPACE, f'{board_index}/{chip_index}')}"
+
+
+def _default_chip(product: str, board_index: int, chip_index: int, minor: int) -> Chip:
+    facts = PRODUCTS[product]
+    return Chip(
+        uuid=default_uuid(board_index, chip_index),
+        minor=minor,
+        product=product,
+        bus_id=f"0000:{0x10 + 2 * board_index + chip_index:02x}:00.0",
+        numa_node=None,
+        memory_mib=facts.memory_mib_per_chip,
+    )
+
+
+def _default_board(product: str, board_index: int, first_minor: int) -> Board:
+    count = PRODUCTS[product].chips_per_board
+    chips = tuple(_default_chip(product, board_index, i, first_minor + i) for i in range(count))
+    return Board(product=product, chips=chips)
+
+
+RESET_BEHAVIOURS = ("fail", "new_uuid")
+
+
+def reset_behaviour(path: Path) -> dict[str, str]:
+    """UUID -> `fail` or `new_uuid`, from the file's optional `reset:` mapping; BackendError when malformed."""
+    document = _read_document(path)
+    section = document.get("reset") if isinstance(document, dict) else None
+    if section is None:
+        return {}
+    if not isinstance(section, dict) or not set(section) <= set(RESET_BEHAVIOURS):
+        raise BackendError(f"simulated devices file {path}: reset: expected a mapping with fail and new_uuid lists")
+    behaviour: dict[str, str] = {}
+    for kind, uuids in section.items():
+        if not isinstance(uuids, list) or not all(isinstance(uuid, str) for uuid in uuids):
+            raise BackendError(f"simulated devices file {path}: reset.{kind}: expected a list of chip UUIDs")
+        behaviour.update(dict.fromkeys(uuids, kind))
+    return behaviour
+
+
+def load_file(path: Path) -> tuple[Board, ...]:
+    """Boards described by the YAML (or JSON) file at path; raises BackendError naming the file and field."""
+    document = _read_document(path)
+    if not isinstance(document, dict) or not isinstance(document.get("boards"), list):
+        raise BackendError(f"simulated devices file {path}: expected a mapping with a `boards:` list")
+    if len(document["boards"]) > MAX_BOARDS:
+        raise BackendError(f"simulated devices file {path}: more than {MAX_BOARDS} boards")
+    boards: list[Board] = []
+    for index, entry in enumerate(document["boards"]):
+        boards.append(_board_from(entry, index, _next_minor(boards), f"{path}: boards[{index}]"))
+    _check_unique(boards, path)
+    return tuple(boards)
+
+
+def _read_document(path: Path) -> Any:
+    """The file's YAML as plain data, read as strictly as a config file (size, depth, tags, encoding)."""
+    try:
+        with path.open("rb") as stream:
+            data = stream.read(yamlsafe.MAX_BYTES + 1)
+        text = yamlsafe.decode(data)
+        yamlsafe.compose(text)  # refuses anchors, custom tags, deep nesting and huge numbers first
+        return yaml.safe_load(text)
+    except OSError as error:
+        raise BackendError(f"simulated devices file {path}: cannot read it: {error.strerror or error}") from None
+    except yamlsafe.YamlError as error:
+        raise BackendError(f"simulated devices file {path}: {error}") from None
+    except yaml.YAMLError as error:
+        raise BackendError(f"simulated devices file {path}: {yamlsafe.describe(error)}") from None
+
+
+def _check_unique(boards: list[Board], path: Path) -> None:
+    """UUIDs and minors identify chips: each must be unique on the node."""
+    uuids: dict[str, str] = {}
+    minors: dict[int, str] = {}
+    for board_index, board in enumerate(boards):
+        for chip_index, chip in enumerate(board.chips):
+            where = f"boards[{board_index}].chips[{chip_index}]"
+            if chip.uuid in uuids:
+                raise BackendError(f"{path}: {where}.uuid: {chip.uuid} is also {uuids[chip.uuid]}'s")
+            uuids[chip.uuid] = where
+            if chip.minor is not None and chip.minor in minors:
+                raise BackendError(f"{path}: {where}.minor: {chip.minor} is also {minors[chip.minor]}'s")
+            if chip.minor is not None:
+                minors[chip.minor] = where
+
+
+def _board_from(entry: object, index: int, first_minor: int, where: str) -> Board:
+    if not isinstance(entry, dict) or "product" not in entry:
+        raise BackendError(f"{where}: expected a mapping with `product:`")
+    _reject_unknown(entry, _BOARD_KEYS, where)
+    product = _product(str(entry["product"]), where)
+    defaults = _default_board(product.name, index, first_minor).chips
+    chips_entry = entry.get("chips")
+    if chips_entry is None:
+        return Board(product=product.name, chips=defaults)
+    if not isinstance(chips_entry, list) or not chips_entry:
+        raise BackendError(f"{where}.chips: expected a non-empty list")
+    chips = tuple(
+        _chip_from(chip, _default_chip(product.name, index, i, first_minor + i), f"{where}.chips[{i}]")
+        for i, chip in enumerate(chips_entry)
+    )
+    return Board(product=product.name, chips=chips)
+
+
+def _reject_unknown(entry: dict[str, Any], known: set[str], where: str) -> None:
+    unknown = sorted(str(key) for key in set(entry) - known)
+    if unknown:
+        raise BackendError(f"{where}: unknown key {unknown[0]!r} (known: {', '.join(sorted(known))})")
+
+
+def _chip_from(entry: object, default: Chip, where: str) -> Chip:
+    if entry is None:
+        return default
+    if not isinstance(entry, dict):
+        raise BackendError(f"{where}: expected a mapping")
+    _reject_unknown(entry, _CHIP_KEYS, where)
+    numa = _int(entry, "numa_node", -1 if default.numa_node is None else default.numa_node, where, low=-1)
+    return Chip(
+        uuid=_uuid(entry.get("uuid", default.uuid), where),
+        minor=_int(entry, "minor", default.minor or 0, where, high=MAX_MINOR),
+        product=default.product,
+        bus_id=str(entry.get("bus_id", default.bus_id)),
+        numa_node=None if numa < 0 else numa,
+        memory_mib=_int(entry, "memory_mib", default.memory_mib, where),
+        status=ChipStatus(
+            errors=_health(entry, where), present=_bool(entry, "present", where), xids=_xids(entry, where)
+        ),
+    )
+
+
+def _int(entry: dict[str, Any], key: str, default: int, where: str, low: int = 0, high: int = 1 << 40) -> int:
+    value = entry.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise BackendError(f"{where}.{key}: expected a whole number, got {yamlsafe.shown(value)}")
+    if not low <= value <= high:
+        raise BackendError(f"{where}.{key}: expected a whole number from {low} to {high}, got {value}")
+    return value
+
+
+def _uuid(value: object, where: str) -> str:
+    if not isinstance(value, str) or not _UUID.match(value):
+        raise BackendError(
+            f"{where}.uuid: expected 1-63 letters, digits, '-', '_' or '.' (no ',' or '::', which separate device "
+            f"IDs), got {yamlsafe.shown(value)}"
+        )
+    return value
+
+
+def _bool(entry: dict[str, Any], key: str, where: str) -> bool:
+    value = entry.get(key, True)
+    if not isinstance(value, bool):
+        raise BackendError(f"{where}.{key}: expected true or false, got {yamlsafe.shown(value)}")
+    return value
+
+
+def _xids(entry: dict[str, Any], where: str) -> frozenset[int]:
+    value = entry.get("xids") or []
+    if not isinstance(value, list) or not all(
+        isinstance(xid, int) and not isinstance(xid, bool) and 0 < xid < 1 << 32 for xid in value
+    ):
+        raise BackendError(f"{where}.xids: expected a list of XID numbers, got {yamlsafe.shown(value)}")
+    return frozenset(value)
+
+
+def _health(entry: dict[str, Any], where: str) -> frozenset[str]:
+    value = entry.get("health") or []
+    if not isinstance(value, list):
+        raise BackendError(f"{where}.health: expected a list of error names, got {yamlsafe.shown(value)}")
+    unknown = [name for name in value if name not in HEALTH_ERROR_NAMES]
+    if unknown:
+        known = ", ".join(HEALTH_ERROR_NAMES)
+        raise BackendError(f"{where}.health: unknown error {yamlsafe.shown(unknown[0])} (known: {known})")
+    return frozenset(value)

@@ -1,0 +1,1 @@
+"""Clients of the kubelet: unix sockets, device plugin registration, pod resources."""

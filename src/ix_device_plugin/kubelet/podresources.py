@@ -1,0 +1,98 @@
+"""Which container holds which device: the kubelet's pod-resources API v1 (List), as dcgm-exporter and
+ix-exporter read it."""
+
+from __future__ import annotations
+
+from collections.abc import Set
+from pathlib import Path
+
+import grpc
+
+from ix_device_plugin.api.podresources import api_pb2, api_pb2_grpc
+from ix_device_plugin.core.telemetry import PodRef
+from ix_device_plugin.kubelet.sockets import CHANNEL_OPTIONS, unix_target
+from ix_device_plugin.runtime.logs import OncePerError
+
+DEFAULT_SOCKET = Path("/var/lib/kubelet/pod-resources/kubelet.sock")
+MAX_MESSAGE = 16 * 1024 * 1024  # the kubelet answers for every pod of the node in one message
+
+
+class PodResourcesError(Exception):
+    """The pod-resources socket could not be read; the message says which and why."""
+
+
+async def list_allocations(socket_path: Path, resource_names: Set[str], timeout: float) -> dict[str, PodRef]:
+    """Device ID -> the container it is allocated to, for devices of resource_names; PodResourcesError."""
+    client = PodResourcesClient(socket_path)
+    try:
+        return await client.allocations(resource_names, timeout)
+    finally:
+        await client.close()
+
+
+class PodResourcesClient:
+    """One channel to the pod-resources socket, kept between calls (telemetry asks every pass)."""
+
+    def __init__(self, socket_path: Path) -> None:
+        self.socket_path = socket_path
+        self._channel: grpc.aio.Channel | None = None
+
+    async def allocations(self, resource_names: Set[str], timeout: float) -> dict[str, PodRef]:
+        """Device ID -> the container it is allocated to, for devices of resource_names; PodResourcesError."""
+        if self._channel is None:
+            options = (*CHANNEL_OPTIONS, ("grpc.max_receive_message_length", MAX_MESSAGE))
+            self._channel = grpc.aio.insecure_channel(unix_target(self.socket_path), options=options)
+        try:
+            response = await api_pb2_grpc.PodResourcesListerStub(self._channel).List(
+                api_pb2.ListPodResourcesRequest(), timeout=timeout
+            )
+        except grpc.aio.AioRpcError as error:
+            await self.close()  # a kubelet that restarted gets a fresh channel next time
+            raise PodResourcesError(
+                f"pod resources {self.socket_path}: {error.code().name}: {error.details()}"
+            ) from None
+        return _allocations(response, resource_names)
+
+    async def close(self) -> None:
+        """Close the channel; the next call opens another."""
+        if self._channel is not None:
+            channel, self._channel = self._channel, None
+            await channel.close()
+
+
+def _allocations(response: api_pb2.ListPodResourcesResponse, resource_names: Set[str]) -> dict[str, PodRef]:
+    allocations: dict[str, PodRef] = {}
+    for pod in response.pod_resources:
+        for container in pod.containers:
+            for devices in container.devices:
+                if devices.resource_name in resource_names:
+                    for device_id in devices.device_ids:
+                        allocations[device_id] = PodRef(pod.namespace, pod.name, container.name)
+    return allocations
+
+
+class PodResources:
+    """The node's one pod-resources reader, shared by telemetry and Volcano mode; absent socket means unknown."""
+
+    def __init__(self, socket_path: Path | None) -> None:
+        self.socket_path = socket_path
+        self._client: PodResourcesClient | None = None
+
+    async def allocations(self, resource_names: Set[str], errors: OncePerError) -> dict[str, PodRef]:
+        """Device ID -> the container holding it (empty when unknown); a failure is said once through errors."""
+        if self.socket_path is None or not self.socket_path.exists():
+            return {}
+        if self._client is None:
+            self._client = PodResourcesClient(self.socket_path)
+        try:
+            allocations = await self._client.allocations(resource_names, timeout=2.0)
+        except PodResourcesError as error:
+            errors.failed("%s; GPU metrics carry no pod labels meanwhile", error)
+            return {}
+        errors.succeeded("pod resources answer again")
+        return allocations
+
+    async def close(self) -> None:
+        """Close the channel, if one was opened."""
+        if self._client is not None:
+            await self._client.close()

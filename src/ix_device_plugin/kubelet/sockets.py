@@ -1,0 +1,41 @@
+"""Unix sockets shared with the kubelet: gRPC targets on them, telling a re-created socket from the old one,
+and whether anything still serves one."""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+
+# Newer grpcio percent-encodes a unix socket path into :authority, which the
+# kubelet's HTTP/2 server rejects; name the authority explicitly. A private
+# subchannel pool keeps a new channel from inheriting the reconnect backoff of
+# an earlier one that found no kubelet (grpc shares subchannels process-wide).
+CHANNEL_OPTIONS = (("grpc.default_authority", "localhost"), ("grpc.use_local_subchannel_pool", 1))
+
+
+def unix_target(path: str | Path) -> str:
+    """A gRPC target for the unix socket at path."""
+    return f"unix://{Path(path).absolute()}"
+
+
+Identity = tuple[int, int]
+
+
+def identity(path: Path) -> Identity | None:
+    """(inode, ctime) of path, None when it does not exist: tells a re-created file from the old one."""
+    try:
+        st = path.lstat()
+    except OSError:
+        return None
+    return (st.st_ino, st.st_ctime_ns)
+
+
+def socket_answers(path: Path) -> bool:
+    """True when something accepts connections on the unix socket at path."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        probe.settimeout(0.5)
+        try:
+            probe.connect(str(path))
+        except OSError:
+            return False
+    return True

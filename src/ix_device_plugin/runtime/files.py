@@ -1,0 +1,78 @@
+"""Files written for others to read: atomically (temporary file, fsync, rename), so no reader sees half a file."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+import time
+from pathlib import Path
+
+FILE_MODE = 0o644
+
+
+class OutputError(Exception):
+    """A file could not be written or removed; the message names the path and the reason."""
+
+
+def write_atomically(path: Path, text: str) -> None:
+    """Replace path with text in one step, creating its directory when missing; raises OutputError."""
+    directory = path.parent
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise OutputError(f"cannot create directory {directory}: {reason(exc)}") from exc
+    # A dot-name ending in .tmp: NFD skips dot-files and CDI reads only *.yaml and *.json.
+    try:
+        handle, temp_name = tempfile.mkstemp(dir=directory, prefix=f".{path.name}.", suffix=".tmp")
+    except OSError as exc:
+        raise OutputError(f"cannot write {path}: {reason(exc)}") from exc
+    try:
+        with os.fdopen(handle, "w", encoding="utf-8") as stream:
+            stream.write(text)
+            stream.flush()
+            os.fchmod(stream.fileno(), FILE_MODE)
+            os.fsync(stream.fileno())
+        os.replace(temp_name, path)
+        _fsync_directory(directory)
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            os.unlink(temp_name)
+        raise OutputError(f"cannot write {path}: {reason(exc)}") from exc
+
+
+def _fsync_directory(directory: Path) -> None:
+    descriptor = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
+
+
+def reason(exc: OSError) -> str:
+    """The words of an OSError, without its number."""
+    return exc.strerror or str(exc)
+
+
+TEMPORARY_MAX_AGE = 60.0  # seconds; a younger temporary may belong to a write under way in another process
+
+
+def remove_stale_temporaries(directory: Path, name: str, max_age: float = TEMPORARY_MAX_AGE) -> list[Path]:
+    """Remove the temporaries write_atomically left behind for files called name (a glob) after a kill -9 mid-write.
+
+    Only those older than max_age: a younger one may be a write under way in another process. The paths removed.
+    """
+    removed = []
+    now = time.time()
+    try:
+        candidates = list(directory.glob(f".{name}.*.tmp"))
+    except OSError:
+        return removed
+    for path in candidates:
+        try:
+            if path.is_file() and not path.is_symlink() and now - path.stat().st_mtime > max_age:
+                path.unlink()
+                removed.append(path)
+        except OSError:
+            continue
+    return removed

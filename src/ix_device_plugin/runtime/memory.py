@@ -1,0 +1,34 @@
+"""Process-wide memory settings for the long-running services."""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+
+log = logging.getLogger(__name__)
+
+M_ARENA_MAX = -8  # glibc's mallopt parameter: how many malloc arenas the process may have
+SERVICE_ARENAS = 1
+
+
+def limit_malloc_arenas(arenas: int = SERVICE_ARENAS) -> bool:
+    """Let glibc's malloc keep at most `arenas` arenas; True when that was applied.
+
+    glibc gives each thread that meets contention an arena of its own (up to 8 per core), and each keeps
+    what was freed in it: gRPC's threads, handling messages of up to megabytes, left the plugin about
+    1.5 MiB larger after 100,000 calls, with no gain in speed. Call it before threads start. Nothing is
+    done where MALLOC_ARENA_MAX is set (the operator's choice) or the C library is not glibc.
+    """
+    if "MALLOC_ARENA_MAX" in os.environ:
+        return False
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):
+        return False
+    mallopt.argtypes = (ctypes.c_int, ctypes.c_int)
+    mallopt.restype = ctypes.c_int
+    applied = mallopt(M_ARENA_MAX, arenas) == 1
+    if not applied:
+        log.debug("mallopt(M_ARENA_MAX, %d) was refused", arenas)
+    return applied

@@ -1,0 +1,1 @@
+"""Settings: the config file, flags and environment variables; imports nothing else of the package."""

@@ -1,0 +1,156 @@
+"""The command line: a parser per command with exactly the flags its mode uses, read once.
+
+A flag of another mode is refused naming it and whose it is (exit 2, as argparse exits for a bad flag).
+Values stay text here; `resolve` parses them with the environment and the defaults.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ix_device_plugin.settings.table import (
+    BY_FLAG,
+    CDI_GENERATE,
+    DEMO,
+    DRA,
+    LIST,
+    LIST_DRA,
+    RUN,
+    SETTINGS,
+    Setting,
+    settings_of,
+)
+
+CHECK_CONFIG = "check-config"
+COMMANDS = ("run", "list", "demo", CHECK_CONFIG, "cdi", "dra")
+
+
+@dataclass(frozen=True)
+class Command:
+    """What the command line asks for: a mode, the flags given for its settings, and its own arguments."""
+
+    mode: str  # a mode of the settings table, or check-config
+    flags: dict[str, str | None] = field(default_factory=dict)  # setting name -> text given (None: not given)
+    output: str | None = None  # list, demo: text or json; cdi generate: the file to write
+    path: str | None = None  # check-config: the file to check
+
+
+def parse_command_line(argv: Sequence[str], version: str) -> Command:
+    """The command argv asks for (`run` when none is named); exits 2 naming a flag the mode does not use.
+    version is what `--version` prints."""
+    args = list(argv)
+    if not args or (args[0] not in COMMANDS and args[0] not in {"-h", "--help", "--version"}):
+        args.insert(0, "run")
+    parser, commands = build_parser(version)
+    namespace, extras = parser.parse_known_args(args)
+    mode = _mode(namespace)
+    command_parser = commands[mode]
+    if extras:
+        command_parser.error(_refusal(mode, extras))
+    for setting in SETTINGS:  # `list` takes the flags of `list --dra` too, and the other way round
+        if getattr(namespace, setting.name, None) is not None and not setting.used_by(mode):
+            command_parser.error(_not_used(mode, setting))
+    flags = {setting.name: getattr(namespace, setting.name, None) for setting in settings_of(mode) if setting.flag}
+    return Command(mode, flags, getattr(namespace, "output", None), getattr(namespace, "path", None))
+
+
+def _mode(namespace: argparse.Namespace) -> str:
+    if namespace.command == "list":
+        return LIST_DRA if namespace.dra else LIST
+    if namespace.command == "cdi":
+        return CDI_GENERATE
+    return str(namespace.command)
+
+
+def _refusal(mode: str, extras: Sequence[str]) -> str:
+    for token in extras:
+        setting = BY_FLAG.get(token.split("=", 1)[0])
+        if setting is not None:
+            return _not_used(mode, setting)
+    return f"unrecognized arguments: {' '.join(extras)}"
+
+
+def _not_used(mode: str, setting: Setting) -> str:
+    return f"{mode} does not use {setting.flag} ({setting.owner(mode)})"
+
+
+def build_parser(version: str) -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
+    """The parser, and the parser of each mode (to report errors with)."""
+    parser = argparse.ArgumentParser(
+        prog="ix-device-plugin",
+        description="Kubernetes device plugin and DRA driver for Iluvatar CoreX GPUs.",
+    )
+    parser.add_argument("--version", action="version", version=f"ix-device-plugin {version}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    run = sub.add_parser("run", help="run the device plugin (the default command)", epilog=_env_only(RUN))
+    _add_settings(run, settings_of(RUN))
+    lister = sub.add_parser(
+        "list", help="print the inventory and what the kubelet would be told", epilog=_env_only(LIST)
+    )
+    _add_settings(lister, settings_of(LIST))
+    lister.add_argument("--output", choices=("text", "json"), default="text")
+    lister.add_argument("--dra", action="store_true", help="show the DRA ResourceSlice devices and prepared claims")
+    with_dra = [s for s in settings_of(LIST_DRA) if not s.used_by(LIST)]
+    _add_settings(lister, with_dra, "with --dra (flag > environment variable > default)")
+    demo = sub.add_parser("demo", help="a self-contained round trip on simulated GPUs", epilog=_env_only(DEMO))
+    _add_settings(demo, settings_of(DEMO))
+    demo.add_argument("--output", choices=("text", "json"), default="text")
+    cdi = sub.add_parser("cdi", help="Container Device Interface specs")
+    cdi_sub = cdi.add_subparsers(dest="cdi_command", metavar="COMMAND", required=True)
+    generate = cdi_sub.add_parser(
+        "generate", help="print (or write) the CDI spec for this node's chips, without the daemon"
+    )
+    _add_settings(generate, settings_of(CDI_GENERATE))
+    generate.add_argument("--output", metavar="PATH", help="write the spec here (atomically) instead of printing it")
+    dra = sub.add_parser("dra", help="run the DRA kubelet plugin for driver gpu.iluvatar.com", epilog=_env_only(DRA))
+    _add_settings(dra, settings_of(DRA))
+    check = sub.add_parser(CHECK_CONFIG, help="validate a config file; exit 0 when valid, 1 otherwise")
+    check.add_argument("path", metavar="PATH")
+    modes = {RUN: run, LIST: lister, LIST_DRA: lister, DEMO: demo, CDI_GENERATE: generate, DRA: dra}
+    return parser, {**modes, CHECK_CONFIG: check}
+
+
+def _add_settings(parser: argparse.ArgumentParser, settings: Iterable[Setting], title: str | None = None) -> None:
+    node = [s for s in settings if s.flag and s.key is None]
+    config = [s for s in settings if s.flag and s.key is not None]
+    if node:
+        group = parser.add_argument_group(title or "node and daemon (flag > environment variable > default)")
+        for setting in node:
+            shown = _shown(setting.default)
+            help_text = f"{setting.help} (env {setting.env}{f'; default {shown}' if shown else ''})"
+            _add_flag(group, setting, help_text)
+    if config:
+        group = parser.add_argument_group("configuration (flag > environment variable > config file > default)")
+        for setting in config:
+            _add_flag(group, setting, f"{setting.help} (file {setting.key}, env {setting.env})")
+
+
+def _add_flag(group: Any, setting: Setting, help_text: str) -> None:
+    kwargs: dict[str, Any] = {"dest": setting.name, "default": None, "metavar": setting.metavar, "help": help_text}
+    if setting.boolean:
+        kwargs.update(nargs="?", const="true")
+    group.add_argument(setting.flag, **kwargs)
+
+
+def _env_only(mode: str) -> str | None:
+    settings = [s for s in settings_of(mode) if s.flag is None and s.env]
+    if not settings:
+        return None
+    return "environment only: " + "; ".join(f"{s.env}: {s.help}" for s in settings)
+
+
+def _shown(value: Any) -> str:
+    """A default as it is written on the command line."""
+    if value is None or value == frozenset():
+        return ""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float):
+        return f"{value:g}"
+    if isinstance(value, tuple):
+        return ",".join(value)
+    return str(value) if not isinstance(value, Path) else value.as_posix()

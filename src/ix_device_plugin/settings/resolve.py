@@ -1,0 +1,160 @@
+"""The one precedence: command-line flag > environment variable > config file > default.
+
+Flags and variables are resolved once, at start (`resolve`); the file is read at start and again on
+every change, so the ix-config settings given as flags or variables (`Resolved.given`) are laid over
+each reading of it (`config_from`). Every problem is one line naming the flag, variable or file line.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from ix_device_plugin.settings import values
+from ix_device_plugin.settings.config import Config
+from ix_device_plugin.settings.configfile import FileConfig
+from ix_device_plugin.settings.errors import SettingsError
+from ix_device_plugin.settings.table import AMBIENT_ENV, BY_NAME, FILE_SETTINGS, SETTINGS, Setting
+
+# ix-config settings given as flags or environment variables: name -> (value, where it came from).
+Given = Mapping[str, tuple[Any, str]]
+DEFAULT = "default"
+
+
+@dataclass(frozen=True)
+class Resolved:
+    """Every setting a mode takes, typed, with where each came from; and the variables it does not use."""
+
+    mode: str
+    values: Mapping[str, Any]
+    sources: Mapping[str, str]  # "default", "env <NAME>" or "flag <--name>"
+    unused_env: tuple[str, ...] = ()  # set variables of settings the mode does not use
+
+    def __getitem__(self, name: str) -> Any:
+        return self.values[name]
+
+    @property
+    def given(self) -> dict[str, tuple[Any, str]]:
+        """The ix-config settings given as flags or variables, which beat the file."""
+        return {
+            setting.name: (self.values[setting.name], self.sources[setting.name])
+            for setting in FILE_SETTINGS
+            if self.sources.get(setting.name, DEFAULT) != DEFAULT
+        }
+
+    def flag(self, name: str) -> Any:
+        """The setting's value when it was given as a flag, else None."""
+        return self.values[name] if self.sources.get(name, "").startswith("flag ") else None
+
+    def note(self) -> str | None:
+        """The one line saying which variables this mode ignores, or None."""
+        if not self.unused_env:
+            return None
+        listed = ", ".join(f"{name} ({BY_ENV[name].owner(self.mode)})" for name in self.unused_env)
+        return f"environment variables {self.mode} does not use, ignored: {listed}"
+
+
+BY_ENV = {setting.env: setting for setting in SETTINGS if setting.env is not None}
+
+
+def resolve(mode: str, flags: Mapping[str, str | None], env: Mapping[str, str]) -> Resolved:
+    """The settings of mode from flags (by setting name; None: not given) over env over defaults.
+
+    A variable of a setting the mode does not use is listed in `unused_env`, not parsed. Raises
+    SettingsError with one line per bad flag or variable, naming it and the value given.
+    """
+    resolved: dict[str, Any] = {}
+    sources: dict[str, str] = {}
+    unused: list[str] = []
+    errors: list[str] = []
+    for setting in SETTINGS:
+        if not setting.used_by(mode):
+            if flags.get(setting.name) is not None:
+                errors.append(f"{mode} does not use {setting.flag} ({setting.owner(mode)})")
+            if setting.env and env.get(setting.env, "") != "" and setting.env not in AMBIENT_ENV:
+                unused.append(setting.env)
+            continue
+        try:
+            resolved[setting.name], sources[setting.name] = _pick(setting, flags.get(setting.name), env)
+        except SettingsError as error:
+            errors.extend(error.messages)
+    if errors:
+        raise SettingsError(errors)
+    return Resolved(mode, resolved, sources, tuple(unused))
+
+
+def _pick(setting: Setting, flag: str | None, env: Mapping[str, str]) -> tuple[Any, str]:
+    if flag is not None:
+        return _parsed(setting, flag, f"flag {setting.flag}", f"flag {setting.flag}")
+    raw = env.get(setting.env, "") if setting.env else ""
+    if raw != "":
+        return _parsed(setting, raw, f"env {setting.env}", f"environment variable {setting.env}")
+    return setting.default, DEFAULT
+
+
+def _parsed(setting: Setting, raw: str, source: str, named: str) -> tuple[Any, str]:
+    try:
+        return setting.parse(raw, True), source
+    except ValueError as error:
+        raise SettingsError([f"{named}: {error}, got {raw!r}"]) from None
+
+
+def config_from(
+    file: FileConfig | None,
+    given: Given,
+    ignored_health_errors: frozenset[str] = frozenset(),
+    mode: str | None = None,
+) -> Config:
+    """The effective Config of mode (None: every setting): given over the file over defaults.
+
+    A setting the mode does not use keeps its default. Raises SettingsError for settings that are each
+    valid but cannot go together, naming both and where they came from.
+    """
+    resolved: dict[str, Any] = {}
+    sources: dict[str, str] = {}
+    for setting in FILE_SETTINGS:
+        assert setting.key is not None
+        value, source = setting.default, DEFAULT
+        if setting.used_by(mode):
+            if file is not None and setting.key in file.values:
+                value, source = file.values[setting.key], f"file {file.path}"
+            value, source = given.get(setting.name, (value, source))
+        resolved[setting.name], sources[setting.name] = value, source
+    problems = _conflicts(resolved, sources)
+    if problems:
+        raise SettingsError(problems)
+    return Config(**resolved, ignored_health_errors=ignored_health_errors, sources=sources)
+
+
+def _conflicts(chosen: Mapping[str, Any], sources: Mapping[str, str]) -> list[str]:
+    """Settings that are each valid but cannot go together, naming both and where they came from."""
+
+    def named(name: str) -> str:
+        return f"{BY_NAME[name].key} ({sources[name]})"
+
+    problems = []
+    if chosen["reset_gpu"] and chosen["replicas"] > 0:
+        problems.append(
+            f"{named('reset_gpu')} cannot be combined with {named('replicas')} = {chosen['replicas']}: "
+            "a shared GPU cannot be reset under the containers that share it"
+        )
+    if chosen["replicas"] >= 2 and chosen["rename_by_default"]:
+        advertised = f"{chosen['resource_name']}.shared"
+        try:
+            values.resource_name(advertised)
+        except ValueError:
+            problems.append(
+                f"{named('resource_name')} with {named('rename_by_default')} is advertised as {advertised}, which "
+                "is not a valid extended resource name (the part after '/' is at most 63 characters)"
+            )
+    return problems
+
+
+def describe(config: Config) -> list[tuple[str, Any, str]]:
+    """(key, value, source) for every ix-config setting, for `list`."""
+    return [
+        (setting.key, getattr(config, setting.name), config.sources.get(setting.name, DEFAULT))
+        for setting in FILE_SETTINGS
+        if setting.key is not None
+    ]

@@ -1,0 +1,133 @@
+"""Parsers of setting values: each takes (value, from_text) and returns the typed value or raises
+ValueError saying what was expected. from_text is True for flags and environment variables, whose
+values are always strings; a config file gives YAML scalars and lists."""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+Parser = Callable[[Any, bool], Any]
+
+MIN_INTERVAL, MAX_INTERVAL = 0.1, 3600.0
+MAX_REPLICAS = 1024
+_TRUE = frozenset({"true", "yes", "on", "1"})
+_FALSE = frozenset({"false", "no", "off", "0"})
+_RESOURCE_NAME = re.compile(
+    r"^(?=.{1,253}/)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*"
+    r"/[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$"
+)
+
+
+def parse_bool(value: Any, from_text: bool = True) -> bool:
+    """true/false; as text also yes/no, on/off, 1/0 (any case)."""
+    if isinstance(value, bool):
+        return value
+    if from_text and isinstance(value, str) and value.strip().lower() in _TRUE | _FALSE:
+        return value.strip().lower() in _TRUE
+    raise ValueError("expected true or false")
+
+
+def text(value: Any, from_text: bool = True) -> str:
+    """Non-empty text without NUL characters."""
+    if not isinstance(value, str) or not value.strip():
+        raise ValueError("expected a non-empty value")
+    if "\0" in value:
+        raise ValueError("expected text without NUL characters")
+    return value
+
+
+def path(value: Any, from_text: bool = True) -> Path:
+    """A file or directory path."""
+    return Path(text(value))
+
+
+def path_or_off(value: Any, from_text: bool = True) -> Path | None:
+    """A path, or None for `off`."""
+    if isinstance(value, str) and value.strip().lower() == "off":
+        return None
+    return path(value)
+
+
+def choice(*allowed: str) -> Parser:
+    """A parser taking one of allowed (any case), returned in lower case."""
+
+    def parse(value: Any, from_text: bool = True) -> str:
+        if not isinstance(value, str) or value.strip().lower() not in allowed:
+            raise ValueError(f"expected one of {', '.join(allowed)}")
+        return value.strip().lower()
+
+    return parse
+
+
+def seconds(value: Any, from_text: bool = True) -> float:
+    """A number of seconds from MIN_INTERVAL to MAX_INTERVAL."""
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise ValueError("expected a number of seconds") from None
+    if isinstance(value, bool) or not math.isfinite(number) or not MIN_INTERVAL <= number <= MAX_INTERVAL:
+        raise ValueError(f"expected a number of seconds from {MIN_INTERVAL:g} to {MAX_INTERVAL:g}")
+    return number
+
+
+def seconds_or_off(value: Any, from_text: bool = True) -> float | None:
+    """Seconds, or None for `off`."""
+    if isinstance(value, str) and value.strip().lower() == "off":
+        return None
+    return seconds(value)
+
+
+def parse_address(address: str) -> tuple[str | None, int] | None:
+    """(host, port) for `HOST:PORT` or `:PORT`; None for `off`. Raises ValueError when malformed."""
+    if address.strip().lower() in {"off", "none", ""}:
+        return None
+    host, sep, port_text = address.rpartition(":")
+    if not sep or not (port_text.isascii() and port_text.isdigit()) or not 0 <= int(port_text) <= 65535:
+        raise ValueError("expected HOST:PORT, :PORT or off, with a port from 0 to 65535")
+    host = host.strip("[]")
+    return (host or None, int(port_text))
+
+
+def address(value: Any, from_text: bool = True) -> str:
+    """An address to listen on, as parse_address reads it."""
+    parse_address(text(value))
+    return value
+
+
+def replicas(value: Any, from_text: bool) -> int:
+    """Time-slicing replicas per GPU: 0 to MAX_REPLICAS."""
+    if from_text and isinstance(value, str):
+        digits = value.strip()
+        if digits.lstrip("-").isascii() and digits.lstrip("-").isdigit() and len(digits) <= 12:
+            value = int(digits)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError("expected a whole number >= 0")
+    if value < 0:
+        raise ValueError("expected a whole number >= 0 (0 or 1 means no sharing)")
+    if value > MAX_REPLICAS:
+        raise ValueError(f"expected at most {MAX_REPLICAS} replicas per GPU")
+    return value
+
+
+def resource_name(value: Any, from_text: bool = False) -> str:
+    """An extended resource name `<domain>/<name>` outside the kubernetes.io domain."""
+    if not isinstance(value, str) or not _RESOURCE_NAME.match(value):
+        raise ValueError("expected an extended resource name <domain>/<name>, such as iluvatar.com/gpu")
+    domain = value.split("/", 1)[0]
+    if domain in {"kubernetes.io", "k8s.io"} or domain.endswith(".kubernetes.io"):
+        raise ValueError("expected an extended resource name outside the kubernetes.io domain")
+    return value
+
+
+_POD_UID = re.compile(r"^[a-z0-9]([-a-z0-9]{0,62}[a-z0-9])?$")
+
+
+def pod_uid(value: Any, from_text: bool = True) -> str:
+    """A pod UID as the downward API gives it (lower-case letters, digits and dashes), safe in a file name."""
+    if not isinstance(value, str) or not _POD_UID.match(value.strip()):
+        raise ValueError("expected a pod UID such as 3f9a2c1e-7b4d-4c6e-9a1b-2d3e4f5a6b7c")
+    return value.strip()

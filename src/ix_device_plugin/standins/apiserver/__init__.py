@@ -1,0 +1,48 @@
+"""A stand-in for the Kubernetes API server: real HTTP on 127.0.0.1, the real REST paths, an in-memory store.
+
+It answers the paths and semantics the plugin's features use, as kube-apiserver does:
+- core v1 `configmaps`, `pods` (namespaced, and `/api/v1/pods` across namespaces) and `nodes`;
+- `resource.k8s.io` `resourceslices` (cluster-scoped) and `resourceclaims` (namespaced) under `v1`,
+  `v1beta1` and `v1beta2`, all versions sharing one store;
+- GET (one object or a list, with `fieldSelector` and `labelSelector`), POST (201, or 409 AlreadyExists),
+  PUT (409 Conflict when `metadata.resourceVersion` is stale), PATCH (merge patch and strategic merge
+  patch; lists are replaced whole, which is what strategic merge does for the fields used here), DELETE;
+- `?watch=true` on a collection (or on `/api/v1/nodes/{name}`): chunked JSON lines
+  `{"type": "ADDED|MODIFIED|DELETED|BOOKMARK|ERROR", "object": ...}` resuming after `resourceVersion`, an
+  ERROR event with a 410 Expired status when that version is older than the history kept, `timeoutSeconds`;
+- errors as `kind: Status` objects with `reason` and `code`; one global resourceVersion counter;
+- a bearer token (401 without it).
+
+Switches for tests: `unavailable` (every request answered 503), `delay` (seconds before every answer),
+`refuse()`/`accept()` (the port stops and starts listening; open connections are cut), `drop_watches()`,
+`compact()` (forget the history so old versions get 410), `watches_end` ("expired": every watch is answered
+410 Expired at once, as after a compaction; "at once": every watch ends at once, cleanly, with no event).
+`requests` records every request.
+`write_kubeconfig()` writes a kubeconfig pointing at it.
+"""
+
+from ix_device_plugin.standins.apiserver.protocol import (
+    KINDS,
+    TOKEN,
+    Kind,
+    Recorded,
+    StatusError,
+    field_matcher,
+    label_matcher,
+    merge_patch,
+    status_object,
+)
+from ix_device_plugin.standins.apiserver.server import ApiServerStandIn
+
+__all__ = [
+    "KINDS",
+    "TOKEN",
+    "ApiServerStandIn",
+    "Kind",
+    "Recorded",
+    "StatusError",
+    "field_matcher",
+    "label_matcher",
+    "merge_patch",
+    "status_object",
+]

@@ -1,0 +1,286 @@
+"""The API server stand-in's HTTP side: the real REST paths over real HTTP, and the switches tests turn."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import copy
+import json
+import socket
+import ssl
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Self
+
+from aiohttp import web
+
+from ix_device_plugin.standins.apiserver.protocol import (
+    CORE,
+    RESOURCE_GROUP,
+    RESOURCE_VERSIONS,
+    TOKEN,
+    Kind,
+    Object,
+    Recorded,
+    StatusError,
+    field_matcher,
+    label_matcher,
+    parse_path,
+    status_object,
+)
+from ix_device_plugin.standins.apiserver.store import Store, Watch
+
+BODY = web.RequestKey("body", object)  # the request's decoded JSON body
+
+
+class ApiServerStandIn(Store):
+    """The API server for tests: start(), then point a client at `url` (or a kubeconfig from write_kubeconfig)."""
+
+    def __init__(self, token: str = TOKEN, history: int = 1000, tls: tuple[Path, Path] | None = None) -> None:
+        super().__init__(history)
+        self.token = token
+        self.tls = tls  # (certificate, key) files: serve https
+        self.unavailable = False
+        self.delay = 0.0  # seconds every answer waits
+        self.watches_end: str | None = None  # "expired": every watch answered 410 at once; "at once": ended at once
+        self.requests: list[Recorded] = []
+        self._transports: set[asyncio.BaseTransport] = set()
+        self._runner: web.AppRunner | None = None
+        self._site: web.TCPSite | None = None
+        self.port = 0
+
+    # ---- life ------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Listen on 127.0.0.1 on a free port."""
+        app = web.Application(middlewares=[self._middleware])
+        app.router.add_route("*", "/api/{version}/{rest:.*}", self._core)
+        app.router.add_route("*", "/apis/{group}/{version}/{rest:.*}", self._grouped)
+        self._runner = web.AppRunner(app, handle_signals=False, access_log=None, shutdown_timeout=0.5)
+        await self._runner.setup()
+        self.port = _free_port()
+        await self.accept()
+
+    async def stop(self) -> None:
+        """Stop listening, end every watch and close every connection."""
+        self.drop_watches()
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+        self._site = None
+
+    async def __aenter__(self) -> Self:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *_: object) -> None:
+        await self.stop()
+
+    @property
+    def url(self) -> str:
+        """The server's address for a client."""
+        return f"{'https' if self.tls else 'http'}://127.0.0.1:{self.port}"
+
+    async def refuse(self) -> None:
+        """ "API server down": stop listening, end the watches and cut every open connection."""
+        if self._site is not None:
+            await self._site.stop()
+            self._site = None
+        self.drop_watches()
+        for transport in list(self._transports):
+            transport.abort()
+        self._transports.clear()
+
+    async def accept(self) -> None:
+        """Listen again on the same port."""
+        assert self._runner is not None, "start() first"
+        if self._site is None:
+            self._site = web.TCPSite(
+                self._runner, "127.0.0.1", self.port, reuse_address=True, ssl_context=self._ssl_context()
+            )
+            await self._site.start()
+
+    def _ssl_context(self) -> ssl.SSLContext | None:
+        if self.tls is None:
+            return None
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        context.load_cert_chain(*self.tls)
+        return context
+
+    def drop_watches(self) -> None:
+        """End every open watch stream, as an API server does when it restarts or times a watch out."""
+        for watch in list(self._watches):
+            watch.queue.put_nowait(None)
+
+    def write_kubeconfig(self, path: Path, namespace: str = "default") -> Path:
+        """A kubeconfig file pointing at this server (http, or https trusting its certificate) with the bearer token."""
+        cluster: Object = {"server": self.url}
+        if self.tls is not None:
+            cluster["certificate-authority"] = str(self.tls[0])
+        config = {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [{"name": "standin", "cluster": cluster}],
+            "users": [{"name": "standin", "user": {"token": self.token}}],
+            "contexts": [
+                {"name": "standin", "context": {"cluster": "standin", "user": "standin", "namespace": namespace}}
+            ],
+            "current-context": "standin",
+        }
+        path.write_text(json.dumps(config, indent=2))
+        return path
+
+    # ---- HTTP ------------------------------------------------------------------------------
+
+    @web.middleware
+    async def _middleware(self, request: web.Request, handler: Callable[[web.Request], Any]) -> web.StreamResponse:
+        if request.transport is not None:
+            self._transports.add(request.transport)
+        body: Any = None
+        if request.can_read_body:
+            raw = await request.read()
+            try:
+                body = json.loads(raw) if raw else None
+            except ValueError:
+                body = raw.decode(errors="replace")
+        request[BODY] = body
+        self.requests.append(Recorded(request.method, request.path, dict(request.query), request.content_type, body))
+        if self.delay:
+            await asyncio.sleep(self.delay)
+        try:
+            if self.unavailable:
+                raise StatusError(503, "ServiceUnavailable", "the server is currently unable to handle the request")
+            if request.headers.get("Authorization") != f"Bearer {self.token}":
+                raise StatusError(401, "Unauthorized", "Unauthorized")
+            return await handler(request)
+        except StatusError as error:
+            return _json(error.status(), status=error.code)
+
+    async def _core(self, request: web.Request) -> web.StreamResponse:
+        if request.match_info["version"] != "v1":
+            raise StatusError(404, "NotFound", "the server could not find the requested resource")
+        return await self._dispatch(request, CORE, request.match_info["rest"])
+
+    async def _grouped(self, request: web.Request) -> web.StreamResponse:
+        group, version = request.match_info["group"], request.match_info["version"]
+        if group != RESOURCE_GROUP or version not in RESOURCE_VERSIONS:
+            raise StatusError(404, "NotFound", "the server could not find the requested resource")
+        return await self._dispatch(request, group, request.match_info["rest"])
+
+    async def _dispatch(self, request: web.Request, group: str, rest: str) -> web.StreamResponse:
+        namespace, kind, name = parse_path(group, rest)
+        body = request[BODY]
+        if request.method == "GET" and request.query.get("watch") in ("true", "1"):
+            return await self._watch(request, kind, namespace, name)
+        if name is None:
+            if request.method == "GET":
+                return _json(self._list(request, kind, namespace))
+            if request.method == "POST":
+                return _json(self._create(kind, namespace, body), status=201)
+        else:
+            ns = namespace or ""
+            handlers: dict[str, Callable[[], Object]] = {
+                "GET": lambda: self._read(kind, ns, name),
+                "PUT": lambda: self._replace(kind, ns, name, body),
+                "PATCH": lambda: self._patch(kind, ns, name, body, request.content_type),
+                "DELETE": lambda: self._remove(kind, ns, name),
+            }
+            if request.method in handlers:
+                return _json(_as_version(handlers[request.method](), request))
+        raise StatusError(405, "MethodNotAllowed", "the server does not allow this method on the requested resource")
+
+    def _list(self, request: web.Request, kind: Kind, namespace: str | None) -> Object:
+        items = [_as_version(obj, request) for obj in self.matching(kind, namespace, _selectors(request))]
+        return {
+            "kind": f"{kind.kind}List",
+            "apiVersion": _api_version(request),
+            "metadata": {"resourceVersion": str(self._version)},
+            "items": items,
+        }
+
+    async def _watch(
+        self, request: web.Request, kind: Kind, namespace: str | None, name: str | None
+    ) -> web.StreamResponse:
+        matches = _selectors(request)
+        if name is not None:
+            by_name = matches
+            matches = lambda obj: obj["metadata"]["name"] == name and by_name(obj)  # noqa: E731
+        watch = Watch(kind.plural, namespace, matches)
+        backlog = self._hostile_answer() or self._backlog(watch, request.query.get("resourceVersion", ""))
+        response = web.StreamResponse(headers={"Content-Type": "application/json"})
+        response.enable_chunked_encoding()
+        await response.prepare(request)
+        self._watches.add(watch)
+        try:
+            timeout = float(request.query.get("timeoutSeconds") or 0) or None
+            await self._stream(response, request, watch, backlog, timeout)
+        finally:
+            self._watches.discard(watch)
+        return response
+
+    async def _stream(
+        self,
+        response: web.StreamResponse,
+        request: web.Request,
+        watch: Watch,
+        backlog: list[Object],
+        timeout: float | None,
+    ) -> None:
+        with contextlib.suppress(TimeoutError, ConnectionError):
+            async with asyncio.timeout(timeout):
+                for event in backlog:
+                    if event["type"] == _END:
+                        return
+                    await _send(response, event)
+                    if event["type"] == "ERROR":
+                        return
+                while (change := await watch.queue.get()) is not None:
+                    await _send(
+                        response, {"type": change.type, "object": _as_version(copy.deepcopy(change.object), request)}
+                    )
+        with contextlib.suppress(ConnectionError):
+            await response.write_eof()
+
+    def _hostile_answer(self) -> list[Object]:
+        """What a watch gets at once when the watches_end switch is on: a 410, or an end with no event."""
+        if self.watches_end == "expired":
+            message = f"too old resource version: {self._version} ({self._version + 1})"
+            return [{"type": "ERROR", "object": status_object(410, "Expired", message)}]
+        if self.watches_end == "at once":
+            return [{"type": _END}]
+        return []
+
+
+_END = "END"  # not sent: ends a watch stream cleanly before any event
+
+
+def _json(obj: Object, status: int = 200) -> web.Response:
+    # Exactly "application/json", as kube-apiserver sends: clients compare the header whole.
+    return web.Response(body=json.dumps(obj).encode(), status=status, headers={"Content-Type": "application/json"})
+
+
+async def _send(response: web.StreamResponse, event: Object) -> None:
+    await response.write(json.dumps(event).encode() + b"\n")
+
+
+def _selectors(request: web.Request) -> Callable[[Object], bool]:
+    fields = field_matcher(request.query.get("fieldSelector", ""))
+    labels = label_matcher(request.query.get("labelSelector", ""))
+    return lambda obj: fields(obj) and labels(obj)
+
+
+def _api_version(request: web.Request) -> str:
+    if request.path.startswith("/apis/"):
+        return f"{request.match_info['group']}/{request.match_info['version']}"
+    return "v1"
+
+
+def _as_version(obj: Object, request: web.Request) -> Object:
+    obj["apiVersion"] = _api_version(request)
+    return obj
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])

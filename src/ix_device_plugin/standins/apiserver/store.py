@@ -1,0 +1,296 @@
+"""The API server stand-in's store: objects, one resourceVersion counter, the watch history, and the semantics
+of each verb (conflicts, merge patches, 410 for a version older than the history kept)."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from ix_device_plugin.standins.apiserver.protocol import (
+    KINDS,
+    MERGE_PATCH,
+    STRATEGIC_PATCH,
+    Change,
+    Kind,
+    Object,
+    StatusError,
+    merge_patch,
+    not_found,
+    now,
+    object_body,
+    status_object,
+)
+
+
+@dataclass(eq=False)
+class Watch:
+    """One open watch: what it selects, and the queue its stream is fed from (None ends it)."""
+
+    plural: str
+    namespace: str | None
+    matches: Callable[[Object], bool]
+    queue: asyncio.Queue[Change | None] = field(default_factory=asyncio.Queue)
+
+
+class Store:
+    """Objects by kind, namespace and name; every change numbered and kept for watches."""
+
+    def __init__(self, history: int = 1000) -> None:
+        self.history_limit = history
+        self.device_taints = True  # False: ResourceSlice device taints are dropped on write (DRADeviceTaints off)
+        self._objects: dict[tuple[str, str, str], Object] = {}  # (plural, namespace or "", name) -> object
+        self._history: list[Change] = []
+        self._oldest_kept = 0  # versions at or below this are gone from the history
+        self._version = 0
+        self._watches: set[Watch] = set()
+
+    def compact(self) -> None:
+        """Forget the watch history: a watch from any version seen so far gets 410 Expired."""
+        self._history.clear()
+        self._oldest_kept = self._version
+
+    @property
+    def resource_version(self) -> int:
+        """The last resourceVersion given out."""
+        return self._version
+
+    def get(self, plural: str, name: str, namespace: str = "") -> Object | None:
+        """A copy of a stored object, or None."""
+        obj = self._objects.get((plural, namespace, name))
+        return copy.deepcopy(obj) if obj is not None else None
+
+    def objects(self, plural: str) -> list[Object]:
+        """Copies of every stored object of a kind."""
+        return [copy.deepcopy(obj) for (kind, _, _), obj in sorted(self._objects.items()) if kind == plural]
+
+    def put(self, plural: str, obj: Object) -> Object:
+        """Store obj (created or replaced without checks) and tell the watches; the stored copy."""
+        kind = next(kind for kind in KINDS if kind.plural == plural)
+        metadata = obj.setdefault("metadata", {})
+        namespace = metadata.get("namespace", "") if kind.namespaced else ""
+        key = (plural, namespace, metadata["name"])
+        existing = self._objects.get(key)
+        if existing is not None:
+            metadata.setdefault("uid", existing["metadata"]["uid"])
+            metadata.setdefault("creationTimestamp", existing["metadata"]["creationTimestamp"])
+        return self._store(kind, obj, "MODIFIED" if existing is not None else "ADDED")
+
+    def remove(self, plural: str, name: str, namespace: str = "") -> Object:
+        """Delete a stored object (a DELETED event); the object as deleted."""
+        kind = next(kind for kind in KINDS if kind.plural == plural)
+        return self._delete(kind, namespace, name)
+
+    def delete(self, plural: str, name: str, namespace: str = "") -> Object:
+        """Delete a stored object (a DELETED event); the object as it was."""
+        kind = next(kind for kind in KINDS if kind.plural == plural)
+        return self._delete(kind, namespace if kind.namespaced else "", name)
+
+    def add_node(self, name: str, labels: Mapping[str, str] | None = None) -> Object:
+        """Store a node with labels."""
+        return self.put(
+            "nodes", {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": dict(labels or {})}}
+        )
+
+    def set_node_labels(self, name: str, labels: Mapping[str, str]) -> Object:
+        """Replace a node's labels (a MODIFIED event)."""
+        node = self.get("nodes", name)
+        assert node is not None, f"no node {name}"
+        node["metadata"]["labels"] = dict(labels)
+        return self.put("nodes", node)
+
+    def add_pod(
+        self,
+        namespace: str,
+        name: str,
+        node: str,
+        *,
+        phase: str = "Running",
+        labels: Mapping[str, str] | None = None,
+        annotations: Mapping[str, str] | None = None,
+        limits: Mapping[str, Mapping[str, str]] | None = None,
+    ) -> Object:
+        """Store a pod bound to node; limits maps a container name to its resource limits."""
+        containers = [
+            {"name": container, "resources": {"limits": dict(limit)}} for container, limit in (limits or {}).items()
+        ]
+        pod = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {
+                "name": name,
+                "namespace": namespace,
+                "labels": dict(labels or {}),
+                "annotations": dict(annotations or {}),
+            },
+            "spec": {"nodeName": node, "containers": containers or [{"name": "main"}]},
+            "status": {"phase": phase},
+        }
+        return self.put("pods", pod)
+
+    def _store(self, kind: Kind, obj: Object, change: str) -> Object:
+        self._version += 1
+        metadata = obj["metadata"]
+        metadata["resourceVersion"] = str(self._version)
+        metadata.setdefault("uid", str(uuid.uuid4()))
+        metadata.setdefault("creationTimestamp", now())
+        if kind.namespaced:
+            metadata.setdefault("namespace", "default")
+        else:
+            metadata.pop("namespace", None)
+        obj.setdefault("kind", kind.kind)
+        key = (kind.plural, metadata.get("namespace", ""), metadata["name"])
+        self._objects[key] = copy.deepcopy(obj)
+        self._changed(kind.plural, change, obj)
+        return copy.deepcopy(obj)
+
+    def _delete(self, kind: Kind, namespace: str, name: str) -> Object:
+        obj = self._objects.pop((kind.plural, namespace, name))
+        self._version += 1
+        obj["metadata"]["resourceVersion"] = str(self._version)
+        self._changed(kind.plural, "DELETED", obj)
+        return obj
+
+    def _changed(self, plural: str, change_type: str, obj: Object) -> None:
+        change = Change(self._version, plural, change_type, copy.deepcopy(obj))
+        self._history.append(change)
+        if len(self._history) > self.history_limit:
+            dropped = self._history.pop(0)
+            self._oldest_kept = dropped.resource_version
+        for watch in self._watches:
+            if _watch_wants(watch, change):
+                watch.queue.put_nowait(change)
+
+    def matching(self, kind: Kind, namespace: str | None, matches: Callable[[Object], bool]) -> list[Object]:
+        """Copies of the objects of kind (in namespace; None: every one) that matches accepts."""
+        return [
+            copy.deepcopy(obj)
+            for (plural, ns, _), obj in sorted(self._objects.items())
+            if plural == kind.plural and (namespace is None or ns == namespace) and matches(obj)
+        ]
+
+    # ---- the verbs -------------------------------------------------------------------------
+
+    def _read(self, kind: Kind, namespace: str, name: str) -> Object:
+        obj = self._objects.get((kind.plural, namespace, name))
+        if obj is None:
+            raise not_found(kind, name)
+        return copy.deepcopy(obj)
+
+    def _create(self, kind: Kind, namespace: str | None, body: Any) -> Object:
+        obj = object_body(body)
+        metadata = obj.setdefault("metadata", {})
+        if "name" not in metadata and "generateName" in metadata:
+            metadata["name"] = metadata["generateName"] + uuid.uuid4().hex[:5]
+        name = metadata.get("name")
+        if not name:
+            raise StatusError(
+                422, "Invalid", f"{kind.kind} is invalid: metadata.name: Required value: name is required"
+            )
+        if kind.namespaced:
+            if namespace is None:
+                raise StatusError(405, "MethodNotAllowed", "create needs a namespace in the path")
+            metadata["namespace"] = namespace
+        if (kind.plural, namespace or "", name) in self._objects:
+            raise StatusError(
+                409, "AlreadyExists", f'{kind.plural} "{name}" already exists', {"name": name, "kind": kind.plural}
+            )
+        for server_field in ("resourceVersion", "uid", "creationTimestamp"):
+            metadata.pop(server_field, None)
+        return self._store(kind, self._admitted(kind, obj), "ADDED")
+
+    def _replace(self, kind: Kind, namespace: str, name: str, body: Any) -> Object:
+        current = self._read(kind, namespace, name)
+        obj = object_body(body)
+        metadata = obj.setdefault("metadata", {})
+        if metadata.get("name", name) != name:
+            raise StatusError(
+                400,
+                "BadRequest",
+                f"the name of the object ({metadata['name']}) does not match the name on the URL ({name})",
+            )
+        metadata["name"] = name
+        wanted = metadata.get("resourceVersion")
+        if wanted and wanted != current["metadata"]["resourceVersion"]:
+            raise StatusError(
+                409,
+                "Conflict",
+                f'Operation cannot be fulfilled on {kind.plural} "{name}": the object has been modified; '
+                "please apply your changes to the latest version and try again",
+                {"name": name, "kind": kind.plural},
+            )
+        metadata["uid"] = current["metadata"]["uid"]
+        metadata["creationTimestamp"] = current["metadata"]["creationTimestamp"]
+        if kind.namespaced:
+            metadata["namespace"] = namespace
+        return self._store(kind, self._admitted(kind, obj), "MODIFIED")
+
+    def _admitted(self, kind: Kind, obj: Object) -> Object:
+        """obj as the API server keeps it: without device taints when they are off."""
+        if kind.plural == "resourceslices" and not self.device_taints:
+            for device in (obj.get("spec") or {}).get("devices") or []:
+                device.pop("taints", None)
+        return obj
+
+    def _patch(self, kind: Kind, namespace: str, name: str, body: Any, content_type: str) -> Object:
+        current = self._read(kind, namespace, name)
+        if content_type not in (MERGE_PATCH, STRATEGIC_PATCH):
+            raise StatusError(
+                415, "UnsupportedMediaType", f"the body of the request was in an unknown format: {content_type}"
+            )
+        if not isinstance(body, dict):
+            raise StatusError(400, "BadRequest", "the patch is not a JSON object")
+        patched = merge_patch(current, body)
+        metadata = patched.setdefault("metadata", {})
+        metadata["name"] = name
+        metadata["uid"] = current["metadata"]["uid"]
+        wanted = body.get("metadata", {}).get("resourceVersion") if isinstance(body.get("metadata"), dict) else None
+        if wanted and wanted != current["metadata"]["resourceVersion"]:
+            raise StatusError(
+                409,
+                "Conflict",
+                f'Operation cannot be fulfilled on {kind.plural} "{name}": the object has been modified',
+            )
+        return self._store(kind, patched, "MODIFIED")
+
+    def _remove(self, kind: Kind, namespace: str, name: str) -> Object:
+        self._read(kind, namespace, name)
+        return self._delete(kind, namespace, name)
+
+    def _backlog(self, watch: Watch, since: str) -> list[Object]:
+        """What a new watch is sent first: every matching object (no version), the changes after since, or 410."""
+        if since in ("", "0"):
+            return [
+                {"type": "ADDED", "object": copy.deepcopy(obj)}
+                for (plural, ns, _), obj in sorted(self._objects.items())
+                if plural == watch.plural and (watch.namespace is None or ns == watch.namespace) and watch.matches(obj)
+            ]
+        try:
+            version = int(since)
+        except ValueError:
+            raise StatusError(400, "BadRequest", f'invalid resource version: "{since}"') from None
+        if version < self._oldest_kept:
+            message = f"too old resource version: {version} ({self._oldest_kept + 1})"
+            return [{"type": "ERROR", "object": status_object(410, "Expired", message)}]
+        return [
+            {"type": change.type, "object": copy.deepcopy(change.object)}
+            for change in self._history
+            if change.resource_version > version and _watch_wants(watch, change)
+        ]
+
+    def bookmark(self) -> None:
+        """Send every open watch a BOOKMARK event carrying the current resourceVersion."""
+        for watch in self._watches:
+            kind = next(kind for kind in KINDS if kind.plural == watch.plural)
+            obj = {"kind": kind.kind, "apiVersion": "v1", "metadata": {"resourceVersion": str(self._version)}}
+            watch.queue.put_nowait(Change(self._version, watch.plural, "BOOKMARK", obj))
+
+
+def _watch_wants(watch: Watch, change: Change) -> bool:
+    if change.plural != watch.plural:
+        return False
+    namespace = change.object.get("metadata", {}).get("namespace", "")
+    return (watch.namespace is None or namespace == watch.namespace) and watch.matches(change.object)

@@ -1,0 +1,1 @@
+"""Commands beside the daemon: list, demo."""

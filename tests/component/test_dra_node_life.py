@@ -1,0 +1,249 @@
+"""The DRA driver through what a node goes through: reboots, lost and hostile checkpoints, odd claims, monitoring."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import shutil
+import subprocess
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+from dra_support import DraNode
+
+from ix_device_plugin.dra.checkpoint import CHECKPOINT_FILE
+from ix_device_plugin.dra.claims import cdi_spec_file
+from ix_device_plugin.dra.slices import DRIVER
+from ix_device_plugin.runtime.errors import StartupError
+from ix_device_plugin.standins.apiserver import ApiServerStandIn
+
+
+@pytest.fixture
+async def api() -> AsyncIterator[ApiServerStandIn]:
+    async with ApiServerStandIn() as server:
+        yield server
+
+
+@pytest.fixture
+async def node(short_dir: Path, api: ApiServerStandIn) -> AsyncIterator[DraNode]:
+    dra_node = DraNode(short_dir, api)
+    yield dra_node
+    await dra_node.stop_all()
+
+
+def answer(response, uid: str):  # type: ignore[no-untyped-def]
+    return response.claims[uid]
+
+
+def checkpoint_path(node: DraNode) -> Path:
+    return node.root / "plugins" / DRIVER / CHECKPOINT_FILE
+
+
+async def test_a_reboot_writes_every_claim_spec_again_before_serving(
+    node: DraNode, api: ApiServerStandIn, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="ix_device_plugin.dra")
+    driver = await node.start()
+    await node.wait_slice(lambda devices: len(devices) == 4)
+    kubelet = await node.kubelet(driver)
+    claims = [node.claim("a", ["gpu-0"]), node.claim("b", ["gpu-2", "gpu-3"])]
+    before = {uid: answer(await kubelet.prepare([c]), uid) for c in claims for uid in [c[2]]}
+    specs = {c[2]: (node.cdi_dir / cdi_spec_file(c[2])).read_text() for c in claims}
+    await kubelet.close()
+    await node.stop(driver)
+    node.reboot()
+    await api.refuse()  # nothing the restored claims need comes from the API server
+    restarted = await node.start()
+    assert {c[2]: (node.cdi_dir / cdi_spec_file(c[2])).read_text() for c in claims} == specs  # before any call
+    assert "restored 2 prepared claims" in caplog.text and "(2 from an earlier boot)" in caplog.text
+    kubelet = await node.kubelet(restarted)
+    for claim in claims:
+        assert answer(await kubelet.prepare([claim]), claim[2]) == before[claim[2]]
+    assert json.loads(checkpoint_path(node).read_text())["bootID"] == node.boot_id_file.read_text().strip()
+    await api.accept()
+    await kubelet.close()
+
+
+async def test_a_prepare_writes_a_missing_spec_again(node: DraNode) -> None:
+    driver = await node.start()
+    await node.wait_slice(lambda devices: len(devices) == 4)
+    kubelet = await node.kubelet(driver)
+    claim = node.claim("c", ["gpu-1"])
+    first = answer(await kubelet.prepare([claim]), claim[2])
+    spec = node.cdi_dir / cdi_spec_file(claim[2])
+    text = spec.read_text()
+    spec.unlink()  # what a reboot does, seen by a driver that did not restart
+    assert answer(await kubelet.prepare([claim]), claim[2]) == first
+    assert spec.read_text() == text
+    await kubelet.close()
+
+
+async def test_a_corrupt_checkpoint_is_moved_aside_and_its_claims_rebuilt_from_their_specs(
+    node: DraNode, caplog: pytest.LogCaptureFixture
+) -> None:
+    driver = await node.start()
+    await node.wait_slice(lambda devices: len(devices) == 4)
+    kubelet = await node.kubelet(driver)
+    claim = node.claim("held", ["gpu-2"])
+    first = answer(await kubelet.prepare([claim]), claim[2])
+    await kubelet.close()
+    await node.stop(driver)
+    checkpoint_path(node).write_bytes(b'{"version": 1, "claims": {"\xff\xfe": 1}}')  # not UTF-8
+    restarted = await node.start()
+    assert list(checkpoint_path(node).parent.glob(f"{CHECKPOINT_FILE}.corrupt-*"))
+    assert "1 claims rebuilt from their CDI specs" in caplog.text
+    kubelet = await node.kubelet(restarted)
+    rival = node.claim("rival", ["gpu-2"])
+    assert "is prepared for claim" in answer(await kubelet.prepare([rival]), rival[2]).error  # still held
+    assert answer(await kubelet.prepare([claim]), claim[2]) == first  # read again, complete again
+    assert restarted.state.claims[claim[2]].complete
+    await kubelet.close()
+
+
+async def test_a_checkpoint_of_a_newer_driver_stops_the_start_and_is_kept(node: DraNode) -> None:
+    path = checkpoint_path(node)
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps({"version": 2, "claims": {"u": {}}}))
+    with pytest.raises(StartupError, match="checkpoint version 2 was written by a newer driver"):
+        await node.start()
+    assert json.loads(path.read_text())["version"] == 2
+
+
+async def test_one_malformed_claim_fails_alone_and_a_hostile_uid_names_no_file(
+    node: DraNode, api: ApiServerStandIn, short_dir: Path
+) -> None:
+    driver = await node.start()
+    await node.wait_slice(lambda devices: len(devices) == 4)
+    kubelet = await node.kubelet(driver)
+    good = node.claim("good", ["gpu-0"])
+    bad = node.claim("bad", ["gpu-1"])
+    stored = api.get("resourceclaims", "bad", "default")
+    assert stored is not None
+    stored["status"]["allocation"]["devices"]["results"] = "not a list"
+    api.put("resourceclaims", stored)
+    hostile = ("default", "evil", "../../escape")
+    response = await kubelet.prepare([good, bad, hostile])
+    assert answer(response, good[2]).error == "" and len(answer(response, good[2]).devices) == 1
+    assert "results is not a list" in answer(response, bad[2]).error
+    assert "invalid UID" in answer(response, hostile[2]).error
+    assert not list(short_dir.rglob("*escape*"))
+    await kubelet.close()
+
+
+async def test_an_admin_claim_shares_a_chip_with_its_workload_and_leaves_it_alone(node: DraNode) -> None:
+    driver = await node.start()
+    await node.wait_slice(lambda devices: len(devices) == 4)
+    kubelet = await node.kubelet(driver)
+    workload = node.claim("workload", ["gpu-1"])
+    monitor = node.claim("monitor", ["gpu-1"], admin_access=True)
+    rival = node.claim("rival", ["gpu-1"])
+    assert answer(await kubelet.prepare([workload]), workload[2]).error == ""
+    prepared = answer(await kubelet.prepare([monitor]), monitor[2])
+    assert prepared.error == "" and [d.device_name for d in prepared.devices] == ["gpu-1"]
+    assert "is prepared for claim default/workload" in answer(await kubelet.prepare([rival]), rival[2]).error
+    assert answer(await kubelet.unprepare([monitor]), monitor[2]).error == ""
+    assert (node.cdi_dir / cdi_spec_file(workload[2])).exists()
+    assert not (node.cdi_dir / cdi_spec_file(monitor[2])).exists()
+    assert "is prepared for claim default/workload" in answer(await kubelet.prepare([rival]), rival[2]).error
+    spec = yaml.safe_load((node.cdi_dir / cdi_spec_file(workload[2])).read_text())
+    assert spec["devices"][0]["containerEdits"]["deviceNodes"][0]["path"] == "/dev/iluvatar1"
+    await kubelet.close()
+
+
+@pytest.fixture
+def small_tmpfs(short_dir: Path) -> Iterator[Path]:
+    """A 256 KiB tmpfs (root only), unmounted afterwards."""
+    mount = short_dir / "plugins"
+    mount.mkdir()
+    if os.geteuid() != 0 or shutil.which("mount") is None:
+        pytest.skip("mounting a tmpfs needs root")
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(mount)], capture_output=True)
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.decode().strip()}")
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+def fill(directory: Path) -> Path:
+    """Fill the file system under directory; the filler file, to remove later."""
+    filler = directory / "filler"
+    descriptor = os.open(filler, os.O_WRONLY | os.O_CREAT)
+    try:
+        with contextlib.suppress(OSError):
+            while True:
+                os.write(descriptor, b"\0" * 4096)
+    finally:
+        os.close(descriptor)
+    return filler
+
+
+async def test_a_full_disk_fails_the_prepare_and_the_unprepare_and_loses_no_chip(
+    small_tmpfs: Path, node: DraNode
+) -> None:
+    driver = await node.start()
+    await node.wait_slice(lambda devices: len(devices) == 4)
+    kubelet = await node.kubelet(driver)
+    kept = node.claim("kept", ["gpu-0"])
+    assert answer(await kubelet.prepare([kept]), kept[2]).error == ""
+    filler = fill(small_tmpfs)
+    lost = node.claim("lost", ["gpu-1"])
+    assert "No space left on device" in answer(await kubelet.prepare([lost]), lost[2]).error
+    assert "No space left on device" in answer(await kubelet.prepare([lost]), lost[2]).error  # a retry too
+    assert lost[2] not in driver.state.claims and not (node.cdi_dir / cdi_spec_file(lost[2])).exists()
+    assert "No space left on device" in answer(await kubelet.unprepare([kept]), kept[2]).error
+    assert kept[2] in driver.state.claims
+    await kubelet.close()
+    await node.stop(driver)
+    filler.unlink()
+    restarted = await node.start()
+    kubelet = await node.kubelet(restarted)
+    rival = node.claim("rival", ["gpu-0"])
+    assert "is prepared for claim default/kept" in answer(await kubelet.prepare([rival]), rival[2]).error
+    other = node.claim("other", ["gpu-1"])
+    assert answer(await kubelet.prepare([other]), other[2]).error == ""  # gpu-1 was never handed out
+    await kubelet.close()
+
+
+async def test_two_drivers_overlapping_in_an_update_fail_no_prepare(node: DraNode) -> None:
+    old = await node.start(pod_uid="pod-old")
+    await node.wait_slice(lambda devices: len(devices) == 4)
+    new = await node.start(pod_uid="pod-new")
+    assert old.registrar_socket != new.registrar_socket and old.endpoint != new.endpoint
+    assert old.registrar_socket.is_socket() and new.registrar_socket.is_socket()  # both serve at once
+    to_old, to_new = await node.kubelet(old), await node.kubelet(new)
+    claims = [node.claim(f"c{i}", [f"gpu-{i % 4}"]) for i in range(8)]  # two claims want each chip
+    calls = [(to_old if i % 2 else to_new).prepare([claim]) for i, claim in enumerate(claims)]
+    answers = [answer(response, claim[2]) for response, claim in zip(await asyncio.gather(*calls), claims, strict=True)]
+    won = [claim for claim, result in zip(claims, answers, strict=True) if not result.error]
+    assert len(won) == 4  # one claim per chip, whichever driver answered
+    assert all("is prepared for claim" in result.error for result in answers if result.error)
+    await to_old.close()
+    await node.stop(old)  # the old pod ends; its sockets go, the new driver's stay
+    assert not old.registrar_socket.exists() and new.registrar_socket.is_socket()
+    for claim in won:  # the new driver knows every claim the old one prepared
+        assert answer(await to_new.prepare([claim]), claim[2]).error == ""
+        assert answer(await to_new.unprepare([claim]), claim[2]).error == ""
+    assert new.state.claims == {} and list(node.cdi_dir.glob("*.yaml")) == []
+    await to_new.close()
+
+
+async def test_slices_deleted_by_a_restarting_kubelet_are_published_again_at_registration(
+    node: DraNode, api: ApiServerStandIn
+) -> None:
+    driver = await node.start()
+    await node.wait_slice(lambda devices: len(devices) == 4)
+    for stored in list(api.objects("resourceslices")):
+        api.delete("resourceslices", stored["metadata"]["name"])  # what the kubelet does when it starts
+    assert node.slice() is None
+    kubelet = await node.kubelet(driver)  # the restarted kubelet registers the driver again
+    await node.wait_slice(lambda devices: len(devices) == 4, timeout=2)
+    assert node.slice()["metadata"]["ownerReferences"][0]["kind"] == "Node"
+    assert driver.registration.registrations == 1
+    await kubelet.close()

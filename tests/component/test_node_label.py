@@ -1,0 +1,137 @@
+"""NodeLabelWatcher: one label of this node, followed through the one API connection, outages and a missing node."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from pathlib import Path
+
+import pytest
+
+from ix_device_plugin.apiserver.connection import ApiConnection
+from ix_device_plugin.apiserver.nodelabel import NodeLabelWatcher
+from ix_device_plugin.apiserver.settings import settings_from
+from ix_device_plugin.runtime.backoff import Backoff
+from ix_device_plugin.standins.apiserver import ApiServerStandIn
+
+NODE = "gpu-node-1"
+LABEL = "iluvatar.com/device-plugin.config"
+FAST = Backoff(initial=0.05, cap=0.2)
+
+
+@pytest.fixture
+async def apiserver():
+    async with ApiServerStandIn() as server:
+        server.add_node(NODE, {"kubernetes.io/hostname": NODE})
+        yield server
+
+
+@pytest.fixture
+async def api(apiserver: ApiServerStandIn, tmp_path: Path):
+    kubeconfig = apiserver.write_kubeconfig(tmp_path / "kubeconfig")
+    connection = ApiConnection(settings_from({"NODE_NAME": NODE}, str(kubeconfig), "test"), FAST)
+    yield connection
+    await connection.close()
+
+
+async def _eventually(predicate, timeout: float = 10.0) -> None:
+    async with asyncio.timeout(timeout):
+        while not predicate():
+            await asyncio.sleep(0.02)
+
+
+class _Puts:
+    def __init__(self) -> None:
+        self.values: list[str | None] = []
+
+    def __call__(self, value: str | None) -> None:
+        self.values.append(value)
+
+    async def wait(self, *expected: str | None) -> None:
+        await _eventually(lambda: tuple(self.values) == expected)
+
+
+async def _run_watcher(api: ApiConnection, puts: _Puts) -> asyncio.Task[None]:
+    return asyncio.create_task(NodeLabelWatcher(api, LABEL).run(puts))
+
+
+async def _stop(task: asyncio.Task[None]) -> None:
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+
+
+async def test_node_label_watcher_puts_the_value_and_each_change(api, apiserver):
+    puts = _Puts()
+    task = await _run_watcher(api, puts)
+    await puts.wait(None)
+    await _eventually(lambda: any(r.query.get("watch") == "true" for r in apiserver.requests))
+    apiserver.set_node_labels(NODE, {LABEL: "small"})
+    await puts.wait(None, "small")
+    apiserver.set_node_labels(NODE, {LABEL: "small", "other": "x"})  # another label: nothing to put
+    apiserver.set_node_labels(NODE, {LABEL: "large", "other": "x"})
+    await puts.wait(None, "small", "large")
+    apiserver.set_node_labels(NODE, {"other": "x"})
+    await puts.wait(None, "small", "large", None)
+    await _stop(task)
+
+
+async def test_node_label_watcher_survives_the_api_server_down(api, apiserver, caplog):
+    apiserver.set_node_labels(NODE, {LABEL: "before"})
+    puts = _Puts()
+    watcher = NodeLabelWatcher(api, LABEL)
+    with caplog.at_level(logging.WARNING, logger="ix_device_plugin.apiserver.watch"):
+        task = asyncio.create_task(watcher.run(puts))
+        await puts.wait("before")
+        await _eventually(lambda: any(r.query.get("watch") == "true" for r in apiserver.requests))
+        await apiserver.refuse()
+        apiserver.set_node_labels(NODE, {LABEL: "during"})
+        await _eventually(lambda: watcher.mirror.backoff.attempt >= 4)  # several retries against a closed port
+        assert not task.done()
+        await apiserver.accept()
+        await puts.wait("before", "during")
+        apiserver.set_node_labels(NODE, {LABEL: "after"})
+        await puts.wait("before", "during", "after")
+        await _stop(task)
+    messages = [r.getMessage() for r in caplog.records]
+    assert any("cannot reach the API server" in message for message in messages), messages
+    assert len(messages) == len(set(messages)) < 4, messages  # each distinct problem once, not once per retry
+    assert all(message.startswith(f"label {LABEL} of node {NODE}: ") for message in messages)
+
+
+async def test_node_label_watcher_waits_out_503_and_a_missing_node(api, apiserver, caplog):
+    apiserver.unavailable = True
+    puts = _Puts()
+    with caplog.at_level(logging.WARNING, logger="ix_device_plugin.apiserver.watch"):
+        task = await _run_watcher(api, puts)
+        await _eventually(lambda: len(apiserver.requests) >= 3)
+        apiserver.unavailable = False
+        await puts.wait(None)
+        await _stop(task)
+        apiserver._objects.clear()
+        puts = _Puts()
+        task = await _run_watcher(api, puts)
+        await _eventually(lambda: any("404" in r.getMessage() for r in caplog.records))
+        apiserver.add_node(NODE, {LABEL: "new-node"})
+        await puts.wait("new-node")
+    messages = [r.getMessage() for r in caplog.records]
+    assert sum("503" in message for message in messages) == 1
+    assert sum("404" in message for message in messages) == 1
+    await _stop(task)
+
+
+async def test_an_unusable_kubeconfig_is_named_and_waited_out(apiserver, tmp_path, caplog):
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text("{not yaml: [")
+    api = ApiConnection(settings_from({"NODE_NAME": NODE}, str(kubeconfig), "test"), FAST)
+    puts = _Puts()
+    with caplog.at_level(logging.WARNING, logger="ix_device_plugin.apiserver.watch"):
+        task = await _run_watcher(api, puts)
+        await _eventually(lambda: any(str(kubeconfig) in r.getMessage() for r in caplog.records))
+        assert not task.done() and puts.values == []
+        await _stop(task)
+    message = next(r.getMessage() for r in caplog.records)
+    assert message.startswith(f"label {LABEL} of node {NODE}: kubeconfig {kubeconfig}: ")
+    assert "cannot reach" not in message  # the API server was never tried
+    assert apiserver.requests == []
+    await api.close()

@@ -1,0 +1,199 @@
+"""Volcano mode follows the node's pods and its ConfigMap with watches: at rest it asks the API server nothing,
+Allocate reads the watch's view, and the ConfigMap is written only when what it says changes."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+import grpc
+import pytest
+from volcano_support import CHIP_A, CHIP_B, CONFIG_MAP, NAMESPACE, NODE, devices, placed, published, start_volcano
+
+from ix_device_plugin.deviceplugin.features import hook
+from ix_device_plugin.deviceplugin.features.volcano import (
+    DEV_KUBELET,
+    DEV_REAL_ALLOC,
+    DEV_VOLCANO,
+    DEVICE_INFO_KEY,
+    DEVICE_LIST_KEY,
+    PREDICATE_TIME,
+)
+from ix_device_plugin.standins.apiserver import ApiServerStandIn, Recorded
+from ix_device_plugin.standins.kubelet import KubeletStandIn
+from ix_device_plugin.standins.podresources import PodResourcesStandIn
+
+from support import RESOURCE, DaemonFactory, until
+
+
+@pytest.fixture
+async def apiserver():  # type: ignore[no-untyped-def]
+    async with ApiServerStandIn() as server:
+        server.add_node(NODE)
+        yield server
+
+
+@pytest.fixture
+async def pod_resources(short_dir: Path):  # type: ignore[no-untyped-def]
+    standin = PodResourcesStandIn(short_dir / "pod-resources" / "kubelet.sock")
+    await standin.start()
+    yield standin
+    await standin.stop()
+
+
+@pytest.fixture
+def frequent_passes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A pass every 50 ms instead of every 5 s: whatever a pass asks at rest shows a hundredfold."""
+    monkeypatch.setattr(hook, "PASS_PERIOD", 0.05)
+
+
+def _is_watch(request: Recorded) -> bool:
+    return request.query.get("watch") == "true"
+
+
+def _writes(requests: list[Recorded]) -> list[Recorded]:
+    return [r for r in requests if r.method in ("POST", "PUT", "PATCH") and "/configmaps" in r.path]
+
+
+def _pod_lists(requests: list[Recorded]) -> list[Recorded]:
+    return [r for r in requests if r.path == "/api/v1/pods" and r.method == "GET" and not _is_watch(r)]
+
+
+def _device_list(apiserver: ApiServerStandIn) -> list[str] | None:
+    """DeviceListCfg's devices, None while the ConfigMap does not have a readable one."""
+    found = apiserver.get("configmaps", CONFIG_MAP, NAMESPACE) or {"data": {}}
+    try:
+        return json.loads(found["data"].get(DEVICE_LIST_KEY, ""))["DeviceList"]
+    except ValueError:
+        return None
+
+
+async def _started(kubelet: KubeletStandIn, apiserver: ApiServerStandIn) -> None:
+    """Registered, the ConfigMap written and both watches open."""
+    await kubelet.wait_registered(RESOURCE, capacity=2)
+    await until(lambda: DEVICE_INFO_KEY in published(apiserver), timeout=10)
+    await until(lambda: sum(_is_watch(r) for r in apiserver.requests) >= 2, timeout=10)
+
+
+async def test_at_rest_volcano_mode_asks_the_api_server_and_the_kubelet_nothing(
+    kubelet: KubeletStandIn,
+    start_daemon: DaemonFactory,
+    apiserver: ApiServerStandIn,
+    pod_resources: PodResourcesStandIn,
+    short_dir: Path,
+    tmp_path: Path,
+    frequent_passes: None,
+) -> None:
+    annotations = {DEV_VOLCANO: CHIP_A, PREDICATE_TIME: "7", DEV_KUBELET: CHIP_A, DEV_REAL_ALLOC: CHIP_A}
+    apiserver.add_pod("ml", "running", NODE, annotations=annotations, limits={"main": {RESOURCE: "1"}})
+    apiserver.add_pod("ml", "no-gpu", NODE)
+    await start_volcano(start_daemon, apiserver, pod_resources, short_dir, tmp_path)
+    await _started(kubelet, apiserver)
+    await asyncio.sleep(0.3)
+    first, calls = len(apiserver.requests), pod_resources.calls
+    await asyncio.sleep(1.0)  # about 20 passes
+    assert [(r.method, r.path) for r in apiserver.requests[first:]] == []
+    assert pod_resources.calls == calls  # every pod that needs devices has its annotations
+    assert published(apiserver)[DEVICE_LIST_KEY]["DeviceList"] == [CHIP_B]  # A is held by the running pod
+    assert len(_pod_lists(apiserver.requests)) == 1 and len(_writes(apiserver.requests)) == 1
+
+
+async def test_only_what_changed_is_written_each_time_with_a_newer_update_time(
+    kubelet: KubeletStandIn,
+    start_daemon: DaemonFactory,
+    apiserver: ApiServerStandIn,
+    pod_resources: PodResourcesStandIn,
+    short_dir: Path,
+    tmp_path: Path,
+) -> None:
+    await start_volcano(start_daemon, apiserver, pod_resources, short_dir, tmp_path)
+    await _started(kubelet, apiserver)
+    before = published(apiserver)
+    devices(tmp_path / "devices.yaml", unhealthy=(CHIP_B,))  # the simulated backend reads it at every poll
+    await until(lambda: published(apiserver)[DEVICE_LIST_KEY]["DeviceList"] == [CHIP_A], timeout=10)
+    after = published(apiserver)
+    assert after[DEVICE_LIST_KEY]["UpdateTime"] > before[DEVICE_LIST_KEY]["UpdateTime"]
+    assert after[DEVICE_INFO_KEY] == before[DEVICE_INFO_KEY]  # the GPUs and links are the same: not rewritten
+    first, second = _writes(apiserver.requests)
+    assert (first.method, set(first.body["data"])) == ("POST", {DEVICE_INFO_KEY, DEVICE_LIST_KEY})
+    assert (second.method, set(second.body["data"])) == ("PATCH", {DEVICE_LIST_KEY})
+
+
+async def test_a_deleted_or_edited_config_map_is_written_again(
+    kubelet: KubeletStandIn,
+    start_daemon: DaemonFactory,
+    apiserver: ApiServerStandIn,
+    pod_resources: PodResourcesStandIn,
+    short_dir: Path,
+    tmp_path: Path,
+) -> None:
+    await start_volcano(start_daemon, apiserver, pod_resources, short_dir, tmp_path)
+    await _started(kubelet, apiserver)
+    good = published(apiserver)
+    apiserver.remove("configmaps", CONFIG_MAP, NAMESPACE)
+    await until(lambda: DEVICE_INFO_KEY in published(apiserver), timeout=10)
+    assert published(apiserver)[DEVICE_LIST_KEY]["DeviceList"] == good[DEVICE_LIST_KEY]["DeviceList"]
+    edited = apiserver.get("configmaps", CONFIG_MAP, NAMESPACE)
+    assert edited is not None
+    edited["data"][DEVICE_LIST_KEY] = "not what the plugin wrote"
+    apiserver.put("configmaps", edited)
+    await until(lambda: _device_list(apiserver) == [CHIP_A, CHIP_B])
+    assert [r.method for r in _writes(apiserver.requests)] == ["POST", "POST", "PATCH"]
+
+
+async def test_a_restart_finding_the_config_map_current_writes_nothing(
+    kubelet: KubeletStandIn,
+    start_daemon: DaemonFactory,
+    apiserver: ApiServerStandIn,
+    pod_resources: PodResourcesStandIn,
+    short_dir: Path,
+    tmp_path: Path,
+) -> None:
+    daemon = await start_volcano(start_daemon, apiserver, pod_resources, short_dir, tmp_path)
+    await _started(kubelet, apiserver)
+    await daemon.shutdown()
+    first = len(apiserver.requests)
+    await start_volcano(start_daemon, apiserver, pod_resources, short_dir, tmp_path)
+    await until(lambda: sum(_is_watch(r) for r in apiserver.requests[first:]) >= 2, timeout=10)
+    await asyncio.sleep(0.5)
+    assert _writes(apiserver.requests[first:]) == []
+
+
+async def test_allocate_reads_the_watch_and_waits_for_a_pod_placed_just_now(
+    kubelet: KubeletStandIn,
+    start_daemon: DaemonFactory,
+    apiserver: ApiServerStandIn,
+    pod_resources: PodResourcesStandIn,
+    short_dir: Path,
+    tmp_path: Path,
+) -> None:
+    await start_volcano(start_daemon, apiserver, pod_resources, short_dir, tmp_path)
+    await _started(kubelet, apiserver)
+    allocating = asyncio.create_task(kubelet.allocate(RESOURCE, [[CHIP_A]]))
+    await asyncio.sleep(0.3)  # Allocate is waiting for the watch to bring a pod
+    placed(apiserver, "just-now", CHIP_B, "10")
+    response = await allocating
+    assert response.container_responses[0].envs["IX_VISIBLE_DEVICES"] == CHIP_B
+    placed(apiserver, "next", CHIP_A, "11")
+    response = await kubelet.allocate(RESOURCE, [[CHIP_B]])
+    assert response.container_responses[0].envs["IX_VISIBLE_DEVICES"] == CHIP_A
+    assert len(_pod_lists(apiserver.requests)) == 1  # the watch's first read: Allocate lists nothing
+
+
+async def test_allocate_without_a_view_of_the_pods_says_why(
+    kubelet: KubeletStandIn,
+    start_daemon: DaemonFactory,
+    apiserver: ApiServerStandIn,
+    pod_resources: PodResourcesStandIn,
+    short_dir: Path,
+    tmp_path: Path,
+) -> None:
+    await apiserver.refuse()
+    await start_volcano(start_daemon, apiserver, pod_resources, short_dir, tmp_path)
+    await kubelet.wait_registered(RESOURCE, capacity=2)
+    with pytest.raises(grpc.aio.AioRpcError) as refused:
+        await kubelet.allocate(RESOURCE, [[CHIP_A]])
+    details = refused.value.details() or ""
+    assert details.startswith(f"Volcano mode: the pods on node {NODE} are not known yet: list pods in every namespace")
+    assert f"cannot reach the API server at {apiserver.url}" in details

@@ -1,0 +1,93 @@
+"""A real CDI consumer for DRA: podman starts containers with the CDI IDs NodePrepareResources answered.
+
+The GPU nodes are stand-ins (character devices with /dev/null's numbers) under the node's dev root.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+from container_support import IMAGE, PodmanSandbox, make_char_device, podman_unavailable
+from dra_support import DraNode
+
+from ix_device_plugin.standins.apiserver import ApiServerStandIn
+
+pytestmark = pytest.mark.skipif(podman_unavailable() is not None, reason=str(podman_unavailable()))
+
+
+@pytest.fixture(scope="module")
+def podman() -> Iterator[PodmanSandbox]:
+    directory = Path(tempfile.mkdtemp(prefix="ix-dra-podman-"))
+    sandbox = PodmanSandbox(directory)
+    try:
+        sandbox.import_busybox()
+        probe = sandbox.run(IMAGE, "ls", "/")
+        if probe.returncode != 0:
+            pytest.skip(f"podman cannot run containers here: {probe.stderr.strip().splitlines()[-1:]}")
+        yield sandbox
+    finally:
+        sandbox.close()
+
+
+@pytest.fixture
+async def node(short_dir: Path, podman: PodmanSandbox) -> AsyncIterator[DraNode]:
+    for name in ("iluvatar0", "iluvatar1", "iluvatar2", "iluvatar3", "itrctl"):
+        make_char_device(short_dir / "dev" / name)
+    async with ApiServerStandIn() as api:
+        dra_node = DraNode(short_dir, api)
+        dra_node.cdi_dir = podman.cdi_dir
+        yield dra_node
+        await dra_node.stop_all()
+
+
+def container_view(podman: PodmanSandbox, cdi_ids: list[str]) -> tuple[set[str], str]:
+    """(GPU nodes and itrctl in /dev, IX_VISIBLE_DEVICES) of a container given cdi_ids."""
+    devices = [f"--device={cdi_id}" for cdi_id in cdi_ids]
+    result = podman.run(*devices, IMAGE, "sh", "-c", "ls /dev; echo VISIBLE=$IX_VISIBLE_DEVICES")
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.split()
+    visible = next(line for line in lines if line.startswith("VISIBLE="))[len("VISIBLE=") :]
+    return {name for name in lines if name.startswith(("iluvatar", "itrctl"))}, visible
+
+
+@pytest.mark.parametrize(
+    ("devices", "nodes"),
+    [(["gpu-1"], {"iluvatar1"}), (["gpu-2", "gpu-3"], {"iluvatar2", "iluvatar3"})],
+    ids=["one-chip", "whole-board"],
+)
+async def test_a_prepared_claim_reaches_the_container_as_its_device_nodes(
+    node: DraNode, podman: PodmanSandbox, devices: list[str], nodes: set[str]
+) -> None:
+    driver = await node.start()
+    await node.wait_slice(lambda listed: len(listed) == 4)
+    kubelet = await node.kubelet(driver)
+    claim = node.claim("claim", devices)
+    result = (await kubelet.prepare([claim])).claims[claim[2]]
+    assert result.error == ""
+    cdi_ids = [cdi_id for device in result.devices for cdi_id in device.cdi_device_ids]
+    seen, visible = container_view(podman, cdi_ids)
+    assert seen == {*nodes, "itrctl"}
+    uuids = {name: d["attributes"]["uuid"]["string"] for name, d in node.slice_devices().items()}
+    assert visible == ",".join(uuids[name] for name in devices)
+    await kubelet.unprepare([claim])
+    refused = podman.run(*[f"--device={cdi_id}" for cdi_id in cdi_ids], IMAGE, "ls", "/dev")
+    assert refused.returncode != 0  # unprepared: the runtime no longer knows the claim's devices
+    await kubelet.close()
+
+
+async def test_two_pods_sharing_a_claim_get_the_same_chip(node: DraNode, podman: PodmanSandbox) -> None:
+    driver = await node.start()
+    await node.wait_slice(lambda listed: len(listed) == 4)
+    kubelet = await node.kubelet(driver)
+    claim = node.claim("shared", ["gpu-0"])
+    first = (await kubelet.prepare([claim])).claims[claim[2]]
+    second = (await kubelet.prepare([claim])).claims[claim[2]]
+    views = [
+        container_view(podman, [i for d in answer.devices for i in d.cdi_device_ids]) for answer in (first, second)
+    ]
+    assert views[0] == views[1]
+    assert views[0][0] == {"iluvatar0", "itrctl"}
+    await kubelet.close()

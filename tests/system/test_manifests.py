@@ -1,0 +1,473 @@
+"""The Kubernetes manifests and the Helm chart: valid API objects that agree with each other and the plugin."""
+
+from __future__ import annotations
+
+import copy
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from manifest_support import (
+    CHART_DIR,
+    STATIC_DIR,
+    by_kind,
+    load_file,
+    load_render_module,
+    only,
+    pod_spec,
+    schema_errors,
+)
+
+from ix_device_plugin import __version__
+from ix_device_plugin.settings.argv import parse_command_line
+from ix_device_plugin.settings.configfile import parse_text
+from ix_device_plugin.settings.resolve import Resolved, config_from, resolve
+from ix_device_plugin.settings.table import DEFAULT_RESOURCE_NAME, RUN, SETTINGS, settings_of
+
+render = load_render_module()
+
+PLUGIN_DIR = "/var/lib/kubelet/device-plugins"
+CONFIG_MOUNT = "/ixconfig"
+CONFIG_KEY = "ix-config"
+HEALTH_PORT = 8080
+KNOWN_CONFIG_KEYS = {setting.key for setting in SETTINGS if setting.key} | {
+    "resourceName",
+    "flags.splitboard",
+    "flags.failOnInitError",
+    "sharing.timeSlicing.replicas",
+    "sharing.timeSlicing.renameByDefault",
+    "sharing.timeSlicing.failRequestsGreaterThanOne",
+}
+NFD_DIR = "/etc/kubernetes/node-feature-discovery/features.d"
+METRICS_ON = {"metrics": {"enabled": True, "serviceMonitor": {"enabled": True}}}
+
+
+def static() -> list[dict[str, Any]]:
+    dra = {*render.DRA_STATIC_FILES, "dra-examples.yaml"}  # checked by tests/test_dra_manifests.py
+    return [obj for path in sorted(STATIC_DIR.glob("*.yaml")) if path.name not in dra for obj in load_file(path)]
+
+
+def rendered(overrides: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    return render.load_objects(render.render_chart(CHART_DIR, overrides or {}))
+
+
+def daemonset(objects: list[dict[str, Any]]) -> dict[str, Any]:
+    return only(objects, "DaemonSet")
+
+
+def container(objects: list[dict[str, Any]]) -> dict[str, Any]:
+    (plugin,) = pod_spec(daemonset(objects))["containers"]
+    return plugin
+
+
+def env_of(plugin: dict[str, Any]) -> dict[str, str]:
+    """The container's plain env values (those from the downward API are left out)."""
+    return {item["name"]: item["value"] for item in plugin.get("env", []) if "value" in item}
+
+
+def mount_for(objects: list[dict[str, Any]], path: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The volume mount at path and the volume it mounts."""
+    (mount,) = [m for m in container(objects)["volumeMounts"] if m["mountPath"] == path]
+    (volume,) = [v for v in pod_spec(daemonset(objects))["volumes"] if v["name"] == mount["name"]]
+    return mount, volume
+
+
+def port_number(plugin: dict[str, Any], port: int | str) -> int:
+    if isinstance(port, int):
+        return port
+    (number,) = [p["containerPort"] for p in plugin["ports"] if p["name"] == port]
+    return number
+
+
+def config_keys(tree: dict[str, Any], prefix: str = "") -> set[str]:
+    keys = set()
+    for key, value in tree.items():
+        path = f"{prefix}.{key}" if prefix else key
+        keys |= config_keys(value, path) if isinstance(value, dict) else {path}
+    return keys
+
+
+# Each variant of the manifests that the checks below apply to.
+VARIANTS = {
+    "static": static,
+    "chart-defaults": rendered,
+    "chart-metrics": lambda: rendered(METRICS_ON),
+}
+
+
+@pytest.fixture(params=sorted(VARIANTS))
+def objects(request: pytest.FixtureRequest) -> list[dict[str, Any]]:
+    return VARIANTS[request.param]()
+
+
+# ------------------------------------------------------------------ schema
+
+
+def test_every_object_is_a_valid_api_object(objects: list[dict[str, Any]]) -> None:
+    for obj in objects:
+        assert schema_errors(obj) == [], f"{obj['kind']} {obj['metadata'].get('name')}"
+
+
+def test_the_schema_check_rejects_an_unknown_field() -> None:
+    broken = copy.deepcopy(daemonset(static()))
+    plugin = pod_spec(broken)["containers"][0]
+    plugin["volumeMount"] = plugin.pop("volumeMounts")
+    assert any("unknown field 'volumeMount'" in error for error in schema_errors(broken))
+
+
+def test_the_schema_check_rejects_a_nested_typo_and_a_wrong_type() -> None:
+    broken = copy.deepcopy(daemonset(static()))
+    plugin = pod_spec(broken)["containers"][0]
+    plugin["volumeMounts"][0]["readonly"] = True
+    plugin["ports"][0]["containerPort"] = "8080"
+    errors = schema_errors(broken)
+    assert any("unknown field 'readonly'" in error for error in errors)
+    assert any("containerPort: expected int" in error for error in errors)
+
+
+def test_the_schema_check_rejects_a_missing_required_field() -> None:
+    broken = copy.deepcopy(daemonset(static()))
+    del pod_spec(broken)["containers"][0]["name"]
+    assert schema_errors(broken) != []
+
+
+def test_the_schema_check_rejects_an_unknown_kind() -> None:
+    assert schema_errors({"apiVersion": "apps/v1", "kind": "DaemonSett", "metadata": {"name": "x"}}) != []
+
+
+# ------------------------------------------------------------------ the DaemonSet and the plugin
+
+
+def test_the_mounted_configmap_exists(objects: list[dict[str, Any]]) -> None:
+    _, volume = mount_for(objects, CONFIG_MOUNT)
+    names = {cm["metadata"]["name"] for cm in by_kind(objects, "ConfigMap")}
+    assert volume["configMap"]["name"] in names
+    (configmap,) = [cm for cm in by_kind(objects, "ConfigMap") if cm["metadata"]["name"] in names]
+    assert configmap["metadata"]["namespace"] == daemonset(objects)["metadata"]["namespace"]
+
+
+def test_the_config_content_has_only_known_keys_and_is_accepted_by_the_plugin(
+    objects: list[dict[str, Any]],
+) -> None:
+    for configmap in by_kind(objects, "ConfigMap"):
+        text = configmap["data"][CONFIG_KEY]
+        assert config_keys(yaml.safe_load(text)) <= KNOWN_CONFIG_KEYS
+        parsed = parse_text(text, configmap["metadata"]["name"])
+        assert parsed.warnings == ()
+        assert parsed.values == {"flags.splitboard": False}  # sharing off, as the README's defaults
+        assert config_from(parsed, {}).replicas == 0
+        assert "#     replicas: 4" in text  # the time-slicing example is there, commented
+
+
+def parse_args(argv: list[str], env: dict[str, str]) -> Resolved:
+    """The daemon's settings as the plugin resolves them from argv and env."""
+    command = parse_command_line(argv, __version__)
+    return resolve(command.mode, command.flags, env)
+
+
+def test_the_config_is_mounted_where_the_plugin_reads_it(objects: list[dict[str, Any]]) -> None:
+    mount, volume = mount_for(objects, CONFIG_MOUNT)
+    assert mount.get("readOnly") is True
+    assert "configMap" in volume
+    args = parse_args([], env_of(container(objects)))
+    assert str(args["config"]) == f"{CONFIG_MOUNT}/{CONFIG_KEY}"
+
+
+def test_every_environment_variable_is_one_the_device_plugin_reads(objects: list[dict[str, Any]]) -> None:
+    known = {setting.env for setting in settings_of(RUN)} | {"POD_NAMESPACE"}
+    for name in env_of(container(objects)):
+        assert name in known, name
+
+
+def test_the_socket_directory_is_the_kubelets(objects: list[dict[str, Any]]) -> None:
+    mount, volume = mount_for(objects, PLUGIN_DIR)
+    assert volume["hostPath"]["path"] == PLUGIN_DIR
+    assert not mount.get("readOnly", False)
+    assert str(parse_args([], env_of(container(objects)))["device_plugin_path"]) == PLUGIN_DIR
+    assert str(parse_args([], {})["device_plugin_path"]) == PLUGIN_DIR
+
+
+def test_the_probes_use_the_plugins_health_endpoints_and_port(objects: list[dict[str, Any]]) -> None:
+    plugin = container(objects)
+    expected = {"startupProbe": "/healthz", "livenessProbe": "/healthz", "readinessProbe": "/readyz"}
+    for probe, path in expected.items():
+        action = plugin[probe]["httpGet"]
+        assert action["path"] == path
+        assert port_number(plugin, action["port"]) == HEALTH_PORT
+    assert parse_args([], env_of(plugin))["health_address"] == f":{HEALTH_PORT}"
+    assert parse_args([], {})["health_address"] == f":{HEALTH_PORT}"
+
+
+def test_the_host_paths_the_plugin_needs_are_mounted_read_only(objects: list[dict[str, Any]]) -> None:
+    for path in ("/dev", "/sys", "/run/udev", "/usr/local/corex"):
+        mount, volume = mount_for(objects, path)
+        assert mount.get("readOnly") is True, path
+        assert volume["hostPath"]["path"] == path
+
+
+def test_every_volume_is_mounted_and_every_mount_has_a_volume(objects: list[dict[str, Any]]) -> None:
+    mounted = {m["name"] for m in container(objects)["volumeMounts"]}
+    volumes = {v["name"] for v in pod_spec(daemonset(objects))["volumes"]}
+    assert mounted == volumes
+
+
+def test_the_image_tag_is_the_package_version(objects: list[dict[str, Any]]) -> None:
+    assert container(objects)["image"] == f"ix-device-plugin:{__version__}"
+
+
+def test_the_chart_version_is_the_package_version() -> None:
+    chart = yaml.safe_load((CHART_DIR / "Chart.yaml").read_text())
+    assert chart["version"] == __version__
+    assert chart["appVersion"] == __version__
+
+
+def test_the_daemonset_keeps_the_seed_names(objects: list[dict[str, Any]]) -> None:
+    ds = daemonset(objects)
+    labels = {"app.kubernetes.io/name": "iluvatar-device-plugin"}
+    assert ds["metadata"]["name"] == "iluvatar-device-plugin"
+    assert ds["metadata"]["namespace"] == "kube-system"
+    assert ds["spec"]["selector"]["matchLabels"] == labels
+    assert ds["spec"]["template"]["metadata"]["labels"] == labels
+    assert pod_spec(ds)["priorityClassName"] == "system-node-critical"
+
+
+def test_the_security_context_is_coherent(objects: list[dict[str, Any]]) -> None:
+    spec = pod_spec(daemonset(objects))
+    assert spec.get("securityContext", {}) is not None
+    context = container(objects)["securityContext"]
+    if context.get("privileged"):
+        # Privileged grants every capability; a drop list beside it would only mislead.
+        assert "capabilities" not in context
+        assert context.get("allowPrivilegeEscalation", True) is True
+
+
+def test_resources_are_requested_and_memory_is_limited(objects: list[dict[str, Any]]) -> None:
+    resources = container(objects)["resources"]
+    assert resources["requests"] == {"cpu": "10m", "memory": "64Mi"}
+    assert resources["limits"] == {"memory": "256Mi"}
+
+
+def test_it_tolerates_gpu_taints_and_stays_on_gpu_nodes(objects: list[dict[str, Any]]) -> None:
+    spec = pod_spec(daemonset(objects))
+    tolerated = {(t["key"], t["operator"], t.get("effect")) for t in spec["tolerations"]}
+    assert ("iluvatar.com/gpu", "Exists", "NoSchedule") in tolerated
+    assert ("CriticalAddonsOnly", "Exists", None) in tolerated
+    terms = spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    keys = {expr["key"] for term in terms for expr in term["matchExpressions"]}
+    assert keys == {"iluvatar.com/gpu.present", "feature.node.kubernetes.io/pci-1e3e.present"}
+
+
+def test_the_example_pod_requests_one_gpu() -> None:
+    pod = only(load_file(STATIC_DIR / "corex-example.yaml"), "Pod")
+    assert pod["metadata"]["name"] == "corex-example"
+    (example,) = pod["spec"]["containers"]
+    assert example["resources"]["limits"] == {DEFAULT_RESOURCE_NAME: 1}
+
+
+# ------------------------------------------------------------------ the chart
+
+
+def test_the_chart_with_default_values_renders_the_static_manifests() -> None:
+    assert render.differences(rendered(), render.static_objects(STATIC_DIR)) == []
+
+
+def test_the_static_files_reproduced_by_the_chart_are_all_there_is_besides_the_example() -> None:
+    names = {path.name for path in STATIC_DIR.glob("*.yaml")}
+    assert names == {*render.STATIC_FILES, *render.DRA_STATIC_FILES, *render.EXAMPLE_FILES}
+
+
+def test_metrics_add_a_service_and_a_service_monitor_that_find_the_plugin() -> None:
+    objects = rendered(METRICS_ON)
+    service, monitor = only(objects, "Service"), only(objects, "ServiceMonitor")
+    plugin = container(objects)
+    (port,) = service["spec"]["ports"]
+    assert port_number(plugin, port["targetPort"]) == HEALTH_PORT
+    assert service["spec"]["selector"] == daemonset(objects)["spec"]["template"]["metadata"]["labels"]
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
+    assert monitor["spec"]["endpoints"][0]["port"] == port["name"]
+    assert monitor["spec"]["endpoints"][0]["path"] == "/metrics"
+
+
+def test_the_service_monitor_needs_metrics_enabled() -> None:
+    objects = rendered({"metrics": {"serviceMonitor": {"enabled": True}}})
+    assert by_kind(objects, "ServiceMonitor") == [] and by_kind(objects, "Service") == []
+
+
+def test_an_existing_configmap_is_mounted_instead_of_a_new_one() -> None:
+    objects = rendered({"config": {"create": False, "name": "site-ix-config"}})
+    assert by_kind(objects, "ConfigMap") == []
+    _, volume = mount_for(objects, CONFIG_MOUNT)
+    assert volume["configMap"]["name"] == "site-ix-config"
+
+
+def test_values_reach_the_rendered_objects() -> None:
+    overrides = {
+        "image": {"repository": "registry.example/ix-device-plugin", "tag": "9.9.9"},
+        "config": {"content": {"sharing": {"timeSlicing": {"replicas": 2}}}},
+        "healthPort": 9090,
+        "extraEnv": [{"name": "IX_LOG_FORMAT", "value": "json"}],
+        "nodeSelector": {"kubernetes.io/arch": "amd64"},
+    }
+    objects = rendered(overrides)
+    for obj in objects:
+        assert schema_errors(obj) == []
+    plugin = container(objects)
+    assert plugin["image"] == "registry.example/ix-device-plugin:9.9.9"
+    assert yaml.safe_load(only(objects, "ConfigMap")["data"][CONFIG_KEY])["sharing"]["timeSlicing"]["replicas"] == 2
+    assert port_number(plugin, plugin["livenessProbe"]["httpGet"]["port"]) == 9090
+    assert parse_args([], env_of(plugin))["health_address"] == ":9090"
+    assert env_of(plugin)["IX_LOG_FORMAT"] == "json"
+    assert pod_spec(daemonset(objects))["nodeSelector"] == {"kubernetes.io/arch": "amd64"}
+
+
+@pytest.mark.skipif(shutil.which("helm") is None, reason="helm is not on PATH")
+def test_helm_itself_renders_the_static_manifests() -> None:
+    helm_text = render.helm_render(CHART_DIR)
+    assert render.differences(render.load_objects(helm_text), render.static_objects(STATIC_DIR)) == []
+
+
+# ------------------------------------------------------------------ the renderer's Go template semantics
+
+
+@pytest.mark.parametrize(
+    ("source", "expected"),
+    [
+        ("a  {{- .x -}}  b", "a1b"),
+        ("{{ if .f }}yes{{ else if .x }}x{{ else }}no{{ end }}", "x"),
+        ("{{ with .m }}{{ .k }}{{ else }}none{{ end }}", "v"),
+        ("{{ with .empty }}set{{ else }}none{{ end }}", "none"),
+        ("{{ range .l }}[{{ . }}]{{ end }}", "[1][2]"),
+        ('{{ .missing | default "d" }}/{{ .s | quote }}', 'd/"s"'),
+        ("k:{{- toYaml .m | nindent 2 }}", "k:\n  k: v"),
+        ('{{ default "long-name-" .missing | trunc 5 | trimSuffix "-" }}', "long"),
+        ("{{/* a comment */}}{{ and .x .f }}|{{ or .f .x }}", "false|1"),
+    ],
+)
+def test_the_renderer_follows_go_templates(source: str, expected: str) -> None:
+    context = {"x": 1, "f": False, "m": {"k": "v"}, "empty": {}, "l": [1, 2], "s": "s"}
+    assert render.render_template(source, context) == expected
+
+
+def test_the_renderer_expands_defines_from_helpers() -> None:
+    helpers = '{{- define "name" -}}{{ .Values.n | default "fallback" }}{{- end -}}'
+    assert render.render_template('name: {{ include "name" . }}', {"Values": {}}, helpers) == "name: fallback"
+
+
+def test_the_renderer_refuses_what_it_does_not_support() -> None:
+    for source in ("{{ $x := 1 }}", "{{ tpl .x . }}", "{{ if .x }}open"):
+        with pytest.raises(render.TemplateError):
+            render.render_template(source, {"x": 1})
+
+
+def test_the_make_manifests_check_passes() -> None:
+    assert render.main(["check"]) == 0
+
+
+def test_chart_templates_use_only_files_the_renderer_reads() -> None:
+    suffixes = {path.suffix for path in Path(CHART_DIR, "templates").iterdir() if path.name != "NOTES.txt"}
+    assert suffixes <= {".yaml", ".tpl"}
+
+
+def test_the_chart_has_notes_that_say_how_to_check_it() -> None:
+    notes = (Path(CHART_DIR) / "templates" / "NOTES.txt").read_text()
+    rendered = render.render_template(
+        notes, render.chart_context(), (Path(CHART_DIR) / "templates" / "_helpers.tpl").read_text()
+    )
+    assert "kubectl -n kube-system get ds iluvatar-device-plugin" in rendered
+    assert "logs ds/iluvatar-device-plugin" in rendered
+    assert "ConfigMap ix-config" in rendered
+
+
+def test_the_corex_directory_never_blocks_the_pod_from_starting(objects: list[dict[str, Any]]) -> None:
+    _, volume = mount_for(objects, "/usr/local/corex")
+    assert volume["hostPath"]["type"] == "DirectoryOrCreate"  # the plugin then says what is missing
+
+
+def test_without_api_features_no_token_is_mounted_and_no_rbac_rendered(objects: list[dict[str, Any]]) -> None:
+    assert pod_spec(daemonset(objects))["automountServiceAccountToken"] is False
+    assert not by_kind(objects, "ClusterRole")
+
+
+def test_per_node_config_adds_a_service_account_and_only_node_reads() -> None:
+    objects = rendered({"features": {"perNodeConfig": True}})
+    spec = pod_spec(daemonset(objects))
+    assert spec["serviceAccountName"] == "iluvatar-device-plugin"
+    (role,) = by_kind(objects, "ClusterRole")
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch"]}]
+    assert env_of(container(objects))["IX_PER_NODE_CONFIG"] == "true"
+    assert not by_kind(objects, "Role")
+
+
+def test_volcano_adds_pod_reads_watches_and_patches_and_its_watched_configmap() -> None:
+    objects = rendered({"features": {"volcano": True}})
+    (cluster_role,) = by_kind(objects, "ClusterRole")
+    assert cluster_role["rules"] == [
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch", "patch"]}
+    ]
+    (role,) = by_kind(objects, "Role")
+    assert role["rules"] == [
+        {
+            "apiGroups": [""],
+            "resources": ["configmaps"],
+            "verbs": ["get", "list", "watch", "create", "update", "patch"],
+        }
+    ]
+
+
+def test_gpu_reset_adds_only_configmap_access_in_the_plugins_namespace() -> None:
+    objects = rendered({"features": {"gpuReset": True}})
+    assert pod_spec(daemonset(objects))["serviceAccountName"] == "iluvatar-device-plugin"
+    assert not by_kind(objects, "ClusterRole")
+    (role,) = by_kind(objects, "Role")
+    assert role["metadata"]["namespace"] == "kube-system"
+    assert role["rules"] == [
+        {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get", "create", "update", "patch"]}
+    ]
+    (binding,) = by_kind(objects, "RoleBinding")
+    assert binding["roleRef"]["name"] == role["metadata"]["name"]
+
+
+def test_the_node_files_are_written_where_runtimes_and_nfd_read_them(objects: list[dict[str, Any]]) -> None:
+    env = env_of(container(objects))
+    for variable, path in (("IX_CDI_SPEC_DIR", "/var/run/cdi"), ("IX_NODE_FEATURE_DIR", NFD_DIR)):
+        assert env[variable] == path
+        mount, volume = mount_for(objects, path)
+        assert volume["hostPath"]["path"] == path and not mount.get("readOnly", False)
+
+
+def test_the_node_files_can_be_turned_off() -> None:
+    objects = rendered({"cdi": {"enabled": False}, "nodeFeatures": {"enabled": False}})
+    env = env_of(container(objects))
+    assert (env["IX_CDI_SPEC_DIR"], env["IX_NODE_FEATURE_DIR"]) == ("off", "off")
+
+
+def test_the_example_pod_tolerates_the_gpu_taint_the_daemonset_tolerates(objects: list[dict[str, Any]]) -> None:
+    pod = only(load_file(STATIC_DIR / "corex-example.yaml"), "Pod")
+    taints = {(t["key"], t.get("effect")) for t in pod["spec"]["tolerations"]}
+    assert ("iluvatar.com/gpu", "NoSchedule") in taints
+
+
+TROUBLESHOOTING_LINES = (
+    "is the CoreX driver stack installed and /usr/local/corex",
+    "no GPUs could be discovered; exiting (set flags.failOnInitError: false",
+    "does not exist (is the kubelet's ",
+    "another plugin is already serving on ",
+    "config change rejected, keeping the last good configuration",
+    "waiting for the kubelet to serve",
+    "; retrying with backoff up to",
+    "became Unhealthy",
+    "chip missing from enumeration",
+    "did not return within",
+)
+
+
+def test_the_troubleshooting_guide_quotes_log_lines_the_plugin_really_writes() -> None:
+    guide = (Path(CHART_DIR).parent.parent.parent / "docs" / "deployment.md").read_text()
+    troubleshooting = guide[guide.index("## Troubleshooting") :]
+    source = "\n".join(path.read_text() for path in Path(CHART_DIR).parent.parent.parent.glob("src/**/*.py"))
+    for fragment in TROUBLESHOOTING_LINES:
+        assert fragment in troubleshooting, fragment
+        assert fragment in source.replace('"\n                    "', "").replace('"\n                "', ""), fragment
+    assert troubleshooting.count("\n| ") >= 7  # a header, its rule and at least five failures

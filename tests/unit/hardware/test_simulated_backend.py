@@ -1,0 +1,79 @@
+"""Hostile simulated device files and specs: every one is a clear BackendError, through `list` and at run time."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ix_device_plugin.hardware.backend import BackendError
+from ix_device_plugin.hardware.simulated import SimulatedBackend
+
+from support import TESTS_DIR
+
+CORPUS = TESTS_DIR / "hostile" / "devices"
+EXPECTED = {
+    "duplicate_uuid.yaml": "boards[0].chips[1].uuid: GPU-a is also boards[0].chips[0]'s",
+    "uuid_with_comma.yaml": "boards[0].chips[0].uuid: expected 1-63 letters, digits",
+    "uuid_with_replica_marker.yaml": "(no ',' or '::', which separate device IDs), got 'GPU-a::0'",
+    "duplicate_minor.yaml": "boards[0].chips[1].minor: 3 is also boards[0].chips[0]'s",
+    "negative_minor.yaml": "boards[0].chips[0].minor: expected a whole number from 0 to 1048575, got -2",
+    "binary.yaml": "holds a NUL byte at offset 0: this is binary data, not YAML",
+    "deep.yaml": "nested more than 32 levels deep",
+    "alias.yaml": "line 1, column 4: anchor &x: anchors and aliases are not allowed here",
+    "custom_tag.yaml": "line 2, column 5: the tag !chip is not allowed here",
+    "health_not_a_list.yaml": "boards[0].chips[0].health: expected a list of error names, got 'OverTemp'",
+    "number_key.yaml": "boards[0]: unknown key '1' (known: chips, product)",
+    "product_typo.yaml": "unknown product 'BI-V15O'; did you mean 'BI-V150'?",
+    "utf16.yaml": "looks like UTF-16 or UTF-32 text; save it as UTF-8",
+    "no_boards.yaml": "expected a mapping with a `boards:` list",
+}
+SPECS = {
+    "BI-V150:²": "count in 'BI-V150:²' must be a whole number from 1 to 256",
+    "BI-V150:0": "must be a whole number from 1 to 256",
+    "BI-V150:-1": "must be a whole number from 1 to 256",
+    "BI-V150:99999": "must be a whole number from 1 to 256",
+    "BI-V15:1": "unknown product 'BI-V15'; did you mean 'BI-V150'?",
+}
+
+
+def list_devices(source: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "ix_device_plugin", "list", "--backend", "simulated", "--simulated-devices", source],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+
+
+def test_the_corpus_and_the_table_agree() -> None:
+    assert sorted(path.name for path in CORPUS.iterdir()) == sorted(EXPECTED)
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_a_hostile_device_file_is_one_clear_error(name: str) -> None:
+    with pytest.raises(BackendError) as error:
+        SimulatedBackend(str(CORPUS / name)).discover()
+    assert EXPECTED[name] in str(error.value)
+    assert str(CORPUS / name) in str(error.value)
+
+
+@pytest.mark.parametrize("source", [*sorted(SPECS), str(CORPUS / "duplicate_uuid.yaml")])
+def test_list_prints_the_error_without_a_traceback(source: str) -> None:
+    result = list_devices(source)
+    assert result.returncode == 1
+    assert result.stderr.startswith("error: ")
+    assert "Traceback" not in result.stderr
+    assert SPECS.get(source, "is also") in result.stderr
+
+
+def test_a_file_that_turns_bad_while_running_fails_the_poll_cleanly(tmp_path: Path) -> None:
+    devices = tmp_path / "devices.yaml"
+    devices.write_text("boards:\n  - product: BI-V150\n")
+    backend = SimulatedBackend(str(devices))
+    inventory = backend.discover()
+    devices.write_bytes((CORPUS / "binary.yaml").read_bytes())
+    with pytest.raises(BackendError, match="binary data"):
+        backend.health(inventory)

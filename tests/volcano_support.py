@@ -1,0 +1,70 @@
+"""Volcano mode's end-to-end helpers: the node's devices, pods as Volcano places them, the daemon with the mode on."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from ix_device_plugin.apiserver.settings import settings_from
+from ix_device_plugin.deviceplugin.features.volcano import DEV_VOLCANO, PREDICATE_TIME
+from ix_device_plugin.hardware.simulated import SimulatedBackend
+from ix_device_plugin.standins.apiserver import ApiServerStandIn
+from ix_device_plugin.standins.podresources import PodResourcesStandIn
+
+from support import RESOURCE, DaemonFactory, config_flags
+
+NODE = "gpu-node-1"
+NAMESPACE = "kube-system"
+CONFIG_MAP = f"ix-device-info-cm-{NODE}"
+CHIP_A, CHIP_B, CHIP_C = (f"GPU-{letter * 8}-0000-0000-0000-00000000000{i}" for i, letter in enumerate("abc"))
+
+
+def devices(path: Path, unhealthy: tuple[str, ...] = ()) -> str:
+    """A simulated devices file with chips A and B (those in unhealthy report an ECC error)."""
+    boards = [
+        {"product": "BI-V100", "chips": [_chip(uuid, i, uuid in unhealthy)]} for i, uuid in enumerate((CHIP_A, CHIP_B))
+    ]
+    path.write_text(yaml.safe_dump({"boards": boards}))
+    return str(path)
+
+
+def placed(apiserver: ApiServerStandIn, name: str, devices: str, predicate_time: str, node: str = NODE) -> None:
+    """A pending pod asking for one device per ID, that Volcano placed on node with those devices."""
+    annotations = {DEV_VOLCANO: devices, PREDICATE_TIME: predicate_time}
+    limits = {"main": {RESOURCE: str(len(devices.split(",")))}}
+    apiserver.add_pod("ml", name, node, phase="Pending", annotations=annotations, limits=limits)
+
+
+def published(apiserver: ApiServerStandIn) -> dict[str, dict[str, Any]]:
+    """The ConfigMap's documents, by key ({} when there is none)."""
+    found = apiserver.get("configmaps", CONFIG_MAP, NAMESPACE)
+    return {} if found is None else {key: json.loads(value) for key, value in found["data"].items()}
+
+
+def _chip(uuid: str, minor: int, unhealthy: bool) -> dict[str, Any]:
+    chip: dict[str, Any] = {"uuid": uuid, "minor": minor}
+    if unhealthy:
+        chip["health"] = ["ECC"]
+    return chip
+
+
+async def start_volcano(
+    start_daemon: DaemonFactory,
+    apiserver: ApiServerStandIn,
+    pod_resources: PodResourcesStandIn,
+    short_dir: Path,
+    tmp_path: Path,
+):  # type: ignore[no-untyped-def]
+    """The daemon on chips A and B with flags.usevolcano, the API server and the pod-resources stand-in."""
+    kubeconfig = apiserver.write_kubeconfig(short_dir / "kubeconfig", namespace=NAMESPACE)
+    kube = settings_from({"NODE_NAME": NODE, "POD_NAMESPACE": NAMESPACE}, str(kubeconfig), "flags.usevolcano")
+    backend = SimulatedBackend(devices(tmp_path / "devices.yaml"))
+    return await start_daemon(
+        backend_factory=lambda: backend,
+        given=config_flags(use_volcano=True),
+        kube=kube,
+        pod_resources_socket=pod_resources.socket_path,
+    )
