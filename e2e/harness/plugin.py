@@ -114,7 +114,12 @@ class PluginRun:
         return True
 
     def wait_ready(self, timeout: float = 60) -> None:
-        wait_until(self.ready, timeout, f"{self.process.name} /readyz", [self.process.log])
+        """Until /readyz answers; a process that does not get there is stopped before the timeout is raised."""
+        try:
+            wait_until(self.ready, timeout, f"{self.process.name} /readyz", [self.process.log])
+        except BaseException:
+            self.stop()
+            raise
 
     def metrics(self) -> str:
         return http_get(self.url("/metrics"), timeout=5).decode()

@@ -8,9 +8,11 @@ the cluster's work directory after the run).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
+import signal
 import sys
 import tempfile
 import time
@@ -26,7 +28,7 @@ from harness.cluster import Binaries, Cluster, mounts_under
 from harness.kube import Kubectl
 from harness.plugin import bi_v150_chips, device_nodes
 from harness.procs import describe_logs
-from harness.runs import exclusive_run
+from harness.runs import exclusive_run, leftover_pids
 
 FAILURE_LOG_LINES = 25
 
@@ -76,11 +78,23 @@ def cluster(binaries: Binaries, log_dir: Path, gpu_device_nodes: list[Path]) -> 
             yield started
         finally:
             problems = started.stop()
+            problems += kill_leftovers(binaries, workdir)
             if not problems and not os.environ.get("IX_E2E_KEEP_WORKDIR"):
                 started.remove_workdir()
             sys.stderr.write(f"\ne2e: logs in {log_dir}\n")
             if problems:
                 pytest.fail("teardown left things behind:\n" + "\n".join(problems))
+
+
+def kill_leftovers(binaries: Binaries, workdir: Path) -> list[str]:
+    """Kill what still runs a cluster binary or names the work directory (a plugin a test did not stop)."""
+    problems = []
+    for pid in leftover_pids(binaries, workdir):
+        with contextlib.suppress(OSError):
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            os.kill(pid, signal.SIGKILL)
+            problems.append(f"process left running, killed: {pid} {argv[:200]}")
+    return problems
 
 
 @pytest.fixture(scope="session")
