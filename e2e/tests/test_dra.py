@@ -2,8 +2,8 @@
 and RBAC) against the real API server's validation, the real scheduler's allocator and the real kubelet's
 DRA manager, with containerd resolving the claims' CDI specs.
 
-The examples of deployments/static/dra-examples.yaml are what the pods run. Scenarios for features that are
-not in the driver yet are marked xfail with the reason, so they start passing (XPASS) when the feature lands.
+The examples of deployments/static/dra-examples.yaml are what the pods run. Scenarios for features still to come
+go here too, marked with pytest.xfail and the reason only where the gap is what they observe.
 """
 
 from __future__ import annotations
@@ -11,7 +11,6 @@ from __future__ import annotations
 import copy
 import os
 import signal
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -38,10 +37,6 @@ DRIVER = "gpu.iluvatar.com"
 CHIPS = bi_v150_chips()
 BY_UUID = {chip.uuid: chip for chip in CHIPS}
 EXAMPLES = Path(__file__).resolve().parents[2] / "deployments" / "static" / "dra-examples.yaml"
-DRA_HEALTH_NOT_DONE = (
-    "the driver does not serve the kubelet's dra-health API (docs/dra.md, Not done yet), so the claim's "
-    "device health stays Unknown"
-)
 DRA_VALUES = {"dra": {"enabled": True}, "devicePlugin": {"enabled": False}}
 
 
@@ -319,11 +314,7 @@ def test_after_a_reboot_the_pods_container_restarts_with_its_chip(
 
     current = wait_pod(admin, namespace, "dra-one-gpu", settled, "container restarted", timeout=90, logs=[driver.log])
     waiting = current["status"]["containerStatuses"][0]["state"].get("waiting")
-    if waiting and "unresolvable CDI devices" in waiting.get("message", ""):
-        pytest.xfail(
-            "known defect: after a restart the driver answers prepared claims from its checkpoint but does not "
-            f"write their CDI specs again; containerd: {waiting['message'][-300:]}"
-        )
+    assert not waiting, f"the container could not restart after the reboot: {waiting}"
     logs = admin("logs", "dra-one-gpu", "-n", namespace)
     assert chips_seen(logs) == [chip]
 
@@ -341,7 +332,7 @@ def kill_container(cluster: Cluster, namespace: str, pod: str) -> None:
     assert killed, f"no container process found for {namespace}/{pod}"
 
 
-# ------------------------------------------------------------------ features not in the driver yet
+# ------------------------------------------------------------------ admin access and health
 
 
 def test_an_admin_access_claim_reaches_a_chip_in_use(
@@ -382,9 +373,7 @@ def test_an_admin_access_claim_reaches_a_chip_in_use(
         return pod.get("status", {}).get("phase") == "Running" or bool(prepare_error(admin, namespace, "monitor"))
 
     wait_pod(admin, namespace, "monitor", settled, "Running, or refused by the driver", timeout=90, logs=[driver.log])
-    refused = prepare_error(admin, namespace, "monitor")
-    if refused and "is prepared for claim" in refused:
-        pytest.xfail(f"the driver does not treat admin access specially (docs/dra.md, Not done yet): {refused}")
+    assert not prepare_error(admin, namespace, "monitor")
     wait_pod(admin, namespace, "monitor", running_and_printed(admin, namespace), "printed its devices")
     assert chips_seen(admin("logs", "monitor", "-n", namespace)) == [chip]
 
@@ -399,7 +388,9 @@ def prepare_error(admin: Kubectl, namespace: str, pod: str) -> str:
 def test_a_chips_health_reaches_the_pod_status(
     cluster: Cluster, admin: Kubectl, namespace: str, driver: Driver
 ) -> None:
-    """The kubelet's DRA health API (dra-health/v1alpha1) carries a chip's health to allocatedResourcesStatus."""
+    """The driver's DRAResourceHealth stream, which the kubelet opens because the registration lists it, carries
+    a chip's health to the pod's allocatedResourcesStatus (ResourceHealthStatus).
+    """
     objects = example("dra-one-gpu", namespace)
     admin.create(named(objects, "ResourceClaimTemplate", "one-iluvatar-gpu"))
     _, output = run_and_read(admin, namespace, named(objects, "Pod", "dra-one-gpu"))
@@ -411,16 +402,21 @@ def test_a_chips_health_reaches_the_pod_status(
             statuses = pod["status"]["containerStatuses"][0].get("allocatedResourcesStatus") or []
             return any(r.get("health") == "Unhealthy" for s in statuses for r in s.get("resources", []))
 
-        pod = admin.get("pod", "dra-one-gpu", namespace)
-        for _ in range(30):
-            if unhealthy(pod):
-                return
-            time.sleep(1)
-            pod = admin.get("pod", "dra-one-gpu", namespace)
-        statuses = pod["status"]["containerStatuses"][0].get("allocatedResourcesStatus")
-        healths = {r.get("health") for s in statuses or [] for r in s.get("resources", [])}
-        if healths <= {"Unknown"}:  # the kubelet was never told the device's health
-            pytest.xfail(f"{DRA_HEALTH_NOT_DONE}; the kubelet reports {statuses}")
-        pytest.fail(f"allocatedResourcesStatus after 30 s: {statuses}")
+        wait_pod(
+            admin,
+            namespace,
+            "dra-one-gpu",
+            unhealthy,
+            "allocatedResourcesStatus Unhealthy",
+            timeout=60,
+            logs=[driver.log],
+        )
+        driver.set_chips(CHIPS)
+
+        def healthy(pod: Obj) -> bool:
+            statuses = pod["status"]["containerStatuses"][0].get("allocatedResourcesStatus") or []
+            return [r.get("health") for s in statuses for r in s.get("resources", [])] == ["Healthy"]
+
+        wait_pod(admin, namespace, "dra-one-gpu", healthy, "allocatedResourcesStatus Healthy again", timeout=60)
     finally:
         driver.set_chips(CHIPS)
