@@ -83,7 +83,8 @@ def test_the_rbac_is_the_narrowest() -> None:
     assert rules == {
         (("resource.k8s.io",), ("resourceslices",)): {"get", "list", "watch", "create", "update", "delete"},
         (("resource.k8s.io",), ("resourceclaims",)): {"get"},
-        (("",), ("nodes",)): {"get"},  # the slices' owner reference (the real API server refused it: e2e)
+        (("resource.k8s.io",), ("resourceclaims/status",)): {"patch"},
+        (("",), ("nodes",)): {"get"},
     }
 
 
