@@ -72,8 +72,8 @@ format: $(VENV)/.stamp-dev ## apply ruff's fixes and formatting
 	$(VENV_PY) -m ruff check --fix .
 	$(VENV_PY) -m ruff format .
 
-manifests: $(VENV)/.stamp-dev ## check the Helm chart renders deployments/static (with helm too when on PATH)
-	$(VENV_PY) scripts/render_chart.py check
+manifests: $(VENV)/.stamp-dev ## check the Helm chart renders deployments/static (helm: $$HELM, PATH or make e2e-build)
+	$(VENV_PY) scripts/helm_chart.py check
 
 bench: $(VENV)/.stamp-dev ## the benchmarks
 	$(VENV_PY) -m bench

@@ -1,8 +1,7 @@
 #!/usr/bin/env python3
 """Render the Helm chart with the real helm and check it against deployments/static.
 
-The helm-backed successor of scripts/render_chart.py, with the same data functions (render_chart,
-load_objects, static_objects, dra_objects, differences) so that callers switch by importing this module.
+Data functions for the tests (render_chart, load_objects, static_objects, dra_objects, differences, notes).
 helm is found as $HELM, on PATH, or in the end-to-end build cache (e2e/cluster/build.sh, `make e2e-build`).
 
     helm_chart.py check                      the chart with default values renders ix-config.yaml and
@@ -80,7 +79,7 @@ def render_chart(
 
 
 def helm_render(chart_dir: Path = CHART_DIR, namespace: str = DEFAULT_NAMESPACE) -> str | None:
-    """`helm template` with default values, or None when there is no helm (render_chart.py's signature)."""
+    """`helm template` with default values, or None when there is no helm."""
     return None if find_helm() is None else render_chart(chart_dir, None, namespace)
 
 
