@@ -57,8 +57,10 @@ build() {
     local status=0
     case "$engine_name" in
         docker) DOCKER_BUILDKIT=1 docker build "${args[@]}" . || status=$? ;;
-        podman) "${podman_cmd[@]}" build "${args[@]}" . || status=$? ;;
-        buildah) "${buildah_cmd[@]}" bud --isolation "$isolation" --layers "${args[@]}" . || status=$? ;;
+        # No layer cache with buildah's vfs store: a cached builder stage is not there to bind-mount its
+        # wheels from (`couldn't find .../wheels on host`), so every second build failed.
+        podman) "${podman_cmd[@]}" build --layers=false "${args[@]}" . || status=$? ;;
+        buildah) "${buildah_cmd[@]}" bud --isolation "$isolation" --layers=false "${args[@]}" . || status=$? ;;
     esac
     if [ "$status" -ne 0 ]; then
         echo "container.sh: build failed. Without a reachable registry, build a base from Debian" \
