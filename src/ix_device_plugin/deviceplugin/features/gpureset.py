@@ -22,6 +22,7 @@ import yaml
 from ix_device_plugin.apiserver.errors import KubeError
 from ix_device_plugin.core.inventory import Inventory
 from ix_device_plugin.hardware.backend import BackendError
+from ix_device_plugin.settings.documents import DocumentError, Limits, load_yaml
 
 if TYPE_CHECKING:
     from ix_device_plugin.apiserver.client import Kube
@@ -35,6 +36,7 @@ DATA_KEY = "gpuReset"
 OUR_NAME = "ix-device-plugin"
 POLL_INTERVAL = 0.5
 WRITE_ATTEMPTS = 5
+DOCUMENT_LIMITS = Limits(max_bytes=64 * 1024)  # a few users' names and flags: far below this
 
 
 class GpuResetError(Exception):
@@ -54,22 +56,28 @@ class ResetInfo:
     occupy: dict[str, bool] = field(default_factory=dict)
 
     @classmethod
-    def parse(cls, text: str | None, node: str) -> ResetInfo:
-        """The document in text (None or empty: a fresh one); GpuResetError when it is not one."""
+    def parse(cls, text: str | None, node: str, where: str = "") -> ResetInfo:
+        """The document in text (None or empty: a fresh one); GpuResetError naming where and what is wrong.
+
+        Read with the limits of everything another process writes: bounded size, no anchors or aliases, a
+        bounded depth, so that no document can exhaust or crash the plugin.
+        """
         if not text or not text.strip():
             return cls(node)
+        what = f"{where} key {DATA_KEY}" if where else DATA_KEY
         try:
-            document = yaml.safe_load(text)
-        except yaml.YAMLError as error:
-            raise GpuResetError(f"{DATA_KEY} is not YAML: {error}") from None
+            document = load_yaml(text.encode(), DOCUMENT_LIMITS)
+        except DocumentError as error:
+            raise GpuResetError(f"{what} is not a reset document: {error}") from None
         if not isinstance(document, dict):
-            raise GpuResetError(f"{DATA_KEY} is not a mapping with nodename, reset and occupy")
+            raise GpuResetError(f"{what} is not a mapping with nodename, reset and occupy")
         occupy = document.get("occupy") or {}
         if not isinstance(occupy, dict) or not all(isinstance(value, bool) for value in occupy.values()):
-            raise GpuResetError(f"{DATA_KEY}: occupy must map each IXML user to true or false")
-        return cls(
-            str(document.get("nodename") or node), bool(document.get("reset")), {str(k): v for k, v in occupy.items()}
-        )
+            raise GpuResetError(f"{what}: occupy must map each IXML user to true or false")
+        reset = document.get("reset", False)
+        if not isinstance(reset, bool) and reset is not None:
+            raise GpuResetError(f"{what}: reset must be true or false, not {reset!r:.40}")
+        return cls(str(document.get("nodename") or node), bool(reset), {str(k): v for k, v in occupy.items()})
 
     def text(self) -> str:
         """The document as upstream writes it (keys in sorted order)."""
@@ -130,7 +138,7 @@ class ResetHandshake:
         found = await self.kube.get_config_map(self.namespace, self.name)
         if found is None:
             return ResetInfo(self.node), None
-        return ResetInfo.parse(found.data.get(DATA_KEY), self.node), found.resource_version
+        return ResetInfo.parse(found.data.get(DATA_KEY), self.node, self.where), found.resource_version
 
     async def _write(self, *, resetting: bool) -> None:
         from ix_device_plugin.apiserver.errors import KubeAlreadyExists, KubeConflict

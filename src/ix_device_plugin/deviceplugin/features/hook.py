@@ -103,7 +103,7 @@ class ApiFeatures:
                 continue
             try:
                 await self._reset_handshake()
-                errors.succeeded("GPU reset handshake: the API server answers again")
+                errors.succeeded("GPU reset handshake: ix-gpu-reset-%s is in order again", self._api.node_name)
             except GpuResetError as error:
                 errors.failed("GPU reset handshake: %s; retrying", error)
                 await backoff.sleep()
@@ -130,8 +130,11 @@ class ApiFeatures:
         try:
             handshake = ResetHandshake(await self._api.kube(), self._api.namespace, self._api.node_name)
             await handshake.announce()
-        except (KubeConfigError, KubeError, GpuResetError) as error:
-            raise GpuResetError(f"the reset handshake failed: {error}", "refused") from None
+        except (KubeConfigError, KubeError) as error:
+            raise GpuResetError(f"the reset handshake failed: {error}; the GPUs were not reset", "refused") from None
+        except GpuResetError as error:  # the API server answered: what it holds is wrong, not the connection
+            message = f"the reset handshake cannot start: {error}; the GPUs were not reset"
+            raise GpuResetError(message, "refused") from None
         self._handshake = handshake
         return handshake
 
