@@ -3,13 +3,29 @@
 from __future__ import annotations
 
 import logging
+import os
+import signal
+import threading
+import time
+import tracemalloc
 from pathlib import Path
 
 import grpc
 import pytest
-from reset_support import CHIP_A, CONFIG_MAP, EXPORTER, NAMESPACE, NODE, devices_file, start_with_api, write_document
+from reset_support import (
+    CHIP_A,
+    CONFIG_MAP,
+    NAMESPACE,
+    NODE,
+    devices_file,
+    fake_ixsmi,
+    start_with_api,
+    write_document,
+)
 
 from ix_device_plugin.deviceplugin.features.gpureset import OUR_NAME, ResetInfo
+from ix_device_plugin.hardware.backend import BackendError
+from ix_device_plugin.hardware.ixml import IxmlBackend
 from ix_device_plugin.hardware.simulated import SimulatedBackend
 from ix_device_plugin.standins.apiserver import ApiServerStandIn
 from ix_device_plugin.standins.kubelet import KubeletStandIn
@@ -66,8 +82,76 @@ async def test_a_hostile_document_refuses_the_reset_naming_it_and_the_plugin_ser
     assert backend.resets == []
     logged = [r.getMessage() for r in caplog.records if WHERE in r.getMessage()]
     assert logged and all("cannot reach" not in line for line in logged), logged
-    write_document(apiserver, ResetInfo(NODE, False, {EXPORTER: False}))  # fixed: the next Allocate resets
+    write_document(apiserver, ResetInfo(NODE, False, {}))  # fixed: the next Allocate resets
     await kubelet.allocate(RESOURCE, [[CHIP_A]])
     assert backend.resets == [(CHIP_A,)]
     stored = apiserver.get("configmaps", CONFIG_MAP, NAMESPACE)
     assert stored is not None and ResetInfo.parse(stored["data"]["gpuReset"], NODE).occupy[OUR_NAME] is True
+
+
+# ---- ixsmi, another program ---------------------------------------------------------------------
+
+
+def ixsmi_reset(tmp_path: Path, script: str, timeout: float = 5.0, abort: threading.Event | None = None) -> None:
+    IxmlBackend(ixsmi_path=fake_ixsmi(tmp_path / "ixsmi", script)).reset([CHIP_A], timeout, abort)
+
+
+def test_output_that_is_not_utf8_keeps_a_reset_good_and_a_failure_in_its_own_words(tmp_path: Path) -> None:
+    ixsmi_reset(tmp_path, r"printf 'Reset \377\376 done\n'")  # no error: it exited 0
+    with pytest.raises(BackendError) as failed:
+        ixsmi_reset(tmp_path, r"printf 'GPU \377 is busy\n' >&2; exit 7")
+    assert "exited with code 7: GPU \ufffd is busy" in str(failed.value)
+
+
+def test_sixty_megabytes_of_output_are_not_kept(tmp_path: Path) -> None:
+    tracemalloc.start()
+    try:
+        with pytest.raises(BackendError) as failed:
+            ixsmi_reset(tmp_path, "head -c 60000000 /dev/zero | tr '\\0' x; echo; echo 'the end'; exit 1")
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 4 * 1024 * 1024, f"{peak:,} bytes at the peak"
+    message = str(failed.value)
+    assert message.endswith("x the end") and len(message) < 700, message[-100:]
+
+
+def test_an_overdue_ixsmi_is_killed_with_the_children_it_started(tmp_path: Path) -> None:
+    child = tmp_path / "child.pid"
+    started = time.monotonic()
+    with pytest.raises(BackendError, match=r"did not finish within 0.5s and was killed: started a child"):
+        ixsmi_reset(tmp_path, f"sleep 30 & echo $! > {child}; echo started a child; sleep 30", timeout=0.5)
+    assert time.monotonic() - started < 5  # a hang guard: the children held the output pipe open
+    assert_gone(int(child.read_text()))
+
+
+def test_children_left_behind_by_an_ixsmi_that_exited_are_ended(tmp_path: Path) -> None:
+    child = tmp_path / "child.pid"
+    started = time.monotonic()
+    ixsmi_reset(tmp_path, f"sleep 30 & echo $! > {child}; echo done")
+    assert time.monotonic() - started < 5
+    assert_gone(int(child.read_text()))
+
+
+def test_a_stop_kills_a_running_ixsmi_at_once(tmp_path: Path) -> None:
+    abort = threading.Event()
+    threading.Timer(0.3, abort.set).start()
+    started = time.monotonic()
+    with pytest.raises(BackendError, match="was killed unfinished: the plugin is stopping"):
+        ixsmi_reset(tmp_path, "sleep 30", timeout=60, abort=abort)
+    assert time.monotonic() - started < 5
+
+
+def assert_gone(pid: int) -> None:
+    """The process no longer runs (a zombie not yet reaped by init counts as gone)."""
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except FileNotFoundError:
+            return
+        if state == "Z":
+            return
+        time.sleep(0.02)
+    os.kill(pid, signal.SIGKILL)
+    raise AssertionError(f"process {pid} still runs")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -107,10 +108,11 @@ class IxmlBackend:
                 if device.handle is not None
             }
 
-    def reset(self, uuids: Sequence[str], timeout: float) -> None:
-        """Shut the library down and run `ixsmi -r -i <uuids>`; BackendError with ixsmi's words on failure."""
+    def reset(self, uuids: Sequence[str], timeout: float, abort: threading.Event | None = None) -> None:
+        """Shut the library down and run `ixsmi -r -i <uuids>`; BackendError with ixsmi's words on failure
+        (or when abort is set before it ends: it is killed)."""
         self.close()
-        run_ixsmi_reset(self._ixsmi_path, uuids, timeout)
+        run_ixsmi_reset(self._ixsmi_path, uuids, timeout, abort)
 
     def close(self) -> None:
         """Stop the XID waiter, then shut the library down; a later discover() starts it again."""
