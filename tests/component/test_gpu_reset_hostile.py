@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import signal
@@ -15,22 +16,25 @@ import pytest
 from reset_support import (
     CHIP_A,
     CONFIG_MAP,
+    EXPORTER,
     NAMESPACE,
     NODE,
     devices_file,
+    exporter,
     fake_ixsmi,
+    reset_document,
     start_with_api,
     write_document,
 )
 
-from ix_device_plugin.deviceplugin.features.gpureset import OUR_NAME, ResetInfo
+from ix_device_plugin.deviceplugin.features.gpureset import OUR_NAME, ResetInfo, ResetSettings
 from ix_device_plugin.hardware.backend import BackendError
 from ix_device_plugin.hardware.ixml import IxmlBackend
 from ix_device_plugin.hardware.simulated import SimulatedBackend
 from ix_device_plugin.standins.apiserver import ApiServerStandIn
 from ix_device_plugin.standins.kubelet import KubeletStandIn
 
-from support import RESOURCE, DaemonFactory
+from support import RESOURCE, DaemonFactory, metric, until
 
 WHERE = f"ConfigMap {NAMESPACE}/{CONFIG_MAP} key gpuReset"
 
@@ -155,3 +159,81 @@ def assert_gone(pid: int) -> None:
         time.sleep(0.02)
     os.kill(pid, signal.SIGKILL)
     raise AssertionError(f"process {pid} still runs")
+
+
+# ---- the ConfigMap deleted ----------------------------------------------------------------------
+
+
+async def test_the_config_map_deleted_during_the_handshake_calls_the_reset_off_and_is_written_back_whole(
+    kubelet: KubeletStandIn, start_daemon: DaemonFactory, apiserver: ApiServerStandIn, short_dir: Path, tmp_path: Path
+) -> None:
+    write_document(apiserver, ResetInfo(NODE, False, {EXPORTER: True}))  # ix-exporter holds the GPUs, and hangs
+    backend = SimulatedBackend(str(devices_file(tmp_path / "d.yaml")))
+    await start_with_api(start_daemon, apiserver, short_dir, backend, reset=ResetSettings(10.0, 5.0))
+    await kubelet.wait_registered(RESOURCE, capacity=2)
+    pending = asyncio.create_task(refused(kubelet, [CHIP_A]))
+    await until(lambda: (info := reset_document(apiserver)) is not None and info.reset)
+    apiserver.delete("configmaps", CONFIG_MAP, NAMESPACE)
+    message = await pending
+    assert f"ConfigMap {NAMESPACE}/{CONFIG_MAP} was deleted during the reset handshake" in message, message
+    assert "ix-exporter (holding the GPUs when last read) cannot be asked to let go" in message
+    assert "the GPUs were not reset" in message
+    assert backend.resets == []
+    assert reset_document(apiserver) == ResetInfo(NODE, False, {EXPORTER: True, OUR_NAME: True})
+
+
+async def test_the_config_map_deleted_between_resets_refuses_the_next_one_and_keeps_the_others_entries(
+    kubelet: KubeletStandIn, start_daemon: DaemonFactory, apiserver: ApiServerStandIn, short_dir: Path, tmp_path: Path
+) -> None:
+    write_document(apiserver, ResetInfo(NODE, False, {EXPORTER: True}))
+    backend = SimulatedBackend(str(devices_file(tmp_path / "d.yaml")))
+    await start_with_api(start_daemon, apiserver, short_dir, backend)
+    await kubelet.wait_registered(RESOURCE, capacity=2)
+    await until(lambda: (info := reset_document(apiserver)) is not None and OUR_NAME in info.occupy)
+    apiserver.delete("configmaps", CONFIG_MAP, NAMESPACE)
+    message = await refused(kubelet, [CHIP_A])
+    assert "was deleted during the reset handshake" in message and backend.resets == []
+    assert reset_document(apiserver) == ResetInfo(NODE, False, {EXPORTER: True, OUR_NAME: True})
+    other = asyncio.create_task(exporter(apiserver, [], lets_go=True))
+    try:
+        await kubelet.allocate(RESOURCE, [[CHIP_A]])  # with the ConfigMap back, the handshake is on again
+    finally:
+        other.cancel()
+    assert backend.resets == [(CHIP_A,)]
+
+
+# ---- a user that lets go and never comes back ---------------------------------------------------
+
+
+async def lets_go_once(apiserver: ApiServerStandIn) -> None:
+    """ix-exporter letting go at the first reset: true, and never writing again (it died)."""
+    while (info := reset_document(apiserver)) is None or not info.reset:
+        await asyncio.sleep(0.02)
+    write_document(apiserver, ResetInfo(NODE, True, {**info.occupy, EXPORTER: False}))
+
+
+async def test_a_user_that_never_comes_back_fails_that_allocate_and_is_not_waited_for_again(
+    kubelet: KubeletStandIn, start_daemon: DaemonFactory, apiserver: ApiServerStandIn, short_dir: Path, tmp_path: Path
+) -> None:
+    write_document(apiserver, ResetInfo(NODE, False, {EXPORTER: True}))
+    backend = SimulatedBackend(str(devices_file(tmp_path / "d.yaml")))
+    daemon = await start_with_api(start_daemon, apiserver, short_dir, backend, reset=ResetSettings(1.0, 5.0))
+    await kubelet.wait_registered(RESOURCE, capacity=2)
+    other = asyncio.create_task(lets_go_once(apiserver))
+    message = await refused(kubelet, [CHIP_A])
+    await other
+    assert "the GPUs were reset, but ix-exporter let go of them for it and did not take them back within 1s" in message
+    started = time.monotonic()
+    await kubelet.allocate(RESOURCE, [[CHIP_A]])  # not waited for again
+    assert time.monotonic() - started < 0.9, "the second reset waited for ix-exporter again"
+    assert backend.resets == [(CHIP_A,), (CHIP_A,)]
+    assert metric(daemon, "ix_device_plugin_gpu_resets_total", result="ok") == 1
+    seen: list[tuple[bool, dict[str, bool]]] = []
+    back = asyncio.create_task(exporter(apiserver, seen, lets_go=True))  # it comes back: waited for again
+    try:
+        await until(lambda: (info := reset_document(apiserver)) is not None and info.occupy[EXPORTER])
+        await kubelet.allocate(RESOURCE, [[CHIP_A]])
+    finally:
+        back.cancel()
+    assert (True, {EXPORTER: False, OUR_NAME: False}) in seen
+    assert reset_document(apiserver) == ResetInfo(NODE, False, {EXPORTER: True, OUR_NAME: True})
