@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import stat
+import threading
+from collections.abc import Sequence
 from pathlib import Path
 
 import yaml
@@ -12,6 +14,8 @@ from ix_device_plugin.apiserver.settings import settings_from
 from ix_device_plugin.deviceplugin.features.gpureset import DATA_KEY, ResetInfo, ResetSettings
 from ix_device_plugin.deviceplugin.loop import Daemon
 from ix_device_plugin.hardware.backend import Backend
+from ix_device_plugin.hardware.ixml.reset import run_ixsmi_reset
+from ix_device_plugin.hardware.simulated import SimulatedBackend
 from ix_device_plugin.standins.apiserver import ApiServerStandIn
 
 from support import DaemonFactory, config_flags
@@ -100,3 +104,15 @@ async def exporter(apiserver: ApiServerStandIn, seen: list[tuple[bool, dict[str,
                 write_document(apiserver, answer)  # no await between read and write: nothing else writes
                 seen.append((answer.reset, dict(answer.occupy)))
         await asyncio.sleep(0.05)
+
+
+class IxsmiBackend(SimulatedBackend):
+    """Simulated chips, reset by running a (fake) ixsmi as the IXML backend runs it."""
+
+    def __init__(self, devices: Path, ixsmi: str) -> None:
+        super().__init__(str(devices))
+        self.ixsmi = ixsmi
+
+    def reset(self, uuids: Sequence[str], timeout: float, abort: threading.Event | None = None) -> None:
+        self.resets.append(tuple(uuids))
+        run_ixsmi_reset(self.ixsmi, uuids, timeout, abort)

@@ -19,6 +19,7 @@ from reset_support import (
     EXPORTER,
     NAMESPACE,
     NODE,
+    IxsmiBackend,
     devices_file,
     exporter,
     fake_ixsmi,
@@ -27,6 +28,8 @@ from reset_support import (
     write_document,
 )
 
+from ix_device_plugin.deviceplugin import loop
+from ix_device_plugin.deviceplugin.features import gpureset
 from ix_device_plugin.deviceplugin.features.gpureset import OUR_NAME, ResetInfo, ResetSettings
 from ix_device_plugin.hardware.backend import BackendError
 from ix_device_plugin.hardware.ixml import IxmlBackend
@@ -237,3 +240,57 @@ async def test_a_user_that_never_comes_back_fails_that_allocate_and_is_not_waite
         back.cancel()
     assert (True, {EXPORTER: False, OUR_NAME: False}) in seen
     assert reset_document(apiserver) == ResetInfo(NODE, False, {EXPORTER: True, OUR_NAME: True})
+
+
+# ---- a stop during a reset ----------------------------------------------------------------------
+
+
+async def reset_false_seen(apiserver: ApiServerStandIn, ended: Path) -> bool:
+    """Once the document says reset: true and then false again: whether ixsmi had ended by then."""
+    while (info := reset_document(apiserver)) is None or not info.reset:
+        await asyncio.sleep(0.01)
+    while (info := reset_document(apiserver)) is not None and info.reset:
+        await asyncio.sleep(0.01)
+    return ended.exists()
+
+
+@pytest.mark.parametrize("takes", [0.7, 30.0], ids=["ends-in-time", "hangs"])
+async def test_a_stop_during_a_reset_says_reset_false_only_once_ixsmi_is_over(
+    kubelet: KubeletStandIn,
+    start_daemon: DaemonFactory,
+    apiserver: ApiServerStandIn,
+    short_dir: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    takes: float,
+) -> None:
+    monkeypatch.setattr(gpureset, "RESET_STOP_WAIT", 1.5)
+    monkeypatch.setattr(loop, "RESET_STOP_WAIT", 1.5)
+    started, ended = tmp_path / "started", tmp_path / "ended"
+    ixsmi = fake_ixsmi(tmp_path / "ixsmi", f"echo $$ > {started}; sleep {takes}; touch {ended}")
+    backend = IxsmiBackend(devices_file(tmp_path / "d.yaml"), ixsmi)
+    write_document(apiserver, ResetInfo(NODE, False, {EXPORTER: True}))
+    other = asyncio.create_task(exporter(apiserver, [], lets_go=True))
+    watcher = asyncio.create_task(reset_false_seen(apiserver, ended))
+    try:
+        daemon = await start_with_api(start_daemon, apiserver, short_dir, backend)
+        await kubelet.wait_registered(RESOURCE, capacity=2)
+        pending = asyncio.create_task(kubelet.allocate(RESOURCE, [[CHIP_A]]))
+        await until(started.exists)
+        stopping = time.monotonic()
+        await daemon.shutdown()
+        stopped_in = time.monotonic() - stopping
+        with pytest.raises(grpc.aio.AioRpcError):
+            await pending
+        async with asyncio.timeout(5):
+            ixsmi_was_over = await watcher
+    finally:
+        other.cancel()
+        watcher.cancel()
+    if takes < 1.5:
+        assert ixsmi_was_over, "reset: false was said while ixsmi still ran"
+    else:  # killed after the stop's wait: it never ended on its own, and no longer runs
+        assert not ended.exists() and 1.2 < stopped_in < 6
+        assert_gone(int(started.read_text()))
+    info = reset_document(apiserver)
+    assert info is not None and info.reset is False and info.occupy[OUR_NAME] is True

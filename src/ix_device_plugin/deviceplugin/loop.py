@@ -22,7 +22,7 @@ from ix_device_plugin.core.limits import device_list_problem
 from ix_device_plugin.core.plan import Plan
 from ix_device_plugin.deviceplugin.configsource import ConfigSource
 from ix_device_plugin.deviceplugin.endpoint import ENDPOINT, Endpoint
-from ix_device_plugin.deviceplugin.features.gpureset import GpuReset, GpuResetError
+from ix_device_plugin.deviceplugin.features.gpureset import KILL_WAIT, RESET_STOP_WAIT, GpuReset, GpuResetError
 from ix_device_plugin.deviceplugin.features.hook import ApiFeatures
 from ix_device_plugin.deviceplugin.metrics import Metrics
 from ix_device_plugin.deviceplugin.nodefiles import NodeFiles
@@ -254,7 +254,9 @@ class Daemon:
         await self.service.stop_tasks(budget * 0.4)
         await bounded("stopping the plugin server", self.endpoint.stop(grace=budget * 0.1), budget * 0.3)
         self.endpoint.remove_socket()
-        await bounded("ending the API features", self.api.close(timeout=budget * 0.2), budget * 0.25)
+        # A GPU reset under way is waited for (RESET_STOP_WAIT, then its ixsmi is killed) before reset: false.
+        ending = budget * 0.25 + (RESET_STOP_WAIT + KILL_WAIT if self.api.resetting else 0)
+        await bounded("ending the API features", self.api.close(timeout=budget * 0.2), ending)
         if self.apiserver is not None:
             await bounded("closing the API connection", self.apiserver.close(), budget * 0.05)
         if self._probes is not None:
