@@ -294,3 +294,21 @@ async def test_a_stop_during_a_reset_says_reset_false_only_once_ixsmi_is_over(
         assert_gone(int(started.read_text()))
     info = reset_document(apiserver)
     assert info is not None and info.reset is False and info.occupy[OUR_NAME] is True
+
+
+async def test_the_handshakes_background_task_runs_on_and_is_never_taken_for_down(
+    kubelet: KubeletStandIn,
+    start_daemon: DaemonFactory,
+    apiserver: ApiServerStandIn,
+    short_dir: Path,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.ERROR, logger="ix_device_plugin")
+    backend = SimulatedBackend(str(devices_file(tmp_path / "d.yaml")))
+    daemon = await start_with_api(start_daemon, apiserver, short_dir, backend)
+    await kubelet.wait_registered(RESOURCE, capacity=2)
+    await until(lambda: (info := reset_document(apiserver)) is not None and OUR_NAME in info.occupy)
+    await asyncio.sleep(0.8)  # past the supervisor's first restart delay
+    assert daemon.service.down() == [] and daemon.live()[0]
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
