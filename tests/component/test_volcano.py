@@ -27,6 +27,7 @@ from ix_device_plugin.deviceplugin.features.volcano import (
     device_info,
     free_devices,
     oldest_waiting,
+    predicate_time,
 )
 from ix_device_plugin.hardware.simulated import SimulatedBackend
 from ix_device_plugin.settings.config import Config
@@ -83,6 +84,19 @@ def test_the_oldest_pod_waiting_for_that_many_devices_is_chosen() -> None:
     assert oldest_waiting(pods, 2).name == "two"  # type: ignore[union-attr]
     assert oldest_waiting(pods, 3) is None
     assert oldest_waiting([pod("no-time", {DEV_VOLCANO: CHIP_C})], 1) is not None, "no time: last, not never"
+
+
+@pytest.mark.parametrize(
+    "stamp", ["-5", "-99999999999", "abc", "1_0", "+3", " 7", "1e3", "٣", "18446744073709551616", "9" * 400]
+)
+def test_a_predicate_time_that_is_not_an_unsigned_decimal_never_wins(stamp: str) -> None:
+    pods = [
+        pod("stamped", {DEV_VOLCANO: CHIP_A, PREDICATE_TIME: "100"}),
+        pod("odd", {DEV_VOLCANO: CHIP_B, PREDICATE_TIME: stamp}),
+    ]
+    assert predicate_time(pods[1]) == int(TAKEN), "read as upstream reads it: the largest uint64"
+    assert oldest_waiting(pods, 1).name == "stamped"  # type: ignore[union-attr]
+    assert oldest_waiting(pods[1:], 1).name == "odd", "last, not never"  # type: ignore[union-attr]
 
 
 def test_allocated_pods_get_upstreams_two_annotations_once() -> None:

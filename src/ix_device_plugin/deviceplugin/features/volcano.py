@@ -45,6 +45,7 @@ DEV_KUBELET = "iluvatar.com/DevKubelet"
 DEV_REAL_ALLOC = "iluvatar.com/DevRealAlloc"
 PREDICATE_TIME = "predicate-time"
 TAKEN = str(2**64 - 1)  # predicate-time of a pod whose devices were handed out
+_LARGEST = 2**64 - 1
 PASS_PERIOD = 5.0  # seconds between looks at the kubelet's allocations (local), to annotate allocated pods
 MATCH_WAIT = 2.0  # a pod annotated just now may not have reached the watch yet: wait this long for it
 UPDATE_TIME = "UpdateTime"
@@ -104,11 +105,15 @@ def allocated_devices(pods: Iterable[PodDoc]) -> set[str]:
 
 
 def predicate_time(pod: PodDoc) -> int:
-    """When Volcano placed the pod; the largest uint64 when it did not say (or said something else)."""
-    try:
-        return int(pod.annotations.get(PREDICATE_TIME, TAKEN))
-    except ValueError:
-        return int(TAKEN)
+    """When Volcano placed the pod: an unsigned decimal, as Volcano writes it and upstream reads it (ParseUint).
+
+    Anything else (absent, negative, signed, spaced, not ASCII digits, past the largest uint64) is read as the
+    largest uint64, as upstream reads it: such a pod comes after every pod Volcano stamped, never before.
+    """
+    text = pod.annotations.get(PREDICATE_TIME, "")
+    if not (0 < len(text) <= len(TAKEN) and text.isascii() and text.isdigit()):
+        return _LARGEST
+    return min(int(text), _LARGEST)
 
 
 def waiting_for(pod: PodDoc, size: int) -> bool:
