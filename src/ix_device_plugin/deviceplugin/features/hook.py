@@ -161,7 +161,8 @@ class ApiFeatures:
                     await self._volcano_wait(CONFIG_POLL, self._wake_events(None))
                     continue
                 mode = await self._volcano_mode()
-                if following is None:
+                if following is None or following.done():  # not started, or ended by a failure: (re)start it
+                    _said_why_it_ended(following)
                     following = asyncio.create_task(mode.follow(), name="volcano-watches")
                 wake, wait = self._wake_events(mode), PASS_PERIOD  # taken before the pass: no change is missed
                 try:
@@ -191,6 +192,12 @@ class ApiFeatures:
         if self._volcano_soon.is_set():
             self._volcano_soon.clear()
             await asyncio.sleep(SETTLE)  # the kubelet records the allocation just after Allocate returns
+
+
+def _said_why_it_ended(task: asyncio.Task[None] | None) -> None:
+    """Log why the watches' task ended, when it did."""
+    if task is not None and not task.cancelled() and (error := task.exception()) is not None:
+        log.error("Volcano mode: the watches ended: %s: %s; starting them again", type(error).__name__, error)
 
 
 async def _stopped(task: asyncio.Task[None] | None) -> None:
