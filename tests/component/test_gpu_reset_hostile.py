@@ -9,6 +9,7 @@ import signal
 import threading
 import time
 import tracemalloc
+from collections.abc import Sequence
 from pathlib import Path
 
 import grpc
@@ -24,10 +25,13 @@ from reset_support import (
     exporter,
     fake_ixsmi,
     reset_document,
+    start_resetting,
     start_with_api,
     write_document,
 )
 
+from ix_device_plugin.core.inventory import Inventory
+from ix_device_plugin.core.telemetry import ChipSample
 from ix_device_plugin.deviceplugin import loop
 from ix_device_plugin.deviceplugin.features import gpureset
 from ix_device_plugin.deviceplugin.features.gpureset import OUR_NAME, ResetInfo, ResetSettings
@@ -312,3 +316,41 @@ async def test_the_handshakes_background_task_runs_on_and_is_never_taken_for_dow
     await asyncio.sleep(0.8)  # past the supervisor's first restart delay
     assert daemon.service.down() == [] and daemon.live()[0]
     assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
+
+
+# ---- telemetry, the plugin's other user of the GPU library --------------------------------------
+
+
+class Watched(SimulatedBackend):
+    """Chips whose reset takes a while; records what telemetry did meanwhile."""
+
+    def __init__(self, devices: Path) -> None:
+        super().__init__(str(devices))
+        self.events: list[str] = []
+
+    def reset(self, uuids: Sequence[str], timeout: float, abort: threading.Event | None = None) -> None:
+        self.events.append("reset begins")
+        time.sleep(0.5)
+        self.events.append("reset ends")
+        super().reset(uuids, timeout, abort)
+
+    def sample(self, inventory: Inventory) -> dict[str, ChipSample]:
+        self.events.append("sample")
+        return super().sample(inventory)
+
+    def close(self) -> None:
+        self.events.append("close")
+
+
+async def test_telemetry_lets_go_of_the_library_and_pauses_while_ixsmi_runs(
+    kubelet: KubeletStandIn, start_daemon: DaemonFactory, tmp_path: Path
+) -> None:
+    backend = Watched(devices_file(tmp_path / "d.yaml"))
+    await start_resetting(start_daemon, backend, telemetry_interval=0.05)
+    await kubelet.wait_registered(RESOURCE, capacity=2)
+    await until(lambda: "sample" in backend.events)
+    await kubelet.allocate(RESOURCE, [[CHIP_A]])
+    await until(lambda: backend.events[-1] == "sample")  # passes again after the reset
+    begins, ends = backend.events.index("reset begins"), backend.events.index("reset ends")
+    assert backend.events[begins - 1] == "close", backend.events  # telemetry released the library first
+    assert "sample" not in backend.events[begins:ends], "a telemetry pass ran during the reset"

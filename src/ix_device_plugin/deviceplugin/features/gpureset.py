@@ -16,11 +16,12 @@ saying reset: false, so that no one takes the GPUs back in the middle of a reset
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import enum
 import logging
 import threading
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -105,6 +106,8 @@ class GpuReset:
         self._abort = threading.Event()
         self._record_wanted = asyncio.Event()  # the ConfigMap must (again) say reset: false, we hold the GPUs
         self._record_wanted.set()
+        # Our other users of the GPU library (telemetry) let go of it while ixsmi runs.
+        self.quiet_others: Callable[[], contextlib.AbstractAsyncContextManager[None]] = _nothing_to_quiet
 
     @property
     def command_running(self) -> bool:
@@ -152,7 +155,8 @@ class GpuReset:
                 await self._hand_back(handshake)
                 raise GpuResetError(f"{_refusal(error)}; the GPUs were not reset", "refused") from None
         self.step = Step.RESETTING
-        failure = await self._run_command(uuids)
+        async with self.quiet_others():
+            failure = await self._run_command(uuids)
         late: list[str] = []
         if handshake is not None:
             self.step = Step.RETURNING
@@ -267,6 +271,11 @@ class GpuReset:
             log.info("GPU reset cut short by the stop; %s says reset: false again", handshake.where)
         except Exception as error:
             log.error("could not end the GPU reset in %s before stopping: %s", handshake.where, error)
+
+
+@contextlib.asynccontextmanager
+async def _nothing_to_quiet() -> AsyncIterator[None]:
+    yield
 
 
 def _refusal(error: Exception) -> str:
