@@ -24,7 +24,7 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence, Set
 from typing import TYPE_CHECKING, Any
 
 from ix_device_plugin.core.allocation import AllocationError
@@ -125,9 +125,28 @@ def waiting_for(pod: PodDoc, size: int) -> bool:
     return len(pod.annotations[DEV_VOLCANO].split(",")) == size
 
 
-def oldest_waiting(pods: Iterable[PodDoc], size: int) -> PodDoc | None:
-    """The pod Volcano placed first among those waiting for `size` devices."""
-    candidates = [pod for pod in active(pods) if waiting_for(pod, size)]
+def held_devices(pods: Iterable[PodDoc], taken: Set[str] = frozenset()) -> dict[str, PodDoc]:
+    """Device ID -> the pod holding it: its DevRealAlloc, or the devices Volcano chose for a pod that was handed
+    them (predicate-time taken, or uid in taken) and is not annotated yet."""
+    held: dict[str, PodDoc] = {}
+    for pod in pods:
+        ids = _ids(pod.annotations.get(DEV_REAL_ALLOC, ""))
+        if not ids and (pod.uid in taken or pod.annotations.get(PREDICATE_TIME) == TAKEN):
+            ids = _ids(pod.annotations.get(DEV_VOLCANO, ""))
+        for device in ids:
+            held.setdefault(device, pod)
+    return held
+
+
+def clashes(pod: PodDoc, held: Mapping[str, PodDoc]) -> list[tuple[str, PodDoc]]:
+    """The devices Volcano chose for pod that another pod holds, with that pod."""
+    chosen = _ids(pod.annotations.get(DEV_VOLCANO, ""))
+    return [(device, held[device]) for device in chosen if device in held and held[device].uid != pod.uid]
+
+
+def oldest_waiting(pods: Iterable[PodDoc], size: int, held: Mapping[str, PodDoc] | None = None) -> PodDoc | None:
+    """The pod Volcano placed first among those waiting for `size` devices, none of which another pod holds."""
+    candidates = [pod for pod in active(pods) if waiting_for(pod, size) and not clashes(pod, held or {})]
     return min(candidates, key=lambda pod: (predicate_time(pod), pod.namespace, pod.name), default=None)
 
 
@@ -219,6 +238,7 @@ class VolcanoMode:
         self._turn = asyncio.Lock()  # one Allocate at a time picks a pod, so no pod is picked twice
         self._taken: set[str] = set()  # pods given their devices here, until the watch shows them taken
         self._annotated: set[str] = set()  # pods annotated here, until the watch shows the annotations
+        self._clash_said: set[str] = set()  # pods placed on devices others hold, said once
         self._written: tuple[Content, int] | None = None  # what was last written, at which generation of the watch
         self._stamp = 0  # the last UpdateTime written
 
@@ -317,7 +337,16 @@ class VolcanoMode:
     def _waiting_pod(self, size: int) -> PodDoc | None:
         pods = self.active_pods()
         self._taken &= {pod.uid for pod in pods if pod.annotations.get(PREDICATE_TIME) != TAKEN}
-        return oldest_waiting((pod for pod in pods if pod.uid not in self._taken), size)
+        held = held_devices(pods, self._taken)
+        for pod in pods:  # a device is never handed out twice: a pod placed on a held one is passed over
+            if waiting_for(pod, size) and pod.uid not in self._clash_said and (clash := clashes(pod, held)):
+                device, holder = clash[0]
+                log.warning(
+                    "Volcano mode: pod %s/%s was placed on %s, which pod %s/%s holds; it is passed over",
+                    *(pod.namespace, pod.name, device, holder.namespace, holder.name),
+                )
+                self._clash_said.add(pod.uid)
+        return oldest_waiting((pod for pod in pods if pod.uid not in self._taken), size, held)
 
     async def _take(self, pod: PodDoc, kubelet_ids: Sequence[str]) -> list[str]:
         kube = await self.api.kube()
