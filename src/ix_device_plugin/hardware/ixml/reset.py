@@ -96,6 +96,7 @@ def _follow(
 
     ixsmi is not reaped here, so that its process group cannot be another's when it is killed.
     """
+    nap = 0.001
     while True:
         if _exited(process.pid):
             return "exited"
@@ -104,8 +105,9 @@ def _follow(
         left = deadline - time.monotonic()
         if left <= 0:
             return "timeout"
-        if not _read(selector, tail, min(POLL, left)):
-            time.sleep(min(POLL, max(left, 0)))  # the pipe is closed: only the exit is left to wait for
+        if not _read(selector, tail, min(POLL, left)):  # the pipe is closed: only the exit is left to wait for
+            time.sleep(min(nap, left))
+            nap = min(nap * 2, POLL)
 
 
 def _read(selector: selectors.BaseSelector, tail: _Tail, wait: float) -> bool:
