@@ -1,13 +1,16 @@
 """DRA mode: start-up (process start -> registration served, and -> ResourceSlice published), prepare and
-unprepare latency through the kubelet DRA stand-in, and the driver's RSS, on 2 BI-V150 boards (4 chips).
+unprepare latency through the kubelet DRA stand-in, the driver's RSS, on 2 BI-V150 boards (4 chips); and the
+time from an XID to the kubelet's health update (DRAResourceHealth stream) and to the slice's taint, over the
+compiled libixml.so double.
 
-The driver is `ix-device-plugin dra` in its own process, on simulated devices, against the API server stand-in.
+The driver is `ix-device-plugin dra` in its own process, against the API server stand-in.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import shutil
 import signal
 import subprocess
@@ -105,12 +108,89 @@ async def _run_once(api: ApiServerStandIn, prepares: int, node: str) -> dict[str
         shutil.rmtree(directory, ignore_errors=True)
 
 
+DOUBLE_SOURCE = Path(__file__).resolve().parents[1] / "tests" / "ixml_double" / "libixml_double.c"
+
+
+def _double(directory: Path) -> Path | None:
+    """The libixml.so double compiled into directory, 4 chips in its device file; None without a C compiler."""
+    compiler = shutil.which("gcc") or shutil.which("cc")
+    if compiler is None:
+        return None
+    library = directory / "libixml.so"
+    subprocess.run([compiler, "-shared", "-fPIC", "-O2", "-o", str(library), str(DOUBLE_SOURCE)], check=True)
+    (directory / "dev").mkdir(exist_ok=True)
+    lines = ["driver=4.1.0"]
+    for minor in range(4):
+        (directory / "dev" / f"iluvatar{minor}").touch()
+        lines.append(f'device uuid=GPU-x{minor} name="Iluvatar BI-V100" minor={minor}')
+    (directory / "double.conf").write_text("\n".join(lines) + "\n")
+    return library
+
+
+async def _xid_to_health(api: ApiServerStandIn, node: str, xids: int) -> dict[str, list[float]] | None:
+    """Seconds from writing an XID into the double's file to the kubelet's stream saying UNHEALTHY, and to the
+    slice's taint; one XID per chip."""
+    directory = short_dir()
+    library = _double(directory)
+    if library is None:
+        return None
+    kubeconfig = api.write_kubeconfig(directory / "kubeconfig")
+    command = _command(directory, kubeconfig, node)
+    command[command.index("simulated")] = "ixml"
+    command[command.index("--simulated-devices") : command.index("--simulated-devices") + 2] = [
+        "--ixml-library",
+        str(library),
+    ]
+    env = {**os.environ, "IXML_DOUBLE_CONFIG": str(directory / "double.conf")}
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
+    socket = directory / "registry" / f"{DRIVER}-reg.sock"
+    stream, taint = [], []
+    try:
+        kubelet = DraKubeletStandIn(DRIVER)
+        await _wait(socket.is_socket, "registration socket")
+        await kubelet.register(socket)
+        watch = await kubelet.watch_health("v1")
+        await watch.wait_for(lambda w: len(w.devices) == 4, timeout=START_TIMEOUT)
+        name = slice_base_name(node)
+        for minor in range(min(xids, 4)):
+            device = f"gpu-{minor}"
+            began = time.perf_counter()
+            with (directory / "double.conf").open("a") as conf:
+                conf.write(f"xid={minor},79\n")
+            await watch.wait_for(lambda w, d=device: w.devices[d][0] == "UNHEALTHY", timeout=START_TIMEOUT)
+            stream.append(time.perf_counter() - began)
+            await _wait(lambda d=device: _tainted(api.get("resourceslices", name), d), "taint")
+            taint.append(time.perf_counter() - began)
+        await watch.close()
+        await kubelet.close()
+    finally:
+        process.send_signal(signal.SIGTERM)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            process.wait(timeout=5)
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+        shutil.rmtree(directory, ignore_errors=True)
+    return {"stream": stream, "taint": taint}
+
+
+def _tainted(stored: dict[str, Any] | None, device: str) -> bool:
+    devices = {d["name"]: d for d in ((stored or {}).get("spec") or {}).get("devices") or []}
+    return bool(devices.get(device, {}).get("taints"))
+
+
 async def run(settings: Any) -> dict[str, Any]:
     """Start-ups, prepare/unprepare round trips and RSS of the DRA driver."""
     starts, prepares = (1, 5) if settings.smoke else (5, 200)
     async with ApiServerStandIn() as api:
         runs = [await _run_once(api, prepares, f"{NODE}-{index}") for index in range(starts)]
+        health = await _xid_to_health(api, f"{NODE}-xid", 1 if settings.smoke else 4)
+    xid = {} if health is None else {
+        "xid_to_kubelet_health": latency_ms(health["stream"]),
+        "xid_to_slice_taint": latency_ms(health["taint"]),
+    }  # fmt: skip
     return {
+        **xid,
         "to_registration": summary_ms([r["registered"] for r in runs]),
         "to_slice": summary_ms([r["published"] for r in runs]),
         "prepare": latency_ms([s for r in runs for s in r["prepare"]]),

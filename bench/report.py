@@ -142,6 +142,8 @@ def _dra() -> Iterator[Figure]:
     yield Figure("dra", "NodeUnprepareResources p99", ("unprepare", "p99_ms"), "ms")
     yield Figure("dra", "RSS after start", ("rss_start_mib",), "MiB")
     yield Figure("dra", "RSS after the prepares", ("rss_after_prepares_mib",), "MiB")
+    yield Figure("dra", "XID -> kubelet health stream, max", ("xid_to_kubelet_health", "max_ms"), "ms", 1000)
+    yield Figure("dra", "XID -> ResourceSlice taint, max", ("xid_to_slice_taint", "max_ms"), "ms", 1000)
 
 
 def _api_features() -> Iterator[Figure]:

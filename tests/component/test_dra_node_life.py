@@ -247,3 +247,58 @@ async def test_slices_deleted_by_a_restarting_kubelet_are_published_again_at_reg
     assert node.slice()["metadata"]["ownerReferences"][0]["kind"] == "Node"
     assert driver.registration.registrations == 1
     await kubelet.close()
+
+
+async def test_the_claim_status_says_the_chips_and_keeps_other_drivers_entries(
+    node: DraNode, api: ApiServerStandIn
+) -> None:
+    driver = await node.start()
+    await node.wait_slice(lambda devices: len(devices) == 4)
+    kubelet = await node.kubelet(driver)
+    claim = node.claim("status", ["gpu-2"])
+    stored = api.get("resourceclaims", "status", "default")
+    assert stored is not None
+    other = {"driver": "net.example.com", "pool": "p", "device": "nic-0"}
+    stored["status"]["devices"] = [other]
+    api.put("resourceclaims", stored)
+    assert answer(await kubelet.prepare([claim]), claim[2]).error == ""
+    uuid = driver.content.by_name()["gpu-2"].chip.uuid
+
+    def devices() -> list[dict]:
+        found = api.get("resourceclaims", "status", "default")
+        return [] if found is None else found["status"].get("devices") or []
+
+    async with asyncio.timeout(3):
+        while len(devices()) < 2:
+            await asyncio.sleep(0.02)
+    ours = devices()[1]
+    assert devices()[0] == other
+    assert (ours["driver"], ours["pool"], ours["device"]) == (DRIVER, node.node, "gpu-2")
+    assert ours["data"]["uuid"] == uuid and ours["data"]["pciBusID"]
+    assert answer(await kubelet.unprepare([claim]), claim[2]).error == ""
+    async with asyncio.timeout(3):
+        while devices() != [other]:
+            await asyncio.sleep(0.02)
+    await kubelet.close()
+
+
+@pytest.mark.parametrize("how", ["deleted", "edited"])
+async def test_a_slice_someone_else_changes_is_put_back_within_two_seconds(
+    node: DraNode, api: ApiServerStandIn, how: str
+) -> None:
+    driver = await node.start(health_address="127.0.0.1:0")
+    kubelet = await node.kubelet(driver)
+    await node.wait_slice(lambda devices: len(devices) == 4)
+    await asyncio.sleep(0.3)  # the watch of the node's slices is open
+    (stored,) = api.objects("resourceslices")
+    name = stored["metadata"]["name"]
+    if how == "deleted":
+        api.delete("resourceslices", name)
+    else:
+        stored["spec"]["devices"] = stored["spec"]["devices"][:1]
+        api.put("resourceslices", stored)
+    started = asyncio.get_running_loop().time()
+    await node.wait_slice(lambda devices: len(devices) == 4, timeout=2)
+    assert asyncio.get_running_loop().time() - started < 2
+    assert driver.publisher is not None and driver.publisher.repairs >= 1
+    await kubelet.close()

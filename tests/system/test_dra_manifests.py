@@ -83,6 +83,8 @@ def test_the_rbac_is_the_narrowest() -> None:
     assert rules == {
         (("resource.k8s.io",), ("resourceslices",)): {"get", "list", "watch", "create", "update", "delete"},
         (("resource.k8s.io",), ("resourceclaims",)): {"get"},
+        (("resource.k8s.io",), ("resourceclaims/status",)): {"patch"},
+        (("",), ("nodes",)): {"get"},
     }
 
 

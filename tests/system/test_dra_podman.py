@@ -91,3 +91,23 @@ async def test_two_pods_sharing_a_claim_get_the_same_chip(node: DraNode, podman:
     assert views[0] == views[1]
     assert views[0][0] == {"iluvatar0", "itrctl"}
     await kubelet.close()
+
+
+async def test_after_a_reboot_the_prepared_claim_runs_in_a_container_again(
+    node: DraNode, podman: PodmanSandbox
+) -> None:
+    driver = await node.start()
+    await node.wait_slice(lambda listed: len(listed) == 4)
+    kubelet = await node.kubelet(driver)
+    claim = node.claim("survivor", ["gpu-3"])
+    before = (await kubelet.prepare([claim])).claims[claim[2]]
+    await kubelet.close()
+    await node.stop(driver)
+    node.reboot()  # the CDI directory is a tmpfs: empty after a reboot; the checkpoint is kept
+    restarted = await node.start()
+    kubelet = await node.kubelet(restarted)
+    after = (await kubelet.prepare([claim])).claims[claim[2]]  # the kubelet prepares again after a reboot
+    assert after == before
+    seen, _ = container_view(podman, [i for d in after.devices for i in d.cdi_device_ids])
+    assert seen == {"iluvatar3", "itrctl"}  # without the spec written again: "unresolvable CDI devices"
+    await kubelet.close()

@@ -37,6 +37,7 @@ from ix_device_plugin.apiserver.objects import (
     labels_of,
     pod_doc,
     resource,
+    status_resource,
 )
 from ix_device_plugin.apiserver.settings import KubeConfigError, KubeSettings
 
@@ -266,6 +267,19 @@ class Kube:
             f"delete {kind.describe(name, namespace)}",
             lambda: self._client.delete(resource(kind), name, **self._scope(kind, namespace)),
         )
+
+    async def patch_status(self, kind: ObjectKind, name: str, namespace: str | None, patch: Object) -> Object:
+        """Merge patch into the object's status subresource (a metadata.resourceVersion in it is a precondition:
+        KubeConflict when the object changed since); the object as stored."""
+        from lightkube.types import PatchType
+
+        patched = await self._call(
+            f"patch the status of {kind.describe(name, namespace)}",
+            lambda: self._client.patch(
+                status_resource(kind), name, patch, patch_type=PatchType.MERGE, **self._scope(kind, namespace)
+            ),
+        )
+        return as_dict(patched)
 
     async def _patch(self, kind: ObjectKind, name: str, namespace: str | None, patch: Object) -> Object:
         from lightkube.types import PatchType

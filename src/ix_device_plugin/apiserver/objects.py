@@ -149,6 +149,20 @@ def resource(kind: ObjectKind) -> Any:
     return type(kind.kind, (base,), {"_api_info": api_info})
 
 
+@cache
+def status_resource(kind: ObjectKind) -> Any:
+    """The client library's class for kind's status subresource (`.../<name>/status`)."""
+    from lightkube.core import resource as lightkube_resource
+    from lightkube.generic_resource import GenericGlobalStatus, GenericNamespacedStatus
+
+    main = resource(kind)._api_info
+    api_info = lightkube_resource.ApiInfo(
+        resource=main.resource, parent=main.resource, plural=main.plural, verbs=["get", "patch", "put"], action="status"
+    )
+    base = GenericNamespacedStatus if kind.namespaced else GenericGlobalStatus
+    return type(f"{kind.kind}Status", (base,), {"_api_info": api_info})
+
+
 def as_dict(obj: Any) -> Object:
     """An object the client library returned, as a plain dict."""
     return obj.to_dict() if hasattr(obj, "to_dict") else dict(obj)

@@ -16,7 +16,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import grpc
@@ -33,13 +33,15 @@ from ix_device_plugin.api.pluginregistration import api_pb2_grpc as registration
 from ix_device_plugin.apiserver.client import Kube
 from ix_device_plugin.apiserver.connection import ApiConnection
 from ix_device_plugin.apiserver.errors import KubeError
-from ix_device_plugin.apiserver.objects import RESOURCE_CLAIM
+from ix_device_plugin.apiserver.objects import RESOURCE_CLAIM, RESOURCE_SLICE
 from ix_device_plugin.apiserver.settings import KubeSettings
+from ix_device_plugin.apiserver.watch import Key, Mirror
 from ix_device_plugin.core.inventory import Inventory
 from ix_device_plugin.dra.claims import ClaimError, ClaimRef, PreparedClaim
+from ix_device_plugin.dra.claimstatus import ClaimStatusWriter
 from ix_device_plugin.dra.health import DeviceHealthBoard, HealthService
 from ix_device_plugin.dra.metrics import DraMetrics
-from ix_device_plugin.dra.publisher import SlicePublisher
+from ix_device_plugin.dra.publisher import SlicePublisher, StoredSlice, stored_slice
 from ix_device_plugin.dra.registration import (
     RegistrationService,
     dra_socket,
@@ -112,6 +114,7 @@ class DraDriver:
         self._streams_end = asyncio.Event()
         self.registration = RegistrationService(self.endpoint, self._registered)
         self.publisher: SlicePublisher | None = None
+        self.claim_status: ClaimStatusWriter | None = None
         self.ready = asyncio.Event()
         self._servers: list[grpc.aio.Server] = []
         self._probes: ProbeServer | None = None
@@ -147,7 +150,18 @@ class DraDriver:
             self.kube = await self.api.kube()
         self.publisher = SlicePublisher(self.kube, self.options.node_name)
         self.publisher.want(self.content, self.roots)
+        self.claim_status = ClaimStatusWriter(self.kube, self.options.node_name)
         self.service.spawn("publish-slice", self.publisher.run)
+        if self.api is not None:  # the node's slices, watched: put back when someone else changes or deletes them
+            watched = Mirror(
+                self.api,
+                RESOURCE_SLICE,
+                stored_slice,
+                f"the ResourceSlices of node {self.options.node_name}",
+                field_selector={"spec.nodeName": self.options.node_name},
+                on_change=self._slices_changed,
+            )
+            self.service.spawn("watch-slices", watched.run)
         self.service.spawn("hardware", self.monitor.run)
         await self._serve()
         await self._start_probes()
@@ -159,6 +173,8 @@ class DraDriver:
         timeout = self.options.base.stop_timeout
         self._streams_end.set()
         await self.service.stop_tasks(timeout * 0.4)
+        if self.claim_status is not None:
+            await bounded("writing claim status", self.claim_status.close(), timeout / 10)
         for server in self._servers:
             await bounded("stopping a gRPC server", server.stop(timeout / 4), timeout / 4)
         self._servers.clear()
@@ -195,6 +211,10 @@ class DraDriver:
         self._servers.append(registration)
         log.info("serving %s and %s", registrar, endpoint)
 
+    def _slices_changed(self, stored: Mapping[Key, StoredSlice]) -> None:
+        if self.publisher is not None:
+            self.publisher.seen({name: s.version for (_, name), s in stored.items() if s.ours})
+
     def _registered(self) -> None:
         """The kubelet (re)registered us: it deletes a node's slices when it starts, so publish them again."""
         if self.publisher is not None:
@@ -221,11 +241,15 @@ class DraDriver:
         """The prepared claim, or the per-claim error message; never raises."""
         work = self.state.prepare(ref, self._read_claim, self.content.by_name(), self.inventory.control_nodes)
         prepared: PreparedClaim | str = await self.metrics.timed("prepare", work)
+        if not isinstance(prepared, str) and self.claim_status is not None:
+            self.claim_status.prepared(prepared, {chip.uuid: chip.bus_id for chip in self.inventory.chips()})
         return prepared
 
     async def unprepare_claim(self, ref: ClaimRef) -> str | None:
         """Remove the claim's CDI spec and checkpoint entry; the error message, or None."""
         error: str | None = await self.metrics.timed("unprepare", self.state.unprepare(ref))
+        if error is None and self.claim_status is not None:
+            self.claim_status.unprepared(ref)
         return error
 
     async def _read_claim(self, ref: ClaimRef) -> dict[str, Any]:
@@ -281,6 +305,8 @@ class DraDriver:
             return False, "not registered with the kubelet's plugin watcher"
         if self.publisher is None or self.publisher.published is None:
             return False, "ResourceSlice not published yet"
+        if missing := self.publisher.missing():
+            return False, f"ResourceSlice {', '.join(missing)} missing (being published again)"
         return True, f"registered, ResourceSlice {self.publisher.name} published"
 
 

@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from ix_device_plugin.apiserver.client import Kube
@@ -28,6 +29,22 @@ log = logging.getLogger(__name__)
 WRITE_ATTEMPTS = 5  # a conflict means someone else wrote a slice: read them again, this many times
 
 
+@dataclass(frozen=True)
+class StoredSlice:
+    """What the watch of the node's slices keeps of one: whether it is this driver's, and its resourceVersion."""
+
+    ours: bool
+    version: str
+
+
+def stored_slice(obj: Mapping[str, Any]) -> StoredSlice:
+    """A watched ResourceSlice as StoredSlice."""
+    metadata = obj.get("metadata") or {}
+    labels = metadata.get("labels") or {}
+    ours = (obj.get("spec") or {}).get("driver") == DRIVER and all(labels.get(k) == v for k, v in MANAGED_BY.items())
+    return StoredSlice(ours, str(metadata.get("resourceVersion", "")))
+
+
 class SlicePublisher:
     """Publishes the content it is given; `published` holds the pool's slices as the API server stored them last."""
 
@@ -39,6 +56,7 @@ class SlicePublisher:
         self.published: list[dict[str, Any]] | None = None
         self.repairs = 0  # writes made because the stored slices differed from what was last published
         self._node_uid: str | None = None
+        self._seen: Mapping[str, str] | None = None  # this driver's slices as the watch last saw them, by name
         self._wanted: tuple[SliceContent, Mapping[str, str]] = (SliceContent((), None), {})
         self._generation = 0  # bumped with every new wish
         self._changed = asyncio.Event()
@@ -47,6 +65,19 @@ class SlicePublisher:
         """Publish this content (with these PCIe roots) as soon as possible."""
         self._wanted = (content, roots)
         self.republish()
+
+    def seen(self, stored: Mapping[str, str]) -> None:
+        """The watch's view of this driver's slices (name -> resourceVersion): repair them when they are not the
+        ones last published (someone else edited or deleted them)."""
+        self._seen = dict(stored)
+        if self.published is not None and self._seen != _versions(self.published):
+            self.republish()
+
+    def missing(self) -> list[str]:
+        """The slices last published that the watch no longer sees."""
+        if self._seen is None or self.published is None:
+            return []
+        return sorted(set(_versions(self.published)) - set(self._seen))
 
     def republish(self) -> None:
         """Compare the stored slices with the wish again and repair them (no write when they agree)."""
@@ -186,8 +217,11 @@ def _agrees(wanted: list[dict[str, Any]], current: Mapping[str, dict[str, Any]])
     )
 
 
+def _versions(objects: list[dict[str, Any]]) -> dict[str, str]:
+    return {obj["metadata"]["name"]: str(obj["metadata"].get("resourceVersion", "")) for obj in objects}
+
+
 def _differs_from_published(published: list[dict[str, Any]], current: Mapping[str, dict[str, Any]]) -> int:
     """1 when the stored slices are not the ones last published (someone else changed or deleted them)."""
-    versions = {obj["metadata"]["name"]: obj["metadata"].get("resourceVersion") for obj in published}
-    now = {name: (obj.get("metadata") or {}).get("resourceVersion") for name, obj in current.items()}
-    return int(versions != now)
+    now = {name: str((obj.get("metadata") or {}).get("resourceVersion", "")) for name, obj in current.items()}
+    return int(_versions(published) != now)

@@ -93,3 +93,18 @@ def test_attribute_values_over_64_characters_are_cut_or_left_out_and_said() -> N
     assert attributes["resource.kubernetes.io/numaNode"] == {"int": 1}
     assert any("attribute uuid" in w and "left out" in w for w in content.warnings)
     assert any("attribute productName" in w and "cut" in w for w in content.warnings)
+
+
+def test_the_publisher_says_a_slice_is_missing_and_asks_to_publish_again() -> None:
+    from ix_device_plugin.dra.publisher import SlicePublisher, stored_slice
+
+    publisher = SlicePublisher(None, "node-a")  # type: ignore[arg-type]  # no API call is made here
+    published = pool_objects("node-a", devices(2), 1, None)
+    published[0]["metadata"]["resourceVersion"] = "7"
+    publisher.published = published
+    asked = publisher._generation
+    publisher.seen({published[0]["metadata"]["name"]: "7"})
+    assert publisher.missing() == [] and publisher._generation == asked  # as published: nothing to do
+    publisher.seen({})
+    assert publisher.missing() == [published[0]["metadata"]["name"]] and publisher._generation == asked + 1
+    assert stored_slice(published[0]).ours and not stored_slice({"spec": {"driver": "x"}}).ours

@@ -178,10 +178,21 @@ def now() -> str:
 
 def parse_path(group: str, rest: str) -> tuple[str | None, Kind, str | None]:
     """(namespace or None, kind, name or None) of the path after /api/v1 or /apis/<group>/<version>."""
+    namespace, kind, name, subresource = parse_subresource_path(group, rest)
+    if subresource is not None:
+        raise StatusError(404, "NotFound", "the server could not find the requested resource")
+    return namespace, kind, name
+
+
+def parse_subresource_path(group: str, rest: str) -> tuple[str | None, Kind, str | None, str | None]:
+    """(namespace or None, kind, name or None, `status` or None) of the path after the group's prefix."""
     parts = [part for part in rest.split("/") if part]
     namespace: str | None = None
     if len(parts) >= 3 and parts[0] == "namespaces":
         namespace, parts = parts[1], parts[2:]
+    subresource = None
+    if len(parts) == 3 and parts[2] == "status":
+        subresource, parts = "status", parts[:2]
     if not parts or len(parts) > 2 or (group, parts[0]) not in _BY_PLURAL:
         raise StatusError(404, "NotFound", "the server could not find the requested resource")
     kind = _BY_PLURAL[(group, parts[0])]
@@ -190,7 +201,7 @@ def parse_path(group: str, rest: str) -> tuple[str | None, Kind, str | None]:
         raise StatusError(404, "NotFound", "the server could not find the requested resource")
     if namespace is None and kind.namespaced and name is not None:
         raise StatusError(404, "NotFound", "the server could not find the requested resource")
-    return namespace, kind, name
+    return namespace, kind, name, subresource
 
 
 def object_body(body: Any) -> Object:

@@ -26,7 +26,7 @@ from ix_device_plugin.standins.apiserver.protocol import (
     StatusError,
     field_matcher,
     label_matcher,
-    parse_path,
+    parse_subresource_path,
     status_object,
 )
 from ix_device_plugin.standins.apiserver.store import Store, Watch
@@ -170,8 +170,15 @@ class ApiServerStandIn(Store):
         return await self._dispatch(request, group, request.match_info["rest"])
 
     async def _dispatch(self, request: web.Request, group: str, rest: str) -> web.StreamResponse:
-        namespace, kind, name = parse_path(group, rest)
+        namespace, kind, name, subresource = parse_subresource_path(group, rest)
         body = request[BODY]
+        if subresource == "status" and name is not None and request.method == "PATCH":
+            if not isinstance(body, dict):
+                raise StatusError(400, "BadRequest", "the patch is not a JSON object")
+            only_status = {"status": body.get("status"), "metadata": body.get("metadata") or {}}
+            only_status["metadata"] = {k: v for k, v in only_status["metadata"].items() if k == "resourceVersion"}
+            patched = self._patch(kind, namespace or "", name, only_status, request.content_type)
+            return _json(_as_version(patched, request))
         if request.method == "GET" and request.query.get("watch") in ("true", "1"):
             if self.bodies == bodies.ENDLESS_EVENT:
                 return await bodies.stream(request, b'{"type": "ADDED", "object": {"metadata": {"name": "')

@@ -1,0 +1,99 @@
+"""ResourceClaim `status.devices`: what the driver says of each device it prepared (its chip UUID and PCI bus ID).
+
+Written after a prepare and cleared at its unprepare, in the background: the kubelet's answer never waits for it,
+and a failure is logged, never fatal. Entries of other drivers stay as they are: the list is read, changed
+and written back at the claim's resourceVersion (a merge patch with it is refused if the claim changed since,
+and then read again).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+from ix_device_plugin.apiserver.client import Kube
+from ix_device_plugin.apiserver.errors import KubeConflict, KubeError, KubeNotFound
+from ix_device_plugin.apiserver.objects import RESOURCE_CLAIM
+from ix_device_plugin.dra.claims import ClaimRef, PreparedClaim
+from ix_device_plugin.dra.slices import DRIVER
+from ix_device_plugin.runtime.logs import OncePerError
+
+log = logging.getLogger(__name__)
+
+ATTEMPTS = 3
+
+
+def device_entries(claim: PreparedClaim, bus_ids: Mapping[str, str]) -> list[dict[str, Any]]:
+    """The `status.devices` entries for claim's devices: driver, pool, device, and the chip in `data`."""
+    entries = []
+    for device in claim.devices:
+        data = {"uuid": device.uuid}
+        if bus_ids.get(device.uuid):
+            data["pciBusID"] = bus_ids[device.uuid]
+        entries.append({"driver": DRIVER, "pool": device.pool, "device": device.device, "data": data})
+    return entries
+
+
+def with_entries(current: Any, pool: str, entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """current's entries without this driver's for pool, then entries."""
+    kept = [
+        entry
+        for entry in (current if isinstance(current, list) else [])
+        if not (isinstance(entry, dict) and entry.get("driver") == DRIVER and entry.get("pool") == pool)
+    ]
+    return kept + entries
+
+
+class ClaimStatusWriter:
+    """Keeps this driver's entries of status.devices in step with what is prepared, in background tasks."""
+
+    def __init__(self, kube: Kube, pool: str) -> None:
+        self.kube = kube
+        self.pool = pool
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._errors = OncePerError(log, logging.WARNING)
+
+    def prepared(self, claim: PreparedClaim, bus_ids: Mapping[str, str]) -> None:
+        """Say what claim's devices are (soon)."""
+        self._spawn(claim.ref, device_entries(claim, bus_ids))
+
+    def unprepared(self, ref: ClaimRef) -> None:
+        """Take this driver's entries out of the claim's status (soon)."""
+        self._spawn(ref, [])
+
+    async def close(self) -> None:
+        """Cancel what is still under way."""
+        for task in list(self._tasks):
+            task.cancel()
+        if self._tasks:
+            await asyncio.wait(self._tasks, timeout=1.0)
+
+    def _spawn(self, ref: ClaimRef, entries: list[dict[str, Any]]) -> None:
+        task = asyncio.create_task(self._write(ref, entries), name=f"claim-status-{ref.uid}")
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _write(self, ref: ClaimRef, entries: list[dict[str, Any]]) -> None:
+        try:
+            for _ in range(ATTEMPTS):
+                claim = await self.kube.get_object(RESOURCE_CLAIM, ref.name, ref.namespace)
+                if claim is None or (claim.get("metadata") or {}).get("uid") != ref.uid:
+                    return  # gone or replaced: nothing to say about it
+                status = claim.get("status") or {}
+                devices = with_entries(status.get("devices"), self.pool, entries)
+                if devices == (status.get("devices") or []):
+                    return
+                version = (claim.get("metadata") or {}).get("resourceVersion", "")
+                patch = {"metadata": {"resourceVersion": version}, "status": {"devices": devices}}
+                try:
+                    await self.kube.patch_status(RESOURCE_CLAIM, ref.name, ref.namespace, patch)
+                except KubeConflict:
+                    continue
+                self._errors.succeeded("claim device status written again")
+                return
+        except KubeNotFound:
+            return
+        except KubeError as error:
+            self._errors.failed("claim %s: device status not written: %s", ref, error.message)
