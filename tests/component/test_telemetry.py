@@ -180,7 +180,7 @@ async def test_a_hung_telemetry_read_leaves_its_figure_out_and_health_and_livene
         stopping = time.monotonic()
         plugin.terminate()
         assert await asyncio.to_thread(plugin.wait, 10) == 0
-        assert time.monotonic() - stopping < 2.5, "SIGTERM stops the plugin although a library call never returns"
+        assert time.monotonic() - stopping < 2, "SIGTERM stops the plugin although a library call never returns"
     finally:
         stop_process(plugin)
     stderr = plugin.stderr.read().decode() if plugin.stderr else ""

@@ -112,11 +112,12 @@ class ApiFeatures:
                 )
                 self._no_handshake_said = True
             return None
+        from ix_device_plugin.apiserver.errors import KubeError
         from ix_device_plugin.apiserver.settings import KubeConfigError
 
         try:
             kube = await self._api.kube()
-        except KubeConfigError as error:
+        except (KubeConfigError, KubeError) as error:  # KubeError: the connection is closed, the plugin stopping
             raise GpuResetError(f"the reset handshake failed: {error}; the GPUs were not reset", "refused") from None
         return ResetHandshake(kube, self._api.namespace, self._api.node_name)
 
