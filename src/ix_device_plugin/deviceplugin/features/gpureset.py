@@ -155,8 +155,13 @@ class GpuReset:
                 await self._hand_back(handshake)
                 raise GpuResetError(f"{_refusal(error)}; the GPUs were not reset", "refused") from None
         self.step = Step.RESETTING
-        async with self.quiet_others():
-            failure = await self._run_command(uuids)
+        try:
+            async with self.quiet_others():
+                failure = await self._run_command(uuids)
+        except Exception:  # not the reset's own failure (those are returned): the GPUs are handed back all the same
+            if handshake is not None:
+                await self._hand_back(handshake)
+            raise
         late: list[str] = []
         if handshake is not None:
             self.step = Step.RETURNING
