@@ -36,15 +36,15 @@ async def run(settings: Settings) -> dict[str, Any]:
             api.add_node(NODE)
             kubeconfig = api.write_kubeconfig(workdir / "kubeconfig", namespace=NAMESPACE)
             env = {"NODE_NAME": NODE, "POD_NAMESPACE": NAMESPACE, "KUBECONFIG": str(kubeconfig)}
+            # Volcano placed a pod on the GPU: an Allocate finds it in the view read at start (the ConfigMap is
+            # written only once that view is read), then asks for a reset.
+            annotations = {DEV_VOLCANO: default_uuid(0, 0), PREDICATE_TIME: "100"}
+            limits = {"main": {RESOURCE: "1"}}
+            api.add_pod("bench", "placed", NODE, phase="Pending", annotations=annotations, limits=limits)
             async with PluginProcess(ONE_GPU, extra_args=FEATURES, extra_env=env) as plugin:
                 await plugin.launch()
                 await _until(lambda: api.get("configmaps", f"ix-device-info-cm-{NODE}", NAMESPACE) is not None)
-                gpu = default_uuid(0, 0)
-                annotations = {DEV_VOLCANO: gpu, PREDICATE_TIME: "100"}  # Volcano placed a pod: Allocate finds it
-                api.add_pod(
-                    "bench", "placed", NODE, phase="Pending", annotations=annotations, limits={"main": {RESOURCE: "1"}}
-                )
-                await asyncio.sleep(settings.settle_seconds)  # the pods' watch brings it
+                await asyncio.sleep(settings.settle_seconds)
                 at_rest = procfs.rss_mib(plugin.pid)
                 api.bodies = bodies.ENDLESS
                 api.drop_watches()
