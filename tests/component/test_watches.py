@@ -6,9 +6,10 @@ once."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
 
 import pytest
@@ -46,10 +47,24 @@ async def _eventually(predicate, timeout: float = 10.0) -> None:
             await asyncio.sleep(0.02)
 
 
+RUNNING: list[Following] = []  # stopped after each test, whatever its outcome (see the autouse fixture)
+
+
+@pytest.fixture(autouse=True)
+async def _stop_followings() -> AsyncIterator[None]:
+    yield
+    while RUNNING:
+        following = RUNNING.pop()
+        following.task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await following.task
+
+
 class Following:
     """A Mirror of the node, run in a task, with every delivery noted."""
 
     def __init__(self, api: ApiConnection, backoff: Backoff, healthy_for: float = 30.0) -> None:
+        RUNNING.append(self)
         self.seen: list[dict[str, str]] = []
         self.mirror = Mirror(
             api,
@@ -70,6 +85,7 @@ class Following:
         await _eventually(lambda: bool(self.seen) and self.seen[-1].get(LABEL) == value)
 
     async def stop(self) -> None:
+        RUNNING.remove(self)
         self.task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await self.task
