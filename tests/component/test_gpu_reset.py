@@ -12,8 +12,8 @@ import grpc
 import pytest
 import yaml
 
+from ix_device_plugin.apiserver.gpureset import DATA_KEY, OUR_NAME, GpuResetError, ResetInfo, ResetSettings
 from ix_device_plugin.apiserver.settings import settings_from
-from ix_device_plugin.deviceplugin.features.gpureset import DATA_KEY, OUR_NAME, GpuResetError, ResetInfo, ResetSettings
 from ix_device_plugin.hardware.backend import BackendError
 from ix_device_plugin.hardware.ixml import IxmlBackend
 from ix_device_plugin.hardware.simulated import SimulatedBackend

@@ -1,4 +1,5 @@
-"""`flags.reset_gpu`: reset the chips behind an Allocate before the container gets them.
+"""Resetting chips before a container gets them (`flags.reset_gpu` in plugin mode, `reset: true` in a DRA claim's
+config), with Iluvatar's handshake so that other IXML users let go first.
 
 Other IXML users on the node (ix-exporter) are asked to let go first through Iluvatar's handshake, kept
 exactly so that they interoperate: the ConfigMap `ix-gpu-reset-<node>` in the plugin's namespace, key
@@ -15,7 +16,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import yaml
 
@@ -25,7 +26,6 @@ from ix_device_plugin.hardware.backend import BackendError
 
 if TYPE_CHECKING:
     from ix_device_plugin.apiserver.client import Kube
-    from ix_device_plugin.deviceplugin.metrics import Metrics
     from ix_device_plugin.hardware.worker import Hardware
 
 log = logging.getLogger(__name__)
@@ -169,6 +169,13 @@ class ResetSettings:
 HandshakeSource = Callable[[], Awaitable[ResetHandshake | None]]
 
 
+class ResetMetrics(Protocol):
+    """Where resets are counted: a counter of resets by result, and a histogram of their durations."""
+
+    gpu_resets: Any
+    gpu_reset_duration: Any
+
+
 class GpuReset:
     """Resets chips one request at a time, with the handshake when the API server is reachable."""
 
@@ -177,7 +184,7 @@ class GpuReset:
         hardware: Hardware,
         handshake: HandshakeSource,
         rediscover: Callable[[], Awaitable[Inventory]],
-        metrics: Metrics,
+        metrics: ResetMetrics,
         settings: ResetSettings,
     ) -> None:
         self._hardware = hardware
