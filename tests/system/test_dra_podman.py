@@ -62,7 +62,7 @@ async def test_a_prepared_claim_reaches_the_container_as_its_device_nodes(
     node: DraNode, podman: PodmanSandbox, devices: list[str], nodes: set[str]
 ) -> None:
     driver = await node.start()
-    await node.wait_slice(lambda listed: len(listed) == 4)
+    await node.wait_slice(lambda listed: len(listed) == 6)
     kubelet = await node.kubelet(driver)
     claim = node.claim("claim", devices)
     result = (await kubelet.prepare([claim])).claims[claim[2]]
@@ -80,7 +80,7 @@ async def test_a_prepared_claim_reaches_the_container_as_its_device_nodes(
 
 async def test_two_pods_sharing_a_claim_get_the_same_chip(node: DraNode, podman: PodmanSandbox) -> None:
     driver = await node.start()
-    await node.wait_slice(lambda listed: len(listed) == 4)
+    await node.wait_slice(lambda listed: len(listed) == 6)
     kubelet = await node.kubelet(driver)
     claim = node.claim("shared", ["gpu-0"])
     first = (await kubelet.prepare([claim])).claims[claim[2]]
@@ -97,7 +97,7 @@ async def test_after_a_reboot_the_prepared_claim_runs_in_a_container_again(
     node: DraNode, podman: PodmanSandbox
 ) -> None:
     driver = await node.start()
-    await node.wait_slice(lambda listed: len(listed) == 4)
+    await node.wait_slice(lambda listed: len(listed) == 6)
     kubelet = await node.kubelet(driver)
     claim = node.claim("survivor", ["gpu-3"])
     before = (await kubelet.prepare([claim])).claims[claim[2]]
