@@ -33,7 +33,7 @@ STATIC_DIR = ROOT / "deployments" / "static"
 # The static files that `helm template` with default values must reproduce (the pod is an example).
 STATIC_FILES = ("ix-config.yaml", "ix-device-plugin.yaml")
 # The static files the chart must reproduce in DRA mode (dra.enabled, devicePlugin off), with their values.
-DRA_STATIC_FILES = ("ix-dra-driver.yaml",)
+DRA_STATIC_FILES = ("ix-config.yaml", "ix-dra-driver.yaml")
 DRA_VALUES: dict[str, Any] = {"dra": {"enabled": True}, "devicePlugin": {"enabled": False}}
 EXAMPLE_FILES = ("corex-example.yaml", "dra-examples.yaml")
 DEFAULT_NAMESPACE = "kube-system"
