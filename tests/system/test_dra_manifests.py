@@ -127,12 +127,16 @@ def test_the_device_classes_select_chips_and_whole_boards_and_can_name_the_exten
 def test_the_rbac_is_the_narrowest() -> None:
     objects = load_file(STATIC_DIR / "ix-dra-driver.yaml")
     role = only(objects, "ClusterRole")
-    rules = {(tuple(r["apiGroups"]), tuple(r["resources"])): set(r["verbs"]) for r in role["rules"]}
+    rules = {
+        (tuple(r["apiGroups"]), tuple(r["resources"]), tuple(r.get("resourceNames", ()))): set(r["verbs"])
+        for r in role["rules"]
+    }
     assert rules == {
-        (("resource.k8s.io",), ("resourceslices",)): {"get", "list", "watch", "create", "update", "delete"},
-        (("resource.k8s.io",), ("resourceclaims",)): {"get"},
-        (("resource.k8s.io",), ("resourceclaims/status",)): {"patch"},
-        (("",), ("nodes",)): {"get"},
+        (("resource.k8s.io",), ("resourceslices",), ()): {"get", "list", "watch", "create", "update", "delete"},
+        (("resource.k8s.io",), ("resourceclaims",), ()): {"get"},
+        (("resource.k8s.io",), ("resourceclaims/status",), ()): {"patch"},
+        (("resource.k8s.io",), ("resourceclaims/driver",), ("gpu.iluvatar.com",)): {"associated-node:patch"},
+        (("",), ("nodes",), ()): {"get"},
     }
     handshake = only(objects, "Role")  # ConfigMaps in its own namespace only, for the GPU reset handshake
     assert handshake["metadata"]["namespace"] == only(objects, "DaemonSet")["metadata"]["namespace"]
