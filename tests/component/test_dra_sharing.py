@@ -16,10 +16,13 @@ import yaml
 from dra_support import DraNode, gpu_config
 from prometheus_client.parser import text_string_to_metric_families
 
+from ix_device_plugin.core.inventory import Inventory
 from ix_device_plugin.dra.checkpoint import CHECKPOINT_FILE
 from ix_device_plugin.dra.claimspec import cdi_spec_file
-from ix_device_plugin.dra.slices import DRIVER
-from ix_device_plugin.hardware.simulated import SimulatedBackend
+from ix_device_plugin.dra.prepared import ClaimRef
+from ix_device_plugin.dra.slices import DRIVER, slice_content
+from ix_device_plugin.dra.state import DraState
+from ix_device_plugin.hardware.simulated import SimulatedBackend, parse_spec
 from ix_device_plugin.settings.config import Config
 from ix_device_plugin.standins.apiserver import ApiServerStandIn
 
@@ -181,3 +184,33 @@ async def test_a_reset_that_fails_fails_the_prepare_and_holds_nothing(node: DraN
     values = metrics(driver.metrics.render())
     assert values[("ix_device_plugin_dra_gpu_resets_total", (("result", "failed"),))] == 1
     await kubelet.close()
+
+
+async def test_a_prepare_or_unprepare_of_a_claim_being_reset_waits_for_the_reset(short_dir: Path) -> None:
+    state = DraState(short_dir / "plugins", short_dir / "cdi", "node-a", short_dir)
+    state.restore()
+    devices = slice_content(Inventory(boards=parse_spec("BI-V100:1"))).by_name()
+    ref = ClaimRef("default", "fresh", "uid-1")
+    allocation = {"devices": {"results": [{"request": "gpu", "driver": DRIVER, "pool": "node-a", "device": "gpu-0"}],
+                              "config": [gpu_config(reset=True)]}}  # fmt: skip
+    claim = {"metadata": {"uid": ref.uid}, "status": {"allocation": allocation}}
+    started, release, resets = asyncio.Event(), asyncio.Event(), []
+
+    async def read(_: ClaimRef) -> dict[str, Any]:
+        return claim
+
+    async def reset(prepared: Any) -> str | None:
+        resets.append(prepared.reset_chips)
+        started.set()
+        await release.wait()
+        return None
+
+    first = asyncio.create_task(state.prepare(ref, read, devices, (), reset))
+    await started.wait()
+    second = asyncio.create_task(state.prepare(ref, read, devices, (), reset))
+    undo = asyncio.create_task(state.unprepare(ref))
+    await asyncio.sleep(0.1)
+    assert not second.done() and not undo.done()  # no container starts before its chips are reset
+    release.set()
+    assert await first == await second and await undo is None
+    assert set(resets) == {(devices["gpu-0"].chip.uuid,)}

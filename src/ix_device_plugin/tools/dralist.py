@@ -40,7 +40,7 @@ def dra_list_command(options: DraOptions, output: str | None) -> int:
         return 0
     shared = f", {policy.replicas} shares per device" if policy.shared else ""
     print(f"ResourceSlice {report['resourceSlice']} (driver gpu.iluvatar.com, pool {options.node_name}{shared}):")
-    held = _holders(claims)
+    held = _holders(claims, {d.chip.uuid: d.name for d in content.devices if d.kind == "chip"})
     for device in report["devices"]:
         print(f"  {_device_line(device)}{held.get(device['name'], '')}")
     for warning in content.warnings:
@@ -94,7 +94,7 @@ def _held(device: PreparedDevice) -> str:
     return text
 
 
-def _holders(claims: dict[str, PreparedClaim]) -> dict[str, str]:
+def _holders(claims: dict[str, PreparedClaim], chip_names: dict[str, str]) -> dict[str, str]:
     """For each device name, the claims that hold it: `; held by ns/name`, `; shares held by ns/a (1), ns/b (2)`."""
     whole: dict[str, list[str]] = {}
     shares: dict[str, list[str]] = {}
@@ -105,6 +105,9 @@ def _holders(claims: dict[str, PreparedClaim]) -> dict[str, str]:
                 shares.setdefault(device.device, []).append(f"{who} ({device.shares})")
             elif not device.admin:
                 whole.setdefault(device.device, []).append(who)
+                for uuid in device.chips:  # a board holds its chips
+                    if uuid in chip_names:
+                        whole.setdefault(chip_names[uuid], []).append(f"{who} (as {device.device})")
     lines = {name: f"; held by {', '.join(owners)}" for name, owners in whole.items()}
     for name, owners in shares.items():
         lines[name] = lines.get(name, "") + f"; shares held by {', '.join(owners)}"

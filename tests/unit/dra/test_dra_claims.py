@@ -9,10 +9,12 @@ from typing import Any
 
 import pytest
 
+from ix_device_plugin.cli import main
 from ix_device_plugin.core.inventory import Inventory
 from ix_device_plugin.dra.checkpoint import checkpoint_text, parse_checkpoint
 from ix_device_plugin.dra.claims import NodeView, prepare
 from ix_device_plugin.dra.claimspec import claim_from_spec
+from ix_device_plugin.dra.claimstatus import device_entries
 from ix_device_plugin.dra.config import GpuConfig
 from ix_device_plugin.dra.prepared import ClaimError, ClaimRef, PreparedClaim
 from ix_device_plugin.dra.slices import SlicePolicy, slice_content
@@ -190,3 +192,43 @@ def test_a_claim_is_rebuilt_from_its_spec_with_its_boards_and_shares() -> None:
     (device,) = claim_from_spec("b", board.spec, POOL).devices  # type: ignore[union-attr]
     assert (device.kind, device.chip_uuids) == ("board", board.devices[0].chip_uuids)
     assert claim_from_spec("other", board.spec, POOL) is None
+
+
+def test_the_claim_status_names_a_boards_chips_and_a_shares_id_and_slots() -> None:
+    view = node(policy=SlicePolicy(True, 4))
+    share = prepared("s", "gpu-1", view=view, shares=2)
+    uuid1 = view.devices["gpu-1"].chip.uuid
+    (entry,) = device_entries(share, {uuid1: "0000:10:00.1"})
+    assert entry == {
+        "driver": "gpu.iluvatar.com", "pool": POOL, "device": "gpu-1", "shareID": share.devices[0].share_id,
+        "data": {"uuid": uuid1, "pciBusID": "0000:10:00.1", "slots": [0, 1]},
+    }  # fmt: skip
+    board = prepared("b", "board-2")
+    (entry,) = device_entries(board, {})
+    chips = [{"uuid": uuid} for uuid in board.devices[0].chip_uuids]
+    assert entry["data"] == {"boardUUID": board.devices[0].uuid, "chips": chips} and "shareID" not in entry
+
+
+def test_list_dra_says_which_claim_holds_each_board_chip_and_share(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = tmp_path / "ix-config"
+    config.write_text("flags:\n  splitboard: true\nsharing:\n  timeSlicing:\n    replicas: 4\n")
+    view = node(policy=SlicePolicy(True, 4))
+    share = prepared("s", "gpu-1", view=view, shares=2, config=[gpu_config(reset=True)])
+    board = prepared("b", "board-2")  # prepared before the node shared its chips
+    directory = tmp_path / "plugins" / "gpu.iluvatar.com"
+    directory.mkdir(parents=True)
+    (directory / "checkpoint.json").write_text(checkpoint_text({"s": share, "b": board}))
+    argv = ["list", "--dra", "--backend", "simulated", "--node-name", POOL, "--config", str(config)]
+    argv += ["--kubelet-plugins-directory-path", str(tmp_path / "plugins")]
+    assert main(argv) == 0
+    text = capsys.readouterr().out
+    assert "4 shares per device" in text and "gpu-1: chip" in text and "shares held by default/s (2)" in text
+    assert "held by default/b (as board-2)" in text  # on gpu-2 and gpu-3
+    assert "default/s (s): gpu-1 (share" in text and "[reset: true]" in text
+    assert main([*argv, "--output", "json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    (held,) = report["preparedClaims"]["s"]["held"]
+    assert (held["shares"], held["slots"], held["config"]) == (2, [0, 1], "reset: true")
+    assert report["preparedClaims"]["b"]["held"][0]["type"] == "board"
