@@ -214,3 +214,19 @@ async def test_a_prepare_or_unprepare_of_a_claim_being_reset_waits_for_the_reset
     release.set()
     assert await first == await second and await undo is None
     assert set(resets) == {(devices["gpu-0"].chip.uuid,)}
+
+
+async def test_a_restart_that_changes_nothing_writes_nothing_and_keeps_the_boards(
+    node: DraNode, api: ApiServerStandIn
+) -> None:
+    driver = await node.start()
+    await node.wait_slice(lambda devices: len(devices) == 6)
+    stored = {s["metadata"]["name"]: s["metadata"]["resourceVersion"] for s in api.objects("resourceslices")}
+    await node.stop(driver)
+    restarted = await node.start()
+    async with asyncio.timeout(5):
+        while restarted.publisher is None or restarted.publisher.published is None:
+            await asyncio.sleep(0.02)
+    # not even for a moment without the boards: their chips would look free to the scheduler
+    assert {s["metadata"]["name"]: s["metadata"]["resourceVersion"] for s in api.objects("resourceslices")} == stored
+    assert restarted.publisher.counters is True

@@ -124,6 +124,8 @@ class SlicePublisher:
     async def publish(self, content: SliceContent, roots: Mapping[str, str]) -> None:
         """Create, update or delete the pool's slices until they say what content says; raises KubeError."""
         await self._learn_node_uid()
+        if self.counters is None and content.counter_sets:
+            await self._learn_from_stored()
         wrote_any = False
         while True:
             devices, sets = self._wanted_objects(content, roots)
@@ -154,6 +156,17 @@ class SlicePublisher:
         devices = slice_devices(content, roots, self.taints is not False, counters, boards=self.counters is True)
         sets = [counter_set_body(counter_set) for counter_set in content.counter_sets] if counters else []
         return devices, sets
+
+    async def _learn_from_stored(self) -> None:
+        """What the slices stored by an earlier run say the server keeps: a restart that changes nothing writes
+        nothing, and never takes the boards out of the pool, even for a moment."""
+        stored = list((await self._stored()).values())
+        if any((obj.get("spec") or {}).get("sharedCounters") for obj in stored) and any(
+            device.get("consumesCounters") for obj in stored for device in (obj.get("spec") or {}).get("devices") or []
+        ):
+            self.counters = True
+        if any(device.get("taints") for obj in stored for device in (obj.get("spec") or {}).get("devices") or []):
+            self.taints = True
 
     def _learn(self, devices: list[dict[str, Any]], sets: list[dict[str, Any]], stored: list[dict[str, Any]]) -> bool:
         """Learn from what was stored whether the server keeps taints and counters; True to publish again."""
