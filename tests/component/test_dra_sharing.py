@@ -230,3 +230,21 @@ async def test_a_restart_that_changes_nothing_writes_nothing_and_keeps_the_board
     # not even for a moment without the boards: their chips would look free to the scheduler
     assert {s["metadata"]["name"]: s["metadata"]["resourceVersion"] for s in api.objects("resourceslices")} == stored
     assert restarted.publisher.counters is True
+
+
+async def test_after_a_reboot_with_a_board_prepared_the_boards_come_back_in_the_first_write(
+    node: DraNode, api: ApiServerStandIn
+) -> None:
+    driver = await node.start()
+    await node.wait_slice(lambda devices: len(devices) == 6)
+    kubelet = await node.kubelet(driver)
+    board = node.claim("board", ["board-0"])
+    assert answer(await kubelet.prepare([board]), board[2]).error == ""
+    await kubelet.close()
+    await node.stop(driver)
+    node.reboot()
+    for stored in api.objects("resourceslices"):  # what the kubelet does when it starts
+        api.delete("resourceslices", stored["metadata"]["name"])
+    await node.start()
+    await node.wait_slice(lambda devices: len(devices) == 6)
+    assert node.slice()["spec"]["pool"]["generation"] == 1  # one write, the boards in it

@@ -51,7 +51,7 @@ from ix_device_plugin.dra.registration import (
     stale_sockets,
 )
 from ix_device_plugin.dra.service import DraService
-from ix_device_plugin.dra.slices import DRIVER, SliceContent, SlicePolicy, slice_content
+from ix_device_plugin.dra.slices import BOARD, DRIVER, SliceContent, SlicePolicy, slice_content
 from ix_device_plugin.dra.state import DraState, read_boot_id
 from ix_device_plugin.hardware.monitor import HardwareMonitor, HardwareView, MonitorSettings
 from ix_device_plugin.hardware.open import BackendFactory
@@ -155,6 +155,9 @@ class DraDriver:
             assert self.api is not None
             self.kube = await self.api.kube()
         self.publisher = SlicePublisher(self.kube, self.options.node_name)
+        if any(device.kind == BOARD for claim in self.state.claims.values() for device in claim.devices):
+            self.publisher.counters = True  # a board was allocated here: the server keeps counters (after a reboot
+            # the kubelet has deleted the slices, and chips alone would look free beside the allocated board)
         self.publisher.want(self.content, self.roots)
         self.claim_status = ClaimStatusWriter(self.kube, self.options.node_name)
         self.service.spawn("publish-slice", self.publisher.run)
