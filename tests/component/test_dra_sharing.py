@@ -248,3 +248,36 @@ async def test_after_a_reboot_with_a_board_prepared_the_boards_come_back_in_the_
     await node.start()
     await node.wait_slice(lambda devices: len(devices) == 6)
     assert node.slice()["spec"]["pool"]["generation"] == 1  # one write, the boards in it
+
+
+async def test_a_server_without_counters_gets_chips_only_even_when_it_stops_keeping_them(
+    node: DraNode, api: ApiServerStandIn, caplog: pytest.LogCaptureFixture
+) -> None:
+    api.shared_counters = False
+    await node.start()
+    await node.wait_slice(lambda devices: sorted(devices) == ["gpu-0", "gpu-1", "gpu-2", "gpu-3"])
+    assert len(api.objects("resourceslices")) == 1 and "drops shared counters" in caplog.text
+    await node.stop_all()
+    api.shared_counters = True
+    driver = await node.start()
+    await node.wait_slice(lambda devices: len(devices) == 6)
+    api.shared_counters = False  # a server downgraded under a running driver: its next write says so
+    node.write_boards([{"product": "BI-V150"}, {"product": "BI-V150", "chips": [None, {"health": ["ECC"]}]}])
+    await node.wait_slice(lambda devices: sorted(devices) == ["gpu-0", "gpu-1", "gpu-2", "gpu-3"])
+    assert driver.publisher is not None and driver.publisher.counters is False
+
+
+async def test_a_server_without_consumable_capacity_gets_each_device_once(node: DraNode, api: ApiServerStandIn) -> None:
+    api.consumable_capacity = False
+    await node.start(config=SHARED)
+    await node.wait_slice(lambda devices: len(devices) == 4)
+    device = node.slice_devices()["gpu-0"]
+    assert "allowMultipleAllocations" not in device and "requestPolicy" not in device["capacity"]["shares"]
+    version = node.slice()["metadata"]["resourceVersion"]
+    node.write_boards([{"product": "BI-V150"}, {"product": "BI-V150", "chips": [None, {"health": ["ECC"]}]}])
+    await node.wait_slice(lambda devices: "taints" in devices["gpu-3"])
+    node.write_boards([{"product": "BI-V150"}, {"product": "BI-V150"}])
+    await node.wait_slice(lambda devices: "taints" not in devices["gpu-3"])
+    stored = node.slice()["metadata"]["resourceVersion"]
+    await asyncio.sleep(0.3)
+    assert node.slice()["metadata"]["resourceVersion"] == stored != version  # written for changes only

@@ -68,7 +68,7 @@ class SlicePublisher:
         self.name = slice_base_name(node)
         self.taints: bool | None = None  # None: not known yet whether the API server keeps device taints
         self.counters: bool | None = None  # the same for shared counters (boards and chips from one pool)
-        self._sharing_said = False
+        self.sharing: bool | None = None  # the same for allowMultipleAllocations (shared devices)
         self.published: list[dict[str, Any]] | None = None
         self.repairs = 0  # writes made because the stored slices differed from what was last published
         self._node_uid: str | None = None
@@ -155,6 +155,11 @@ class SlicePublisher:
         counters = self.counters is not False
         devices = slice_devices(content, roots, self.taints is not False, counters, boards=self.counters is True)
         sets = [counter_set_body(counter_set) for counter_set in content.counter_sets] if counters else []
+        if self.sharing is False:  # as the server stores them, so that nothing is written again at rest
+            for device in devices:
+                device.pop("allowMultipleAllocations", None)
+                for capacity in (device.get("capacity") or {}).values():
+                    capacity.pop("requestPolicy", None)
         return devices, sets
 
     async def _learn_from_stored(self) -> None:
@@ -178,18 +183,19 @@ class SlicePublisher:
             else:
                 log.warning("the API server drops device taints (DRADeviceTaints off): unhealthy devices are left out")
                 again = True
-        if self.counters is None and sets:
-            self.counters = not counters_dropped(devices, stored)
-            if self.counters:
+        if self.counters is not False and sets:
+            known = self.counters
+            self.counters = not counters_dropped(devices, stored)  # checked at every write: a server can change
+            if self.counters and known is None:
                 log.info("the API server keeps shared counters: boards and their chips are published together")
-            else:
+            elif not self.counters:
                 log.warning(
                     "the API server drops shared counters (DRAPartitionableDevices off): publishing chips only, "
                     "no board devices"
                 )
-            again = True  # boards once counters are known to be kept, or counters gone
-        if not self._sharing_said and sharing_dropped(devices, stored):
-            self._sharing_said = True
+            again = again or self.counters != known  # boards once counters are known to be kept, or counters gone
+        if self.sharing is None and sharing_dropped(devices, stored):
+            self.sharing = False
             log.warning(
                 "the API server drops allowMultipleAllocations (DRAConsumableCapacity off): each device goes to one "
                 "claim at a time, sharing.timeSlicing.replicas has no effect"
