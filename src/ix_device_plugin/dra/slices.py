@@ -161,7 +161,13 @@ def slice_content(
                 continue
             seen.add(name)
             named.append((name, chip))
-        _board_devices(board, named, ignored, policy, chips, boards, sets, warnings)
+        if not named:
+            continue
+        board_chips, board_device, counter_set, warning = _board_devices(board, named, ignored, policy)
+        chips += board_chips
+        boards += [board_device] if board_device is not None else []
+        sets += [counter_set] if counter_set is not None else []
+        warnings += [warning] if warning else []
     version = semver(inventory.driver_version) if inventory.driver_version else None
     if inventory.driver_version and version is None:
         warnings.append(
@@ -182,66 +188,55 @@ def slice_content(
 
 
 def _board_devices(
-    board: Board,
-    named: list[tuple[str, Chip]],
-    ignored: frozenset[str],
-    policy: SlicePolicy,
-    chips: list[SliceDevice],
-    boards: list[SliceDevice],
-    sets: list[CounterSet],
-    warnings: list[str],
-) -> None:
-    """Add board's devices: its chips, and for a multi-chip board the board itself (as policy says)."""
-    if not named:
-        return
+    board: Board, named: list[tuple[str, Chip]], ignored: frozenset[str], policy: SlicePolicy
+) -> tuple[list[SliceDevice], SliceDevice | None, CounterSet | None, str]:
+    """board's devices as policy says: its chips, its board device and counter set (a multi-chip board), and why
+    the board device is left out ("" when it is not)."""
     product = product_model(named[0][1].product or board.product)
     multi = expected_chips(board) > 1
     shares = policy.replicas if policy.shared else 0
     board_name = board_device_name([name for name, _ in named])
     incomplete = multi and len(named) < len(board.chips)
-    if incomplete:
-        warnings.append(f"{board_name} left out of the ResourceSlice: a chip of board {board.uuid!r} has no device")
+    warning = f"{board_name} left out of the ResourceSlice: a chip of board {board.uuid!r} has no device"
     publish_board = multi and not incomplete and not (policy.shared and policy.splitboard)
     publish_chips = not (multi and policy.shared and not policy.splitboard)
     counters = multi and publish_board and publish_chips
-    if publish_chips:
-        for name, chip in named:
-            chips.append(
-                SliceDevice(
-                    name,
-                    (chip,),
-                    board.uuid,
-                    product_model(chip.product or board.product),
-                    chip.status.reasons(ignored),
-                    CHIP,
-                    whole_board=not multi,
-                    extended=policy.splitboard or not multi,
-                    counter_set=board_name if counters else "",
-                    shares=shares,
-                )
-            )
-    if publish_board:
-        reasons = tuple(f"{name}: {reason}" for name, chip in named for reason in chip.status.reasons(ignored))
-        present = sum(1 for chip in board.chips if chip.status.present)
-        if len(board.chips) < expected_chips(board):
-            reasons += (f"chip missing ({present} of {expected_chips(board)} chips of the {product} enumerated)",)
-        chip_devices = tuple(chip for _, chip in named)
-        boards.append(
-            SliceDevice(
-                board_name,
-                chip_devices,
-                board.uuid,
-                product,
-                reasons,
-                BOARD,
-                whole_board=True,
-                extended=not policy.splitboard,
-                counter_set=board_name if counters else "",
-                shares=shares,
-            )
+    chips = [
+        SliceDevice(
+            name,
+            (chip,),
+            board.uuid,
+            product_model(chip.product or board.product),
+            chip.status.reasons(ignored),
+            CHIP,
+            whole_board=not multi,
+            extended=policy.splitboard or not multi,
+            counter_set=board_name if counters else "",
+            shares=shares,
         )
-    if counters:
-        sets.append(CounterSet(board_name, tuple(name for name, _ in named)))
+        for name, chip in named
+        if publish_chips
+    ]
+    if not publish_board:
+        return chips, None, None, warning if incomplete else ""
+    reasons = tuple(f"{name}: {reason}" for name, chip in named for reason in chip.status.reasons(ignored))
+    present = sum(1 for chip in board.chips if chip.status.present)
+    if len(board.chips) < expected_chips(board):
+        reasons += (f"chip missing ({present} of {expected_chips(board)} chips of the {product} enumerated)",)
+    device = SliceDevice(
+        board_name,
+        tuple(chip for _, chip in named),
+        board.uuid,
+        product,
+        reasons,
+        BOARD,
+        whole_board=True,
+        extended=not policy.splitboard,
+        counter_set=board_name if counters else "",
+        shares=shares,
+    )
+    counter_set = CounterSet(board_name, tuple(name for name, _ in named)) if counters else None
+    return chips, device, counter_set, ""
 
 
 def _strings(device: SliceDevice) -> dict[str, str]:
