@@ -46,6 +46,13 @@ def answer(response: Any, uid: str) -> Any:
     return response.claims[uid]
 
 
+async def settled(api: ApiServerStandIn) -> None:
+    """Wait until every slice of the pool is at one generation (a write of several slices is over)."""
+    async with asyncio.timeout(5):
+        while len({s["spec"]["pool"]["generation"] for s in api.objects("resourceslices")}) != 1:
+            await asyncio.sleep(0.02)
+
+
 def metrics(text: bytes) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
     families = text_string_to_metric_families(text.decode())
     return {(s.name, tuple(sorted(s.labels.items()))): s.value for f in families for s in f.samples}
@@ -221,6 +228,7 @@ async def test_a_restart_that_changes_nothing_writes_nothing_and_keeps_the_board
 ) -> None:
     driver = await node.start()
     await node.wait_slice(lambda devices: len(devices) == 6)
+    await settled(api)
     stored = {s["metadata"]["name"]: s["metadata"]["resourceVersion"] for s in api.objects("resourceslices")}
     await node.stop(driver)
     restarted = await node.start()
@@ -254,9 +262,12 @@ async def test_a_server_without_counters_gets_chips_only_even_when_it_stops_keep
     node: DraNode, api: ApiServerStandIn, caplog: pytest.LogCaptureFixture
 ) -> None:
     api.shared_counters = False
-    await node.start()
+    first = await node.start()
     await node.wait_slice(lambda devices: sorted(devices) == ["gpu-0", "gpu-1", "gpu-2", "gpu-3"])
-    assert len(api.objects("resourceslices")) == 1 and "drops shared counters" in caplog.text
+    async with asyncio.timeout(5):  # the first write's counter slice, stored empty, goes at the second
+        while len(api.objects("resourceslices")) != 1:
+            await asyncio.sleep(0.02)
+    assert first.publisher is not None and first.publisher.counters is False and "drops shared counters" in caplog.text
     await node.stop_all()
     api.shared_counters = True
     driver = await node.start()
