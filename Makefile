@@ -16,7 +16,10 @@ SOURCES := pyproject.toml README.md $(shell find src -name '*.py' -o -name '*.pr
 
 export VERSION BASE_IMAGE SOURCE_URL
 
-.PHONY: all dist pyz image image-smoke base-image test lint format manifests bench clean help
+IMAGE_ARCHIVE := dist/ix-device-plugin-$(VERSION)-image.tar
+
+.PHONY: all dist pyz image image-smoke image-archive base-image test lint format manifests bench clean help \
+	e2e e2e-build
 
 all: dist pyz image ## wheel, sdist, single-file executable and (when an engine is usable) the image
 
@@ -52,6 +55,9 @@ image: ## the container image $(IMAGE), built with docker, podman or buildah; sk
 image-smoke: ## run --version and demo inside $(IMAGE)
 	scripts/container.sh smoke $(IMAGE)
 
+image-archive: ## $(IMAGE) as a docker archive in dist/, for `ctr -n k8s.io images import` on registry-less nodes
+	scripts/container.sh save $(IMAGE) $(IMAGE_ARCHIVE)
+
 base-image: ## a python:3.11-slim stand-in, $(LOCAL_BASE_IMAGE), from Debian packages (root, debootstrap, buildah)
 	scripts/build-base-image.sh $(LOCAL_BASE_IMAGE)
 
@@ -66,11 +72,17 @@ format: $(VENV)/.stamp-dev ## apply ruff's fixes and formatting
 	$(VENV_PY) -m ruff check --fix .
 	$(VENV_PY) -m ruff format .
 
-manifests: $(VENV)/.stamp-dev ## check the Helm chart renders deployments/static (with helm too when on PATH)
-	$(VENV_PY) scripts/render_chart.py check
+manifests: $(VENV)/.stamp-dev ## check the Helm chart renders deployments/static (helm: $$HELM, PATH or make e2e-build)
+	$(VENV_PY) scripts/helm_chart.py check
 
 bench: $(VENV)/.stamp-dev ## the benchmarks
 	$(VENV_PY) -m bench
+
+e2e-build: ## build the end-to-end cluster (Kubernetes, etcd, containerd, runc, CNI, helm) from Go modules, once per versions
+	e2e/cluster/build.sh
+
+e2e: $(VENV)/.stamp-dev e2e-build ## the end-to-end suite on a real one-node Kubernetes (root, Go; docs/testing.md)
+	$(VENV_PY) -m pytest -p no:cacheprovider e2e/tests $(E2E_PYTEST_ARGS)
 
 clean: ## remove build outputs (not the virtualenv)
 	rm -rf build dist src/*.egg-info

@@ -115,9 +115,12 @@ def _kubeclient(sections: Mapping[str, Any]) -> Iterator[Figure]:
 
 
 def _hostile() -> Iterator[Figure]:
-    yield Figure("hostile", "hostile config files refused", ("cases",), "")
+    yield Figure("hostile", "hostile inputs refused", ("cases",), "")
     yield Figure("hostile", "slowest refusal", ("worst_ms",), "ms", 1000)
     yield Figure("hostile", "largest peak memory while refusing", ("worst_peak_kib",), "KiB", 64 * 1024)
+    yield Figure("hostile", "agent, API answers without end: peak RSS", ("agent", "peak_rss_mib"), "MiB", 150)
+    yield Figure("hostile", "agent, API answers without end: Allocate refused", ("agent", "allocate_refused_ms"), "ms")
+    yield Figure("hostile", "agent, API answers without end: SIGTERM -> exit", ("agent", "stop_s"), "s", 2)
 
 
 def _node_agent() -> Iterator[Figure]:

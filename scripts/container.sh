@@ -4,21 +4,26 @@
 #   container.sh engine              print the first usable engine (docker, podman, buildah) or nothing
 #   container.sh build IMAGE         build IMAGE from the Dockerfile; skips (exit 0) when no engine is usable
 #   container.sh smoke IMAGE         run `--version` and `demo` in IMAGE
+#   container.sh save IMAGE FILE     write IMAGE as a docker archive named as a node resolves IMAGE
+#                                    (ix-device-plugin:1.0 -> docker.io/library/ix-device-plugin:1.0), so
+#                                    that `ctr -n k8s.io images import FILE` serves the manifests unchanged
 #
 # Environment: CONTAINER_ENGINE (use this engine only), BASE_IMAGE, VERSION, SOURCE_URL,
-# BUILDAH_STORAGE (default vfs, which works without kernel overlay support), BUILDAH_ISOLATION
+# BUILDAH_STORAGE (default vfs, which works without kernel overlay support; podman uses the same store, so
+# that it finds the base image `make base-image` committed with buildah), BUILDAH_ISOLATION
 # (default chroot, which works inside unprivileged containers), PIP_CERT (a CA bundle file handed to
 # pip in the builder stage as the pip-cert secret, for TLS-intercepting proxies).
 set -euo pipefail
 
 buildah_cmd=(buildah --storage-driver "${BUILDAH_STORAGE:-vfs}")
+podman_cmd=(podman --storage-driver "${BUILDAH_STORAGE:-vfs}")
 isolation="${BUILDAH_ISOLATION:-chroot}"
 
 usable() {
     case "$1" in
         # A docker client without a reachable daemon fails `docker info`.
         docker) command -v docker >/dev/null && docker info >/dev/null 2>&1 ;;
-        podman) command -v podman >/dev/null && podman info >/dev/null 2>&1 ;;
+        podman) command -v podman >/dev/null && "${podman_cmd[@]}" info >/dev/null 2>&1 ;;
         buildah) command -v buildah >/dev/null && "${buildah_cmd[@]}" info >/dev/null 2>&1 ;;
         *) echo "container.sh: unknown engine $1" >&2; return 1 ;;
     esac
@@ -52,8 +57,10 @@ build() {
     local status=0
     case "$engine_name" in
         docker) DOCKER_BUILDKIT=1 docker build "${args[@]}" . || status=$? ;;
-        podman) podman build "${args[@]}" . || status=$? ;;
-        buildah) "${buildah_cmd[@]}" bud --isolation "$isolation" --layers "${args[@]}" . || status=$? ;;
+        # No layer cache with buildah's vfs store: a cached builder stage is not there to bind-mount its
+        # wheels from (`couldn't find .../wheels on host`), so every second build failed.
+        podman) "${podman_cmd[@]}" build --layers=false "${args[@]}" . || status=$? ;;
+        buildah) "${buildah_cmd[@]}" bud --isolation "$isolation" --layers=false "${args[@]}" . || status=$? ;;
     esac
     if [ "$status" -ne 0 ]; then
         echo "container.sh: build failed. Without a reachable registry, build a base from Debian" \
@@ -66,7 +73,7 @@ build() {
 size() {
     case "$1" in
         docker) docker image ls --format '{{.Repository}}:{{.Tag}} {{.Size}}' "$2" ;;
-        podman) podman image ls --format '{{.Repository}}:{{.Tag}} {{.Size}}' "$2" ;;
+        podman) "${podman_cmd[@]}" image ls --format '{{.Repository}}:{{.Tag}} {{.Size}}' "$2" ;;
         buildah) "${buildah_cmd[@]}" images --format '{{.Name}}:{{.Tag}} {{.Size}}' "$2" ;;
     esac
 }
@@ -75,7 +82,8 @@ in_image() {
     local engine_name="$1" image="$2"
     shift 2
     case "$engine_name" in
-        docker | podman) "$engine_name" run --rm "$image" "$@" ;;
+        docker) docker run --rm "$image" "$@" ;;
+        podman) "${podman_cmd[@]}" run --rm "$image" "$@" ;;
         buildah)
             local ctr status=0
             ctr="$("${buildah_cmd[@]}" from "$image")"
@@ -96,9 +104,37 @@ smoke() {
     in_image "$engine_name" "$image" demo
 }
 
+# The fully qualified name the kubelet and containerd give an image reference (docker.io is the default).
+qualified() {
+    local image="$1" first="${1%%/*}"
+    if [[ $image != */* ]]; then
+        echo "docker.io/library/$image"
+    elif [[ $first != *.* && $first != *:* && $first != localhost ]]; then
+        echo "docker.io/$image"
+    else
+        echo "$image"
+    fi
+}
+
+save() {
+    local image="$1" file="$2" engine_name name
+    engine_name="$(engine)"
+    [ -n "$engine_name" ] || { echo "container.sh: no usable container engine" >&2; return 1; }
+    name="$(qualified "$image")"
+    mkdir -p "$(dirname "$file")"
+    rm -f "$file"
+    case "$engine_name" in
+        docker) docker tag "$image" "$name" && docker save -o "$file" "$name" ;;
+        podman) "${podman_cmd[@]}" tag "$image" "$name" && "${podman_cmd[@]}" save --format docker-archive -o "$file" "$name" ;;
+        buildah) "${buildah_cmd[@]}" push "$image" "docker-archive:$file:$name" ;;
+    esac
+    echo "container.sh: $file holds $name (load it on a node: ctr -n k8s.io images import $file)"
+}
+
 case "${1:-}" in
     engine) engine ;;
     build) build "${2:?image name}" ;;
     smoke) smoke "${2:?image name}" ;;
-    *) echo "usage: $0 engine | build IMAGE | smoke IMAGE" >&2; exit 2 ;;
+    save) save "${2:?image name}" "${3:?archive file}" ;;
+    *) echo "usage: $0 engine | build IMAGE | smoke IMAGE | save IMAGE FILE" >&2; exit 2 ;;
 esac

@@ -9,6 +9,7 @@ apply the client's required-field checks.
 
 from __future__ import annotations
 
+import copy
 import importlib.util
 import json
 import re
@@ -17,6 +18,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+import pytest
 import yaml
 from kubernetes import client
 from kubernetes.client import models
@@ -45,15 +47,30 @@ _SERVICE_MONITOR_ENDPOINT = {
 
 
 def load_render_module() -> ModuleType:
-    """scripts/render_chart.py, the chart renderer that `make manifests` also runs."""
-    if "render_chart" in sys.modules:
-        return sys.modules["render_chart"]
-    spec = importlib.util.spec_from_file_location("render_chart", ROOT / "scripts" / "render_chart.py")
+    """scripts/helm_chart.py, the chart rendered by the real helm, which `make manifests` also runs."""
+    if "helm_chart" in sys.modules:
+        return sys.modules["helm_chart"]
+    spec = importlib.util.spec_from_file_location("helm_chart", ROOT / "scripts" / "helm_chart.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
-    sys.modules["render_chart"] = module
+    sys.modules["helm_chart"] = module
     spec.loader.exec_module(module)
     return module
+
+
+_RENDERED: dict[str, list[dict[str, Any]]] = {}
+
+
+def render_objects(overrides: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    """The chart's objects as `helm template` renders them with overrides (rendered once per overrides); the
+    test is skipped when there is no helm ($HELM, PATH, or `make e2e-build`'s)."""
+    render = load_render_module()
+    if render.find_helm() is None:
+        pytest.skip("helm not found: set HELM, put helm on PATH, or run `make e2e-build`")
+    key = json.dumps(overrides or {}, sort_keys=True)
+    if key not in _RENDERED:
+        _RENDERED[key] = render.load_objects(render.render_chart(render.CHART_DIR, overrides or {}))
+    return copy.deepcopy(_RENDERED[key])
 
 
 def load_file(path: Path) -> list[dict[str, Any]]:

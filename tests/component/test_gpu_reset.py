@@ -5,43 +5,32 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import stat
 from pathlib import Path
 
 import grpc
 import pytest
-import yaml
+from reset_support import (
+    CHIP_A,
+    CHIP_B,
+    EXPORTER,
+    NODE,
+    devices_file,
+    exporter,
+    fake_ixsmi,
+    reset_document,
+    start_resetting,
+    start_with_api,
+    write_document,
+)
 
-from ix_device_plugin.apiserver.gpureset import DATA_KEY, OUR_NAME, GpuResetError, ResetInfo, ResetSettings
-from ix_device_plugin.apiserver.settings import settings_from
+from ix_device_plugin.apiserver.gpureset import OUR_NAME, GpuResetError, ResetInfo, ResetSettings
 from ix_device_plugin.hardware.backend import BackendError
 from ix_device_plugin.hardware.ixml import IxmlBackend
 from ix_device_plugin.hardware.simulated import SimulatedBackend
 from ix_device_plugin.standins.apiserver import ApiServerStandIn
 from ix_device_plugin.standins.kubelet import KubeletStandIn
 
-from support import RESOURCE, DaemonFactory, config_flags, metric
-
-NODE = "gpu-node-1"
-NAMESPACE = "kube-system"
-CONFIG_MAP = f"ix-gpu-reset-{NODE}"
-EXPORTER = "ix-exporter"
-CHIP_A, CHIP_B = "GPU-aaaa0000-0000-0000-0000-000000000001", "GPU-bbbb0000-0000-0000-0000-000000000002"
-FAST = ResetSettings(wait_timeout=2.0, command_timeout=5.0)
-
-
-def devices_file(path: Path, reset: dict[str, list[str]] | None = None) -> Path:
-    document: dict[str, object] = {
-        "boards": [
-            {"product": "BI-V100", "chips": [{"uuid": CHIP_A, "minor": 0}]},
-            {"product": "BI-V100", "chips": [{"uuid": CHIP_B, "minor": 1}]},
-        ]
-    }
-    if reset:
-        document["reset"] = reset
-    path.write_text(yaml.safe_dump(document))
-    return path
-
+from support import RESOURCE, DaemonFactory, metric
 
 # ---- the document, as upstream reads and writes it -----------------------------------------
 
@@ -62,7 +51,7 @@ def test_the_document_round_trips_in_upstreams_format() -> None:
     [
         ("[1, 2]", "is not a mapping"),
         ("occupy: {ix-exporter: maybe}", "occupy must map each IXML user to true or false"),
-        ("nodename: [", "is not YAML"),
+        ("nodename: [", "is not a reset document: "),
     ],
 )
 def test_a_broken_document_is_an_error_that_says_what(text: str, message: str) -> None:
@@ -81,12 +70,6 @@ def test_the_simulated_backend_resets_fails_and_renames_as_its_file_says(tmp_pat
     with pytest.raises(BackendError, match=f"{CHIP_B} did not reset"):
         backend.reset([CHIP_B], 1.0)
     assert backend.resets == [(CHIP_A,), (CHIP_B,)]
-
-
-def fake_ixsmi(path: Path, script: str) -> str:
-    path.write_text(f"#!/bin/sh\n{script}\n")
-    path.chmod(path.stat().st_mode | stat.S_IEXEC)
-    return str(path)
 
 
 def test_the_ixml_backend_runs_ixsmi_with_the_uuids(tmp_path: Path) -> None:
@@ -115,18 +98,6 @@ def test_a_missing_ixsmi_names_the_flag(tmp_path: Path) -> None:
 
 
 # ---- the daemon, without API access -------------------------------------------------------------
-
-
-async def start_resetting(start_daemon: DaemonFactory, backend: SimulatedBackend, **overrides: object):  # type: ignore[no-untyped-def]
-    reset = overrides.pop("reset", FAST)
-    assert isinstance(reset, ResetSettings)
-    return await start_daemon(
-        backend_factory=lambda: backend,
-        given=config_flags(reset_gpu=True),
-        reset_wait_timeout=reset.wait_timeout,
-        reset_timeout=reset.command_timeout,
-        **overrides,
-    )
 
 
 async def test_allocate_resets_the_chips_first_and_counts_it(
@@ -205,50 +176,6 @@ async def apiserver():  # type: ignore[no-untyped-def]
     async with ApiServerStandIn() as server:
         server.add_node(NODE)
         yield server
-
-
-def reset_document(apiserver: ApiServerStandIn) -> ResetInfo | None:
-    found = apiserver.get("configmaps", CONFIG_MAP, NAMESPACE)
-    return None if found is None else ResetInfo.parse(found["data"][DATA_KEY], NODE)
-
-
-def write_document(apiserver: ApiServerStandIn, info: ResetInfo) -> None:
-    apiserver.put(
-        "configmaps",
-        {
-            "apiVersion": "v1",
-            "kind": "ConfigMap",
-            "metadata": {"name": CONFIG_MAP, "namespace": NAMESPACE},
-            "data": {DATA_KEY: info.text()},
-        },
-    )
-
-
-async def exporter(apiserver: ApiServerStandIn, seen: list[tuple[bool, dict[str, bool]]], lets_go: bool) -> None:
-    """ix-exporter's side: lets go when reset turns true (if lets_go), takes the GPUs back when it turns false."""
-    while True:
-        info = reset_document(apiserver)
-        if info is not None:
-            if not seen or seen[-1] != (info.reset, info.occupy):
-                seen.append((info.reset, dict(info.occupy)))
-            wanted = not info.reset or not lets_go
-            if info.occupy.get(EXPORTER) != wanted:
-                answer = ResetInfo(info.nodename, info.reset, {**info.occupy, EXPORTER: wanted})
-                write_document(apiserver, answer)  # no await between read and write: nothing else writes
-                seen.append((answer.reset, dict(answer.occupy)))
-        await asyncio.sleep(0.05)
-
-
-async def start_with_api(
-    start_daemon: DaemonFactory,
-    apiserver: ApiServerStandIn,
-    short_dir: Path,
-    backend: SimulatedBackend,
-    **extra: object,
-):  # type: ignore[no-untyped-def]
-    kubeconfig = apiserver.write_kubeconfig(short_dir / "kubeconfig", namespace=NAMESPACE)
-    kube = settings_from({"NODE_NAME": NODE, "POD_NAMESPACE": NAMESPACE}, str(kubeconfig), "flags.reset_gpu")
-    return await start_resetting(start_daemon, backend, kube=kube, **extra)
 
 
 async def test_the_plugin_says_it_holds_the_gpus_at_start_and_keeps_the_others_entries(

@@ -26,7 +26,9 @@ from ix_device_plugin.deviceplugin.features.volcano import (
     allocation_annotations,
     device_info,
     free_devices,
+    held_devices,
     oldest_waiting,
+    predicate_time,
 )
 from ix_device_plugin.hardware.simulated import SimulatedBackend
 from ix_device_plugin.settings.config import Config
@@ -83,6 +85,33 @@ def test_the_oldest_pod_waiting_for_that_many_devices_is_chosen() -> None:
     assert oldest_waiting(pods, 2).name == "two"  # type: ignore[union-attr]
     assert oldest_waiting(pods, 3) is None
     assert oldest_waiting([pod("no-time", {DEV_VOLCANO: CHIP_C})], 1) is not None, "no time: last, not never"
+
+
+@pytest.mark.parametrize(
+    "stamp", ["-5", "-99999999999", "abc", "1_0", "+3", " 7", "1e3", "٣", "18446744073709551616", "9" * 400]
+)
+def test_a_predicate_time_that_is_not_an_unsigned_decimal_never_wins(stamp: str) -> None:
+    pods = [
+        pod("stamped", {DEV_VOLCANO: CHIP_A, PREDICATE_TIME: "100"}),
+        pod("odd", {DEV_VOLCANO: CHIP_B, PREDICATE_TIME: stamp}),
+    ]
+    assert predicate_time(pods[1]) == int(TAKEN), "read as upstream reads it: the largest uint64"
+    assert oldest_waiting(pods, 1).name == "stamped"  # type: ignore[union-attr]
+    assert oldest_waiting(pods[1:], 1).name == "odd", "last, not never"  # type: ignore[union-attr]
+
+
+def test_a_pod_placed_on_a_device_another_pod_holds_is_passed_over() -> None:
+    pods = [
+        pod("holder", {DEV_VOLCANO: CHIP_A, PREDICATE_TIME: TAKEN, DEV_REAL_ALLOC: CHIP_A}, phase="Running"),
+        pod("handed", {DEV_VOLCANO: CHIP_C, PREDICATE_TIME: TAKEN}),  # handed out, not annotated yet
+        pod("clashing", {DEV_VOLCANO: CHIP_A, PREDICATE_TIME: "1"}),
+        pod("clashing-too", {DEV_VOLCANO: CHIP_C, PREDICATE_TIME: "2"}),
+        pod("fine", {DEV_VOLCANO: CHIP_B, PREDICATE_TIME: "5"}),
+    ]
+    held = held_devices(pods)
+    assert {device: holder.name for device, holder in held.items()} == {CHIP_A: "holder", CHIP_C: "handed"}
+    assert oldest_waiting(pods, 1, held).name == "fine"  # type: ignore[union-attr]
+    assert oldest_waiting(pods[:4], 1, held) is None
 
 
 def test_allocated_pods_get_upstreams_two_annotations_once() -> None:
@@ -164,6 +193,30 @@ async def test_allocate_gives_the_oldest_waiting_pod_what_volcano_chose_and_anno
     annotations = apiserver.get("pods", "older", "ml")["metadata"]["annotations"]  # type: ignore[index]
     assert (annotations[DEV_KUBELET], annotations[DEV_REAL_ALLOC]) == (CHIP_A, CHIP_B)
     await until(lambda: published(apiserver)[DEVICE_LIST_KEY]["DeviceList"] == [], timeout=10)
+
+
+async def test_a_device_volcano_gave_twice_is_handed_out_once(
+    kubelet: KubeletStandIn,
+    start_daemon: DaemonFactory,
+    apiserver: ApiServerStandIn,
+    pod_resources: PodResourcesStandIn,
+    short_dir: Path,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    await start_volcano(start_daemon, apiserver, pod_resources, short_dir, tmp_path)
+    await kubelet.wait_registered(RESOURCE, capacity=2)
+    placed(apiserver, "first", CHIP_A, "100")
+    first = await kubelet.allocate(RESOURCE, [[CHIP_B]])
+    assert first.container_responses[0].envs["IX_VISIBLE_DEVICES"] == CHIP_A
+    placed(apiserver, "again", CHIP_A, "50")  # placed on the device just handed out, and older
+    placed(apiserver, "other", CHIP_B, "300")
+    second = await kubelet.allocate(RESOURCE, [[CHIP_A]])
+    assert second.container_responses[0].envs["IX_VISIBLE_DEVICES"] == CHIP_B
+    assert any(
+        "pod ml/again was placed on" in r.getMessage() and "which pod ml/first holds" in r.getMessage()
+        for r in caplog.records
+    )
 
 
 async def test_no_waiting_pod_is_an_allocate_error_that_says_so(

@@ -19,6 +19,7 @@ from ix_device_plugin.deviceplugin.features.volcano import (
     DEVICE_INFO_KEY,
     DEVICE_LIST_KEY,
     PREDICATE_TIME,
+    VolcanoMode,
 )
 from ix_device_plugin.standins.apiserver import ApiServerStandIn, Recorded
 from ix_device_plugin.standins.kubelet import KubeletStandIn
@@ -197,3 +198,27 @@ async def test_allocate_without_a_view_of_the_pods_says_why(
     details = refused.value.details() or ""
     assert details.startswith(f"Volcano mode: the pods on node {NODE} are not known yet: list pods in every namespace")
     assert f"cannot reach the API server at {apiserver.url}" in details
+
+
+async def test_watches_that_end_by_a_failure_are_started_again(
+    kubelet: KubeletStandIn,
+    start_daemon: DaemonFactory,
+    apiserver: ApiServerStandIn,
+    pod_resources: PodResourcesStandIn,
+    short_dir: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    frequent_passes: None,
+) -> None:
+    follow, failures = VolcanoMode.follow, []
+
+    async def fails_once(mode: VolcanoMode) -> None:
+        if not failures:
+            failures.append("once")
+            raise RuntimeError("a defect in a watch")
+        await follow(mode)
+
+    monkeypatch.setattr(VolcanoMode, "follow", fails_once)
+    await start_volcano(start_daemon, apiserver, pod_resources, short_dir, tmp_path)
+    await _started(kubelet, apiserver)  # the ConfigMap is written only once both watches have read
+    assert failures == ["once"]

@@ -7,13 +7,13 @@ from typing import Any
 import manifest_support
 import pytest
 from manifest_support import (
-    CHART_DIR,
     STATIC_DIR,
     by_kind,
     load_file,
     load_render_module,
     only,
     pod_spec,
+    render_objects,
     schema_errors,
 )
 
@@ -28,7 +28,7 @@ render = load_render_module()
 
 
 def rendered(overrides: dict[str, Any]) -> list[dict[str, Any]]:
-    return render.load_objects(render.render_chart(CHART_DIR, overrides))
+    return render_objects(overrides)
 
 
 def test_the_chart_in_dra_mode_renders_the_static_dra_manifest() -> None:

@@ -23,6 +23,7 @@ from ix_device_plugin.apiserver.errors import (
     kube_error,
 )
 from ix_device_plugin.apiserver.events import watch_events
+from ix_device_plugin.apiserver.limits import LIST_CAP, OBJECT_CAP, capped, limit_responses
 from ix_device_plugin.apiserver.objects import (
     CONFIG_MAP,
     NODE,
@@ -60,6 +61,7 @@ async def connect(settings: KubeSettings) -> Kube:
         client = lightkube.AsyncClient(config, namespace=settings.namespace, timeout=_http_timeout(settings.timeout))
     except Exception as error:  # the library checks the config by using it (an assert for a missing user)
         raise KubeConfigError(f"cannot use {settings.source}: {str(error) or type(error).__name__}") from None
+    limit_responses(client._client._client)  # the library's HTTP client: every answer read within a cap
     return Kube(client, settings)
 
 
@@ -223,7 +225,7 @@ class Kube:
             objects = [as_dict(obj) async for obj in listing]
             return objects, listing.resourceVersion
 
-        return await self._call(f"list {kind.plural} {where}".rstrip(), listed)
+        return await self._call(f"list {kind.plural} {where}".rstrip(), listed, cap=LIST_CAP)
 
     def watch(
         self,
@@ -308,11 +310,12 @@ class Kube:
         metadata = body.get("metadata") or {}
         return str(metadata.get("name", "")), metadata.get("namespace")
 
-    async def _call(self, what: str, call: Callable[[], Awaitable[T]]) -> T:
-        """call() within the deadline, its failures as KubeError naming what."""
+    async def _call(self, what: str, call: Callable[[], Awaitable[T]], cap: int = OBJECT_CAP) -> T:
+        """call() within the deadline, its answers within cap bytes, its failures as KubeError naming what."""
         try:
-            async with asyncio.timeout(self.timeout):
-                return await call()
+            with capped(cap):
+                async with asyncio.timeout(self.timeout):
+                    return await call()
         except TimeoutError:
             raise KubeError(f"{what}: no answer from the API server within {self.timeout:g}s") from None
         except Exception as error:

@@ -63,6 +63,10 @@ def kube_error(what: str, error: Exception) -> KubeError:
     import httpx2
     from lightkube import ApiError
 
+    from ix_device_plugin.apiserver.limits import ResponseTooLarge
+
+    if isinstance(error, ResponseTooLarge):
+        return KubeError(f"{what}: {error}")
     if isinstance(error, ApiError):
         code, reason = error.status.code, error.status.reason or ""
         text = f"{what}: HTTP {code} {reason}: {error.status.message or ''}".rstrip(": ")

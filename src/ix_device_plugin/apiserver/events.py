@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator, Mapping
 from typing import TYPE_CHECKING
 
 from ix_device_plugin.apiserver.errors import kube_error
+from ix_device_plugin.apiserver.limits import WATCH_EVENT_CAP, capped
 from ix_device_plugin.apiserver.objects import Object, ObjectKind, as_dict, resource
 
 if TYPE_CHECKING:
@@ -46,7 +47,8 @@ async def watch_events(
     try:
         request = generic.prepare_request("list", res=resource(kind), namespace=scope, watch=True, params=params)
         driver = WatchDriver(request, generic._client.build_request)
-        response = await generic.send(driver.get_request(timeout=generic._watch_timeout), stream=True)
+        with capped(WATCH_EVENT_CAP, per_line=True):  # the stream counts against it for as long as it lives
+            response = await generic.send(driver.get_request(timeout=generic._watch_timeout), stream=True)
     except Exception as error:
         raise kube_error(what, error) from None
     try:

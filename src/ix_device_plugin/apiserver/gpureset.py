@@ -1,168 +1,80 @@
-"""Resetting chips before a container gets them (`flags.reset_gpu` in plugin mode, `reset: true` in a DRA claim's
-config), with Iluvatar's handshake so that other IXML users let go first.
+"""Resetting chips before a container gets them: `flags.reset_gpu` in plugin mode (the chips behind an Allocate),
+`reset: true` in a DRA claim's GpuConfig (the claim's chips, before the prepare is answered).
 
-Other IXML users on the node (ix-exporter) are asked to let go first through Iluvatar's handshake, kept
-exactly so that they interoperate: the ConfigMap `ix-gpu-reset-<node>` in the plugin's namespace, key
-`gpuReset`, a YAML document `{nodename, occupy: {<user>: bool}, reset}`. We set `reset: true` and our
-`occupy` false, wait until every `occupy` is false, reset, then set `reset: false` and our `occupy` true,
-and wait for the others to come back. Unlike upstream, each wait has a deadline, and `reset: true` is
-never left behind.
+Other IXML users on the node (ix-exporter) are asked to let go first through Iluvatar's handshake
+(handshake.py, on the document of resetdoc.py). A reset is a small state machine, one step at a time and
+each step bounded:
+
+    idle -> releasing (others asked to let go) -> resetting (ixsmi) -> returning (GPUs handed back)
+         -> rediscovering -> idle
+
+A failed step calls the rest off and hands the GPUs back (reset: false); if even that cannot be written,
+it is retried in the background until it is. A reset that has started goes on to its end even when the
+kubelet gives up on the Allocate; a stop waits for a running ixsmi (RESET_STOP_WAIT, then kills it) before
+saying reset: false, so that no one takes the GPUs back in the middle of a reset.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import enum
 import logging
+import threading
 import time
-from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
-import yaml
-
 from ix_device_plugin.apiserver.errors import KubeError
+from ix_device_plugin.apiserver.handshake import ResetHandshake
+from ix_device_plugin.apiserver.resetdoc import (
+    CONFIG_MAP_PREFIX,
+    DATA_KEY,
+    OUR_NAME,
+    GpuResetError,
+    ResetInfo,
+)
 from ix_device_plugin.core.inventory import Inventory
 from ix_device_plugin.hardware.backend import BackendError
+from ix_device_plugin.runtime.logs import OncePerError
 
 if TYPE_CHECKING:
-    from ix_device_plugin.apiserver.client import Kube
     from ix_device_plugin.hardware.worker import Hardware
+    from ix_device_plugin.runtime.backoff import Backoff
+
+__all__ = [
+    "CONFIG_MAP_PREFIX",
+    "DATA_KEY",
+    "OUR_NAME",
+    "GpuReset",
+    "GpuResetError",
+    "ResetHandshake",
+    "ResetInfo",
+    "ResetSettings",
+]
 
 log = logging.getLogger(__name__)
 
-CONFIG_MAP_PREFIX = "ix-gpu-reset-"
-DATA_KEY = "gpuReset"
-OUR_NAME = "ix-device-plugin"
-POLL_INTERVAL = 0.5
-WRITE_ATTEMPTS = 5
+RESET_STOP_WAIT = 10.0  # a stop waits this long for a running ixsmi before killing it
+KILL_WAIT = 3.0  # ... and this long for it to be gone
 
 
-class GpuResetError(Exception):
-    """A reset did not happen or did not work; the message says why and is what Allocate answers."""
+class Step(enum.Enum):
+    """Where a reset is."""
 
-    def __init__(self, message: str, result: str = "failed") -> None:
-        super().__init__(message)
-        self.result = result  # for the metric: failed, refused, uuid_changed
-
-
-@dataclass(frozen=True)
-class ResetInfo:
-    """The `gpuReset` document: who is using the GPUs (`occupy`) and whether a reset is under way."""
-
-    nodename: str
-    reset: bool = False
-    occupy: dict[str, bool] = field(default_factory=dict)
-
-    @classmethod
-    def parse(cls, text: str | None, node: str) -> ResetInfo:
-        """The document in text (None or empty: a fresh one); GpuResetError when it is not one."""
-        if not text or not text.strip():
-            return cls(node)
-        try:
-            document = yaml.safe_load(text)
-        except yaml.YAMLError as error:
-            raise GpuResetError(f"{DATA_KEY} is not YAML: {error}") from None
-        if not isinstance(document, dict):
-            raise GpuResetError(f"{DATA_KEY} is not a mapping with nodename, reset and occupy")
-        occupy = document.get("occupy") or {}
-        if not isinstance(occupy, dict) or not all(isinstance(value, bool) for value in occupy.values()):
-            raise GpuResetError(f"{DATA_KEY}: occupy must map each IXML user to true or false")
-        return cls(
-            str(document.get("nodename") or node), bool(document.get("reset")), {str(k): v for k, v in occupy.items()}
-        )
-
-    def text(self) -> str:
-        """The document as upstream writes it (keys in sorted order)."""
-        return yaml.safe_dump({"nodename": self.nodename, "occupy": dict(self.occupy), "reset": self.reset})
-
-    def ours(self, *, resetting: bool) -> ResetInfo:
-        """This document with our part set: resetting, we let go; otherwise we hold the GPUs."""
-        return replace(self, reset=resetting, occupy={**self.occupy, OUR_NAME: not resetting})
-
-    def holding(self) -> list[str]:
-        """The other users that still hold the GPUs."""
-        return sorted(name for name, held in self.occupy.items() if held and name != OUR_NAME)
-
-    def away(self) -> list[str]:
-        """The other users that have let go and not come back."""
-        return sorted(name for name, held in self.occupy.items() if not held and name != OUR_NAME)
-
-
-class ResetHandshake:
-    """Iluvatar's reset handshake on the ConfigMap `ix-gpu-reset-<node>`."""
-
-    def __init__(self, kube: Kube, namespace: str, node: str, poll_interval: float = POLL_INTERVAL) -> None:
-        self.kube = kube
-        self.namespace = namespace
-        self.node = node
-        self.name = CONFIG_MAP_PREFIX + node
-        self.poll_interval = poll_interval
-        self.resetting = False  # True from the moment reset: true may have been written until it is undone
-
-    @property
-    def where(self) -> str:
-        """The ConfigMap, for messages."""
-        return f"ConfigMap {self.namespace}/{self.name}"
-
-    async def announce(self) -> None:
-        """Say that we hold the GPUs (creating the ConfigMap when there is none); the others' entries stay."""
-        await self._write(resetting=False)
-
-    async def hold_off(self, timeout: float) -> None:
-        """Ask every other user to let go and wait until they have; GpuResetError naming who did not."""
-        self.resetting = True
-        await self._write(resetting=True)
-        info = await self._wait(lambda info: not info.holding(), timeout)
-        if info.holding():
-            raise GpuResetError(
-                f"{', '.join(info.holding())} did not let go of the GPUs within {timeout:g}s ({self.where}); "
-                "the GPUs were not reset"
-            )
-
-    async def welcome_back(self, timeout: float) -> list[str]:
-        """Say the reset is over and wait for the others to come back; those that did not, by name."""
-        await self._write(resetting=False)
-        self.resetting = False
-        info = await self._wait(lambda info: not info.away(), timeout)
-        return info.away()
-
-    async def _read(self) -> tuple[ResetInfo, str | None]:
-        found = await self.kube.get_config_map(self.namespace, self.name)
-        if found is None:
-            return ResetInfo(self.node), None
-        return ResetInfo.parse(found.data.get(DATA_KEY), self.node), found.resource_version
-
-    async def _write(self, *, resetting: bool) -> None:
-        from ix_device_plugin.apiserver.errors import KubeAlreadyExists, KubeConflict
-
-        for _ in range(WRITE_ATTEMPTS):
-            info, version = await self._read()
-            data = {DATA_KEY: info.ours(resetting=resetting).text()}
-            try:
-                if version is None:
-                    await self.kube.create_config_map(self.namespace, self.name, data)
-                else:
-                    await self.kube.replace_config_map(self.namespace, self.name, data, version)
-                return
-            except (KubeConflict, KubeAlreadyExists):
-                continue  # someone else wrote in between: read again
-        raise GpuResetError(f"{self.where} kept changing under us ({WRITE_ATTEMPTS} attempts)")
-
-    async def _wait(self, done: Callable[[ResetInfo], bool], timeout: float) -> ResetInfo:
-        """Poll the document until done(info) or timeout; the last info read."""
-        deadline = time.monotonic() + timeout
-        while True:
-            info, _ = await self._read()
-            if done(info) or time.monotonic() >= deadline:
-                return info
-            await asyncio.sleep(self.poll_interval)
+    IDLE = "idle"
+    RELEASING = "asking the other IXML users to let go"
+    RESETTING = "resetting"
+    RETURNING = "handing the GPUs back"
+    REDISCOVERING = "discovering the chips again"
 
 
 @dataclass
 class ResetSettings:
     """How long each step may take."""
 
-    wait_timeout: float = 60.0  # each handshake wait
+    wait_timeout: float = 60.0  # each handshake step, and the rediscovery
     command_timeout: float = 120.0  # ixsmi -r
 
 
@@ -192,91 +104,202 @@ class GpuReset:
         self._rediscover = rediscover
         self._metrics = metrics
         self._settings = settings
+        self.step = Step.IDLE
         self._turn = asyncio.Lock()
         self._handshake: ResetHandshake | None = None
+        self._announced = False
+        self._work: set[asyncio.Task[None]] = set()
+        self._command: asyncio.Task[Any] | None = None
+        self._abort = threading.Event()
+        self._record_wanted = asyncio.Event()  # the ConfigMap must (again) say reset: false, we hold the GPUs
+        self._record_wanted.set()
+        # Our other users of the GPU library (telemetry) let go of it while ixsmi runs.
+        self.quiet_others: Callable[[], contextlib.AbstractAsyncContextManager[None]] = _nothing_to_quiet
+
+    @property
+    def command_running(self) -> bool:
+        """True while ixsmi (the backend's reset) runs."""
+        return self._command is not None and not self._command.done()
 
     async def reset(self, uuids: Sequence[str]) -> None:
-        """Reset these chips and rediscover; GpuResetError (with what Allocate should answer) when that fails."""
+        """Reset these chips and rediscover; GpuResetError (with what Allocate should answer) when that fails.
+
+        The reset goes on to its end (the GPUs handed back) even when the caller is cancelled.
+        """
+        work = asyncio.create_task(self._reset_in_turn(list(uuids)), name="gpu-reset")
+        self._work.add(work)
+        work.add_done_callback(self._ended)
+        await asyncio.shield(work)
+
+    def _ended(self, work: asyncio.Task[None]) -> None:
+        self._work.discard(work)
+        if not work.cancelled():
+            work.exception()  # retrieved: the caller, if still there, got it
+
+    async def _reset_in_turn(self, uuids: list[str]) -> None:
         async with self._turn:
             started, result = time.monotonic(), "failed"
             try:
-                await self._reset(list(uuids))
+                await self._steps(uuids)
                 result = "ok"
             except GpuResetError as error:
                 result = error.result
                 raise
             finally:
+                self.step = Step.IDLE
                 seconds = time.monotonic() - started
                 self._metrics.gpu_resets.labels(result=result).inc()
                 self._metrics.gpu_reset_duration.observe(seconds)
                 log.info("GPU reset of %s: %s after %.1fs", ",".join(uuids), result, seconds)
 
-    async def _reset(self, uuids: list[str]) -> None:
-        handshake = await self._handshake_source()
-        self._handshake = handshake
+    async def _steps(self, uuids: list[str]) -> None:
+        handshake = await self._opened()
         if handshake is not None:
+            self.step = Step.RELEASING
             try:
                 await handshake.hold_off(self._settings.wait_timeout)
-            except GpuResetError as error:
-                await self._undo(handshake)
-                raise GpuResetError(str(error), "refused") from None
-            except KubeError as error:
-                await self._undo(handshake)
-                message = f"the reset handshake failed: {error}"
-                raise GpuResetError(message, "refused") from None
+            except (GpuResetError, KubeError) as error:
+                await self._hand_back(handshake)
+                raise GpuResetError(f"{_refusal(error)}; the GPUs were not reset", "refused") from None
+        self.step = Step.RESETTING
         try:
-            await self._run_reset(uuids)
-        finally:
+            async with self.quiet_others():
+                failure = await self._run_command(uuids)
+        except Exception:  # not the reset's own failure (those are returned): the GPUs are handed back all the same
             if handshake is not None:
-                await self._undo(handshake)
-        await self._check_uuids(uuids, await self._rediscover())
+                await self._hand_back(handshake)
+            raise
+        late: list[str] = []
+        if handshake is not None:
+            self.step = Step.RETURNING
+            late = await self._hand_back(handshake)
+        if failure is not None:
+            raise failure
+        self.step = Step.REDISCOVERING
+        _check_uuids(uuids, await self._rediscovered())
+        if late and handshake is not None:
+            raise GpuResetError(
+                f"the GPUs were reset, but {', '.join(late)} let go of them for it and did not take them back within "
+                f"{self._settings.wait_timeout:g}s ({handshake.where}); this Allocate fails so that the kubelet "
+                "tries again, and later resets do not wait for it until it takes the GPUs back"
+            )
 
-    async def _run_reset(self, uuids: list[str]) -> None:
-        timeout = self._settings.command_timeout
+    async def _opened(self) -> ResetHandshake | None:
+        """The handshake, said at its first use (we hold the GPUs); None without API access."""
+        if self._handshake is None:
+            self._handshake = await self._handshake_source()
+            if self._handshake is None:
+                return None
+        if not self._announced:
+            try:
+                await self._handshake.announce(self._settings.wait_timeout)
+            except KubeError as error:
+                raise GpuResetError(
+                    f"the reset handshake failed: {error}; the GPUs were not reset", "refused"
+                ) from None
+            except GpuResetError as error:  # the API server answered: what it holds is wrong, not the connection
+                raise GpuResetError(
+                    f"the reset handshake cannot start: {error}; the GPUs were not reset", "refused"
+                ) from None
+            self._announced = True
+            self._record_wanted.clear()
+        return self._handshake
+
+    async def _run_command(self, uuids: list[str]) -> GpuResetError | None:
+        """ixsmi for uuids, in a task of its own that a stop can wait for; why it failed, or None."""
+        timeout, abort = self._settings.command_timeout, threading.Event()
+        self._abort = abort
 
         def work(backend: Any) -> None:
-            backend.reset(uuids, timeout)
+            backend.reset(uuids, timeout, abort)
 
+        self._command = asyncio.ensure_future(self._hardware.call("reset", work, timeout=timeout + 5))
         try:
-            await self._hardware.call("reset", work, timeout=timeout + 5)
+            await self._command
         except BackendError as error:
-            raise GpuResetError(f"resetting {','.join(uuids)} failed: {error}") from None
+            return GpuResetError(f"resetting {','.join(uuids)} failed: {error}")
+        return None
 
-    async def _undo(self, handshake: ResetHandshake) -> None:
-        """reset: false and our occupy true again; shielded, so a stop mid-reset does not leave reset: true."""
+    async def _hand_back(self, handshake: ResetHandshake) -> list[str]:
+        """reset: false and our occupy true; the users that did not come back. A failure here must not hide the
+        reset's own outcome: it is logged and retried in the background until it succeeds."""
         try:
-            stragglers = await asyncio.shield(handshake.welcome_back(self._settings.wait_timeout))
-        except Exception as error:  # the API server failing here must not hide the reset's own outcome
-            log.error("could not end the GPU reset in %s: %s", handshake.where, error)
-            return
-        if stragglers:
-            log.warning(
-                "after the GPU reset, %s did not take the GPUs back within %gs (%s)",
-                ", ".join(stragglers),
-                self._settings.wait_timeout,
-                handshake.where,
-            )
+            return await handshake.welcome_back(self._settings.wait_timeout)
+        except (GpuResetError, KubeError) as error:
+            log.error("could not end the GPU reset in %s: %s; retrying", handshake.where, error)
+            self._record_wanted.set()
+            return []
 
-    @staticmethod
-    async def _check_uuids(uuids: list[str], inventory: Inventory) -> None:
-        present = {chip.uuid for chip in inventory.chips() if chip.status.present}
-        changed = [uuid for uuid in uuids if uuid not in present]
-        if changed:
+    async def _rediscovered(self) -> Inventory:
+        try:
+            async with asyncio.timeout(self._settings.wait_timeout):
+                return await self._rediscover()
+        except TimeoutError:
             raise GpuResetError(
-                f"after the reset the node no longer lists {', '.join(changed)} (a new UUID?); "
-                "the kubelet retries with the devices as they are now",
-                "uuid_changed",
-            )
+                f"the chips were not discovered again within {self._settings.wait_timeout:g}s after the reset"
+            ) from None
+
+    async def keep_record(self, backoff: Backoff) -> None:
+        """At start, and whenever handing the GPUs back failed: say in the ConfigMap that we hold them (reset:
+        false), trying again until it is said; for ever (cancel to stop)."""
+        errors = OncePerError(log)
+        while True:
+            await self._record_wanted.wait()
+            try:
+                async with self._turn:
+                    handshake = await self._opened()
+                    if handshake is not None and handshake.resetting:
+                        await handshake.announce(self._settings.wait_timeout)
+                self._record_wanted.clear()
+                errors.succeeded("GPU reset handshake: %s is in order again", handshake.where if handshake else "")
+                backoff.reset()
+            except (GpuResetError, KubeError) as error:
+                errors.failed("GPU reset handshake: %s; retrying", error)
+                await backoff.sleep()
 
     async def close(self, timeout: float) -> None:
-        """On stop: never leave reset: true behind, even if the stop cut a reset short."""
+        """On stop: wait for a running ixsmi (RESET_STOP_WAIT, then it is killed), then say reset: false within
+        timeout; never leave reset: true behind."""
+        command = self._command
+        if command is not None and self.command_running:
+            log.warning(
+                "stopping during a GPU reset: waiting up to %gs for it to end before saying it is over", RESET_STOP_WAIT
+            )
+            await asyncio.wait([command], timeout=RESET_STOP_WAIT)
+            if not command.done():
+                self._abort.set()
+                await asyncio.wait([command], timeout=KILL_WAIT)
+        work = list(self._work)
+        for task in work:
+            task.cancel()
+        if work:
+            await asyncio.wait(work, timeout=timeout)
         handshake = self._handshake
         if handshake is None or not handshake.resetting:
             return
         try:
             async with asyncio.timeout(timeout):
-                await handshake.announce()  # reset: false, our occupy true
-            handshake.resetting = False
+                await handshake.announce(timeout)
             log.info("GPU reset cut short by the stop; %s says reset: false again", handshake.where)
         except Exception as error:
             log.error("could not end the GPU reset in %s before stopping: %s", handshake.where, error)
+
+
+@contextlib.asynccontextmanager
+async def _nothing_to_quiet() -> AsyncIterator[None]:
+    yield
+
+
+def _refusal(error: Exception) -> str:
+    return f"the reset handshake failed: {error}" if isinstance(error, KubeError) else str(error)
+
+
+def _check_uuids(uuids: list[str], inventory: Inventory) -> None:
+    present = {chip.uuid for chip in inventory.chips() if chip.status.present}
+    changed = [uuid for uuid in uuids if uuid not in present]
+    if changed:
+        raise GpuResetError(
+            f"after the reset the node no longer lists {', '.join(changed)} (a new UUID?); "
+            "the kubelet retries with the devices as they are now",
+            "uuid_changed",
+        )

@@ -34,6 +34,7 @@ T = TypeVar("T")
 Key = tuple[str, str]  # (namespace, name)
 
 HEALTHY_FOR = 30.0  # seconds a watch must live for its end to be a normal one (no re-read, backoff from the start)
+MAX_ITEMS = 10_000  # objects a Mirror keeps at most: a node's pods are a few hundred; more is not a real server
 
 
 class Mirror(Generic[T]):
@@ -55,6 +56,7 @@ class Mirror(Generic[T]):
         backoff: Backoff | None = None,
         healthy_for: float = HEALTHY_FOR,
         on_change: Callable[[Mapping[Key, T]], None] | None = None,
+        max_items: int = MAX_ITEMS,
     ) -> None:
         self.api = api
         self.kind = kind
@@ -71,6 +73,7 @@ class Mirror(Generic[T]):
         if name is not None:
             self._fields["metadata.name"] = name
         self._healthy_for = healthy_for
+        self._max_items = max_items
         self._on_change = on_change
         self._version = ""
         self._news = asyncio.Event()
@@ -148,6 +151,8 @@ class Mirror(Generic[T]):
                     self._deliver({key: item for key, item in self.items.items() if key != _key(obj)})
 
     def _deliver(self, items: Mapping[Key, T]) -> None:
+        if len(items) > self._max_items:
+            raise KubeError(f"the API server sent more than {self._max_items:,} objects; none kept")
         self.problem = ""
         if self.synced and items == self.items:
             return

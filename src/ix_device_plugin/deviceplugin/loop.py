@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ix_device_plugin.apiserver.gpureset import GpuReset, GpuResetError
+from ix_device_plugin.apiserver.gpureset import KILL_WAIT, RESET_STOP_WAIT, GpuReset, GpuResetError
 from ix_device_plugin.core.inventory import Inventory
 from ix_device_plugin.core.limits import device_list_problem
 from ix_device_plugin.core.plan import Plan
@@ -102,7 +102,8 @@ class Daemon:
         self.service = Service(options.stop_timeout)
         self.current = Current(State.of(Inventory(), Config()))
         self.apiserver = api_connection(kube)  # the one connection to the API server, made on first use
-        self.hardware = Hardware(backend_factory or open_backend(options), options.call_timeout)
+        factory = backend_factory or open_backend(options)
+        self.hardware = Hardware(factory, options.call_timeout)
         self.monitor = HardwareMonitor(
             self.hardware,
             MonitorSettings(
@@ -116,9 +117,24 @@ class Daemon:
         )
         self.monitor.ignored = options.ignored_health_errors
         self.monitor.subscribe(lambda view: self._events.put_nowait(HardwareChanged(view)))
+        self.pod_resources = PodResources(options.pod_resources_socket)
+        self.telemetry: TelemetryCollector | None = None
+        self.sampler: TelemetrySampler | None = None
+        if options.telemetry_interval is not None:
+            self.telemetry = TelemetryCollector(options.node_name)
+            self.metrics.registry.register(self.telemetry)
+            self.sampler = TelemetrySampler(
+                Hardware(factory, options.call_timeout),  # its own worker and backend: a hung read stays its own
+                self.telemetry,
+                options.telemetry_interval,
+                lambda: (self.inventory, self.plan),
+                lambda: self.pod_resources.allocations({self.plan.resource_name}, self._telemetry_pod_errors),
+            )
         self.api = ApiFeatures(
             options, self.current, self.metrics, self.hardware, self._rediscover_now, self._pod_devices, self.apiserver
         )
+        if self.sampler is not None:
+            self.api.gpu_reset.quiet_others = self.sampler.paused
         self.endpoint = Endpoint(
             options.plugin_dir / ENDPOINT, self.current, self.metrics.observe_call, self.api.before_allocate
         )
@@ -130,11 +146,6 @@ class Daemon:
             options.poll_interval,
         )
         self.metrics.read_state_from(lambda: self.current.state, lambda: self.registrar.registered)
-        self.telemetry: TelemetryCollector | None = None
-        if options.telemetry_interval is not None:
-            self.telemetry = TelemetryCollector(options.node_name)
-            self.metrics.registry.register(self.telemetry)
-        self.pod_resources = PodResources(options.pod_resources_socket)
         self.config_source = ConfigSource(options, self.apiserver)
         self.files = NodeFiles(options.cdi_spec_dir, options.node_feature_dir, options.dev_root, options.sysfs_root)
         self.socket_path = self.endpoint.path
@@ -234,16 +245,8 @@ class Daemon:
         spawn("registrar", self.registrar.run)
         spawn("watch", self._watch_files)
         spawn("hardware", self.monitor.run)
-        if self.telemetry is not None:
-            assert self.options.telemetry_interval is not None
-            sampler = TelemetrySampler(
-                self.hardware,
-                self.telemetry,
-                self.options.telemetry_interval,
-                lambda: (self.inventory, self.plan),
-                lambda: self.pod_resources.allocations({self.plan.resource_name}, self._telemetry_pod_errors),
-            )
-            spawn("telemetry", sampler.run)
+        if self.sampler is not None:
+            spawn("telemetry", self.sampler.run)
         if self.kube_settings is not None:
             spawn("volcano", self.api.run_volcano)
             spawn("reset-announce", self.api.announce_reset)
@@ -254,13 +257,17 @@ class Daemon:
         await self.service.stop_tasks(budget * 0.4)
         await bounded("stopping the plugin server", self.endpoint.stop(grace=budget * 0.1), budget * 0.3)
         self.endpoint.remove_socket()
-        await bounded("ending the API features", self.api.close(timeout=budget * 0.2), budget * 0.25)
+        # A GPU reset under way is waited for (RESET_STOP_WAIT, then its ixsmi is killed) before reset: false.
+        ending = budget * 0.25 + (RESET_STOP_WAIT + KILL_WAIT if self.api.resetting else 0)
+        await bounded("ending the API features", self.api.close(timeout=budget * 0.2), ending)
         if self.apiserver is not None:
             await bounded("closing the API connection", self.apiserver.close(), budget * 0.05)
         if self._probes is not None:
             await bounded("stopping the probe server", self._probes.stop(), budget * 0.1)
         self.files.close()
         await bounded("closing the pod-resources channel", self.pod_resources.close(), budget * 0.05)
+        if self.sampler is not None:
+            await self.sampler.close(timeout=budget * 0.1)
         # Room for the XID waiter's last bounded wait (EVENT_WAIT_MS), which must end before IXML shuts down.
         await self.hardware.close(timeout=budget * 0.4)
 

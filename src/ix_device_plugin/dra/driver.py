@@ -124,8 +124,6 @@ class DraDriver:
         self.metrics = DraMetrics(self._figures, self._prepared_devices)
         reset = ResetSettings(wait_timeout=base.reset_wait_timeout, command_timeout=base.reset_timeout)
         self.gpu_reset = GpuReset(self.hardware, self._reset_handshake, self._rediscover, self.metrics, reset)
-        self._handshake: ResetHandshake | None = None
-        self._handshake_turn = asyncio.Lock()
 
     @property
     def inventory(self) -> Inventory:
@@ -275,23 +273,18 @@ class DraDriver:
         return (await self.monitor.rediscover()).inventory
 
     async def _reset_handshake(self) -> ResetHandshake | None:
-        """The reset handshake with other IXML users on ix-gpu-reset-<node> (opened once); None without an API
-        connection of our own (a test's client)."""
-        async with self._handshake_turn:
-            if self._handshake is not None:
-                return self._handshake
-            if self.api is None:
-                log.warning("GPU reset without the handshake: other IXML users are not asked to let go")
-                return None
-            from ix_device_plugin.apiserver.settings import KubeConfigError
+        """The reset handshake with other IXML users on ix-gpu-reset-<node> (GpuReset says it at its first use);
+        None without an API connection of our own (a test's client)."""
+        if self.api is None:
+            log.warning("GPU reset without the handshake: other IXML users are not asked to let go")
+            return None
+        from ix_device_plugin.apiserver.settings import KubeConfigError
 
-            try:
-                handshake = ResetHandshake(await self.api.kube(), self.api.namespace, self.options.node_name)
-                await handshake.announce()
-            except (KubeConfigError, KubeError, GpuResetError) as error:
-                raise GpuResetError(f"the reset handshake failed: {error}", "refused") from None
-            self._handshake = handshake
-            return handshake
+        try:
+            kube = await self.api.kube()
+        except (KubeConfigError, KubeError) as error:  # KubeError: the connection is closed, the driver stopping
+            raise GpuResetError(f"the reset handshake failed: {error}; the GPUs were not reset", "refused") from None
+        return ResetHandshake(kube, self.api.namespace, self.options.node_name)
 
     async def _read_claim(self, ref: ClaimRef) -> dict[str, Any]:
         """The ResourceClaim, retried for claim_read_timeout; ClaimError naming the claim when it cannot be read."""

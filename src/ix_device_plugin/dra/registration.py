@@ -19,7 +19,8 @@ log = logging.getLogger(__name__)
 REGISTRATION_SOCKET = f"{DRIVER}-reg.sock"
 DRA_SOCKET = "dra.sock"
 PLUGIN_TYPE = "DRAPlugin"
-SUPPORTED_VERSIONS = ("v1.DRAPlugin", "v1beta1.DRAPlugin")
+# The kubelet opens the optional DRAResourceHealth stream only for a driver that lists it here (kubelet 1.34+).
+SUPPORTED_VERSIONS = ("v1.DRAPlugin", "v1beta1.DRAPlugin", "v1.DRAResourceHealth", "v1alpha1.DRAResourceHealth")
 
 
 def plugin_dir(plugins_dir: Path) -> Path:

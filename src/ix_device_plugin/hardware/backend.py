@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -46,9 +47,10 @@ class Backend(Protocol):
         """Telemetry of each chip of inventory, by UUID, in one pass; a figure the hardware lacks is None."""
         ...
 
-    def reset(self, uuids: Sequence[str], timeout: float) -> None:
+    def reset(self, uuids: Sequence[str], timeout: float, abort: threading.Event | None = None) -> None:
         """Reset these chips (the library is released first; the next discover opens it again);
-        raises BackendError saying why when the reset fails or takes longer than timeout seconds."""
+        raises BackendError saying why when the reset fails or takes longer than timeout seconds, or abort
+        is set (from another thread: the plugin is stopping) before it ends."""
         ...
 
     def watch_xids(self, sink: XidSink) -> None:

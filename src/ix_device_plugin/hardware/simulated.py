@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import difflib
 import re
+import threading
 import uuid as uuidlib
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
@@ -60,7 +61,7 @@ class SimulatedBackend:
         current = {chip.uuid: chip.status for board in self._boards() for chip in board.chips}
         return {chip.uuid: current.get(chip.uuid, ChipStatus(present=False)) for chip in inventory.chips()}
 
-    def reset(self, uuids: Sequence[str], timeout: float) -> None:
+    def reset(self, uuids: Sequence[str], timeout: float, abort: threading.Event | None = None) -> None:
         """A reset as the file's `reset:` mapping says: chips listed under `fail` fail it, chips under
         `new_uuid` come back with another UUID; all others reset fine."""
         self.resets.append(tuple(uuids))

@@ -6,6 +6,9 @@ return in time is reported as failed; while it is still running, later calls fai
 once, naming it, and `stuck_for` tells the liveness probe. Callers take turns: one that
 arrives while another call is within its deadline waits for it. The thread is a daemon
 thread, so a library that never returns cannot keep the process from exiting.
+
+A worker whose backend may be called from another thread while one call hangs (telemetry's, which reads
+figures only) can `abandon()` a hung call: later calls run on a new thread, the hung one is left to itself.
 """
 
 from __future__ import annotations
@@ -36,8 +39,9 @@ class Hardware:
         self._factory = factory
         self.timeout = timeout
         self._backend: Backend | None = None
-        self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
+        self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()  # the current thread's
         self._thread: threading.Thread | None = None
+        self.abandoned = 0  # hung calls given up on (each left a thread behind)
         self._running: tuple[str, float] | None = None  # (call name, started at)
         self._running_limit = timeout
         self._pending: asyncio.Future[Any] | None = None  # the future of the call under way
@@ -47,6 +51,11 @@ class Hardware:
     def opened(self) -> bool:
         """True once the backend was created."""
         return self._backend is not None
+
+    @property
+    def running(self) -> str | None:
+        """The name of the call under way (not one given up on), if any."""
+        return None if self._running is None else self._running[0]
 
     def stuck_for(self) -> tuple[str, float] | None:
         """(call name, seconds) of a call running past its deadline, else None."""
@@ -84,6 +93,16 @@ class Hardware:
             log.warning("closing the GPU library: %s", error)
         self._stop_worker()
 
+    def abandon(self) -> bool:
+        """Give up on the call under way (it hung): later calls run on a new thread. False when none runs."""
+        if self._running is None:
+            return False
+        self._running, self._pending = None, None
+        self._stop_worker()  # the hung thread ends, if its call ever returns
+        self._jobs = queue.SimpleQueue()
+        self.abandoned += 1
+        return True
+
     async def _run(self, name: str, job: Callable[[], T], timeout: float | None = None) -> T:
         async with self._turn:  # one call at a time; a caller waits at most for one deadline
             return await self._run_now(name, job, timeout)
@@ -107,7 +126,7 @@ class Hardware:
 
     def _ensure_worker(self) -> None:
         if self._thread is None or not self._thread.is_alive():
-            self._thread = threading.Thread(target=self._work, name="ix-backend", daemon=True)
+            self._thread = threading.Thread(target=self._work, args=(self._jobs,), name="ix-backend", daemon=True)
             self._thread.start()
 
     def _stop_worker(self) -> None:
@@ -115,8 +134,8 @@ class Hardware:
             self._jobs.put(None)
             self._thread = None
 
-    def _work(self) -> None:
-        while (item := self._jobs.get()) is not None:
+    def _work(self, jobs: queue.SimpleQueue[_Job | None]) -> None:
+        while (item := jobs.get()) is not None:
             job, loop, future = item
             try:
                 result: Any = job()
@@ -133,7 +152,8 @@ class Hardware:
         error: BaseException | None = None,
     ) -> None:
         def settle() -> None:
-            self._running = None
+            if self._pending is future:  # not a call abandoned meanwhile: the running one is done
+                self._running = None
             if future.done():
                 return
             if error is not None:
@@ -144,7 +164,8 @@ class Hardware:
         try:
             loop.call_soon_threadsafe(settle)
         except RuntimeError:  # the loop is closed: nobody is waiting any more
-            self._running = None
+            if self._pending is future:
+                self._running = None
 
 
 def _retrieve(future: asyncio.Future[Any]) -> None:

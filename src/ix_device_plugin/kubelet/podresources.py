@@ -14,7 +14,9 @@ from ix_device_plugin.kubelet.sockets import CHANNEL_OPTIONS, unix_target
 from ix_device_plugin.runtime.logs import OncePerError
 
 DEFAULT_SOCKET = Path("/var/lib/kubelet/pod-resources/kubelet.sock")
-MAX_MESSAGE = 16 * 1024 * 1024  # the kubelet answers for every pod of the node in one message
+# The kubelet answers for every pod of the node in one message: a few hundred pods are well under 1 MiB. A larger
+# answer is refused (decoded, 4 MiB of device IDs take about 15 MiB; 16 MiB would take over 50).
+MAX_MESSAGE = 4 * 1024 * 1024
 
 
 class PodResourcesError(Exception):
@@ -48,9 +50,10 @@ class PodResourcesClient:
             )
         except grpc.aio.AioRpcError as error:
             await self.close()  # a kubelet that restarted gets a fresh channel next time
-            raise PodResourcesError(
-                f"pod resources {self.socket_path}: {error.code().name}: {error.details()}"
-            ) from None
+            why = f"{error.code().name}: {error.details()}"
+            if error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED:
+                why = f"the answer is over the {MAX_MESSAGE // (1024 * 1024)} MiB allowed ({why})"
+            raise PodResourcesError(f"pod resources {self.socket_path}: {why}") from None
         return _allocations(response, resource_names)
 
     async def close(self) -> None:

@@ -36,6 +36,14 @@ def test_a_missing_or_unreadable_key_differs_from_any_content():
     assert stored_content({}) == ({DEVICE_INFO_KEY: None, DEVICE_LIST_KEY: None}, 0)
 
 
+def test_a_hostile_edit_reads_as_unreadable_and_is_written_again():
+    nested = "[" * 100_000 + "]" * 100_000
+    content, latest = stored_content(
+        {DEVICE_LIST_KEY: nested, DEVICE_INFO_KEY: '{"UpdateTime": 1, "x": ' + nested + "}"}
+    )
+    assert content == {DEVICE_LIST_KEY: None, DEVICE_INFO_KEY: None} and latest == 0
+
+
 def test_update_time_is_now_but_always_later_than_before():
     assert update_time(1700000050.9) == 1700000050
     assert update_time(1700000050.9, 1700000050) == 1700000051  # two writes in one second

@@ -55,8 +55,6 @@ class ApiFeatures:
         self._pod_devices = pod_devices
         reset = ResetSettings(wait_timeout=options.reset_wait_timeout, command_timeout=options.reset_timeout)
         self.gpu_reset = GpuReset(hardware, self._reset_handshake, rediscover, metrics, reset)
-        self._handshake: ResetHandshake | None = None
-        self._handshake_turn = asyncio.Lock()
         self._volcano: VolcanoMode | None = None
         self._volcano_soon = asyncio.Event()
         self._no_handshake_said = False
@@ -64,6 +62,11 @@ class ApiFeatures:
     @property
     def _config(self) -> Config:
         return self._current.state.config
+
+    @property
+    def resetting(self) -> bool:
+        """True while a GPU reset's command runs."""
+        return self.gpu_reset.command_running
 
     async def close(self, timeout: float) -> None:
         """Never leave reset: true behind (the API connection is closed by its owner, after this)."""
@@ -93,29 +96,14 @@ class ApiFeatures:
         return request
 
     async def announce_reset(self) -> None:
-        """With flags.reset_gpu, say in ix-gpu-reset-<node> that we hold the GPUs, as upstream does at start."""
-        if self._api is None:
-            return
-        errors, backoff = OncePerError(log), self._api.backoff()
-        while self._handshake is None:
-            if not self._config.reset_gpu:
-                await asyncio.sleep(CONFIG_POLL)
-                continue
-            try:
-                await self._reset_handshake()
-                errors.succeeded("GPU reset handshake: the API server answers again")
-            except GpuResetError as error:
-                errors.failed("GPU reset handshake: %s; retrying", error)
-                await backoff.sleep()
+        """With flags.reset_gpu, say in ix-gpu-reset-<node> that we hold the GPUs, as upstream does at start, and
+        again whenever handing them back after a reset failed; for ever (cancel to stop)."""
+        while self._api is None or not self._config.reset_gpu:
+            await asyncio.sleep(CONFIG_POLL)
+        await self.gpu_reset.keep_record(self._api.backoff())
 
     async def _reset_handshake(self) -> ResetHandshake | None:
         """The handshake with other IXML users, when the API server is configured; None without one."""
-        async with self._handshake_turn:
-            return await self._open_handshake()
-
-    async def _open_handshake(self) -> ResetHandshake | None:
-        if self._handshake is not None:
-            return self._handshake
         if self._api is None:
             if not self._no_handshake_said:
                 log.warning(
@@ -128,12 +116,10 @@ class ApiFeatures:
         from ix_device_plugin.apiserver.settings import KubeConfigError
 
         try:
-            handshake = ResetHandshake(await self._api.kube(), self._api.namespace, self._api.node_name)
-            await handshake.announce()
-        except (KubeConfigError, KubeError, GpuResetError) as error:
-            raise GpuResetError(f"the reset handshake failed: {error}", "refused") from None
-        self._handshake = handshake
-        return handshake
+            kube = await self._api.kube()
+        except (KubeConfigError, KubeError) as error:  # KubeError: the connection is closed, the plugin stopping
+            raise GpuResetError(f"the reset handshake failed: {error}; the GPUs were not reset", "refused") from None
+        return ResetHandshake(kube, self._api.namespace, self._api.node_name)
 
     # ---- flags.usevolcano ---------------------------------------------------------------------
 
@@ -176,7 +162,8 @@ class ApiFeatures:
                     await self._volcano_wait(CONFIG_POLL, self._wake_events(None))
                     continue
                 mode = await self._volcano_mode()
-                if following is None:
+                if following is None or following.done():  # not started, or ended by a failure: (re)start it
+                    _said_why_it_ended(following)
                     following = asyncio.create_task(mode.follow(), name="volcano-watches")
                 wake, wait = self._wake_events(mode), PASS_PERIOD  # taken before the pass: no change is missed
                 try:
@@ -206,6 +193,12 @@ class ApiFeatures:
         if self._volcano_soon.is_set():
             self._volcano_soon.clear()
             await asyncio.sleep(SETTLE)  # the kubelet records the allocation just after Allocate returns
+
+
+def _said_why_it_ended(task: asyncio.Task[None] | None) -> None:
+    """Log why the watches' task ended, when it did."""
+    if task is not None and not task.cancelled() and (error := task.exception()) is not None:
+        log.error("Volcano mode: the watches ended: %s: %s; starting them again", type(error).__name__, error)
 
 
 async def _stopped(task: asyncio.Task[None] | None) -> None:

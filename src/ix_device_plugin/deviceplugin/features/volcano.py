@@ -24,11 +24,12 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence, Set
 from typing import TYPE_CHECKING, Any
 
 from ix_device_plugin.core.allocation import AllocationError
 from ix_device_plugin.core.plan import REPLICA_SEPARATOR, Plan
+from ix_device_plugin.settings.documents import DocumentError, load_json
 
 if TYPE_CHECKING:
     from ix_device_plugin.apiserver.connection import ApiConnection
@@ -45,6 +46,7 @@ DEV_KUBELET = "iluvatar.com/DevKubelet"
 DEV_REAL_ALLOC = "iluvatar.com/DevRealAlloc"
 PREDICATE_TIME = "predicate-time"
 TAKEN = str(2**64 - 1)  # predicate-time of a pod whose devices were handed out
+_LARGEST = 2**64 - 1
 PASS_PERIOD = 5.0  # seconds between looks at the kubelet's allocations (local), to annotate allocated pods
 MATCH_WAIT = 2.0  # a pod annotated just now may not have reached the watch yet: wait this long for it
 UPDATE_TIME = "UpdateTime"
@@ -104,11 +106,15 @@ def allocated_devices(pods: Iterable[PodDoc]) -> set[str]:
 
 
 def predicate_time(pod: PodDoc) -> int:
-    """When Volcano placed the pod; the largest uint64 when it did not say (or said something else)."""
-    try:
-        return int(pod.annotations.get(PREDICATE_TIME, TAKEN))
-    except ValueError:
-        return int(TAKEN)
+    """When Volcano placed the pod: an unsigned decimal, as Volcano writes it and upstream reads it (ParseUint).
+
+    Anything else (absent, negative, signed, spaced, not ASCII digits, past the largest uint64) is read as the
+    largest uint64, as upstream reads it: such a pod comes after every pod Volcano stamped, never before.
+    """
+    text = pod.annotations.get(PREDICATE_TIME, "")
+    if not (0 < len(text) <= len(TAKEN) and text.isascii() and text.isdigit()):
+        return _LARGEST
+    return min(int(text), _LARGEST)
 
 
 def waiting_for(pod: PodDoc, size: int) -> bool:
@@ -120,9 +126,28 @@ def waiting_for(pod: PodDoc, size: int) -> bool:
     return len(pod.annotations[DEV_VOLCANO].split(",")) == size
 
 
-def oldest_waiting(pods: Iterable[PodDoc], size: int) -> PodDoc | None:
-    """The pod Volcano placed first among those waiting for `size` devices."""
-    candidates = [pod for pod in active(pods) if waiting_for(pod, size)]
+def held_devices(pods: Iterable[PodDoc], taken: Set[str] = frozenset()) -> dict[str, PodDoc]:
+    """Device ID -> the pod holding it: its DevRealAlloc, or the devices Volcano chose for a pod that was handed
+    them (predicate-time taken, or uid in taken) and is not annotated yet."""
+    held: dict[str, PodDoc] = {}
+    for pod in pods:
+        ids = _ids(pod.annotations.get(DEV_REAL_ALLOC, ""))
+        if not ids and (pod.uid in taken or pod.annotations.get(PREDICATE_TIME) == TAKEN):
+            ids = _ids(pod.annotations.get(DEV_VOLCANO, ""))
+        for device in ids:
+            held.setdefault(device, pod)
+    return held
+
+
+def clashes(pod: PodDoc, held: Mapping[str, PodDoc]) -> list[tuple[str, PodDoc]]:
+    """The devices Volcano chose for pod that another pod holds, with that pod."""
+    chosen = _ids(pod.annotations.get(DEV_VOLCANO, ""))
+    return [(device, held[device]) for device in chosen if device in held and held[device].uid != pod.uid]
+
+
+def oldest_waiting(pods: Iterable[PodDoc], size: int, held: Mapping[str, PodDoc] | None = None) -> PodDoc | None:
+    """The pod Volcano placed first among those waiting for `size` devices, none of which another pod holds."""
+    candidates = [pod for pod in active(pods) if waiting_for(pod, size) and not clashes(pod, held or {})]
     return min(candidates, key=lambda pod: (predicate_time(pod), pod.namespace, pod.name), default=None)
 
 
@@ -155,9 +180,9 @@ def stored_content(data: Mapping[str, str]) -> tuple[dict[str, dict[str, Any] | 
     content: dict[str, dict[str, Any] | None] = {}
     latest = 0
     for key in (DEVICE_INFO_KEY, DEVICE_LIST_KEY):
-        try:
-            document = json.loads(data[key])
-        except (KeyError, ValueError):
+        try:  # anyone may edit the ConfigMap: read with the limits of every document another process writes
+            document = load_json(data[key].encode())
+        except (KeyError, DocumentError):
             document = None
         if not isinstance(document, dict):
             content[key] = None
@@ -214,6 +239,7 @@ class VolcanoMode:
         self._turn = asyncio.Lock()  # one Allocate at a time picks a pod, so no pod is picked twice
         self._taken: set[str] = set()  # pods given their devices here, until the watch shows them taken
         self._annotated: set[str] = set()  # pods annotated here, until the watch shows the annotations
+        self._clash_said: set[str] = set()  # pods placed on devices others hold, said once
         self._written: tuple[Content, int] | None = None  # what was last written, at which generation of the watch
         self._stamp = 0  # the last UpdateTime written
 
@@ -312,7 +338,16 @@ class VolcanoMode:
     def _waiting_pod(self, size: int) -> PodDoc | None:
         pods = self.active_pods()
         self._taken &= {pod.uid for pod in pods if pod.annotations.get(PREDICATE_TIME) != TAKEN}
-        return oldest_waiting((pod for pod in pods if pod.uid not in self._taken), size)
+        held = held_devices(pods, self._taken)
+        for pod in pods:  # a device is never handed out twice: a pod placed on a held one is passed over
+            if waiting_for(pod, size) and pod.uid not in self._clash_said and (clash := clashes(pod, held)):
+                device, holder = clash[0]
+                log.warning(
+                    "Volcano mode: pod %s/%s was placed on %s, which pod %s/%s holds; it is passed over",
+                    *(pod.namespace, pod.name, device, holder.namespace, holder.name),
+                )
+                self._clash_said.add(pod.uid)
+        return oldest_waiting((pod for pod in pods if pod.uid not in self._taken), size, held)
 
     async def _take(self, pod: PodDoc, kubelet_ids: Sequence[str]) -> list[str]:
         kube = await self.api.kube()

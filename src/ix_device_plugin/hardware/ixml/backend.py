@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -97,25 +98,28 @@ class IxmlBackend:
         return statuses
 
     def sample(self, inventory: Inventory) -> dict[str, ChipSample]:
-        """Every chip's telemetry in one pass; a call the library lacks or does not support gives None."""
+        """Every chip's telemetry in one pass; a call the library lacks, does not support, or that hung gives None.
+
+        Only starting the library takes the lock: a read that hangs must not hold up health (see sampling.py).
+        """
         with LIBRARY_LOCK:
             library = self._start()
-            devices = self._devices.enumerate(library)
-            return {
-                device.chip.uuid: self._sampler.sample(library, device)
-                for device in devices
-                if device.handle is not None
-            }
+        self._sampler.begin_pass()
+        devices = self._devices.enumerate(library)
+        return {
+            device.chip.uuid: self._sampler.sample(library, device) for device in devices if device.handle is not None
+        }
 
-    def reset(self, uuids: Sequence[str], timeout: float) -> None:
-        """Shut the library down and run `ixsmi -r -i <uuids>`; BackendError with ixsmi's words on failure."""
+    def reset(self, uuids: Sequence[str], timeout: float, abort: threading.Event | None = None) -> None:
+        """Shut the library down and run `ixsmi -r -i <uuids>`; BackendError with ixsmi's words on failure
+        (or when abort is set before it ends: it is killed)."""
         self.close()
-        run_ixsmi_reset(self._ixsmi_path, uuids, timeout)
+        run_ixsmi_reset(self._ixsmi_path, uuids, timeout, abort)
 
     def close(self) -> None:
         """Stop the XID waiter, then shut the library down; a later discover() starts it again."""
         with LIBRARY_LOCK:
-            if not self._xids.stop():
+            if not self._xids.stop() or self._sampler.busy:
                 return  # shutting down under a thread that is inside the library would pull it from under it
             if self._library is not None and self._initialized:
                 try:

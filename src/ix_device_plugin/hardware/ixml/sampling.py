@@ -1,9 +1,15 @@
-"""One chip's telemetry from IXML, read as ix-exporter's binding reads it."""
+"""One chip's telemetry from IXML, read as ix-exporter's binding reads it.
+
+A read that never returns (a wedged driver) is left to its thread, which its worker abandons; the next pass,
+on another thread, finds it still in flight and leaves that figure of that chip out, said once, until the
+read returns. Reads hold no lock: NVML's calls are thread-safe, and health must never wait behind a hung read.
+"""
 
 from __future__ import annotations
 
 import ctypes
 import logging
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -22,6 +28,23 @@ class Sampler:
 
     def __init__(self) -> None:
         self._problems: dict[str, str] = {}
+        self._reading: dict[int, tuple[str, str]] = {}  # thread -> (call, chip UUID) it is inside now
+        self._hung: set[tuple[str, str]] = set()  # (call, chip UUID) of reads that did not return: left out
+
+    @property
+    def busy(self) -> bool:
+        """True while a read is inside the library (the library must not be shut down under it)."""
+        return bool(self._reading)
+
+    def begin_pass(self) -> None:
+        """Before a pass: a read still in flight on another thread hung (its worker gave up on it); one that
+        hung and has returned since is read again."""
+        inside = {read for thread, read in dict(self._reading).items() if thread != threading.get_ident()}
+        for call, uuid in sorted(inside - self._hung):
+            log.warning("telemetry: %s on %s did not return; that figure is left out until it does", call, uuid)
+        for call, uuid in sorted(self._hung - inside):
+            log.info("telemetry: %s on %s returned; that figure is read again", call, uuid)
+        self._hung = inside
 
     def sample(self, library: Library, device: Device) -> ChipSample:
         read = self._reader(library, device)
@@ -56,7 +79,12 @@ class Sampler:
             if not library.has(call):
                 self._note(call, f"{CALLS[call][0][0]} is not in {library.path}")
                 return None
+            what = (library.symbol(call), device.chip.uuid)
+            if what in self._hung:
+                return None
             out = ctype()
+            thread = threading.get_ident()
+            self._reading[thread] = what
             try:
                 library.call(call, handle, *args, ctypes.byref(out))
             except CallError as exc:
@@ -65,6 +93,8 @@ class Sampler:
                     f"{library.symbol(call)} is not supported" if exc.not_supported else f"{device.chip.uuid}: {exc}",
                 )
                 return None
+            finally:
+                del self._reading[thread]
             return out
 
         return read

@@ -16,7 +16,9 @@ It answers the paths and semantics the plugin's features use, as kube-apiserver 
 Switches for tests: `unavailable` (every request answered 503), `delay` (seconds before every answer),
 `refuse()`/`accept()` (the port stops and starts listening; open connections are cut), `drop_watches()`,
 `compact()` (forget the history so old versions get 410), `watches_end` ("expired": every watch is answered
-410 Expired at once, as after a compaction; "at once": every watch ends at once, cleanly, with no event).
+410 Expired at once, as after a compaction; "at once": every watch ends at once, cleanly, with no event),
+`bodies` (a hostile server's answers, bodies.KINDS: every GET answered with a body that never ends, or that
+declares 300 MB and sends nothing, or that is gzip nobody asked for; every watch with an event that never ends).
 `requests` records every request.
 `write_kubeconfig()` writes a kubeconfig pointing at it.
 """

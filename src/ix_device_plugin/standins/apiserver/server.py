@@ -14,6 +14,7 @@ from typing import Any, Self
 
 from aiohttp import web
 
+from ix_device_plugin.standins.apiserver import bodies
 from ix_device_plugin.standins.apiserver.protocol import (
     CORE,
     RESOURCE_GROUP,
@@ -43,6 +44,7 @@ class ApiServerStandIn(Store):
         self.unavailable = False
         self.delay = 0.0  # seconds every answer waits
         self.watches_end: str | None = None  # "expired": every watch answered 410 at once; "at once": ended at once
+        self.bodies: str | None = None  # one of bodies.KINDS: answers too large, compressed, or without end
         self.requests: list[Recorded] = []
         self._transports: set[asyncio.BaseTransport] = set()
         self._runner: web.AppRunner | None = None
@@ -178,7 +180,11 @@ class ApiServerStandIn(Store):
             patched = self._patch(kind, namespace or "", name, only_status, request.content_type)
             return _json(_as_version(patched, request))
         if request.method == "GET" and request.query.get("watch") in ("true", "1"):
+            if self.bodies == bodies.ENDLESS_EVENT:
+                return await bodies.stream(request, b'{"type": "ADDED", "object": {"metadata": {"name": "')
             return await self._watch(request, kind, namespace, name)
+        if request.method == "GET" and self.bodies in (bodies.ENDLESS, bodies.DECLARED, bodies.COMPRESSED):
+            return await bodies.answer(request, self.bodies)
         if name is None:
             if request.method == "GET":
                 return _json(self._list(request, kind, namespace))

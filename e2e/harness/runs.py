@@ -1,0 +1,86 @@
+"""One end-to-end run per machine at a time, and the remains of a run that was killed cleaned before the next.
+
+The cluster uses host-wide names (the kubelet's device-plugin path, the /ix-e2e cgroups, the bridge, the
+/dev/iluvatar* nodes), so a run holds an exclusive lock for its lifetime and records its work directory.
+A record whose lock is free belongs to a run that died without tearing down (a CI timeout, SIGKILL): its
+processes (the cluster's binaries, and any process naming its work directory, such as the plugin) are
+killed and the rest is torn down as `Cluster.stop` does.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+
+from .cluster import KUBELET_DEVICE_PLUGIN_DIR, Binaries, Cluster, bind_source
+
+
+def _cmdline(pid: str) -> list[str]:
+    try:
+        return [part.decode(errors="replace") for part in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")]
+    except OSError:
+        return []
+
+
+def leftover_pids(binaries: Binaries, workdir: Path) -> list[int]:
+    """Processes running one of the cluster's binaries, or naming workdir on their command line."""
+    found = []
+    marker = str(workdir)
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            exe = os.readlink(entry / "exe")
+        except OSError:
+            continue
+        argv = _cmdline(entry.name)
+        if exe.startswith(str(binaries.bin_dir) + "/") or any(marker in part for part in argv):
+            found.append(int(entry.name))
+    return found
+
+
+def recover(binaries: Binaries, record: Path, logdir: Path) -> list[str]:
+    """Tear down what the run recorded in record left behind; what could not be cleaned."""
+    try:
+        workdir = Path(json.loads(record.read_text())["workdir"])
+    except (OSError, ValueError, KeyError):
+        record.unlink(missing_ok=True)
+        return []
+    for pid in leftover_pids(binaries, workdir):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    stale = Cluster(binaries, workdir, logdir)
+    source = bind_source(KUBELET_DEVICE_PLUGIN_DIR)
+    if source is not None and str(workdir) in source:
+        stale.bind_mounts.append(KUBELET_DEVICE_PLUGIN_DIR)
+    problems = stale.stop()
+    if not problems:
+        stale.remove_workdir()
+        record.unlink(missing_ok=True)
+    return problems
+
+
+@contextlib.contextmanager
+def exclusive_run(cache: Path, binaries: Binaries, workdir: Path, logdir: Path) -> Iterator[None]:
+    """Hold the machine's e2e lock while the body runs, after cleaning a dead run's remains."""
+    cache.mkdir(parents=True, exist_ok=True)
+    record = cache / "current-run.json"
+    with (cache / "run.lock").open("w") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise AssertionError(f"another end-to-end run holds {cache / 'run.lock'}") from None
+        if record.exists():
+            problems = recover(binaries, record, logdir)
+            if problems:
+                raise AssertionError("the remains of an earlier run could not be cleaned:\n" + "\n".join(problems))
+        record.write_text(json.dumps({"workdir": str(workdir), "pid": os.getpid()}))
+        try:
+            yield
+        finally:
+            record.unlink(missing_ok=True)

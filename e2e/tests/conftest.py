@@ -1,0 +1,126 @@
+"""Fixtures of the end-to-end suite: one real cluster per session, simulated GPUs as device nodes, a namespace
+per test, and the components' log tails attached to every failure.
+
+Run with `make e2e` (root, Go; builds the components first). Environment:
+IX_E2E_CACHE (build cache), IX_E2E_LOG_DIR (logs; default e2e/.logs/<time>), IX_E2E_KEEP_WORKDIR=1 (keep
+the cluster's work directory after the run).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import shutil
+import signal
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from harness.build import CACHE, E2E_DIR, built_binaries
+from harness.cluster import Binaries, Cluster, mounts_under
+from harness.kube import Kubectl
+from harness.plugin import bi_v150_chips, device_nodes
+from harness.procs import describe_logs
+from harness.runs import exclusive_run, leftover_pids
+
+FAILURE_LOG_LINES = 25
+
+
+@pytest.fixture(scope="session")
+def binaries() -> Binaries:
+    """The built components; the whole suite is skipped when not root, an error when nothing is built."""
+    if os.geteuid() != 0:
+        pytest.skip("the end-to-end cluster needs root (kubelet, containerd, mounts, cgroups, device nodes)")
+    found, why = built_binaries()
+    if found is None:
+        pytest.fail(why)
+    return found
+
+
+@pytest.fixture(scope="session")
+def log_dir() -> Path:
+    default = E2E_DIR / ".logs" / time.strftime("%Y%m%d-%H%M%S")
+    directory = Path(os.environ.get("IX_E2E_LOG_DIR") or default)
+    directory.mkdir(parents=True, exist_ok=True)
+    return directory
+
+
+@pytest.fixture(scope="session")
+def gpu_device_nodes(binaries: Binaries) -> Iterator[list[Path]]:
+    """/dev/iluvatar0..3 and /dev/itrctl for the simulated 2 x BI-V150, for the whole session."""
+    with device_nodes([chip.minor for chip in bi_v150_chips()]) as made:
+        yield made
+
+
+@pytest.fixture(scope="session")
+def cluster(binaries: Binaries, log_dir: Path, gpu_device_nodes: list[Path]) -> Iterator[Cluster]:
+    """The running cluster; torn down at the end of the session, which fails if anything is left behind.
+
+    One run per machine at a time (a lock in the build cache); the remains of a run that was killed are
+    cleaned first.
+    """
+    workdir = Path(tempfile.mkdtemp(prefix="ix-e2e-"))
+    with exclusive_run(CACHE, binaries, workdir, log_dir):
+        try:
+            started = Cluster(binaries, workdir, log_dir).start()
+        except BaseException:
+            if not mounts_under(workdir):
+                shutil.rmtree(workdir, ignore_errors=True)
+            raise
+        try:
+            yield started
+        finally:
+            problems = started.stop()
+            problems += kill_leftovers(binaries, workdir)
+            if not problems and not os.environ.get("IX_E2E_KEEP_WORKDIR"):
+                started.remove_workdir()
+            sys.stderr.write(f"\ne2e: logs in {log_dir}\n")
+            if problems:
+                pytest.fail("teardown left things behind:\n" + "\n".join(problems))
+
+
+def kill_leftovers(binaries: Binaries, workdir: Path) -> list[str]:
+    """Kill what still runs a cluster binary or names the work directory (a plugin a test did not stop)."""
+    problems = []
+    for pid in leftover_pids(binaries, workdir):
+        with contextlib.suppress(OSError):
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            os.kill(pid, signal.SIGKILL)
+            problems.append(f"process left running, killed: {pid} {argv[:200]}")
+    return problems
+
+
+@pytest.fixture(scope="session")
+def admin(cluster: Cluster) -> Kubectl:
+    return cluster.admin
+
+
+@pytest.fixture
+def namespace(request: pytest.FixtureRequest, admin: Kubectl) -> Iterator[str]:
+    """A namespace for this test, deleted (with its pods, waiting for them) afterwards."""
+    name = "t-" + re.sub(r"[^a-z0-9-]+", "-", request.node.name.lower()).strip("-")[:50].strip("-")
+    admin("create", "namespace", name)
+    try:
+        yield name
+    finally:
+        admin("delete", "namespace", name, "--wait=true", "--timeout=90s", timeout=120)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    """On a failure, attach the tail of every component's and plugin's log to the report."""
+    outcome = yield
+    report = outcome.get_result()
+    if report.failed and "cluster" in getattr(item, "fixturenames", ()):
+        directory = item.funcargs.get("log_dir") if hasattr(item, "funcargs") else None
+        if directory is None:
+            return
+        logs = sorted(Path(directory).glob("*.log"), key=lambda path: path.stat().st_mtime)
+        report.sections.append(("e2e logs", describe_logs(logs, FAILURE_LOG_LINES)))

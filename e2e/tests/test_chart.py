@@ -1,0 +1,260 @@
+"""The Helm chart with the real helm and the real API server: lint, the rendered objects against the static
+manifests, every object accepted by server-side dry run, and the plugin's API features run with the chart's
+ServiceAccount token, each allowed by the chart's RBAC, and what the chart does not grant refused.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from harness.cluster import Cluster
+from harness.helm import Helm, by_key, of_kind, static_objects
+from harness.kube import Kubectl, KubectlError, Obj
+from harness.plugin import PluginRun, bi_v150_chips, start_device_plugin
+from harness.pods import SHOW_DEVICES, STAY, busybox_pod, node_resource, run_and_read, shown_devices
+from harness.procs import run, wait_until
+
+RESOURCE = "iluvatar.com/gpu"
+NAMESPACE = "kube-system"
+SERVICE_ACCOUNT = "iluvatar-device-plugin"
+FEATURES = {"features": {"perNodeConfig": True, "gpuReset": True, "volcano": True}}
+# Value sets the chart is rendered with; every object of each must be accepted by the API server.
+VALUE_SETS: dict[str, dict[str, Any]] = {
+    "defaults": {},
+    "api-features": FEATURES,
+    "dra": {"dra": {"enabled": True, "extendedResourceName": RESOURCE}, "devicePlugin": {"enabled": False}},
+    "metrics-dashboard": {"metrics": {"enabled": True}, "dashboard": {"enabled": True}},
+    "simulated-cdi-off": {"backend": "simulated", "cdi": {"enabled": False}, "nodeFeatures": {"enabled": False}},
+}
+# The Prometheus Operator's CRD is not part of Kubernetes: its ServiceMonitor cannot be dry-run here.
+NOT_BUILT_IN = {"ServiceMonitor"}
+
+
+@pytest.fixture(scope="module")
+def helm(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Helm:
+    return Helm(cluster.binaries["helm"], tmp_path_factory.mktemp("helm"), cluster.kubeconfig("admin"))
+
+
+def test_helm_lint_passes_strict_for_every_value_set(helm: Helm) -> None:
+    for values in VALUE_SETS.values():
+        assert "0 chart(s) failed" in helm.lint(values)
+
+
+def test_the_chart_with_default_values_renders_the_static_manifests(helm: Helm) -> None:
+    rendered = by_key(helm.template())
+    static = by_key(static_objects(["ix-config.yaml", "ix-device-plugin.yaml"]))
+    assert sorted(rendered) == sorted(static)
+    for key, obj in static.items():
+        assert rendered[key] == obj, key
+
+
+def test_the_chart_in_dra_mode_renders_the_static_dra_manifest(helm: Helm) -> None:
+    rendered = by_key(helm.template({"dra": {"enabled": True}, "devicePlugin": {"enabled": False}}))
+    static = by_key(static_objects(["ix-config.yaml", "ix-dra-driver.yaml"]))
+    assert sorted(rendered) == sorted(static)
+    for key, obj in static.items():
+        assert rendered[key] == obj, key
+
+
+def test_the_helm_backed_chart_check_passes(cluster: Cluster) -> None:
+    """scripts/helm_chart.py (render_chart.py's successor) agrees: chart and static files are the same objects."""
+    script = Path(__file__).resolve().parents[2] / "scripts" / "helm_chart.py"
+    env = dict(os.environ, HELM=str(cluster.binaries["helm"]))
+    result = run([sys.executable, str(script), "check"], env=env)
+    assert "chart renders the static manifests (helm template)" in result.stdout
+
+
+@pytest.mark.parametrize("value_set", sorted(VALUE_SETS))
+def test_every_rendered_object_is_accepted_by_the_api_server(helm: Helm, admin: Kubectl, value_set: str) -> None:
+    objects = [obj for obj in helm.template(VALUE_SETS[value_set]) if obj["kind"] not in NOT_BUILT_IN]
+    assert objects
+    output = admin.apply(objects, "--dry-run=server")
+    for obj in objects:
+        assert f"{obj['metadata']['name']} serverside-applied (server dry run)" in output
+
+
+def test_the_static_manifests_are_accepted_by_the_api_server(admin: Kubectl) -> None:
+    names = ["ix-config.yaml", "ix-device-plugin.yaml", "ix-dra-driver.yaml", "corex-example.yaml"]
+    objects = static_objects(names)
+    output = admin.apply(objects, "--dry-run=server")
+    assert output.count("(server dry run)") == len(objects)
+
+
+def test_the_server_rejects_what_the_schema_forbids(helm: Helm, admin: Kubectl) -> None:
+    """The dry run is a real check: a misspelt field in the DaemonSet is refused (strict field validation)."""
+    (daemonset,) = of_kind(helm.template(), "DaemonSet")
+    container = daemonset["spec"]["template"]["spec"]["containers"][0]
+    container["volumeMount"] = container.pop("volumeMounts")
+    with pytest.raises(KubectlError, match="volumeMount: field not declared in schema"):
+        admin.apply(daemonset, "--dry-run=server", "--validate=strict")
+
+
+# ------------------------------------------------------------------ API features with the chart's RBAC
+
+
+@pytest.fixture(scope="module")
+def chart_account(cluster: Cluster, helm: Helm, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """The chart's ServiceAccount and RBAC for every API feature, applied; a kubeconfig with its token."""
+    objects = [obj for obj in helm.template(FEATURES) if obj["kind"] not in {"DaemonSet", "ConfigMap"}]
+    assert {obj["kind"] for obj in objects} >= {"ServiceAccount", "ClusterRole", "Role"}
+    cluster.admin.apply(objects)
+    path = tmp_path_factory.mktemp("chart-token") / "kubeconfig"
+    try:
+        yield cluster.service_account_kubeconfig(NAMESPACE, SERVICE_ACCOUNT, path)
+    finally:
+        for obj in reversed(objects):
+            cluster.admin.delete(obj["kind"], obj["metadata"]["name"], obj["metadata"].get("namespace"), wait=False)
+        for name in (f"ix-gpu-reset-{cluster.node_name}", f"ix-device-info-cm-{cluster.node_name}"):
+            cluster.admin.delete("configmap", name, NAMESPACE, wait=False)
+
+
+def start_with_account(
+    cluster: Cluster, workdir: Path, name: str, kubeconfig: Path, config: dict[str, Any], extra: list[str]
+) -> PluginRun:
+    started = start_device_plugin(
+        cluster, workdir, name, config=config, extra=["--kubeconfig", str(kubeconfig), *extra]
+    )
+    started.wait_ready()
+    return started
+
+
+def wait_capacity(cluster: Cluster, plugin: PluginRun, count: int) -> None:
+    wait_until(
+        lambda: node_resource(cluster.admin, cluster.node_name, RESOURCE) == (count, count),
+        60,
+        f"{RESOURCE} capacity {count}",
+        [plugin.process.log],
+    )
+
+
+def no_refusals(plugin: PluginRun) -> None:
+    """The plugin's log shows no API call refused (the chart's RBAC granted everything it did)."""
+    text = plugin.process.log_text()
+    assert "Forbidden" not in text and " 403" not in text, text[-3000:]
+
+
+def test_per_node_config_follows_the_node_label_with_the_charts_rbac(
+    cluster: Cluster, admin: Kubectl, chart_account: Path, tmp_path: Path
+) -> None:
+    plugin = start_with_account(
+        cluster, tmp_path / "p", "chart-per-node", chart_account, {}, ["--per-node-config", "true"]
+    )
+    try:
+        (tmp_path / "p" / "split").write_text(yaml.safe_dump({"flags": {"splitboard": True}}))
+        wait_capacity(cluster, plugin, 2)
+        admin("label", "node", cluster.node_name, "iluvatar.com/device-plugin.config=split")
+        wait_capacity(cluster, plugin, 4)
+        admin("label", "node", cluster.node_name, "iluvatar.com/device-plugin.config-")
+        wait_capacity(cluster, plugin, 2)
+        no_refusals(plugin)
+    finally:
+        admin("label", "node", cluster.node_name, "iluvatar.com/device-plugin.config-")
+        plugin.stop()
+
+
+def test_gpu_reset_handshake_with_the_charts_rbac(
+    cluster: Cluster, admin: Kubectl, namespace: str, chart_account: Path, tmp_path: Path
+) -> None:
+    """The simulated backend resets chips itself (no ixsmi); the handshake around it is the real one."""
+    plugin = start_with_account(
+        cluster, tmp_path / "p", "chart-gpu-reset", chart_account, {"flags": {"reset_gpu": True}}, []
+    )
+    try:
+        handshake = f"ix-gpu-reset-{cluster.node_name}"
+        announced = wait_until(
+            lambda: admin.get_or_none("configmap", handshake, NAMESPACE), 30, handshake, [plugin.process.log]
+        )
+        assert yaml.safe_load(announced["data"]["gpuReset"])["occupy"]["ix-device-plugin"] is True
+        _, output = run_and_read(admin, namespace, busybox_pod("reset", SHOW_DEVICES + STAY, gpus=1))
+        visible = shown_devices(output)[1]["IX_VISIBLE_DEVICES"]
+        assert f"GPU reset of {visible}: ok" in plugin.process.log_text()
+        state = yaml.safe_load(admin.get("configmap", handshake, NAMESPACE)["data"]["gpuReset"])
+        assert state["nodename"] == cluster.node_name and state["reset"] is False
+        assert state["occupy"]["ix-device-plugin"] is True
+        assert 'ix_device_plugin_gpu_resets_total{result="ok"} 1.0' in plugin.metrics()
+        no_refusals(plugin)
+    finally:
+        plugin.stop()
+
+
+def test_volcano_mode_with_the_charts_rbac(
+    cluster: Cluster, admin: Kubectl, namespace: str, chart_account: Path, tmp_path: Path
+) -> None:
+    chips = bi_v150_chips()
+    plugin = start_with_account(
+        cluster, tmp_path / "p", "chart-volcano", chart_account, {"flags": {"usevolcano": True}}, []
+    )
+    try:
+        info_name = f"ix-device-info-cm-{cluster.node_name}"
+
+        def published() -> Obj | None:
+            found = admin.get_or_none("configmap", info_name, NAMESPACE)
+            return found if found and "DeviceListCfg" in found.get("data", {}) else None
+
+        info = wait_until(published, 30, info_name, [plugin.process.log])
+        assert set(json.loads(info["data"]["DeviceInfoCfg"])["DeviceInfo"]) == {chips[0].uuid, chips[2].uuid}
+        chosen = chips[2].uuid  # what Volcano's scheduler would have written: the second board
+        pod = busybox_pod(
+            "volcano",
+            SHOW_DEVICES + STAY,
+            gpus=1,
+            annotations={"iluvatar.com/DevVolcano": chosen, "predicate-time": "1"},
+        )
+        pod["spec"]["nodeName"] = cluster.node_name  # bound as Volcano's scheduler binds it
+        _, output = run_and_read(admin, namespace, pod)
+        assert shown_devices(output)[1]["IX_REPLICA_DEVICES"] == chosen
+
+        def annotated() -> dict[str, str] | None:
+            notes = admin.get("pod", "volcano", namespace)["metadata"]["annotations"]
+            return notes if "iluvatar.com/DevRealAlloc" in notes else None
+
+        notes = wait_until(annotated, 60, "DevKubelet/DevRealAlloc annotations", [plugin.process.log])
+        assert notes["iluvatar.com/DevRealAlloc"] == chosen
+        assert notes["predicate-time"] == str(2**64 - 1)
+        no_refusals(plugin)
+    finally:
+        plugin.stop()
+
+
+@pytest.mark.parametrize(
+    ("verb", "resource", "namespace"),
+    [
+        ("get", "secrets", NAMESPACE),
+        ("list", "secrets", None),
+        ("update", "nodes", None),
+        ("patch", "nodes", None),
+        ("delete", "pods", "default"),
+        ("create", "configmaps", "default"),
+        ("delete", "configmaps", NAMESPACE),
+        ("create", "pods", NAMESPACE),
+    ],
+)
+def test_what_the_chart_does_not_grant_is_refused(
+    admin: Kubectl, chart_account: Path, verb: str, resource: str, namespace: str | None
+) -> None:
+    account = admin.with_kubeconfig(chart_account)
+    assert not account.can_i(verb, resource, namespace)
+
+
+def test_a_refused_call_is_refused_by_the_server(admin: Kubectl, chart_account: Path) -> None:
+    account = admin.with_kubeconfig(chart_account)
+    assert account.can_i("patch", "pods", "default")
+    with pytest.raises(KubectlError, match="Forbidden"):
+        account("get", "secrets", "-n", NAMESPACE)
+    with pytest.raises(KubectlError, match="forbidden"):
+        account("create", "configmap", "not-granted", "-n", "default")
+
+
+def test_the_service_account_token_is_the_only_credential(admin: Kubectl, chart_account: Path) -> None:
+    """The plugin runs with nothing but the chart's token: the server sees the ServiceAccount."""
+    config = yaml.safe_load(chart_account.read_text())
+    assert set(config["users"][0]["user"]) == {"token"}
+    review = json.loads(admin.with_kubeconfig(chart_account)("auth", "whoami", "-o", "json"))
+    assert review["status"]["userInfo"]["username"] == f"system:serviceaccount:{NAMESPACE}:{SERVICE_ACCOUNT}"

@@ -1,0 +1,124 @@
+"""The deployment as operators run it: the project's image built offline (`make base-image`, `make image`),
+loaded into the node's containerd, installed with `helm install` and run by the real kubelet as the chart's
+DaemonSet (hostPath mounts, probes, the ConfigMap mounted and edited live), registering from inside its pod.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+
+import pytest
+import yaml
+from harness.build import CACHE
+from harness.cluster import Cluster
+from harness.helm import CHART, Helm
+from harness.kube import Kubectl, Obj
+from harness.pods import SHOW_DEVICES, STAY, busybox_pod, node_resource, run_and_read, shown_devices
+from harness.procs import wait_until
+from harness.project_image import BuiltImage, build_project_image, missing_tools
+
+RESOURCE = "iluvatar.com/gpu"
+NAMESPACE = "kube-system"
+RELEASE = "ix-device-plugin"
+GPU_LABEL = "iluvatar.com/gpu.present"
+SELECTOR = "app.kubernetes.io/name=iluvatar-device-plugin"
+
+
+@pytest.fixture(scope="module")
+def project_image(cluster: Cluster) -> BuiltImage:
+    """The image, built the documented offline way and imported into the node's containerd (`ctr import`)."""
+    missing = missing_tools()
+    if missing:
+        pytest.skip(f"building the image offline needs {', '.join(missing)} (apt-get install debootstrap buildah)")
+    built = build_project_image(CACHE)
+    cluster.import_image_file(built.archive)
+    listed = cluster.ctr("images", "ls", "-q").stdout.split()
+    assert built.name in listed, listed
+    return built
+
+
+@pytest.fixture(scope="module")
+def release(cluster: Cluster, project_image: BuiltImage, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Helm]:
+    """`helm install` of the chart on the node (labelled as a GPU node), with the node's test folders."""
+    workdir = tmp_path_factory.mktemp("release")
+    helm = Helm(cluster.binaries["helm"], workdir, cluster.kubeconfig("admin"))
+    values = {  # the chart's own image reference and pull policy: ix-device-plugin:<version>, IfNotPresent
+        "backend": "simulated",
+        "devicePluginPath": str(cluster.device_plugin_dir),
+        "corexPath": str(workdir / "corex"),
+        "cdi": {"specDir": str(cluster.cdi_dir)},
+        "nodeFeatures": {"dir": str(workdir / "features.d")},
+        "telemetry": {"interval": 2, "podResources": {"dir": str(cluster.pod_resources_socket.parent)}},
+    }
+    cluster.admin("label", "node", cluster.node_name, f"{GPU_LABEL}=true", "--overwrite")
+    helm("install", RELEASE, str(CHART), "--namespace", NAMESPACE, "--values", str(helm.values_file(values)))
+    try:
+        yield helm
+    finally:
+        helm("uninstall", RELEASE, "--namespace", NAMESPACE, "--wait", "--timeout", "90s")
+        cluster.admin("label", "node", cluster.node_name, f"{GPU_LABEL}-")
+
+
+def plugin_pod(admin: Kubectl) -> Obj | None:
+    pods = admin.items("pods", NAMESPACE, "-l", SELECTOR)
+    return pods[0] if len(pods) == 1 else None
+
+
+def ready(pod: Obj | None) -> bool:
+    conditions = {c["type"]: c["status"] for c in (pod or {}).get("status", {}).get("conditions", [])}
+    return conditions.get("Ready") == "True"
+
+
+def test_the_daemonset_pod_starts_passes_its_probes_and_registers(
+    cluster: Cluster, admin: Kubectl, release: Helm
+) -> None:
+    pod = wait_until(
+        lambda: (found := plugin_pod(admin)) and ready(found) and found,
+        240,
+        "the plugin pod Ready (startup and readiness probes: /healthz, /readyz)",
+        [cluster.processes["kubelet"].log, cluster.processes["containerd"].log],
+        interval=2,
+    )
+    assert pod["spec"]["nodeName"] == cluster.node_name
+    assert pod["status"]["containerStatuses"][0]["restartCount"] == 0
+    wait_until(
+        lambda: node_resource(admin, cluster.node_name, RESOURCE) == (2, 2),
+        60,
+        f"{RESOURCE}: 2 from the plugin in the pod",
+        [cluster.processes["kubelet"].log],
+    )
+    logs = admin("logs", pod["metadata"]["name"], "-n", NAMESPACE)
+    assert "starting (backend simulated)" in logs
+    assert "registered" in logs
+
+
+def test_a_pod_gets_a_gpu_from_the_plugin_in_the_daemonset(
+    cluster: Cluster, admin: Kubectl, namespace: str, release: Helm
+) -> None:
+    wait_until(lambda: ready(plugin_pod(admin)), 240, "plugin pod Ready", [cluster.processes["kubelet"].log])
+    _, output = run_and_read(admin, namespace, busybox_pod("from-daemonset", SHOW_DEVICES + STAY, gpus=1))
+    nodes, env = shown_devices(output)
+    assert len(env["IX_VISIBLE_DEVICES"].split(",")) == 2  # the simulated default: BI-V150, two chips a board
+    minors = sorted(int(path.removeprefix("/dev/iluvatar")) for path in nodes if path != "/dev/itrctl")
+    assert minors in ([0, 1], [2, 3])  # one whole board, from the host's /dev that the pod mounts
+    assert "/dev/itrctl" in nodes
+
+
+def test_editing_the_configmap_reaches_the_running_plugin(cluster: Cluster, admin: Kubectl, release: Helm) -> None:
+    wait_until(lambda: ready(plugin_pod(admin)), 240, "plugin pod Ready", [cluster.processes["kubelet"].log])
+    before = plugin_pod(admin)
+    assert before is not None
+    config = {"flags": {"splitboard": False}, "sharing": {"timeSlicing": {"replicas": 4}}}
+    patch = {"data": {"ix-config": yaml.safe_dump(config)}}
+    admin("patch", "configmap", "ix-config", "-n", NAMESPACE, "--type=merge", "-p", json.dumps(patch))
+    wait_until(
+        lambda: node_resource(admin, cluster.node_name, RESOURCE) == (8, 8),
+        180,
+        f"{RESOURCE}: 8 after the ConfigMap edit (4 replicas of 2 boards)",
+        [cluster.processes["kubelet"].log],
+        interval=2,
+    )
+    after = plugin_pod(admin)
+    assert after is not None and after["metadata"]["uid"] == before["metadata"]["uid"]
+    assert after["status"]["containerStatuses"][0]["restartCount"] == 0
