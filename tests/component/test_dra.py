@@ -76,8 +76,8 @@ async def test_the_slice_holds_every_chip_with_its_attributes(node: DraNode) -> 
     assert stored["spec"]["pool"] == {"name": node.node, "generation": 2, "resourceSliceCount": 2}
     counters = node.api.get("resourceslices", f"{node.slice()['metadata']['name']}-1")
     assert counters["spec"]["sharedCounters"] == [
-        {"name": "board-0", "counters": {"gpu-0": {"value": "1"}, "gpu-1": {"value": "1"}}},
-        {"name": "board-2", "counters": {"gpu-2": {"value": "1"}, "gpu-3": {"value": "1"}}},
+        {"name": "board-0", "counters": {"gpu-0": {"value": "2"}, "gpu-1": {"value": "2"}}},
+        {"name": "board-2", "counters": {"gpu-2": {"value": "2"}, "gpu-3": {"value": "2"}}},
     ]
     devices = node.slice_devices()
     assert sorted(devices) == ["board-0", "board-2", "gpu-0", "gpu-1", "gpu-2", "gpu-3"]
@@ -97,7 +97,7 @@ async def test_the_slice_holds_every_chip_with_its_attributes(node: DraNode) -> 
         "string": "board"
     }
     assert board["consumesCounters"] == [
-        {"counterSet": "board-2", "counters": {"gpu-2": {"value": "1"}, "gpu-3": {"value": "1"}}}
+        {"counterSet": "board-2", "counters": {"gpu-2": {"value": "2"}, "gpu-3": {"value": "2"}}}
     ]
 
 

@@ -5,8 +5,9 @@ Pure: plain data in (an Inventory, the PCIe roots the shell resolved, the node's
 
 Every chip is a device named `gpu-<minor>` (a DNS label, the name of its /dev node, stable across restarts).
 A board of several chips (BI-V150) is also a device of its own, `board-<lowest minor>`: the board and its
-chips draw on the board's counter set (one counter per chip), so that the scheduler never hands out a board
-and one of its chips at once. A single-chip board is its chip. The attribute `type` (`chip` or `board`) tells
+chips draw on the board's counter set (one counter per chip, of 2 units: the board takes both, a chip one), so
+that the scheduler never hands out a board and one of its chips at once, while a monitoring claim (adminAccess)
+can still take a chip a workload holds. A single-chip board is its chip. The attribute `type` (`chip` or `board`) tells
 them apart, `wholeBoard` is true for whatever gives a whole board, and `extendedResource` for what one
 `iluvatar.com/gpu` is on this node (chips with flags.splitboard, whole boards without).
 
@@ -42,6 +43,10 @@ MAX_ATTRIBUTE_LENGTH = 64  # DeviceAttributeMaxValueLength: string and version v
 DESCRIPTIVE_ATTRIBUTES = ("productName",)  # cut when too long; the others identify, and are left out
 CHIP, BOARD = "chip", "board"
 SHARES = "shares"  # the consumable capacity of a shared device
+# A chip's counter holds 2 units: a board takes both units of each of its chips' counters, a chip one of its own.
+# So a board never goes with one of its chips, and yet a chip can go to a workload and to a monitoring claim
+# (adminAccess) at once: the scheduler checks counters for admin access too.
+CHIP_UNITS, BOARD_UNITS = 1, 2
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 _VERSION = re.compile(r"^v?(\d+)(?:\.(\d+))?(?:\.(\d+))?(?:[-+._ ]?(.*))?$")
 
@@ -97,7 +102,7 @@ class SliceDevice:
 
 @dataclass(frozen=True)
 class CounterSet:
-    """A board's shared counters: one per chip (named as the chip's device), each of value 1."""
+    """A board's shared counters: one per chip (named as the chip's device), each of BOARD_UNITS."""
 
     name: str
     counters: tuple[str, ...]
@@ -293,9 +298,9 @@ def device_body(device: SliceDevice, driver_version: str | None, pcie_roots: Map
     if capacity:
         body["capacity"] = capacity
     if device.counter_set:
-        names = [device.name] if device.kind == CHIP else _chip_names(device)
+        names, units = ([device.name], CHIP_UNITS) if device.kind == CHIP else (_chip_names(device), BOARD_UNITS)
         body["consumesCounters"] = [
-            {"counterSet": device.counter_set, "counters": {name: {"value": "1"} for name in names}}
+            {"counterSet": device.counter_set, "counters": {name: {"value": str(units)} for name in names}}
         ]
     return body
 
@@ -306,7 +311,7 @@ def _chip_names(device: SliceDevice) -> list[str]:
 
 def counter_set_body(counter_set: CounterSet) -> dict[str, Any]:
     """The ResourceSlice v1 `spec.sharedCounters[]` entry for a board's counter set."""
-    return {"name": counter_set.name, "counters": {name: {"value": "1"} for name in counter_set.counters}}
+    return {"name": counter_set.name, "counters": {name: {"value": str(BOARD_UNITS)} for name in counter_set.counters}}
 
 
 def unhealthy_taint(device: SliceDevice) -> dict[str, str]:

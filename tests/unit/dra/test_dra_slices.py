@@ -97,6 +97,8 @@ def test_a_board_and_its_chips_draw_on_the_same_counters_so_never_both_go_out(po
 
     assert fits("board-0") and fits("gpu-0", "gpu-1") and fits("board-0", "board-2") and fits("board-0", "gpu-2")
     assert not fits("board-0", "gpu-0") and not fits("board-0", "gpu-1") and not fits("board-2", "gpu-3")
+    # the scheduler checks counters for admin access too: a monitoring claim can still take a chip in use
+    assert fits("gpu-0", "gpu-0") and not fits("gpu-0", "gpu-0", "gpu-0")
 
 
 def test_the_type_attributes_tell_boards_from_chips_and_name_the_extended_resource_unit() -> None:
