@@ -1,7 +1,7 @@
-"""DRA mode: start-up (process start -> registration served, and -> ResourceSlice published), prepare and
-unprepare latency through the kubelet DRA stand-in, the driver's RSS, on 2 BI-V150 boards (4 chips); and the
-time from an XID to the kubelet's health update (DRAResourceHealth stream) and to the slice's taint, over the
-compiled libixml.so double.
+"""DRA mode: start-up (process start -> registration served, -> ResourceSlice published, -> the whole pool with
+its board devices), prepare and unprepare latency of chip, board and shared-chip claims through the kubelet DRA
+stand-in, the driver's RSS, on 2 BI-V150 boards (4 chips, 2 boards); and the time from an XID to the kubelet's
+health update (DRAResourceHealth stream) and to the slice's taint, over the compiled libixml.so double.
 
 The driver is `ix-device-plugin dra` in its own process, against the API server stand-in.
 """
@@ -32,7 +32,7 @@ NODE = "bench-node"
 START_TIMEOUT = 15.0
 
 
-def _command(directory: Path, kubeconfig: Path, node: str) -> list[str]:
+def _command(directory: Path, kubeconfig: Path, node: str, *extra: str) -> list[str]:
     return [
         sys.executable, "-m", "ix_device_plugin", "dra",
         "--backend", "simulated", "--simulated-devices", "BI-V150:2",
@@ -40,7 +40,7 @@ def _command(directory: Path, kubeconfig: Path, node: str) -> list[str]:
         "--kubelet-registrar-directory-path", str(directory / "registry"),
         "--kubelet-plugins-directory-path", str(directory / "plugins"),
         "--cdi-spec-dir", str(directory / "cdi"), "--dev-root", str(directory),
-        "--log-level", "warning",
+        "--log-level", "warning", *extra,
     ]  # fmt: skip
 
 
@@ -50,9 +50,11 @@ async def _wait(predicate: Any, what: str) -> None:
             await asyncio.sleep(0.002)
 
 
-def _claim(api: ApiServerStandIn, node: str, device: str) -> tuple[str, str, str]:
+def _claim(api: ApiServerStandIn, node: str, device: str, share: bool = False) -> tuple[str, str, str]:
     uid, name = str(uuid.uuid4()), f"claim-{uuid.uuid4().hex[:8]}"
-    result = {"request": "gpu", "driver": DRIVER, "pool": node, "device": device}
+    result: dict[str, Any] = {"request": "gpu", "driver": DRIVER, "pool": node, "device": device}
+    if share:
+        result.update(shareID=str(uuid.uuid4()), consumedCapacity={"shares": "1"})
     api.put(
         "resourceclaims",
         {
@@ -61,6 +63,10 @@ def _claim(api: ApiServerStandIn, node: str, device: str) -> tuple[str, str, str
         },
     )
     return "default", name, uid
+
+
+def _devices(stored: dict[str, Any] | None) -> int:
+    return len(((stored or {}).get("spec") or {}).get("devices") or [])
 
 
 async def _run_once(api: ApiServerStandIn, prepares: int, node: str) -> dict[str, Any]:
@@ -77,13 +83,16 @@ async def _run_once(api: ApiServerStandIn, prepares: int, node: str) -> dict[str
         registered = time.perf_counter() - started
         await _wait(lambda: api.get("resourceslices", name) is not None, "ResourceSlice")
         published = time.perf_counter() - started
+        await _wait(lambda: _devices(api.get("resourceslices", name)) == 6, "the board devices")
+        whole_pool = time.perf_counter() - started
         rss_start = rss_mib(process.pid)
-        prepare, unprepare = [], []
+        prepare, prepare_board, unprepare = [], [], []
         for index in range(prepares):
-            claim = _claim(api, node, f"gpu-{index % 4}")
+            board = index % 2 == 1
+            claim = _claim(api, node, f"board-{2 * (index % 4 // 2)}" if board else f"gpu-{index % 4}")
             begin = time.perf_counter()
             response = await kubelet.prepare([claim])
-            prepare.append(time.perf_counter() - begin)
+            (prepare_board if board else prepare).append(time.perf_counter() - begin)
             assert response.claims[claim[2]].error == "", response.claims[claim[2]].error
             begin = time.perf_counter()
             await kubelet.unprepare([claim])
@@ -93,7 +102,9 @@ async def _run_once(api: ApiServerStandIn, prepares: int, node: str) -> dict[str
         return {
             "registered": registered,
             "published": published,
+            "whole_pool": whole_pool,
             "prepare": prepare,
+            "prepare_board": prepare_board,
             "unprepare": unprepare,
             "rss_start": rss_start,
             "rss_after": rss_after,
@@ -106,6 +117,42 @@ async def _run_once(api: ApiServerStandIn, prepares: int, node: str) -> dict[str
             process.kill()
             process.wait()
         shutil.rmtree(directory, ignore_errors=True)
+
+
+async def _shares(api: ApiServerStandIn, rounds: int, node: str) -> list[float]:
+    """Seconds to prepare one share claim, four at a time on one chip (sharing.timeSlicing.replicas 4)."""
+    directory = short_dir()
+    kubeconfig = api.write_kubeconfig(directory / "kubeconfig")
+    socket = directory / "registry" / f"{DRIVER}-reg.sock"
+    command = _command(directory, kubeconfig, node, "--replicas", "4", "--splitboard", "true")
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    seconds: list[float] = []
+    try:
+        kubelet = DraKubeletStandIn(DRIVER)
+        await _wait(socket.is_socket, "registration socket")
+        await kubelet.register(socket)
+        await _wait(lambda: _devices(api.get("resourceslices", slice_base_name(node))) == 4, "the shared chips")
+
+        async def one(claim: tuple[str, str, str]) -> None:
+            begin = time.perf_counter()
+            response = await kubelet.prepare([claim])
+            seconds.append(time.perf_counter() - begin)
+            assert response.claims[claim[2]].error == "", response.claims[claim[2]].error
+
+        for _ in range(rounds):
+            claims = [_claim(api, node, "gpu-0", share=True) for _ in range(4)]
+            await asyncio.gather(*(one(claim) for claim in claims))
+            await kubelet.unprepare(claims)
+        await kubelet.close()
+    finally:
+        process.send_signal(signal.SIGTERM)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            process.wait(timeout=5)
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+        shutil.rmtree(directory, ignore_errors=True)
+    return seconds
 
 
 DOUBLE_SOURCE = Path(__file__).resolve().parents[1] / "tests" / "ixml_double" / "libixml_double.c"
@@ -184,6 +231,7 @@ async def run(settings: Any) -> dict[str, Any]:
     starts, prepares = (1, 5) if settings.smoke else (5, 200)
     async with ApiServerStandIn() as api:
         runs = [await _run_once(api, prepares, f"{NODE}-{index}") for index in range(starts)]
+        shares = await _shares(api, 2 if settings.smoke else 50, f"{NODE}-shares")
         health = await _xid_to_health(api, f"{NODE}-xid", 1 if settings.smoke else 4)
     xid = {} if health is None else {
         "xid_to_kubelet_health": latency_ms(health["stream"]),
@@ -193,7 +241,10 @@ async def run(settings: Any) -> dict[str, Any]:
         **xid,
         "to_registration": summary_ms([r["registered"] for r in runs]),
         "to_slice": summary_ms([r["published"] for r in runs]),
+        "to_whole_pool": summary_ms([r["whole_pool"] for r in runs]),
         "prepare": latency_ms([s for r in runs for s in r["prepare"]]),
+        "prepare_board": latency_ms([s for r in runs for s in r["prepare_board"]]),
+        "prepare_share_4_at_once": latency_ms(shares),
         "unprepare": latency_ms([s for r in runs for s in r["unprepare"]]),
         "rss_start_mib": max(r["rss_start"] for r in runs),
         "rss_after_prepares_mib": max(r["rss_after"] for r in runs),

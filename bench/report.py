@@ -137,8 +137,11 @@ def _node_agent() -> Iterator[Figure]:
 def _dra() -> Iterator[Figure]:
     yield Figure("dra", "start -> registration served, median", ("to_registration", "median_ms"), "ms", 1000)
     yield Figure("dra", "start -> ResourceSlice published, median", ("to_slice", "median_ms"), "ms")
+    yield Figure("dra", "start -> boards published too, median", ("to_whole_pool", "median_ms"), "ms")
     yield Figure("dra", "NodePrepareResources p50", ("prepare", "p50_ms"), "ms")
     yield Figure("dra", "NodePrepareResources p99", ("prepare", "p99_ms"), "ms", 50)
+    yield Figure("dra", "NodePrepareResources of a board p99", ("prepare_board", "p99_ms"), "ms", 50)
+    yield Figure("dra", "NodePrepareResources of a share, 4 at once, p99", ("prepare_share_4_at_once", "p99_ms"), "ms")
     yield Figure("dra", "NodeUnprepareResources p99", ("unprepare", "p99_ms"), "ms")
     yield Figure("dra", "RSS after start", ("rss_start_mib",), "MiB")
     yield Figure("dra", "RSS after the prepares", ("rss_after_prepares_mib",), "MiB")

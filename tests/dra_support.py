@@ -133,13 +133,21 @@ class DraNode:
         pool: str | None = None,
         request: str = "gpu",
         admin_access: bool = False,
+        shares: int | None = None,
+        config: Sequence[dict[str, Any]] = (),
     ) -> tuple[str, str, str]:
-        """Store an allocated ResourceClaim, as the scheduler leaves it; (namespace, name, uid)."""
+        """Store an allocated ResourceClaim, as the scheduler leaves it; (namespace, name, uid).
+
+        shares: each device allocated as a share taking this many of its shares; config: the allocation's
+        config entries (see gpu_config).
+        """
         uid = str(uuid.uuid4())
         results = [{"request": request, "driver": driver, "pool": pool or self.node, "device": d} for d in devices]
-        if admin_access:
-            for result in results:
+        for result in results:
+            if admin_access:
                 result["adminAccess"] = True
+            if shares is not None:
+                result.update(shareID=str(uuid.uuid4()), consumedCapacity={"shares": str(shares)})
         self.api.put(
             "resourceclaims",
             {
@@ -147,7 +155,16 @@ class DraNode:
                 "kind": "ResourceClaim",
                 "metadata": {"name": name, "namespace": namespace, "uid": uid},
                 "spec": {"devices": {"requests": [{"name": request, "exactly": {"deviceClassName": DRIVER}}]}},
-                "status": {"allocation": {"devices": {"results": results}}},
+                "status": {"allocation": {"devices": {"results": results, "config": list(config)}}},
             },
         )
         return namespace, name, uid
+
+
+def gpu_config(source: str = "FromClaim", requests: Sequence[str] = (), **fields: Any) -> dict[str, Any]:
+    """An allocation config entry holding a GpuConfig with fields (parameters as given, checked by the driver)."""
+    parameters = {"apiVersion": "gpu.iluvatar.com/v1alpha1", "kind": "GpuConfig", **fields}
+    entry: dict[str, Any] = {"source": source, "opaque": {"driver": DRIVER, "parameters": parameters}}
+    if requests:
+        entry["requests"] = list(requests)
+    return entry

@@ -57,7 +57,7 @@ def test_the_chart_with_default_values_renders_the_static_manifests(helm: Helm) 
 
 def test_the_chart_in_dra_mode_renders_the_static_dra_manifest(helm: Helm) -> None:
     rendered = by_key(helm.template({"dra": {"enabled": True}, "devicePlugin": {"enabled": False}}))
-    static = by_key(static_objects(["ix-dra-driver.yaml"]))
+    static = by_key(static_objects(["ix-config.yaml", "ix-dra-driver.yaml"]))
     assert sorted(rendered) == sorted(static)
     for key, obj in static.items():
         assert rendered[key] == obj, key

@@ -105,7 +105,9 @@ def driver(cluster: Cluster, driver_kubeconfig: Path, tmp_path_factory: pytest.T
 
 
 def node_slice(cluster: Cluster) -> Obj:
-    (found,) = [s for s in cluster.admin.items("resourceslices") if s["spec"]["driver"] == DRIVER]
+    """The node's slice of devices (the boards' counter sets have a slice of their own)."""
+    slices = [s for s in cluster.admin.items("resourceslices") if s["spec"]["driver"] == DRIVER]
+    (found,) = [s for s in slices if "sharedCounters" not in s["spec"]]
     return found
 
 
@@ -159,15 +161,26 @@ def test_the_resource_slice_is_accepted_by_the_api_server(cluster: Cluster, driv
     assert spec["nodeName"] == cluster.node_name
     assert spec["pool"]["name"] == cluster.node_name
     devices = {device["name"]: device for device in spec["devices"]}
-    assert sorted(devices) == [f"gpu-{chip.minor}" for chip in CHIPS]
+    boards = sorted({f"board-{min(c.minor for c in CHIPS if c.board == chip.board)}" for chip in CHIPS})
+    assert sorted(devices) == sorted([f"gpu-{chip.minor}" for chip in CHIPS] + boards)
     for chip in CHIPS:
         attributes = devices[f"gpu-{chip.minor}"]["attributes"]
         assert attributes["uuid"] == {"string": chip.uuid}
         assert attributes["minor"] == {"int": chip.minor}
         assert attributes["productName"] == {"string": "BI-V150"}
         assert devices[f"gpu-{chip.minor}"]["capacity"]["memory"]["value"] == "32Gi"
-    boards = {devices[f"gpu-{c.minor}"]["attributes"]["boardUUID"]["string"] for c in CHIPS}
-    assert len(boards) == 2
+    board_uuids = {devices[f"gpu-{c.minor}"]["attributes"]["boardUUID"]["string"] for c in CHIPS}
+    assert len(board_uuids) == 2
+    for board in boards:  # each board drawing on the counters of its two chips, in a slice of their own
+        consumed = devices[board]["consumesCounters"][0]
+        assert consumed["counterSet"] == board and len(consumed["counters"]) == 2
+    counter_sets = [
+        counter_set["name"]
+        for s in cluster.admin.items("resourceslices")
+        if s["spec"]["driver"] == DRIVER
+        for counter_set in s["spec"].get("sharedCounters") or []
+    ]
+    assert sorted(counter_sets) == boards
 
 
 def test_the_api_server_refuses_a_slice_the_driver_must_never_write(cluster: Cluster, driver: Driver) -> None:
@@ -259,24 +272,28 @@ def test_a_pod_asking_for_the_extended_resource_is_served_by_dra(
     cluster: Cluster, admin: Kubectl, namespace: str, driver: Driver, dra_objects: list[Obj], tmp_path: Path
 ) -> None:
     """DeviceClass extendedResourceName (the chart's dra.extendedResourceName): an unchanged `iluvatar.com/gpu: 1`
-    pod gets a chip through a claim the scheduler makes (DRAExtendedResource).
+    pod gets, through a claim the scheduler makes (DRAExtendedResource), what the device plugin would give it
+    on this node: a whole board, the node's ix-config not splitting boards.
     """
     helm = Helm(cluster.binaries["helm"], tmp_path)
     values = {**DRA_VALUES, "dra": {"enabled": True, "extendedResourceName": "iluvatar.com/gpu"}}
-    (device_class,) = of_kind(helm.template(values), "DeviceClass")
+    classes = of_kind(helm.template(values), "DeviceClass")
+    (device_class,) = [c for c in classes if c["spec"].get("extendedResourceName")]
     assert device_class["spec"]["extendedResourceName"] == "iluvatar.com/gpu"
+    assert device_class["metadata"]["name"] == f"extended-resource.{DRIVER}"
     admin.apply(device_class)
     try:
         pod = busybox_pod("extended", SHOW_DEVICES + STAY, gpus=1)
         current, output = run_and_read(admin, namespace, pod)
-        (chip,) = chips_seen(output)
+        chips = chips_seen(output)
+        assert len(chips) == 2 and chips[0].board == chips[1].board
         claims = admin.items("resourceclaims", namespace)
         assert len(claims) == 1
         results = claims[0]["status"]["allocation"]["devices"]["results"]
-        assert [(r["driver"], r["device"]) for r in results] == [(DRIVER, f"gpu-{chip.minor}")]
+        assert [(r["driver"], r["device"]) for r in results] == [(DRIVER, f"board-{chips[0].minor}")]
         assert current["status"]["extendedResourceClaimStatus"]["resourceClaimName"] == claims[0]["metadata"]["name"]
     finally:
-        admin.apply(named(dra_objects, "DeviceClass", DRIVER))
+        admin.delete("DeviceClass", device_class["metadata"]["name"], wait=False)
 
 
 # ------------------------------------------------------------------ restarts

@@ -13,7 +13,7 @@ import yaml
 from dra_support import DraNode
 
 from ix_device_plugin.dra.checkpoint import CHECKPOINT_FILE
-from ix_device_plugin.dra.claims import cdi_spec_file
+from ix_device_plugin.dra.claimspec import cdi_spec_file
 from ix_device_plugin.dra.registration import DRA_SOCKET, SUPPORTED_VERSIONS, dra_socket, registration_socket
 from ix_device_plugin.dra.slices import DRIVER, UNHEALTHY_TAINT
 from ix_device_plugin.standins.apiserver import ApiServerStandIn
@@ -40,7 +40,9 @@ def answer(response, uid: str):
 
 
 def chip_uuids(node: DraNode) -> dict[str, str]:
-    return {name: d["attributes"]["uuid"]["string"] for name, d in node.slice_devices().items()}
+    return {
+        name: d["attributes"]["uuid"]["string"] for name, d in node.slice_devices().items() if "uuid" in d["attributes"]
+    }
 
 
 async def test_registration_answers_get_info_and_accepts_the_kubelets_verdict(node: DraNode) -> None:
@@ -67,25 +69,42 @@ async def test_a_refusal_is_logged_with_its_reason(node: DraNode, caplog: pytest
 
 async def test_the_slice_holds_every_chip_with_its_attributes(node: DraNode) -> None:
     await node.start()
-    await node.wait_slice(lambda devices: len(devices) == 4)
+    await node.wait_slice(lambda devices: len(devices) == 6)
     stored = node.slice()
     assert stored["spec"]["driver"] == DRIVER and stored["spec"]["nodeName"] == node.node
-    assert stored["spec"]["pool"] == {"name": node.node, "generation": 1, "resourceSliceCount": 1}
+    # the devices, then the boards' counters in a slice of their own (published once the server keeps them)
+    assert stored["spec"]["pool"] == {"name": node.node, "generation": 2, "resourceSliceCount": 2}
+    counters = node.api.get("resourceslices", f"{node.slice()['metadata']['name']}-1")
+    assert counters["spec"]["sharedCounters"] == [
+        {"name": "board-0", "counters": {"gpu-0": {"value": "2"}, "gpu-1": {"value": "2"}}},
+        {"name": "board-2", "counters": {"gpu-2": {"value": "2"}, "gpu-3": {"value": "2"}}},
+    ]
     devices = node.slice_devices()
-    assert sorted(devices) == ["gpu-0", "gpu-1", "gpu-2", "gpu-3"]
+    assert sorted(devices) == ["board-0", "board-2", "gpu-0", "gpu-1", "gpu-2", "gpu-3"]
     first = devices["gpu-0"]["attributes"]
     # No NUMA node, PCIe root or version for simulated chips; the bus ID is the standard attribute.
-    assert set(first) == {"uuid", "productName", "boardUUID", "minor", "resource.kubernetes.io/pciBusID"}
+    assert set(first) == {
+        "uuid", "productName", "boardUUID", "minor", "resource.kubernetes.io/pciBusID", "type", "wholeBoard",
+        "extendedResource",
+    }  # fmt: skip
     assert first["productName"] == {"string": "BI-V150"} and first["minor"] == {"int": 0}
-    boards = [devices[name]["attributes"]["boardUUID"]["string"] for name in sorted(devices)]
+    assert (first["type"], first["wholeBoard"]) == ({"string": "chip"}, {"bool": False})
+    boards = [devices[name]["attributes"]["boardUUID"]["string"] for name in ("gpu-0", "gpu-1", "gpu-2", "gpu-3")]
     assert boards[0] == boards[1] != boards[2] == boards[3]
     assert devices["gpu-0"]["capacity"]["memory"]["value"].endswith("Mi")
+    board = devices["board-2"]
+    assert board["attributes"]["boardUUID"] == {"string": boards[2]} and board["attributes"]["type"] == {
+        "string": "board"
+    }
+    assert board["consumesCounters"] == [
+        {"counterSet": "board-2", "counters": {"gpu-2": {"value": "2"}, "gpu-3": {"value": "2"}}}
+    ]
 
 
 @pytest.mark.parametrize("version", VERSIONS)
 async def test_prepare_and_unprepare_round_trip(node: DraNode, version: str) -> None:
     driver = await node.start()
-    await node.wait_slice(lambda devices: len(devices) == 4)
+    await node.wait_slice(lambda devices: len(devices) == 6)
     kubelet = await node.kubelet(driver)
     claim = node.claim("one-gpu", ["gpu-1"])
     uid = claim[2]
@@ -103,6 +122,8 @@ async def test_prepare_and_unprepare_round_trip(node: DraNode, version: str) -> 
     assert spec["containerEdits"]["env"] == [
         f"IX_VISIBLE_DEVICES={visible}",
         f"ILUVATAR_COREX_VISIBLE_DEVICES={visible}",
+        f"IX_REPLICA_DEVICES={visible}",
+        f"ILUVATAR_COREX_REPLICA_DEVICES={visible}",
     ]
     checkpoint = json.loads((node.root / "plugins" / DRIVER / CHECKPOINT_FILE).read_text())
     assert list(checkpoint["claims"]) == [uid]
@@ -119,7 +140,7 @@ async def test_prepare_and_unprepare_round_trip(node: DraNode, version: str) -> 
 
 async def test_a_whole_board_and_a_shared_claim(node: DraNode) -> None:
     driver = await node.start()
-    await node.wait_slice(lambda devices: len(devices) == 4)
+    await node.wait_slice(lambda devices: len(devices) == 6)
     kubelet = await node.kubelet(driver)
     board = node.claim("board", ["gpu-2", "gpu-3"])
     first = answer(await kubelet.prepare([board]), board[2])
@@ -132,7 +153,7 @@ async def test_a_whole_board_and_a_shared_claim(node: DraNode) -> None:
 
 async def test_a_chip_is_never_prepared_for_two_claims(node: DraNode, caplog: pytest.LogCaptureFixture) -> None:
     driver = await node.start()
-    await node.wait_slice(lambda devices: len(devices) == 4)
+    await node.wait_slice(lambda devices: len(devices) == 6)
     kubelet = await node.kubelet(driver)
     holder = node.claim("holder", ["gpu-0"])
     other = node.claim("other", ["gpu-0", "gpu-1"])
@@ -150,7 +171,7 @@ async def test_a_chip_is_never_prepared_for_two_claims(node: DraNode, caplog: py
 
 async def test_concurrent_and_duplicate_calls(node: DraNode) -> None:
     driver = await node.start()
-    await node.wait_slice(lambda devices: len(devices) == 4)
+    await node.wait_slice(lambda devices: len(devices) == 6)
     kubelet = await node.kubelet(driver)
     claims = [node.claim(f"c{i}", [f"gpu-{i}"]) for i in range(4)]
     rivals = [node.claim(f"r{i}", [f"gpu-{i}"]) for i in range(4)]
@@ -167,7 +188,7 @@ async def test_concurrent_and_duplicate_calls(node: DraNode) -> None:
 
 async def test_claims_that_are_not_ours_get_their_own_errors(node: DraNode) -> None:
     driver = await node.start()
-    await node.wait_slice(lambda devices: len(devices) == 4)
+    await node.wait_slice(lambda devices: len(devices) == 6)
     kubelet = await node.kubelet(driver)
     good = node.claim("good", ["gpu-0"])
     other_driver = node.claim("other-driver", ["gpu-1"], driver="gpu.example.com")
@@ -190,7 +211,7 @@ async def test_claims_that_are_not_ours_get_their_own_errors(node: DraNode) -> N
 
 async def test_restart_between_prepare_and_unprepare_loses_nothing(node: DraNode, api: ApiServerStandIn) -> None:
     driver = await node.start()
-    await node.wait_slice(lambda devices: len(devices) == 4)
+    await node.wait_slice(lambda devices: len(devices) == 6)
     kubelet = await node.kubelet(driver)
     claim = node.claim("survivor", ["gpu-3"])
     before = answer(await kubelet.prepare([claim]), claim[2])
@@ -209,11 +230,13 @@ async def test_restart_between_prepare_and_unprepare_loses_nothing(node: DraNode
 
 async def test_an_unhealthy_chip_is_tainted_and_cannot_be_prepared(node: DraNode) -> None:
     driver = await node.start()
-    await node.wait_slice(lambda devices: len(devices) == 4)
+    await node.wait_slice(lambda devices: len(devices) == 6)
     node.write_boards([{"product": "BI-V150", "chips": [None, {"health": ["ECC"]}]}, {"product": "BI-V150"}])
     await node.wait_slice(lambda devices: "taints" in devices.get("gpu-1", {}))
     assert node.slice_devices()["gpu-1"]["taints"] == [{"key": UNHEALTHY_TAINT, "effect": "NoSchedule", "value": "ECC"}]
-    assert node.slice()["spec"]["pool"]["generation"] == 2
+    assert node.slice_devices()["board-0"]["taints"] == [
+        {"key": UNHEALTHY_TAINT, "effect": "NoSchedule", "value": "gpu-1-ECC"}
+    ]  # the board of a sick chip is sick too
     kubelet = await node.kubelet(driver)
     claim = node.claim("sick", ["gpu-1"])
     result = answer(await kubelet.prepare([claim]), claim[2])
@@ -231,7 +254,7 @@ async def test_without_device_taints_an_unhealthy_chip_is_left_out(
     node.write_boards([{"product": "BI-V150", "chips": [None, {"health": ["MC"]}]}, {"product": "BI-V150"}])
     with caplog.at_level(logging.INFO):
         await node.start()
-        await node.wait_slice(lambda devices: sorted(devices) == ["gpu-0", "gpu-2", "gpu-3"])
+        await node.wait_slice(lambda devices: sorted(devices) == ["board-2", "gpu-0", "gpu-2", "gpu-3"])
         # The driver logs what it published once the API server has answered, just after the slice is stored.
         async with asyncio.timeout(5):
             while not any("left out: gpu-1" in r.message for r in caplog.records):
@@ -241,12 +264,15 @@ async def test_without_device_taints_an_unhealthy_chip_is_left_out(
 
 async def test_hot_plug_changes_the_slice(node: DraNode) -> None:
     await node.start()
-    await node.wait_slice(lambda devices: len(devices) == 4)
+    await node.wait_slice(lambda devices: len(devices) == 6)
     node.write_boards([{"product": "BI-V150"}, {"product": "BI-V150"}, {"product": "BI-V100"}])
-    await node.wait_slice(lambda devices: sorted(devices) == ["gpu-0", "gpu-1", "gpu-2", "gpu-3", "gpu-4"])
-    assert node.slice_devices()["gpu-4"]["attributes"]["productName"] == {"string": "BI-V100"}
+    await node.wait_slice(
+        lambda devices: sorted(devices) == ["board-0", "board-2", "gpu-0", "gpu-1", "gpu-2", "gpu-3", "gpu-4"]
+    )
+    single = node.slice_devices()["gpu-4"]["attributes"]  # a single-chip board is its chip, and a whole board
+    assert single["productName"] == {"string": "BI-V100"} and single["wholeBoard"] == {"bool": True}
     node.write_boards([{"product": "BI-V150"}])
-    await node.wait_slice(lambda devices: sorted(devices) == ["gpu-0", "gpu-1"])
+    await node.wait_slice(lambda devices: sorted(devices) == ["board-0", "gpu-0", "gpu-1"])
     # The removed board's chips are first tainted (health: not present), then gone (rediscovery).
     assert node.slice()["spec"]["pool"]["generation"] >= 3
 
@@ -259,7 +285,7 @@ async def test_the_api_server_down_at_start_and_mid_run(node: DraNode, api: ApiS
     await asyncio.sleep(0.3)
     assert node.slice() is None
     await api.accept()
-    await node.wait_slice(lambda devices: len(devices) == 4)
+    await node.wait_slice(lambda devices: len(devices) == 6)
     await api.refuse()
     node.write_boards([{"product": "BI-V150"}])
     claim = node.claim("while-down", ["gpu-0"])
@@ -267,7 +293,7 @@ async def test_the_api_server_down_at_start_and_mid_run(node: DraNode, api: ApiS
     assert "API server" in down.error  # a per-claim error, the driver goes on
     await asyncio.sleep(0.3)
     await api.accept()
-    await node.wait_slice(lambda devices: sorted(devices) == ["gpu-0", "gpu-1"])
+    await node.wait_slice(lambda devices: sorted(devices) == ["board-0", "gpu-0", "gpu-1"])
     assert answer(await kubelet.prepare([claim]), claim[2]).error == ""
     await kubelet.close()
 
@@ -299,7 +325,7 @@ async def test_probes_and_metrics_follow_registration_and_the_slice(node: DraNod
             return error.code, error.read().decode()
 
     status, body = await asyncio.to_thread(get, "/healthz")
-    assert (status, body) == (200, f"ok: serving DRA driver {DRIVER} for {len(driver.content.devices)} chips\n")
+    assert (status, body) == (200, f"ok: serving DRA driver {DRIVER} for {len(driver.content.devices)} devices\n")
     status, body = await asyncio.to_thread(get, "/readyz")
     assert (status, body) == (503, "not ok: not registered with the kubelet's plugin watcher\n")
     await DraKubeletStandIn(DRIVER).register(registration_socket(driver.options.registrar_dir))
@@ -325,6 +351,6 @@ async def test_probes_and_metrics_follow_registration_and_the_slice(node: DraNod
     assert values[("ix_device_plugin_dra_claims_total", (("call", "prepare"), ("result", "error")))] == 1
     assert values[("ix_device_plugin_dra_claims_total", (("call", "unprepare"), ("result", "ok")))] == 1
     assert values[("ix_device_plugin_dra_claim_duration_seconds_count", (("call", "prepare"),))] == 2
-    assert values[("ix_device_plugin_dra_health_changes_total", ())] == 1
+    assert values[("ix_device_plugin_dra_health_changes_total", ())] == 2  # gpu-1 and its board
     assert values[("ix_device_plugin_dra_restored_claims", ())] == 0
     await kubelet.close()

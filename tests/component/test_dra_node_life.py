@@ -17,7 +17,7 @@ import yaml
 from dra_support import DraNode
 
 from ix_device_plugin.dra.checkpoint import CHECKPOINT_FILE
-from ix_device_plugin.dra.claims import cdi_spec_file
+from ix_device_plugin.dra.claimspec import cdi_spec_file
 from ix_device_plugin.dra.slices import DRIVER
 from ix_device_plugin.runtime.errors import StartupError
 from ix_device_plugin.standins.apiserver import ApiServerStandIn
@@ -49,7 +49,7 @@ async def test_a_reboot_writes_every_claim_spec_again_before_serving(
 ) -> None:
     caplog.set_level(logging.INFO, logger="ix_device_plugin.dra")
     driver = await node.start()
-    await node.wait_slice(lambda devices: len(devices) == 4)
+    await node.wait_slice(lambda devices: len(devices) == 6)
     kubelet = await node.kubelet(driver)
     claims = [node.claim("a", ["gpu-0"]), node.claim("b", ["gpu-2", "gpu-3"])]
     before = {uid: answer(await kubelet.prepare([c]), uid) for c in claims for uid in [c[2]]}
@@ -71,7 +71,7 @@ async def test_a_reboot_writes_every_claim_spec_again_before_serving(
 
 async def test_a_prepare_writes_a_missing_spec_again(node: DraNode) -> None:
     driver = await node.start()
-    await node.wait_slice(lambda devices: len(devices) == 4)
+    await node.wait_slice(lambda devices: len(devices) == 6)
     kubelet = await node.kubelet(driver)
     claim = node.claim("c", ["gpu-1"])
     first = answer(await kubelet.prepare([claim]), claim[2])
@@ -87,7 +87,7 @@ async def test_a_corrupt_checkpoint_is_moved_aside_and_its_claims_rebuilt_from_t
     node: DraNode, caplog: pytest.LogCaptureFixture
 ) -> None:
     driver = await node.start()
-    await node.wait_slice(lambda devices: len(devices) == 4)
+    await node.wait_slice(lambda devices: len(devices) == 6)
     kubelet = await node.kubelet(driver)
     claim = node.claim("held", ["gpu-2"])
     first = answer(await kubelet.prepare([claim]), claim[2])
@@ -118,7 +118,7 @@ async def test_one_malformed_claim_fails_alone_and_a_hostile_uid_names_no_file(
     node: DraNode, api: ApiServerStandIn, short_dir: Path
 ) -> None:
     driver = await node.start()
-    await node.wait_slice(lambda devices: len(devices) == 4)
+    await node.wait_slice(lambda devices: len(devices) == 6)
     kubelet = await node.kubelet(driver)
     good = node.claim("good", ["gpu-0"])
     bad = node.claim("bad", ["gpu-1"])
@@ -137,7 +137,7 @@ async def test_one_malformed_claim_fails_alone_and_a_hostile_uid_names_no_file(
 
 async def test_an_admin_claim_shares_a_chip_with_its_workload_and_leaves_it_alone(node: DraNode) -> None:
     driver = await node.start()
-    await node.wait_slice(lambda devices: len(devices) == 4)
+    await node.wait_slice(lambda devices: len(devices) == 6)
     kubelet = await node.kubelet(driver)
     workload = node.claim("workload", ["gpu-1"])
     monitor = node.claim("monitor", ["gpu-1"], admin_access=True)
@@ -188,7 +188,7 @@ async def test_a_full_disk_fails_the_prepare_and_the_unprepare_and_loses_no_chip
     small_tmpfs: Path, node: DraNode
 ) -> None:
     driver = await node.start()
-    await node.wait_slice(lambda devices: len(devices) == 4)
+    await node.wait_slice(lambda devices: len(devices) == 6)
     kubelet = await node.kubelet(driver)
     kept = node.claim("kept", ["gpu-0"])
     assert answer(await kubelet.prepare([kept]), kept[2]).error == ""
@@ -213,7 +213,7 @@ async def test_a_full_disk_fails_the_prepare_and_the_unprepare_and_loses_no_chip
 
 async def test_two_drivers_overlapping_in_an_update_fail_no_prepare(node: DraNode) -> None:
     old = await node.start(pod_uid="pod-old")
-    await node.wait_slice(lambda devices: len(devices) == 4)
+    await node.wait_slice(lambda devices: len(devices) == 6)
     new = await node.start(pod_uid="pod-new")
     assert old.registrar_socket != new.registrar_socket and old.endpoint != new.endpoint
     assert old.registrar_socket.is_socket() and new.registrar_socket.is_socket()  # both serve at once
@@ -238,12 +238,12 @@ async def test_slices_deleted_by_a_restarting_kubelet_are_published_again_at_reg
     node: DraNode, api: ApiServerStandIn
 ) -> None:
     driver = await node.start()
-    await node.wait_slice(lambda devices: len(devices) == 4)
+    await node.wait_slice(lambda devices: len(devices) == 6)
     for stored in list(api.objects("resourceslices")):
         api.delete("resourceslices", stored["metadata"]["name"])  # what the kubelet does when it starts
     assert node.slice() is None
     kubelet = await node.kubelet(driver)  # the restarted kubelet registers the driver again
-    await node.wait_slice(lambda devices: len(devices) == 4, timeout=2)
+    await node.wait_slice(lambda devices: len(devices) == 6, timeout=2)
     assert node.slice()["metadata"]["ownerReferences"][0]["kind"] == "Node"
     assert driver.registration.registrations == 1
     await kubelet.close()
@@ -253,7 +253,7 @@ async def test_the_claim_status_says_the_chips_and_keeps_other_drivers_entries(
     node: DraNode, api: ApiServerStandIn
 ) -> None:
     driver = await node.start()
-    await node.wait_slice(lambda devices: len(devices) == 4)
+    await node.wait_slice(lambda devices: len(devices) == 6)
     kubelet = await node.kubelet(driver)
     claim = node.claim("status", ["gpu-2"])
     stored = api.get("resourceclaims", "status", "default")
@@ -288,9 +288,10 @@ async def test_a_slice_someone_else_changes_is_put_back_within_two_seconds(
 ) -> None:
     driver = await node.start(health_address="127.0.0.1:0")
     kubelet = await node.kubelet(driver)
-    await node.wait_slice(lambda devices: len(devices) == 4)
+    await node.wait_slice(lambda devices: len(devices) == 6)
     await asyncio.sleep(0.3)  # the watch of the node's slices is open
-    (stored,) = api.objects("resourceslices")
+    stored = node.slice()  # the devices' slice (the boards' counters have one of their own)
+    assert stored is not None and len(api.objects("resourceslices")) == 2
     name = stored["metadata"]["name"]
     if how == "deleted":
         api.delete("resourceslices", name)
@@ -298,7 +299,7 @@ async def test_a_slice_someone_else_changes_is_put_back_within_two_seconds(
         stored["spec"]["devices"] = stored["spec"]["devices"][:1]
         api.put("resourceslices", stored)
     started = asyncio.get_running_loop().time()
-    await node.wait_slice(lambda devices: len(devices) == 4, timeout=2)
+    await node.wait_slice(lambda devices: len(devices) == 6, timeout=2)
     assert asyncio.get_running_loop().time() - started < 2
     assert driver.publisher is not None and driver.publisher.repairs >= 1
     await kubelet.close()

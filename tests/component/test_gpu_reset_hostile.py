@@ -30,11 +30,11 @@ from reset_support import (
     write_document,
 )
 
+from ix_device_plugin.apiserver import gpureset
+from ix_device_plugin.apiserver.gpureset import OUR_NAME, ResetInfo, ResetSettings
 from ix_device_plugin.core.inventory import Inventory
 from ix_device_plugin.core.telemetry import ChipSample
 from ix_device_plugin.deviceplugin import loop
-from ix_device_plugin.deviceplugin.features import gpureset
-from ix_device_plugin.deviceplugin.features.gpureset import OUR_NAME, ResetInfo, ResetSettings
 from ix_device_plugin.hardware.backend import BackendError
 from ix_device_plugin.hardware.ixml import IxmlBackend
 from ix_device_plugin.hardware.simulated import SimulatedBackend

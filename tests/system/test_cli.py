@@ -152,7 +152,10 @@ def test_bad_flags_and_variables_are_one_line_each_and_exit_2(
 def test_demo_refuses_flags_it_does_not_use() -> None:
     result = cli("demo", "--replicas", "3")
     assert result.returncode == 2
-    assert "ix-device-plugin demo: error: demo does not use --replicas (used by run, list)" in result.stderr
+    assert (
+        "ix-device-plugin demo: error: demo does not use --replicas (used by run, list, dra, list --dra)"
+        in result.stderr
+    )
     result = cli("demo", "--no-such-flag")
     assert result.returncode == 2
     assert "unrecognized arguments: --no-such-flag" in result.stderr
@@ -164,9 +167,9 @@ def test_dra_refuses_a_device_plugin_flag_naming_it() -> None:
     assert result.stderr.strip().splitlines()[-1] == (
         "ix-device-plugin dra: error: dra does not use --use-volcano (a device plugin setting)"
     )
-    result = cli("list", "--dra", "--replicas=4")
+    result = cli("list", "--dra", "--fail-requests-greater-than-one=true")
     assert result.returncode == 2
-    assert "list --dra does not use --replicas" in result.stderr
+    assert "list --dra does not use --fail-requests-greater-than-one" in result.stderr
     result = cli("run", "--kubelet-plugins-directory-path", "/x")
     assert result.returncode == 2
     assert "run does not use --kubelet-plugins-directory-path (a DRA setting)" in result.stderr
@@ -230,9 +233,9 @@ async def test_list_shows_live_figures_and_which_pod_holds_each_device(short_dir
 
 async def test_dra_says_once_which_variables_and_config_keys_it_does_not_use(short_dir: Path) -> None:
     config = short_dir / "ix-config"
-    config.write_text("flags:\n  failOnInitError: true\nsharing:\n  timeSlicing:\n    replicas: 4\n")
+    config.write_text("flags:\n  failOnInitError: true\nsharing:\n  timeSlicing:\n    renameByDefault: true\n")
     env = {k: v for k, v in os.environ.items() if not k.startswith("IX_")}
-    env |= {"IX_REPLICAS": "4", "IX_USE_VOLCANO": "true", "NODE_NAME": "node-a", "PYTHONUNBUFFERED": "1"}
+    env |= {"IX_RESET_GPU": "true", "IX_USE_VOLCANO": "true", "NODE_NAME": "node-a", "PYTHONUNBUFFERED": "1"}
     async with ApiServerStandIn() as api:
         process = await asyncio.create_subprocess_exec(
             *(sys.executable, "-m", "ix_device_plugin", "dra", "--backend", "simulated", "--config", str(config)),
@@ -255,7 +258,7 @@ async def test_dra_says_once_which_variables_and_config_keys_it_does_not_use(sho
     log = "".join(lines)
     assert log.count("environment variables dra does not use") == 1
     assert (
-        "environment variables dra does not use, ignored: IX_USE_VOLCANO (a device plugin setting), "
-        "IX_REPLICAS (a device plugin setting)"
+        "environment variables dra does not use, ignored: IX_RESET_GPU (a device plugin setting), "
+        "IX_USE_VOLCANO (a device plugin setting)"
     ) in log
-    assert log.count(f"{config}: keys dra does not use, ignored: sharing.timeSlicing.replicas (line 5)") == 1
+    assert log.count(f"{config}: keys dra does not use, ignored: sharing.timeSlicing.renameByDefault (line 5)") == 1

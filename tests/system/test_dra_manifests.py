@@ -18,6 +18,7 @@ from manifest_support import (
 )
 
 from ix_device_plugin import __version__
+from ix_device_plugin.dra.config import GpuConfig, decode
 from ix_device_plugin.dra.registration import REGISTRATION_SOCKET
 from ix_device_plugin.settings.argv import parse_command_line
 from ix_device_plugin.settings.resolve import resolve
@@ -47,7 +48,45 @@ def test_dra_objects_only_when_enabled_and_the_plugin_can_be_switched_off() -> N
     assert selectors[0] != selectors[1]  # the two DaemonSets never adopt each other's pods
     dra_only = rendered(render.DRA_VALUES)
     assert [d["metadata"]["name"] for d in by_kind(dra_only, "DaemonSet")] == ["iluvatar-dra-driver"]
-    assert by_kind(dra_only, "ConfigMap") == []
+    (config,) = by_kind(dra_only, "ConfigMap")  # the driver reads flags.splitboard and replicas from it
+    volumes = pod_spec(only(dra_only, "DaemonSet"))["volumes"]
+    assert {"name": "config", "configMap": {"name": config["metadata"]["name"]}} in volumes
+
+
+def matches(spec: dict[str, Any], labels: dict[str, str]) -> bool:
+    """Whether a pod spec's nodeSelector and required node affinity admit a node with these labels."""
+    if any(labels.get(key) != value for key, value in (spec.get("nodeSelector") or {}).items()):
+        return False
+    affinity = (
+        (spec.get("affinity") or {}).get("nodeAffinity", {}).get("requiredDuringSchedulingIgnoredDuringExecution")
+    )
+    if affinity is None:
+        return True
+
+    def holds(expression: dict[str, Any]) -> bool:
+        value = labels.get(expression["key"])
+        inside = value is not None and value in expression.get("values", [])
+        return inside if expression["operator"] == "In" else not inside
+
+    return any(all(map(holds, term.get("matchExpressions", []))) for term in affinity["nodeSelectorTerms"])
+
+
+@pytest.mark.parametrize("source", ["chart", "static"])
+def test_a_node_runs_the_device_plugin_or_the_dra_driver_never_both(source: str) -> None:
+    if source == "chart":
+        objects = rendered({"dra": {"enabled": True}})
+    else:
+        objects = load_file(STATIC_DIR / "ix-device-plugin.yaml") + load_file(STATIC_DIR / "ix-dra-driver.yaml")
+    specs = {d["metadata"]["name"]: pod_spec(d) for d in by_kind(objects, "DaemonSet")}
+    gpu = {"feature.node.kubernetes.io/pci-1e3e.present": "true"}
+    for labels, runs in [
+        (gpu, "iluvatar-device-plugin"),
+        ({**gpu, "iluvatar.com/gpu.dra": "true"}, "iluvatar-dra-driver"),
+        ({**gpu, "iluvatar.com/gpu.dra": "false"}, "iluvatar-device-plugin"),
+        ({"iluvatar.com/gpu.present": "true"}, "iluvatar-device-plugin"),
+    ]:
+        assert [name for name, spec in specs.items() if matches(spec, labels)] == [runs], labels
+    assert not any(matches(spec, {}) for spec in specs.values())  # nodes without GPUs run neither
 
 
 @pytest.mark.parametrize("name", ["ix-dra-driver.yaml", "dra-examples.yaml"])
@@ -65,27 +104,46 @@ def checked(obj: dict[str, Any]) -> list[str]:
     return errors or manifest_support._construct("ResourceV1ResourceClaim", normalised)
 
 
-def test_the_device_class_selects_the_driver_and_can_name_the_extended_resource() -> None:
-    objects = load_file(STATIC_DIR / "ix-dra-driver.yaml")
-    device_class = only(objects, "DeviceClass")
-    assert device_class["metadata"]["name"] == "gpu.iluvatar.com"
-    assert device_class["spec"]["selectors"] == [{"cel": {"expression": 'device.driver == "gpu.iluvatar.com"'}}]
-    extended = only(
-        rendered({**render.DRA_VALUES, "dra": {"enabled": True, "extendedResourceName": "iluvatar.com/gpu"}}),
-        "DeviceClass",
+def test_the_device_classes_select_chips_and_whole_boards_and_can_name_the_extended_resource() -> None:
+    classes = {
+        c["metadata"]["name"]: c["spec"] for c in by_kind(load_file(STATIC_DIR / "ix-dra-driver.yaml"), "DeviceClass")
+    }
+    assert sorted(classes) == ["board.gpu.iluvatar.com", "gpu.iluvatar.com"]
+    chips = classes["gpu.iluvatar.com"]["selectors"][0]["cel"]["expression"]
+    assert chips == (
+        'device.driver == "gpu.iluvatar.com" && device.attributes["gpu.iluvatar.com"].?type.orValue("chip") == "chip"'
     )
-    assert extended["spec"]["extendedResourceName"] == "iluvatar.com/gpu"
+    boards = classes["board.gpu.iluvatar.com"]["selectors"][0]["cel"]["expression"]
+    assert boards.endswith('device.attributes["gpu.iluvatar.com"].?wholeBoard.orValue(false)')
+    assert all("extendedResourceName" not in spec for spec in classes.values())
+    values = {**render.DRA_VALUES, "dra": {"enabled": True, "extendedResourceName": "iluvatar.com/gpu"}}
+    extended = {c["metadata"]["name"]: c["spec"] for c in by_kind(rendered(values), "DeviceClass")}
+    unit = extended["extended-resource.gpu.iluvatar.com"]
+    assert unit["extendedResourceName"] == "iluvatar.com/gpu"
+    assert unit["selectors"][0]["cel"]["expression"].endswith(".?extendedResource.orValue(true)")
+    assert extended["gpu.iluvatar.com"] == classes["gpu.iluvatar.com"]  # the chip class keeps its meaning
 
 
 def test_the_rbac_is_the_narrowest() -> None:
-    role = only(load_file(STATIC_DIR / "ix-dra-driver.yaml"), "ClusterRole")
-    rules = {(tuple(r["apiGroups"]), tuple(r["resources"])): set(r["verbs"]) for r in role["rules"]}
-    assert rules == {
-        (("resource.k8s.io",), ("resourceslices",)): {"get", "list", "watch", "create", "update", "delete"},
-        (("resource.k8s.io",), ("resourceclaims",)): {"get"},
-        (("resource.k8s.io",), ("resourceclaims/status",)): {"patch"},
-        (("",), ("nodes",)): {"get"},
+    objects = load_file(STATIC_DIR / "ix-dra-driver.yaml")
+    role = only(objects, "ClusterRole")
+    rules = {
+        (tuple(r["apiGroups"]), tuple(r["resources"]), tuple(r.get("resourceNames", ()))): set(r["verbs"])
+        for r in role["rules"]
     }
+    assert rules == {
+        (("resource.k8s.io",), ("resourceslices",), ()): {"get", "list", "watch", "create", "update", "delete"},
+        (("resource.k8s.io",), ("resourceclaims",), ()): {"get"},
+        (("resource.k8s.io",), ("resourceclaims/status",), ()): {"patch"},
+        (("resource.k8s.io",), ("resourceclaims/driver",), ("gpu.iluvatar.com",)): {"associated-node:patch"},
+        (("",), ("nodes",), ()): {"get"},
+    }
+    handshake = only(objects, "Role")  # ConfigMaps in its own namespace only, for the GPU reset handshake
+    assert handshake["metadata"]["namespace"] == only(objects, "DaemonSet")["metadata"]["namespace"]
+    assert handshake["rules"] == [
+        {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get", "create", "update"]}
+    ]
+    assert only(objects, "RoleBinding")["subjects"][0]["name"] == only(objects, "ServiceAccount")["metadata"]["name"]
 
 
 def test_the_daemonset_runs_dra_mode_with_the_kubelets_directories_mounted() -> None:
@@ -120,6 +178,16 @@ def test_the_examples_ask_for_one_chip_a_whole_board_and_a_shared_claim() -> Non
         {"requests": ["chips"], "matchAttribute": "gpu.iluvatar.com/boardUUID"}
     ]
     assert templates["whole-iluvatar-board"]["requests"][0]["exactly"]["count"] == 2
-    shared = [p for p in by_kind(objects, "Pod") if p["spec"]["resourceClaims"][0].get("resourceClaimName")]
+    claimed = [p for p in by_kind(objects, "Pod") if p["spec"].get("resourceClaims")]
+    shared = [p for p in claimed if p["spec"]["resourceClaims"][0].get("resourceClaimName")]
     assert {p["spec"]["resourceClaims"][0]["resourceClaimName"] for p in shared} == {"shared-iluvatar-gpu"}
     assert len(shared) == 2
+    board = templates["one-iluvatar-board"]["requests"][0]["exactly"]
+    assert board["deviceClassName"] == "board.gpu.iluvatar.com"
+    assert templates["two-iluvatar-shares"]["requests"][0]["exactly"]["capacity"] == {"requests": {"shares": "2"}}
+    (config,) = templates["fresh-iluvatar-gpu"]["config"]
+    gpu_config = config["opaque"]["parameters"]
+    assert config["opaque"]["driver"] == "gpu.iluvatar.com" and gpu_config["reset"] is True
+    assert decode(gpu_config, "example") == GpuConfig(reset=True)  # what the driver reads from it
+    extended = only([p for p in by_kind(objects, "Pod") if not p["spec"].get("resourceClaims")], "Pod")
+    assert extended["spec"]["containers"][0]["resources"]["limits"] == {"iluvatar.com/gpu": 2}

@@ -45,7 +45,7 @@ METRICS_ON = {"metrics": {"enabled": True, "serviceMonitor": {"enabled": True}}}
 
 
 def static() -> list[dict[str, Any]]:
-    dra = {*render.DRA_STATIC_FILES, "dra-examples.yaml"}  # checked by tests/test_dra_manifests.py
+    dra = {*render.DRA_STATIC_FILES, "dra-examples.yaml"} - set(render.STATIC_FILES)  # tests/test_dra_manifests.py
     return [obj for path in sorted(STATIC_DIR.glob("*.yaml")) if path.name not in dra for obj in load_file(path)]
 
 
@@ -255,8 +255,10 @@ def test_it_tolerates_gpu_taints_and_stays_on_gpu_nodes(objects: list[dict[str, 
     assert ("iluvatar.com/gpu", "Exists", "NoSchedule") in tolerated
     assert ("CriticalAddonsOnly", "Exists", None) in tolerated
     terms = spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
-    keys = {expr["key"] for term in terms for expr in term["matchExpressions"]}
+    keys = {expr["key"] for term in terms for expr in term["matchExpressions"] if expr["operator"] == "In"}
     assert keys == {"iluvatar.com/gpu.present", "feature.node.kubernetes.io/pci-1e3e.present"}
+    for term in terms:  # and never where the DRA driver serves iluvatar.com/gpu
+        assert {"key": "iluvatar.com/gpu.dra", "operator": "NotIn", "values": ["true"]} in term["matchExpressions"]
 
 
 def test_the_example_pod_requests_one_gpu() -> None:

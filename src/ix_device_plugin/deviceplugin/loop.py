@@ -17,12 +17,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ix_device_plugin.apiserver.gpureset import KILL_WAIT, RESET_STOP_WAIT, GpuReset, GpuResetError
 from ix_device_plugin.core.inventory import Inventory
 from ix_device_plugin.core.limits import device_list_problem
 from ix_device_plugin.core.plan import Plan
 from ix_device_plugin.deviceplugin.configsource import ConfigSource
 from ix_device_plugin.deviceplugin.endpoint import ENDPOINT, Endpoint
-from ix_device_plugin.deviceplugin.features.gpureset import KILL_WAIT, RESET_STOP_WAIT, GpuReset, GpuResetError
 from ix_device_plugin.deviceplugin.features.hook import ApiFeatures
 from ix_device_plugin.deviceplugin.metrics import Metrics
 from ix_device_plugin.deviceplugin.nodefiles import NodeFiles

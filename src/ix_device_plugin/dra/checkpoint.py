@@ -14,8 +14,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ix_device_plugin.dra.claims import ClaimRef, PreparedClaim, PreparedDevice
-from ix_device_plugin.dra.slices import DRIVER
+from ix_device_plugin.dra.config import lenient
+from ix_device_plugin.dra.prepared import ClaimRef, PreparedClaim, PreparedDevice
+from ix_device_plugin.dra.slices import BOARD, CHIP, DRIVER
 from ix_device_plugin.settings.documents import DocumentError, Limits, load_json, read_file
 
 CHECKPOINT_FILE = "checkpoint.json"
@@ -95,6 +96,8 @@ def _claim_from(uid: str, entry: Any, origin: str) -> PreparedClaim:
 
 
 def _device_from(device: Any) -> PreparedDevice:
+    """A device entry; the fields added since version 1 are read leniently (absent or malformed: the default)."""
+    shares, slots, chips = device.get("shares"), device.get("slots"), device.get("chips")
     return PreparedDevice(
         tuple(str(r) for r in device["requests"]),
         str(device["pool"]),
@@ -102,7 +105,17 @@ def _device_from(device: Any) -> PreparedDevice:
         str(device["uuid"]),
         tuple(str(i) for i in device["cdi_ids"]),
         admin=device.get("admin") is True,
+        share_id=device["share_id"] if isinstance(device.get("share_id"), str) else "",
+        shares=shares if _integer(shares) and shares > 0 else 0,
+        slots=tuple(s for s in slots if _integer(s)) if isinstance(slots, list) else (),
+        chips=tuple(str(c) for c in chips) if isinstance(chips, list) else (),
+        kind=device["kind"] if device.get("kind") in (CHIP, BOARD) else CHIP,
+        config=lenient(device.get("config")),
     )
+
+
+def _integer(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def read_checkpoint(path: Path) -> Checkpoint | None:

@@ -1,13 +1,12 @@
-"""What preparing a ResourceClaim means for the driver: the claim's chips, their CDI spec, and the checkpoint.
+"""What preparing a ResourceClaim means for the driver: the claim's devices, their shares, and its settings.
 
-Pure: a ResourceClaim object (a dict, as the API server returns it) and the slice devices in, plain data out.
-`state.py` writes the spec and the checkpoint; the service answers the kubelet.
+Pure: a ResourceClaim object (a dict, as the API server returns it), the slice devices and the claims prepared
+already in, plain data out. `claimspec.py` makes the claim's CDI spec, `state.py` writes it and the checkpoint.
 
-A claim's CDI spec is transient and its own (kind `gpu.iluvatar.com/claim`, file
-`gpu.iluvatar.com-claim_<claim UID>.yaml`): a device `<claim UID>-<device>` per allocated chip with its device
-node, and spec-wide edits every container of the claim gets (`/dev/itrctl`, `IX_VISIBLE_DEVICES` and the legacy
-`ILUVATAR_COREX_VISIBLE_DEVICES` holding the claim's chip UUIDs). Its own kind keeps it apart from the device
-plugin's node-wide `iluvatar.com/gpu` spec, so both modes can share a node while it moves from one to the other.
+A device is a chip or a whole board, held whole or, where the node shares its devices, as a share (the
+allocation's `shareID`, taking the `shares` it consumed). No chip is held whole by one claim and by another in
+any way, and the shares of one device never add up to more than it has; each share gets numbered slots on its
+device (`<uuid>::<slot>` in IX_REPLICA_DEVICES, as the device plugin numbers replicas).
 """
 
 from __future__ import annotations
@@ -18,102 +17,48 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ix_device_plugin.core.allocation import LEGACY_VISIBLE_DEVICES_ENV, VISIBLE_DEVICES_ENV
-from ix_device_plugin.core.cdi import build_spec, minimum_version
-from ix_device_plugin.core.inventory import Board, Inventory
-from ix_device_plugin.dra.slices import DRIVER, SliceDevice
+from ix_device_plugin.dra.claimspec import cdi_id, claim_spec
+from ix_device_plugin.dra.config import ConfigEntry, ConfigError, GpuConfig, allocation_configs, config_for
+from ix_device_plugin.dra.pool import quantity
+from ix_device_plugin.dra.prepared import ClaimError, ClaimRef, PreparedClaim, PreparedDevice
+from ix_device_plugin.dra.slices import CHIP, DRIVER, SHARES, SliceDevice
 
-CLAIM_CDI_VENDOR = DRIVER
-CLAIM_CDI_CLASS = "claim"
-CLAIM_CDI_KIND = f"{CLAIM_CDI_VENDOR}/{CLAIM_CDI_CLASS}"
-# What the kubelet may name: a claim UID becomes part of file and CDI device names, so it is checked first.
-_UID = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9-]{0,126}[A-Za-z0-9])?$")
-_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
-_DNS_SUBDOMAIN = re.compile(r"^(?=.{1,253}$)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
-
-
-class ClaimError(Exception):
-    """This claim cannot be prepared; the message says which claim and why."""
+SHARE_ID = re.compile(r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$")
 
 
 @dataclass(frozen=True)
-class ClaimRef:
-    """A claim as the kubelet names it."""
+class NodeView:
+    """What a prepare needs to know of the node: its slice devices, pool, control nodes and /dev."""
 
-    namespace: str
-    name: str
-    uid: str
-
-    def __str__(self) -> str:
-        return f"{self.namespace}/{self.name} (uid {self.uid})"
-
-
-def check_ref(ref: ClaimRef) -> None:
-    """Refuse a claim whose UID, namespace or name is not what Kubernetes allows (before it names a file)."""
-    if not _UID.match(ref.uid):
-        raise ClaimError(f"claim {ref.namespace[:64]}/{ref.name[:64]}: invalid UID {ref.uid[:80]!r}")
-    if not _DNS_LABEL.match(ref.namespace):
-        raise ClaimError(f"claim {ref.uid}: invalid namespace {ref.namespace[:80]!r}")
-    if not _DNS_SUBDOMAIN.match(ref.name):
-        raise ClaimError(f"claim {ref.uid}: invalid name {ref.name[:80]!r}")
-
-
-@dataclass(frozen=True)
-class PreparedDevice:
-    """One allocated chip of a prepared claim, with what the kubelet was told about it.
-
-    admin: allocated with adminAccess (a monitoring claim): prepared beside the claim that holds the chip,
-    and holding it for nobody.
-    """
-
-    requests: tuple[str, ...]
+    devices: Mapping[str, SliceDevice]
     pool: str
-    device: str
-    uuid: str
-    cdi_ids: tuple[str, ...]
-    admin: bool = False
-
-
-@dataclass(frozen=True)
-class PreparedClaim:
-    """A claim whose CDI spec is written: its chips, and the spec document.
-
-    complete is False for a claim rebuilt from its CDI spec after the checkpoint was lost: it holds its chips,
-    but what the kubelet was told (requests, namespace, name) is not known, so a prepare reads it again.
-    """
-
-    ref: ClaimRef
-    devices: tuple[PreparedDevice, ...]
-    spec: Mapping[str, Any]
-    complete: bool = True
-
-    @property
-    def uuids(self) -> tuple[str, ...]:
-        """The claim's chip UUIDs, in allocation order, each once."""
-        return tuple(dict.fromkeys(device.uuid for device in self.devices))
-
-
-def cdi_spec_file(uid: str) -> str:
-    """The claim's transient CDI spec file name (the CDI library's `<vendor>-<class>_<id>.yaml`)."""
-    return f"{CLAIM_CDI_VENDOR}-{CLAIM_CDI_CLASS}_{uid}.yaml"
-
-
-def cdi_device_name(uid: str, device: str) -> str:
-    """The claim's CDI device name for one allocated device."""
-    return f"{uid}-{device}"
+    control_nodes: tuple[str, ...] = ()
+    dev_root: Path = Path("/")
 
 
 @dataclass(frozen=True)
 class Result:
-    """One device of a claim's allocation for this driver."""
+    """One device of a claim's allocation for this driver (shares: what a share consumed, 0 when held whole)."""
 
     request: str
     device: str
     admin: bool = False
+    share_id: str = ""
+    shares: int = 0
 
 
-def allocated(claim: Any, ref: ClaimRef, pool: str) -> list[Result]:
-    """The results of claim's allocation for this driver; ClaimError when it is not ours or not well formed."""
+@dataclass(frozen=True)
+class Holding:
+    """A claim's hold on a chip: through which device, and how many of its shares (0: whole)."""
+
+    ref: ClaimRef
+    device: str
+    shares: int
+
+
+def allocated(claim: Any, ref: ClaimRef, pool: str) -> tuple[list[Result], list[ConfigEntry]]:
+    """The results of claim's allocation for this driver and its GpuConfigs; ClaimError when it is not ours or
+    not well formed."""
     metadata = _mapping(_mapping(claim, ref, "the claim").get("metadata"), ref, "metadata")
     if metadata.get("uid") != ref.uid:
         other = str(metadata.get("uid"))[:80]
@@ -133,7 +78,27 @@ def allocated(claim: Any, ref: ClaimRef, pool: str) -> list[Result]:
     elsewhere = sorted({str(r.get("pool"))[:80] for r in ours if r.get("pool") != pool})
     if elsewhere:
         raise ClaimError(f"claim {ref}: allocated from pool {', '.join(elsewhere)}, not this node's pool {pool}")
-    return [Result(str(r.get("request", "")), str(r.get("device", "")), r.get("adminAccess") is True) for r in ours]
+    try:
+        configs = allocation_configs(devices, "status.allocation.devices")
+    except ConfigError as error:
+        raise ClaimError(f"claim {ref}: {error}") from None
+    return [_result(r, ref) for r in ours], configs
+
+
+def _result(result: dict[str, Any], ref: ClaimRef) -> Result:
+    request, device = str(result.get("request", "")), str(result.get("device", ""))
+    share_id = result.get("shareID")
+    if share_id is None:
+        return Result(request, device, result.get("adminAccess") is True)
+    if not isinstance(share_id, str) or not SHARE_ID.match(share_id):
+        raise ClaimError(f"claim {ref}: device {device[:80]!r}: shareID {str(share_id)[:80]!r} is not a UUID")
+    consumed = _mapping(result.get("consumedCapacity"), ref, f"device {device[:80]!r}: consumedCapacity")
+    value = consumed.get(SHARES, consumed.get(f"{DRIVER}/{SHARES}"))
+    number = quantity(value) if isinstance(value, str) else None
+    shares = 1 if value is None else int(number) if number is not None and number == int(number) > 0 else -1
+    if shares < 1:
+        raise ClaimError(f"claim {ref}: device {device[:80]!r}: consumedCapacity {SHARES} {str(value)[:40]!r}")
+    return Result(request, device, result.get("adminAccess") is True, share_id.lower(), shares)
 
 
 def _mapping(value: Any, ref: ClaimRef, what: str) -> dict[str, Any]:
@@ -144,94 +109,131 @@ def _mapping(value: Any, ref: ClaimRef, what: str) -> dict[str, Any]:
     return value
 
 
-def prepare(
-    ref: ClaimRef,
-    claim: Any,
-    devices: Mapping[str, SliceDevice],
-    holders: Mapping[str, ClaimRef],
-    pool: str,
-    control_nodes: tuple[str, ...],
-    dev_root: Path,
-) -> PreparedClaim:
-    """The prepared claim for claim; ClaimError for a device unknown, unhealthy or held by another claim.
+def holdings(claims: Mapping[str, PreparedClaim]) -> dict[str, list[Holding]]:
+    """Every chip's holds by the prepared claims, by chip UUID (admin-access devices hold nothing)."""
+    held: dict[str, list[Holding]] = {}
+    for claim in claims.values():
+        for device in claim.devices:
+            if device.admin:
+                continue
+            for uuid in device.chip_uuids:
+                held.setdefault(uuid, []).append(Holding(claim.ref, device.device, device.shares))
+    return held
 
-    holders maps a chip UUID to the claim it is prepared for now (other claims only). A device allocated with
-    adminAccess is prepared whoever holds it, and even when it is unhealthy (a monitoring pod looks at it).
+
+def slots_in_use(claims: Mapping[str, PreparedClaim]) -> dict[str, set[int]]:
+    """The numbered shares each device has given to the prepared claims, by device name."""
+    used: dict[str, set[int]] = {}
+    for claim in claims.values():
+        for device in claim.devices:
+            used.setdefault(device.device, set()).update(device.slots)
+    return used
+
+
+def prepare(ref: ClaimRef, claim: Any, node: NodeView, others: Mapping[str, PreparedClaim]) -> PreparedClaim:
+    """The prepared claim for claim; ClaimError for a device unknown, unhealthy, held by another claim in a way
+    that excludes this one, or configured in a way the device does not allow.
+
+    others: the claims prepared now, this one aside. A device allocated with adminAccess is prepared whoever
+    holds it, and even when it is unhealthy (a monitoring pod looks at it).
     """
-    wanted: dict[str, list[Result]] = {}
-    for result in allocated(claim, ref, pool):
-        wanted.setdefault(result.device, []).append(result)
-    chosen: list[SliceDevice] = []
-    for name, results in wanted.items():
-        device = devices.get(name)
+    results, configs = allocated(claim, ref, node.pool)
+    groups: dict[tuple[str, str], list[Result]] = {}
+    for result in results:
+        groups.setdefault((result.device, result.share_id), []).append(result)
+    held = holdings(others)
+    slots = slots_in_use(others)
+    asked: dict[str, int] = {}  # this claim's shares by device
+    for (name, _), group in groups.items():
+        asked[name] = asked.get(name, 0) + group[0].shares
+    prepared: list[tuple[PreparedDevice, SliceDevice]] = []
+    for (name, share_id), group in groups.items():
+        device = node.devices.get(name)
         if device is None:
-            raise ClaimError(f"claim {ref}: device {name[:80]!r} is not on this node (pool {pool})")
-        if all(result.admin for result in results):
-            chosen.append(device)
-            continue
-        if not device.healthy:
-            raise ClaimError(
-                f"claim {ref}: device {name} ({device.chip.uuid}) is unhealthy: {', '.join(device.reasons)}"
-            )
-        holder = holders.get(device.chip.uuid)
-        if holder is not None and holder.uid != ref.uid:
-            raise ClaimError(f"claim {ref}: device {name} ({device.chip.uuid}) is prepared for claim {holder}")
-        chosen.append(device)
-    spec = claim_spec(ref.uid, chosen, control_nodes, dev_root)
-    prepared = tuple(
-        PreparedDevice(
-            tuple(result.request for result in wanted[d.name]),
-            pool,
-            d.name,
-            d.chip.uuid,
-            (f"{CLAIM_CDI_KIND}={cdi_device_name(ref.uid, d.name)}",),
-            admin=all(result.admin for result in wanted[d.name]),
+            raise ClaimError(f"claim {ref}: device {name[:80]!r} is not on this node (pool {node.pool})")
+        requests = tuple(result.request for result in group)
+        config = config_for(requests, configs)
+        admin = all(result.admin for result in group)
+        shares = group[0].shares
+        if not admin:
+            _check(ref, device, share_id, shares, asked[name], config, held)
+        taken = sorted(slots.setdefault(name, set()))
+        numbered = _free_slots(taken, shares, device.shares) if share_id and not admin else ()
+        slots[name].update(numbered)
+        entry = PreparedDevice(
+            requests,
+            node.pool,
+            name,
+            device.uuid,
+            (cdi_id(ref.uid, name, share_id),),
+            admin=admin,
+            share_id=share_id,
+            shares=shares,
+            slots=numbered,
+            chips=tuple(chip.uuid for chip in device.chips) if device.kind != CHIP else (),
+            kind=device.kind,
+            config=config,
         )
-        for d in chosen
-    )
-    return PreparedClaim(ref, prepared, spec)
+        prepared.append((entry, device))
+    spec = claim_spec(ref.uid, prepared, node.control_nodes, node.dev_root)
+    return PreparedClaim(ref, tuple(entry for entry, _ in prepared), spec)
 
 
-def claim_spec(uid: str, devices: list[SliceDevice], control_nodes: tuple[str, ...], dev_root: Path) -> dict[str, Any]:
-    """The claim's CDI spec document: the node-wide spec of its chips, renamed to the claim, plus its env."""
-    chips = tuple(device.chip for device in devices)
-    inventory = (
-        Inventory(boards=(Board(product="claim", chips=chips),), control_nodes=control_nodes) if chips else Inventory()
-    )
-    document = build_spec(inventory, dev_root).document
-    by_uuid = {device.chip.uuid: device.name for device in devices}
-    renamed = [
-        {**entry, "name": cdi_device_name(uid, by_uuid[entry["name"]])}
-        for entry in document["devices"]
-        if entry["name"] in by_uuid
-    ]
-    visible = ",".join(device.chip.uuid for device in devices)
-    edits = dict(document.get("containerEdits") or {})
-    edits["env"] = [f"{VISIBLE_DEVICES_ENV}={visible}", f"{LEGACY_VISIBLE_DEVICES_ENV}={visible}"]
-    spec: dict[str, Any] = {"cdiVersion": "", "kind": CLAIM_CDI_KIND, "devices": renamed, "containerEdits": edits}
-    spec["cdiVersion"] = minimum_version(spec)
-    return spec
+def _check(
+    ref: ClaimRef,
+    device: SliceDevice,
+    share_id: str,
+    shares: int,
+    asked: int,
+    config: GpuConfig,
+    held: Mapping[str, list[Holding]],
+) -> None:
+    """ClaimError when device cannot be prepared for this claim as allocated and configured."""
+    name = device.name
+    if not device.healthy:
+        raise ClaimError(f"claim {ref}: device {name} ({device.uuid}) is unhealthy: {', '.join(device.reasons)}")
+    if share_id and device.shares < 2:
+        raise ClaimError(
+            f"claim {ref}: device {name} was allocated as a share, but it is not shared on this node now "
+            "(sharing.timeSlicing.replicas in the driver's ix-config)"
+        )
+    sharers: list[Holding] = []
+    for chip in device.chips:
+        for holding in held.get(chip.uuid, []):
+            if holding.ref.uid == ref.uid:
+                continue
+            if holding.shares == 0 or not share_id or holding.device != name:
+                part = "" if holding.device == name else f" as part of {holding.device}"
+                raise ClaimError(f"claim {ref}: device {name} ({chip.uuid}) is prepared for claim {holding.ref}{part}")
+            sharers.append(holding)
+    taken = {(h.ref.uid, h.device): h for h in sharers}.values()  # a board's shares count once, not per chip
+    used = sum(h.shares for h in taken)
+    if share_id and used + asked > device.shares:
+        owners = ", ".join(sorted({str(h.ref) for h in taken}))
+        raise ClaimError(
+            f"claim {ref}: device {name} has {device.shares} shares: {used} are prepared for {owners}, "
+            f"this claim asks for {asked}"
+        )
+    if config.shares is not None:
+        if device.shares < 2:
+            raise ClaimError(
+                f"claim {ref}: GpuConfig sharing.shares: device {name} is not shared on this node "
+                "(sharing.timeSlicing.replicas in the driver's ix-config)"
+            )
+        if config.shares != shares:
+            raise ClaimError(
+                f"claim {ref}: GpuConfig sharing.shares is {config.shares}, but {name} was allocated with "
+                f"{shares or device.shares} shares: ask for them in the request "
+                f"(capacity.requests.{SHARES}: {config.shares})"
+            )
+    if config.resets and taken:
+        owners = ", ".join(sorted({str(h.ref) for h in taken}))
+        raise ClaimError(
+            f"claim {ref}: GpuConfig reset: {name} is shared with {owners}; a reset would stop their containers"
+        )
 
 
-def holders(claims: Mapping[str, PreparedClaim]) -> dict[str, ClaimRef]:
-    """Which claim each prepared chip is held by, by chip UUID (admin-access devices hold nothing)."""
-    return {d.uuid: claim.ref for claim in claims.values() for d in claim.devices if not d.admin}
-
-
-def claim_from_spec(uid: str, spec: Any, pool: str) -> PreparedClaim | None:
-    """The claim a CDI spec written by this driver describes (incomplete: see PreparedClaim), None if not ours."""
-    if not isinstance(spec, dict) or spec.get("kind") != CLAIM_CDI_KIND or not isinstance(spec.get("devices"), list):
-        return None
-    edits = spec.get("containerEdits") if isinstance(spec.get("containerEdits"), dict) else {}
-    env = [item for item in edits.get("env") or [] if isinstance(item, str)]
-    visible = next((item.partition("=")[2] for item in env if item.startswith(f"{VISIBLE_DEVICES_ENV}=")), "")
-    uuids = visible.split(",") if visible else []
-    names = [entry.get("name") for entry in spec["devices"] if isinstance(entry, dict)]
-    prefix = f"{uid}-"
-    if len(names) != len(uuids) or not all(isinstance(n, str) and n.startswith(prefix) for n in names):
-        return None
-    devices = tuple(
-        PreparedDevice((), pool, name.removeprefix(prefix), uuid, (f"{CLAIM_CDI_KIND}={name}",))
-        for name, uuid in zip(names, uuids, strict=True)
-    )
-    return PreparedClaim(ClaimRef("", "", uid), devices, spec, complete=False)
+def _free_slots(taken: list[int], count: int, total: int) -> tuple[int, ...]:
+    """The lowest count slot numbers not taken (numbers past total only when the device's count shrank)."""
+    free = [slot for slot in range(max(total, len(taken) + count)) if slot not in taken]
+    return tuple(free[:count])

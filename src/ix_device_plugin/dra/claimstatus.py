@@ -1,4 +1,4 @@
-"""ResourceClaim `status.devices`: what the driver says of each device it prepared (its chip UUID and PCI bus ID).
+"""ResourceClaim `status.devices`: what the driver says of each device it prepared (its chips' UUIDs and PCI bus IDs).
 
 Written after a prepare and cleared at its unprepare, in the background: the kubelet's answer never waits for it,
 and a failure is logged, never fatal. Entries of other drivers stay as they are: the list is read, changed
@@ -16,8 +16,8 @@ from typing import Any
 from ix_device_plugin.apiserver.client import Kube
 from ix_device_plugin.apiserver.errors import KubeConflict, KubeError, KubeNotFound
 from ix_device_plugin.apiserver.objects import RESOURCE_CLAIM
-from ix_device_plugin.dra.claims import ClaimRef, PreparedClaim
-from ix_device_plugin.dra.slices import DRIVER
+from ix_device_plugin.dra.prepared import ClaimRef, PreparedClaim
+from ix_device_plugin.dra.slices import BOARD, DRIVER
 from ix_device_plugin.runtime.logs import OncePerError
 
 log = logging.getLogger(__name__)
@@ -26,14 +26,22 @@ ATTEMPTS = 3
 
 
 def device_entries(claim: PreparedClaim, bus_ids: Mapping[str, str]) -> list[dict[str, Any]]:
-    """The `status.devices` entries for claim's devices: driver, pool, device, and the chip in `data`."""
+    """The `status.devices` entries for claim's devices: driver, pool, device (and share), and in `data` the chip
+    (`uuid`, `pciBusID`), or a board's chips (`boardUUID`, `chips`), and a share's slots."""
     entries = []
     for device in claim.devices:
-        data = {"uuid": device.uuid}
-        if bus_ids.get(device.uuid):
-            data["pciBusID"] = bus_ids[device.uuid]
-        entries.append({"driver": DRIVER, "pool": device.pool, "device": device.device, "data": data})
+        chips = [_chip(uuid, bus_ids) for uuid in device.chip_uuids]
+        data: dict[str, Any] = {"boardUUID": device.uuid, "chips": chips} if device.kind == BOARD else chips[0]
+        entry: dict[str, Any] = {"driver": DRIVER, "pool": device.pool, "device": device.device}
+        if device.share_id:
+            entry["shareID"] = device.share_id
+            data = {**data, "slots": list(device.slots)}
+        entries.append({**entry, "data": data})
     return entries
+
+
+def _chip(uuid: str, bus_ids: Mapping[str, str]) -> dict[str, str]:
+    return {"uuid": uuid, "pciBusID": bus_ids[uuid]} if bus_ids.get(uuid) else {"uuid": uuid}
 
 
 def with_entries(current: Any, pool: str, entries: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -33,14 +33,15 @@ from ix_device_plugin.api.pluginregistration import api_pb2_grpc as registration
 from ix_device_plugin.apiserver.client import Kube
 from ix_device_plugin.apiserver.connection import ApiConnection
 from ix_device_plugin.apiserver.errors import KubeError
+from ix_device_plugin.apiserver.gpureset import GpuReset, GpuResetError, ResetHandshake, ResetSettings
 from ix_device_plugin.apiserver.objects import RESOURCE_CLAIM, RESOURCE_SLICE
 from ix_device_plugin.apiserver.settings import KubeSettings
 from ix_device_plugin.apiserver.watch import Key, Mirror
 from ix_device_plugin.core.inventory import Inventory
-from ix_device_plugin.dra.claims import ClaimError, ClaimRef, PreparedClaim
 from ix_device_plugin.dra.claimstatus import ClaimStatusWriter
 from ix_device_plugin.dra.health import DeviceHealthBoard, HealthService
 from ix_device_plugin.dra.metrics import DraMetrics
+from ix_device_plugin.dra.prepared import ClaimError, ClaimRef, PreparedClaim
 from ix_device_plugin.dra.publisher import SlicePublisher, StoredSlice, stored_slice
 from ix_device_plugin.dra.registration import (
     RegistrationService,
@@ -50,7 +51,7 @@ from ix_device_plugin.dra.registration import (
     stale_sockets,
 )
 from ix_device_plugin.dra.service import DraService
-from ix_device_plugin.dra.slices import DRIVER, SliceContent, slice_content
+from ix_device_plugin.dra.slices import BOARD, DRIVER, SliceContent, SlicePolicy, slice_content
 from ix_device_plugin.dra.state import DraState, read_boot_id
 from ix_device_plugin.hardware.monitor import HardwareMonitor, HardwareView, MonitorSettings
 from ix_device_plugin.hardware.open import BackendFactory
@@ -106,7 +107,8 @@ class DraDriver:
             base.dev_root,
             read_boot_id(options.boot_id_path),
         )
-        self.content = SliceContent((), None)
+        self.policy = SlicePolicy(options.config.splitboard, options.config.replicas)
+        self.content = SliceContent((), None, policy=self.policy)
         self.roots: dict[str, str] = {}
         self.endpoint = dra_socket(options.plugins_dir, options.pod_uid)
         self.registrar_socket = registration_socket(options.registrar_dir, options.pod_uid)
@@ -119,7 +121,9 @@ class DraDriver:
         self._servers: list[grpc.aio.Server] = []
         self._probes: ProbeServer | None = None
         self.probe_port: int | None = None
-        self.metrics = DraMetrics(self._figures)
+        self.metrics = DraMetrics(self._figures, self._prepared_devices)
+        reset = ResetSettings(wait_timeout=base.reset_wait_timeout, command_timeout=base.reset_timeout)
+        self.gpu_reset = GpuReset(self.hardware, self._reset_handshake, self._rediscover, self.metrics, reset)
 
     @property
     def inventory(self) -> Inventory:
@@ -149,6 +153,9 @@ class DraDriver:
             assert self.api is not None
             self.kube = await self.api.kube()
         self.publisher = SlicePublisher(self.kube, self.options.node_name)
+        if any(device.kind == BOARD for claim in self.state.claims.values() for device in claim.devices):
+            self.publisher.counters = True  # a board was allocated here: the server keeps counters (after a reboot
+            # the kubelet has deleted the slices, and chips alone would look free beside the allocated board)
         self.publisher.want(self.content, self.roots)
         self.claim_status = ClaimStatusWriter(self.kube, self.options.node_name)
         self.service.spawn("publish-slice", self.publisher.run)
@@ -175,6 +182,7 @@ class DraDriver:
         await self.service.stop_tasks(timeout * 0.4)
         if self.claim_status is not None:
             await bounded("writing claim status", self.claim_status.close(), timeout / 10)
+        await self.gpu_reset.close(timeout / 10)
         for server in self._servers:
             await bounded("stopping a gRPC server", server.stop(timeout / 4), timeout / 4)
         self._servers.clear()
@@ -223,7 +231,7 @@ class DraDriver:
     # ---- the hardware, as the monitor sees it -------------------------------------------------
 
     def _hardware_changed(self, view: HardwareView) -> None:
-        content = slice_content(view.inventory, self.options.base.ignored_health_errors)
+        content = slice_content(view.inventory, self.options.base.ignored_health_errors, self.policy)
         roots = pcie_roots(view.inventory, self.options.base.sysfs_root)
         if content == self.content and roots == self.roots:
             return
@@ -239,7 +247,8 @@ class DraDriver:
 
     async def prepare_claim(self, ref: ClaimRef) -> PreparedClaim | str:
         """The prepared claim, or the per-claim error message; never raises."""
-        work = self.state.prepare(ref, self._read_claim, self.content.by_name(), self.inventory.control_nodes)
+        devices, control_nodes = self.content.by_name(), self.inventory.control_nodes
+        work = self.state.prepare(ref, self._read_claim, devices, control_nodes, self._reset_claim)
         prepared: PreparedClaim | str = await self.metrics.timed("prepare", work)
         if not isinstance(prepared, str) and self.claim_status is not None:
             self.claim_status.prepared(prepared, {chip.uuid: chip.bus_id for chip in self.inventory.chips()})
@@ -251,6 +260,31 @@ class DraDriver:
         if error is None and self.claim_status is not None:
             self.claim_status.unprepared(ref)
         return error
+
+    async def _reset_claim(self, claim: PreparedClaim) -> str | None:
+        """Reset the chips of a claim configured with reset: true (None), or say why that failed."""
+        try:
+            await self.gpu_reset.reset(claim.reset_chips)
+        except GpuResetError as error:
+            return f"GPU reset before the container starts: {error}"
+        return None
+
+    async def _rediscover(self) -> Inventory:
+        return (await self.monitor.rediscover()).inventory
+
+    async def _reset_handshake(self) -> ResetHandshake | None:
+        """The reset handshake with other IXML users on ix-gpu-reset-<node> (GpuReset says it at its first use);
+        None without an API connection of our own (a test's client)."""
+        if self.api is None:
+            log.warning("GPU reset without the handshake: other IXML users are not asked to let go")
+            return None
+        from ix_device_plugin.apiserver.settings import KubeConfigError
+
+        try:
+            kube = await self.api.kube()
+        except (KubeConfigError, KubeError) as error:  # KubeError: the connection is closed, the driver stopping
+            raise GpuResetError(f"the reset handshake failed: {error}; the GPUs were not reset", "refused") from None
+        return ResetHandshake(kube, self.api.namespace, self.options.node_name)
 
     async def _read_claim(self, ref: ClaimRef) -> dict[str, Any]:
         """The ResourceClaim, retried for claim_read_timeout; ClaimError naming the claim when it cannot be read."""
@@ -287,7 +321,7 @@ class DraDriver:
             problem = "; ".join(down)
         if problem is not None:
             return False, problem
-        return True, f"serving DRA driver {DRIVER} for {len(self.content.devices)} chips"
+        return True, f"serving DRA driver {DRIVER} for {len(self.content.devices)} devices"
 
     def _figures(self) -> dict[str, float]:
         publisher = self.publisher
@@ -299,6 +333,15 @@ class DraDriver:
             "health_changes": self.health.changes,
             "slice_repairs": publisher.repairs if publisher is not None else 0,
         }
+
+    def _prepared_devices(self) -> dict[tuple[str, str], int]:
+        """Prepared devices by (type, how held: whole, share or admin)."""
+        counts: dict[tuple[str, str], int] = {}
+        for claim in self.state.claims.values():
+            for device in claim.devices:
+                held = "admin" if device.admin else "share" if device.share_id else "whole"
+                counts[(device.kind, held)] = counts.get((device.kind, held), 0) + 1
+        return counts
 
     def _ready(self) -> tuple[bool, str]:
         if not self.registration.registered.is_set():

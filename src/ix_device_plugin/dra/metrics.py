@@ -14,10 +14,15 @@ PREFIX = "ix_device_plugin_dra"
 _BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
 
-class DraMetrics:
-    """Counters and histograms of the kubelet's calls, plus gauges read from the driver at scrape time."""
+_RESET_BUCKETS = (0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
+PreparedDevices = Callable[[], dict[tuple[str, str], int]]  # (type, held) -> prepared devices
 
-    def __init__(self, state: Callable[[], dict[str, float]]) -> None:
+
+class DraMetrics:
+    """Counters and histograms of the kubelet's calls and of GPU resets, plus gauges read from the driver at
+    scrape time."""
+
+    def __init__(self, state: Callable[[], dict[str, float]], prepared: PreparedDevices = dict) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
         self.calls = Counter(
@@ -28,11 +33,20 @@ class DraMetrics:
             f"{PREFIX}_claim_duration_seconds", "Time to prepare or unprepare one claim", ["call"],
             buckets=_BUCKETS, registry=r,
         )  # fmt: skip
+        self.gpu_resets = Counter(
+            f"{PREFIX}_gpu_resets", "GPU resets of claims configured with reset: true, by result", ["result"],
+            registry=r,
+        )  # fmt: skip
+        self.gpu_reset_duration = Histogram(
+            f"{PREFIX}_gpu_reset_duration_seconds",
+            "Time from asking other IXML users to let go to the chips rediscovered", buckets=_RESET_BUCKETS,
+            registry=r,
+        )  # fmt: skip
         for call in ("prepare", "unprepare"):
             self.duration.labels(call=call)
             for result in ("ok", "error"):
                 self.calls.labels(call=call, result=result)
-        r.register(_StateCollector(state))
+        r.register(_StateCollector(state, prepared))
 
     async def timed(self, call: str, work: Awaitable[Any]) -> Any:
         """work's outcome, counted as ok (no error message) or error, and timed."""
@@ -62,8 +76,9 @@ _FIGURES: dict[str, tuple[str, bool]] = {
 class _StateCollector(Collector):
     """The driver's state, read at scrape time."""
 
-    def __init__(self, state: Callable[[], dict[str, float]]) -> None:
+    def __init__(self, state: Callable[[], dict[str, float]], prepared: PreparedDevices) -> None:
         self._state = state
+        self._prepared = prepared
 
     def describe(self) -> Iterator[Metric]:
         return iter(())
@@ -73,3 +88,13 @@ class _StateCollector(Collector):
         for name, (help_text, counter) in _FIGURES.items():
             family = CounterMetricFamily if counter else GaugeMetricFamily
             yield family(f"{PREFIX}_{name}", help_text, value=values.get(name, 0))
+        devices = GaugeMetricFamily(
+            f"{PREFIX}_prepared_devices",
+            "Devices of the prepared claims, by type (chip, board) and how each is held (whole, share, admin)",
+            labels=["type", "held"],
+        )
+        counts = self._prepared()
+        for kind in ("chip", "board"):
+            for held in ("whole", "share", "admin"):
+                devices.add_metric([kind, held], counts.get((kind, held), 0))
+        yield devices

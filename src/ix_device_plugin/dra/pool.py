@@ -1,9 +1,11 @@
 """The node's pool as ResourceSlice objects: split to the API server's limits, named for any node, compared as stored.
 
 Pure. One pool named after the node; as many slices as the limits need (resource.k8s.io/v1: at most 128
-devices in a slice, 64 when a device has taints or consumes counters), every one with the pool's generation
-and `resourceSliceCount`, owned by the Node so that they go with it. Names are `<node>-gpu.iluvatar.com`, then
-`-1`, `-2`, ...; a node name too long for that is cut and given a hash, so every name is a valid one.
+devices in a slice, 64 when a device has taints or consumes counters), then the boards' counter sets in slices
+of their own (a slice holds devices or shared counters, never both; at most 8 counter sets each), every one
+with the pool's generation and `resourceSliceCount`, owned by the Node so that they go with it. Names are
+`<node>-gpu.iluvatar.com`, then `-1`, `-2`, ...; a node name too long for that is cut and given a hash, so
+every name is a valid one.
 """
 
 from __future__ import annotations
@@ -17,7 +19,8 @@ from typing import Any
 from ix_device_plugin.dra.slices import DRIVER
 
 MAX_DEVICES = 128  # ResourceSliceMaxDevices
-MAX_DEVICES_WITH_TAINTS_OR_COUNTERS = 64  # ResourceSliceMaxDevicesWithTaintsOrConsumesCounters
+MAX_DEVICES_WITH_TAINTS_OR_COUNTERS = 64  # ResourceSliceMaxDevicesWithAdvancedFeatures
+MAX_COUNTER_SETS = 8  # ResourceSliceMaxCounterSets
 MAX_NAME = 253
 MANAGED_BY = {"app.kubernetes.io/managed-by": "ix-device-plugin"}
 _SUFFIX = f"-{DRIVER}"
@@ -51,15 +54,21 @@ def chunks(devices: Sequence[dict[str, Any]]) -> list[list[dict[str, Any]]]:
 
 
 def pool_objects(
-    node: str, devices: Sequence[dict[str, Any]], generation: int, node_uid: str | None
+    node: str,
+    devices: Sequence[dict[str, Any]],
+    generation: int,
+    node_uid: str | None,
+    counter_sets: Sequence[dict[str, Any]] = (),
 ) -> list[dict[str, Any]]:
-    """Every ResourceSlice of the pool, in name order, without resourceVersion."""
-    parts = chunks(devices)
+    """Every ResourceSlice of the pool, in name order, without resourceVersion: the devices, then the counters."""
+    parts: list[tuple[str, list[dict[str, Any]]]] = [("devices", part) for part in chunks(devices)]
+    for start in range(0, len(counter_sets), MAX_COUNTER_SETS):
+        parts.append(("sharedCounters", list(counter_sets[start : start + MAX_COUNTER_SETS])))
     owner = (
         [{"apiVersion": "v1", "kind": "Node", "name": node, "uid": node_uid, "controller": True}] if node_uid else []
     )
     objects = []
-    for name, part in zip(slice_names(node, len(parts)), parts, strict=True):
+    for name, (field, part) in zip(slice_names(node, len(parts)), parts, strict=True):
         metadata: dict[str, Any] = {"name": name, "labels": dict(MANAGED_BY)}
         if owner:
             metadata["ownerReferences"] = owner
@@ -67,7 +76,7 @@ def pool_objects(
             "driver": DRIVER,
             "pool": {"name": node, "generation": generation, "resourceSliceCount": len(parts)},
             "nodeName": node,
-            "devices": part,
+            field: part,
         }
         objects.append({"metadata": metadata, "spec": spec})
     return objects
@@ -93,15 +102,29 @@ def _without_generation(spec: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _normal(value: Any) -> Any:
-    """value with every quantity (`{"value": "32768Mi"}`) as its number, for comparisons."""
+    """value with every quantity as its number (`"32768Mi"` is `"32Gi"`), without empty fields and without what
+    the server adds to a taint (`timeAdded`), for comparisons."""
     if isinstance(value, dict):
-        if set(value) == {"value"} and isinstance(value["value"], str):
-            number = quantity(value["value"])
-            return {"value": number if number is not None else value["value"]}
-        return {key: _normal(item) for key, item in value.items()}
+        if {"key", "effect", "timeAdded"} <= set(value):
+            value = {key: item for key, item in value.items() if key != "timeAdded"}
+        return {
+            key: _normal_quantity(item) if key in _QUANTITIES else _normal(item)
+            for key, item in value.items()
+            if item not in ([], {}, None)  # the server leaves empty fields out
+        }
     if isinstance(value, list):
         return [_normal(item) for item in value]
     return value
+
+
+_QUANTITIES = frozenset({"value", "default", "min", "max", "step"})  # capacities, counters, request policies
+
+
+def _normal_quantity(value: Any) -> Any:
+    if isinstance(value, str):
+        number = quantity(value)
+        return number if number is not None else value
+    return _normal(value)
 
 
 def quantity(text: str) -> Decimal | None:

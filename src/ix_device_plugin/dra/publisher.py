@@ -2,9 +2,14 @@
 
 `SlicePublisher.want` takes the content to publish; `run` writes it: the pool's slices as `pool.py` cuts them,
 each created or replaced at its stored resourceVersion with the pool generation bumped once for all of them,
-and slices the pool no longer needs deleted; retried with backoff. It learns from the first tainted device
-whether the API server keeps device taints, and leaves unhealthy chips out where it does not. `republish`
-writes again even when nothing changed here (the kubelet deleted the slices, or someone edited them).
+and slices the pool no longer needs deleted; retried with backoff. `republish` writes again even when nothing
+changed here (the kubelet deleted the slices, or someone edited them).
+
+What the API server keeps is learnt from what it stores. Device taints: where it drops them, unhealthy devices
+are left out instead. Shared counters: board devices are published only once the server is known to keep the
+counters that keep a board and its chips apart; where it drops them (DRAPartitionableDevices off) or refuses
+them, the node publishes chips only. Consumable capacity: where it drops `allowMultipleAllocations`, each
+device is allocated to one claim at a time, which is safe, and said once.
 """
 
 from __future__ import annotations
@@ -20,7 +25,16 @@ from ix_device_plugin.apiserver.client import Kube
 from ix_device_plugin.apiserver.errors import KubeAlreadyExists, KubeError, KubeNotFound
 from ix_device_plugin.apiserver.objects import NODE, RESOURCE_SLICE
 from ix_device_plugin.dra.pool import MANAGED_BY, pool_objects, same_owner, same_spec, slice_base_name
-from ix_device_plugin.dra.slices import DRIVER, UNHEALTHY_TAINT, SliceContent, slice_devices, taints_dropped
+from ix_device_plugin.dra.slices import (
+    DRIVER,
+    UNHEALTHY_TAINT,
+    SliceContent,
+    counter_set_body,
+    counters_dropped,
+    sharing_dropped,
+    slice_devices,
+    taints_dropped,
+)
 from ix_device_plugin.runtime.backoff import Backoff
 from ix_device_plugin.runtime.logs import OncePerError
 
@@ -53,6 +67,8 @@ class SlicePublisher:
         self.node = node
         self.name = slice_base_name(node)
         self.taints: bool | None = None  # None: not known yet whether the API server keeps device taints
+        self.counters: bool | None = None  # the same for shared counters (boards and chips from one pool)
+        self.sharing: bool | None = None  # the same for allowMultipleAllocations (shared devices)
         self.published: list[dict[str, Any]] | None = None
         self.repairs = 0  # writes made because the stored slices differed from what was last published
         self._node_uid: str | None = None
@@ -108,19 +124,83 @@ class SlicePublisher:
     async def publish(self, content: SliceContent, roots: Mapping[str, str]) -> None:
         """Create, update or delete the pool's slices until they say what content says; raises KubeError."""
         await self._learn_node_uid()
-        devices = slice_devices(content, roots, taints=self.taints is not False)
-        stored, wrote = await self._write(devices)
+        if self.counters is None and content.counter_sets:
+            await self._learn_from_stored()
+        wrote_any = False
+        while True:
+            devices, sets = self._wanted_objects(content, roots)
+            try:
+                stored, wrote = await self._write(devices, sets)
+            except KubeError as error:
+                if error.status != 422 or not sets or self.counters is not None:
+                    raise
+                log.warning(
+                    "the API server refuses shared counters (%s): publishing chips only, no board devices",
+                    error.message,
+                )
+                self.counters = False
+                continue
+            wrote_any = wrote_any or wrote
+            if not self._learn(devices, sets, stored):
+                break
+        first = self.published is None
+        self.published = stored
+        if wrote_any or first:
+            self._log(content, stored)
+
+    def _wanted_objects(
+        self, content: SliceContent, roots: Mapping[str, str]
+    ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        """The devices and counter sets to publish, as far as what the API server keeps is known."""
+        counters = self.counters is not False
+        devices = slice_devices(content, roots, self.taints is not False, counters, boards=self.counters is True)
+        sets = [counter_set_body(counter_set) for counter_set in content.counter_sets] if counters else []
+        if self.sharing is False:  # as the server stores them, so that nothing is written again at rest
+            for device in devices:
+                device.pop("allowMultipleAllocations", None)
+                for capacity in (device.get("capacity") or {}).values():
+                    capacity.pop("requestPolicy", None)
+        return devices, sets
+
+    async def _learn_from_stored(self) -> None:
+        """What the slices stored by an earlier run say the server keeps: a restart that changes nothing writes
+        nothing, and never takes the boards out of the pool, even for a moment."""
+        stored = list((await self._stored()).values())
+        if any((obj.get("spec") or {}).get("sharedCounters") for obj in stored) and any(
+            device.get("consumesCounters") for obj in stored for device in (obj.get("spec") or {}).get("devices") or []
+        ):
+            self.counters = True
+        if any(device.get("taints") for obj in stored for device in (obj.get("spec") or {}).get("devices") or []):
+            self.taints = True
+
+    def _learn(self, devices: list[dict[str, Any]], sets: list[dict[str, Any]], stored: list[dict[str, Any]]) -> bool:
+        """Learn from what was stored whether the server keeps taints and counters; True to publish again."""
+        again = False
         if self.taints is None and any("taints" in d for d in devices):
             self.taints = not taints_dropped(devices, stored)
             if self.taints:
-                log.info("the API server keeps device taints: unhealthy chips are tainted %s", UNHEALTHY_TAINT)
+                log.info("the API server keeps device taints: unhealthy devices are tainted %s", UNHEALTHY_TAINT)
             else:
-                log.warning("the API server drops device taints (DRADeviceTaints off): unhealthy chips are left out")
-                stored, wrote = await self._write(slice_devices(content, roots, taints=False))
-        first = self.published is None
-        self.published = stored
-        if wrote or first:
-            self._log(content, stored)
+                log.warning("the API server drops device taints (DRADeviceTaints off): unhealthy devices are left out")
+                again = True
+        if self.counters is not False and sets:
+            known = self.counters
+            self.counters = not counters_dropped(devices, stored)  # checked at every write: a server can change
+            if self.counters and known is None:
+                log.info("the API server keeps shared counters: boards and their chips are published together")
+            elif not self.counters:
+                log.warning(
+                    "the API server drops shared counters (DRAPartitionableDevices off): publishing chips only, "
+                    "no board devices"
+                )
+            again = again or self.counters != known  # boards once counters are known to be kept, or counters gone
+        if self.sharing is None and sharing_dropped(devices, stored):
+            self.sharing = False
+            log.warning(
+                "the API server drops allowMultipleAllocations (DRAConsumableCapacity off): each device goes to one "
+                "claim at a time, sharing.timeSlicing.replicas has no effect"
+            )
+        return again
 
     async def _learn_node_uid(self) -> None:
         """The Node's UID, for the slices' owner reference (asked once; without it the slices have no owner)."""
@@ -133,18 +213,21 @@ class SlicePublisher:
             return
         self._node_uid = str((node.get("metadata") or {}).get("uid", ""))
 
-    async def _write(self, devices: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], bool]:
-        """The stored slices once they say devices, and whether anything was written."""
+    async def _write(
+        self, devices: list[dict[str, Any]], sets: list[dict[str, Any]]
+    ) -> tuple[list[dict[str, Any]], bool]:
+        """The stored slices once they say devices and counter sets, and whether anything was written."""
         for _ in range(WRITE_ATTEMPTS):
             current = await self._stored()
             generation = max((_generation(obj) for obj in current.values()), default=0)
-            wanted = pool_objects(self.node, devices, generation, self._node_uid)
+            wanted = pool_objects(self.node, devices, generation, self._node_uid, sets)
             if _agrees(wanted, current):
                 return [current[obj["metadata"]["name"]] for obj in wanted], False
             if self.published is not None:
                 self.repairs += _differs_from_published(self.published, current)
             try:
-                stored = await self._replace(pool_objects(self.node, devices, generation + 1, self._node_uid), current)
+                objects = pool_objects(self.node, devices, generation + 1, self._node_uid, sets)
+                stored = await self._replace(objects, current)
             except (KubeAlreadyExists, KubeNotFound):
                 continue
             except KubeError as error:
@@ -186,11 +269,13 @@ class SlicePublisher:
         left_out = [d.name for d in content.devices if not d.healthy and self.taints is False]
         tainted = [d.name for d in content.devices if not d.healthy and self.taints]
         count = sum(len((obj.get("spec") or {}).get("devices") or []) for obj in stored)
+        sets = sum(len((obj.get("spec") or {}).get("sharedCounters") or []) for obj in stored)
         generation = _generation(stored[0]) if stored else 0
         log.info(
-            "ResourceSlice %s: %d devices in %d slice(s) (generation %s)%s%s",
+            "ResourceSlice %s: %d devices%s in %d slice(s) (generation %s)%s%s",
             self.name,
             count,
+            f" and {sets} board counter sets" if sets else "",
             len(stored),
             generation,
             f"; unhealthy, left out: {', '.join(left_out)}" if left_out else "",

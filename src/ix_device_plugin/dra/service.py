@@ -8,7 +8,7 @@ from typing import Any
 
 import grpc
 
-from ix_device_plugin.dra.claims import ClaimRef, PreparedClaim
+from ix_device_plugin.dra.prepared import ClaimRef, PreparedClaim
 
 Prepare = Callable[[ClaimRef], Awaitable[PreparedClaim | str]]  # the prepared claim, or why not
 Unprepare = Callable[[ClaimRef], Awaitable[str | None]]  # None, or why not
@@ -21,6 +21,7 @@ class DraService:
         self._prepare = prepare
         self._unprepare = unprepare
         self.pb2 = pb2
+        self._shares = "share_id" in pb2.Device.DESCRIPTOR.fields_by_name  # v1 has it, v1beta1 does not
 
     async def NodePrepareResources(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         """Prepare every claim; each answers its devices or its own error."""
@@ -33,14 +34,15 @@ class DraService:
                 answer.error = outcome
                 continue
             for device in outcome.devices:
-                answer.devices.append(
-                    self.pb2.Device(
-                        request_names=list(device.requests),
-                        pool_name=device.pool,
-                        device_name=device.device,
-                        cdi_device_ids=list(device.cdi_ids),
-                    )
+                entry = self.pb2.Device(
+                    request_names=list(device.requests),
+                    pool_name=device.pool,
+                    device_name=device.device,
+                    cdi_device_ids=list(device.cdi_ids),
                 )
+                if device.share_id and self._shares:
+                    entry.share_id = device.share_id
+                answer.devices.append(entry)
         return response
 
     async def NodeUnprepareResources(self, request: Any, context: grpc.aio.ServicerContext) -> Any:

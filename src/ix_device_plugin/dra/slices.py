@@ -1,24 +1,37 @@
-"""What the DRA driver publishes: the node's chips as the devices of its ResourceSlices (resource.k8s.io/v1).
+"""What the DRA driver publishes: the node's chips and boards as the devices of its ResourceSlices (resource.k8s.io/v1).
 
-Pure: plain data in (an Inventory, the PCIe roots the shell resolved), plain dicts out; `pool.py` cuts them
-into slices and the publisher sends them.
+Pure: plain data in (an Inventory, the PCIe roots the shell resolved, the node's policy), plain dicts out;
+`pool.py` cuts them into slices and the publisher sends them.
 
-One device per chip. Device names are `gpu-<minor>`: valid DNS labels, the names of the chips' /dev nodes,
-and stable across restarts of the plugin. Attributes are unqualified (the API server reads them as
-`gpu.iluvatar.com/<name>`), except the standard `resource.kubernetes.io/pcieRoot`, `pciBusID` and `numaNode`;
-a string longer than the API allows (64 characters) is cut where it describes (productName) and left out where
-it identifies (uuid, boardUUID), said in the log either way. A chip that is unhealthy carries the taint
-`gpu.iluvatar.com/unhealthy` (NoSchedule) when the API server keeps device taints; otherwise it is left out.
+Every chip is a device named `gpu-<minor>` (a DNS label, the name of its /dev node, stable across restarts).
+A board of several chips (BI-V150) is also a device of its own, `board-<lowest minor>`: the board and its
+chips draw on the board's counter set (one counter per chip, of 2 units: the board takes both, a chip one), so
+that the scheduler never hands out a board and one of its chips at once, while a monitoring claim (adminAccess)
+can still take a chip a workload holds. A single-chip board is its chip. The attribute `type` (`chip` or `board`) tells
+them apart, `wholeBoard` is true for whatever gives a whole board, and `extendedResource` for what one
+`iluvatar.com/gpu` is on this node (chips with flags.splitboard, whole boards without).
+
+With time-slicing replicas N (sharing.timeSlicing.replicas >= 2) the node publishes what the device plugin
+would advertise, chips with flags.splitboard and whole boards without, each allowing multiple allocations
+with a consumable capacity `shares` of N (a claim takes one unless it asks for more), and no counters.
+
+Attributes are unqualified (the API server reads them as `gpu.iluvatar.com/<name>`), except the standard
+`resource.kubernetes.io/pcieRoot`, `pciBusID` and `numaNode`; a string longer than the API allows (64
+characters) is cut where it describes (productName) and left out where it identifies (uuid, boardUUID).
+An unhealthy device carries the taint `gpu.iluvatar.com/unhealthy` (NoSchedule) where the API server keeps
+device taints; otherwise it is left out.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-from ix_device_plugin.core.inventory import Chip, Inventory
+from ix_device_plugin.core.inventory import Board, Chip, Inventory
+from ix_device_plugin.core.labels import product_model
+from ix_device_plugin.core.plan import expected_chips
 
 DRIVER = "gpu.iluvatar.com"
 UNHEALTHY_TAINT = f"{DRIVER}/unhealthy"
@@ -28,32 +41,82 @@ PCI_BUS_ID_ATTRIBUTE = "resource.kubernetes.io/pciBusID"
 NUMA_NODE_ATTRIBUTE = "resource.kubernetes.io/numaNode"
 MAX_ATTRIBUTE_LENGTH = 64  # DeviceAttributeMaxValueLength: string and version values
 DESCRIPTIVE_ATTRIBUTES = ("productName",)  # cut when too long; the others identify, and are left out
+CHIP, BOARD = "chip", "board"
+SHARES = "shares"  # the consumable capacity of a shared device
+# A chip's counter holds 2 units: a board takes both units of each of its chips' counters, a chip one of its own.
+# So a board never goes with one of its chips, and yet a chip can go to a workload and to a monitoring claim
+# (adminAccess) at once: the scheduler checks counters for admin access too.
+CHIP_UNITS, BOARD_UNITS = 1, 2
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 _VERSION = re.compile(r"^v?(\d+)(?:\.(\d+))?(?:\.(\d+))?(?:[-+._ ]?(.*))?$")
 
 
 @dataclass(frozen=True)
+class SlicePolicy:
+    """What the node's ix-config says about its devices: splitboard, and time-slicing replicas."""
+
+    splitboard: bool = False
+    replicas: int = 0
+
+    @property
+    def shared(self) -> bool:
+        """True when each published device is shared by up to `replicas` allocations."""
+        return self.replicas >= 2
+
+
+@dataclass(frozen=True)
 class SliceDevice:
-    """One chip as a slice device: its name, the chip, its board, and why it is unhealthy (empty: healthy)."""
+    """One device of the slice: a chip, or a whole board (its chips, in minor order).
+
+    reasons: why it is unhealthy (empty: healthy); counter_set: the board counter set it draws on ("" none);
+    shares: how many allocations may share it (0: one, exclusively); extended: it is what one
+    `iluvatar.com/gpu` is on this node.
+    """
 
     name: str
-    chip: Chip
+    chips: tuple[Chip, ...]
     board_uuid: str
+    product: str
     reasons: tuple[str, ...] = ()
+    kind: str = CHIP
+    whole_board: bool = True
+    extended: bool = True
+    counter_set: str = ""
+    shares: int = 0
+
+    @property
+    def chip(self) -> Chip:
+        """The device's (first) chip."""
+        return self.chips[0]
+
+    @property
+    def uuid(self) -> str:
+        """The device's identity: the chip's UUID, or the board's."""
+        return self.board_uuid if self.kind == BOARD else self.chip.uuid
 
     @property
     def healthy(self) -> bool:
-        """True when nothing makes the chip unusable."""
+        """True when nothing makes the device unusable."""
         return not self.reasons
 
 
 @dataclass(frozen=True)
+class CounterSet:
+    """A board's shared counters: one per chip (named as the chip's device), each of BOARD_UNITS."""
+
+    name: str
+    counters: tuple[str, ...]
+
+
+@dataclass(frozen=True)
 class SliceContent:
-    """The devices of the node's slice, plus why chips were left out of it."""
+    """The devices of the node's slices, the boards' counter sets, and why anything was left out."""
 
     devices: tuple[SliceDevice, ...]
     driver_version: str | None
     warnings: tuple[str, ...] = ()
+    counter_sets: tuple[CounterSet, ...] = ()
+    policy: SlicePolicy = field(default_factory=SlicePolicy)
 
     def by_name(self) -> dict[str, SliceDevice]:
         """The devices by name."""
@@ -63,6 +126,11 @@ class SliceContent:
 def device_name(chip: Chip) -> str | None:
     """The slice device name of chip, `gpu-<minor>`; None when its minor is unknown."""
     return None if chip.minor is None else f"gpu-{chip.minor}"
+
+
+def board_device_name(chip_names: list[str]) -> str:
+    """The name of the board device whose chips have these device names: `board-<lowest minor>`."""
+    return "board-" + str(min(int(name.removeprefix("gpu-")) for name in chip_names))
 
 
 def semver(text: str) -> str | None:
@@ -76,15 +144,20 @@ def semver(text: str) -> str | None:
     return f"{core}+{build}" if build else core
 
 
-def slice_content(inventory: Inventory, ignored: frozenset[str] = frozenset()) -> SliceContent:
-    """The slice devices for inventory's chips, unhealthy for the reasons not ignored (IX_DISABLE_HEALTHCHECKS).
+def slice_content(
+    inventory: Inventory, ignored: frozenset[str] = frozenset(), policy: SlicePolicy = SlicePolicy()
+) -> SliceContent:
+    """The slice devices for inventory under policy, unhealthy for the reasons not ignored (IX_DISABLE_HEALTHCHECKS).
 
-    Chips without a usable name are left out, with a warning.
+    Chips without a usable name are left out, with a warning, and so is the board device of their board.
     """
-    devices: list[SliceDevice] = []
     warnings: list[str] = []
     seen: set[str] = set()
+    chips: list[SliceDevice] = []
+    boards: list[SliceDevice] = []
+    sets: list[CounterSet] = []
     for board in inventory.boards:
+        named: list[tuple[str, Chip]] = []
         for chip in board.chips:
             name = device_name(chip)
             if name is None or not _DNS_LABEL.match(name) or name in seen:
@@ -92,7 +165,14 @@ def slice_content(inventory: Inventory, ignored: frozenset[str] = frozenset()) -
                 warnings.append(f"chip {chip.uuid!r} left out of the ResourceSlice: {why}")
                 continue
             seen.add(name)
-            devices.append(SliceDevice(name, chip, board.uuid, chip.status.reasons(ignored)))
+            named.append((name, chip))
+        if not named:
+            continue
+        board_chips, board_device, counter_set, warning = _board_devices(board, named, ignored, policy)
+        chips += board_chips
+        boards += [board_device] if board_device is not None else []
+        sets += [counter_set] if counter_set is not None else []
+        warnings += [warning] if warning else []
     version = semver(inventory.driver_version) if inventory.driver_version else None
     if inventory.driver_version and version is None:
         warnings.append(
@@ -101,6 +181,7 @@ def slice_content(inventory: Inventory, ignored: frozenset[str] = frozenset()) -
     if version is not None and len(version) > MAX_ATTRIBUTE_LENGTH:
         warnings.append(f"driver version {version!r} is longer than {MAX_ATTRIBUTE_LENGTH}: driverVersion left out")
         version = None
+    devices = (*chips, *boards)
     for device in devices:
         for name, value in _strings(device).items():
             if len(value) > MAX_ATTRIBUTE_LENGTH:
@@ -108,11 +189,64 @@ def slice_content(inventory: Inventory, ignored: frozenset[str] = frozenset()) -
                 warnings.append(
                     f"{device.name}: attribute {name} ({value[:80]!r}) is longer than {MAX_ATTRIBUTE_LENGTH}: {what}"
                 )
-    return SliceContent(tuple(devices), version, tuple(warnings))
+    return SliceContent(devices, version, tuple(warnings), tuple(sets), policy)
+
+
+def _board_devices(
+    board: Board, named: list[tuple[str, Chip]], ignored: frozenset[str], policy: SlicePolicy
+) -> tuple[list[SliceDevice], SliceDevice | None, CounterSet | None, str]:
+    """board's devices as policy says: its chips, its board device and counter set (a multi-chip board), and why
+    the board device is left out ("" when it is not)."""
+    product = product_model(named[0][1].product or board.product)
+    multi = expected_chips(board) > 1
+    shares = policy.replicas if policy.shared else 0
+    board_name = board_device_name([name for name, _ in named])
+    incomplete = multi and len(named) < len(board.chips)
+    warning = f"{board_name} left out of the ResourceSlice: a chip of board {board.uuid!r} has no device"
+    publish_board = multi and not incomplete and not (policy.shared and policy.splitboard)
+    publish_chips = not (multi and policy.shared and not policy.splitboard)
+    counters = multi and publish_board and publish_chips
+    chips = [
+        SliceDevice(
+            name,
+            (chip,),
+            board.uuid,
+            product_model(chip.product or board.product),
+            chip.status.reasons(ignored),
+            CHIP,
+            whole_board=not multi,
+            extended=policy.splitboard or not multi,
+            counter_set=board_name if counters else "",
+            shares=shares,
+        )
+        for name, chip in named
+        if publish_chips
+    ]
+    if not publish_board:
+        return chips, None, None, warning if incomplete else ""
+    reasons = tuple(f"{name}: {reason}" for name, chip in named for reason in chip.status.reasons(ignored))
+    present = sum(1 for chip in board.chips if chip.status.present)
+    if len(board.chips) < expected_chips(board):
+        reasons += (f"chip missing ({present} of {expected_chips(board)} chips of the {product} enumerated)",)
+    device = SliceDevice(
+        board_name,
+        tuple(chip for _, chip in named),
+        board.uuid,
+        product,
+        reasons,
+        BOARD,
+        whole_board=True,
+        extended=not policy.splitboard,
+        counter_set=board_name if counters else "",
+        shares=shares,
+    )
+    counter_set = CounterSet(board_name, tuple(name for name, _ in named)) if counters else None
+    return chips, device, counter_set, ""
 
 
 def _strings(device: SliceDevice) -> dict[str, str]:
-    return {"uuid": device.chip.uuid, "productName": device.chip.product, "boardUUID": device.board_uuid}
+    strings = {"productName": device.product, "boardUUID": device.board_uuid}
+    return strings if device.kind == BOARD else {"uuid": device.chip.uuid, **strings}
 
 
 def _string_attributes(device: SliceDevice) -> dict[str, dict[str, Any]]:
@@ -128,21 +262,56 @@ def _string_attributes(device: SliceDevice) -> dict[str, dict[str, Any]]:
 
 def device_body(device: SliceDevice, driver_version: str | None, pcie_roots: Mapping[str, str]) -> dict[str, Any]:
     """The ResourceSlice v1 `spec.devices[]` entry for device (without taints)."""
-    chip = device.chip
-    attributes: dict[str, dict[str, Any]] = {**_string_attributes(device), "minor": {"int": chip.minor}}
-    if chip.numa_node is not None:
-        attributes["numaNode"] = {"int": chip.numa_node}
-        attributes[NUMA_NODE_ATTRIBUTE] = {"int": chip.numa_node}
+    attributes: dict[str, dict[str, Any]] = _string_attributes(device)
+    attributes.update(
+        type={"string": device.kind},
+        wholeBoard={"bool": device.whole_board},
+        extendedResource={"bool": device.extended},
+    )
+    numa = {chip.numa_node for chip in device.chips}
+    roots = {pcie_roots.get(chip.bus_id) if chip.bus_id else None for chip in device.chips}
+    if device.kind == CHIP:
+        attributes["minor"] = {"int": device.chip.minor}
+        bus_id = device.chip.bus_id
+        if bus_id and len(bus_id) <= MAX_ATTRIBUTE_LENGTH:
+            attributes[PCI_BUS_ID_ATTRIBUTE] = {"string": bus_id}
+    if len(numa) == 1 and None not in numa:
+        attributes["numaNode"] = {"int": next(iter(numa))}
+        attributes[NUMA_NODE_ATTRIBUTE] = {"int": next(iter(numa))}
     if driver_version is not None:
         attributes["driverVersion"] = {"version": driver_version}
-    if chip.bus_id and len(chip.bus_id) <= MAX_ATTRIBUTE_LENGTH:
-        attributes[PCI_BUS_ID_ATTRIBUTE] = {"string": chip.bus_id}
-    if chip.bus_id and chip.bus_id in pcie_roots:
-        attributes[PCIE_ROOT_ATTRIBUTE] = {"string": pcie_roots[chip.bus_id]}
+    if len(roots) == 1 and None not in roots:
+        attributes[PCIE_ROOT_ATTRIBUTE] = {"string": next(iter(roots))}
     body: dict[str, Any] = {"name": device.name, "attributes": attributes}
-    if chip.memory_mib > 0:
-        body["capacity"] = {"memory": {"value": f"{chip.memory_mib}Mi"}}
+    memory = sum(chip.memory_mib for chip in device.chips)
+    capacity: dict[str, Any] = {}
+    if memory > 0 and all(chip.memory_mib > 0 for chip in device.chips):
+        capacity["memory"] = {"value": f"{memory}Mi"}
+    if device.shares >= 2:
+        body["allowMultipleAllocations"] = True
+        if "memory" in capacity:  # consumable once shared: a claim takes none unless it asks
+            capacity["memory"]["requestPolicy"] = {"default": "0", "validRange": {"min": "0"}}
+        capacity[SHARES] = {
+            "value": str(device.shares),
+            "requestPolicy": {"default": "1", "validRange": {"min": "1", "max": str(device.shares), "step": "1"}},
+        }
+    if capacity:
+        body["capacity"] = capacity
+    if device.counter_set:
+        names, units = ([device.name], CHIP_UNITS) if device.kind == CHIP else (_chip_names(device), BOARD_UNITS)
+        body["consumesCounters"] = [
+            {"counterSet": device.counter_set, "counters": {name: {"value": str(units)} for name in names}}
+        ]
     return body
+
+
+def _chip_names(device: SliceDevice) -> list[str]:
+    return [name for chip in device.chips if (name := device_name(chip)) is not None]
+
+
+def counter_set_body(counter_set: CounterSet) -> dict[str, Any]:
+    """The ResourceSlice v1 `spec.sharedCounters[]` entry for a board's counter set."""
+    return {"name": counter_set.name, "counters": {name: {"value": str(BOARD_UNITS)} for name in counter_set.counters}}
 
 
 def unhealthy_taint(device: SliceDevice) -> dict[str, str]:
@@ -154,13 +323,24 @@ def unhealthy_taint(device: SliceDevice) -> dict[str, str]:
     return taint
 
 
-def slice_devices(content: SliceContent, pcie_roots: Mapping[str, str], taints: bool) -> list[dict[str, Any]]:
-    """The `spec.devices` list: unhealthy chips tainted when taints is True, left out otherwise."""
+def slice_devices(
+    content: SliceContent, pcie_roots: Mapping[str, str], taints: bool, counters: bool = True, boards: bool = True
+) -> list[dict[str, Any]]:
+    """The devices to publish: unhealthy ones tainted when taints is True, left out otherwise.
+
+    counters False: the API server does not keep shared counters, so board devices that need them are left
+    out (a board and its chips must never be allocated together) and chips consume none; boards False
+    leaves those board devices out while that is not known yet.
+    """
     bodies = []
     for device in content.devices:
         if not device.healthy and not taints:
             continue
+        if device.kind == BOARD and device.counter_set and not (counters and boards):
+            continue
         body = device_body(device, content.driver_version, pcie_roots)
+        if not counters:
+            body.pop("consumesCounters", None)
         if not device.healthy:
             body["taints"] = [unhealthy_taint(device)]
         bodies.append(body)
@@ -171,5 +351,24 @@ def taints_dropped(sent: list[dict[str, Any]], stored: list[Mapping[str, Any]]) 
     """True when sent had device taints and the stored slices have none: the API server does not keep them."""
     if not any("taints" in device for device in sent):
         return False
-    devices = [device for obj in stored for device in (obj.get("spec") or {}).get("devices") or []]
-    return not any(device.get("taints") for device in devices)
+    return not any(device.get("taints") for device in _stored_devices(stored))
+
+
+def counters_dropped(sent: list[dict[str, Any]], stored: list[Mapping[str, Any]]) -> bool:
+    """True when sent devices consume counters and the stored ones do not: the API server drops shared counters
+    (DRAPartitionableDevices off)."""
+    if not any("consumesCounters" in device for device in sent):
+        return False
+    kept_sets = any((obj.get("spec") or {}).get("sharedCounters") for obj in stored)
+    return not kept_sets or not any(device.get("consumesCounters") for device in _stored_devices(stored))
+
+
+def sharing_dropped(sent: list[dict[str, Any]], stored: list[Mapping[str, Any]]) -> bool:
+    """True when sent devices allow multiple allocations and the stored ones do not (DRAConsumableCapacity off)."""
+    if not any(device.get("allowMultipleAllocations") for device in sent):
+        return False
+    return not any(device.get("allowMultipleAllocations") for device in _stored_devices(stored))
+
+
+def _stored_devices(stored: list[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    return [device for obj in stored for device in (obj.get("spec") or {}).get("devices") or []]

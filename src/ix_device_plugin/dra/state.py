@@ -7,6 +7,10 @@ A prepare is answered OK only after the checkpoint holds the claim; an unprepare
 
 At start (`restore`), before the kubelet is served, every checkpointed claim's CDI spec is written again: CDI
 specs live on a tmpfs that a reboot empties, the checkpoint does not.
+
+A claim configured with `reset: true` has its chips reset after it is committed (so that no other claim can
+take them meanwhile) and before the prepare is answered, outside the lock; a reset that fails unprepares the
+claim again and fails the prepare. A prepare of the same claim during its reset waits for the reset.
 """
 
 from __future__ import annotations
@@ -29,18 +33,9 @@ from ix_device_plugin.dra.checkpoint import (
     checkpoint_text,
     read_checkpoint,
 )
-from ix_device_plugin.dra.claims import (
-    CLAIM_CDI_CLASS,
-    CLAIM_CDI_VENDOR,
-    ClaimError,
-    ClaimRef,
-    PreparedClaim,
-    cdi_spec_file,
-    check_ref,
-    claim_from_spec,
-    holders,
-    prepare,
-)
+from ix_device_plugin.dra.claims import NodeView, prepare
+from ix_device_plugin.dra.claimspec import CLAIM_CDI_CLASS, CLAIM_CDI_VENDOR, cdi_spec_file, claim_from_spec
+from ix_device_plugin.dra.prepared import ClaimError, ClaimRef, PreparedClaim, check_ref
 from ix_device_plugin.dra.slices import SliceDevice
 from ix_device_plugin.runtime.errors import StartupError
 from ix_device_plugin.runtime.files import OutputError, remove_stale_temporaries, write_atomically
@@ -53,6 +48,7 @@ LOCK_FILE = "serialize.lock"  # the name the upstream kubelet-plugin helper uses
 LOCK_TIMEOUT = 10.0
 SPEC_LIMIT = 1024 * 1024
 ClaimReader = Callable[[ClaimRef], Awaitable[Any]]  # the ResourceClaim object; ClaimError when it cannot
+Resetter = Callable[[PreparedClaim], Awaitable[str | None]]  # resets the claim's reset_chips; None, or why not
 
 
 def read_boot_id(path: Path = BOOT_ID) -> str:
@@ -78,6 +74,7 @@ class DraState:
         self._seen: tuple[int, int, int] | None = None  # (inode, size, mtime) of the checkpoint as last read
         self._checkpoint_boot = ""  # the boot the checkpoint on disk was written in
         self._lock = asyncio.Lock()
+        self._resetting: dict[str, asyncio.Future[None]] = {}  # claim UID -> done when its reset is over
 
     # ---- start ----------------------------------------------------------------------------------
 
@@ -167,8 +164,41 @@ class DraState:
         read: ClaimReader,
         devices: Mapping[str, SliceDevice],
         control_nodes: tuple[str, ...],
+        reset: Resetter | None = None,
     ) -> PreparedClaim | str:
         """The prepared claim, or this claim's error message; never raises."""
+        node = NodeView(devices, self.pool, control_nodes, self.dev_root)
+        while True:
+            ongoing = self._resetting.get(ref.uid)
+            if ongoing is not None:  # prepared just now by another call, whose reset is not over
+                await asyncio.shield(ongoing)
+                continue
+            outcome = await self._prepare(ref, read, node, resetting=reset is not None)
+            if isinstance(outcome, str):
+                return outcome
+            prepared, fresh = outcome
+            if ref.uid not in self._resetting:
+                return prepared
+            if fresh and reset is not None:
+                return await self._reset(prepared, reset)
+
+    async def _reset(self, prepared: PreparedClaim, reset: Resetter) -> PreparedClaim | str:
+        """Reset a claim just committed; unprepare it again when that fails."""
+        try:
+            error = await reset(prepared)
+            if error is None:
+                return prepared
+            log.warning("NodePrepareResources: claim %s: %s", prepared.ref, error)
+            undone = await self._unprepare(prepared.ref)
+            return f"claim {prepared.ref}: {error}" + (f"; and unpreparing it failed: {undone}" if undone else "")
+        finally:
+            self._resetting.pop(prepared.ref.uid).set_result(None)
+
+    async def _prepare(
+        self, ref: ClaimRef, read: ClaimReader, node: NodeView, resetting: bool
+    ) -> tuple[PreparedClaim, bool] | str:
+        """The prepared claim and whether it was prepared just now, or this claim's error message. resetting: a
+        claim prepared now whose config asks for a reset is marked as being reset before the lock is let go."""
         try:
             check_ref(ref)
             claim = None
@@ -181,12 +211,14 @@ class DraState:
                     known = self.claims.get(ref.uid)
                     if known is not None and known.complete:
                         self._write_spec(known, only_if_missing=True)  # a reboot emptied the CDI directory
-                        return known
+                        return known, False
                     if claim is None:
                         continue  # another driver unprepared it meanwhile: read the claim, then decide
-                    others = holders({uid: c for uid, c in self.claims.items() if uid != ref.uid})
-                    prepared = prepare(ref, claim, devices, others, self.pool, control_nodes, self.dev_root)
+                    others = {uid: c for uid, c in self.claims.items() if uid != ref.uid}
+                    prepared = prepare(ref, claim, node, others)
                     self._commit_prepared(prepared)
+                    if resetting and prepared.reset_chips:
+                        self._resetting[ref.uid] = asyncio.get_running_loop().create_future()
                     break
         except (ClaimError, OutputError, CheckpointError) as error:
             log.warning("NodePrepareResources: %s", error)
@@ -194,11 +226,17 @@ class DraState:
         except Exception as error:  # a claim nobody foresaw: this claim fails, the others are served
             log.error("NodePrepareResources: claim %s: %s: %s", ref, type(error).__name__, error)
             return f"claim {ref}: cannot be prepared: {type(error).__name__}: {error}"
-        log.info("prepared claim %s: %s", ref, ", ".join(d.device for d in prepared.devices))
-        return prepared
+        log.info("prepared claim %s: %s", ref, describe(prepared))
+        return prepared, True
 
     async def unprepare(self, ref: ClaimRef) -> str | None:
         """Forget the claim (checkpoint first, then its CDI spec); the error message, or None."""
+        ongoing = self._resetting.get(ref.uid)
+        if ongoing is not None:
+            await asyncio.shield(ongoing)
+        return await self._unprepare(ref)
+
+    async def _unprepare(self, ref: ClaimRef) -> str | None:
         try:
             check_ref(ref)
             async with self._locked():
@@ -284,6 +322,17 @@ async def _flock(path: Path, timeout: float) -> int:
                 os.close(descriptor)
                 raise OutputError(f"{path} is held by another driver for more than {timeout:g}s") from None
             await asyncio.sleep(0.005)
+
+
+def describe(claim: PreparedClaim) -> str:
+    """The claim's devices for a log line: `gpu-0`, `board-2`, `gpu-1 share 2 of ... (slots 0,1)`."""
+    parts = []
+    for device in claim.devices:
+        part = device.device
+        if device.share_id:
+            part += f" share {device.share_id} (slot {','.join(map(str, device.slots))})"
+        parts.append(part + (" (admin access)" if device.admin else ""))
+    return ", ".join(parts)
 
 
 def _identity(path: Path) -> tuple[int, int, int] | None:

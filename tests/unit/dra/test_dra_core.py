@@ -17,7 +17,8 @@ from ix_device_plugin.dra.checkpoint import (
     checkpoint_text,
     parse_checkpoint,
 )
-from ix_device_plugin.dra.claims import ClaimError, ClaimRef, prepare
+from ix_device_plugin.dra.claims import NodeView, prepare
+from ix_device_plugin.dra.prepared import ClaimError, ClaimRef, PreparedClaim
 from ix_device_plugin.dra.slices import (
     PCIE_ROOT_ATTRIBUTE,
     device_body,
@@ -39,6 +40,14 @@ def inventory(spec: str = "BI-V150:2", version: str = "4.1.0") -> Inventory:
 def allocated_claim(*devices: str, uid: str = "uid-1", pool: str = "node-a") -> dict:
     results = [{"request": "gpu", "driver": "gpu.iluvatar.com", "pool": pool, "device": d} for d in devices]
     return {"metadata": {"uid": uid}, "status": {"allocation": {"devices": {"results": results}}}}
+
+
+def node_view(spec: str = "BI-V150:2", control_nodes: tuple[str, ...] = ()) -> NodeView:
+    return NodeView(slice_content(inventory(spec)).by_name(), "node-a", control_nodes, Path("/"))
+
+
+def prepared_for(claim: dict, ref: ClaimRef = REF, others: dict[str, PreparedClaim] | None = None) -> PreparedClaim:
+    return prepare(ref, claim, node_view(), others or {})
 
 
 @pytest.mark.parametrize(
@@ -72,10 +81,10 @@ def test_the_pcie_root_comes_from_the_sysfs_path(tmp_path: Path) -> None:
 
 def test_each_chip_is_a_device_with_the_contract_attributes() -> None:
     content = slice_content(inventory())
-    assert [d.name for d in content.devices] == ["gpu-0", "gpu-1", "gpu-2", "gpu-3"]
+    assert [d.name for d in content.devices] == ["gpu-0", "gpu-1", "gpu-2", "gpu-3", "board-0", "board-2"]
     device = content.devices[1]
     body = device_body(
-        replace(device, chip=replace(device.chip, numa_node=1)),
+        replace(device, chips=(replace(device.chip, numa_node=1),)),
         content.driver_version,
         {device.chip.bus_id: "pci0000:10"},
     )
@@ -89,8 +98,12 @@ def test_each_chip_is_a_device_with_the_contract_attributes() -> None:
         PCIE_ROOT_ATTRIBUTE: {"string": "pci0000:10"},
         "resource.kubernetes.io/pciBusID": {"string": device.chip.bus_id},
         "resource.kubernetes.io/numaNode": {"int": 1},
+        "type": {"string": "chip"},
+        "wholeBoard": {"bool": False},
+        "extendedResource": {"bool": False},
     }
     assert body["capacity"] == {"memory": {"value": f"{device.chip.memory_mib}Mi"}}
+    assert body["consumesCounters"] == [{"counterSet": "board-0", "counters": {"gpu-1": {"value": "1"}}}]
 
 
 def test_a_chip_without_a_minor_is_left_out_with_a_warning() -> None:
@@ -99,6 +112,11 @@ def test_a_chip_without_a_minor_is_left_out_with_a_warning() -> None:
     content = slice_content(replace(base, boards=boards))
     assert [d.name for d in content.devices] == ["gpu-1"]
     assert "minor number is unknown" in content.warnings[0]
+    split = inventory("BI-V150:1")
+    half = replace(split.boards[0], chips=(replace(split.boards[0].chips[0], minor=None), split.boards[0].chips[1]))
+    content = slice_content(replace(split, boards=(half,)))
+    assert [d.name for d in content.devices] == ["gpu-1"]  # and no board device, which would lack a chip
+    assert "board-1 left out of the ResourceSlice" in content.warnings[1]
 
 
 def test_unhealthy_chips_are_tainted_or_left_out() -> None:
@@ -113,10 +131,7 @@ def test_unhealthy_chips_are_tainted_or_left_out() -> None:
 
 
 def test_prepare_gives_the_chips_their_cdi_ids_and_the_claim_its_env() -> None:
-    content = slice_content(inventory())
-    prepared = prepare(
-        REF, allocated_claim("gpu-2", "gpu-3"), content.by_name(), {}, "node-a", ("/dev/itrctl",), Path("/")
-    )
+    prepared = prepare(REF, allocated_claim("gpu-2", "gpu-3"), node_view(control_nodes=("/dev/itrctl",)), {})
     assert [d.cdi_ids for d in prepared.devices] == [
         ("gpu.iluvatar.com/claim=uid-1-gpu-2",),
         ("gpu.iluvatar.com/claim=uid-1-gpu-3",),
@@ -124,7 +139,12 @@ def test_prepare_gives_the_chips_their_cdi_ids_and_the_claim_its_env() -> None:
     uuids = ",".join(prepared.uuids)
     assert prepared.spec["containerEdits"] == {
         "deviceNodes": [{"path": "/dev/itrctl"}],
-        "env": [f"IX_VISIBLE_DEVICES={uuids}", f"ILUVATAR_COREX_VISIBLE_DEVICES={uuids}"],
+        "env": [
+            f"IX_VISIBLE_DEVICES={uuids}",
+            f"ILUVATAR_COREX_VISIBLE_DEVICES={uuids}",
+            f"IX_REPLICA_DEVICES={uuids}",
+            f"ILUVATAR_COREX_REPLICA_DEVICES={uuids}",
+        ],
     }
     assert prepared.spec["cdiVersion"] == "0.3.0"
 
@@ -139,29 +159,18 @@ def test_prepare_gives_the_chips_their_cdi_ids_and_the_claim_its_env() -> None:
     ],
 )
 def test_claims_that_cannot_be_prepared_say_why(claim: dict, message: str) -> None:
-    content = slice_content(inventory())
     with pytest.raises(ClaimError, match=message):
-        prepare(REF, claim, content.by_name(), {}, "node-a", (), Path("/"))
+        prepared_for(claim)
 
 
 def test_a_chip_held_by_another_claim_is_refused_naming_the_holder() -> None:
-    content = slice_content(inventory())
-    holder = ClaimRef("ns", "holder", "uid-0")
+    holder = prepared_for(allocated_claim("gpu-0", uid="uid-0"), ClaimRef("ns", "holder", "uid-0"))
     with pytest.raises(ClaimError, match=r"prepared for claim ns/holder \(uid uid-0\)"):
-        prepare(
-            REF,
-            allocated_claim("gpu-0"),
-            content.by_name(),
-            {content.devices[0].chip.uuid: holder},
-            "node-a",
-            (),
-            Path("/"),
-        )
+        prepared_for(allocated_claim("gpu-0"), others={"uid-0": holder})
 
 
 def test_the_checkpoint_round_trips_and_refuses_what_it_cannot_read() -> None:
-    content = slice_content(inventory())
-    prepared = prepare(REF, allocated_claim("gpu-1"), content.by_name(), {}, "node-a", (), Path("/"))
+    prepared = prepared_for(allocated_claim("gpu-1"))
     text = checkpoint_text({REF.uid: prepared}, "boot-1")
     assert parse_checkpoint(text, "cp") == Checkpoint("boot-1", {REF.uid: prepared})
     with pytest.raises(CheckpointError, match="cp: is not JSON"):
@@ -193,8 +202,7 @@ def test_a_hostile_checkpoint_is_a_clear_error(data: bytes, why: str) -> None:
 
 
 def test_fields_an_older_driver_does_not_know_are_ignored_and_new_ones_default() -> None:
-    content = slice_content(inventory())
-    prepared = prepare(REF, allocated_claim("gpu-1"), content.by_name(), {}, "node-a", (), Path("/"))
+    prepared = prepared_for(allocated_claim("gpu-1"))
     document = json.loads(checkpoint_text({REF.uid: prepared}))
     del document["bootID"]
     del document["claims"][REF.uid]["complete"]
@@ -223,8 +231,7 @@ def test_dra_without_api_server_settings_exits_2(
 
 
 def test_list_dra_shows_the_slice_and_the_prepared_claims(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    content = slice_content(inventory())
-    prepared = prepare(REF, allocated_claim("gpu-1"), content.by_name(), {}, "node-a", (), Path("/"))
+    prepared = prepared_for(allocated_claim("gpu-1"))
     directory = tmp_path / "plugins" / "gpu.iluvatar.com"
     directory.mkdir(parents=True)
     (directory / "checkpoint.json").write_text(checkpoint_text({REF.uid: prepared}))
@@ -233,8 +240,10 @@ def test_list_dra_shows_the_slice_and_the_prepared_claims(tmp_path: Path, capsys
     assert main([*argv, "--output", "json"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["resourceSlice"] == "node-a-gpu.iluvatar.com"
-    assert [d["name"] for d in report["devices"]] == ["gpu-0", "gpu-1", "gpu-2", "gpu-3"]
-    assert report["preparedClaims"] == {"uid-1": {"claim": "default/claim", "devices": ["gpu-1"]}}
+    assert report["preparedClaims"]["uid-1"]["claim"] == "default/claim"
+    assert report["preparedClaims"]["uid-1"]["devices"] == ["gpu-1"]
+    assert [d["name"] for d in report["devices"]] == ["gpu-0", "gpu-1", "gpu-2", "gpu-3", "board-0", "board-2"]
     assert main(argv) == 0
     text = capsys.readouterr().out
-    assert "gpu-3:" in text and "default/claim (uid-1): gpu-1" in text
+    assert "gpu-3: chip" in text and "board-2: board" in text and "default/claim (uid-1): gpu-1" in text
+    assert "gpu-1: chip" in text and "held by default/claim" in text

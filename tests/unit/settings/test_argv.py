@@ -26,7 +26,7 @@ def test_the_help_of_a_mode_lists_exactly_the_flags_it_uses(mode: str) -> None:
 
 def test_dra_help_lists_no_device_plugin_flag() -> None:
     text = help_of(DRA)
-    for flag in ("--use-volcano", "--rename-by-default", "--replicas", "--device-plugin-path", "--resource-name"):
+    for flag in ("--use-volcano", "--rename-by-default", "--reset-gpu", "--device-plugin-path", "--resource-name"):
         assert flag not in text
     assert "--node-name" in text and "--fail-on-init-error" in text
     assert "IX_DISABLE_HEALTHCHECKS" in text  # variables without a flag are listed too
@@ -69,8 +69,8 @@ def test_flags_are_kept_as_given_text() -> None:
 
 REFUSALS = [
     (["dra", "--use-volcano", "true"], "ix-device-plugin dra: error: dra does not use --use-volcano (a device plugin"),
-    (["dra", "--replicas=3"], "dra does not use --replicas (a device plugin setting)"),
-    (["list", "--dra", "--splitboard"], "list --dra does not use --splitboard (a device plugin setting)"),
+    (["dra", "--rename-by-default=true"], "dra does not use --rename-by-default (a device plugin setting)"),
+    (["list", "--dra", "--reset-gpu"], "list --dra does not use --reset-gpu (a device plugin setting)"),
     (["list", "--kubelet-plugins-directory-path", "/p"], "list does not use --kubelet-plugins-directory-path (a DRA"),
     (["cdi", "generate", "--health-interval", "3"], "cdi generate does not use --health-interval (used by run, dra)"),
     (["dra", "--frobnicate"], "unrecognized arguments: --frobnicate"),

@@ -132,10 +132,10 @@ def test_null_sections_mean_defaults() -> None:
 
 
 def test_keys_of_settings_a_mode_does_not_use_are_listed_with_their_line_not_parsed() -> None:
-    text = "flags:\n  failOnInitError: false\n  splitboard: maybe\nsharing:\n  timeSlicing:\n    replicas: 4\n"
+    text = "flags:\n  failOnInitError: false\n  reset_gpu: maybe\nsharing:\n  timeSlicing:\n    renameByDefault: 4\n"
     file = parse_text(text, ORIGIN, mode=DRA)
     assert file.values == {"flags.failOnInitError": False}
-    assert file.unused == ("flags.splitboard (line 3)", "sharing.timeSlicing.replicas (line 6)")
+    assert file.unused == ("flags.reset_gpu (line 3)", "sharing.timeSlicing.renameByDefault (line 6)")
     assert errors_of("flags:\n  splitbord: true\n")  # an unknown key is an error in every mode
     with pytest.raises(SettingsError, match="unknown key"):
         parse_text("flags:\n  splitbord: true\n", ORIGIN, mode=DRA)

@@ -45,11 +45,12 @@ def test_the_dra_mode_takes_none_of_the_device_plugins_own_settings() -> None:
     device_plugin_only = {
         "device_plugin_path", "resource_name", "reset_gpu", "use_volcano", "device_list_strategy",
         "rename_by_default", "fail_requests_greater_than_one", "per_node_config", "telemetry_interval",
-        "pod_resources_socket", "node_feature_dir", "replicas", "splitboard", "ixsmi_path", "reset_timeout",
-        "reset_wait_timeout",
+        "pod_resources_socket", "node_feature_dir",
     }  # fmt: skip
     assert not dra & device_plugin_only
     assert {"fail_on_init_error", "disabled_healthchecks", "config", "node_name", "cdi_spec_dir"} <= dra
+    # the same meaning in both modes: what one GPU is, how many share it, and how a reset goes
+    assert {"splitboard", "replicas", "ixsmi_path", "reset_timeout", "reset_wait_timeout"} <= dra
 
 
 def test_precedence_flag_over_env_over_file_over_default() -> None:
@@ -99,12 +100,12 @@ def test_a_flag_wins_over_a_bad_variable() -> None:
 
 
 def test_variables_a_mode_does_not_use_are_noted_once_not_parsed() -> None:
-    env = {"IX_REPLICAS": "-2", "IX_USE_VOLCANO": "maybe", "IX_HEALTH_INTERVAL": "2", "KUBECONFIG": "/k"}
+    env = {"IX_RESET_GPU": "-2", "IX_USE_VOLCANO": "maybe", "IX_HEALTH_INTERVAL": "2", "KUBECONFIG": "/k"}
     settings = resolve(DRA, {}, env)
-    assert settings.unused_env == ("IX_USE_VOLCANO", "IX_REPLICAS")
+    assert settings.unused_env == ("IX_RESET_GPU", "IX_USE_VOLCANO")
     assert settings.note() == (
-        "environment variables dra does not use, ignored: IX_USE_VOLCANO (a device plugin setting), "
-        "IX_REPLICAS (a device plugin setting)"
+        "environment variables dra does not use, ignored: IX_RESET_GPU (a device plugin setting), "
+        "IX_USE_VOLCANO (a device plugin setting)"
     )
     assert settings["health_interval"] == 2.0
     assert resolve(RUN, {}, {"KUBELET_PLUGINS_DIRECTORY_PATH": "/x"}).note() == (
@@ -179,12 +180,16 @@ def test_dra_options_need_a_node_and_a_cdi_directory() -> None:
 
 def test_the_dra_mode_reads_only_its_keys_of_the_config_file_and_says_which_it_ignores(tmp_path: Path) -> None:
     path = tmp_path / "ix-config"
-    path.write_text("flags:\n  failOnInitError: false\n  splitboard: true\nsharing:\n  timeSlicing:\n    replicas: 4\n")
+    path.write_text(
+        "flags:\n  failOnInitError: false\n  splitboard: true\n  reset_gpu: true\n"
+        "sharing:\n  timeSlicing:\n    replicas: 4\n    renameByDefault: true\n"
+    )
     options = dra_options_from(resolve(DRA, {"config": str(path)}, {"NODE_NAME": "n"}))
     config, warnings = load_config(options.base)
-    assert (config.fail_on_init_error, config.splitboard, config.replicas) == (False, False, 0)
+    assert (config.fail_on_init_error, config.splitboard, config.replicas, config.reset_gpu) == (False, True, 4, False)
     assert warnings == (
-        f"{path}: keys dra does not use, ignored: flags.splitboard (line 3), sharing.timeSlicing.replicas (line 6)",
+        f"{path}: keys dra does not use, ignored: flags.reset_gpu (line 4), "
+        "sharing.timeSlicing.renameByDefault (line 8)",
     )
 
 

@@ -42,6 +42,10 @@ class Store:
     def __init__(self, history: int = 1000) -> None:
         self.history_limit = history
         self.device_taints = True  # False: ResourceSlice device taints are dropped on write (DRADeviceTaints off)
+        self.shared_counters = True  # False: counters dropped on write (DRAPartitionableDevices off)
+        self.consumable_capacity = (
+            True  # False: allowMultipleAllocations, request policies dropped (DRAConsumableCapacity off)
+        )
         self._objects: dict[tuple[str, str, str], Object] = {}  # (plural, namespace or "", name) -> object
         self._history: list[Change] = []
         self._oldest_kept = 0  # versions at or below this are gone from the history
@@ -229,10 +233,21 @@ class Store:
         return self._store(kind, self._admitted(kind, obj), "MODIFIED")
 
     def _admitted(self, kind: Kind, obj: Object) -> Object:
-        """obj as the API server keeps it: without device taints when they are off."""
-        if kind.plural == "resourceslices" and not self.device_taints:
-            for device in (obj.get("spec") or {}).get("devices") or []:
+        """obj as the API server keeps it: without the ResourceSlice fields of features that are off."""
+        if kind.plural != "resourceslices":
+            return obj
+        spec = obj.get("spec") or {}
+        if not self.shared_counters:
+            spec.pop("sharedCounters", None)
+        for device in spec.get("devices") or []:
+            if not self.device_taints:
                 device.pop("taints", None)
+            if not self.shared_counters:
+                device.pop("consumesCounters", None)
+            if not self.consumable_capacity:
+                device.pop("allowMultipleAllocations", None)
+                for capacity in (device.get("capacity") or {}).values():
+                    capacity.pop("requestPolicy", None)
         return obj
 
     def _patch(self, kind: Kind, namespace: str, name: str, body: Any, content_type: str) -> Object:

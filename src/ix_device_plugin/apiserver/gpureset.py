@@ -1,4 +1,5 @@
-"""`flags.reset_gpu`: reset the chips behind an Allocate before the container gets them.
+"""Resetting chips before a container gets them: `flags.reset_gpu` in plugin mode (the chips behind an Allocate),
+`reset: true` in a DRA claim's GpuConfig (the claim's chips, before the prepare is answered).
 
 Other IXML users on the node (ix-exporter) are asked to let go first through Iluvatar's handshake
 (handshake.py, on the document of resetdoc.py). A reset is a small state machine, one step at a time and
@@ -23,23 +24,22 @@ import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ix_device_plugin.apiserver.errors import KubeError
-from ix_device_plugin.core.inventory import Inventory
-from ix_device_plugin.deviceplugin.features.handshake import ResetHandshake
-from ix_device_plugin.deviceplugin.features.resetdoc import (
+from ix_device_plugin.apiserver.handshake import ResetHandshake
+from ix_device_plugin.apiserver.resetdoc import (
     CONFIG_MAP_PREFIX,
     DATA_KEY,
     OUR_NAME,
     GpuResetError,
     ResetInfo,
 )
+from ix_device_plugin.core.inventory import Inventory
 from ix_device_plugin.hardware.backend import BackendError
 from ix_device_plugin.runtime.logs import OncePerError
 
 if TYPE_CHECKING:
-    from ix_device_plugin.deviceplugin.metrics import Metrics
     from ix_device_plugin.hardware.worker import Hardware
     from ix_device_plugin.runtime.backoff import Backoff
 
@@ -81,6 +81,13 @@ class ResetSettings:
 HandshakeSource = Callable[[], Awaitable[ResetHandshake | None]]
 
 
+class ResetMetrics(Protocol):
+    """Where resets are counted: a counter of resets by result, and a histogram of their durations."""
+
+    gpu_resets: Any
+    gpu_reset_duration: Any
+
+
 class GpuReset:
     """Resets chips one request at a time, with the handshake when the API server is reachable."""
 
@@ -89,7 +96,7 @@ class GpuReset:
         hardware: Hardware,
         handshake: HandshakeSource,
         rediscover: Callable[[], Awaitable[Inventory]],
-        metrics: Metrics,
+        metrics: ResetMetrics,
         settings: ResetSettings,
     ) -> None:
         self._hardware = hardware

@@ -1,0 +1,166 @@
+"""A prepared claim's CDI spec: what its containers get, and how to read a claim back from it.
+
+Pure. The spec is transient and the claim's own (kind `gpu.iluvatar.com/claim`, file
+`gpu.iluvatar.com-claim_<claim UID>.yaml`): a CDI device per allocated device and share
+(`<claim UID>-<device>`, `<claim UID>-<device>-<share ID>`) with the device nodes of its chips (a board: all of
+them), and spec-wide edits every container of the claim gets: `/dev/itrctl`, and the variables the device plugin
+sets, `IX_VISIBLE_DEVICES` (the chips' UUIDs) and `IX_REPLICA_DEVICES` (each device as the plugin names a
+replica: `<uuid>::<slot>` for a share, the UUID when held whole), with their legacy `ILUVATAR_COREX_*` twins.
+Its own kind keeps it apart from the device plugin's node-wide `iluvatar.com/gpu` spec, so both modes can share
+a node while it moves from one to the other.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from ix_device_plugin.core.allocation import (
+    DEVICE_NODE_PREFIX,
+    LEGACY_REPLICA_DEVICES_ENV,
+    LEGACY_VISIBLE_DEVICES_ENV,
+    REPLICA_DEVICES_ENV,
+    VISIBLE_DEVICES_ENV,
+)
+from ix_device_plugin.core.cdi import minimum_version
+from ix_device_plugin.dra.prepared import ClaimRef, PreparedClaim, PreparedDevice
+from ix_device_plugin.dra.slices import BOARD, CHIP, DRIVER, SliceDevice
+
+CLAIM_CDI_VENDOR = DRIVER
+CLAIM_CDI_CLASS = "claim"
+CLAIM_CDI_KIND = f"{CLAIM_CDI_VENDOR}/{CLAIM_CDI_CLASS}"
+_SHARED_NAME = re.compile(r"^(.+)-([0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12})$")
+_NODE = re.compile(rf"^{re.escape(DEVICE_NODE_PREFIX)}(\d+)$")
+
+
+def cdi_spec_file(uid: str) -> str:
+    """The claim's transient CDI spec file name (the CDI library's `<vendor>-<class>_<id>.yaml`)."""
+    return f"{CLAIM_CDI_VENDOR}-{CLAIM_CDI_CLASS}_{uid}.yaml"
+
+
+def cdi_device_name(uid: str, device: str, share_id: str = "") -> str:
+    """The claim's CDI device name for one allocated device (and share)."""
+    return f"{uid}-{device}-{share_id}" if share_id else f"{uid}-{device}"
+
+
+def cdi_id(uid: str, device: str, share_id: str = "") -> str:
+    """The fully qualified CDI ID the kubelet is given for one allocated device (and share)."""
+    return f"{CLAIM_CDI_KIND}={cdi_device_name(uid, device, share_id)}"
+
+
+def claim_spec(
+    uid: str, devices: Sequence[tuple[PreparedDevice, SliceDevice]], control_nodes: tuple[str, ...], dev_root: Path
+) -> dict[str, Any]:
+    """The claim's CDI spec document: a device per allocated device and share, plus the claim's env."""
+    entries = []
+    for prepared, device in devices:
+        nodes = [_node(chip.device_node, dev_root) for chip in device.chips if chip.device_node is not None]
+        name = cdi_device_name(uid, prepared.device, prepared.share_id)
+        entries.append({"name": name, "containerEdits": {"deviceNodes": nodes}})
+    visible = ",".join(dict.fromkeys(uuid for prepared, _ in devices for uuid in prepared.chip_uuids))
+    replicas = ",".join(dict.fromkeys(replica for prepared, _ in devices for replica in prepared.replica_ids))
+    edits: dict[str, Any] = {}
+    if control_nodes:
+        edits["deviceNodes"] = [_node(node, dev_root) for node in control_nodes]
+    edits["env"] = [
+        f"{VISIBLE_DEVICES_ENV}={visible}",
+        f"{LEGACY_VISIBLE_DEVICES_ENV}={visible}",
+        f"{REPLICA_DEVICES_ENV}={replicas}",
+        f"{LEGACY_REPLICA_DEVICES_ENV}={replicas}",
+    ]
+    spec: dict[str, Any] = {"cdiVersion": "", "kind": CLAIM_CDI_KIND, "devices": entries, "containerEdits": edits}
+    spec["cdiVersion"] = minimum_version(spec)
+    return spec
+
+
+def _node(path: str, dev_root: Path) -> dict[str, str]:
+    """A CDI device node at path in the container, from dev_root on the host (as the node-wide spec has it)."""
+    node = {"path": path}
+    host_path = str(Path(dev_root) / path.lstrip("/"))
+    if host_path != path:
+        node["hostPath"] = host_path
+    return node
+
+
+def claim_from_spec(uid: str, spec: Any, pool: str) -> PreparedClaim | None:
+    """The claim a CDI spec written by this driver describes (incomplete: see PreparedClaim), None if not ours.
+
+    Each device's chips are found by its device nodes: IX_VISIBLE_DEVICES lists the chips' UUIDs in the order
+    the devices first name them; its shares' slots come from IX_REPLICA_DEVICES.
+    """
+    if not isinstance(spec, dict) or spec.get("kind") != CLAIM_CDI_KIND or not isinstance(spec.get("devices"), list):
+        return None
+    edits = spec.get("containerEdits") if isinstance(spec.get("containerEdits"), dict) else {}
+    env = dict(item.partition("=")[::2] for item in edits.get("env") or [] if isinstance(item, str))
+    uuids = [uuid for uuid in env.get(VISIBLE_DEVICES_ENV, "").split(",") if uuid]
+    prefix = f"{uid}-"
+    listed: list[tuple[str, str, list[int]]] = []  # (device, share ID, minors)
+    for entry in spec["devices"]:
+        name = entry.get("name") if isinstance(entry, dict) else None
+        if not isinstance(name, str) or not name.startswith(prefix):
+            return None
+        minors = _minors(entry)
+        if minors is None:
+            return None
+        shared = _SHARED_NAME.match(name.removeprefix(prefix))
+        device, share_id = shared.groups() if shared else (name.removeprefix(prefix), "")
+        listed.append((device, share_id, minors))
+    by_minor: dict[int, str] = {}
+    for _, _, minors in listed:
+        for minor in minors:
+            if minor not in by_minor:
+                if len(by_minor) == len(uuids):
+                    return None
+                by_minor[minor] = uuids[len(by_minor)]
+    if len(by_minor) != len(uuids):
+        return None
+    replicas = [item for item in env.get(REPLICA_DEVICES_ENV, "").split(",") if "::" in item]
+    devices = []
+    for device, share_id, minors in listed:
+        chips = tuple(by_minor[minor] for minor in minors)
+        kind = BOARD if device.startswith(f"{BOARD}-") else CHIP
+        slots = _slots(chips[0] if chips else "", replicas, listed, device, share_id)
+        devices.append(
+            PreparedDevice(
+                (),
+                pool,
+                device,
+                chips[0] if chips else "",
+                (cdi_id(uid, device, share_id),),
+                share_id=share_id,
+                shares=max(1, len(slots)) if share_id else 0,
+                slots=slots,
+                chips=chips if kind == BOARD else (),
+                kind=kind,
+            )
+        )
+    return PreparedClaim(ClaimRef("", "", uid), tuple(devices), spec, complete=False)
+
+
+def _minors(entry: dict[str, Any]) -> list[int] | None:
+    edits = entry.get("containerEdits")
+    nodes = edits.get("deviceNodes") if isinstance(edits, dict) else None
+    if not isinstance(nodes, list):
+        return None
+    minors = []
+    for node in nodes:
+        match = _NODE.match(str(node.get("path", ""))) if isinstance(node, dict) else None
+        if match is None:
+            return None
+        minors.append(int(match.group(1)))
+    return minors
+
+
+def _slots(
+    uuid: str, replicas: list[str], listed: list[tuple[str, str, list[int]]], device: str, share_id: str
+) -> tuple[int, ...]:
+    """The slots of one share: its device's `<uuid>::<slot>` entries, one to each share, the rest to the last."""
+    if not share_id:
+        return ()
+    tails = [item.removeprefix(f"{uuid}::") for item in replicas if item.startswith(f"{uuid}::")]
+    numbers = [int(tail) for tail in tails if tail.isdigit()]
+    shares = [sid for name, sid, _ in listed if name == device and sid]
+    index = shares.index(share_id)
+    return tuple(numbers[index : index + 1] if index < len(shares) - 1 else numbers[index:])
