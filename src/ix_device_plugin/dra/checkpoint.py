@@ -21,7 +21,7 @@ from ix_device_plugin.settings.documents import DocumentError, Limits, load_json
 
 CHECKPOINT_FILE = "checkpoint.json"
 CHECKPOINT_VERSION = 1
-LIMITS = Limits(max_bytes=64 * 1024 * 1024, max_depth=16, max_values=5_000_000)
+LIMITS = Limits(max_bytes=4 * 1024 * 1024, max_depth=16, max_values=250_000)  # ~8,000 claims, ~40 MiB decoded
 
 
 class CheckpointError(Exception):
