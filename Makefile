@@ -82,7 +82,7 @@ e2e-build: ## build the end-to-end cluster (Kubernetes, etcd, containerd, runc, 
 	e2e/cluster/build.sh
 
 e2e: $(VENV)/.stamp-dev e2e-build ## the end-to-end suite on a real one-node Kubernetes (root, Go; docs/testing.md)
-	$(VENV_PY) -m pytest -p no:cacheprovider -p no:xdist e2e/tests $(E2E_PYTEST_ARGS)  # one cluster: one process
+	$(VENV_PY) -m pytest -p no:cacheprovider -n 0 e2e/tests $(E2E_PYTEST_ARGS)  # one cluster: one process
 
 clean: ## remove build outputs (not the virtualenv)
 	rm -rf build dist src/*.egg-info
