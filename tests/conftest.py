@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import subprocess
@@ -16,6 +17,7 @@ from hypothesis import settings
 
 from ix_device_plugin.deviceplugin.loop import Daemon
 from ix_device_plugin.hardware.simulated import SimulatedBackend
+from ix_device_plugin.runtime.logs import LIBRARIES
 from ix_device_plugin.settings.options import Options
 from ix_device_plugin.standins.kubelet import KubeletStandIn
 
@@ -35,6 +37,20 @@ IXML_VARIANTS = {
     "no_events": ["-DNO_EVENTS"],
     "upnp": ["-DLIBUPNP_LIKE"],
 }
+
+
+@pytest.fixture(autouse=True)
+def _logging_restored() -> Iterator[None]:
+    """Each test starts from the same logging set-up: a test that runs the CLI in-process (which replaces
+    the root handlers and sets levels) must not change what the next test on that worker captures."""
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    libraries = {name: logging.getLogger(name).level for name in LIBRARIES}
+    yield
+    root.handlers[:] = handlers
+    root.setLevel(level)
+    for name, library_level in libraries.items():
+        logging.getLogger(name).setLevel(library_level)
 
 
 @pytest.fixture(scope="session")
