@@ -23,13 +23,6 @@ NS = "kube-system"
 
 
 @pytest.fixture
-async def apiserver():  # type: ignore[no-untyped-def]
-    async with ApiServerStandIn() as server:
-        server.add_node(NODE)
-        yield server
-
-
-@pytest.fixture
 async def kube(apiserver: ApiServerStandIn, tmp_path: Path):  # type: ignore[no-untyped-def]
     kubeconfig = apiserver.write_kubeconfig(tmp_path / "kubeconfig")
     client = await connect(settings_from({"NODE_NAME": NODE}, str(kubeconfig), "flags.usevolcano"))

@@ -171,13 +171,6 @@ async def test_no_reset_when_the_setting_is_off(
 # ---- the handshake, against the stand-in API server ----------------------------------------------
 
 
-@pytest.fixture
-async def apiserver():  # type: ignore[no-untyped-def]
-    async with ApiServerStandIn() as server:
-        server.add_node(NODE)
-        yield server
-
-
 async def test_the_plugin_says_it_holds_the_gpus_at_start_and_keeps_the_others_entries(
     kubelet: KubeletStandIn, start_daemon: DaemonFactory, apiserver: ApiServerStandIn, short_dir: Path, tmp_path: Path
 ) -> None:

@@ -46,13 +46,6 @@ from support import RESOURCE, DaemonFactory, metric, until
 WHERE = f"ConfigMap {NAMESPACE}/{CONFIG_MAP} key gpuReset"
 
 
-@pytest.fixture
-async def apiserver():  # type: ignore[no-untyped-def]
-    async with ApiServerStandIn() as server:
-        server.add_node(NODE)
-        yield server
-
-
 async def refused(kubelet: KubeletStandIn, devices: list[str]) -> str:
     """Allocate devices, expecting a refusal; its message."""
     with pytest.raises(grpc.aio.AioRpcError) as refusal:

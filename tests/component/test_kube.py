@@ -27,13 +27,6 @@ LABEL = "iluvatar.com/device-plugin.config"
 
 
 @pytest.fixture
-async def apiserver():
-    async with ApiServerStandIn() as server:
-        server.add_node(NODE, {"kubernetes.io/hostname": NODE})
-        yield server
-
-
-@pytest.fixture
 def kubeconfig(apiserver, tmp_path) -> Path:
     return apiserver.write_kubeconfig(tmp_path / "kubeconfig")
 

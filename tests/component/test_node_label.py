@@ -20,13 +20,6 @@ FAST = Backoff(initial=0.05, cap=0.2)
 
 
 @pytest.fixture
-async def apiserver():
-    async with ApiServerStandIn() as server:
-        server.add_node(NODE, {"kubernetes.io/hostname": NODE})
-        yield server
-
-
-@pytest.fixture
 async def api(apiserver: ApiServerStandIn, tmp_path: Path):
     kubeconfig = apiserver.write_kubeconfig(tmp_path / "kubeconfig")
     connection = ApiConnection(settings_from({"NODE_NAME": NODE}, str(kubeconfig), "test"), FAST)

@@ -36,13 +36,6 @@ class NamedConfigMap(ConfigMapDir):
 
 
 @pytest.fixture
-async def apiserver():
-    async with ApiServerStandIn() as server:
-        server.add_node(NODE, {"kubernetes.io/hostname": NODE})
-        yield server
-
-
-@pytest.fixture
 def configmap(short_dir: Path) -> NamedConfigMap:
     configmap = NamedConfigMap(short_dir / "ixconfig")
     configmap.write_keys(

@@ -125,21 +125,6 @@ def test_allocated_pods_get_upstreams_two_annotations_once() -> None:
 # ---- end to end ------------------------------------------------------------------------------------
 
 
-@pytest.fixture
-async def apiserver():  # type: ignore[no-untyped-def]
-    async with ApiServerStandIn() as server:
-        server.add_node(NODE)
-        yield server
-
-
-@pytest.fixture
-async def pod_resources(short_dir: Path):  # type: ignore[no-untyped-def]
-    standin = PodResourcesStandIn(short_dir / "pod-resources" / "kubelet.sock")
-    await standin.start()
-    yield standin
-    await standin.stop()
-
-
 async def test_the_device_info_config_map_is_published_in_upstreams_format(
     kubelet: KubeletStandIn,
     start_daemon: DaemonFactory,

@@ -29,21 +29,6 @@ from support import RESOURCE, DaemonFactory, until
 
 
 @pytest.fixture
-async def apiserver():  # type: ignore[no-untyped-def]
-    async with ApiServerStandIn() as server:
-        server.add_node(NODE)
-        yield server
-
-
-@pytest.fixture
-async def pod_resources(short_dir: Path):  # type: ignore[no-untyped-def]
-    standin = PodResourcesStandIn(short_dir / "pod-resources" / "kubelet.sock")
-    await standin.start()
-    yield standin
-    await standin.stop()
-
-
-@pytest.fixture
 def frequent_passes(monkeypatch: pytest.MonkeyPatch) -> None:
     """A pass every 50 ms instead of every 5 s: whatever a pass asks at rest shows a hundredfold."""
     monkeypatch.setattr(hook, "PASS_PERIOD", 0.05)

@@ -5,8 +5,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import AsyncIterator
-from pathlib import Path
 
 import pytest
 import yaml
@@ -20,19 +18,6 @@ from ix_device_plugin.standins.apiserver import ApiServerStandIn
 from ix_device_plugin.standins.dra_kubelet import DraKubeletStandIn, RegistrationRefused
 
 VERSIONS = ("v1.DRAPlugin", "v1beta1.DRAPlugin")
-
-
-@pytest.fixture
-async def api() -> AsyncIterator[ApiServerStandIn]:
-    async with ApiServerStandIn() as server:
-        yield server
-
-
-@pytest.fixture
-async def node(short_dir: Path, api: ApiServerStandIn) -> AsyncIterator[DraNode]:
-    dra_node = DraNode(short_dir, api)
-    yield dra_node
-    await dra_node.stop_all()
 
 
 def answer(response, uid: str):

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -27,19 +26,6 @@ from ix_device_plugin.settings.config import Config
 from ix_device_plugin.standins.apiserver import ApiServerStandIn
 
 SHARED = Config(splitboard=True, replicas=4)
-
-
-@pytest.fixture
-async def api() -> AsyncIterator[ApiServerStandIn]:
-    async with ApiServerStandIn() as server:
-        yield server
-
-
-@pytest.fixture
-async def node(short_dir: Path, api: ApiServerStandIn) -> AsyncIterator[DraNode]:
-    dra_node = DraNode(short_dir, api)
-    yield dra_node
-    await dra_node.stop_all()
 
 
 def answer(response: Any, uid: str) -> Any:

@@ -9,7 +9,7 @@ import logging
 import os
 import shutil
 import subprocess
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -21,19 +21,6 @@ from ix_device_plugin.dra.claimspec import cdi_spec_file
 from ix_device_plugin.dra.slices import DRIVER
 from ix_device_plugin.runtime.errors import StartupError
 from ix_device_plugin.standins.apiserver import ApiServerStandIn
-
-
-@pytest.fixture
-async def api() -> AsyncIterator[ApiServerStandIn]:
-    async with ApiServerStandIn() as server:
-        yield server
-
-
-@pytest.fixture
-async def node(short_dir: Path, api: ApiServerStandIn) -> AsyncIterator[DraNode]:
-    dra_node = DraNode(short_dir, api)
-    yield dra_node
-    await dra_node.stop_all()
 
 
 def answer(response, uid: str):  # type: ignore[no-untyped-def]

@@ -1,0 +1,30 @@
+"""Fixtures of the component tests: the API-server and pod-resources stand-ins."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from ix_device_plugin.standins.apiserver import ApiServerStandIn
+from ix_device_plugin.standins.podresources import PodResourcesStandIn
+
+NODE = "gpu-node-1"
+
+
+@pytest.fixture
+async def apiserver() -> AsyncIterator[ApiServerStandIn]:
+    """An API-server stand-in that knows the node gpu-node-1, labelled with its hostname as a kubelet does."""
+    async with ApiServerStandIn() as server:
+        server.add_node(NODE, {"kubernetes.io/hostname": NODE})
+        yield server
+
+
+@pytest.fixture
+async def pod_resources(short_dir: Path) -> AsyncIterator[PodResourcesStandIn]:
+    """A kubelet pod-resources stand-in at <short_dir>/pod-resources/kubelet.sock."""
+    standin = PodResourcesStandIn(short_dir / "pod-resources" / "kubelet.sock")
+    await standin.start()
+    yield standin
+    await standin.stop()
