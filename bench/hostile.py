@@ -28,8 +28,8 @@ from bench.settings import Settings
 from ix_device_plugin.apiserver.client import Kube, connect
 from ix_device_plugin.apiserver.errors import KubeError
 from ix_device_plugin.apiserver.objects import CONFIG_MAP, POD
-from ix_device_plugin.apiserver.resetdoc import GpuResetError, ResetInfo
 from ix_device_plugin.apiserver.settings import settings_from
+from ix_device_plugin.gpureset.document import GpuResetError, ResetInfo
 from ix_device_plugin.hardware.backend import BackendError
 from ix_device_plugin.hardware.ixml.reset import run_ixsmi_reset
 from ix_device_plugin.settings.configfile import load_document

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import yaml
 
-from ix_device_plugin.apiserver.gpureset import DATA_KEY, ResetInfo, ResetSettings
 from ix_device_plugin.apiserver.settings import settings_from
 from ix_device_plugin.deviceplugin.loop import Daemon
+from ix_device_plugin.gpureset.sequence import DATA_KEY, ResetInfo, ResetSettings
 from ix_device_plugin.hardware.backend import Backend
 from ix_device_plugin.hardware.ixml.reset import run_ixsmi_reset
 from ix_device_plugin.hardware.simulated import SimulatedBackend

@@ -23,7 +23,7 @@ from reset_support import (
     write_document,
 )
 
-from ix_device_plugin.apiserver.gpureset import OUR_NAME, GpuResetError, ResetInfo, ResetSettings
+from ix_device_plugin.gpureset.sequence import OUR_NAME, GpuResetError, ResetInfo, ResetSettings
 from ix_device_plugin.hardware.backend import BackendError
 from ix_device_plugin.hardware.ixml import IxmlBackend
 from ix_device_plugin.hardware.simulated import SimulatedBackend

@@ -30,11 +30,11 @@ from reset_support import (
     write_document,
 )
 
-from ix_device_plugin.apiserver import gpureset
-from ix_device_plugin.apiserver.gpureset import OUR_NAME, ResetInfo, ResetSettings
 from ix_device_plugin.core.inventory import Inventory
 from ix_device_plugin.core.telemetry import ChipSample
 from ix_device_plugin.deviceplugin import loop
+from ix_device_plugin.gpureset import sequence
+from ix_device_plugin.gpureset.sequence import OUR_NAME, ResetInfo, ResetSettings
 from ix_device_plugin.hardware.backend import BackendError
 from ix_device_plugin.hardware.ixml import IxmlBackend
 from ix_device_plugin.hardware.simulated import SimulatedBackend
@@ -261,7 +261,7 @@ async def test_a_stop_during_a_reset_says_reset_false_only_once_ixsmi_is_over(
     monkeypatch: pytest.MonkeyPatch,
     takes: float,
 ) -> None:
-    monkeypatch.setattr(gpureset, "RESET_STOP_WAIT", 1.0)
+    monkeypatch.setattr(sequence, "RESET_STOP_WAIT", 1.0)
     monkeypatch.setattr(loop, "RESET_STOP_WAIT", 1.0)
     started, ended = tmp_path / "started", tmp_path / "ended"
     ixsmi = fake_ixsmi(tmp_path / "ixsmi", f"echo $$ > {started}; sleep {takes}; touch {ended}")

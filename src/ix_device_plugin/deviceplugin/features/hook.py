@@ -14,13 +14,13 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import TYPE_CHECKING
 
 from ix_device_plugin.api import api_pb2
-from ix_device_plugin.apiserver.gpureset import GpuReset, GpuResetError, ResetHandshake, ResetSettings
 from ix_device_plugin.core.allocation import AllocationError
 from ix_device_plugin.core.inventory import Chip, Inventory
 from ix_device_plugin.core.plan import Plan
 from ix_device_plugin.deviceplugin.features.volcano import PASS_PERIOD, VolcanoMode
 from ix_device_plugin.deviceplugin.metrics import Metrics
 from ix_device_plugin.deviceplugin.state import Current, first_set
+from ix_device_plugin.gpureset.sequence import GpuReset, GpuResetError, ResetHandshake, ResetSettings
 from ix_device_plugin.hardware.worker import Hardware
 from ix_device_plugin.runtime.logs import OncePerError
 from ix_device_plugin.settings.config import Config

@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from ix_device_plugin.apiserver.gpureset import GpuResetError, ResetInfo
+from ix_device_plugin.gpureset.sequence import GpuResetError, ResetInfo
 
 NODE = "gpu-node-1"
 WHERE = "ConfigMap kube-system/ix-gpu-reset-gpu-node-1"

@@ -20,7 +20,7 @@ import time
 from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING
 
-from ix_device_plugin.apiserver.resetdoc import (
+from ix_device_plugin.gpureset.document import (
     CONFIG_MAP_PREFIX,
     DATA_KEY,
     GpuResetError,

@@ -2,7 +2,7 @@
 `reset: true` in a DRA claim's GpuConfig (the claim's chips, before the prepare is answered).
 
 Other IXML users on the node (ix-exporter) are asked to let go first through Iluvatar's handshake
-(handshake.py, on the document of resetdoc.py). A reset is a small state machine, one step at a time and
+(handshake.py, on the ConfigMap document of document.py). A reset is a small state machine, one step at a time and
 each step bounded:
 
     idle -> releasing (others asked to let go) -> resetting (ixsmi) -> returning (GPUs handed back)
@@ -27,15 +27,15 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ix_device_plugin.apiserver.errors import KubeError
-from ix_device_plugin.apiserver.handshake import ResetHandshake
-from ix_device_plugin.apiserver.resetdoc import (
+from ix_device_plugin.core.inventory import Inventory
+from ix_device_plugin.gpureset.document import (
     CONFIG_MAP_PREFIX,
     DATA_KEY,
     OUR_NAME,
     GpuResetError,
     ResetInfo,
 )
-from ix_device_plugin.core.inventory import Inventory
+from ix_device_plugin.gpureset.handshake import ResetHandshake
 from ix_device_plugin.hardware.backend import BackendError
 from ix_device_plugin.runtime.logs import OncePerError
 

@@ -1,0 +1,1 @@
+"""Resetting GPUs with `ixsmi` around Iluvatar's handshake, for both front ends."""
