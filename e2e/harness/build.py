@@ -6,7 +6,7 @@ import os
 import subprocess
 from pathlib import Path
 
-from .cluster import Binaries
+from .components import Binaries
 
 E2E_DIR = Path(__file__).resolve().parents[1]
 REPO_ROOT = E2E_DIR.parent

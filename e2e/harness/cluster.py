@@ -5,7 +5,8 @@ controller-manager and the scheduler listen on loopback with certificates made f
 (CRI, CDI, overlayfs, runc, a bridge CNI network) and a kubelet (cgroupfs driver, its own cgroup root
 /ix-e2e) run the node. Every directory the kubelet and containerd use is under the run's work directory:
 device-plugin, plugin-registry and plugins directories, the pod-resources socket, the CDI spec directory.
-Images come from `images` (imported, never pulled).
+Images come from `images` (imported, never pulled). The components' command lines and configuration come
+from `components`; the host's mounts, cgroups and processes are reached through `host`.
 
 `Cluster.stop` kills every process the cluster started (components by process group, containers through
 their cgroups, shims by their address), unmounts everything under the work directory, removes the
@@ -18,20 +19,15 @@ import contextlib
 import json
 import os
 import shutil
-import signal
-import socket
-import ssl
 import tempfile
-import time
-import urllib.request
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
 
-from . import images
+from . import components, host, images
 from .certs import Pki, make_pki
+from .components import Binaries, Ports
 from .kube import Kubectl, kubeconfig_text
 from .procs import Process, describe_logs, run, wait_until
 
@@ -57,28 +53,6 @@ FEATURE_GATES = {
 START_TIMEOUT = 120.0
 
 
-@dataclass(frozen=True)
-class Binaries:
-    """Where build.sh put the components."""
-
-    bin_dir: Path
-    cni_bin_dir: Path
-
-    def __getitem__(self, name: str) -> Path:
-        return self.bin_dir / name
-
-
-@dataclass
-class Ports:
-    etcd: int
-    etcd_peer: int
-    apiserver: int
-    controller_manager: int
-    scheduler: int
-    kubelet: int
-    kubelet_healthz: int
-
-
 @dataclass
 class Cluster:
     """A cluster that `start` brings up and `stop` takes down; the paths below are the node's."""
@@ -95,8 +69,8 @@ class Cluster:
 
     def __post_init__(self) -> None:
         self.workdir = self.workdir.resolve()
-        self.node_ip = primary_ip()
-        self.ports = Ports(*free_ports(7))
+        self.node_ip = host.primary_ip()
+        self.ports = Ports(*host.free_ports(7))
         self.pki_dir = self.workdir / "pki"
         self.kubelet_root = self.workdir / "kubelet"
         self.device_plugin_dir = self.kubelet_root / "device-plugins"
@@ -139,7 +113,7 @@ class Cluster:
             raise AssertionError("a static busybox is needed for the test image (apt-get install busybox-static)")
         self.import_image(images.busybox_image(busybox))
         self._write_cni_config()
-        self._make_cgroup_root()
+        host.make_cgroup_root(CGROUP_ROOT)
         self._mount_device_plugin_dir()
         self.start_kubelet()
         self.wait_node_ready()
@@ -161,7 +135,7 @@ class Cluster:
             self.kubeconfig(user).write_text(text)
 
     def _gates(self) -> str:
-        return ",".join(f"{name}={'true' if on else 'false'}" for name, on in sorted(self.feature_gates.items()))
+        return components.feature_gates_flag(self.feature_gates)
 
     def _spawn(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> Process:
         process = Process(name, argv, self.logdir / f"{name}.log", env=env).start()
@@ -169,27 +143,10 @@ class Cluster:
         return process
 
     def _start_etcd(self) -> None:
-        peer = f"http://127.0.0.1:{self.ports.etcd_peer}"
-        client = f"http://127.0.0.1:{self.ports.etcd}"
-        etcd = self._spawn(
-            "etcd",
-            [
-                str(self.binaries["etcd"]),
-                "--name=ix-e2e",
-                f"--data-dir={self.workdir / 'etcd'}",
-                f"--listen-client-urls={client}",
-                f"--advertise-client-urls={client}",
-                f"--listen-peer-urls={peer}",
-                f"--initial-advertise-peer-urls={peer}",
-                f"--initial-cluster=ix-e2e={peer}",
-                "--unsafe-no-fsync",
-                "--log-level=warn",
-                "--listen-metrics-urls=",
-                "--quota-backend-bytes=2147483648",
-            ],
-        )
+        etcd = self._spawn("etcd", components.etcd_argv(self.binaries, self.ports, self.workdir / "etcd"))
+        health = f"{components.etcd_client_url(self.ports)}/health"
         wait_until(
-            lambda: self._alive(etcd) and b'"health":"true"' in http_get(f"{client}/health"),
+            lambda: self._alive(etcd) and b'"health":"true"' in host.http_get(health),
             30,
             "etcd healthy",
             [etcd.log],
@@ -197,40 +154,8 @@ class Cluster:
 
     def _start_apiserver(self) -> None:
         assert self.pki is not None
-        pki = self.pki
-        apiserver = self._spawn(
-            "kube-apiserver",
-            [
-                str(self.binaries["kube-apiserver"]),
-                f"--etcd-servers=http://127.0.0.1:{self.ports.etcd}",
-                "--bind-address=127.0.0.1",
-                f"--secure-port={self.ports.apiserver}",
-                f"--advertise-address={self.node_ip}",
-                f"--tls-cert-file={pki.apiserver.cert}",
-                f"--tls-private-key-file={pki.apiserver.key}",
-                f"--client-ca-file={pki.ca.cert}",
-                "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
-                f"--service-account-key-file={pki.service_account_pub}",
-                f"--service-account-signing-key-file={pki.service_account_key}",
-                "--authorization-mode=Node,RBAC",
-                "--enable-admission-plugins=NodeRestriction",
-                f"--service-cluster-ip-range={SERVICE_CIDR}",
-                "--allow-privileged=true",
-                f"--kubelet-client-certificate={pki.apiserver_kubelet_client.cert}",
-                f"--kubelet-client-key={pki.apiserver_kubelet_client.key}",
-                f"--requestheader-client-ca-file={pki.ca.cert}",
-                "--requestheader-allowed-names=front-proxy-client",
-                "--requestheader-username-headers=X-Remote-User",
-                "--requestheader-group-headers=X-Remote-Group",
-                "--requestheader-extra-headers-prefix=X-Remote-Extra-",
-                f"--proxy-client-cert-file={pki.front_proxy_client.cert}",
-                f"--proxy-client-key-file={pki.front_proxy_client.key}",
-                "--kubelet-preferred-address-types=InternalIP",
-                "--profiling=false",
-                "--v=1",
-                f"--feature-gates={self._gates()}",
-            ],
-        )
+        argv = components.apiserver_argv(self.binaries, self.ports, self.pki, self.node_ip, SERVICE_CIDR, self._gates())
+        apiserver = self._spawn("kube-apiserver", argv)
         kubectl = self.kubectl
         assert kubectl is not None
         wait_until(
@@ -243,49 +168,20 @@ class Cluster:
 
     def _start_controller_manager(self) -> None:
         assert self.pki is not None
-        kubeconfig = str(self.kubeconfig("controller-manager"))
-        self._spawn(
-            "kube-controller-manager",
-            [
-                str(self.binaries["kube-controller-manager"]),
-                f"--kubeconfig={kubeconfig}",
-                f"--authentication-kubeconfig={kubeconfig}",
-                f"--authorization-kubeconfig={kubeconfig}",
-                "--bind-address=127.0.0.1",
-                f"--secure-port={self.ports.controller_manager}",
-                f"--service-account-private-key-file={self.pki.service_account_key}",
-                f"--root-ca-file={self.pki.ca.cert}",
-                "--use-service-account-credentials=true",
-                f"--cluster-signing-cert-file={self.pki.ca.cert}",
-                f"--cluster-signing-key-file={self.pki.ca.key}",
-                "--leader-elect=false",
-                f"--service-cluster-ip-range={SERVICE_CIDR}",
-                "--v=1",
-                f"--feature-gates={self._gates()}",
-            ],
+        kubeconfig = self.kubeconfig("controller-manager")
+        argv = components.controller_manager_argv(
+            self.binaries, self.ports, self.pki, kubeconfig, SERVICE_CIDR, self._gates()
         )
+        self._spawn("kube-controller-manager", argv)
 
     def _start_scheduler(self) -> None:
-        kubeconfig = str(self.kubeconfig("scheduler"))
-        scheduler = self._spawn(
-            "kube-scheduler",
-            [
-                str(self.binaries["kube-scheduler"]),
-                f"--kubeconfig={kubeconfig}",
-                f"--authentication-kubeconfig={kubeconfig}",
-                f"--authorization-kubeconfig={kubeconfig}",
-                "--bind-address=127.0.0.1",
-                f"--secure-port={self.ports.scheduler}",
-                "--leader-elect=false",
-                "--v=2",
-                f"--feature-gates={self._gates()}",
-            ],
-        )
+        argv = components.scheduler_argv(self.binaries, self.ports, self.kubeconfig("scheduler"), self._gates())
+        scheduler = self._spawn("kube-scheduler", argv)
         manager = self.processes["kube-controller-manager"]
         for process, port in ((scheduler, self.ports.scheduler), (manager, self.ports.controller_manager)):
             wait_until(
                 lambda process=process, port=port: (
-                    self._alive(process) and http_get(f"https://127.0.0.1:{port}/healthz") == b"ok"
+                    self._alive(process) and host.http_get(f"https://127.0.0.1:{port}/healthz") == b"ok"
                 ),
                 START_TIMEOUT,
                 f"{process.name} healthy",
@@ -295,48 +191,14 @@ class Cluster:
 
     # ------------------------------------------------------------------ the node
 
-    def containerd_config(self) -> str:
-        """containerd's config (version 4): its own root, state and sockets, CDI from cdi_dir, runc, CNI."""
-        cri_runtime = "plugins.'io.containerd.cri.v1.runtime'"
-        runc = f"{cri_runtime}.containerd.runtimes.runc"
-        lines = [
-            "version = 4",
-            "imports = []",
-            f'root = "{self.containerd_dir / "root"}"',
-            f'state = "{self.containerd_dir / "state"}"',
-            "[plugins.'io.containerd.server.v1.grpc']",
-            f'  address = "{self.containerd_socket}"',
-            "[plugins.'io.containerd.server.v1.ttrpc']",
-            f'  address = "{self.containerd_socket}.ttrpc"',
-            "[plugins.'io.containerd.cri.v1.images']",
-            '  snapshotter = "overlayfs"',
-            "[plugins.'io.containerd.cri.v1.images'.pinned_images]",
-            f'  sandbox = "{images.PAUSE_IMAGE}"',
-            f"[{cri_runtime}]",
-            f'  cdi_spec_dirs = ["{self.cdi_dir}"]',
-            "  netns_mounts_under_state_dir = true",
-            # No container gets a lower oom_score_adj than containerd's own: where the host withholds
-            # CAP_SYS_RESOURCE (some VM sandboxes), runc cannot set the sandbox's -998 and no pod starts.
-            "  restrict_oom_score_adj = true",
-            f"[{cri_runtime}.containerd]",
-            '  default_runtime_name = "runc"',
-            f"[{runc}]",
-            '  runtime_type = "io.containerd.runc.v2"',
-            "  disable_pause_image_pull = true",
-            f"[{runc}.options]",
-            f'  BinaryName = "{self.binaries["runc"]}"',
-            f'  Root = "{self.containerd_dir / "runc"}"',
-            "  SystemdCgroup = false",
-            f"[{cri_runtime}.cni]",
-            f'  bin_dirs = ["{self.binaries.cni_bin_dir}"]',
-            f'  conf_dir = "{self.cni_conf_dir}"',
-        ]
-        return "\n".join(lines) + "\n"
-
     def _start_containerd(self) -> None:
         self.containerd_dir.mkdir(parents=True, exist_ok=True)
         config = self.containerd_dir / "config.toml"
-        config.write_text(self.containerd_config())
+        config.write_text(
+            components.containerd_config(
+                self.binaries, self.containerd_dir, self.containerd_socket, self.cdi_dir, self.cni_conf_dir
+            )
+        )
         env = dict(os.environ, PATH=f"{self.binaries.bin_dir}:{os.environ.get('PATH', '/usr/bin:/bin')}")
         containerd = self._spawn("containerd", [str(self.binaries["containerd"]), f"--config={config}"], env=env)
         wait_until(
@@ -362,50 +224,13 @@ class Cluster:
         self.ctr("images", "import", "--platform", "linux/amd64", str(path), timeout=600)
 
     def _write_cni_config(self) -> None:
-        network = {
-            "cniVersion": "1.0.0",
-            "name": "ix-e2e",
-            "plugins": [
-                {
-                    "type": "bridge",
-                    "bridge": BRIDGE,
-                    "isGateway": True,
-                    "ipMasq": False,
-                    "ipam": {
-                        "type": "host-local",
-                        "ranges": [[{"subnet": POD_CIDR}]],
-                        "routes": [{"dst": "0.0.0.0/0"}],
-                        "dataDir": str(self.workdir / "cni" / "ipam"),
-                    },
-                }
-            ],
-        }
+        network = components.cni_config(BRIDGE, POD_CIDR, self.workdir / "cni" / "ipam")
         (self.cni_conf_dir / "10-ix-e2e.conflist").write_text(json.dumps(network, indent=2))
-
-    def _make_cgroup_root(self) -> None:
-        """/ix-e2e in every cgroup v1 hierarchy (cpuset with its parent's CPUs and memory nodes), or, on a
-        cgroup v2 host, in the unified hierarchy with its controllers delegated (not exercised on the v1 VM
-        this suite was developed on).
-        """
-        for mount in cgroup_mounts():
-            directory = mount / CGROUP_ROOT
-            directory.mkdir(exist_ok=True)
-            for name in ("cpuset.cpus", "cpuset.mems"):
-                if (mount / name).exists() and not (directory / name).read_text().strip():
-                    (directory / name).write_text((mount / name).read_text())
-        unified = Path("/sys/fs/cgroup")
-        if unified in unified_mounts():
-            directory = unified / CGROUP_ROOT
-            directory.mkdir(exist_ok=True)
-            controllers = (unified / "cgroup.controllers").read_text().split()
-            for parent in (unified, directory):
-                with contextlib.suppress(OSError):
-                    (parent / "cgroup.subtree_control").write_text(" ".join(f"+{c}" for c in controllers))
 
     def _mount_device_plugin_dir(self) -> None:
         """Bind-mount device_plugin_dir on KUBELET_DEVICE_PLUGIN_DIR (refusing where a kubelet uses it)."""
         target = KUBELET_DEVICE_PLUGIN_DIR
-        if mounts_under(target):
+        if host.mounts_under(target):
             raise AssertionError(f"{target} is a mount point already (another kubelet, or a run that crashed)")
         if target.is_dir() and any(target.iterdir()):
             raise AssertionError(
@@ -416,65 +241,24 @@ class Cluster:
         run(["mount", "--bind", str(self.device_plugin_dir), str(target)])
         self.bind_mounts.append(target)
 
-    def kubelet_config(self) -> dict[str, object]:
-        """The KubeletConfiguration: cgroup v1 allowed, cgroupfs, everything under the work directory."""
-        assert self.pki is not None
-        return {
-            "apiVersion": "kubelet.config.k8s.io/v1beta1",
-            "kind": "KubeletConfiguration",
-            # cgroup v1 (this kind of VM has no other): refused by default since 1.35.
-            "failCgroupV1": False,
-            "cgroupDriver": "cgroupfs",
-            "cgroupRoot": f"/{CGROUP_ROOT}",
-            "containerRuntimeEndpoint": f"unix://{self.containerd_socket}",
-            "address": self.node_ip,
-            "port": self.ports.kubelet,
-            "readOnlyPort": 0,
-            "healthzBindAddress": "127.0.0.1",
-            "healthzPort": self.ports.kubelet_healthz,
-            "tlsCertFile": str(self.pki.kubelet_serving.cert),
-            "tlsPrivateKeyFile": str(self.pki.kubelet_serving.key),
-            "authentication": {
-                "anonymous": {"enabled": False},
-                "webhook": {"enabled": True},
-                "x509": {"clientCAFile": str(self.pki.ca.cert)},
-            },
-            "authorization": {"mode": "Webhook"},
-            "clusterDomain": "cluster.local",
-            "failSwapOn": False,
-            "imageGCHighThresholdPercent": 100,
-            "imageGCLowThresholdPercent": 99,
-            "evictionHard": {
-                "memory.available": "50Mi",
-                "nodefs.available": "1%",
-                "nodefs.inodesFree": "1%",
-                "imagefs.available": "1%",
-            },
-            "podLogsDir": str(self.workdir / "pod-logs"),
-            "volumePluginDir": str(self.workdir / "volume-plugins"),
-            "serializeImagePulls": False,
-            "nodeStatusUpdateFrequency": "2s",
-            "syncFrequency": "5s",
-            "maxPods": 30,
-            "featureGates": dict(self.feature_gates),
-        }
-
     def start_kubelet(self) -> Process:
         """Start (or restart, after stop_kubelet) the kubelet."""
-        config = self.workdir / "kubelet.yaml"
-        config.write_text(yaml.safe_dump(self.kubelet_config(), sort_keys=False))
-        return self._spawn(
-            "kubelet",
-            [
-                str(self.binaries["kubelet"]),
-                f"--config={config}",
-                f"--kubeconfig={self.kubeconfig('kubelet')}",
-                f"--root-dir={self.kubelet_root}",
-                f"--hostname-override={self.node_name}",
-                f"--node-ip={self.node_ip}",
-                "--v=2",
-            ],
+        assert self.pki is not None
+        settings = components.kubelet_config(
+            pki=self.pki,
+            ports=self.ports,
+            node_ip=self.node_ip,
+            containerd_socket=self.containerd_socket,
+            cgroup_root=CGROUP_ROOT,
+            workdir=self.workdir,
+            feature_gates=self.feature_gates,
         )
+        config = self.workdir / "kubelet.yaml"
+        config.write_text(yaml.safe_dump(settings, sort_keys=False))
+        argv = components.kubelet_argv(
+            self.binaries, config, self.kubeconfig("kubelet"), self.kubelet_root, self.node_name, self.node_ip
+        )
+        return self._spawn("kubelet", argv)
 
     def stop_kubelet(self) -> None:
         kubelet = self.processes.get("kubelet")
@@ -539,25 +323,25 @@ class Cluster:
         """Tear everything down, also after a failed start; returns (and keeps) what could not be cleaned."""
         steps = [
             ("kubelet", self.stop_kubelet),
-            ("pod processes", self._kill_cgroup_processes),
-            ("containerd shims", self._kill_shims),
+            ("pod processes", lambda: host.kill_cgroup_processes(CGROUP_ROOT)),
+            ("containerd shims", lambda: host.kill_shims(str(self.containerd_socket))),
             ("containerd", lambda: self._stop_process("containerd")),
             ("kube-scheduler", lambda: self._stop_process("kube-scheduler")),
             ("kube-controller-manager", lambda: self._stop_process("kube-controller-manager")),
             ("kube-apiserver", lambda: self._stop_process("kube-apiserver")),
             ("etcd", lambda: self._stop_process("etcd")),
-            ("mounts", self._unmount_all),
+            ("mounts", lambda: host.unmount_all(self.workdir)),
             ("device-plugin directory", self._unmount_device_plugin_dir),
-            ("cgroups", self._remove_cgroups),
-            ("bridge", self._remove_bridge),
-            ("container log links", self._remove_log_links),
+            ("cgroups", lambda: host.remove_cgroup_root(CGROUP_ROOT)),
+            ("bridge", lambda: host.delete_link(BRIDGE)),
+            ("container log links", lambda: host.remove_links_into(CONTAINER_LOG_LINKS, self.workdir)),
         ]
         for name, step in steps:
             try:
                 step()
             except Exception as error:
                 self.teardown_problems.append(f"{name}: {error!r}")
-        leftovers = mounts_under(self.workdir)
+        leftovers = host.mounts_under(self.workdir)
         if leftovers:
             self.teardown_problems.append(f"still mounted: {leftovers}")
         return self.teardown_problems
@@ -567,169 +351,16 @@ class Cluster:
         if process is not None:
             process.stop()
 
-    def _kill_cgroup_processes(self) -> None:
-        """SIGKILL every process in the cluster's cgroups (the pods' containers and sandboxes)."""
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            pids = cgroup_pids(CGROUP_ROOT)
-            if not pids:
-                return
-            for pid in pids:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
-            time.sleep(0.2)
-        raise AssertionError(f"processes left in /{CGROUP_ROOT}: {sorted(cgroup_pids(CGROUP_ROOT))}")
-
-    def _kill_shims(self) -> None:
-        """SIGKILL the runc shims this cluster's containerd started (they run outside its process group)."""
-        address = str(self.containerd_socket)
-        for pid in shim_pids(address):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-
-    def _unmount_all(self) -> None:
-        for attempt in range(5):
-            mounts = mounts_under(self.workdir)
-            if not mounts:
-                return
-            for mount in reversed(mounts):
-                flag = ["-l"] if attempt >= 2 else []
-                run(["umount", *flag, mount], check=False, timeout=30)
-        remaining = mounts_under(self.workdir)
-        if remaining:
-            raise AssertionError(f"could not unmount {remaining}")
-
     def _unmount_device_plugin_dir(self) -> None:
         for target in self.bind_mounts:
-            if mounts_under(target):
-                run(["umount", str(target)], check=False, timeout=30)
-            if mounts_under(target):
-                run(["umount", "-l", str(target)], timeout=30)
+            host.unmount(target)
         self.bind_mounts.clear()
         for path in reversed(self.created_dirs):
             with contextlib.suppress(OSError):
                 path.rmdir()
 
-    def _remove_cgroups(self) -> None:
-        for mount in [*cgroup_mounts(), *unified_mounts()]:
-            root = mount / CGROUP_ROOT
-            if not root.exists():
-                continue
-            for directory in sorted((p for p in root.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)):
-                with contextlib.suppress(OSError):
-                    directory.rmdir()
-            with contextlib.suppress(OSError):
-                root.rmdir()
-            if root.exists():
-                raise AssertionError(f"cgroup {root} could not be removed")
-
-    def _remove_bridge(self) -> None:
-        if Path(f"/sys/class/net/{BRIDGE}").exists():
-            run(["ip", "link", "delete", BRIDGE], check=False, timeout=30)
-
-    def _remove_log_links(self) -> None:
-        if not CONTAINER_LOG_LINKS.is_dir():
-            return
-        for link in CONTAINER_LOG_LINKS.iterdir():
-            if link.is_symlink() and os.readlink(link).startswith(str(self.workdir)):
-                link.unlink()
-
     def remove_workdir(self) -> None:
         """Delete the work directory (after stop; refuses while anything is mounted under it)."""
-        if mounts_under(self.workdir):
+        if host.mounts_under(self.workdir):
             raise AssertionError(f"not removing {self.workdir}: still mounted under it")
         shutil.rmtree(self.workdir, ignore_errors=True)
-
-
-# ---------------------------------------------------------------------- host helpers
-
-
-def primary_ip() -> str:
-    """The address this host reaches the outside with (the kubelet refuses a loopback node IP)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
-        probe.connect(("203.0.113.1", 9))  # TEST-NET-3; no packet is sent: connect only picks the route
-        return probe.getsockname()[0]
-
-
-def free_ports(count: int) -> list[int]:
-    """count distinct TCP ports free on loopback right now."""
-    sockets = []
-    try:
-        for _ in range(count):
-            sock = socket.socket()
-            sock.bind(("127.0.0.1", 0))
-            sockets.append(sock)
-        return [sock.getsockname()[1] for sock in sockets]
-    finally:
-        for sock in sockets:
-            sock.close()
-
-
-def http_get(url: str, timeout: float = 5) -> bytes:
-    """GET url (TLS not verified: the components' self-signed serving certificates)."""
-    context = ssl.create_default_context()
-    context.check_hostname = False
-    context.verify_mode = ssl.CERT_NONE
-    with urllib.request.urlopen(url, timeout=timeout, context=context) as response:
-        return response.read()
-
-
-def _mountinfo() -> Iterator[tuple[str, str]]:
-    """(mount point, filesystem type) of every mount in this mount namespace, in mount order."""
-    for line in Path("/proc/self/mountinfo").read_text().splitlines():
-        fields = line.split()
-        separator = fields.index("-")
-        point = fields[4].encode().decode("unicode_escape")
-        yield point, fields[separator + 1]
-
-
-def bind_source(point: Path) -> str | None:
-    """For a mount at point, the path within its filesystem that is mounted there (a bind's source)."""
-    for line in Path("/proc/self/mountinfo").read_text().splitlines():
-        fields = line.split()
-        if fields[4].encode().decode("unicode_escape") == str(point):
-            return fields[3].encode().decode("unicode_escape")
-    return None
-
-
-def mounts_under(directory: Path) -> list[str]:
-    """Mount points at or below directory, in mount order."""
-    prefix = str(directory)
-    return [point for point, _ in _mountinfo() if point == prefix or point.startswith(prefix + "/")]
-
-
-def cgroup_mounts() -> list[Path]:
-    """The cgroup v1 hierarchies' mount points."""
-    return [Path(point) for point, kind in _mountinfo() if kind == "cgroup"]
-
-
-def unified_mounts() -> list[Path]:
-    return [Path(point) for point, kind in _mountinfo() if kind == "cgroup2"]
-
-
-def cgroup_pids(root: str) -> set[int]:
-    """Every process in any cgroup below /root, in any hierarchy."""
-    pids: set[int] = set()
-    for mount in [*cgroup_mounts(), *unified_mounts()]:
-        base = mount / root
-        if not base.exists():
-            continue
-        for procs in base.rglob("cgroup.procs"):
-            with contextlib.suppress(OSError):
-                pids |= {int(pid) for pid in procs.read_text().split()}
-    return pids
-
-
-def shim_pids(containerd_address: str) -> list[int]:
-    """containerd-shim-runc-v2 processes serving the containerd at containerd_address."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            argv = (entry / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if argv and argv[0].endswith(b"containerd-shim-runc-v2") and containerd_address.encode() in argv:
-            found.append(int(entry.name))
-    return found

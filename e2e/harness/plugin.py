@@ -15,7 +15,8 @@ from typing import Any
 
 import yaml
 
-from .cluster import Cluster, free_ports, http_get
+from .cluster import Cluster
+from .host import free_ports, http_get
 from .procs import Process, wait_until
 
 DEVICE_MAJOR = int(os.environ.get("IX_E2E_DEVICE_MAJOR", "508"))  # an unassigned character major

@@ -17,7 +17,9 @@ import signal
 from collections.abc import Iterator
 from pathlib import Path
 
-from .cluster import KUBELET_DEVICE_PLUGIN_DIR, Binaries, Cluster, bind_source
+from .cluster import KUBELET_DEVICE_PLUGIN_DIR, Cluster
+from .components import Binaries
+from .host import bind_source
 
 
 def _cmdline(pid: str) -> list[str]:

@@ -24,7 +24,9 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from harness.build import CACHE, E2E_DIR, built_binaries
-from harness.cluster import Binaries, Cluster, mounts_under
+from harness.cluster import Cluster
+from harness.components import Binaries
+from harness.host import mounts_under
 from harness.kube import Kubectl
 from harness.plugin import bi_v150_chips, device_nodes
 from harness.procs import describe_logs

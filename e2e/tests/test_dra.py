@@ -16,8 +16,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from harness.cluster import CGROUP_ROOT, Cluster, cgroup_mounts, unified_mounts
+from harness.cluster import CGROUP_ROOT, Cluster
 from harness.helm import Helm, load_objects, of_kind
+from harness.host import cgroup_mounts, unified_mounts
 from harness.images import BUSYBOX_IMAGE
 from harness.kube import Kubectl, Obj
 from harness.plugin import DEVICE_MAJOR, Chip, PluginRun, bi_v150_chips, start_dra_driver

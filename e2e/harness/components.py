@@ -1,0 +1,277 @@
+"""The cluster's components as they are run: etcd, kube-apiserver, kube-controller-manager and kube-scheduler
+command lines, containerd's configuration, the kubelet's configuration and command line, and the bridge CNI
+network.
+
+Every function here only builds text or data from what it is given (the built binaries, the ports, the
+certificates, the paths, the feature gates); starting the processes and writing the files is the cluster's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from . import images
+from .certs import Pki
+
+
+@dataclass(frozen=True)
+class Binaries:
+    """Where build.sh put the components."""
+
+    bin_dir: Path
+    cni_bin_dir: Path
+
+    def __getitem__(self, name: str) -> Path:
+        return self.bin_dir / name
+
+
+@dataclass
+class Ports:
+    """The loopback (and, for the kubelet, node) ports the components listen on."""
+
+    etcd: int
+    etcd_peer: int
+    apiserver: int
+    controller_manager: int
+    scheduler: int
+    kubelet: int
+    kubelet_healthz: int
+
+
+def feature_gates_flag(gates: Mapping[str, bool]) -> str:
+    """The value of a component's --feature-gates: name=true|false, sorted by name."""
+    return ",".join(f"{name}={'true' if on else 'false'}" for name, on in sorted(gates.items()))
+
+
+# ---------------------------------------------------------------------- control plane
+
+
+def etcd_client_url(ports: Ports) -> str:
+    return f"http://127.0.0.1:{ports.etcd}"
+
+
+def etcd_argv(binaries: Binaries, ports: Ports, data_dir: Path) -> list[str]:
+    """A single-member etcd on loopback, without fsync (its data is thrown away with the run)."""
+    peer = f"http://127.0.0.1:{ports.etcd_peer}"
+    client = etcd_client_url(ports)
+    return [
+        str(binaries["etcd"]),
+        "--name=ix-e2e",
+        f"--data-dir={data_dir}",
+        f"--listen-client-urls={client}",
+        f"--advertise-client-urls={client}",
+        f"--listen-peer-urls={peer}",
+        f"--initial-advertise-peer-urls={peer}",
+        f"--initial-cluster=ix-e2e={peer}",
+        "--unsafe-no-fsync",
+        "--log-level=warn",
+        "--listen-metrics-urls=",
+        "--quota-backend-bytes=2147483648",
+    ]
+
+
+def apiserver_argv(
+    binaries: Binaries, ports: Ports, pki: Pki, node_ip: str, service_cidr: str, feature_gates: str
+) -> list[str]:
+    """kube-apiserver on loopback: client certificates, Node and RBAC authorization, NodeRestriction."""
+    return [
+        str(binaries["kube-apiserver"]),
+        f"--etcd-servers={etcd_client_url(ports)}",
+        "--bind-address=127.0.0.1",
+        f"--secure-port={ports.apiserver}",
+        f"--advertise-address={node_ip}",
+        f"--tls-cert-file={pki.apiserver.cert}",
+        f"--tls-private-key-file={pki.apiserver.key}",
+        f"--client-ca-file={pki.ca.cert}",
+        "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+        f"--service-account-key-file={pki.service_account_pub}",
+        f"--service-account-signing-key-file={pki.service_account_key}",
+        "--authorization-mode=Node,RBAC",
+        "--enable-admission-plugins=NodeRestriction",
+        f"--service-cluster-ip-range={service_cidr}",
+        "--allow-privileged=true",
+        f"--kubelet-client-certificate={pki.apiserver_kubelet_client.cert}",
+        f"--kubelet-client-key={pki.apiserver_kubelet_client.key}",
+        f"--requestheader-client-ca-file={pki.ca.cert}",
+        "--requestheader-allowed-names=front-proxy-client",
+        "--requestheader-username-headers=X-Remote-User",
+        "--requestheader-group-headers=X-Remote-Group",
+        "--requestheader-extra-headers-prefix=X-Remote-Extra-",
+        f"--proxy-client-cert-file={pki.front_proxy_client.cert}",
+        f"--proxy-client-key-file={pki.front_proxy_client.key}",
+        "--kubelet-preferred-address-types=InternalIP",
+        "--profiling=false",
+        "--v=1",
+        f"--feature-gates={feature_gates}",
+    ]
+
+
+def controller_manager_argv(
+    binaries: Binaries, ports: Ports, pki: Pki, kubeconfig: Path, service_cidr: str, feature_gates: str
+) -> list[str]:
+    """kube-controller-manager on loopback, signing with the cluster's CA, without leader election."""
+    return [
+        str(binaries["kube-controller-manager"]),
+        f"--kubeconfig={kubeconfig}",
+        f"--authentication-kubeconfig={kubeconfig}",
+        f"--authorization-kubeconfig={kubeconfig}",
+        "--bind-address=127.0.0.1",
+        f"--secure-port={ports.controller_manager}",
+        f"--service-account-private-key-file={pki.service_account_key}",
+        f"--root-ca-file={pki.ca.cert}",
+        "--use-service-account-credentials=true",
+        f"--cluster-signing-cert-file={pki.ca.cert}",
+        f"--cluster-signing-key-file={pki.ca.key}",
+        "--leader-elect=false",
+        f"--service-cluster-ip-range={service_cidr}",
+        "--v=1",
+        f"--feature-gates={feature_gates}",
+    ]
+
+
+def scheduler_argv(binaries: Binaries, ports: Ports, kubeconfig: Path, feature_gates: str) -> list[str]:
+    """kube-scheduler on loopback, without leader election."""
+    return [
+        str(binaries["kube-scheduler"]),
+        f"--kubeconfig={kubeconfig}",
+        f"--authentication-kubeconfig={kubeconfig}",
+        f"--authorization-kubeconfig={kubeconfig}",
+        "--bind-address=127.0.0.1",
+        f"--secure-port={ports.scheduler}",
+        "--leader-elect=false",
+        "--v=2",
+        f"--feature-gates={feature_gates}",
+    ]
+
+
+# ---------------------------------------------------------------------- the node
+
+
+def containerd_config(binaries: Binaries, containerd_dir: Path, socket: Path, cdi_dir: Path, cni_conf_dir: Path) -> str:
+    """containerd's config (version 4): its own root, state and sockets, CDI from cdi_dir, runc, CNI."""
+    cri_runtime = "plugins.'io.containerd.cri.v1.runtime'"
+    runc = f"{cri_runtime}.containerd.runtimes.runc"
+    lines = [
+        "version = 4",
+        "imports = []",
+        f'root = "{containerd_dir / "root"}"',
+        f'state = "{containerd_dir / "state"}"',
+        "[plugins.'io.containerd.server.v1.grpc']",
+        f'  address = "{socket}"',
+        "[plugins.'io.containerd.server.v1.ttrpc']",
+        f'  address = "{socket}.ttrpc"',
+        "[plugins.'io.containerd.cri.v1.images']",
+        '  snapshotter = "overlayfs"',
+        "[plugins.'io.containerd.cri.v1.images'.pinned_images]",
+        f'  sandbox = "{images.PAUSE_IMAGE}"',
+        f"[{cri_runtime}]",
+        f'  cdi_spec_dirs = ["{cdi_dir}"]',
+        "  netns_mounts_under_state_dir = true",
+        # No container gets a lower oom_score_adj than containerd's own: where the host withholds
+        # CAP_SYS_RESOURCE (some VM sandboxes), runc cannot set the sandbox's -998 and no pod starts.
+        "  restrict_oom_score_adj = true",
+        f"[{cri_runtime}.containerd]",
+        '  default_runtime_name = "runc"',
+        f"[{runc}]",
+        '  runtime_type = "io.containerd.runc.v2"',
+        "  disable_pause_image_pull = true",
+        f"[{runc}.options]",
+        f'  BinaryName = "{binaries["runc"]}"',
+        f'  Root = "{containerd_dir / "runc"}"',
+        "  SystemdCgroup = false",
+        f"[{cri_runtime}.cni]",
+        f'  bin_dirs = ["{binaries.cni_bin_dir}"]',
+        f'  conf_dir = "{cni_conf_dir}"',
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def cni_config(bridge: str, pod_cidr: str, ipam_dir: Path) -> dict[str, object]:
+    """The pod network: a bridge CNI network with host-local addresses from pod_cidr."""
+    return {
+        "cniVersion": "1.0.0",
+        "name": "ix-e2e",
+        "plugins": [
+            {
+                "type": "bridge",
+                "bridge": bridge,
+                "isGateway": True,
+                "ipMasq": False,
+                "ipam": {
+                    "type": "host-local",
+                    "ranges": [[{"subnet": pod_cidr}]],
+                    "routes": [{"dst": "0.0.0.0/0"}],
+                    "dataDir": str(ipam_dir),
+                },
+            }
+        ],
+    }
+
+
+def kubelet_config(
+    *,
+    pki: Pki,
+    ports: Ports,
+    node_ip: str,
+    containerd_socket: Path,
+    cgroup_root: str,
+    workdir: Path,
+    feature_gates: Mapping[str, bool],
+) -> dict[str, object]:
+    """The KubeletConfiguration: cgroup v1 allowed, cgroupfs, everything under the work directory."""
+    return {
+        "apiVersion": "kubelet.config.k8s.io/v1beta1",
+        "kind": "KubeletConfiguration",
+        # cgroup v1 (this kind of VM has no other): refused by default since 1.35.
+        "failCgroupV1": False,
+        "cgroupDriver": "cgroupfs",
+        "cgroupRoot": f"/{cgroup_root}",
+        "containerRuntimeEndpoint": f"unix://{containerd_socket}",
+        "address": node_ip,
+        "port": ports.kubelet,
+        "readOnlyPort": 0,
+        "healthzBindAddress": "127.0.0.1",
+        "healthzPort": ports.kubelet_healthz,
+        "tlsCertFile": str(pki.kubelet_serving.cert),
+        "tlsPrivateKeyFile": str(pki.kubelet_serving.key),
+        "authentication": {
+            "anonymous": {"enabled": False},
+            "webhook": {"enabled": True},
+            "x509": {"clientCAFile": str(pki.ca.cert)},
+        },
+        "authorization": {"mode": "Webhook"},
+        "clusterDomain": "cluster.local",
+        "failSwapOn": False,
+        "imageGCHighThresholdPercent": 100,
+        "imageGCLowThresholdPercent": 99,
+        "evictionHard": {
+            "memory.available": "50Mi",
+            "nodefs.available": "1%",
+            "nodefs.inodesFree": "1%",
+            "imagefs.available": "1%",
+        },
+        "podLogsDir": str(workdir / "pod-logs"),
+        "volumePluginDir": str(workdir / "volume-plugins"),
+        "serializeImagePulls": False,
+        "nodeStatusUpdateFrequency": "2s",
+        "syncFrequency": "5s",
+        "maxPods": 30,
+        "featureGates": dict(feature_gates),
+    }
+
+
+def kubelet_argv(
+    binaries: Binaries, config: Path, kubeconfig: Path, root_dir: Path, node_name: str, node_ip: str
+) -> list[str]:
+    """The kubelet with its configuration file, node identity and root directory."""
+    return [
+        str(binaries["kubelet"]),
+        f"--config={config}",
+        f"--kubeconfig={kubeconfig}",
+        f"--root-dir={root_dir}",
+        f"--hostname-override={node_name}",
+        f"--node-ip={node_ip}",
+        "--v=2",
+    ]
