@@ -19,7 +19,9 @@ import contextlib
 import json
 import os
 import shutil
+import sys
 import tempfile
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -363,4 +365,12 @@ class Cluster:
         """Delete the work directory (after stop; refuses while anything is mounted under it)."""
         if host.mounts_under(self.workdir):
             raise AssertionError(f"not removing {self.workdir}: still mounted under it")
-        shutil.rmtree(self.workdir, ignore_errors=True)
+        # A process that has just been stopped may still remove its own socket or log meanwhile, which
+        # makes the last rmdir fail: try again for a few seconds, and say it when something stays.
+        for _ in range(10):
+            shutil.rmtree(self.workdir, ignore_errors=True)
+            if not self.workdir.exists():
+                return
+            time.sleep(0.3)
+        left = sorted(str(path) for path in self.workdir.rglob("*"))[:5]
+        sys.stderr.write(f"\ne2e: could not remove {self.workdir} (still in it: {left})\n")
