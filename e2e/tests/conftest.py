@@ -26,8 +26,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from harness.build import CACHE, E2E_DIR, built_binaries
 from harness.cluster import Cluster
 from harness.components import Binaries
+from harness.dra import OWN_SLICES, Driver, dra_chart_objects, pod_bound_kubeconfig
 from harness.host import mounts_under
-from harness.kube import Kubectl
+from harness.kube import Kubectl, Obj
 from harness.plugin import bi_v150_chips, device_nodes
 from harness.procs import describe_logs
 from harness.runs import exclusive_run, leftover_pids
@@ -113,6 +114,50 @@ def namespace(request: pytest.FixtureRequest, admin: Kubectl) -> Iterator[str]:
         yield name
     finally:
         admin("delete", "namespace", name, "--wait=true", "--timeout=90s", timeout=120)
+
+
+# ------------------------------------------------------------------ the DRA driver (test_dra*.py)
+
+
+@pytest.fixture(scope="module")
+def dra_objects(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[Obj]]:
+    """The chart's DRA objects but the DaemonSet (DeviceClass, ServiceAccount, RBAC), applied; removed after."""
+    objects = dra_chart_objects(cluster, tmp_path_factory.mktemp("helm-dra"))
+    cluster.admin.apply(objects)
+    try:
+        yield objects
+    finally:
+        for obj in reversed(objects):
+            namespace = obj["metadata"].get("namespace")
+            cluster.admin.delete(obj["kind"], obj["metadata"]["name"], namespace, wait=False)
+
+
+@pytest.fixture(scope="module")
+def driver_kubeconfig(
+    cluster: Cluster, dra_objects: list[Obj], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Path]:
+    """A token of the chart's ServiceAccount iluvatar-dra-driver bound to a pod on the node, as the DaemonSet's
+    pod has one: the driver has exactly the chart's RBAC. The pod is deleted after the module.
+    """
+    directory = tmp_path_factory.mktemp("dra-token")
+    pod = f"iluvatar-dra-driver-{directory.name}"
+    path = pod_bound_kubeconfig(cluster, "kube-system", "iluvatar-dra-driver", pod, directory / "kubeconfig")
+    try:
+        yield path
+    finally:
+        cluster.admin.delete("pod", pod, "kube-system", wait=False)
+
+
+@pytest.fixture(scope="module")
+def driver(cluster: Cluster, driver_kubeconfig: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Driver]:
+    """The DRA driver over the node's 2 x BI-V150, ready; stopped and its slices deleted after the module."""
+    running = Driver(cluster, tmp_path_factory.mktemp("dra-driver"), driver_kubeconfig)
+    running.start()
+    try:
+        yield running
+    finally:
+        running.stop()
+        cluster.admin("delete", "resourceslice", "-l", OWN_SLICES, "--ignore-not-found")
 
 
 @pytest.hookimpl(hookwrapper=True)

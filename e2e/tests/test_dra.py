@@ -11,17 +11,17 @@ from __future__ import annotations
 import copy
 import os
 import signal
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from harness.cluster import CGROUP_ROOT, Cluster
+from harness.dra import CHIPS, DRA_VALUES, DRIVER, Driver, chips_seen, node_slice, prepare_error
 from harness.helm import Helm, load_objects, of_kind
 from harness.host import cgroup_mounts, unified_mounts
 from harness.images import BUSYBOX_IMAGE
 from harness.kube import Kubectl, Obj
-from harness.plugin import DEVICE_MAJOR, Chip, PluginRun, bi_v150_chips, start_dra_driver
+from harness.plugin import Chip
 from harness.pods import (
     SHOW_DEVICES,
     STAY,
@@ -29,87 +29,11 @@ from harness.pods import (
     phase_is,
     run_and_read,
     running_and_printed,
-    shown_devices,
     wait_pod,
 )
 from harness.procs import wait_until
 
-DRIVER = "gpu.iluvatar.com"
-CHIPS = bi_v150_chips()
-BY_UUID = {chip.uuid: chip for chip in CHIPS}
 EXAMPLES = Path(__file__).resolve().parents[2] / "deployments" / "static" / "dra-examples.yaml"
-DRA_VALUES = {"dra": {"enabled": True}, "devicePlugin": {"enabled": False}}
-
-
-@pytest.fixture(scope="module")
-def dra_objects(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[Obj]]:
-    """The chart's DRA objects but the DaemonSet (DeviceClass, ServiceAccount, RBAC), applied; removed after."""
-    helm = Helm(cluster.binaries["helm"], tmp_path_factory.mktemp("helm-dra"))
-    objects = [obj for obj in helm.template(DRA_VALUES) if obj["kind"] != "DaemonSet"]
-    cluster.admin.apply(objects)
-    try:
-        yield objects
-    finally:
-        for obj in reversed(objects):
-            namespace = obj["metadata"].get("namespace")
-            cluster.admin.delete(obj["kind"], obj["metadata"]["name"], namespace, wait=False)
-
-
-@pytest.fixture(scope="module")
-def driver_kubeconfig(cluster: Cluster, dra_objects: list[Obj], tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A token of the chart's ServiceAccount iluvatar-dra-driver: the driver has exactly the chart's RBAC."""
-    path = tmp_path_factory.mktemp("dra-token") / "kubeconfig"
-    return cluster.service_account_kubeconfig("kube-system", "iluvatar-dra-driver", path)
-
-
-class Driver:
-    """The running driver, restartable (the reboot scenario); its chips can be changed live."""
-
-    def __init__(self, cluster: Cluster, workdir: Path, kubeconfig: Path) -> None:
-        self.cluster, self.workdir, self.kubeconfig = cluster, workdir, kubeconfig
-        self.run: PluginRun | None = None
-        self.starts = 0
-
-    def start(self, wait: bool = True) -> PluginRun:
-        """Start the driver; with wait, until /readyz (registered with a running kubelet, slice published)."""
-        self.starts += 1
-        self.run = start_dra_driver(self.cluster, self.workdir, f"dra-driver-{self.starts}", self.kubeconfig)
-        if wait:
-            self.run.wait_ready(90)
-        return self.run
-
-    def stop(self) -> None:
-        if self.run is not None:
-            self.run.stop()
-
-    def set_chips(self, chips: list[Chip]) -> None:
-        assert self.run is not None
-        self.run.set_chips(chips)
-
-    @property
-    def log(self) -> Path:
-        assert self.run is not None
-        return self.run.process.log
-
-
-@pytest.fixture(scope="module")
-def driver(cluster: Cluster, driver_kubeconfig: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Driver]:
-    running = Driver(cluster, tmp_path_factory.mktemp("dra-driver"), driver_kubeconfig)
-    running.start()
-    try:
-        yield running
-    finally:
-        running.stop()
-        cluster.admin(
-            "delete", "resourceslice", "-l", "app.kubernetes.io/managed-by=ix-device-plugin", "--ignore-not-found"
-        )
-
-
-def node_slice(cluster: Cluster) -> Obj:
-    """The node's slice of devices (the boards' counter sets have a slice of their own)."""
-    slices = [s for s in cluster.admin.items("resourceslices") if s["spec"]["driver"] == DRIVER]
-    (found,) = [s for s in slices if "sharedCounters" not in s["spec"]]
-    return found
 
 
 def example(name: str, namespace: str, script: str | None = None) -> list[Obj]:
@@ -142,15 +66,6 @@ def allocated_devices(admin: Kubectl, namespace: str, pod: Obj) -> list[str]:
     results = claim["status"]["allocation"]["devices"]["results"]
     assert {r["driver"] for r in results} == {DRIVER} and {r["pool"] for r in results} == {pod["spec"]["nodeName"]}
     return sorted(r["device"] for r in results)
-
-
-def chips_seen(output: str) -> list[Chip]:
-    """The chips a container got, checked: exactly their nodes (and /dev/itrctl) and their UUIDs."""
-    nodes, env = shown_devices(output)
-    chips = sorted((BY_UUID[uuid] for uuid in env["IX_VISIBLE_DEVICES"].split(",")), key=lambda c: c.minor)
-    expected = {f"/dev/iluvatar{c.minor}": f"{DEVICE_MAJOR:x}:{c.minor:x}" for c in chips}
-    assert nodes == expected | {"/dev/itrctl": f"{DEVICE_MAJOR:x}:ff"}
-    return chips
 
 
 # ------------------------------------------------------------------ the ResourceSlice
@@ -394,13 +309,6 @@ def test_an_admin_access_claim_reaches_a_chip_in_use(
     assert not prepare_error(admin, namespace, "monitor")
     wait_pod(admin, namespace, "monitor", running_and_printed(admin, namespace), "printed its devices")
     assert chips_seen(admin("logs", "monitor", "-n", namespace)) == [chip]
-
-
-def prepare_error(admin: Kubectl, namespace: str, pod: str) -> str:
-    """The message of the pod's latest event about preparing its claims ('' when there is none)."""
-    events = admin.items("events", namespace, "--field-selector", f"involvedObject.name={pod}")
-    messages = [e.get("message", "") for e in events if "prepare" in e.get("message", "").lower()]
-    return messages[-1] if messages else ""
 
 
 def test_a_chips_health_reaches_the_pod_status(
