@@ -213,6 +213,7 @@ class HardwareMonitor:
         polled = self.view.inventory
         if not polled.boards:
             return
+        current = polled.statuses()
         try:
             statuses = await self.hardware.call("health", lambda backend: backend.health(polled))
         except BackendError as error:
@@ -223,9 +224,8 @@ class HardwareMonitor:
             self._health_errors.succeeded("health checks answer again")
             self._last_good_poll = time.monotonic()
             self._on_poll()
-            if any(not status.present for status in statuses.values()):
-                self.hint_rediscover()
-        current = polled.statuses()
+            if any(not status.present and _was_present(current.get(uuid)) for uuid, status in statuses.items()):
+                self.hint_rediscover()  # once per loss: a chip kept as absent is looked for at the rediscovery interval
         kept = {uuid: _keeping_xids(status, current.get(uuid)) for uuid, status in statuses.items()}
         if all(current.get(uuid) == status for uuid, status in kept.items()):
             return  # nothing changed (most polls, on a healthy node)
@@ -310,6 +310,10 @@ class HardwareMonitor:
             changed = await watcher.wait(self.settings.rediscover_interval)
             if any(path.parent == dev_dir and path.name.startswith(GPU_NODE_PREFIXES) for path in changed):
                 self.hint_rediscover()
+
+
+def _was_present(status: ChipStatus | None) -> bool:
+    return status is None or status.present
 
 
 def _keeping_xids(status: ChipStatus, before: ChipStatus | None) -> ChipStatus:
