@@ -206,6 +206,24 @@ def test_chips_that_do_not_support_events_are_left_to_polling(
     assert sum("no IXML XID events" in r.getMessage() for r in caplog.records) == 1
 
 
+def test_a_rediscovery_keeps_the_waiter_when_a_chip_without_events_is_still_there(
+    libs: dict[str, Path], conf: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO)
+    conf.write_text(TWO_CHIPS.replace("minor=0 ", "minor=0 unsupported=events "))
+    sink = Sink()
+    backend = waiting_backend(libs["full"], sink)
+    try:
+        backend.discover()
+        backend.discover()
+        inject(conf, 1, 74)
+        assert sink.wait(1) == [XidEvent(uuid="GPU-x1", xid=74)]
+    finally:
+        backend.close()
+    said = [r.getMessage() for r in caplog.records if "not supported on GPU-x0" in r.getMessage()]
+    assert len(said) == 1, "the event set is registered once, not stopped and made again at every discovery"
+
+
 def test_xid_reasons_and_the_ignored_set() -> None:
     status = ChipStatus(errors=frozenset({"ECC"}), xids=frozenset({79, 13}))
     assert status.reasons() == ("ECC", "XID 79")  # 13 is an application XID, ignored by default

@@ -25,6 +25,13 @@ EVENT_WAIT_MS = 500  # one nvmlEventSetWait_v2 call waits at most this long, so 
 EVENT_CALLS = ("event_set_create", "register_events", "event_wait", "event_set_free")
 
 
+_Targets = tuple[tuple[int, str], ...]
+
+
+def _targets(uuids: Mapping[int, str]) -> _Targets:
+    return tuple(sorted(uuids.items()))
+
+
 class XidWaiter:
     """A thread of its own that waits on one IXML event set and hands each critical XID to a sink.
 
@@ -33,8 +40,10 @@ class XidWaiter:
     The wait runs without LIBRARY_LOCK (NVML's event wait may run alongside other calls).
     """
 
-    def __init__(self, library: Library, event_set: HANDLE, uuids: Mapping[int, str], sink: XidSink) -> None:
-        self.targets = tuple(sorted(uuids.items()))
+    def __init__(
+        self, library: Library, event_set: HANDLE, uuids: Mapping[int, str], sink: XidSink, targets: _Targets
+    ) -> None:
+        self.targets = targets  # the devices asked for (uuids: those of them that support XID events)
         self.library = library
         self._set = event_set
         self._uuids = dict(uuids)
@@ -115,8 +124,9 @@ class XidWatch:
         """Wait for XID events of these devices (handle -> UUID), again when they changed or the waiter stopped."""
         if self.sink is None:
             return
+        targets = _targets(uuids)
         waiter = self._waiter
-        if waiter is not None and waiter.alive and waiter.targets == tuple(sorted(uuids.items())):
+        if waiter is not None and waiter.alive and waiter.targets == targets:
             return
         if not self.stop():
             return
@@ -124,9 +134,10 @@ class XidWatch:
         if missing:
             self._note_unavailable(f"{library.path} lacks {', '.join(missing)}")
             return
-        event_set = self._register(library, uuids)
+        supported = dict(uuids)
+        event_set = self._register(library, supported)
         if event_set is not None:
-            self._waiter = XidWaiter(library, event_set, uuids, self.sink)
+            self._waiter = XidWaiter(library, event_set, supported, self.sink, targets)
 
     def _register(self, library: Library, uuids: dict[int, str]) -> HANDLE | None:
         """A new event set with every device that supports XID events (uuids keeps only those); None if none."""
