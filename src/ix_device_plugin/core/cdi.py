@@ -72,14 +72,14 @@ def build_spec(inventory: Inventory, dev_root: Path) -> CdiSpec:
             warnings.append(f"chip {chip.uuid!r} left out of the CDI spec: {problem}")
             continue
         seen.add(chip.uuid)
-        node = _device_node(path, dev_root)
+        node = device_node(path, dev_root)
         devices.append({"name": chip.uuid, "containerEdits": {"deviceNodes": [node]}})
         all_nodes.append(node)
     if devices:
         devices.append({"name": ALL_DEVICE, "containerEdits": {"deviceNodes": [dict(n) for n in all_nodes]}})
     document: dict[str, Any] = {"cdiVersion": "", "kind": CDI_KIND, "devices": devices}
     if inventory.control_nodes:
-        document["containerEdits"] = {"deviceNodes": [_device_node(node, dev_root) for node in inventory.control_nodes]}
+        document["containerEdits"] = {"deviceNodes": [device_node(node, dev_root) for node in inventory.control_nodes]}
     document["cdiVersion"] = minimum_version(document)
     return CdiSpec(document=document, warnings=tuple(warnings))
 
@@ -99,7 +99,8 @@ def _unnameable(chip: Chip, seen: set[str]) -> str | None:
     return None
 
 
-def _device_node(container_path: str, dev_root: Path) -> dict[str, str]:
+def device_node(container_path: str, dev_root: Path) -> dict[str, str]:
+    """A CDI device node at container_path in the container, from dev_root on the host."""
     node = {"path": container_path}
     host_path = Path(dev_root) / container_path.lstrip("/")
     if str(host_path) != container_path:

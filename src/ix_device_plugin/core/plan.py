@@ -116,7 +116,7 @@ def physical_groups(inventory: Inventory, splitboard: bool) -> list[Group]:
     """The physical GPUs to advertise: boards, or chips when split; a short board says what it lacks."""
     if splitboard:
         return [(chip.uuid, (chip,), ()) for chip in inventory.chips()]
-    return [(board.uuid, board.chips, _shortfall(board)) for board in inventory.boards]
+    return [(board.uuid, board.chips, shortfall(board)) for board in inventory.boards]
 
 
 def expected_chips(board: Board) -> int:
@@ -132,12 +132,14 @@ def expected_chips(board: Board) -> int:
     return board.expected_chips or len(board.chips)
 
 
-def _shortfall(board: Board) -> tuple[str, ...]:
+def shortfall(board: Board, product: str | None = None) -> tuple[str, ...]:
+    """The reason a board whose chips were not all enumerated is Unhealthy, naming it product (its own by
+    default); none when every chip is there."""
     expected = expected_chips(board)
     present = sum(1 for chip in board.chips if chip.status.present)
     if len(board.chips) >= expected:
         return ()  # any chip not present already says so
-    return (f"chip missing ({present} of {expected} chips of the {board.product} enumerated)",)
+    return (f"chip missing ({present} of {expected} chips of the {product or board.product} enumerated)",)
 
 
 def _device_ids(gpu: str, replicas: int) -> list[tuple[str, int | None]]:

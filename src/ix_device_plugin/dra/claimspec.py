@@ -24,7 +24,7 @@ from ix_device_plugin.core.allocation import (
     REPLICA_DEVICES_ENV,
     VISIBLE_DEVICES_ENV,
 )
-from ix_device_plugin.core.cdi import minimum_version
+from ix_device_plugin.core.cdi import device_node, minimum_version
 from ix_device_plugin.dra.prepared import ClaimRef, PreparedClaim, PreparedDevice
 from ix_device_plugin.dra.slices import BOARD, CHIP, DRIVER, SliceDevice
 
@@ -56,14 +56,14 @@ def claim_spec(
     """The claim's CDI spec document: a device per allocated device and share, plus the claim's env."""
     entries = []
     for prepared, device in devices:
-        nodes = [_node(chip.device_node, dev_root) for chip in device.chips if chip.device_node is not None]
+        nodes = [device_node(chip.device_node, dev_root) for chip in device.chips if chip.device_node is not None]
         name = cdi_device_name(uid, prepared.device, prepared.share_id)
         entries.append({"name": name, "containerEdits": {"deviceNodes": nodes}})
     visible = ",".join(dict.fromkeys(uuid for prepared, _ in devices for uuid in prepared.chip_uuids))
     replicas = ",".join(dict.fromkeys(replica for prepared, _ in devices for replica in prepared.replica_ids))
     edits: dict[str, Any] = {}
     if control_nodes:
-        edits["deviceNodes"] = [_node(node, dev_root) for node in control_nodes]
+        edits["deviceNodes"] = [device_node(node, dev_root) for node in control_nodes]
     edits["env"] = [
         f"{VISIBLE_DEVICES_ENV}={visible}",
         f"{LEGACY_VISIBLE_DEVICES_ENV}={visible}",
@@ -73,15 +73,6 @@ def claim_spec(
     spec: dict[str, Any] = {"cdiVersion": "", "kind": CLAIM_CDI_KIND, "devices": entries, "containerEdits": edits}
     spec["cdiVersion"] = minimum_version(spec)
     return spec
-
-
-def _node(path: str, dev_root: Path) -> dict[str, str]:
-    """A CDI device node at path in the container, from dev_root on the host (as the node-wide spec has it)."""
-    node = {"path": path}
-    host_path = str(Path(dev_root) / path.lstrip("/"))
-    if host_path != path:
-        node["hostPath"] = host_path
-    return node
 
 
 def claim_from_spec(uid: str, spec: Any, pool: str) -> PreparedClaim | None:

@@ -31,7 +31,7 @@ from typing import Any
 
 from ix_device_plugin.core.inventory import Board, Chip, Inventory
 from ix_device_plugin.core.labels import product_model
-from ix_device_plugin.core.plan import expected_chips
+from ix_device_plugin.core.plan import expected_chips, shortfall
 
 DRIVER = "gpu.iluvatar.com"
 UNHEALTHY_TAINT = f"{DRIVER}/unhealthy"
@@ -225,9 +225,7 @@ def _board_devices(
     if not publish_board:
         return chips, None, None, warning if incomplete else ""
     reasons = tuple(f"{name}: {reason}" for name, chip in named for reason in chip.status.reasons(ignored))
-    present = sum(1 for chip in board.chips if chip.status.present)
-    if len(board.chips) < expected_chips(board):
-        reasons += (f"chip missing ({present} of {expected_chips(board)} chips of the {product} enumerated)",)
+    reasons += shortfall(board, product)
     device = SliceDevice(
         board_name,
         tuple(chip for _, chip in named),
