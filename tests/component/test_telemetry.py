@@ -18,6 +18,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from ix_device_plugin.api import HEALTHY
+from ix_device_plugin.core.inventory import Inventory
 from ix_device_plugin.core.telemetry import ChipSample, PodRef
 from ix_device_plugin.deviceplugin.loop import Daemon
 from ix_device_plugin.deviceplugin.telemetry import METRIC_NAMES, TelemetryCollector
@@ -143,6 +144,20 @@ def test_failing_and_unsupported_calls_leave_out_only_their_figure(
     lines = telemetry_lines(telemetry_log)
     assert any("ixmlDeviceGetBoardPowerUsage is not supported" in line for line in lines)
     assert "telemetry: GPU-b0-c1: nvmlDeviceGetTemperature failed: Unknown Error; that figure is left out" in lines
+
+
+def test_a_telemetry_pass_of_its_own_backend_reads_figures_not_health(
+    ixml,  # type: ignore[no-untyped-def]
+    telemetry_log: pytest.LogCaptureFixture,
+) -> None:
+    """The telemetry worker's backend is not the health poll's: a pass names the chips by their handles and
+    reads only the figures (health is the poll's job, and said by the poll's backend)."""
+    backend = ixml(TELEMETRY_DEVICES.format(extra="gpu_util=5"), variant="old")
+    samples = backend.sample(Inventory())
+    assert set(samples) == {"GPU-b0-c0", "GPU-b0-c1"}
+    assert samples["GPU-b0-c1"].mem_total_mib == 32768
+    assert samples["GPU-b0-c1"].power_w == 71.0, "the old library has no board position: the chip's own power"
+    assert "health checks are unavailable" not in telemetry_log.text
 
 
 async def test_a_hung_telemetry_read_leaves_its_figure_out_and_health_and_liveness_alone(

@@ -105,10 +105,7 @@ class IxmlBackend:
         with LIBRARY_LOCK:
             library = self._start()
         self._sampler.begin_pass()
-        devices = self._devices.enumerate(library)
-        return {
-            device.chip.uuid: self._sampler.sample(library, device) for device in devices if device.handle is not None
-        }
+        return {device.chip.uuid: self._sampler.sample(library, device) for device in self._devices.handles(library)}
 
     def reset(self, uuids: Sequence[str], timeout: float, abort: threading.Event | None = None) -> None:
         """Shut the library down and run `ixsmi -r -i <uuids>`; BackendError with ixsmi's words on failure

@@ -79,12 +79,13 @@ class DeviceReader:
 
     def enumerate(self, library: Library) -> list[Device]:
         """Every device the library counts, in its order; BackendError when it cannot count them."""
-        count = ctypes.c_uint()
-        try:
-            library.call("count", ctypes.byref(count))
-        except CallError as exc:
-            raise BackendError(f"IXML library {library.path} cannot count devices: {exc}") from exc
-        return [self._read_device(library, index) for index in range(count.value)]
+        return [self._read_device(library, index) for index in range(_count(library))]
+
+    def handles(self, library: Library) -> list[Device]:
+        """The handle, UUID and board position of every device that has a handle, for a telemetry pass: no
+        health, memory or sysfs reads (the health poll has them). BackendError when the library cannot count."""
+        devices = (_handle_only(library, index) for index in range(_count(library)))
+        return [device for device in devices if device is not None]
 
     def _read_device(self, library: Library, index: int) -> Device:
         handle = HANDLE()
@@ -139,6 +140,30 @@ class DeviceReader:
                 "chips count as healthy while their calls and device nodes work",
                 library.path,
             )
+
+
+def _count(library: Library) -> int:
+    count = ctypes.c_uint()
+    try:
+        library.call("count", ctypes.byref(count))
+    except CallError as exc:
+        raise BackendError(f"IXML library {library.path} cannot count devices: {exc}") from exc
+    return count.value
+
+
+def _handle_only(library: Library, index: int) -> Device | None:
+    handle = HANDLE()
+    try:
+        library.call("handle", index, ctypes.byref(handle))
+    except CallError:
+        return None
+    problems: list[str] = []
+    uuid = _attempt(problems, lambda: _uuid(library, handle))
+    if uuid is None:  # named as discovery names it
+        uuid = placeholder_uuid(index, _attempt(problems, lambda: _bus_id(library, handle)) or "")
+    position = _optional(problems, library, "board_position", lambda: library.uint("board_position", handle))
+    chip = Chip(uuid=uuid, minor=None, product=UNKNOWN_PRODUCT)
+    return Device(index=index, handle=handle.value, chip=chip, position=position)
 
 
 def _uuid(library: Library, handle: HANDLE) -> str:
