@@ -1,14 +1,16 @@
-"""The DRA mode's metrics on /metrics: what the kubelet asked and how it went, and the driver's state."""
+"""The DRA mode's metrics on /metrics: what the kubelet asked and how it went, and the driver's state
+(prometheus_client is loaded at the first scrape)."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Awaitable, Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
-from prometheus_client.registry import Collector
+from ix_device_plugin.runtime.lazymetrics import Counter, Histogram, Registry
+
+if TYPE_CHECKING:
+    from prometheus_client.metrics_core import Metric
 
 PREFIX = "ix_device_plugin_dra"
 _BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
@@ -23,7 +25,7 @@ class DraMetrics:
     scrape time."""
 
     def __init__(self, state: Callable[[], dict[str, float]], prepared: PreparedDevices = dict) -> None:
-        self.registry = CollectorRegistry(auto_describe=True)
+        self.registry = Registry()
         r = self.registry
         self.calls = Counter(
             f"{PREFIX}_claims", "Claims the kubelet asked to prepare or unprepare, by call and result",
@@ -59,7 +61,7 @@ class DraMetrics:
 
     def render(self) -> bytes:
         """The Prometheus text exposition."""
-        return generate_latest(self.registry)
+        return self.registry.render()
 
 
 # name -> (help, counter or gauge)
@@ -73,17 +75,16 @@ _FIGURES: dict[str, tuple[str, bool]] = {
 }
 
 
-class _StateCollector(Collector):
+class _StateCollector:
     """The driver's state, read at scrape time."""
 
     def __init__(self, state: Callable[[], dict[str, float]], prepared: PreparedDevices) -> None:
         self._state = state
         self._prepared = prepared
 
-    def describe(self) -> Iterator[Metric]:
-        return iter(())
-
     def collect(self) -> Iterator[Metric]:
+        from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily
+
         values = self._state()
         for name, (help_text, counter) in _FIGURES.items():
             family = CounterMetricFamily if counter else GaugeMetricFamily
