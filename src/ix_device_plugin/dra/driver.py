@@ -52,6 +52,7 @@ from ix_device_plugin.dra.registration import (
 from ix_device_plugin.dra.service import DraService
 from ix_device_plugin.dra.slices import BOARD, DRIVER, SliceContent, SlicePolicy, slice_content
 from ix_device_plugin.dra.state import DraState, read_boot_id
+from ix_device_plugin.gpureset.handshake import open_handshake
 from ix_device_plugin.gpureset.sequence import GpuReset, GpuResetError, ResetHandshake, ResetSettings
 from ix_device_plugin.hardware.monitor import HardwareMonitor, HardwareView, MonitorSettings
 from ix_device_plugin.hardware.open import BackendFactory
@@ -122,7 +123,7 @@ class DraDriver:
         self._probes: ProbeServer | None = None
         self.probe_port: int | None = None
         self.metrics = DraMetrics(self._figures, self._prepared_devices)
-        reset = ResetSettings(wait_timeout=base.reset_wait_timeout, command_timeout=base.reset_timeout)
+        reset = ResetSettings.of(base)
         self.gpu_reset = GpuReset(self.hardware, self._reset_handshake, self._rediscover, self.metrics, reset)
 
     @property
@@ -278,13 +279,7 @@ class DraDriver:
         if self.api is None:
             log.warning("GPU reset without the handshake: other IXML users are not asked to let go")
             return None
-        from ix_device_plugin.apiserver.settings import KubeConfigError
-
-        try:
-            kube = await self.api.kube()
-        except (KubeConfigError, KubeError) as error:  # KubeError: the connection is closed, the driver stopping
-            raise GpuResetError(f"the reset handshake failed: {error}; the GPUs were not reset", "refused") from None
-        return ResetHandshake(kube, self.api.namespace, self.options.node_name)
+        return await open_handshake(self.api, self.options.node_name)
 
     async def _read_claim(self, ref: ClaimRef) -> dict[str, Any]:
         """The ResourceClaim, retried for claim_read_timeout; ClaimError naming the claim when it cannot be read."""

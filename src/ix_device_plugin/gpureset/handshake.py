@@ -29,11 +29,25 @@ from ix_device_plugin.gpureset.document import (
 
 if TYPE_CHECKING:
     from ix_device_plugin.apiserver.client import Kube
+    from ix_device_plugin.apiserver.connection import ApiConnection
 
 log = logging.getLogger(__name__)
 
 POLL_INTERVAL = 0.5
 WRITE_ATTEMPTS = 5
+
+
+async def open_handshake(api: ApiConnection, node: str) -> ResetHandshake:
+    """The handshake on node's ConfigMap over the process's API connection; GpuResetError ("refused") when the
+    connection cannot be made or is closed (the process stopping): no reset without asking the others."""
+    from ix_device_plugin.apiserver.errors import KubeError
+    from ix_device_plugin.apiserver.settings import KubeConfigError
+
+    try:
+        kube = await api.kube()
+    except (KubeConfigError, KubeError) as error:
+        raise GpuResetError(f"the reset handshake failed: {error}; the GPUs were not reset", "refused") from None
+    return ResetHandshake(kube, api.namespace, node)
 
 
 class ResetHandshake:

@@ -42,6 +42,7 @@ from ix_device_plugin.runtime.logs import OncePerError
 if TYPE_CHECKING:
     from ix_device_plugin.hardware.worker import Hardware
     from ix_device_plugin.runtime.backoff import Backoff
+    from ix_device_plugin.settings.options import NodeOptions
 
 __all__ = [
     "CONFIG_MAP_PREFIX",
@@ -76,6 +77,11 @@ class ResetSettings:
 
     wait_timeout: float = 60.0  # each handshake step, and the rediscovery
     command_timeout: float = 120.0  # ixsmi -r
+
+    @classmethod
+    def of(cls, options: NodeOptions) -> ResetSettings:
+        """The timeouts --reset-wait-timeout and --reset-timeout give."""
+        return cls(wait_timeout=options.reset_wait_timeout, command_timeout=options.reset_timeout)
 
 
 HandshakeSource = Callable[[], Awaitable[ResetHandshake | None]]

@@ -20,6 +20,7 @@ from ix_device_plugin.core.plan import Plan
 from ix_device_plugin.deviceplugin.features.volcano import PASS_PERIOD, VolcanoMode
 from ix_device_plugin.deviceplugin.metrics import Metrics
 from ix_device_plugin.deviceplugin.state import Current, first_set
+from ix_device_plugin.gpureset.handshake import open_handshake
 from ix_device_plugin.gpureset.sequence import GpuReset, GpuResetError, ResetHandshake, ResetSettings
 from ix_device_plugin.hardware.worker import Hardware
 from ix_device_plugin.runtime.logs import OncePerError
@@ -53,8 +54,7 @@ class ApiFeatures:
         self._api = api
         self._current = current
         self._pod_devices = pod_devices
-        reset = ResetSettings(wait_timeout=options.reset_wait_timeout, command_timeout=options.reset_timeout)
-        self.gpu_reset = GpuReset(hardware, self._reset_handshake, rediscover, metrics, reset)
+        self.gpu_reset = GpuReset(hardware, self._reset_handshake, rediscover, metrics, ResetSettings.of(options))
         self._volcano: VolcanoMode | None = None
         self._volcano_soon = asyncio.Event()
         self._no_handshake_said = False
@@ -112,14 +112,7 @@ class ApiFeatures:
                 )
                 self._no_handshake_said = True
             return None
-        from ix_device_plugin.apiserver.errors import KubeError
-        from ix_device_plugin.apiserver.settings import KubeConfigError
-
-        try:
-            kube = await self._api.kube()
-        except (KubeConfigError, KubeError) as error:  # KubeError: the connection is closed, the plugin stopping
-            raise GpuResetError(f"the reset handshake failed: {error}; the GPUs were not reset", "refused") from None
-        return ResetHandshake(kube, self._api.namespace, self._api.node_name)
+        return await open_handshake(self._api, self._api.node_name)
 
     # ---- flags.usevolcano ---------------------------------------------------------------------
 
