@@ -59,11 +59,6 @@ class ApiConnection:
         """The namespace this process runs in."""
         return self.settings.namespace
 
-    @property
-    def source(self) -> str:
-        """Where the API server's address comes from, for messages."""
-        return self.settings.source
-
     def backoff(self) -> Backoff:
         """A new Backoff with the connection's policy, for one loop of retries."""
         return replace(self._policy, attempt=0, rng=random.Random())

@@ -40,16 +40,6 @@ class KubeExpired(KubeError):
     """410 Gone or Expired: a watch's resourceVersion is older than the history the server keeps; list again."""
 
 
-def status_code(error: Exception) -> int | None:
-    """The HTTP status an error of the client library carries, if any."""
-    status = getattr(error, "status", None)
-    code = getattr(status, "code", None)
-    if isinstance(code, int):
-        return code
-    response = getattr(error, "response", None)
-    return getattr(response, "status_code", None)
-
-
 def _where(error: Exception) -> str:
     try:
         url = error.request.url  # type: ignore[attr-defined]

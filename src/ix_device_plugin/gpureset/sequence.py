@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import enum
 import logging
 import threading
 import time
@@ -61,16 +60,6 @@ RESET_STOP_WAIT = 10.0  # a stop waits this long for a running ixsmi before kill
 KILL_WAIT = 3.0  # ... and this long for it to be gone
 
 
-class Step(enum.Enum):
-    """Where a reset is."""
-
-    IDLE = "idle"
-    RELEASING = "asking the other IXML users to let go"
-    RESETTING = "resetting"
-    RETURNING = "handing the GPUs back"
-    REDISCOVERING = "discovering the chips again"
-
-
 @dataclass
 class ResetSettings:
     """How long each step may take."""
@@ -110,7 +99,6 @@ class GpuReset:
         self._rediscover = rediscover
         self._metrics = metrics
         self._settings = settings
-        self.step = Step.IDLE
         self._turn = asyncio.Lock()
         self._handshake: ResetHandshake | None = None
         self._announced = False
@@ -152,7 +140,6 @@ class GpuReset:
                 result = error.result
                 raise
             finally:
-                self.step = Step.IDLE
                 seconds = time.monotonic() - started
                 self._metrics.gpu_resets.labels(result=result).inc()
                 self._metrics.gpu_reset_duration.observe(seconds)
@@ -161,13 +148,11 @@ class GpuReset:
     async def _steps(self, uuids: list[str]) -> None:
         handshake = await self._opened()
         if handshake is not None:
-            self.step = Step.RELEASING
             try:
                 await handshake.hold_off(self._settings.wait_timeout)
             except (GpuResetError, KubeError) as error:
                 await self._hand_back(handshake)
                 raise GpuResetError(f"{_refusal(error)}; the GPUs were not reset", "refused") from None
-        self.step = Step.RESETTING
         try:
             async with self.quiet_others():
                 failure = await self._run_command(uuids)
@@ -177,11 +162,9 @@ class GpuReset:
             raise
         late: list[str] = []
         if handshake is not None:
-            self.step = Step.RETURNING
             late = await self._hand_back(handshake)
         if failure is not None:
             raise failure
-        self.step = Step.REDISCOVERING
         _check_uuids(uuids, await self._rediscovered())
         if late and handshake is not None:
             raise GpuResetError(

@@ -32,8 +32,6 @@ class Backend(Protocol):
     """Answers "what is there" and "how healthy is it"; knows nothing of Kubernetes."""
 
     name: str
-    # True when chips have /dev/iluvatar<minor> nodes on this host that must exist.
-    has_device_nodes: bool
 
     def discover(self) -> Inventory:
         """Every board and chip with its current status; raises BackendError when it cannot."""

@@ -40,7 +40,6 @@ class SimulatedBackend:
     """A Backend over simulated boards; see the module docstring for the inputs."""
 
     name = "simulated"
-    has_device_nodes = False
 
     def __init__(self, source: str = DEFAULT_SPEC) -> None:
         self.source = source

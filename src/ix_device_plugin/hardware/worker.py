@@ -48,11 +48,6 @@ class Hardware:
         self._turn = asyncio.Lock()
 
     @property
-    def opened(self) -> bool:
-        """True once the backend was created."""
-        return self._backend is not None
-
-    @property
     def running(self) -> str | None:
         """The name of the call under way (not one given up on), if any."""
         return None if self._running is None else self._running[0]

@@ -38,7 +38,6 @@ class IxmlBackend:
     """Chips and their health from Iluvatar's IXML library."""
 
     name = "ixml"
-    has_device_nodes = True
 
     def __init__(
         self,
