@@ -35,9 +35,20 @@ _SHARED_NAME = re.compile(r"^(.+)-([0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{
 _NODE = re.compile(rf"^{re.escape(DEVICE_NODE_PREFIX)}(\d+)$")
 
 
+_SPEC_FILE_PREFIX = f"{CLAIM_CDI_VENDOR}-{CLAIM_CDI_CLASS}_"
+
+
 def cdi_spec_file(uid: str) -> str:
     """The claim's transient CDI spec file name (the CDI library's `<vendor>-<class>_<id>.yaml`)."""
-    return f"{CLAIM_CDI_VENDOR}-{CLAIM_CDI_CLASS}_{uid}.yaml"
+    return f"{_SPEC_FILE_PREFIX}{uid}.yaml"
+
+
+def claim_spec_files(directory: Path) -> list[tuple[str, Path]]:
+    """(claim UID, path) of every claim CDI spec file in directory, by name."""
+    return [
+        (path.name.removeprefix(_SPEC_FILE_PREFIX).removesuffix(".yaml"), path)
+        for path in sorted(directory.glob(cdi_spec_file("*")))
+    ]
 
 
 def cdi_device_name(uid: str, device: str, share_id: str = "") -> str:

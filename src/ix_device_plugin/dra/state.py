@@ -34,11 +34,11 @@ from ix_device_plugin.dra.checkpoint import (
     read_checkpoint,
 )
 from ix_device_plugin.dra.claims import NodeView, prepare
-from ix_device_plugin.dra.claimspec import CLAIM_CDI_CLASS, CLAIM_CDI_VENDOR, cdi_spec_file, claim_from_spec
+from ix_device_plugin.dra.claimspec import cdi_spec_file, claim_from_spec, claim_spec_files
 from ix_device_plugin.dra.prepared import ClaimError, ClaimRef, PreparedClaim, check_ref
 from ix_device_plugin.dra.slices import SliceDevice
 from ix_device_plugin.runtime.errors import StartupError
-from ix_device_plugin.runtime.files import OutputError, remove_stale_temporaries, write_atomically
+from ix_device_plugin.runtime.files import OutputError, reason, remove_stale_temporaries, write_atomically
 from ix_device_plugin.settings.documents import DocumentError, load_yaml, read_file
 
 log = logging.getLogger(__name__)
@@ -136,8 +136,7 @@ class DraState:
 
     def _claims_from_specs(self) -> dict[str, PreparedClaim]:
         claims = {}
-        for path in sorted(self.cdi_dir.glob(cdi_spec_file("*"))):
-            uid = path.name.removeprefix(f"{CLAIM_CDI_VENDOR}-{CLAIM_CDI_CLASS}_").removesuffix(".yaml")
+        for uid, path in claim_spec_files(self.cdi_dir):
             try:
                 claim = claim_from_spec(uid, load_yaml(read_file(path, SPEC_LIMIT, follow_symlinks=False)), self.pool)
             except (OSError, DocumentError) as error:
@@ -149,8 +148,7 @@ class DraState:
 
     def _remove_orphan_specs(self) -> None:
         """Remove claim specs the checkpoint does not hold (an unprepare cut short after the checkpoint write)."""
-        for path in self.cdi_dir.glob(cdi_spec_file("*")):
-            uid = path.name.removeprefix(f"{CLAIM_CDI_VENDOR}-{CLAIM_CDI_CLASS}_").removesuffix(".yaml")
+        for uid, path in claim_spec_files(self.cdi_dir):
             if uid not in self.claims:
                 with contextlib.suppress(OSError):
                     path.unlink()
@@ -278,7 +276,7 @@ class DraState:
         try:
             spec.unlink(missing_ok=True)
         except OSError as error:
-            raise OutputError(f"cannot remove {spec}: {error.strerror or error}") from None
+            raise OutputError(f"cannot remove {spec}: {reason(error)}") from None
 
     def _save(self, claims: Mapping[str, PreparedClaim]) -> None:
         write_atomically(self.path, checkpoint_text(claims, self.boot_id))
@@ -311,7 +309,7 @@ async def _flock(path: Path, timeout: float) -> int:
     try:
         descriptor = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
     except OSError as error:
-        raise OutputError(f"cannot open the lock {path}: {error.strerror or error}") from None
+        raise OutputError(f"cannot open the lock {path}: {reason(error)}") from None
     deadline = time.monotonic() + timeout
     while True:
         try:
