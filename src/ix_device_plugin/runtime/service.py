@@ -14,6 +14,7 @@ import time
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
+from ix_device_plugin.runtime.backoff import Backoff
 from ix_device_plugin.runtime.errors import StartupError
 
 log = logging.getLogger(__name__)
@@ -35,14 +36,20 @@ class Supervised:
         self.task = asyncio.create_task(self._supervise(), name=name)
 
     async def _supervise(self) -> None:
-        delay = RESTART_FIRST
+        backoff = Backoff(initial=RESTART_FIRST, cap=RESTART_CAP, jitter=0.0)
         while True:
             started = time.monotonic()
+            error: Exception | None = None
             try:
                 await self._factory()
             except asyncio.CancelledError:
                 raise
-            except Exception as error:
+            except Exception as failure:
+                error = failure
+            if time.monotonic() - started > HEALTHY_RUN:
+                backoff.reset()
+            delay = backoff.next_delay()
+            if error is not None:
                 self.failure = f"{type(error).__name__}: {error}"
                 log.error(
                     "task %s failed: %s; starting it again in %.1fs", self.name, self.failure, delay, exc_info=error
@@ -50,10 +57,7 @@ class Supervised:
             else:
                 self.failure = "it returned"
                 log.error("task %s ended; starting it again in %.1fs", self.name, delay)
-            if time.monotonic() - started > HEALTHY_RUN:
-                delay = RESTART_FIRST
             await asyncio.sleep(delay)
-            delay = min(delay * 2, RESTART_CAP)
             self.restarts += 1
             self.failure = None
             log.info("task %s started again", self.name)
