@@ -33,6 +33,9 @@ async def test_fifty_kubelet_restarts(kubelet: KubeletStandIn, start_daemon: Dae
         view = await kubelet.wait_registered(RESOURCE, capacity=4, timeout=10)
         assert sorted(view.devices) == expected
         assert set(view.devices.values()) == {HEALTHY}
+        # The stand-in lists the devices before its Register answer reaches the plugin: restarting again
+        # before that answer arrives makes the plugin register with the next kubelet instead, uncounted.
+        await until(lambda: daemon.registered, timeout=10)
     assert metric(daemon, "ix_device_plugin_reregistrations_total") >= 50
     assert daemon.registered
 
@@ -299,4 +302,5 @@ async def test_without_inotify_polling_still_notices_restarts(
         await kubelet.restart()
         view = await kubelet.wait_registered(RESOURCE, capacity=2, timeout=5)
         assert view.allocatable == 2
+        await until(lambda: daemon.registered, timeout=5)  # the Register answer reaches the plugin after the list
     assert daemon.registered
