@@ -44,7 +44,7 @@ def list_message_size(inventory: Inventory, config: Config, replicas: int | None
     """The exact serialized size of the ListAndWatch response for inventory under config (replicas overriding)."""
     count = config.replicas if replicas is None else replicas
     shared = count >= 2
-    ignored = config.ignored_health_errors
+    ignored = config.health_policy
     total = 0
     for gpu, chips, shortfall in physical_groups(inventory, config.splitboard):
         unhealthy = bool(shortfall) or any(chip.status.reasons(ignored) for chip in chips)

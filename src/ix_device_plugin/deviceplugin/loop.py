@@ -115,7 +115,6 @@ class Daemon:
             on_xid=lambda xid: self.metrics.xid_events.labels(xid=str(xid)).inc(),
             on_poll=self.metrics.observe_health_poll,
         )
-        self.monitor.ignored = options.ignored_health_errors
         self.monitor.subscribe(lambda view: self._events.put_nowait(HardwareChanged(view)))
         self.pod_resources = PodResources(options.pod_resources_socket)
         self.telemetry: TelemetryCollector | None = None
@@ -231,6 +230,7 @@ class Daemon:
         if self.options.per_node_config:
             await self.config_source.follow_label(spawn, lambda value: self._events.put_nowait(NodeLabelChanged(value)))
         config = self._first_config()
+        self.monitor.ignored = config.health_policy
         await self._start_probes()
         view = await self.monitor.start(config.fail_on_init_error)
         self._applied_version = view.version  # its HardwareChanged event, already queued, changes nothing
@@ -321,6 +321,7 @@ class Daemon:
 
     def _swap(self, state: State) -> None:
         before = self.current.state
+        self.monitor.ignored = state.config.health_policy
         for warning in state.plan.warnings:
             log.warning("%s", warning)
         _log_transitions(before.plan, state.plan)

@@ -97,7 +97,8 @@ class DraDriver:
                 health_stale_after=base.health_stale_after,
             ),
         )
-        self.monitor.ignored = base.ignored_health_errors
+        self.health_policy = options.config.health_policy.with_disabled(base.ignored_health_errors)
+        self.monitor.ignored = self.health_policy
         self.monitor.subscribe(self._hardware_changed)
         self.kube = kube
         self.api = ApiConnection(kube_settings) if kube_settings is not None else None
@@ -232,7 +233,7 @@ class DraDriver:
     # ---- the hardware, as the monitor sees it -------------------------------------------------
 
     def _hardware_changed(self, view: HardwareView) -> None:
-        content = slice_content(view.inventory, self.options.base.ignored_health_errors, self.policy)
+        content = slice_content(view.inventory, self.health_policy, self.policy)
         roots = pcie_roots(view.inventory, self.options.base.sysfs_root)
         if content == self.content and roots == self.roots:
             return

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from ix_device_plugin.core.inventory import ChipStatus, Inventory, carry_missing, xid_ignored
+from ix_device_plugin.core.inventory import ChipStatus, Ignored, Inventory, carry_missing, xid_ignored
 from ix_device_plugin.hardware.backend import Backend, BackendError, XidEvent
 from ix_device_plugin.hardware.devnodes import with_control_nodes
 from ix_device_plugin.hardware.worker import Hardware
@@ -81,7 +81,7 @@ class HardwareMonitor:
         self.hardware = hardware
         self.settings = settings
         self.view = HardwareView(Inventory())
-        self.ignored: frozenset[str] = frozenset()  # IX_DISABLE_HEALTHCHECKS: the XIDs it names are not kept
+        self.ignored: Ignored = frozenset()  # the health policy: XIDs it ignores are not kept
         self._subscribers: list[Subscriber] = []
         self._requests: asyncio.Queue[_Request] = asyncio.Queue()
         self._on_xid = on_xid or (lambda xid: None)

@@ -17,7 +17,7 @@ from ix_device_plugin.settings.yamlsafe import MAX_BYTES, YamlError, compose, co
 CONFIG_KEY = "ix-config"
 # Keys of Iluvatar's Go plugin that this plugin accepts but does not act on.
 IGNORED_KEYS: dict[str, str] = {}
-_SECTIONS = {"", "flags", "sharing", "sharing.timeSlicing"}
+_SECTIONS = {"", "flags", "sharing", "sharing.timeSlicing", "health"}
 
 
 @dataclass(frozen=True)

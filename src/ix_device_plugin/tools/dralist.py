@@ -27,7 +27,7 @@ def dra_list_command(options: DraOptions, output: str | None) -> int:
         return print_error(options.base, error)
     claims = dict(checkpoint.claims) if checkpoint else {}
     policy = SlicePolicy(config.splitboard, config.replicas)
-    content = slice_content(inventory, config.ignored_health_errors, policy)
+    content = slice_content(inventory, config.health_policy, policy)
     report = {
         "resourceSlice": slice_base_name(options.node_name),
         "devices": slice_devices(content, pcie_roots(inventory, options.base.sysfs_root), taints=True),

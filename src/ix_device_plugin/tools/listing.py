@@ -110,7 +110,7 @@ def inventory_report(inventory: Inventory, config: Config, options: Options) -> 
                         "memory_mib": chip.memory_mib,
                         "health_errors": sorted(chip.status.errors),
                         "problems": list(chip.status.reasons(frozenset())),
-                        "healthy": not chip.status.reasons(config.ignored_health_errors),
+                        "healthy": not chip.status.reasons(config.health_policy),
                     }
                     for chip in board.chips
                 ],
