@@ -17,12 +17,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ix_device_plugin.core.healing import Rules
 from ix_device_plugin.core.inventory import Inventory
 from ix_device_plugin.core.limits import device_list_problem
 from ix_device_plugin.core.plan import Plan
 from ix_device_plugin.deviceplugin.configsource import ConfigSource
 from ix_device_plugin.deviceplugin.endpoint import ENDPOINT, Endpoint
 from ix_device_plugin.deviceplugin.features.hook import ApiFeatures
+from ix_device_plugin.deviceplugin.holders import PodHolders
 from ix_device_plugin.deviceplugin.metrics import Metrics
 from ix_device_plugin.deviceplugin.nodefiles import NodeFiles
 from ix_device_plugin.deviceplugin.registrar import Registrar
@@ -34,6 +36,8 @@ from ix_device_plugin.hardware.monitor import HardwareMonitor, HardwareView, Mon
 from ix_device_plugin.hardware.open import BackendFactory
 from ix_device_plugin.hardware.open import backend_factory as open_backend
 from ix_device_plugin.hardware.worker import Hardware
+from ix_device_plugin.healing.service import NodeHealing
+from ix_device_plugin.healing.story import story_path
 from ix_device_plugin.kubelet.podresources import PodResources
 from ix_device_plugin.runtime.errors import StartupError
 from ix_device_plugin.runtime.filewatch import Watcher
@@ -85,7 +89,7 @@ class Daemon:
     """One plugin instance: serves the Current state, keeps it registered and true.
 
     kube: how to reach the API server, for the features that use it (None: they go without);
-    backend_factory: the GPUs' backend (default: the one options name).
+    backend_factory: the GPUs' backend (default: the one options name); healing_rules: how hard self-healing tries.
     """
 
     def __init__(
@@ -95,6 +99,7 @@ class Daemon:
         *,
         kube: KubeSettings | None = None,
         backend_factory: BackendFactory | None = None,
+        healing_rules: Rules | None = None,
     ) -> None:
         self.options = options
         self.kube_settings = kube
@@ -134,6 +139,17 @@ class Daemon:
         )
         if self.sampler is not None:
             self.api.gpu_reset.quiet_others = self.sampler.paused
+        self.healing = NodeHealing(
+            self.monitor,
+            self.api.gpu_reset,
+            PodHolders(self.pod_resources, self.current).guard,
+            self.apiserver,
+            policy=lambda: self.config.health_policy,
+            switch=lambda: self.config.self_healing,
+            registry=self.metrics.registry,
+            story=story_path(options.plugin_dir),
+            rules=healing_rules,
+        )
         self.endpoint = Endpoint(
             options.plugin_dir / ENDPOINT, self.current, self.metrics.observe_call, self.api.before_allocate
         )
@@ -250,6 +266,8 @@ class Daemon:
         if self.kube_settings is not None:
             spawn("volcano", self.api.run_volcano)
             spawn("reset-announce", self.api.announce_reset)
+        for name, task in self.healing.tasks().items():
+            spawn(name, task)
 
     async def shutdown(self) -> None:
         """Stop every task, stop serving and remove the socket, within options.stop_timeout."""
@@ -260,6 +278,7 @@ class Daemon:
         # A GPU reset under way is waited for (RESET_STOP_WAIT, then its ixsmi is killed) before reset: false.
         ending = budget * 0.25 + (RESET_STOP_WAIT + KILL_WAIT if self.api.resetting else 0)
         await bounded("ending the API features", self.api.close(timeout=budget * 0.2), ending)
+        await self.healing.close(timeout=budget * 0.1)
         if self.apiserver is not None:
             await bounded("closing the API connection", self.apiserver.close(), budget * 0.05)
         if self._probes is not None:
