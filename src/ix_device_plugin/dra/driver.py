@@ -36,6 +36,7 @@ from ix_device_plugin.apiserver.errors import KubeError
 from ix_device_plugin.apiserver.objects import RESOURCE_CLAIM, RESOURCE_SLICE
 from ix_device_plugin.apiserver.settings import KubeSettings
 from ix_device_plugin.apiserver.watch import Key, Mirror
+from ix_device_plugin.core.healing import Rules
 from ix_device_plugin.core.inventory import Inventory
 from ix_device_plugin.dra.claimstatus import ClaimStatusWriter
 from ix_device_plugin.dra.health import DeviceHealthBoard, HealthService
@@ -59,6 +60,8 @@ from ix_device_plugin.hardware.open import BackendFactory
 from ix_device_plugin.hardware.open import backend_factory as open_backend
 from ix_device_plugin.hardware.pcie import pcie_roots
 from ix_device_plugin.hardware.worker import Hardware
+from ix_device_plugin.healing.service import NodeHealing
+from ix_device_plugin.healing.story import story_path
 from ix_device_plugin.kubelet.sockets import unix_target
 from ix_device_plugin.runtime.backoff import Backoff
 from ix_device_plugin.runtime.logs import OncePerError
@@ -73,7 +76,7 @@ class DraDriver:
     """The DRA mode: follows the hardware monitor, publishes the slice, serves the kubelet.
 
     kube: a connected API client, else the one connection made from kube_settings (at start);
-    backend_factory: the GPUs' backend (default: the one options name).
+    backend_factory: the GPUs' backend (default: the one options name); healing_rules: how hard self-healing tries.
     """
 
     def __init__(
@@ -83,6 +86,7 @@ class DraDriver:
         *,
         kube_settings: KubeSettings | None = None,
         backend_factory: BackendFactory | None = None,
+        healing_rules: Rules | None = None,
     ) -> None:
         self.options = options
         base = options.base
@@ -126,6 +130,17 @@ class DraDriver:
         self.metrics = DraMetrics(self._figures, self._prepared_devices)
         reset = ResetSettings.of(base)
         self.gpu_reset = GpuReset(self.hardware, self._reset_handshake, self._rediscover, self.metrics, reset)
+        self.healing = NodeHealing(
+            self.monitor,
+            self.gpu_reset,
+            self.state.kept_free,
+            self.api,
+            policy=lambda: self.health_policy,
+            switch=lambda: options.config.self_healing,
+            registry=self.metrics.registry,
+            story=story_path(plugin_dir(options.plugins_dir)),
+            rules=healing_rules,
+        )
 
     @property
     def inventory(self) -> Inventory:
@@ -172,6 +187,8 @@ class DraDriver:
             )
             self.service.spawn("watch-slices", watched.run)
         self.service.spawn("hardware", self.monitor.run)
+        for name, task in self.healing.tasks().items():
+            self.service.spawn(name, task)
         await self._serve()
         await self._start_probes()
         self.ready.set()
@@ -185,6 +202,7 @@ class DraDriver:
         if self.claim_status is not None:
             await bounded("writing claim status", self.claim_status.close(), timeout / 10)
         await self.gpu_reset.close(timeout / 10)
+        await self.healing.close(timeout / 10)
         for server in self._servers:
             await bounded("stopping a gRPC server", server.stop(timeout / 4), timeout / 4)
         self._servers.clear()
@@ -261,6 +279,8 @@ class DraDriver:
         error: str | None = await self.metrics.timed("unprepare", self.state.unprepare(ref))
         if error is None and self.claim_status is not None:
             self.claim_status.unprepared(ref)
+        if error is None:
+            self.healing.healer.wake()  # a chip waiting to be reset may be free now
         return error
 
     async def _reset_claim(self, claim: PreparedClaim) -> str | None:

@@ -21,7 +21,7 @@ import fcntl
 import logging
 import os
 import time
-from collections.abc import Awaitable, Callable, Iterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -75,6 +75,7 @@ class DraState:
         self._checkpoint_boot = ""  # the boot the checkpoint on disk was written in
         self._lock = asyncio.Lock()
         self._resetting: dict[str, asyncio.Future[None]] = {}  # claim UID -> done when its reset is over
+        self._kept_free: set[str] = set()  # chips the healer resets now: no claim is prepared on them
 
     # ---- start ----------------------------------------------------------------------------------
 
@@ -214,6 +215,7 @@ class DraState:
                         continue  # another driver unprepared it meanwhile: read the claim, then decide
                     others = {uid: c for uid, c in self.claims.items() if uid != ref.uid}
                     prepared = prepare(ref, claim, node, others)
+                    self._check_not_kept_free(prepared)
                     self._commit_prepared(prepared)
                     if resetting and prepared.reset_chips:
                         self._resetting[ref.uid] = asyncio.get_running_loop().create_future()
@@ -250,6 +252,34 @@ class DraState:
             return f"claim {ref}: {error}" if not str(error).startswith("claim ") else str(error)
         log.info("unprepared claim %s%s", ref, "" if known else " (was not prepared)")
         return None
+
+    # ---- self-healing -------------------------------------------------------------------------------
+
+    @contextlib.asynccontextmanager
+    async def kept_free(self, uuid: str) -> AsyncIterator[str | None]:
+        """The healer's guard: yield the claim that holds the chip (any prepared claim on it or its board, admin
+        access too), or why that cannot be told, or None: then no claim is prepared on the chip until the end."""
+        try:
+            async with self._locked():
+                self._load()
+                holder = next((claim for claim in self.claims.values() if uuid in claim.uuids), None)
+                if holder is None:
+                    self._kept_free.add(uuid)
+        except (OutputError, CheckpointError) as error:
+            yield f"no one can tell whether a claim holds it: {error}"
+            return
+        try:
+            yield None if holder is None else f"claim {holder.ref}"
+        finally:
+            self._kept_free.discard(uuid)
+
+    def _check_not_kept_free(self, prepared: PreparedClaim) -> None:
+        busy = sorted(self._kept_free.intersection(prepared.uuids))
+        if busy:
+            raise ClaimError(
+                f"claim {prepared.ref}: {', '.join(busy)} is being reset by the driver to clear an error "
+                "(self-healing); the kubelet tries again"
+            )
 
     # ---- files ------------------------------------------------------------------------------------
 

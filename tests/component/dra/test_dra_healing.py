@@ -1,0 +1,118 @@
+"""Self-healing in DRA mode: an XID taints the chip's devices; once no prepared claim holds the chip (or its board) it
+is reset (a fake ixsmi), the taint goes, the kubelet's health stream says HEALTHY, and a new claim can take it."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+from dra_support import TWO_BOARDS, DraNode
+from reset_support import IxsmiBackend, fake_ixsmi
+
+from ix_device_plugin.core.healing import Rules
+from ix_device_plugin.dra.driver import DraDriver
+from ix_device_plugin.dra.slices import UNHEALTHY_TAINT
+from ix_device_plugin.healing.events import EVENT_NAMESPACE
+from ix_device_plugin.standins.apiserver import ApiServerStandIn
+
+from support import until
+
+FAST = Rules(attempts=3, backoff=0.2, backoff_cap=1.0, refused_wait=0.5, settle=0.2)
+STEPS = ("GPUXidError", "GPUUnhealthy", "GPUHealingReset", "GPUHealthy")
+
+
+class Ixsmi:
+    """A fake ixsmi recording its arguments; sleeps as long as its `delay` file says."""
+
+    def __init__(self, directory: Path) -> None:
+        self.calls = directory / "ixsmi-calls"
+        self.delay = directory / "ixsmi-delay"
+        self.delay.write_text("0")
+        self.path = fake_ixsmi(directory / "ixsmi", f'echo "$@" >> {self.calls}; sleep $(cat {self.delay})')
+
+    def runs(self) -> list[str]:
+        return self.calls.read_text().splitlines() if self.calls.exists() else []
+
+
+def with_xid(xid: int) -> list[dict[str, Any]]:
+    """The node's two BI-V150 boards, chip gpu-1 (the first board's second) with an XID."""
+    return [{"product": "BI-V150", "chips": [None, {"xids": [xid]}]}, TWO_BOARDS[1]]
+
+
+async def start(node: DraNode, ixsmi: Ixsmi) -> DraDriver:
+    return await node.start(backend_factory=lambda: IxsmiBackend(node.devices_file, ixsmi.path), healing_rules=FAST)
+
+
+def tainted(devices: dict[str, dict[str, Any]], name: str) -> bool:
+    return any(taint["key"] == UNHEALTHY_TAINT for taint in devices.get(name, {}).get("taints", []))
+
+
+def events(api: ApiServerStandIn, reason: str) -> list[dict[str, Any]]:
+    return [e for e in api.objects("events") if e["metadata"]["namespace"] == EVENT_NAMESPACE and e["reason"] == reason]
+
+
+def uuid_of(node: DraNode, name: str) -> str:
+    return str(node.slice_devices()[name]["attributes"]["uuid"]["string"])
+
+
+async def test_an_xid_on_a_free_chip_is_reset_and_the_taint_goes(node: DraNode, api: ApiServerStandIn) -> None:
+    ixsmi = Ixsmi(node.root)
+    driver = await start(node, ixsmi)
+    await node.wait_slice(lambda devices: len(devices) == 6)
+    kubelet = await node.kubelet(driver)
+    health = await kubelet.watch_health()
+    chip = uuid_of(node, "gpu-1")
+    node.write_boards(with_xid(48))
+    await node.wait_slice(lambda devices: tainted(devices, "gpu-1") and tainted(devices, "board-0"))
+    await health.wait_for(lambda watch: watch.devices.get("gpu-1", ("",))[0] == "UNHEALTHY")
+    await node.wait_slice(lambda devices: not tainted(devices, "gpu-1") and not tainted(devices, "board-0"), timeout=10)
+    await health.wait_for(lambda watch: watch.devices["gpu-1"] == ("HEALTHY", ""))
+    assert ixsmi.runs() == [f"-r -i {chip}"]  # that chip only
+    await until(lambda: all(events(api, reason) for reason in STEPS))
+    for reason in STEPS:
+        [event] = events(api, reason)
+        assert f"GPU 1 ({chip})" in event["message"] and event["involvedObject"]["name"] == node.node
+    claim = node.claim("after", ["gpu-1"])
+    assert (await kubelet.prepare([claim])).claims[claim[2]].error == ""  # a new claim can take the chip
+    await health.close()
+    await kubelet.close()
+
+
+async def test_a_chip_held_by_a_prepared_claim_waits_until_it_is_unprepared(
+    node: DraNode, api: ApiServerStandIn
+) -> None:
+    ixsmi = Ixsmi(node.root)
+    driver = await start(node, ixsmi)
+    await node.wait_slice(lambda devices: len(devices) == 6)
+    kubelet = await node.kubelet(driver)
+    board = node.claim("whole-board", ["board-0"])  # holds gpu-0 and gpu-1
+    assert (await kubelet.prepare([board])).claims[board[2]].error == ""
+    node.write_boards(with_xid(63))
+    await node.wait_slice(lambda devices: tainted(devices, "gpu-1"))
+    await until(lambda: bool(events(api, "GPUHealingWaiting")))
+    await asyncio.sleep(0.8)
+    assert ixsmi.runs() == [] and tainted(node.slice_devices(), "gpu-1")
+    assert f"held by claim default/whole-board (uid {board[2]})" in events(api, "GPUHealingWaiting")[0]["message"]
+    assert (await kubelet.unprepare([board])).claims[board[2]].error == ""
+    await node.wait_slice(lambda devices: not tainted(devices, "gpu-1"), timeout=10)
+    assert ixsmi.runs() == [f"-r -i {uuid_of(node, 'gpu-1')}"]
+    again = node.claim("again", ["board-0"])
+    assert (await kubelet.prepare([again])).claims[again[2]].error == ""
+    await kubelet.close()
+
+
+async def test_no_claim_is_prepared_on_a_chip_while_it_is_reset(node: DraNode) -> None:
+    ixsmi = Ixsmi(node.root)
+    ixsmi.delay.write_text("1")
+    driver = await start(node, ixsmi)
+    await node.wait_slice(lambda devices: len(devices) == 6)
+    kubelet = await node.kubelet(driver)
+    node.write_boards(with_xid(48))
+    await until(lambda: ixsmi.runs() != [], timeout=5)
+    monitoring = node.claim("monitor", ["gpu-1"], admin_access=True)  # admin access takes even an unhealthy chip
+    result = (await kubelet.prepare([monitoring])).claims[monitoring[2]]
+    assert "is being reset by the driver to clear an error (self-healing)" in result.error
+    await node.wait_slice(lambda devices: not tainted(devices, "gpu-1"), timeout=10)
+    assert (await kubelet.prepare([monitoring])).claims[monitoring[2]].error == ""
+    await kubelet.close()
