@@ -63,8 +63,13 @@ class Plan:
 
     @property
     def shared(self) -> bool:
-        """True when devices are time-sliced replicas."""
+        """True when a GPU can go to several containers at once (replicas >= 2)."""
         return self.replicas >= 2
+
+    @property
+    def replica_ids(self) -> bool:
+        """True when devices are named `<gpu>::<i>` (replicas >= 1; with 1, one replica per GPU, not shared)."""
+        return self.replicas >= 1
 
     def capacity(self) -> int:
         """Number of devices advertised (what `kubectl describe node` shows as capacity)."""
@@ -85,7 +90,7 @@ def plan(inventory: Inventory, config: Config) -> Plan:
     """The devices to advertise for inventory under config (see the README's capacity table)."""
     ignored = config.ignored_health_errors
     groups = physical_groups(inventory, config.splitboard)
-    replicas = config.replicas if config.shared else 0
+    replicas = config.replicas
     devices: list[PlannedDevice] = []
     warnings: list[str] = []
     for gpu, chips, shortfall in groups:
@@ -143,7 +148,9 @@ def shortfall(board: Board, product: str | None = None) -> tuple[str, ...]:
 
 
 def _device_ids(gpu: str, replicas: int) -> list[tuple[str, int | None]]:
-    if replicas < 2:
+    """The GPU's device IDs as Iluvatar's plugin 4.4.0 names them (gpuallocator.buildDevice): the UUID alone
+    without replicas, `<uuid>::<i>` for i < replicas with any replicas, 1 included."""
+    if replicas < 1:
         return [(gpu, None)]
     return [(f"{gpu}{REPLICA_SEPARATOR}{i}", i) for i in range(replicas)]
 
