@@ -63,13 +63,9 @@ class Plan:
 
     @property
     def shared(self) -> bool:
-        """True when a GPU can go to several containers at once (replicas >= 2)."""
+        """True when a GPU can go to several containers at once (replicas >= 2; with 1, devices are named as
+        replicas, one per GPU, and nothing is shared)."""
         return self.replicas >= 2
-
-    @property
-    def replica_ids(self) -> bool:
-        """True when devices are named `<gpu>::<i>` (replicas >= 1; with 1, one replica per GPU, not shared)."""
-        return self.replicas >= 1
 
     def capacity(self) -> int:
         """Number of devices advertised (what `kubectl describe node` shows as capacity)."""
