@@ -11,6 +11,7 @@ and the difference is a warning naming the key and line (`FileConfig.warnings`);
 from __future__ import annotations
 
 import difflib
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,7 +21,15 @@ import yaml
 
 from ix_device_plugin.settings.errors import SettingsError
 from ix_device_plugin.settings.table import BY_KEY, Setting
-from ix_device_plugin.settings.yamlsafe import MAX_BYTES, YamlError, compose_all, decode, scalar_value, shown
+from ix_device_plugin.settings.yamlsafe import (
+    MAX_BYTES,
+    MAX_DIGITS,
+    YamlError,
+    compose_all,
+    decode,
+    scalar_value,
+    shown,
+)
 
 CONFIG_KEY = "ix-config"
 _SECTIONS = {"", "flags", "sharing", "sharing.timeSlicing"}
@@ -34,8 +43,10 @@ _NOT_ACTED_ON = (
 _MPS_REFUSED = "MPS sharing is not supported (Iluvatar's plugin 4.4.0 ignores this key); remove it"
 # String settings whose empty value means the default (4.4.0: `if cfg.ResourceName != ""`).
 _EMPTY_MEANS_DEFAULT = frozenset({"resourceName"})
-# Plain scalars that yaml.v2 (4.4.0) reads as booleans and PyYAML (YAML 1.1 without them) as text.
+# Plain scalars that yaml.v2 (4.4.0) reads as booleans or numbers and PyYAML as text (resolve.go).
 _YAML_V2_BOOLEANS = {"y": True, "Y": True, "n": False, "N": False}
+_YAML_V2_FLOAT = re.compile(r"[-+]?(\.[0-9]+|[0-9]+(\.[0-9]*)?)([eE][-+]?[0-9]+)?")
+_YAML_V2_OCTAL = re.compile(r"[-+]?0o[0-7]+")
 
 
 @dataclass(frozen=True)
@@ -314,12 +325,10 @@ class _Walker:
         if _is_null(node):  # as encoding/json reads null: the field keeps what it had
             return
         try:
-            value = _scalar_or_list(node)
+            value = _value_of(node)
         except YamlError as error:
             self.errors.append(f"{self.where(node, setting.key)}: {str(error).partition(': ')[2] or error}")
             return
-        if setting.boolean and isinstance(node, yaml.ScalarNode) and node.style is None:
-            value = _YAML_V2_BOOLEANS.get(node.value, value)
         if value == "" and setting.key in _EMPTY_MEANS_DEFAULT:
             self.values.pop(setting.key, None)
             return
@@ -334,7 +343,7 @@ class _Walker:
         if _is_null(node):
             return
         try:
-            value = _scalar_or_list(node)
+            value = _value_of(node)
         except YamlError:
             value = None
         if isinstance(value, float) and value.is_integer():
@@ -342,6 +351,28 @@ class _Walker:
         if isinstance(value, bool) or not isinstance(value, int):
             got = shown(value) if isinstance(node, yaml.ScalarNode) else _node_kind(node)
             self.errors.append(f"{self.where(node, MPS_REPLICAS)}: expected a whole number, got {got}")
+
+
+def _value_of(node: yaml.Node) -> Any:
+    """The value of a setting's node as yaml.v2 reads it (see _as_yaml_v2_reads); YamlError for a bad tag."""
+    value = _scalar_or_list(node)
+    if isinstance(value, str) and isinstance(node, yaml.ScalarNode):
+        return _as_yaml_v2_reads(node, value)
+    return value
+
+
+def _as_yaml_v2_reads(node: yaml.ScalarNode, text: str) -> Any:
+    """A plain scalar that PyYAML read as text, as yaml.v2 reads it: `y`/`n` booleans, `1e3` a float, `0o17` an
+    integer; anything else (and anything quoted) stays text."""
+    if node.style is not None or len(text) > MAX_DIGITS:  # a longer number is refused as text, not converted
+        return text
+    if text in _YAML_V2_BOOLEANS:
+        return _YAML_V2_BOOLEANS[text]
+    if _YAML_V2_OCTAL.fullmatch(text):
+        return int(text, 0)
+    if _YAML_V2_FLOAT.fullmatch(text):
+        return float(text)
+    return text
 
 
 def _path(prefix: str, name: str) -> str:
