@@ -202,9 +202,13 @@ def _conflicts(chosen: Mapping[str, Any], sources: Mapping[str, str]) -> list[st
 
     problems = []
     if chosen["reset_gpu"] and chosen["replicas"] > 0:
-        problems.append(
-            f"{named('reset_gpu')} cannot be combined with {named('replicas')} = {chosen['replicas']}: "
+        why = (
             "a shared GPU cannot be reset under the containers that share it"
+            if chosen["replicas"] >= 2
+            else "Iluvatar's plugin 4.4.0 refuses reset_gpu with any replicas too; 0 gives the same GPUs unshared"
+        )
+        problems.append(
+            f"{named('reset_gpu')} cannot be combined with {named('replicas')} = {chosen['replicas']}: {why}"
         )
     if chosen["replicas"] >= 2 and chosen["rename_by_default"]:
         advertised = f"{chosen['resource_name']}.shared"
