@@ -61,9 +61,9 @@ class FileConfig:
     unused: tuple[str, ...] = ()
 
 
-def load_file(path: str | Path, mode: str | None = None, strict: bool = False) -> FileConfig:
+def load_file(path: str | Path, mode: str | None = None) -> FileConfig:
     """Read and check a config file (YAML or JSON) for mode (None: every key); SettingsError naming every problem."""
-    return parse_bytes(read_bounded(path), str(path), mode=mode, strict=strict)
+    return parse_bytes(read_bounded(path), str(path), mode=mode)
 
 
 def read_bounded(path: str | Path) -> bytes:
@@ -192,11 +192,7 @@ def _config_map_data(manifest: yaml.MappingNode, origin: str, strict: bool) -> d
 # ---- the schema walk --------------------------------------------------------------------------
 
 
-def _known_paths() -> frozenset[str]:
-    return frozenset({*BY_KEY, *_SECTIONS, MPS, MPS_REPLICAS} - {""})
-
-
-_KNOWN = _known_paths()
+_KNOWN = frozenset({*BY_KEY, *_SECTIONS, MPS, MPS_REPLICAS} - {""})  # every key path the schema names
 
 
 def _children(prefix: str) -> list[str]:
