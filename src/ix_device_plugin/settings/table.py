@@ -92,7 +92,7 @@ SETTINGS: tuple[Setting, ...] = (
              f"config file (default {DEFAULT_CONFIG_PATH}; absent means defaults, a named file must exist)",
              (RUN, LIST, DEMO, DRA, LIST_DRA)),
     _setting("device_plugin_path", "--device-plugin-path", "IX_DEVICE_PLUGIN_PATH", Path(DEFAULT_PLUGIN_DIR),
-             v.path, "DIR", "kubelet device plugin directory", (RUN,)),
+             v.path, "DIR", "kubelet device plugin directory (list: where the plugin's health story is)", (RUN, LIST)),
     _setting("backend", "--backend", "IX_BACKEND", "ixml", v.choice("ixml", "simulated"), "ixml|simulated",
              "GPU source", HARDWARE),
     _setting("simulated_devices", "--simulated-devices", "IX_SIMULATED_DEVICES", DEFAULT_SIMULATED_DEVICES,

@@ -75,6 +75,10 @@ async def test_an_xid_on_a_free_chip_is_reset_and_the_taint_goes(node: DraNode, 
         assert f"GPU 1 ({chip})" in event["message"] and event["involvedObject"]["name"] == node.node
     claim = node.claim("after", ["gpu-1"])
     assert (await kubelet.prepare([claim])).claims[claim[2]].error == ""  # a new claim can take the chip
+    metrics = driver.metrics.render().decode()  # the same names as the device plugin's: one dashboard for both
+    assert 'ix_device_plugin_healing_resets_total{result="ok"} 1.0' in metrics
+    assert 'ix_device_plugin_healing_outcomes_total{outcome="healed"} 1.0' in metrics
+    assert "ix_device_plugin_gpu_out_of_service_seconds_count 1.0" in metrics
     await health.close()
     await kubelet.close()
 
