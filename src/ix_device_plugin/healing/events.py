@@ -5,7 +5,8 @@ message) is created at once; repeats only raise its count, and are written as on
 `lastTimestamp` at most every FLUSH_INTERVAL, however many there were: a storm of one XID is one Event with a count,
 never one API write per occurrence. Events are posted in the namespace `default` with the Node as involved object
 (uid: the node's name), as the kubelet posts its own node Events: the API server accepts a cluster-scoped object's
-Events there. A write that fails is retried with the connection's backoff; at most MAX_KEPT Events are remembered.
+Events there. A write that fails is retried with the connection's backoff; one refused (no RBAC for Events) drops
+what is pending, said once. At most MAX_KEPT Events are remembered.
 """
 
 from __future__ import annotations
@@ -94,14 +95,23 @@ class NodeEvents:
                 wait = await self._write_due()
             except Exception as error:  # the API server: failed writes stay pending and are tried again
                 self._written("failed")
-                self._errors.failed("Node Events: %s; retrying", error)
-                wait = backoff.next_delay()
+                if getattr(error, "transient", True):
+                    self._errors.failed("Node Events: %s; retrying", error)
+                    wait = backoff.next_delay()
+                else:  # refused (RBAC, validation): trying again cannot help; what is pending is dropped
+                    self._errors.failed("Node Events: %s; Events are dropped until one is accepted", error)
+                    self._drop_pending()
+                    wait = None
             else:
                 self._errors.succeeded("Node Events are written again")
                 backoff.reset()
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(wait):
                     await self._wake.wait()
+
+    def _drop_pending(self) -> None:
+        for event in self._events.values():
+            event.written = event.count
 
     async def flush(self, timeout: float) -> None:
         """At stop: write what is pending now, within timeout; what cannot be written is dropped (and said)."""
@@ -133,7 +143,7 @@ class NodeEvents:
 
         kube = await self.api.kube()
         count = event.count
-        if event.written:
+        if event.written and event.name:
             try:
                 await kube.patch_event(
                     EVENT_NAMESPACE, event.name, {"count": count, "lastTimestamp": _stamp(event.last)}
