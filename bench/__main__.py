@@ -16,6 +16,7 @@ from bench import (
     api_features,
     dra,
     footprint,
+    healing,
     health,
     hostile,
     kubeclient,
@@ -59,6 +60,7 @@ RUNNERS: dict[str, Runner] = {
     "node_agent": _single("node_agent", node_agent.run),
     "dra": _single("dra", dra.run),
     "api_features": _single("api_features", api_features.run),
+    "healing": _single("healing", healing.run),
 }
 
 

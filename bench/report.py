@@ -162,6 +162,15 @@ def _api_features() -> Iterator[Figure]:
         yield Figure("api_features", f"per-node config, {name}: requests", path, "/s", 1)
 
 
+def _healing() -> Iterator[Figure]:
+    yield Figure("healing", "chip free -> back in service, median", ("free_to_in_service", "median_ms"), "ms")
+    yield Figure("healing", "chip free -> back in service, max", ("free_to_in_service", "max_ms"), "ms", 3000)
+    yield Figure("healing", "Event writes per healing episode", ("event_writes_per_episode",), "")
+    yield Figure("healing", "handshake ConfigMap writes per episode", ("handshake_writes_per_episode",), "")
+    yield Figure("healing", "XID storm: Event writes", ("storm", "event_writes"), "")
+    yield Figure("healing", "XID storm: Event writes per XID", ("storm", "writes_per_xid"), "", 0.05)
+
+
 def figures(sections: Mapping[str, Any]) -> list[Figure]:
     """Every figure of the sections present."""
     groups: dict[str, Any] = {
@@ -178,6 +187,7 @@ def figures(sections: Mapping[str, Any]) -> list[Figure]:
         "node_agent": _node_agent,
         "dra": _dra,
         "api_features": _api_features,
+        "healing": _healing,
     }
     return [figure for name, group in groups.items() if name in sections for figure in group()]
 

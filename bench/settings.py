@@ -24,6 +24,8 @@ class Settings:
     settle_seconds: float
     stops: int
     kubeclient_runs: int
+    healing_runs: int = 10
+    healing_storm: int = 1000
 
 
 FULL = Settings(
@@ -56,4 +58,6 @@ SMOKE = Settings(
     settle_seconds=0.2,
     stops=2,
     kubeclient_runs=1,
+    healing_runs=1,
+    healing_storm=50,
 )

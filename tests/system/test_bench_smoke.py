@@ -24,6 +24,7 @@ SECTIONS = (
     "node_agent",
     "dra",
     "api_features",
+    "healing",
 )
 
 

@@ -52,7 +52,7 @@ from ix_device_plugin.settings.health import HEALTH_POLICY, NOT_PRESENT, OPERATO
 
 log = logging.getLogger(__name__)
 
-FREE_POLL = 2.0  # seconds between looks at whether a waiting chip is free
+FREE_POLL = 1.0  # seconds between looks at whether a waiting chip is free
 # The front end's guard for a chip: yields who holds it (None: free, and kept free until the context ends).
 Guard = Callable[[str], AbstractAsyncContextManager[str | None]]
 _MEANINGS = {row.name: row.meaning for row in HEALTH_POLICY}
