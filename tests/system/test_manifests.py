@@ -448,6 +448,9 @@ TROUBLESHOOTING_LINES = (
     "became Unhealthy",
     "chip missing from enumeration",
     "did not return within",
+    "self-healing is off (",
+    "GPUHealingWaiting",
+    "iluvatar.com/gpu.return",
 )
 
 
