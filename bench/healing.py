@@ -10,11 +10,16 @@ served Healthy on ListAndWatch (the moment measured to). Every request to the st
 
 Storm: one XID reported many times over on a chip a pod holds (it waits: nothing is reset meanwhile); the
 Event writes it causes, until the Event's count says every one of them.
+
+DRA: the driver as its own process over the double (four chips) with the kubelet DRA stand-in; each run a
+claim holds gpu-0, an XID taints it, the claim is unprepared (the moment measured from: the kubelet's call
+answered) and the chip is reset and its taint gone from the stored ResourceSlice (the moment measured to).
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 import random
 import shutil
 import subprocess
@@ -22,12 +27,16 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.plugin import RESOURCE, Node, PluginProcess, short_dir
+from bench import dra
+from bench.plugin import RESOURCE, Node, PluginProcess, short_dir, stop_process, track
 from bench.settings import Settings
 from bench.stats import summary_ms
 from ix_device_plugin.api import HEALTHY, UNHEALTHY
+from ix_device_plugin.dra.pool import slice_base_name
+from ix_device_plugin.dra.slices import DRIVER
 from ix_device_plugin.healing.healer import FREE_POLL
 from ix_device_plugin.standins.apiserver import ApiServerStandIn, Recorded
+from ix_device_plugin.standins.dra_kubelet import DraKubeletStandIn
 from ix_device_plugin.standins.podresources import PodResourcesStandIn
 
 NODE = "bench-node"
@@ -139,9 +148,11 @@ async def run(settings: Settings) -> dict[str, Any]:
             pods = PodResourcesStandIn(directory / "pod-resources.sock")
             await pods.start()
             try:
-                return await _measure(settings, directory, library, ixsmi, api, pods)
+                measured = await _measure(settings, directory, library, ixsmi, api, pods)
             finally:
                 await pods.stop()
+            dra_samples = await _dra_episodes(api, settings.healing_runs, ixsmi)
+        return {**measured, "dra_free_to_untainted": summary_ms(dra_samples)}
     finally:
         shutil.rmtree(directory, ignore_errors=True)
 
@@ -183,3 +194,45 @@ async def _measure(
         "handshake_writes_per_episode": round(handshake / settings.healing_runs, 2),
         "storm": {**storm, "writes_per_xid": round(storm["event_writes"] / storm["xids"], 4)},
     }
+
+
+def _tainted(api: ApiServerStandIn, node: str, device: str) -> bool:
+    stored = api.get("resourceslices", slice_base_name(node)) or {}
+    devices = {d["name"]: d for d in (stored.get("spec") or {}).get("devices") or []}
+    return bool(devices.get(device, {}).get("taints"))
+
+
+async def _dra_episodes(api: ApiServerStandIn, runs: int, ixsmi: Path) -> list[float]:
+    """Seconds from unpreparing the claim on a chip with an XID to its taint gone from the stored slice."""
+    node = f"{NODE}-dra"
+    directory = short_dir()
+    library = dra._double(directory)
+    assert library is not None  # a compiler was there for the device plugin's runs
+    command = dra._command(directory, api.write_kubeconfig(directory / "kubeconfig"), node, "--ixsmi-path", str(ixsmi))
+    command[command.index("simulated")] = "ixml"
+    at = command.index("--simulated-devices")
+    command[at : at + 2] = ["--ixml-library", str(library)]
+    env = {**os.environ, "IXML_DOUBLE_CONFIG": str(directory / "double.conf")}
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    track(process)
+    samples = []
+    try:
+        kubelet = DraKubeletStandIn(DRIVER)
+        await dra._wait((directory / "registry" / f"{DRIVER}-reg.sock").is_socket, "registration socket")
+        await kubelet.register(directory / "registry" / f"{DRIVER}-reg.sock")
+        await dra._wait(lambda: dra._devices(api.get("resourceslices", slice_base_name(node))) == 4, "the slice")
+        for _ in range(runs):
+            claim = dra._claim(api, node, "gpu-0")
+            assert (await kubelet.prepare([claim])).claims[claim[2]].error == ""
+            with (directory / "double.conf").open("a") as conf:
+                conf.write(f"xid=0,{XID}\n")
+            await dra._wait(lambda: _tainted(api, node, "gpu-0"), "the taint")
+            await kubelet.unprepare([claim])
+            freed = time.perf_counter()
+            await dra._wait(lambda: not _tainted(api, node, "gpu-0"), "the taint gone")
+            samples.append(time.perf_counter() - freed)
+        await kubelet.close()
+    finally:
+        await stop_process(process)
+        shutil.rmtree(directory, ignore_errors=True)
+    return samples

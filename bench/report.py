@@ -165,6 +165,8 @@ def _api_features() -> Iterator[Figure]:
 def _healing() -> Iterator[Figure]:
     yield Figure("healing", "chip free -> back in service, median", ("free_to_in_service", "median_ms"), "ms")
     yield Figure("healing", "chip free -> back in service, max", ("free_to_in_service", "max_ms"), "ms", 3000)
+    yield Figure("healing", "DRA: claim unprepared -> taint gone, median", ("dra_free_to_untainted", "median_ms"), "ms")
+    yield Figure("healing", "DRA: claim unprepared -> taint gone, max", ("dra_free_to_untainted", "max_ms"), "ms", 1000)
     yield Figure("healing", "Event writes per healing episode", ("event_writes_per_episode",), "")
     yield Figure("healing", "handshake ConfigMap writes per episode", ("handshake_writes_per_episode",), "")
     yield Figure("healing", "XID storm: Event writes", ("storm", "event_writes"), "")

@@ -71,6 +71,9 @@ from ix_device_plugin.settings.options import DraOptions
 
 log = logging.getLogger(__name__)
 
+# No settling time before a reset: a claim prepared on the chip meanwhile is refused under the state's lock.
+DRA_HEALING = Rules(settle=0.0)
+
 
 class DraDriver:
     """The DRA mode: follows the hardware monitor, publishes the slice, serves the kubelet.
@@ -139,7 +142,7 @@ class DraDriver:
             switch=lambda: options.config.self_healing,
             registry=self.metrics.registry,
             story=story_path(plugin_dir(options.plugins_dir)),
-            rules=healing_rules,
+            rules=healing_rules or DRA_HEALING,
         )
 
     @property
