@@ -282,8 +282,7 @@ class HardwareMonitor:
         if len(chip.status.xids) >= MAX_XIDS:
             self.xid_log.log(
                 logging.WARNING,
-                "XID %d on %s: the chip is Unhealthy with %d XIDs already; more are counted, not kept",
-                event.xid,
+                "more XIDs on %s: it is Unhealthy with %d XIDs kept already; the others are counted, not kept",
                 chip.uuid,
                 MAX_XIDS,
             )
