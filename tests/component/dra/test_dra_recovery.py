@@ -419,3 +419,32 @@ async def test_write_failures_and_rebuilt_claims_are_named_in_the_prepare_answer
     error = answer(await kubelet.prepare([blocked]), blocked[2]).error
     assert error.startswith(f"claim default/blocked (uid {blocked[2]}): cannot write ")
     await kubelet.close()
+
+
+async def test_a_retry_on_the_new_pod_during_the_old_pods_reset_waits_for_it_and_never_ends_it(
+    node: DraNode, api: ApiServerStandIn
+) -> None:
+    handshake = Handshake(api, node)
+    backend = SimulatedBackend(str(node.devices_file))  # one node: both pods reset the same chips
+    old = await node.start(backend_factory=lambda: backend, pod_uid="pod-old", reset_wait_timeout=10.0)
+    await node.wait_slice(lambda devices: len(devices) == 6)
+    handshake.write(ResetInfo(node.node, False, {EXPORTER: True, "ix-device-plugin": True}))  # holds, hangs
+    to_old = await node.kubelet(old)
+    claim = node.claim("fresh", ["gpu-0"], config=[gpu_config(reset=True)])
+    first = asyncio.create_task(to_old.prepare([claim]))
+    await until(lambda: (info := handshake.document()) is not None and info.reset)
+    new = await node.start(backend_factory=lambda: backend, pod_uid="pod-new", reset_wait_timeout=10.0)
+    to_new = await node.kubelet(new)
+    retry = asyncio.create_task(to_new.prepare([claim]))  # the kubelet gave up on the old pod's answer
+    await asyncio.sleep(1.0)
+    assert (info := handshake.document()) is not None and info.reset  # the new pod's start did not end the reset
+    assert not retry.done() and backend.resets == []  # no answer before the chips are reset
+    exporter = asyncio.create_task(handshake.exporter())  # ix-exporter lets go at last
+    try:
+        assert answer(await first, claim[2]).error == ""
+        assert answer(await retry, claim[2]).error == ""
+        assert len(backend.resets) == 1  # once, by the old pod: the new one read the claim again in its turn
+    finally:
+        exporter.cancel()
+    await to_old.close()
+    await to_new.close()
