@@ -448,3 +448,28 @@ async def test_a_retry_on_the_new_pod_during_the_old_pods_reset_waits_for_it_and
         exporter.cancel()
     await to_old.close()
     await to_new.close()
+
+
+async def test_a_reset_whose_exporter_never_comes_back_fails_the_prepare_in_the_words_of_dra(
+    node: DraNode, api: ApiServerStandIn
+) -> None:
+    handshake = Handshake(api, node)
+    handshake.write(ResetInfo(node.node, False, {EXPORTER: True}))
+    backend = SimulatedBackend(str(node.devices_file))
+    driver = await node.start(backend_factory=lambda: backend, reset_wait_timeout=1.0, reset_timeout=5.0)
+    kubelet = await node.kubelet(driver)
+    claim = node.claim("late", ["gpu-1"], config=[gpu_config(reset=True)])
+
+    async def lets_go_once() -> None:  # ix-exporter lets go at the first reset: true, and dies
+        while (info := handshake.document()) is None or not info.reset:
+            await asyncio.sleep(0.02)
+        handshake.write(ResetInfo(node.node, True, {**info.occupy, EXPORTER: False}))
+
+    exporter = asyncio.create_task(lets_go_once())
+    error = answer(await kubelet.prepare([claim]), claim[2]).error
+    await exporter
+    assert error.startswith(f"claim default/late (uid {claim[2]}): GPU reset before the container starts: ")
+    assert "did not take them back" in error and "Allocate" not in error
+    assert answer(await kubelet.prepare([claim]), claim[2]).error == ""  # the retry: not waited for again
+    assert len(backend.resets) == 2
+    await kubelet.close()
