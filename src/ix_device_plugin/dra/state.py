@@ -91,7 +91,6 @@ class DraState:
         self.reset_wait = reset_wait
         self.claims: dict[str, PreparedClaim] = {}
         self.restored = 0  # claims found at start
-        self.rebuilds = 0  # times the checkpoint was rebuilt from the claim specs
         self._seen: tuple[int, int, int] | None = None  # (inode, size, mtime) of the checkpoint as last read
         self._checkpoint_boot = ""  # the boot the checkpoint on disk was written in
         self._lock = asyncio.Lock()
@@ -172,7 +171,6 @@ class DraState:
         aside = self._keep_aside()
         self._save(rebuilt)
         self.claims = rebuilt
-        self.rebuilds += 1
         kept = f"; kept as {aside}" if aside is not None else ""
         log.error("%s%s; %d claims rebuilt from their CDI specs in %s", why, kept, len(rebuilt), self.cdi_dir)
 
@@ -312,7 +310,7 @@ class DraState:
                     return f"claim {ref}: unprepared by another driver before its GPU reset; the kubelet tries again"
                 if not claim.reset_pending:
                     return claim  # another driver's reset of it ended while this one waited for its turn
-                error = await reset(claim)
+                error = await reset(claim) if claim.reset_chips else None
                 if error is not None:
                     log.warning("NodePrepareResources: claim %s: %s", ref, error)
                     undone = await self._unprepare(ref)
@@ -322,6 +320,9 @@ class DraState:
             message = _about(ref, error)
             log.warning("NodePrepareResources: %s", message)
             return message
+        except Exception as error:  # nobody foresaw it: the claim stays pending, and the next try resets it
+            log.error("NodePrepareResources: claim %s: GPU reset: %s: %s", ref, type(error).__name__, error)
+            return f"claim {ref}: GPU reset: {type(error).__name__}: {error}"
 
     async def _reset_done(self, ref: ClaimRef) -> PreparedClaim | str:
         """Record that the claim's chips were reset; the claim, or why that could not be written."""
@@ -344,29 +345,26 @@ class DraState:
         """Forget the claim (checkpoint first, then its CDI spec); the error message, or None. A claim whose reset
         is pending is forgotten only in the node's reset turn: never while its chips are being reset."""
         async with self._turns.of(ref.uid):
+            with contextlib.suppress(_ResetPending):
+                return await self._unprepare(ref, in_reset_turn=False)
             try:
-                check_ref(ref)
-                if await self._reset_pending(ref.uid):
-                    async with self.reset_turn():
-                        return await self._unprepare(ref)
-            except (ClaimError, OutputError, CheckpointError) as error:
+                async with self.reset_turn():
+                    return await self._unprepare(ref)
+            except OutputError as error:
                 message = _about(ref, error)
                 log.warning("NodeUnprepareResources: %s", message)
                 return message
-            return await self._unprepare(ref)
 
-    async def _reset_pending(self, uid: str) -> bool:
-        async with self._locked():
-            self._load()
-            claim = self.claims.get(uid)
-        return claim is not None and claim.reset_pending
-
-    async def _unprepare(self, ref: ClaimRef) -> str | None:
+    async def _unprepare(self, ref: ClaimRef, in_reset_turn: bool = True) -> str | None:
+        """Forget the claim; the error message, or None. _ResetPending outside the reset turn when its reset is."""
         try:
             check_ref(ref)
             async with self._locked():
                 self._load()
-                known = ref.uid in self.claims
+                claim = self.claims.get(ref.uid)
+                if claim is not None and claim.reset_pending and not in_reset_turn:
+                    raise _ResetPending
+                known = claim is not None
                 if known:
                     remaining = {uid: c for uid, c in self.claims.items() if uid != ref.uid}
                     self._save(remaining)
@@ -457,6 +455,10 @@ class DraState:
             yield
         finally:
             os.close(descriptor)
+
+
+class _ResetPending(Exception):
+    """The claim's reset is pending: it is unprepared in the node's reset turn."""
 
 
 class _ClaimTurns:

@@ -74,6 +74,13 @@ def driver_process(node: DraNode, *flags: str) -> subprocess.Popen[bytes]:
     return subprocess.Popen(command, stderr=subprocess.PIPE, env=env)
 
 
+def list_dra(node: DraNode) -> subprocess.CompletedProcess[str]:
+    """`ix-device-plugin list --dra` on node, in a process of its own."""
+    argv = ["list", "--dra", "--backend", "simulated", "--simulated-devices", str(node.devices_file)]
+    argv += ["--node-name", node.node, "--kubelet-plugins-directory-path", str(node.root / "plugins")]
+    return subprocess.run([sys.executable, "-m", "ix_device_plugin", *argv], capture_output=True, text=True)
+
+
 @pytest.fixture
 def processes() -> Iterator[list[subprocess.Popen[bytes]]]:
     """Driver processes started by the test; killed at the end if still running."""
@@ -146,6 +153,7 @@ async def test_a_reset_cut_short_by_a_kill_or_a_stop_runs_at_the_retry_and_the_h
         await call
     await kubelet.close()
     assert checkpoint(node)["claims"][claim[2]]["resetPending"] is True  # recorded on disk before the reset
+    assert "default/fresh" in (listed := list_dra(node)).stdout and "(GPU reset pending)" in listed.stdout
     backend = SimulatedBackend(str(node.devices_file))
     exporter = asyncio.create_task(handshake.exporter())  # ix-exporter answers from now on
     try:
@@ -244,9 +252,7 @@ async def test_a_checkpoint_device_entry_of_the_wrong_type_is_set_aside_and_list
     document = checkpoint(node)
     document["claims"][claim[2]]["devices"][0] = entry
     checkpoint_path(node).write_text(json.dumps(document))
-    argv = ["list", "--dra", "--backend", "simulated", "--simulated-devices", str(node.devices_file)]
-    argv += ["--node-name", node.node, "--kubelet-plugins-directory-path", str(node.root / "plugins")]
-    listed = subprocess.run([sys.executable, "-m", "ix_device_plugin", *argv], capture_output=True, text=True)
+    listed = list_dra(node)
     assert listed.returncode == 1 and "Traceback" not in listed.stderr
     assert f"claims.{claim[2]}.devices[0]: expected an object, got " in listed.stderr
     restarted = await node.start()
