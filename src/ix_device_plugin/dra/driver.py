@@ -173,10 +173,10 @@ class DraDriver:
             )
             self.service.spawn("watch-slices", watched.run)
         self.service.spawn("hardware", self.monitor.run)
+        await self._serve()
         if self.api is not None:  # reset: false in ix-gpu-reset-<node>, as the device plugin says at start: a driver
             # killed in the middle of a reset left reset: true, and ix-exporter stays away from the GPUs until then
             self.service.spawn("reset-record", self._keep_reset_record)
-        await self._serve()
         await self._start_probes()
         self.ready.set()
         log.info("DRA driver %s ready in %.0f ms", DRIVER, (time.perf_counter() - started) * 1000)
