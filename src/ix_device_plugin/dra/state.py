@@ -280,9 +280,8 @@ class DraState:
         except Exception as error:  # a claim nobody foresaw: this claim fails, the others are served
             log.error("NodePrepareResources: claim %s: %s: %s", ref, type(error).__name__, error)
             return f"claim {ref}: cannot be prepared: {type(error).__name__}: {error}"
-        log.info(
-            "prepared claim %s: %s%s", ref, describe(prepared), "; its GPUs are reset next" * prepared.reset_pending
-        )
+        pending = "; its GPUs are reset next" if prepared.reset_pending else ""
+        log.info("prepared claim %s: %s%s", ref, describe(prepared), pending)
         return prepared
 
     @staticmethod
