@@ -382,12 +382,12 @@ async def test_a_lock_file_that_is_a_directory_or_a_symlink_is_a_clear_error(nod
     directory = node.root / "plugins" / DRIVER
     directory.mkdir(parents=True)
     (directory / "serialize.lock").mkdir()
-    with pytest.raises(StartupError, match=r"serialize\.lock is a directory; remove it"):
+    with pytest.raises(StartupError, match=r"(?i)serialize\.lock.*is a directory"):
         await node.start()
     (directory / "serialize.lock").rmdir()
     victim = short_dir / "victim"
     (directory / "serialize.lock").symlink_to(victim)
-    with pytest.raises(StartupError, match=r"serialize\.lock is a symbolic link; not followed"):
+    with pytest.raises(StartupError, match=r"serialize\.lock.*symbolic link"):
         await node.start()
     assert not victim.exists()
 
