@@ -97,8 +97,13 @@ async def registered(node: DraNode) -> DraKubeletStandIn:
     kubelet = DraKubeletStandIn(DRIVER)
     socket = registration_socket(node.root / "plugins_registry")
     await kubelet.wait_for_socket(socket, timeout=20)
-    await kubelet.register(socket)
-    return kubelet
+    async with asyncio.timeout(10):
+        while True:  # as the kubelet's plugin watcher does: the socket may be there a moment before it is served
+            try:
+                await kubelet.register(socket)
+                return kubelet
+            except grpc.aio.AioRpcError:
+                await asyncio.sleep(0.05)
 
 
 # ---- ix-exporter's side of the reset handshake ----------------------------------------------------------------
