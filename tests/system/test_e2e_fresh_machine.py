@@ -361,6 +361,35 @@ def test_a_cached_binary_of_another_version_is_rebuilt(host: FakeBuildHost) -> N
     assert versions()["CONTAINERD_VERSION"] in host.says("bin/ctr")
 
 
+HARNESS_LOOKUP = """
+import sys
+sys.path.insert(0, sys.argv[1])
+from harness.build import built_binaries
+found, why = built_binaries()
+print(why if found is None else f"using {found.bin_dir}")
+"""
+
+
+def harness_lookup(host: FakeBuildHost) -> str:
+    """What the suite's harness says of host's cache (harness.build.built_binaries)."""
+    env = clean_env(PATH=f"{host.bin}:{os.environ['PATH']}", IX_E2E_CACHE=str(host.cache))
+    result = subprocess.run(
+        [sys.executable, "-c", HARNESS_LOOKUP, str(E2E_DIR)], capture_output=True, text=True, env=env, timeout=300
+    )
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+def test_the_suite_refuses_a_complete_cache_whose_runc_lacks_seccomp(host: FakeBuildHost) -> None:
+    host.fill_cache(version_outputs())
+    (host.dest / "complete").touch()
+    assert harness_lookup(host).startswith("using ")
+    fake_binary(host.dest / "bin/runc", version_outputs(seccomp=False)["bin/runc"])
+    said = harness_lookup(host)
+    assert "bin/runc: built without seccomp" in said
+    assert "run `make e2e-build`" in said
+
+
 # ------------------------------------------------------------------ the skip report
 
 
