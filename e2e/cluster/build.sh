@@ -141,6 +141,7 @@ step() { # step NAME BUILDER FILE...: unless every FILE passes verify (and $rebu
         mv -f "$out/${file##*/}" "$dest/$file"
     done
     rm -rf "$out"
+    rmdir "$dest/staging" 2>/dev/null || true
     echo "$name: $((SECONDS - start)) s" | tee -a "$log" >&2
 }
 
