@@ -1,0 +1,217 @@
+"""GetPreferredAllocation placement: same board, then PCIe switch, host bridge and NUMA node, whatever the
+order the kubelet offers the devices in; checked against every candidate set on small nodes."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from itertools import combinations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ix_device_plugin.core.inventory import (
+    TOPOLOGY_HOSTBRIDGE,
+    TOPOLOGY_INTERNAL,
+    TOPOLOGY_NODE,
+    TOPOLOGY_SINGLE,
+    TOPOLOGY_SYSTEM,
+    Board,
+    Chip,
+    Inventory,
+    link_key,
+)
+from ix_device_plugin.core.placement import placement
+from ix_device_plugin.core.plan import Plan, plan
+from ix_device_plugin.core.preferred import preferred
+from ix_device_plugin.settings.config import Config
+
+
+@dataclass(frozen=True)
+class Slot:
+    """Where a board sits: its chip count, PCIe switch, host bridge and NUMA node (each numbered node-wide)."""
+
+    chips: int
+    switch: int
+    bridge: int
+    numa: int
+
+
+def _level(a: tuple[Slot, int], b: tuple[Slot, int]) -> int:
+    """The PCIe common-ancestor level IXML reports between two chips (slot, board index)."""
+    (slot_a, board_a), (slot_b, board_b) = a, b
+    if board_a == board_b:
+        return TOPOLOGY_INTERNAL
+    if slot_a.switch == slot_b.switch:
+        return TOPOLOGY_SINGLE
+    if slot_a.bridge == slot_b.bridge:
+        return TOPOLOGY_HOSTBRIDGE
+    return TOPOLOGY_NODE if slot_a.numa == slot_b.numa else TOPOLOGY_SYSTEM
+
+
+def node(slots: list[Slot], *, links: bool = True, numa: bool = True) -> Inventory:
+    """Boards b0, b1, ... with chips GPU-<board>-<chip>; links and NUMA nodes as the library reports them."""
+    boards = []
+    where: dict[str, tuple[Slot, int]] = {}
+    for index, slot in enumerate(slots):
+        chips = []
+        for position in range(slot.chips):
+            uuid = f"GPU-{index}-{position}"
+            where[uuid] = (slot, index)
+            chips.append(
+                Chip(uuid=uuid, minor=len(where) - 1, product="BI-V150", numa_node=slot.numa if numa else None)
+            )
+        boards.append(Board("BI-V150", tuple(chips), expected_chips=slot.chips))
+    pairs = {link_key(a, b): _level(where[a], where[b]) for a, b in combinations(where, 2)} if links else {}
+    return Inventory(boards=tuple(boards), links=pairs)
+
+
+def split(inventory: Inventory) -> Plan:
+    return plan(inventory, Config(splitboard=True))
+
+
+def score(p: Plan, ids: list[str]) -> tuple[int, ...]:
+    return placement(p.topology, [p.by_id[device_id].gpu for device_id in ids])
+
+
+def boards_of(ids: list[str]) -> set[str]:
+    return {device_id.rsplit("-", 1)[0] for device_id in ids}
+
+
+# ---- the placement score ---------------------------------------------------------------------
+
+TWO_BRIDGES = [Slot(2, 0, 0, 0), Slot(2, 0, 0, 0), Slot(2, 1, 0, 0), Slot(2, 2, 1, 0), Slot(2, 3, 2, 1)]
+
+
+def test_the_score_orders_board_switch_bridge_numa_node_cpus_then_nothing_known() -> None:
+    p = split(node(TWO_BRIDGES))
+    board = ["GPU-0-0", "GPU-0-1"]
+    switch = ["GPU-0-0", "GPU-1-0"]
+    bridge = ["GPU-0-0", "GPU-2-0"]
+    numa = ["GPU-0-0", "GPU-3-0"]
+    cpus = ["GPU-0-0", "GPU-4-0"]
+    assert score(p, board) < score(p, switch) < score(p, bridge) < score(p, numa) < score(p, cpus)
+    unknown = split(node(TWO_BRIDGES, links=False, numa=False))
+    assert score(unknown, board) < score(unknown, switch) == score(unknown, cpus)
+    assert score(split(node(TWO_BRIDGES, links=False)), cpus) < score(unknown, cpus)
+
+
+def test_the_score_keeps_as_few_pairs_apart_as_it_can_farthest_level_first() -> None:
+    p = split(node(TWO_BRIDGES))
+    two_boards = ["GPU-0-0", "GPU-0-1", "GPU-1-0", "GPU-1-1"]
+    four_chips = ["GPU-0-0", "GPU-1-0", "GPU-2-0", "GPU-2-1"]
+    assert score(p, two_boards) < score(p, four_chips)
+    # Three chips on one NUMA node beat a whole board with a chip across the CPUs.
+    assert score(p, ["GPU-0-0", "GPU-2-0", "GPU-3-0"]) < score(p, ["GPU-0-0", "GPU-0-1", "GPU-4-0"])
+
+
+# ---- named cases that split boards or bridges before --------------------------------------------
+
+THREE_BOARDS = [Slot(2, 0, 0, 0), Slot(2, 0, 0, 0), Slot(2, 0, 0, 0)]
+
+
+def test_split_boards_partly_used_two_chips_come_from_one_board_whatever_the_offer_order() -> None:
+    for links in (True, False):  # the library reports same-board links, or only which chips share a board
+        p = split(node(THREE_BOARDS, links=links))
+        # GPU-0-0 is in use; the kubelet offers the rest starting with its board's other chip.
+        offered = ["GPU-0-1", "GPU-1-0", "GPU-2-1", "GPU-1-1", "GPU-2-0"]
+        assert preferred(p, offered, [], 2) == ["GPU-1-0", "GPU-1-1"]
+        assert preferred(p, offered[::-1], [], 2) == ["GPU-1-0", "GPU-1-1"]
+
+
+def test_without_a_free_board_two_chips_stay_under_one_host_bridge() -> None:
+    p = split(node([Slot(2, 0, 0, 0), Slot(2, 1, 1, 0), Slot(2, 2, 1, 0)]))
+    offered = ["GPU-0-1", "GPU-1-1", "GPU-2-1"]  # each board's chip 0 is in use
+    assert preferred(p, offered, [], 2) == ["GPU-1-1", "GPU-2-1"]
+
+
+def test_one_chip_comes_from_a_board_already_half_used() -> None:
+    p = split(node(THREE_BOARDS))
+    offered = ["GPU-0-0", "GPU-0-1", "GPU-1-0", "GPU-2-1", "GPU-2-0"]  # GPU-1-1 is in use
+    assert preferred(p, offered, [], 1) == ["GPU-1-0"]
+
+
+def test_must_include_chip_gets_its_closest_free_neighbours() -> None:
+    p = split(node(TWO_BRIDGES))
+    offered = ["GPU-3-0", "GPU-4-1", "GPU-0-1", "GPU-1-0", "GPU-1-1", "GPU-2-0", "GPU-2-1", "GPU-4-0"]
+    assert preferred(p, offered, ["GPU-0-1"], 3) == ["GPU-0-1", "GPU-1-0", "GPU-1-1"]
+    assert preferred(p, offered, ["GPU-4-1"], 2) == ["GPU-4-1", "GPU-4-0"]
+
+
+def test_whole_boards_stay_on_one_numa_node_and_take_the_one_that_fits_tightest() -> None:
+    slots = [Slot(2, 0, 0, 0), Slot(2, 1, 1, 1), Slot(2, 2, 2, 0), Slot(2, 3, 3, 1), Slot(2, 4, 4, 1)]
+    p = plan(node(slots), Config())
+    boards = [b.uuid for b in node(slots).boards]
+    assert set(preferred(p, boards[::-1], [], 2)) == {boards[0], boards[2]}
+    assert set(preferred(p, boards, [], 3)) == {boards[1], boards[3], boards[4]}
+
+
+def test_replicas_spread_over_the_first_gpus_board_first() -> None:
+    p = plan(node(THREE_BOARDS, links=False), Config(splitboard=True, replicas=2))
+    offered = [d.id for d in p.devices if not d.id.startswith("GPU-1-1")]
+    offered.sort(key=lambda device_id: not device_id.startswith("GPU-2-1"))  # the kubelet's order
+    chosen = preferred(p, offered, [], 2)
+    assert [p.by_id[i].gpu for i in chosen] == ["GPU-2-1", "GPU-2-0"]
+
+
+# ---- properties over random partly used nodes ------------------------------------------------
+
+
+@st.composite
+def requests(draw: st.DrawFn) -> tuple[Plan, list[str], list[str], int, list[str]]:
+    """A node of up to 5 boards of 1 or 2 chips, partly used; a request on it and a second offer order."""
+    numas = draw(st.integers(1, 2))
+    bridges = [draw(st.integers(0, numas - 1)) for _ in range(draw(st.integers(1, 3)))]  # bridge -> NUMA node
+    switches = [draw(st.integers(0, len(bridges) - 1)) for _ in range(draw(st.integers(1, 4)))]  # -> bridge
+    slots = []
+    for _ in range(draw(st.integers(1, 5))):
+        switch = draw(st.integers(0, len(switches) - 1))
+        slots.append(Slot(draw(st.integers(1, 2)), switch, switches[switch], bridges[switches[switch]]))
+    inventory = node(slots, links=draw(st.booleans()), numa=draw(st.booleans()))
+    p = plan(inventory, Config(splitboard=draw(st.booleans())))
+    ids = [device.id for device in p.devices]
+    available = draw(st.lists(st.sampled_from(ids), min_size=1, unique=True))
+    must = draw(st.lists(st.sampled_from(available), unique=True))
+    size = draw(st.integers(max(1, len(must)), len(available)))
+    return p, draw(st.permutations(available)), must, size, draw(st.permutations(available))
+
+
+def candidates(available: list[str], must: list[str], size: int) -> list[list[str]]:
+    others = [device_id for device_id in available if device_id not in must]
+    return [[*must, *rest] for rest in combinations(others, size - len(must))]
+
+
+@settings(max_examples=400, deadline=None)
+@given(requests())
+def test_the_answer_is_placed_as_well_as_the_best_candidate_set(
+    request: tuple[Plan, list[str], list[str], int, list[str]],
+) -> None:
+    p, offered, must, size, _ = request
+    chosen = preferred(p, offered, must, size)
+    assert len(chosen) == size == len(set(chosen))
+    assert set(must) <= set(chosen) <= set(offered)
+    assert score(p, chosen) == min(score(p, candidate) for candidate in candidates(offered, must, size))
+
+
+@settings(max_examples=300, deadline=None)
+@given(requests())
+def test_of_sets_placed_equally_well_the_answer_leaves_the_rest_best_placed(
+    request: tuple[Plan, list[str], list[str], int, list[str]],
+) -> None:
+    p, offered, must, size, _ = request
+    chosen = preferred(p, offered, must, size)
+
+    def rank(ids: list[str]) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        return score(p, ids), score(p, [device_id for device_id in offered if device_id not in ids])
+
+    assert rank(chosen) == min(rank(candidate) for candidate in candidates(offered, must, size))
+
+
+@settings(max_examples=300, deadline=None)
+@given(requests())
+def test_the_answer_does_not_depend_on_the_offer_order(
+    request: tuple[Plan, list[str], list[str], int, list[str]],
+) -> None:
+    p, offered, must, size, reordered = request
+    first = preferred(p, offered, must, size)
+    assert score(p, preferred(p, reordered, must, size)) == score(p, first)
+    assert sorted(preferred(p, reordered, must, size)) == sorted(first)
