@@ -49,12 +49,13 @@ class Group:
     """Two or more GPUs sharing a level, or the whole node.
 
     levels: the levels it is the group of (one that is also the whole of its group at the next level stands
-    for both); children: the GPUs (str) and smaller groups (index in Topology.groups) it holds, in advertised
-    order of their first GPU.
+    for both); gpus: the GPUs it holds that are in no smaller group; groups: the smaller groups it holds
+    (index in Topology.groups). Both in advertised order of their first GPU.
     """
 
     levels: tuple[int, ...]
-    children: tuple[str | int, ...]
+    gpus: tuple[str, ...]
+    groups: tuple[int, ...]
 
 
 @dataclass(frozen=True)
@@ -130,7 +131,14 @@ def _nest(gpus: Sequence[str], keys: list[dict[str, int]]) -> tuple[Group, ...]:
             children.append(held)
             for gpu in group_gpus:
                 holder[gpu] = len(children) - 1
-    return tuple(Group(tuple(group_levels), held) for group_levels, held in zip(levels, children, strict=True))
+    return tuple(
+        Group(
+            levels=tuple(group_levels),
+            gpus=tuple(child for child in held if isinstance(child, str)),
+            groups=tuple(child for child in held if isinstance(child, int)),
+        )
+        for group_levels, held in zip(levels, children, strict=True)
+    )
 
 
 class _DisjointSets:
