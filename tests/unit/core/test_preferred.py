@@ -3,7 +3,7 @@ order the kubelet offers the devices in; checked against every candidate set on 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from itertools import combinations
 
 from hypothesis import given, settings
@@ -167,6 +167,10 @@ def requests(draw: st.DrawFn) -> tuple[Plan, list[str], list[str], int, list[str
         switch = draw(st.integers(0, len(switches) - 1))
         slots.append(Slot(draw(st.integers(1, 2)), switch, switches[switch], bridges[switches[switch]]))
     inventory = node(slots, links=draw(st.booleans()), numa=draw(st.booleans()))
+    if draw(st.booleans()):  # levels that no PCIe tree gives: the groups still nest, the search still exact
+        levels = st.sampled_from([0, 10, 20, 30, 40, 50, 60, -1])
+        chips = [chip.uuid for chip in inventory.chips()]
+        inventory = replace(inventory, links={link_key(a, b): draw(levels) for a, b in combinations(chips, 2)})
     p = plan(inventory, Config(splitboard=draw(st.booleans())))
     ids = [device.id for device in p.devices]
     available = draw(st.lists(st.sampled_from(ids), min_size=1, unique=True))
