@@ -71,7 +71,7 @@ class _Search:
         self._taken = [base ** (LEVELS + level) for level in range(LEVELS)]
         self._left = [base**level for level in range(LEVELS)]
         # Groups alike (same levels, free count and children's tables) merge alike: each is merged once.
-        self._merged: dict[tuple[tuple[int, ...], int, tuple[Best, ...]], tuple[Best, tuple[tuple[int, ...], ...]]] = {}
+        self._merged: dict[tuple[object, ...], tuple[Best, tuple[tuple[int, ...], ...]]] = {}
 
     def run(self) -> list[str]:
         """The GPUs chosen."""
@@ -93,12 +93,16 @@ class _Search:
         needed = sum(1 for gpu in own if gpu in self._must) if self._must else 0
         if needed:
             own.sort(key=lambda gpu: gpu not in self._must)
-        children: list[tuple[Child, Best]] = []
-        if own:
-            children.append((tuple(own), self._own_best(len(own), needed)))
-        free = len(own)
-        if group.groups:
-            free += self._add_groups(group, tables, children)
+        if not group.groups:  # most groups (boards): their table hangs on two counts only
+            if not own:
+                return None
+            key: tuple[object, ...] = (group.levels, len(own), needed)
+            if key not in self._merged:
+                self._merged[key] = self._merge_all((self._own_best(len(own), needed),), group.levels, len(own))
+            best, (given,) = self._merged[key]
+            return _Table(best, len(own), ((tuple(own), given),))
+        children: list[tuple[Child, Best]] = [(tuple(own), self._own_best(len(own), needed))] if own else []
+        free = len(own) + self._add_groups(group, tables, children)
         if not children:
             return None
         bests = tuple(best for _, best in children)

@@ -2,8 +2,8 @@
 
 Whole GPUs (no time-slicing): every must-include device, and of the sets of the requested size that hold
 them, the best placed (core.placement: fewest pairs across CPUs, then across NUMA nodes, host bridges, PCIe
-switches, boards); of sets placed equally well, the one that leaves the free GPUs best placed, then the
-earliest advertised. The answer depends on which devices are offered, never on the order they come in.
+switches, boards); of sets placed equally well, the one that leaves the free GPUs best placed, then one
+fixed by the plan. The answer depends on which devices are offered, never on the order they come in.
 
 Time-sliced replicas: every must-include device; devices on one NUMA node (the one the must-include devices
 sit on, else the node that fits the request most tightly); spread over distinct physical GPUs, least used

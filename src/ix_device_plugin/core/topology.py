@@ -8,6 +8,7 @@ level's even where the facts disagree.
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -72,8 +73,8 @@ class Topology:
 
     def shared_level(self, gpu_a: str, gpu_b: str) -> int:
         """The closest level whose group holds both GPUs (BOARD for one GPU, NODE when nothing joins them)."""
-        path_a, path_b = self.paths[gpu_a], self.paths[gpu_b]
-        return next((level for level in range(NODE) if path_a[level] == path_b[level]), NODE)
+        # Groups nest: the two paths differ up to the level they share, and agree from there.
+        return sum(map(operator.ne, self.paths[gpu_a], self.paths[gpu_b]))
 
 
 def build_topology(
