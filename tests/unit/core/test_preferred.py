@@ -6,12 +6,13 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from itertools import combinations
 
-from hypothesis import given, settings
+from hypothesis import assume, example, given, settings
 from hypothesis import strategies as st
 
 from ix_device_plugin.core.inventory import (
     TOPOLOGY_HOSTBRIDGE,
     TOPOLOGY_INTERNAL,
+    TOPOLOGY_MULTIPLE,
     TOPOLOGY_NODE,
     TOPOLOGY_SINGLE,
     TOPOLOGY_SYSTEM,
@@ -156,9 +157,24 @@ def test_replicas_spread_over_the_first_gpus_board_first() -> None:
 # ---- properties over random partly used nodes ------------------------------------------------
 
 
+@dataclass(frozen=True)
+class Request:
+    """A GetPreferredAllocation request on a node, with a second order of the same offer."""
+
+    inventory: Inventory
+    plan: Plan
+    offered: list[str]
+    must: list[str]
+    size: int
+    reordered: list[str]
+
+
 @st.composite
-def requests(draw: st.DrawFn) -> tuple[Plan, list[str], list[str], int, list[str]]:
-    """A node of up to 5 boards of 1 or 2 chips, partly used; a request on it and a second offer order."""
+def requests(draw: st.DrawFn, most: int = 10, any_links: bool = True) -> Request:
+    """A node of up to 5 boards of 1 or 2 chips, partly used (at most `most` devices offered); a request on it.
+
+    Links as a PCIe tree gives them, none, or (any_links) any level for any pair of chips.
+    """
     numas = draw(st.integers(1, 2))
     bridges = [draw(st.integers(0, numas - 1)) for _ in range(draw(st.integers(1, 3)))]  # bridge -> NUMA node
     switches = [draw(st.integers(0, len(bridges) - 1)) for _ in range(draw(st.integers(1, 4)))]  # -> bridge
@@ -167,16 +183,18 @@ def requests(draw: st.DrawFn) -> tuple[Plan, list[str], list[str], int, list[str
         switch = draw(st.integers(0, len(switches) - 1))
         slots.append(Slot(draw(st.integers(1, 2)), switch, switches[switch], bridges[switches[switch]]))
     inventory = node(slots, links=draw(st.booleans()), numa=draw(st.booleans()))
-    if draw(st.booleans()):  # levels that no PCIe tree gives: the groups still nest, the search still exact
+    if any_links and draw(
+        st.booleans()
+    ):  # levels that no PCIe tree gives: the groups still nest, the search still exact
         levels = st.sampled_from([0, 10, 20, 30, 40, 50, 60, -1])
         chips = [chip.uuid for chip in inventory.chips()]
         inventory = replace(inventory, links={link_key(a, b): draw(levels) for a, b in combinations(chips, 2)})
     p = plan(inventory, Config(splitboard=draw(st.booleans())))
     ids = [device.id for device in p.devices]
-    available = draw(st.lists(st.sampled_from(ids), min_size=1, unique=True))
+    available = draw(st.lists(st.sampled_from(ids), min_size=1, max_size=most, unique=True))
     must = draw(st.lists(st.sampled_from(available), unique=True))
     size = draw(st.integers(max(1, len(must)), len(available)))
-    return p, draw(st.permutations(available)), must, size, draw(st.permutations(available))
+    return Request(inventory, p, draw(st.permutations(available)), must, size, draw(st.permutations(available)))
 
 
 def candidates(available: list[str], must: list[str], size: int) -> list[list[str]]:
@@ -186,10 +204,8 @@ def candidates(available: list[str], must: list[str], size: int) -> list[list[st
 
 @settings(max_examples=400, deadline=None)
 @given(requests())
-def test_the_answer_is_placed_as_well_as_the_best_candidate_set(
-    request: tuple[Plan, list[str], list[str], int, list[str]],
-) -> None:
-    p, offered, must, size, _ = request
+def test_the_answer_is_placed_as_well_as_the_best_candidate_set(request: Request) -> None:
+    p, offered, must, size = request.plan, request.offered, request.must, request.size
     chosen = preferred(p, offered, must, size)
     assert len(chosen) == size == len(set(chosen))
     assert set(must) <= set(chosen) <= set(offered)
@@ -198,10 +214,8 @@ def test_the_answer_is_placed_as_well_as_the_best_candidate_set(
 
 @settings(max_examples=300, deadline=None)
 @given(requests())
-def test_of_sets_placed_equally_well_the_answer_leaves_the_rest_best_placed(
-    request: tuple[Plan, list[str], list[str], int, list[str]],
-) -> None:
-    p, offered, must, size, _ = request
+def test_of_sets_placed_equally_well_the_answer_leaves_the_rest_best_placed(request: Request) -> None:
+    p, offered, must, size = request.plan, request.offered, request.must, request.size
     chosen = preferred(p, offered, must, size)
 
     def rank(ids: list[str]) -> tuple[tuple[int, ...], tuple[int, ...]]:
@@ -212,10 +226,96 @@ def test_of_sets_placed_equally_well_the_answer_leaves_the_rest_best_placed(
 
 @settings(max_examples=300, deadline=None)
 @given(requests())
-def test_the_answer_does_not_depend_on_the_offer_order(
-    request: tuple[Plan, list[str], list[str], int, list[str]],
-) -> None:
-    p, offered, must, size, reordered = request
-    first = preferred(p, offered, must, size)
-    assert score(p, preferred(p, reordered, must, size)) == score(p, first)
-    assert sorted(preferred(p, reordered, must, size)) == sorted(first)
+def test_the_answer_does_not_depend_on_the_offer_order(request: Request) -> None:
+    p, must, size = request.plan, request.must, request.size
+    first = preferred(p, request.offered, must, size)
+    again = preferred(p, request.reordered, must, size)
+    assert score(p, again) == score(p, first)
+    assert sorted(again) == sorted(first)
+
+
+# ---- against Iluvatar's 4.4.0 best-effort policy (pkg/gpuallocator/besteffort_policy.go) --------
+
+# Its points for a pair of devices by the IXML link level between their first chips; unknown: 0.
+ILUVATAR_PAIR_POINTS = {
+    TOPOLOGY_INTERNAL: 60,
+    TOPOLOGY_SINGLE: 50,
+    TOPOLOGY_MULTIPLE: 40,
+    TOPOLOGY_HOSTBRIDGE: 30,
+    TOPOLOGY_NODE: 20,
+    TOPOLOGY_SYSTEM: 10,
+}
+
+
+def iluvatar_set_points(request: Request, ids: list[str | None]) -> int:
+    """4.4.0's score of a set: the sum of its pairs' points (padding scores nothing)."""
+    chip = {device.id: device.chips[0].uuid for device in request.plan.devices}
+    points = 0
+    for a, b in combinations(ids, 2):
+        if a is not None and b is not None:
+            points += ILUVATAR_PAIR_POINTS.get(request.inventory.links.get(link_key(chip[a], chip[b]), -1), 0)
+    return points
+
+
+def iluvatar_best_effort(request: Request) -> list[str] | None:
+    """4.4.0's answer, step for step: the best scoring partition of the offer (padded with None to a multiple
+    of size) into sets of size, among those with a padding-free set holding every required device; then its
+    best set holding them. None where 4.4.0 would hand back padding."""
+    offered, required, size = request.offered, request.must, request.size
+    if size == 1:
+        partitions: list[list[list[str | None]]] = [[[device]] for device in offered]
+    else:
+        padded: list[str | None] = [*offered, *[None] * (-len(offered) % size)]
+        padding = padded.count(None)
+        partitions = []
+
+        def iterate(devices: list[str | None], accum: list[list[str | None]]) -> None:
+            if len(devices) == size:
+                partitions.append([*accum, devices])
+                return
+            for rest in combinations(devices[1:], size - 1):
+                chosen = [devices[0], *rest]
+                if chosen.count(None) not in (0, padding):
+                    continue
+                has_padding = None in chosen  # Go's gpuSetContains: every nil matches a nil in the set
+                remaining = [d for d in devices if d not in chosen and not (d is None and has_padding)]
+                iterate(remaining, [*accum, chosen])
+
+        iterate(padded, [])
+
+    def holds_required(candidate: list[str | None]) -> bool:
+        return all(device in candidate for device in required)
+
+    best_partition, best_points = None, 0
+    for partition in partitions:
+        if not any(holds_required(s) and None not in s for s in partition):
+            continue
+        points = sum(iluvatar_set_points(request, s) for s in partition)
+        if points > best_points or best_partition is None:
+            best_partition, best_points = partition, points
+    assert best_partition is not None
+    sets = [s for s in best_partition if holds_required(s)]
+    best = sets[0]
+    for candidate in sets[1:]:
+        if iluvatar_set_points(request, candidate) > iluvatar_set_points(request, best):
+            best = candidate
+    return None if None in best else [device for device in best if device is not None]
+
+
+def _half_used_split_boards() -> Request:
+    inventory = node(THREE_BOARDS)
+    offered = ["GPU-0-1", "GPU-1-0", "GPU-2-1", "GPU-1-1", "GPU-2-0"]
+    return Request(inventory, split(inventory), offered, [], 2, offered)
+
+
+@settings(max_examples=200, deadline=None)
+@given(requests(most=8, any_links=False))  # 4.4.0 reads a board's links from its first chip only
+@example(_half_used_split_boards())
+def test_never_placed_worse_than_iluvatars_best_effort_policy(request: Request) -> None:
+    theirs = iluvatar_best_effort(request)
+    assume(theirs is not None)
+    assert theirs is not None
+    ours = preferred(request.plan, request.offered, request.must, request.size)
+    assert score(request.plan, ours) <= score(request.plan, theirs)
+    if request.size == 2:  # one pair: our order and 4.4.0's points agree
+        assert iluvatar_set_points(request, list(ours)) >= iluvatar_set_points(request, list(theirs))
