@@ -24,6 +24,7 @@ class Settings:
     settle_seconds: float
     stops: int
     kubeclient_runs: int
+    placement_runs: int
     healing_runs: int = 10
     healing_storm: int = 1000
 
@@ -42,6 +43,7 @@ FULL = Settings(
     settle_seconds=2.0,
     stops=200,
     kubeclient_runs=10,
+    placement_runs=2_000,
 )
 
 SMOKE = Settings(
@@ -58,6 +60,7 @@ SMOKE = Settings(
     settle_seconds=0.2,
     stops=2,
     kubeclient_runs=1,
+    placement_runs=20,
     healing_runs=1,
     healing_storm=50,
 )
