@@ -4,6 +4,8 @@ is reset (a fake ixsmi), the taint goes, the kubelet's health stream says HEALTH
 from __future__ import annotations
 
 import asyncio
+import fcntl
+import os
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +15,7 @@ from reset_support import IxsmiBackend, fake_ixsmi
 from ix_device_plugin.core.healing import Rules
 from ix_device_plugin.dra.driver import DraDriver
 from ix_device_plugin.dra.slices import UNHEALTHY_TAINT
+from ix_device_plugin.dra.state import RESET_LOCK_FILE
 from ix_device_plugin.healing.events import EVENT_NAMESPACE
 from ix_device_plugin.standins.apiserver import ApiServerStandIn
 
@@ -120,3 +123,21 @@ async def test_no_claim_is_prepared_on_a_chip_while_it_is_reset(node: DraNode) -
     await node.wait_slice(lambda devices: not tainted(devices, "gpu-1"), timeout=10)
     assert (await kubelet.prepare([monitoring])).claims[monitoring[2]].error == ""
     await kubelet.close()
+
+
+async def test_the_reset_waits_for_the_nodes_reset_turn_held_by_another_pod(node: DraNode) -> None:
+    """Another pod of the driver (an update's overlap) holds the node's reset turn: the healer waits for it."""
+    ixsmi = Ixsmi(node.root)
+    driver = await start(node, ixsmi)
+    await node.wait_slice(lambda devices: len(devices) == 6)
+    turn = os.open(driver.state.directory / RESET_LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(turn, fcntl.LOCK_EX)
+        node.write_boards(with_xid(48))
+        await node.wait_slice(lambda devices: tainted(devices, "gpu-1"))
+        await asyncio.sleep(0.8)
+        assert ixsmi.runs() == []  # nothing reset under the other pod's turn
+    finally:
+        os.close(turn)
+    await node.wait_slice(lambda devices: not tainted(devices, "gpu-1"), timeout=10)
+    assert len(ixsmi.runs()) == 1
