@@ -107,4 +107,4 @@ def test_the_publisher_says_a_slice_is_missing_and_asks_to_publish_again() -> No
     assert publisher.missing() == [] and publisher._generation == asked  # as published: nothing to do
     publisher.seen({})
     assert publisher.missing() == [published[0]["metadata"]["name"]] and publisher._generation == asked + 1
-    assert stored_slice(published[0]).ours and not stored_slice({"spec": {"driver": "x"}}).ours
+    assert stored_slice(published[0], "node-a").ours and not stored_slice({"spec": {"driver": "x"}}, "node-a").ours
