@@ -6,8 +6,8 @@ of their own (a slice holds devices or shared counters, never both; at most 8 co
 with the pool's generation and `resourceSliceCount`, owned by the Node so that they go with it. Names are
 `<node>-gpu.iluvatar.com`, then `-1`, `-2`, ...; a node name too long for that is cut and given a hash, so
 every name is a valid one. A slice is the pool's when it is this driver's, for this node, and labelled
-`app.kubernetes.io/managed-by: ix-device-plugin` or named and pooled as the pool's slices are (so that a slice
-whose label another writer removed is still found, and its label put back).
+`app.kubernetes.io/managed-by: ix-device-plugin`, in the node's pool, or named as the pool's slices are (so that
+a slice whose label another writer removed is still found, and its label put back).
 """
 
 from __future__ import annotations
@@ -64,13 +64,13 @@ def labelled(obj: Mapping[str, Any]) -> bool:
 
 
 def owned_slice(obj: Mapping[str, Any], node: str) -> bool:
-    """True when obj is one of the node's pool's slices: this driver's, for this node, and labelled as ours or
-    named and pooled as ours."""
+    """True when obj is one of the node's pool's slices: this driver's, for this node, and labelled as ours, in
+    the node's pool, or named as the pool's slices are (only this driver writes its slices for this node)."""
     spec = obj.get("spec") or {}
     if spec.get("driver") != DRIVER or spec.get("nodeName") != node:
         return False
     name = str((obj.get("metadata") or {}).get("name", ""))
-    return labelled(obj) or ((spec.get("pool") or {}).get("name") == node and pool_slice_name(node, name))
+    return labelled(obj) or (spec.get("pool") or {}).get("name") == node or pool_slice_name(node, name)
 
 
 def chunks(devices: Sequence[dict[str, Any]]) -> list[list[dict[str, Any]]]:

@@ -18,8 +18,8 @@ The slices are owned by the Node (an owner reference with its UID), so that they
 followed (`node_seen`, from a watch of the Node) and read again before any slice is created: a Node deleted
 and re-created gets its slices' owner references changed to it, and a Node that appears after the slices were
 written becomes their owner. The pool's slices are found by label, and by driver, node, pool and name too: a
-slice whose label another writer removed is adopted (the label put back); a name taken by a slice that is not
-the pool's is taken over, and the log says what was found.
+slice whose label another writer removed is adopted (the label put back); a name held by a slice that is not
+the pool's (another driver's or node's) is replaced; the log says what was found.
 """
 
 from __future__ import annotations
@@ -45,7 +45,6 @@ from ix_device_plugin.dra.pool import (
     slice_base_name,
 )
 from ix_device_plugin.dra.slices import (
-    DRIVER,
     UNHEALTHY_TAINT,
     SliceContent,
     counter_set_body,
@@ -352,12 +351,10 @@ class SlicePublisher:
                 continue
             if not labelled(existing):
                 log.warning(
-                    "ResourceSlice %s (driver %s, node %s, pool %s) had lost its label %s: another writer removed "
-                    "it; adopted, the label put back",
+                    "ResourceSlice %s (%s) had lost its label %s: another writer removed it; adopted, the label "
+                    "put back",
                     obj["metadata"]["name"],
-                    DRIVER,
-                    self.node,
-                    self.node,
+                    _described(existing),
                     _label_text(),
                 )
             obj["metadata"]["resourceVersion"] = version_of(existing)
@@ -379,21 +376,11 @@ class SlicePublisher:
             return await self._take_over(obj, existing)
 
     async def _take_over(self, obj: dict[str, Any], existing: dict[str, Any]) -> dict[str, Any]:
-        """Make the slice under obj's name say obj: adopted when it is this driver's for this node (its driver and
-        node cannot change), replaced (deleted, then created) when it is not."""
-        name, spec = obj["metadata"]["name"], existing.get("spec") or {}
-        found = (
-            f"driver {spec.get('driver')!r}, node {spec.get('nodeName')!r}, pool "
-            f"{(spec.get('pool') or {}).get('name')!r}, labels {(existing.get('metadata') or {}).get('labels') or {}}"
-        )
-        if spec.get("driver") == DRIVER and spec.get("nodeName") == self.node:
-            log.warning(
-                "ResourceSlice %s was not marked as this pool's (%s): adopted, label %s", name, found, _label_text()
-            )
-            obj["metadata"]["resourceVersion"] = version_of(existing)
-            return await self.kube.replace_object(RESOURCE_SLICE, obj)
+        """Replace the slice that holds obj's name and is not the pool's (another driver's, or another node's: a
+        slice's driver and node cannot be changed) with obj: deleted, then created."""
+        name = obj["metadata"]["name"]
         log.warning(
-            "ResourceSlice %s is the name of this pool's slice but held another slice (%s): replaced", name, found
+            "ResourceSlice %s, a name of this pool, held another slice (%s): replaced", name, _described(existing)
         )
         with contextlib.suppress(KubeNotFound):
             await self.kube.delete_object(RESOURCE_SLICE, name)
@@ -431,6 +418,16 @@ def _causes(error: KubeInvalid, parts: tuple[str, ...]) -> str:
         return error.message
     first = f"{named[0].field}: {named[0].message}".rstrip(": ")
     return first if len(named) == 1 else f"{first}; {len(named) - 1} more such fields"
+
+
+def _described(obj: Mapping[str, Any]) -> str:
+    """What a slice says it is: driver, node, pool and labels, for the log."""
+    spec, metadata = obj.get("spec") or {}, obj.get("metadata") or {}
+    pool = (spec.get("pool") or {}).get("name")
+    return (
+        f"driver {spec.get('driver')!r}, node {spec.get('nodeName')!r}, pool {pool!r}, "
+        f"labels {metadata.get('labels') or {}}"
+    )
 
 
 def _label_text() -> str:

@@ -148,14 +148,14 @@ async def test_a_slice_whose_label_another_writer_removed_is_adopted_and_kept_cu
     assert driver.publisher is not None and driver.publisher.repairs >= 1
 
 
-@pytest.mark.parametrize("held_by", ["another driver", "this driver, unlabelled, another pool"])
-async def test_the_slice_name_held_by_a_slice_the_listing_does_not_find_is_taken_over(
+@pytest.mark.parametrize("held_by", ["another driver", "this driver, another node", "this driver, unlabelled"])
+async def test_the_slice_name_held_by_another_slice_is_taken_over(
     node: DraNode, api: ApiServerStandIn, caplog: pytest.LogCaptureFixture, held_by: str
 ) -> None:
     name = slice_base_name(node.node)
     spec = {
         "driver": "net.example.com" if held_by == "another driver" else DRIVER,
-        "nodeName": node.node,
+        "nodeName": "node-b" if held_by == "this driver, another node" else node.node,
         "pool": {"name": "elsewhere", "generation": 3, "resourceSliceCount": 1},
         "devices": [{"name": "nic-0"}],
     }
@@ -165,8 +165,8 @@ async def test_the_slice_name_held_by_a_slice_the_listing_does_not_find_is_taken
     stored = node.slice()
     assert stored is not None and stored["spec"]["driver"] == DRIVER and stored["metadata"]["labels"] == MANAGED_BY
     assert stored["spec"]["pool"]["name"] == node.node
-    done = "replaced" if held_by == "another driver" else "adopted"
-    found = [r.getMessage() for r in caplog.records if r.getMessage().startswith(f"ResourceSlice {name} ")]
+    done = "adopted" if held_by == "this driver, unlabelled" else "replaced"
+    found = [r.getMessage() for r in caplog.records if r.getMessage().startswith(f"ResourceSlice {name}")]
     assert found and done in found[0] and f"driver {spec['driver']!r}" in found[0] and "'elsewhere'" in found[0]
 
 

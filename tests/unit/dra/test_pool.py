@@ -119,9 +119,10 @@ def test_a_pool_slice_is_found_by_label_or_by_driver_node_pool_and_name() -> Non
     assert owned_slice(unlabelled, "node-a")  # its label removed by another writer: still the pool's
     assert not owned_slice(unlabelled, "node-b")
     renamed = {**unlabelled, "metadata": {"name": "node-a-gpu.iluvatar.com-x"}}
-    assert not owned_slice(renamed, "node-a")  # not a name the pool gives, and no label
+    assert owned_slice(renamed, "node-a")  # not a name the pool gives, but in its pool
     repooled = {**unlabelled, "spec": {**first["spec"], "pool": {"name": "elsewhere"}}}
-    assert not owned_slice(repooled, "node-a") and owned_slice({**repooled, "metadata": first["metadata"]}, "node-a")
+    assert owned_slice(repooled, "node-a")  # another pool, but one of the pool's names
+    assert not owned_slice({**repooled, "metadata": renamed["metadata"]}, "node-a")  # neither, and no label
     assert not owned_slice({**first, "spec": {**first["spec"], "driver": "net.example.com"}}, "node-a")
 
 
