@@ -60,7 +60,7 @@ log = logging.getLogger(__name__)
 
 WRITE_ATTEMPTS = 5  # a conflict means someone else wrote a slice: read them again, this many times
 RECHECK_FIRST = 30.0  # seconds from "the server drops or refuses counters" to asking it again
-RECHECK_CAP = 600.0  # the delay doubles up to this (each +-20 %): one dry run per node every ten minutes at most
+RECHECK_CAP = 600.0  # the delay doubles up to this (each +-20 %): a round of dry runs every ten minutes at most
 COUNTER_FIELDS = ("sharedCounters", "consumesCounters")  # a 422 naming these refuses the counters
 
 
