@@ -216,3 +216,23 @@ async def test_a_claim_status_write_overtaken_before_it_is_sent_is_dropped(
     await asyncio.sleep(0.5)
     assert status_patches(api, "again") == 2 and claim_devices(api, "again") == []
     await kubelet.close()
+
+
+async def test_a_claim_status_write_held_up_in_the_server_does_not_hold_up_the_stop(
+    node: DraNode, api: ApiServerStandIn
+) -> None:
+    driver = await node.start()
+    await node.wait_slice(lambda devices: len(devices) == 6)
+    kubelet = await node.kubelet(driver)
+    claims = [node.claim(f"held-{index}", [f"gpu-{index}"]) for index in range(4)]
+    for claim in claims:
+        api.slow_down("PATCH", f"/resourceclaims/{claim[1]}/status", 30.0)
+    for claim in claims:
+        assert answer(await kubelet.prepare([claim]), claim[2]).error == ""
+        assert answer(await kubelet.unprepare([claim]), claim[2]).error == ""  # waits behind the prepare's
+    await until(lambda: sum(1 for r in api.requests if r.method == "PATCH") == 4, timeout=2)
+    await kubelet.close()
+    loop = asyncio.get_running_loop()
+    began = loop.time()
+    await node.stop(driver)
+    assert loop.time() - began < 2.0
