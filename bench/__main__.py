@@ -15,6 +15,7 @@ from typing import Any
 from bench import (
     api_features,
     dra,
+    dra_api,
     footprint,
     healing,
     health,
@@ -61,6 +62,7 @@ RUNNERS: dict[str, Runner] = {
     "kubeclient": _single("kubeclient", kubeclient.run),
     "node_agent": _single("node_agent", node_agent.run),
     "dra": _single("dra", dra.run),
+    "dra_api": _single("dra_api", dra_api.run),
     "api_features": _single("api_features", api_features.run),
     "healing": _single("healing", healing.run),
 }

@@ -162,6 +162,15 @@ def _dra() -> Iterator[Figure]:
     yield Figure("dra", "XID -> ResourceSlice taint, max", ("xid_to_slice_taint", "max_ms"), "ms", 1000)
 
 
+def _dra_api() -> Iterator[Figure]:
+    yield Figure("dra_api", "DRA driver: requests at idle, per node", ("idle", "requests_per_hour"), "/h", 1)
+    yield Figure("dra_api", "DRA driver: watches opened at idle, per node", ("idle", "watch_opens_per_hour"), "/h")
+    path = ("node_recreated", "slice_writes_to_follow")
+    yield Figure("dra_api", "Node re-created: slice writes until its slices follow", path, "")
+    path = ("node_recreated", "slice_writes_per_minute_after")
+    yield Figure("dra_api", "Node re-created: slice writes after, per minute", path, "/min", 1)
+
+
 def _api_features() -> Iterator[Figure]:
     yield Figure("api_features", "1 GPU, API features off: RSS", ("off", "rss_mib"), "MiB")
     yield Figure("api_features", "1 GPU, per-node config + Volcano on: RSS", ("on", "rss_mib"), "MiB")
@@ -202,6 +211,7 @@ def figures(sections: Mapping[str, Any]) -> list[Figure]:
         "kubeclient": lambda: _kubeclient(sections),
         "node_agent": _node_agent,
         "dra": _dra,
+        "dra_api": _dra_api,
         "api_features": _api_features,
         "healing": _healing,
     }

@@ -24,6 +24,7 @@ SECTIONS = (
     "kubeclient",
     "node_agent",
     "dra",
+    "dra_api",
     "api_features",
     "healing",
 )

@@ -136,7 +136,7 @@ def test_the_rbac_is_the_narrowest() -> None:
         (("resource.k8s.io",), ("resourceclaims",), ()): {"get"},
         (("resource.k8s.io",), ("resourceclaims/status",), ()): {"patch"},
         (("resource.k8s.io",), ("resourceclaims/driver",), ("gpu.iluvatar.com",)): {"associated-node:patch"},
-        (("",), ("nodes",), ()): {"get", "list", "watch"},  # the slices' owner; the annotation iluvatar.com/gpu.return
+        (("",), ("nodes",), ()): {"get", "list", "watch"},  # its own Node: its UID, iluvatar.com/gpu.return
     }
     roles = {role["metadata"]["name"]: role for role in by_kind(objects, "Role")}
     handshake = roles["iluvatar-dra-driver-gpu-reset"]  # ConfigMaps in its own namespace only, for the handshake
