@@ -62,6 +62,7 @@ from ix_device_plugin.hardware.pcie import pcie_roots
 from ix_device_plugin.hardware.worker import Hardware
 from ix_device_plugin.healing.service import NodeHealing
 from ix_device_plugin.healing.story import story_path
+from ix_device_plugin.healing.wayback import return_annotation
 from ix_device_plugin.kubelet.sockets import unix_target
 from ix_device_plugin.runtime.backoff import Backoff
 from ix_device_plugin.runtime.logs import OncePerError
@@ -145,6 +146,7 @@ class DraDriver:
             registry=self.metrics.registry,
             story=story_path(plugin_dir(options.plugins_dir)),
             rules=healing_rules or DRA_HEALING,
+            node_watched=True,  # for the slices' owner: the annotation iluvatar.com/gpu.return comes with it
         )
 
     @property
@@ -254,13 +256,17 @@ class DraDriver:
         )
         self.service.spawn("watch-slices", slices.run)
         owner = Mirror(
-            api, NODE, uid_of, f"node {node}", field_selector={"metadata.name": node}, on_change=self._node_changed
-        )
+            api, NODE, _uid_and_return, f"node {node}", field_selector={"metadata.name": node},
+            on_change=self._node_changed,
+        )  # fmt: skip
         self.service.spawn("watch-node", owner.run)
 
-    def _node_changed(self, nodes: Mapping[Key, str]) -> None:
+    def _node_changed(self, nodes: Mapping[Key, tuple[str, str]]) -> None:
+        uid, chips_to_return = next(iter(nodes.values()), ("", ""))
         if self.publisher is not None:
-            self.publisher.node_seen(next(iter(nodes.values()), ""))
+            self.publisher.node_seen(uid)
+        if self.healing.requests is not None:
+            self.healing.requests.seen(chips_to_return)
 
     def _slices_changed(self, stored: Mapping[Key, StoredSlice]) -> None:
         if self.publisher is not None:
@@ -405,3 +411,8 @@ def run_dra(options: DraOptions, kube: KubeSettings, run_until_done: Callable[[A
         return await driver.run()
 
     return run_until_done(serve())
+
+
+def _uid_and_return(node: Mapping[str, Any]) -> tuple[str, str]:
+    """What the driver follows of its Node: its UID (the slices' owner) and the operator's iluvatar.com/gpu.return."""
+    return uid_of(node), return_annotation(node)

@@ -1,7 +1,9 @@
 """Self-healing composed for a front end: the healer, the Node's Events and the operator's way back, in one place.
 
 A front end gives what only it knows (its guard: who holds a chip; where its story file goes; its configuration)
-and spawns `tasks()` with its own tasks; the rest is the same in both modes.
+and spawns `tasks()` with its own tasks; the rest is the same in both modes. A front end that watches its Node
+already (DRA: the Node owns the slices) says so (node_watched) and hands each value of the operator's annotation to
+`requests.seen`, so that the Node is watched once.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ class NodeHealing:
         story: Path | None,
         rules: Rules | None = None,
         flush_interval: float | None = None,
+        node_watched: bool = False,
     ) -> None:
         self.events: NodeEvents | None = None
         if api is not None:
@@ -50,13 +53,14 @@ class NodeHealing:
             story=story, node=api.node_name if api is not None else "", rules=rules,
         )  # fmt: skip
         self.requests = ReturnRequests(api, self.healer.operator_return) if api is not None else None
+        self._watch_node = not node_watched  # the front end watches its Node already: it hands on the annotation
 
     def tasks(self) -> dict[str, Callable[[], Awaitable[None]]]:
         """The tasks to run, by name."""
         tasks: dict[str, Callable[[], Awaitable[None]]] = {"healing": self.healer.run}
         if self.events is not None:
             tasks["node-events"] = self.events.run
-        if self.requests is not None:
+        if self.requests is not None and self._watch_node:
             tasks["gpu-return"] = self.requests.run
         return tasks
 

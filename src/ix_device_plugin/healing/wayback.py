@@ -33,18 +33,21 @@ def named_chips(value: str | None) -> frozenset[str]:
     return frozenset(list(filter(None, (part.strip() for part in value.split(","))))[:MAX_NAMED])
 
 
-def _annotation(node: Mapping[str, Any]) -> str:
+def return_annotation(node: Mapping[str, Any]) -> str:
+    """The value of the annotation on a Node object ("" when it has none)."""
     return str(((node.get("metadata") or {}).get("annotations") or {}).get(RETURN_ANNOTATION) or "")
 
 
 class ReturnRequests:
-    """Follows the annotation on this agent's Node; each chip newly named is handed to `ask` (the healer)."""
+    """Follows the annotation on this agent's Node; each chip newly named is handed to `ask` (the healer).
+
+    Its own watch of the Node (`run`), or the values of one the front end has already (`seen`)."""
 
     def __init__(self, api: ApiConnection, ask: Callable[[str], bool]) -> None:
         self.node = api.node_name
         self.ask = ask
         what = f"annotation {RETURN_ANNOTATION} of node {self.node}"
-        self.mirror = Mirror(api, NODE, _annotation, what, name=self.node, on_change=self._seen)
+        self.mirror = Mirror(api, NODE, return_annotation, what, name=self.node, on_change=self._seen)
         self._named: frozenset[str] | None = None  # as first read: what was named before this agent started
 
     async def run(self) -> None:
@@ -52,7 +55,11 @@ class ReturnRequests:
         await self.mirror.run()
 
     def _seen(self, nodes: Mapping[Key, str]) -> None:
-        named = named_chips(next(iter(nodes.values()), ""))
+        self.seen(next(iter(nodes.values()), ""))
+
+    def seen(self, value: str) -> None:
+        """The annotation's value now ("" when the Node has none, or is not there)."""
+        named = named_chips(value)
         if self._named is None:
             self._named = named  # named before this agent started: those chips' stories began anew
             return

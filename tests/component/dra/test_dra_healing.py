@@ -17,6 +17,7 @@ from ix_device_plugin.dra.driver import DraDriver
 from ix_device_plugin.dra.slices import UNHEALTHY_TAINT
 from ix_device_plugin.dra.state import RESET_LOCK_FILE
 from ix_device_plugin.healing.events import EVENT_NAMESPACE
+from ix_device_plugin.healing.wayback import RETURN_ANNOTATION
 from ix_device_plugin.standins.apiserver import ApiServerStandIn
 
 from support import until
@@ -141,3 +142,28 @@ async def test_the_reset_waits_for_the_nodes_reset_turn_held_by_another_pod(node
         os.close(turn)
     await node.wait_slice(lambda devices: not tainted(devices, "gpu-1"), timeout=10)
     assert len(ixsmi.runs()) == 1
+
+
+async def test_an_operator_returns_a_chip_through_the_node_the_driver_watches_already(
+    node: DraNode, api: ApiServerStandIn
+) -> None:
+    """XID 79 needs an operator: nothing is reset until the Node's annotation names the chip; the driver reads it
+    from the one watch of its Node it keeps for the slices' owner."""
+    ixsmi = Ixsmi(node.root)
+    driver = await start(node, ixsmi)
+    assert "gpu-return" not in driver.healing.tasks()
+    await node.wait_slice(lambda devices: len(devices) == 6)
+    node.write_boards(with_xid(79))
+    await node.wait_slice(lambda devices: tainted(devices, "gpu-1"))
+    await until(lambda: bool(events(api, "GPUNeedsOperator")))
+    await asyncio.sleep(0.5)
+    assert ixsmi.runs() == []
+    stored = api.get("nodes", node.node)
+    assert stored is not None
+    stored["metadata"].setdefault("annotations", {})[RETURN_ANNOTATION] = "1"  # its index
+    api.put("nodes", stored)
+    await node.wait_slice(lambda devices: not tainted(devices, "gpu-1"), timeout=10)
+    assert ixsmi.runs() == [f"-r -i {uuid_of(node, 'gpu-1')}"]
+    assert events(api, "GPUReturnRequested")
+    node_watches = [r for r in api.requests if r.path.endswith("/nodes") and r.query.get("watch") in ("true", "1")]
+    assert len(node_watches) == 1  # one watch of the Node, not one more for the annotation
