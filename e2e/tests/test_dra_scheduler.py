@@ -183,7 +183,7 @@ def test_the_driver_version_is_stored_and_the_schedulers_cel_compares_it(
     """
     devices = slice_devices(driver_slices(admin))
     stored = {name: device["attributes"].get("driverVersion") for name, device in devices.items()}
-    assert stored == dict.fromkeys(NODE_DEVICES, {"version": "4.4.0"}), stored
+    assert stored == {name: {"version": "4.4.0"} for name in NODE_DEVICES}, stored
     version = f'device.attributes["{DRIVER}"].driverVersion'
     newer_than = f'{version}.isGreaterThan(semver("4.0.0")) && {version}.compareTo(semver("4.4.0")) == 0'
     create(admin, namespace, claim("recent", selector=newer_than), show_pod("recent", "recent"))

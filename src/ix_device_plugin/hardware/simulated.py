@@ -235,7 +235,7 @@ def load_driver_version(path: Path) -> str:
     value = document.get("driver_version", DEFAULT_DRIVER_VERSION) if isinstance(document, dict) else ""
     if not isinstance(value, str):
         raise BackendError(
-            f"simulated devices file {path}: driver_version: expected a quoted string such as \"4.1.0-rc1\", "
+            f'simulated devices file {path}: driver_version: expected a quoted string such as "4.1.0-rc1", '
             f"got {yamlsafe.shown(value)}"
         )
     if len(value) > MAX_DRIVER_VERSION or not value.isascii() or not value.isprintable():
