@@ -86,14 +86,13 @@ def check_container(
 ) -> int:
     """Every device of the container sets the container's whole holding, and the real CDI library gives the
     container all of it in every order of its devices; the number of orders applied (0: no library here)."""
-    for cdi_id in cdi_ids:
-        assert_told(device_env(node, cdi_id), visible, replicas, f"the edits of {cdi_id}")
-    if library is None:
-        return 0
-    orders = list(itertools.permutations(cdi_ids))
+    orders = list(itertools.permutations(cdi_ids)) if library is not None else []
     for order in orders:
+        assert library is not None
         env, _ = inject(library, node.cdi_dir, order)
         assert_told(env, visible, replicas, f"a container given {', '.join(order)}")
+    for cdi_id in cdi_ids:
+        assert_told(device_env(node, cdi_id), visible, replicas, f"the edits of {cdi_id}")
     return len(orders)
 
 
@@ -204,3 +203,39 @@ def test_the_real_cdi_library_is_here_or_the_skip_says_why(tmp_path: Path) -> No
         pytest.skip(f"the CDI library's orders are not applied: {reason}")
     if not make_device_nodes(tmp_path):
         pytest.skip("the CDI library's orders are not applied: making device nodes needs root")
+
+
+async def test_a_pod_that_cannot_be_read_leaves_each_claim_naming_its_own_and_says_so(
+    node: DraNode, caplog: pytest.LogCaptureFixture
+) -> None:
+    driver = await node.start()
+    await node.wait_slice(lambda devices: len(devices) == 6)
+    kubelet = await node.kubelet(driver)
+    pod = ("gone", str(uuid.uuid4()))
+    claims = [node.claim("a", ["gpu-0"], pod=pod), node.claim("b", ["gpu-1"], pod=pod)]
+    ids = await prepared_ids(node, kubelet, claims)
+    assert device_env(node, ids["a"][0]) == device_env(node, ids["b"][0]) == {}
+    assert any(
+        "pod default/gone: no such Pod" in r.getMessage() and "several claims" in r.getMessage() for r in caplog.records
+    )
+    await kubelet.close()
+
+
+async def test_after_a_reboot_the_specs_written_again_still_name_the_whole_holding(
+    node: DraNode, api: ApiServerStandIn
+) -> None:
+    driver = await node.start()
+    await node.wait_slice(lambda devices: len(devices) == 6)
+    kubelet = await node.kubelet(driver)
+    pod = ("two", str(uuid.uuid4()))
+    claims = [node.claim("a", ["gpu-0"], pod=pod), node.claim("b", ["gpu-1"], pod=pod)]
+    store_pod(api, *pod, {"main": ["a", "b"]}, templates=["a", "b"])
+    ids = await prepared_ids(node, kubelet, claims)
+    await kubelet.close()
+    await node.stop(driver)
+    node.reboot()
+    await node.start()
+    chip = uuids(node)
+    held = {chip["gpu-0"], chip["gpu-1"]}
+    for cdi_id in ids["a"] + ids["b"]:
+        assert_told(device_env(node, cdi_id), held, held, f"{cdi_id} after the reboot")
