@@ -89,7 +89,7 @@ def container_holdings(pod: Any, prepared: Mapping[str, PreparedClaim]) -> Conta
     for (uid, device), seen in users.items():
         if uid not in own:
             continue
-        if len({holding for _, holding in seen}) == 1:
+        if len({(frozenset(h.visible), frozenset(h.replicas)) for _, h in seen}) == 1:  # the order is no matter
             by_claim.setdefault(uid, {})[device] = seen[0][1]
             continue
         shown = "; ".join(f"{container}: {','.join(holding.visible)}" for container, holding in seen)

@@ -71,6 +71,13 @@ def test_containers_of_one_pod_each_name_their_own() -> None:
     assert found.by_claim[B.ref.uid] == {name(B_CHIPS): Holding(("UUID-2", "UUID-3"), ("UUID-2",))}
 
 
+def test_containers_holding_the_same_chips_in_another_order_agree() -> None:
+    found = container_holdings(
+        pod({"x": [{"name": "a"}, {"name": "b"}], "y": [{"name": "b"}, {"name": "a"}]}, ["a", "b"]), PREPARED
+    )
+    assert set(found.by_claim) == {A.ref.uid, B.ref.uid} and found.warnings == ()
+
+
 def test_a_device_whose_containers_hold_different_chips_is_left_out_with_a_warning() -> None:
     shape = {"both": [{"name": "a"}, {"name": "b"}], "alone": [{"name": "a"}]}
     found = container_holdings(pod(shape, ["a", "b"]), PREPARED)
