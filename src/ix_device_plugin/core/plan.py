@@ -63,7 +63,8 @@ class Plan:
 
     @property
     def shared(self) -> bool:
-        """True when devices are time-sliced replicas."""
+        """True when a GPU can go to several containers at once (replicas >= 2; with 1, devices are named as
+        replicas, one per GPU, and nothing is shared)."""
         return self.replicas >= 2
 
     def capacity(self) -> int:
@@ -85,7 +86,7 @@ def plan(inventory: Inventory, config: Config) -> Plan:
     """The devices to advertise for inventory under config (see the README's capacity table)."""
     ignored = config.ignored_health_errors
     groups = physical_groups(inventory, config.splitboard)
-    replicas = config.replicas if config.shared else 0
+    replicas = config.replicas
     devices: list[PlannedDevice] = []
     warnings: list[str] = []
     for gpu, chips, shortfall in groups:
@@ -143,7 +144,9 @@ def shortfall(board: Board, product: str | None = None) -> tuple[str, ...]:
 
 
 def _device_ids(gpu: str, replicas: int) -> list[tuple[str, int | None]]:
-    if replicas < 2:
+    """The GPU's device IDs as Iluvatar's plugin 4.4.0 names them (gpuallocator.buildDevice): the UUID alone
+    without replicas, `<uuid>::<i>` for i < replicas with any replicas, 1 included."""
+    if replicas < 1:
         return [(gpu, None)]
     return [(f"{gpu}{REPLICA_SEPARATOR}{i}", i) for i in range(replicas)]
 
