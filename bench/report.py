@@ -64,6 +64,19 @@ def _latency() -> Iterator[Figure]:
                 yield Figure("latency", f"{label} throughput", (*path, "calls_per_s"), "calls/s")
 
 
+_PLACEMENT = (
+    ("replicas_2048", "8 of 2,048 replicas (large node)"),
+    ("chips_32", "8 of 21 whole chips (16 x BI-V150 split, PCIe links)"),
+    ("chips_512", "8 of 341 whole chips (256 x BI-V150 split, NUMA nodes)"),
+)
+
+
+def _placement() -> Iterator[Figure]:
+    for key, name in _PLACEMENT:
+        yield Figure("placement", f"preferred() in-process, {name}: p50", (key, "p50_ms"), "ms")
+        yield Figure("placement", f"preferred() in-process, {name}: p99", (key, "p99_ms"), "ms")
+
+
 def _listandwatch() -> Iterator[Figure]:
     yield Figure("listandwatch", "list_response(plan), median", ("encode", "build", "median_ms"), "ms")
     yield Figure("listandwatch", "SerializeToString, median", ("encode", "serialize", "median_ms"), "ms")
@@ -176,6 +189,7 @@ def figures(sections: Mapping[str, Any]) -> list[Figure]:
         "health": lambda: _health(sections),
         "listandwatch": _listandwatch,
         "latency": _latency,
+        "placement": _placement,
         "footprint": _footprint,
         "baseline": _baseline,
         "stops": _stops,

@@ -17,6 +17,7 @@ SECTIONS = (
     "listandwatch",
     "latency",
     "baseline",
+    "placement",
     "footprint",
     "stops",
     "hostile",
