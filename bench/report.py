@@ -155,6 +155,12 @@ def _dra() -> Iterator[Figure]:
     yield Figure("dra", "NodePrepareResources p99", ("prepare", "p99_ms"), "ms", 50)
     yield Figure("dra", "NodePrepareResources of a board p99", ("prepare_board", "p99_ms"), "ms", 50)
     yield Figure("dra", "NodePrepareResources of a share, 4 at once, p99", ("prepare_share_4_at_once", "p99_ms"), "ms")
+    yield Figure(
+        "dra",
+        "NodePrepareResources of a pod's 2 claims in 1 container, p99",
+        ("prepare_pod_of_two_claims", "p99_ms"),
+        "ms",
+    )
     yield Figure("dra", "NodeUnprepareResources p99", ("unprepare", "p99_ms"), "ms")
     yield Figure("dra", "RSS after start", ("rss_start_mib",), "MiB")
     yield Figure("dra", "RSS after the prepares", ("rss_after_prepares_mib",), "MiB")
