@@ -26,11 +26,11 @@ from bench.plugin import Node, PluginProcess, short_dir
 from bench.settings import Settings
 from ix_device_plugin.core.plan import plan
 from ix_device_plugin.core.telemetry import PodRef, chip_pods
-from ix_device_plugin.deviceplugin.telemetry import TelemetryCollector
 from ix_device_plugin.hardware.ixml import IxmlBackend
 from ix_device_plugin.hardware.simulated import SimulatedBackend
 from ix_device_plugin.settings.config import Config
 from ix_device_plugin.standins.podresources import PodResourcesStandIn
+from ix_device_plugin.telemetry.collector import TelemetryCollector
 
 NODE = Node("16 x BI-V150, split (32 chips)", "BI-V150", 16, splitboard=True)
 DOUBLE_SOURCE = Path(__file__).resolve().parents[1] / "tests" / "ixml_double" / "libixml_double.c"

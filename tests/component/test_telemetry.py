@@ -21,11 +21,11 @@ from ix_device_plugin.api import HEALTHY
 from ix_device_plugin.core.inventory import Inventory
 from ix_device_plugin.core.telemetry import ChipSample, PodRef
 from ix_device_plugin.deviceplugin.loop import Daemon
-from ix_device_plugin.deviceplugin.telemetry import METRIC_NAMES, TelemetryCollector
 from ix_device_plugin.hardware.ixml import IxmlBackend
 from ix_device_plugin.hardware.simulated import SimulatedBackend
 from ix_device_plugin.standins.kubelet import KubeletStandIn
 from ix_device_plugin.standins.podresources import PodResourcesStandIn
+from ix_device_plugin.telemetry.collector import METRIC_NAMES, TelemetryCollector
 
 from support import IXML_DOUBLE_CONFIG as CONFIG_ENV
 from support import NO_NODE_FILES, RESOURCE, DaemonFactory, config_flags, make_dev_root, stop_process

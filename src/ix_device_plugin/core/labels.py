@@ -1,7 +1,7 @@
 """Node labels describing the node's GPUs, for Node Feature Discovery's local feature files.
 
 Pure: from the Inventory, the Plan and the Config (plus the machine name and CUDA version, which the
-caller reads) to a label set; `outputs.FeatureFileWriter` puts it on disk.
+caller reads) to a label set; `nodelabels.featurefile.FeatureFileWriter` puts it on disk.
 
 Names and value formats follow Iluvatar's ix-feature-discovery (`iluvatar.com/gpu.product`, `.count`,
 `.memory`, `.machine`, `iluvatar.com/ix.driver-version.*`, `iluvatar.com/cuda.runtime-version.*`);

@@ -1,7 +1,7 @@
 """What telemetry is about, as plain data: one chip's figures, and the container holding a device.
 
 The hardware backends produce ChipSamples, the pod-resources client PodRefs; the Prometheus collector
-(deviceplugin/telemetry.py) and the `list` tool read both.
+(telemetry/collector.py) and the `list` tool read both.
 """
 
 from __future__ import annotations

@@ -27,7 +27,6 @@ from ix_device_plugin.deviceplugin.metrics import Metrics
 from ix_device_plugin.deviceplugin.nodefiles import NodeFiles
 from ix_device_plugin.deviceplugin.registrar import Registrar
 from ix_device_plugin.deviceplugin.state import Current, State
-from ix_device_plugin.deviceplugin.telemetry import TelemetryCollector, TelemetrySampler
 from ix_device_plugin.gpureset.sequence import KILL_WAIT, RESET_STOP_WAIT, GpuReset, GpuResetError
 from ix_device_plugin.hardware.backend import BackendError
 from ix_device_plugin.hardware.monitor import HardwareMonitor, HardwareView, MonitorSettings
@@ -44,6 +43,8 @@ from ix_device_plugin.settings.config import Config
 from ix_device_plugin.settings.errors import SettingsError
 from ix_device_plugin.settings.options import Options
 from ix_device_plugin.settings.table import FILE_SETTINGS
+from ix_device_plugin.telemetry.collector import TelemetryCollector
+from ix_device_plugin.telemetry.sampler import TelemetrySampler
 
 if TYPE_CHECKING:
     from ix_device_plugin.apiserver.connection import ApiConnection

@@ -1,28 +1,19 @@
 """Per-chip GPU metrics with the names and labels of Iluvatar's ix-exporter, so its dashboards work unchanged.
 
-Values are sampled in the background (one backend pass for every chip); a scrape only renders the last
-samples. A value the library cannot give is absent from that chip's series, never a made-up 0.
+A scrape only renders the last samples the sampler handed over. A value the library cannot give is absent from
+that chip's series, never a made-up 0.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import logging
 import threading
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ix_device_plugin.core.inventory import Inventory
 from ix_device_plugin.core.labels import product_model
-from ix_device_plugin.core.plan import Plan
-from ix_device_plugin.core.telemetry import ChipSample, PodRef, chip_pods
-from ix_device_plugin.hardware.backend import Backend, BackendError
-from ix_device_plugin.hardware.worker import BackendTimeout, Hardware
-from ix_device_plugin.runtime.logs import OncePerError
-
-log = logging.getLogger(__name__)
+from ix_device_plugin.core.telemetry import ChipSample, PodRef
 
 if TYPE_CHECKING:
     from prometheus_client.metrics_core import GaugeMetricFamily, Metric
@@ -126,80 +117,3 @@ class TelemetryCollector:
         with self._lock:
             snapshot = self._snapshot
         yield from metric_families(snapshot.samples, snapshot.inventory, snapshot.pods, self.node_name)
-
-
-Allocations = Callable[[], Awaitable[Mapping[str, PodRef]]]  # device ID -> the container holding it (empty: unknown)
-
-
-class TelemetrySampler:
-    """Samples every chip each interval and hands the figures, labelled with their pods, to the collector.
-
-    hardware: a worker of telemetry's own, over a backend instance of its own, so that a read that hangs
-    holds up neither health nor the liveness probe: the pass fails at its deadline, the worker gives up on it
-    (at most MAX_ABANDONED times; each leaves a thread behind), and the next pass leaves that figure out.
-    """
-
-    MAX_ABANDONED = 8
-
-    def __init__(
-        self,
-        hardware: Hardware,
-        collector: TelemetryCollector,
-        interval: float,
-        served: Callable[[], tuple[Inventory, Plan]],
-        allocations: Allocations,
-    ) -> None:
-        self._hardware = hardware
-        self._collector = collector
-        self._interval = interval
-        self._served = served
-        self._allocations = allocations
-        self._turn = asyncio.Lock()  # a pass, or a pause
-
-    async def run(self) -> None:
-        """One pass per interval until cancelled; a failed pass is said once and leaves the last figures."""
-        errors = OncePerError(log, logging.WARNING)
-        while True:
-            seen, _ = self._served()
-            if seen.boards:
-                try:
-                    samples = await self._sample(seen)
-                except BackendError as error:
-                    errors.failed("telemetry pass failed: %s", self._given_up(error))
-                else:
-                    errors.succeeded("telemetry passes work again")
-                    allocations = await self._allocations()
-                    inventory, plan = self._served()
-                    self._collector.update(samples, inventory, chip_pods(plan, allocations))
-            await asyncio.sleep(self._interval)
-
-    async def _sample(self, inventory: Inventory) -> Mapping[str, ChipSample]:
-        async with self._turn:
-            return await self._hardware.call("sample", lambda backend: backend.sample(inventory))
-
-    def _given_up(self, error: BackendError) -> str:
-        """Why the pass failed; a pass that hung is given up on, so that the next one runs."""
-        if not isinstance(error, BackendTimeout):
-            return str(error)
-        if self._hardware.abandoned >= self.MAX_ABANDONED:
-            return f"{error}; {self._hardware.abandoned} calls never returned, telemetry stops until a restart"
-        self._hardware.abandon()
-        return f"{error}; the next pass leaves out what it was reading"
-
-    async def close(self, timeout: float) -> None:
-        """Release telemetry's backend (not while a read hangs in it), within timeout."""
-        await self._hardware.close(timeout)
-
-    @contextlib.asynccontextmanager
-    async def paused(self) -> AsyncIterator[None]:
-        """No pass while inside, and telemetry's hold on the GPU library released first (a GPU reset)."""
-        async with self._turn:
-            try:
-                await self._hardware.call("release", _release)
-            except BackendError as error:
-                log.warning("telemetry could not release the GPU library before a reset: %s", error)
-            yield
-
-
-def _release(backend: Backend) -> None:
-    backend.close()  # the next pass opens the library again

@@ -1,0 +1,73 @@
+"""The NFD local feature file that carries the node's GPU labels (`features.d/ix-device-plugin`).
+
+Written atomically (a dot-named temporary, fsynced, renamed over the target: NFD skips dot-files) and only when
+its text changed, so NFD never reads half a file and is not woken for nothing.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from pathlib import Path
+
+from ix_device_plugin.core.labels import is_valid_label_value
+from ix_device_plugin.runtime.files import OutputError, remove_file, remove_stale_temporaries, write_if_changed
+
+DEFAULT_FEATURES_DIR = Path("/etc/kubernetes/node-feature-discovery/features.d")
+DEFAULT_FEATURE_FILE = "ix-device-plugin"
+DMI_PRODUCT_NAME = Path("class/dmi/id/product_name")
+
+_LABEL_NAME = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
+_LABEL_PREFIX = re.compile(r"^(?=.{1,253}$)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+
+
+def feature_file_text(labels: Mapping[str, str]) -> str:
+    """The NFD local feature file for labels: a comment line, then `name=value` lines in name order."""
+    lines = ["# Node labels for Iluvatar GPUs, kept up to date by ix-device-plugin; edits are overwritten."]
+    lines.extend(f"{name}={labels[name]}" for name in sorted(labels))
+    return "\n".join(lines) + "\n"
+
+
+def check_label(name: str, value: str) -> None:
+    """Raise OutputError unless name is a valid label key and value a valid label value."""
+    prefix, _, short = name.rpartition("/")
+    if not _LABEL_NAME.match(short) or (prefix and not _LABEL_PREFIX.match(prefix)):
+        raise OutputError(f"label {name!r}: not a valid label name")
+    if not is_valid_label_value(value):
+        raise OutputError(f"label {name!r}: value {value!r} is not a valid label value")
+
+
+class FeatureFileWriter:
+    """Keeps an NFD local feature file (`features.d/<name>`) holding the node labels."""
+
+    def __init__(self, directory: Path = DEFAULT_FEATURES_DIR, name: str = DEFAULT_FEATURE_FILE) -> None:
+        if not name or name.startswith(".") or "/" in name:
+            raise OutputError(f"feature file name {name!r}: must be non-empty, without '/', not start with '.'")
+        self.directory = Path(directory)
+        self.path = self.directory / name
+        remove_stale_temporaries(self.directory, name)
+
+    def apply(self, labels: Mapping[str, str]) -> bool:
+        """Write labels when they differ from the file; no labels removes it. True when the file changed.
+
+        Raises OutputError naming a bad label or the path.
+        """
+        if not labels:
+            return remove_file(self.path)
+        for name, value in labels.items():
+            check_label(name, value)
+        return write_if_changed(self.path, feature_file_text(labels))
+
+    def remove(self) -> bool:
+        """Remove the feature file (clean shutdown); True when there was one."""
+        return remove_file(self.path)
+
+
+def read_machine_name(sysfs_root: Path) -> str | None:
+    """The machine's DMI product name (`<sysfs_root>/class/dmi/id/product_name`), None when unknown."""
+    try:
+        raw = (Path(sysfs_root) / DMI_PRODUCT_NAME).read_bytes()
+    except OSError:
+        return None
+    text = raw.decode("utf-8", errors="replace").strip()
+    return text or None
