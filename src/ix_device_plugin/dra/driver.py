@@ -40,6 +40,7 @@ from ix_device_plugin.core.inventory import Inventory
 from ix_device_plugin.dra.claimstatus import ClaimStatusWriter
 from ix_device_plugin.dra.health import DeviceHealthBoard, HealthService
 from ix_device_plugin.dra.metrics import DraMetrics
+from ix_device_plugin.dra.nodeservices import DraNodeServices
 from ix_device_plugin.dra.prepared import ClaimError, ClaimRef, PreparedClaim
 from ix_device_plugin.dra.publisher import SlicePublisher, StoredSlice, stored_slice
 from ix_device_plugin.dra.registration import (
@@ -125,6 +126,7 @@ class DraDriver:
         self.metrics = DraMetrics(self._figures, self._prepared_devices)
         reset = ResetSettings.of(base)
         self.gpu_reset = GpuReset(self.hardware, self._reset_handshake, self._rediscover, self.metrics, reset)
+        self.node = DraNodeServices(options, self.monitor, lambda: self.content)  # labels and telemetry
 
     @property
     def inventory(self) -> Inventory:
@@ -171,6 +173,8 @@ class DraDriver:
             )
             self.service.spawn("watch-slices", watched.run)
         self.service.spawn("hardware", self.monitor.run)
+        for name, task in self.node.tasks().items():
+            self.service.spawn(name, task)
         await self._serve()
         await self._start_probes()
         self.ready.set()
@@ -195,6 +199,7 @@ class DraDriver:
                 path.unlink(missing_ok=True)
         if self.api is not None:
             await bounded("closing the API connection", self.api.close(), timeout / 10)
+        self.node.close()
         await self.hardware.close(timeout * 0.4)
 
     async def _serve(self) -> None:
