@@ -108,6 +108,7 @@ class DraDriver:
             options.node_name,
             base.dev_root,
             read_boot_id(options.boot_id_path),
+            reset_wait=base.reset_wait_timeout,
         )
         self.policy = SlicePolicy(options.config.splitboard, options.config.replicas)
         self.content = SliceContent((), None, policy=self.policy)
@@ -126,6 +127,7 @@ class DraDriver:
         self.metrics = DraMetrics(self._figures, self._prepared_devices)
         reset = ResetSettings.of(base)
         self.gpu_reset = GpuReset(self.hardware, self._reset_handshake, self._rediscover, self.metrics, reset)
+        self.gpu_reset.node_turn = self.state.reset_turn  # the driver's pods reset the node's GPUs in turn
         self.node = DraNodeServices(options, self.monitor, lambda: self.content)  # labels and telemetry
 
     @property
@@ -176,6 +178,9 @@ class DraDriver:
         for name, task in self.node.tasks().items():
             self.service.spawn(name, task)
         await self._serve()
+        if self.api is not None:  # reset: false in ix-gpu-reset-<node>, as the device plugin says at start: a driver
+            # killed in the middle of a reset left reset: true, and ix-exporter stays away from the GPUs until then
+            self.service.spawn("reset-record", self._keep_reset_record)
         await self._start_probes()
         self.ready.set()
         log.info("DRA driver %s ready in %.0f ms", DRIVER, (time.perf_counter() - started) * 1000)
@@ -187,6 +192,7 @@ class DraDriver:
         await self.service.stop_tasks(timeout * 0.4)
         if self.claim_status is not None:
             await bounded("writing claim status", self.claim_status.close(), timeout / 10)
+        await self.state.close(timeout / 10)
         await self.gpu_reset.close(timeout / 10)
         for server in self._servers:
             await bounded("stopping a gRPC server", server.stop(timeout / 4), timeout / 4)
@@ -274,6 +280,10 @@ class DraDriver:
         except GpuResetError as error:
             return f"GPU reset before the container starts: {error}"
         return None
+
+    async def _keep_reset_record(self) -> None:
+        assert self.api is not None
+        await self.gpu_reset.keep_record(self.api.backoff())
 
     async def _rediscover(self) -> Inventory:
         return (await self.monitor.rediscover()).inventory

@@ -26,6 +26,10 @@ MANAGED_BY = {"app.kubernetes.io/managed-by": "ix-device-plugin"}
 _SUFFIX = f"-{DRIVER}"
 _QUANTITY = re.compile(r"^([+-]?[0-9.]+)([a-zA-Z]*)$")
 _BINARY = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
+# No device capacity (bytes of memory, shares) comes near 10^30: a longer or larger quantity is refused before any
+# arithmetic, which on `1e10000000` (a valid quantity) would build a ten-million-digit integer.
+MAX_QUANTITY_TEXT = 64
+MAX_QUANTITY_EXPONENT = 30
 _DECIMAL = {"": 1, "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E": 10**18, "m": Decimal("0.001")}
 
 
@@ -128,16 +132,28 @@ def _normal_quantity(value: Any) -> Any:
 
 
 def quantity(text: str) -> Decimal | None:
-    """The value of a Kubernetes quantity (`32Gi`, `34359738368`, `1.5k`, `5e3`); None when it is not one."""
+    """The value of a Kubernetes quantity (`32Gi`, `34359738368`, `1.5k`, `5e3`); None when it is not one, or is
+    beyond any device's capacity (more than MAX_QUANTITY_TEXT characters, or 10^MAX_QUANTITY_EXPONENT and more)."""
     text = text.strip()
+    if len(text) > MAX_QUANTITY_TEXT:
+        return None
     try:
         if "e" in text.lower() and not any(text.endswith(s) for s in ("Ei", "E")):
-            return Decimal(text)
-        match = _QUANTITY.match(text)
-        if match is None:
-            return None
-        number, suffix = match.groups()
-        scale = _BINARY.get(suffix) or _DECIMAL.get(suffix)
-        return None if scale is None else Decimal(number) * scale
+            number = Decimal(text)
+        else:
+            match = _QUANTITY.match(text)
+            if match is None:
+                return None
+            mantissa, suffix = match.groups()
+            scale = _BINARY.get(suffix) or _DECIMAL.get(suffix)
+            if scale is None:
+                return None
+            number = Decimal(mantissa)
+            if number.is_finite() and number and number.adjusted() > MAX_QUANTITY_EXPONENT:
+                return None
+            number *= scale
     except InvalidOperation:
         return None
+    if not number.is_finite() or (number and abs(number.adjusted()) > MAX_QUANTITY_EXPONENT):
+        return None
+    return number
