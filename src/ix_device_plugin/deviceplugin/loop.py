@@ -44,6 +44,7 @@ from ix_device_plugin.settings.errors import SettingsError
 from ix_device_plugin.settings.options import Options
 from ix_device_plugin.settings.table import FILE_SETTINGS
 from ix_device_plugin.telemetry.collector import TelemetryCollector
+from ix_device_plugin.telemetry.holders import PluginHolders
 from ix_device_plugin.telemetry.sampler import TelemetrySampler
 
 if TYPE_CHECKING:
@@ -128,8 +129,8 @@ class Daemon:
                 Hardware(factory, options.call_timeout),  # its own worker and backend: a hung read stays its own
                 self.telemetry,
                 options.telemetry_interval,
-                lambda: (self.inventory, self.plan),
-                lambda: self.pod_resources.allocations({self.plan.resource_name}, self._telemetry_pod_errors),
+                lambda: self.inventory,
+                PluginHolders(self.pod_resources, lambda: self.plan),
             )
         self.api = ApiFeatures(
             options, self.current, self.metrics, self.hardware, self._rediscover_now, self._pod_devices, self.apiserver
@@ -157,7 +158,6 @@ class Daemon:
         self._applied = asyncio.Event()
         self._endpoint_errors = OncePerError(log)
         self._limit_errors = OncePerError(log)
-        self._telemetry_pod_errors = OncePerError(log, logging.WARNING)
         self._volcano_pod_errors = OncePerError(log, logging.WARNING)
 
     # ---- what others read ------------------------------------------------------------------

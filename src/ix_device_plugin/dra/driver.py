@@ -88,7 +88,8 @@ class DraDriver:
         self.options = options
         base = options.base
         self.service = Service(base.stop_timeout)
-        self.hardware = Hardware(backend_factory or open_backend(base), base.call_timeout)
+        factory = backend_factory or open_backend(base)
+        self.hardware = Hardware(factory, base.call_timeout)
         self.monitor = HardwareMonitor(
             self.hardware,
             MonitorSettings(
@@ -128,7 +129,15 @@ class DraDriver:
         reset = ResetSettings.of(base)
         self.gpu_reset = GpuReset(self.hardware, self._reset_handshake, self._rediscover, self.metrics, reset)
         self.gpu_reset.node_turn = self.state.reset_turn  # the driver's pods reset the node's GPUs in turn
-        self.node = DraNodeServices(options, self.monitor, lambda: self.content)  # labels and telemetry
+        self.node = DraNodeServices(  # labels and telemetry; telemetry lets go of the library during a reset
+            options,
+            self.monitor,
+            lambda: self.content,
+            factory,
+            self.metrics.registry,
+            self.registration.registered.is_set,
+        )
+        self.gpu_reset.quiet_others = self.node.paused
 
     @property
     def inventory(self) -> Inventory:
@@ -205,7 +214,7 @@ class DraDriver:
                 path.unlink(missing_ok=True)
         if self.api is not None:
             await bounded("closing the API connection", self.api.close(), timeout / 10)
-        self.node.close()
+        await self.node.close()
         await self.hardware.close(timeout * 0.4)
 
     async def _serve(self) -> None:

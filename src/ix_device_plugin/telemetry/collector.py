@@ -1,7 +1,8 @@
 """Per-chip GPU metrics with the names and labels of Iluvatar's ix-exporter, so its dashboards work unchanged.
 
 A scrape only renders the last samples the sampler handed over. A value the library cannot give is absent from
-that chip's series, never a made-up 0.
+that chip's series, never a made-up 0. Each chip has a series per container holding it (one with empty pod
+labels while it is free); on a DRA node each series also says the claim, and the share, it is held through.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from typing import TYPE_CHECKING
 
 from ix_device_plugin.core.inventory import Inventory
 from ix_device_plugin.core.labels import product_model
-from ix_device_plugin.core.telemetry import ChipSample, PodRef
+from ix_device_plugin.core.telemetry import ChipHolders, ChipSample, Holder
 
 if TYPE_CHECKING:
     from prometheus_client.metrics_core import GaugeMetricFamily, Metric
@@ -46,59 +47,66 @@ METRICS: tuple[tuple[str, str, str], ...] = (
 )
 METRIC_NAMES = tuple(name for name, _, _ in METRICS)
 LABELS = ("gpu", "uuid", "name", "node_name", "driver", "namespace", "pod", "container")
+CLAIM_LABELS = ("claim_namespace", "claim_name", "share_id")  # on a DRA node
 
 
 def metric_families(
     samples: Mapping[str, ChipSample],
     inventory: Inventory,
-    pods: Mapping[str, PodRef],
+    holders: ChipHolders,
     node_name: str,
+    claims: bool = False,
 ) -> list[GaugeMetricFamily]:
-    """The metric families for samples (chip UUID -> sample), labelled as ix-exporter labels them."""
+    """The metric families for samples (chip UUID -> sample), labelled as ix-exporter labels them: a series per
+    holder of each chip (holders: chip UUID -> the containers holding it), with CLAIM_LABELS when claims is set."""
     from prometheus_client.metrics_core import GaugeMetricFamily
 
-    families = {name: GaugeMetricFamily(name, help_text, labels=LABELS) for name, help_text, _ in METRICS}
+    names = LABELS + CLAIM_LABELS if claims else LABELS
+    families = {name: GaugeMetricFamily(name, help_text, labels=names) for name, help_text, _ in METRICS}
     for index, chip in enumerate(inventory.chips()):
         sample = samples.get(chip.uuid)
         if sample is None:
             continue
-        ref = pods.get(chip.uuid)
-        labels = [
-            str(index),
-            chip.uuid,
-            f"Iluvatar {product_model(chip.product)}",
-            node_name,
-            inventory.driver_version,
-            ref.namespace if ref else "",
-            ref.pod if ref else "",
-            ref.container if ref else "",
-        ]
-        for name, _, field in METRICS:
-            value = getattr(sample, field)
-            if value is not None:
-                families[name].add_metric(labels, value)
+        chip_labels = [str(index), chip.uuid, f"Iluvatar {product_model(chip.product)}", node_name]
+        chip_labels.append(inventory.driver_version)
+        for holder in holders.get(chip.uuid) or (None,):
+            labels = chip_labels + _holder_labels(holder, claims)
+            for name, _, field in METRICS:
+                value = getattr(sample, field)
+                if value is not None:
+                    families[name].add_metric(labels, value)
     return [family for family in families.values() if family.samples]
+
+
+def _holder_labels(holder: Holder | None, claims: bool) -> list[str]:
+    if holder is None:
+        return ["", "", "", *(["", "", ""] if claims else [])]
+    ref = holder.pod
+    pod = [ref.namespace, ref.pod, ref.container]
+    return [*pod, holder.claim_namespace, holder.claim_name, holder.share_id] if claims else pod
 
 
 @dataclass(frozen=True)
 class _Snapshot:
     samples: Mapping[str, ChipSample]
     inventory: Inventory
-    pods: Mapping[str, PodRef]
+    holders: ChipHolders
 
 
 class TelemetryCollector:
-    """Renders the last samples at scrape time; `update` replaces them whole."""
+    """Renders the last samples at scrape time; `update` replaces them whole. claims: label each series with the
+    claim and share it is held through (a DRA node)."""
 
-    def __init__(self, node_name: str) -> None:
+    def __init__(self, node_name: str, claims: bool = False) -> None:
         self.node_name = node_name
+        self.claims = claims
         self._snapshot = _Snapshot({}, Inventory(), {})
         self._lock = threading.Lock()  # scrapes run on the probe server's loop, updates on the daemon's
 
-    def update(self, samples: Mapping[str, ChipSample], inventory: Inventory, pods: Mapping[str, PodRef]) -> None:
+    def update(self, samples: Mapping[str, ChipSample], inventory: Inventory, holders: ChipHolders) -> None:
         """Serve these samples from now on."""
         with self._lock:
-            self._snapshot = _Snapshot(dict(samples), inventory, dict(pods))
+            self._snapshot = _Snapshot(dict(samples), inventory, dict(holders))
 
     @property
     def samples(self) -> Mapping[str, ChipSample]:
@@ -106,9 +114,9 @@ class TelemetryCollector:
         return self._snapshot.samples
 
     @property
-    def pods(self) -> Mapping[str, PodRef]:
+    def holders(self) -> ChipHolders:
         """The containers holding chips, by chip UUID, as last seen."""
-        return self._snapshot.pods
+        return self._snapshot.holders
 
     def describe(self) -> Iterator[Metric]:
         return iter(())
@@ -116,4 +124,4 @@ class TelemetryCollector:
     def collect(self) -> Iterator[Metric]:
         with self._lock:
             snapshot = self._snapshot
-        yield from metric_families(snapshot.samples, snapshot.inventory, snapshot.pods, self.node_name)
+        yield from metric_families(snapshot.samples, snapshot.inventory, snapshot.holders, self.node_name, self.claims)

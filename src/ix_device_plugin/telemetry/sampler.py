@@ -9,8 +9,7 @@ import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 
 from ix_device_plugin.core.inventory import Inventory
-from ix_device_plugin.core.plan import Plan
-from ix_device_plugin.core.telemetry import ChipSample, PodRef, chip_pods
+from ix_device_plugin.core.telemetry import ChipHolders, ChipSample
 from ix_device_plugin.hardware.backend import Backend, BackendError
 from ix_device_plugin.hardware.worker import BackendTimeout, Hardware
 from ix_device_plugin.runtime.logs import OncePerError
@@ -19,11 +18,12 @@ from ix_device_plugin.telemetry.collector import TelemetryCollector
 log = logging.getLogger(__name__)
 
 
-Allocations = Callable[[], Awaitable[Mapping[str, PodRef]]]  # device ID -> the container holding it (empty: unknown)
+Holders = Callable[[], Awaitable[ChipHolders]]  # chip UUID -> the containers holding it (empty: unknown)
 
 
 class TelemetrySampler:
-    """Samples every chip each interval and hands the figures, labelled with their pods, to the collector.
+    """Samples every chip each interval and hands the figures, with the containers holding each chip, to the
+    collector.
 
     hardware: a worker of telemetry's own, over a backend instance of its own, so that a read that hangs
     holds up neither health nor the liveness probe: the pass fails at its deadline, the worker gives up on it
@@ -37,21 +37,21 @@ class TelemetrySampler:
         hardware: Hardware,
         collector: TelemetryCollector,
         interval: float,
-        served: Callable[[], tuple[Inventory, Plan]],
-        allocations: Allocations,
+        inventory: Callable[[], Inventory],
+        holders: Holders,
     ) -> None:
         self._hardware = hardware
         self._collector = collector
         self._interval = interval
-        self._served = served
-        self._allocations = allocations
+        self._inventory = inventory
+        self._holders = holders
         self._turn = asyncio.Lock()  # a pass, or a pause
 
     async def run(self) -> None:
         """One pass per interval until cancelled; a failed pass is said once and leaves the last figures."""
         errors = OncePerError(log, logging.WARNING)
         while True:
-            seen, _ = self._served()
+            seen = self._inventory()
             if seen.boards:
                 try:
                     samples = await self._sample(seen)
@@ -59,9 +59,8 @@ class TelemetrySampler:
                     errors.failed("telemetry pass failed: %s", self._given_up(error))
                 else:
                     errors.succeeded("telemetry passes work again")
-                    allocations = await self._allocations()
-                    inventory, plan = self._served()
-                    self._collector.update(samples, inventory, chip_pods(plan, allocations))
+                    holders = await self._holders()
+                    self._collector.update(samples, self._inventory(), holders)
             await asyncio.sleep(self._interval)
 
     async def _sample(self, inventory: Inventory) -> Mapping[str, ChipSample]:

@@ -2,16 +2,24 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from dra_support import DraNode
+from dra_support import NODE, DraNode
+from prometheus_client.parser import text_string_to_metric_families
 
+from ix_device_plugin.dra.driver import DraDriver
+from ix_device_plugin.dra.slices import DRIVER
 from ix_device_plugin.settings.config import Config
 from ix_device_plugin.standins.kubelet import KubeletStandIn
+from ix_device_plugin.standins.podresources import ClaimResource, PodClaim, PodResourcesStandIn
+from ix_device_plugin.telemetry.collector import CLAIM_LABELS, LABELS
 
-from support import DaemonFactory, config_flags, until
+from support import RESOURCE, DaemonFactory, config_flags, until
 
 FEATURES = "ix-device-plugin"
 DRA_LABELS = {"iluvatar.com/dra.driver", "iluvatar.com/dra.chips", "iluvatar.com/dra.boards", "iluvatar.com/dra.shares"}
@@ -108,3 +116,130 @@ async def test_no_chips_no_labels(node: DraNode, short_dir: Path) -> None:
     node.write_boards([])
     await node.start(node_feature_dir=features, config=Config(fail_on_init_error=False))
     await until(lambda: not (features / FEATURES).exists())
+
+
+# ---- GPU metrics with the pods and claims holding each chip ---------------------------------------------------
+
+
+def scrape(port: int) -> list[dict[str, str]]:
+    """The label sets of ix_gpu_temperature on the driver's /metrics, over real HTTP."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+        text = response.read().decode()
+    families = {family.name: family for family in text_string_to_metric_families(text)}
+    family = families.get("ix_gpu_temperature")
+    return [] if family is None else [dict(sample.labels) for sample in family.samples]
+
+
+def holders_of(series: list[dict[str, str]], device: str, driver: DraDriver) -> set[tuple[str, ...]]:
+    """(namespace, pod, container, claim namespace, claim name, share ID) of every series of the device's chips."""
+    chips = {chip.uuid for chip in driver.content.by_name()[device].chips}
+    names = ("namespace", "pod", "container", "claim_namespace", "claim_name", "share_id")
+    return {tuple(s[name] for name in names) for s in series if s["uuid"] in chips}
+
+
+async def series_where(driver: DraDriver, predicate: Callable[[list[dict[str, str]]], bool]) -> list[dict[str, str]]:
+    async with asyncio.timeout(5):
+        while True:
+            series = await asyncio.to_thread(scrape, driver.probe_port)
+            if predicate(series):
+                return series
+            await asyncio.sleep(0.05)
+
+
+def claim(name: str, *devices: str, shares: tuple[str, ...] = ()) -> PodClaim:
+    """A claim of devices on node-a's pool, as the kubelet keeps it (shares: each device's share ID)."""
+    share_ids = shares or (None,) * len(devices)
+    resources = (
+        ClaimResource(DRIVER, NODE, device, (f"{DRIVER}/claim={name}-{device}",), share)
+        for device, share in zip(devices, share_ids, strict=True)
+    )
+    return PodClaim(name, tuple(resources))
+
+
+async def test_each_chip_shows_the_pods_and_claims_holding_it(
+    node: DraNode, pod_resources: PodResourcesStandIn
+) -> None:
+    """A board claim labels both chips; a chip held by a workload and an admin-access claim shows both; a
+    container's claim of another driver shows nothing; a free chip has one series with empty holder labels."""
+    driver = await node.start(
+        health_address="127.0.0.1:0", telemetry_interval=0.05, pod_resources_socket=pod_resources.socket_path
+    )
+    other = PodClaim("nic", (ClaimResource("nic.example.com", NODE, "gpu-3"),))
+    pod_resources.claims = {
+        ("ml", "trainer-0"): {"main": [claim("train", "board-0")], "sidecar": []},
+        ("ml", "infer-0"): {"main": [claim("infer", "gpu-2"), other]},
+        ("monitoring", "watch-0"): {"probe": [claim("watch", "gpu-2")]},  # adminAccess: the kubelet says the same
+    }
+    series = await series_where(driver, lambda s: any(x["pod"] == "watch-0" for x in s))
+    assert holders_of(series, "board-0", driver) == {("ml", "trainer-0", "main", "ml", "train", "")}
+    assert len([s for s in series if s["pod"] == "trainer-0"]) == 2  # both chips of the board
+    assert holders_of(series, "gpu-2", driver) == {
+        ("ml", "infer-0", "main", "ml", "infer", ""),
+        ("monitoring", "watch-0", "probe", "monitoring", "watch", ""),
+    }
+    assert holders_of(series, "gpu-3", driver) == {("", "", "", "", "", "")}
+    gpu_3 = next(s for s in series if s["uuid"] == driver.content.by_name()["gpu-3"].chip.uuid)
+    assert set(gpu_3) == {*LABELS, *CLAIM_LABELS}
+    assert gpu_3["node_name"] == NODE and gpu_3["name"] == "Iluvatar BI-V150" and gpu_3["gpu"] == "3"
+
+    pod_resources.claims = {}  # the pods ended
+    series = await series_where(driver, lambda s: all(x["pod"] == "" for x in s))
+    assert len(series) == 4
+
+
+async def test_shares_of_one_chip_are_a_series_each(node: DraNode, pod_resources: PodResourcesStandIn) -> None:
+    driver = await node.start(
+        health_address="127.0.0.1:0",
+        telemetry_interval=0.05,
+        pod_resources_socket=pod_resources.socket_path,
+        config=Config(splitboard=True, replicas=4),
+    )
+    first, second = "6a3b1a4e-0000-4000-8000-000000000001", "6a3b1a4e-0000-4000-8000-000000000002"
+    pod_resources.claims = {
+        ("team-a", "job-a"): {"main": [claim("a", "gpu-1", shares=(first,))]},
+        ("team-b", "job-b"): {"main": [claim("b", "gpu-1", shares=(second,))]},
+    }
+    series = await series_where(driver, lambda s: any(x["pod"] == "job-b" for x in s))
+    assert holders_of(series, "gpu-1", driver) == {
+        ("team-a", "job-a", "main", "team-a", "a", first),
+        ("team-b", "job-b", "main", "team-b", "b", second),
+    }
+
+
+async def test_a_pod_the_device_plugin_gave_a_board_keeps_its_labels_on_a_dra_node(
+    node: DraNode, pod_resources: PodResourcesStandIn
+) -> None:
+    """After a move to DRA without a drain, the kubelet still reports the plugin's device IDs: the pod keeps its
+    series (the node planned as the plugin plans it: a whole board per device without flags.splitboard)."""
+    driver = await node.start(
+        health_address="127.0.0.1:0", telemetry_interval=0.05, pod_resources_socket=pod_resources.socket_path
+    )
+    board = driver.inventory.boards[1]
+    pod_resources.pods = {("ml", "legacy-0"): {"main": {RESOURCE: [board.uuid]}}}
+    series = await series_where(driver, lambda s: any(x["pod"] == "legacy-0" for x in s))
+    held = {s["uuid"] for s in series if s["pod"] == "legacy-0"}
+    assert held == {chip.uuid for chip in board.chips}
+    assert {s["claim_name"] for s in series} == {""}
+
+
+async def test_the_dra_driver_exports_the_node_state_the_dashboard_reads(node: DraNode) -> None:
+    driver = await node.start(health_address="127.0.0.1:0")  # telemetry off
+    node.write_boards([{"product": "BI-V150", "chips": [{}, {"health": ["ECC"]}]}, {"product": "BI-V150"}])
+    await node.wait_slice(lambda devices: "taints" in devices.get("gpu-1", {}))
+
+    def values() -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+        with urllib.request.urlopen(f"http://127.0.0.1:{driver.probe_port}/metrics", timeout=5) as response:
+            text = response.read().decode()
+        return {
+            (s.name, tuple(sorted(s.labels.items()))): s.value
+            for f in text_string_to_metric_families(text)
+            for s in f.samples
+        }
+
+    found = await asyncio.to_thread(values)
+    assert found[("ix_device_plugin_devices", (("health", "Healthy"), ("resource", DRIVER)))] == 4
+    assert found[("ix_device_plugin_devices", (("health", "Unhealthy"), ("resource", DRIVER)))] == 2  # gpu-1, board-0
+    assert found[("ix_device_plugin_chips", (("state", "present"),))] == 4
+    assert found[("ix_device_plugin_chip_health_errors", (("error", "ECC"),))] == 1
+    assert found[("ix_device_plugin_registered", ())] == 0  # no kubelet has registered it
+    assert not any(name.startswith("ix_gpu_") for name, _ in found)  # telemetry is off
