@@ -4,16 +4,21 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
+import time
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import pytest
-from dra_support import NODE, DraNode
+from dra_support import NODE, DraNode, gpu_config
 from prometheus_client.parser import text_string_to_metric_families
 
+from ix_device_plugin.core.inventory import Inventory
+from ix_device_plugin.core.telemetry import ChipSample
 from ix_device_plugin.dra.driver import DraDriver
 from ix_device_plugin.dra.slices import DRIVER
+from ix_device_plugin.hardware.simulated import SimulatedBackend
 from ix_device_plugin.settings.config import Config
 from ix_device_plugin.standins.kubelet import KubeletStandIn
 from ix_device_plugin.standins.podresources import ClaimResource, PodClaim, PodResourcesStandIn
@@ -243,3 +248,38 @@ async def test_the_dra_driver_exports_the_node_state_the_dashboard_reads(node: D
     assert found[("ix_device_plugin_chip_health_errors", (("error", "ECC"),))] == 1
     assert found[("ix_device_plugin_registered", ())] == 0  # no kubelet has registered it
     assert not any(name.startswith("ix_gpu_") for name, _ in found)  # telemetry is off
+
+
+class Watched(SimulatedBackend):
+    """Chips whose reset takes a while; records what telemetry did meanwhile."""
+
+    def __init__(self, devices: Path) -> None:
+        super().__init__(str(devices))
+        self.events: list[str] = []
+
+    def reset(self, uuids: Sequence[str], timeout: float, abort: threading.Event | None = None) -> None:
+        self.events.append("reset begins")
+        time.sleep(0.3)
+        self.events.append("reset ends")
+        super().reset(uuids, timeout, abort)
+
+    def sample(self, inventory: Inventory) -> dict[str, ChipSample]:
+        self.events.append("sample")
+        return super().sample(inventory)
+
+    def close(self) -> None:
+        self.events.append("close")
+
+
+async def test_telemetry_lets_go_of_the_library_while_a_claims_chips_are_reset(node: DraNode) -> None:
+    backend = Watched(node.devices_file)
+    driver = await node.start(backend_factory=lambda: backend, telemetry_interval=0.05, reset_timeout=5.0)
+    await until(lambda: "sample" in backend.events)
+    kubelet = await node.kubelet(driver)
+    claim = node.claim("fresh", ["gpu-0"], config=[gpu_config(reset=True)])
+    assert (await kubelet.prepare([claim])).claims[claim[2]].error == ""
+    await until(lambda: backend.events[-1] == "sample")  # passes again after the reset
+    begins, ends = backend.events.index("reset begins"), backend.events.index("reset ends")
+    assert backend.events[begins - 1] == "close", backend.events  # telemetry released the library first
+    assert "sample" not in backend.events[begins:ends], "a telemetry pass ran during the reset"
+    await kubelet.close()
