@@ -248,6 +248,8 @@ class Daemon:
         spawn("hardware", self.monitor.run)
         if self.sampler is not None:
             spawn("telemetry", self.sampler.run)
+        if (labels := self.files.labels) is not None:
+            spawn("node-labels", labels.run)  # writes them again when another agent hands the file over
         if self.kube_settings is not None:
             spawn("volcano", self.api.run_volcano)
             spawn("reset-announce", self.api.announce_reset)

@@ -68,7 +68,7 @@ class NodeLabelFile:
         self.labels.apply(label_set(state.inventory, state.plan, state.config, machine, state.inventory.cuda_version))
 
     def close(self) -> None:
-        """At a clean shutdown: as the node-labels service does it."""
+        """At a clean shutdown: the labels are kept for the agent that follows, as the node-labels service does."""
         self.labels.close()
 
 
@@ -90,6 +90,11 @@ class NodeFiles:
         """The State changed: write at the next apply."""
         self.due = bool(self.files)
 
+    @property
+    def labels(self) -> NodeLabels | None:
+        """The node-labels service, when the feature file is written."""
+        return next((file.labels for file in self.files if isinstance(file, NodeLabelFile)), None)
+
     def apply(self, state: State) -> None:
         """Write what is due for state; a file that fails stays due."""
         if not self.due:
@@ -106,7 +111,7 @@ class NodeFiles:
                 errors.succeeded("%s written again", file.name)
 
     def close(self) -> None:
-        """Clean up every file at a clean shutdown (the CDI spec stays, the labels go)."""
+        """Clean up every file at a clean shutdown (the CDI spec stays, the labels are handed over)."""
         for file in self.files:
             try:
                 file.close()

@@ -1,21 +1,36 @@
 """The NFD local feature file that carries the node's GPU labels (`features.d/ix-device-plugin`).
 
 Written atomically (a dot-named temporary, fsynced, renamed over the target: NFD skips dot-files) and only when
-its text changed, so NFD never reads half a file and is not woken for nothing.
+its text changed, so NFD never reads half a file and is not woken for nothing. Both front ends write this one
+file, so the agent that takes over a node replaces the labels of the one before in one step.
+
+Handing over: an agent that stops cleanly does not remove its labels (that would drop them from the node, and
+every nodeSelector on them would stop matching, until the next agent writes its own). It retires the file: the
+same labels under NFD's `# +expiry-time=` directive, a few minutes ahead. The next agent, of either mode, writes
+its own labels over it; if none comes (the agent was uninstalled), NFD drops the labels once they expire.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Mapping
+from datetime import UTC, datetime
 from pathlib import Path
 
 from ix_device_plugin.core.labels import is_valid_label_value
-from ix_device_plugin.runtime.files import OutputError, remove_file, remove_stale_temporaries, write_if_changed
+from ix_device_plugin.runtime.files import (
+    OutputError,
+    current_text,
+    remove_file,
+    remove_stale_temporaries,
+    write_atomically,
+    write_if_changed,
+)
 
 DEFAULT_FEATURES_DIR = Path("/etc/kubernetes/node-feature-discovery/features.d")
 DEFAULT_FEATURE_FILE = "ix-device-plugin"
 DMI_PRODUCT_NAME = Path("class/dmi/id/product_name")
+EXPIRY_DIRECTIVE = "# +expiry-time="  # NFD's local source ignores the lines after it once the time has passed
 
 _LABEL_NAME = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
 _LABEL_PREFIX = re.compile(r"^(?=.{1,253}$)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
@@ -26,6 +41,16 @@ def feature_file_text(labels: Mapping[str, str]) -> str:
     lines = ["# Node labels for Iluvatar GPUs, kept up to date by ix-device-plugin; edits are overwritten."]
     lines.extend(f"{name}={labels[name]}" for name in sorted(labels))
     return "\n".join(lines) + "\n"
+
+
+def retired_text(text: str, until: datetime) -> str:
+    """text with NFD's expiry directive first: the labels hold until `until` (RFC 3339, UTC), then NFD drops them."""
+    return f"{EXPIRY_DIRECTIVE}{until.astimezone(UTC).strftime('%Y-%m-%dT%H:%M:%SZ')}\n{text}"
+
+
+def is_retired(text: str) -> bool:
+    """True for a feature file an agent retired at its stop (it carries an expiry time)."""
+    return text.startswith(EXPIRY_DIRECTIVE)
 
 
 def check_label(name: str, value: str) -> None:
@@ -45,6 +70,7 @@ class FeatureFileWriter:
             raise OutputError(f"feature file name {name!r}: must be non-empty, without '/', not start with '.'")
         self.directory = Path(directory)
         self.path = self.directory / name
+        self.written: str | None = None  # the text this writer last put in the file (None: it removed it)
         remove_stale_temporaries(self.directory, name)
 
     def apply(self, labels: Mapping[str, str]) -> bool:
@@ -53,13 +79,34 @@ class FeatureFileWriter:
         Raises OutputError naming a bad label or the path.
         """
         if not labels:
-            return remove_file(self.path)
+            changed = remove_file(self.path)
+            self.written = None
+            return changed
         for name, value in labels.items():
             check_label(name, value)
-        return write_if_changed(self.path, feature_file_text(labels))
+        text = feature_file_text(labels)
+        changed = write_if_changed(self.path, text)
+        self.written = text
+        return changed
+
+    def handed_over(self) -> bool:
+        """True when this writer's labels are no longer in the file because another agent retired or removed it
+        (after this writer last wrote): they are to be written again. A file another live agent wrote is left."""
+        if self.written is None:
+            return False
+        current = current_text(self.path)
+        return current != self.written and (current is None or is_retired(current))
+
+    def retire(self, until: datetime) -> bool:
+        """Keep this writer's labels in the file until `until`, for the agent that follows (see the module's
+        docstring); True when it did. A file another agent has written since is left as it is."""
+        if self.written is None or current_text(self.path) != self.written:
+            return False
+        write_atomically(self.path, retired_text(self.written, until))
+        return True
 
     def remove(self) -> bool:
-        """Remove the feature file (clean shutdown); True when there was one."""
+        """Remove the feature file; True when there was one."""
         return remove_file(self.path)
 
 
