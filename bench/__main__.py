@@ -15,6 +15,7 @@ from typing import Any
 from bench import (
     api_features,
     dra,
+    dra_node,
     footprint,
     health,
     hostile,
@@ -58,6 +59,7 @@ RUNNERS: dict[str, Runner] = {
     "kubeclient": _single("kubeclient", kubeclient.run),
     "node_agent": _single("node_agent", node_agent.run),
     "dra": _single("dra", dra.run),
+    "dra_node": _single("dra_node", dra_node.run),
     "api_features": _single("api_features", api_features.run),
 }
 

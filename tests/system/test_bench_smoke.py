@@ -23,6 +23,7 @@ SECTIONS = (
     "kubeclient",
     "node_agent",
     "dra",
+    "dra_node",
     "api_features",
 )
 
