@@ -33,7 +33,7 @@ from ix_device_plugin.api.pluginregistration import api_pb2_grpc as registration
 from ix_device_plugin.apiserver.client import Kube
 from ix_device_plugin.apiserver.connection import ApiConnection
 from ix_device_plugin.apiserver.errors import KubeError
-from ix_device_plugin.apiserver.objects import RESOURCE_CLAIM, RESOURCE_SLICE
+from ix_device_plugin.apiserver.objects import NODE, RESOURCE_CLAIM, RESOURCE_SLICE, uid_of
 from ix_device_plugin.apiserver.settings import KubeSettings
 from ix_device_plugin.apiserver.watch import Key, Mirror
 from ix_device_plugin.core.inventory import Inventory
@@ -173,16 +173,8 @@ class DraDriver:
         self.publisher.want(self.content, self.roots)
         self.claim_status = ClaimStatusWriter(self.kube, self.options.node_name)
         self.service.spawn("publish-slice", self.publisher.run)
-        if self.api is not None:  # the node's slices, watched: put back when someone else changes or deletes them
-            watched = Mirror(
-                self.api,
-                RESOURCE_SLICE,
-                stored_slice,
-                f"the ResourceSlices of node {self.options.node_name}",
-                field_selector={"spec.nodeName": self.options.node_name},
-                on_change=self._slices_changed,
-            )
-            self.service.spawn("watch-slices", watched.run)
+        if self.api is not None:
+            self._watch_slices_and_node(self.api)
         self.service.spawn("hardware", self.monitor.run)
         for name, task in self.node.tasks().items():
             self.service.spawn(name, task)
@@ -239,6 +231,28 @@ class DraDriver:
         await registration.start()
         self._servers.append(registration)
         log.info("serving %s and %s", registrar, endpoint)
+
+    def _watch_slices_and_node(self, api: ApiConnection) -> None:
+        """Watch the node's slices (put back when someone else changes or deletes them) and the Node (its UID owns
+        them): one watch each, listed by field selector, so that a Node that is not there yet costs no polling."""
+        node = self.options.node_name
+        slices = Mirror(
+            api,
+            RESOURCE_SLICE,
+            lambda obj: stored_slice(obj, node),
+            f"the ResourceSlices of node {node}",
+            field_selector={"spec.nodeName": node},
+            on_change=self._slices_changed,
+        )
+        self.service.spawn("watch-slices", slices.run)
+        owner = Mirror(
+            api, NODE, uid_of, f"node {node}", field_selector={"metadata.name": node}, on_change=self._node_changed
+        )
+        self.service.spawn("watch-node", owner.run)
+
+    def _node_changed(self, nodes: Mapping[Key, str]) -> None:
+        if self.publisher is not None:
+            self.publisher.node_seen(next(iter(nodes.values()), ""))
 
     def _slices_changed(self, stored: Mapping[Key, StoredSlice]) -> None:
         if self.publisher is not None:
