@@ -42,7 +42,7 @@ def _command(directory: Path, kubeconfig: Path, node: str, *extra: str) -> list[
         "--kubelet-registrar-directory-path", str(directory / "registry"),
         "--kubelet-plugins-directory-path", str(directory / "plugins"),
         "--cdi-spec-dir", str(directory / "cdi"), "--dev-root", str(directory),
-        "--log-level", "warning", *extra,
+        "--node-feature-dir", "off", "--telemetry-interval", "off", "--log-level", "warning", *extra,
     ]  # fmt: skip
 
 

@@ -177,6 +177,16 @@ def _dra_api() -> Iterator[Figure]:
     yield Figure("dra_api", "Node re-created: slice writes after, per minute", path, "/min", 1)
 
 
+def _dra_node() -> Iterator[Figure]:
+    for key, name in (("telemetry_off", "telemetry off"), ("telemetry_on", "telemetry on (15 s)")):
+        yield Figure("dra_node", f"DRA driver, 32 chips, labels on, {name}: RSS", (key, "rss_mib"), "MiB")
+        yield Figure(
+            "dra_node", f"DRA driver, 32 chips, labels on, {name}: idle CPU", (key, "idle_cpu_percent"), "% core"
+        )
+    yield Figure("dra_node", "RSS added by telemetry", ("rss_added_by_telemetry_mib",), "MiB", 8)
+    yield Figure("dra_node", "pod-resources List calls a minute", ("pod_resources_calls_per_minute",), "/min", 5)
+
+
 def _api_features() -> Iterator[Figure]:
     yield Figure("api_features", "1 GPU, API features off: RSS", ("off", "rss_mib"), "MiB")
     yield Figure("api_features", "1 GPU, per-node config + Volcano on: RSS", ("on", "rss_mib"), "MiB")
@@ -207,6 +217,7 @@ def figures(sections: Mapping[str, Any]) -> list[Figure]:
         "node_agent": _node_agent,
         "dra": _dra,
         "dra_api": _dra_api,
+        "dra_node": _dra_node,
         "api_features": _api_features,
     }
     return [figure for name, group in groups.items() if name in sections for figure in group()]

@@ -41,6 +41,7 @@ from ix_device_plugin.dra.claimstatus import ClaimStatusWriter
 from ix_device_plugin.dra.containers import PodRef, container_holdings, owner_pod
 from ix_device_plugin.dra.health import DeviceHealthBoard, HealthService
 from ix_device_plugin.dra.metrics import DraMetrics
+from ix_device_plugin.dra.nodeservices import DraNodeServices
 from ix_device_plugin.dra.prepared import ClaimError, ClaimRef, PreparedClaim
 from ix_device_plugin.dra.publisher import SlicePublisher, StoredSlice, stored_slice
 from ix_device_plugin.dra.registration import (
@@ -88,7 +89,8 @@ class DraDriver:
         self.options = options
         base = options.base
         self.service = Service(base.stop_timeout)
-        self.hardware = Hardware(backend_factory or open_backend(base), base.call_timeout)
+        factory = backend_factory or open_backend(base)
+        self.hardware = Hardware(factory, base.call_timeout)
         self.monitor = HardwareMonitor(
             self.hardware,
             MonitorSettings(
@@ -128,6 +130,15 @@ class DraDriver:
         reset = ResetSettings.of(base)
         self.gpu_reset = GpuReset(self.hardware, self._reset_handshake, self._rediscover, self.metrics, reset)
         self.gpu_reset.node_turn = self.state.reset_turn  # the driver's pods reset the node's GPUs in turn
+        self.node = DraNodeServices(  # labels and telemetry; telemetry lets go of the library during a reset
+            options,
+            self.monitor,
+            lambda: self.content,
+            factory,
+            self.metrics.registry,
+            self.registration.registered.is_set,
+        )
+        self.gpu_reset.quiet_others = self.node.paused
 
     @property
     def inventory(self) -> Inventory:
@@ -166,6 +177,8 @@ class DraDriver:
         if self.api is not None:
             self._watch_slices_and_node(self.api)
         self.service.spawn("hardware", self.monitor.run)
+        for name, task in self.node.tasks().items():
+            self.service.spawn(name, task)
         await self._serve()
         if self.api is not None:  # reset: false in ix-gpu-reset-<node>, as the device plugin says at start: a driver
             # killed in the middle of a reset left reset: true, and ix-exporter stays away from the GPUs until then
@@ -194,6 +207,7 @@ class DraDriver:
                 path.unlink(missing_ok=True)
         if self.api is not None:
             await bounded("closing the API connection", self.api.close(), timeout / 10)
+        await self.node.close()
         await self.hardware.close(timeout * 0.4)
 
     async def _serve(self) -> None:
