@@ -16,6 +16,7 @@ from bench import (
     api_features,
     dra,
     dra_api,
+    dra_node,
     footprint,
     healing,
     health,
@@ -63,6 +64,7 @@ RUNNERS: dict[str, Runner] = {
     "node_agent": _single("node_agent", node_agent.run),
     "dra": _single("dra", dra.run),
     "dra_api": _single("dra_api", dra_api.run),
+    "dra_node": _single("dra_node", dra_node.run),
     "api_features": _single("api_features", api_features.run),
     "healing": _single("healing", healing.run),
 }

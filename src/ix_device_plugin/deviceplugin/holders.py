@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator, Mapping
 
 from ix_device_plugin.core.inventory import Inventory
 from ix_device_plugin.core.plan import REPLICA_SEPARATOR, Plan
-from ix_device_plugin.core.telemetry import PodRef
+from ix_device_plugin.core.telemetry import PodRef, chip_pods
 from ix_device_plugin.deviceplugin.state import Current
 from ix_device_plugin.kubelet.podresources import PodResources, PodResourcesError
 
@@ -46,13 +46,14 @@ def holder_of(uuid: str, allocations: Mapping[str, PodRef], plan: Plan, inventor
     A device ID the plan does not know (the config changed since it was allocated) is read as what it names: a chip,
     or a board by its first chip's UUID.
     """
+    ref = chip_pods(plan, allocations).get(uuid)
     boards = {board.uuid: board for board in inventory.boards}
-    for device_id, ref in sorted(allocations.items()):
-        device = plan.by_id.get(device_id)
+    for device_id, held in sorted(allocations.items()):
+        if ref is not None:
+            break
+        if device_id in plan.by_id:
+            continue
         base = device_id.partition(REPLICA_SEPARATOR)[0]
-        chips = {chip.uuid for chip in device.chips} if device is not None else {base}
-        if device is None and base in boards:
-            chips |= {chip.uuid for chip in boards[base].chips}
-        if uuid in chips:
-            return f"{ref.namespace}/{ref.pod} ({ref.container})"
-    return None
+        chips = {base} | ({chip.uuid for chip in boards[base].chips} if base in boards else set())
+        ref = held if uuid in chips else None
+    return None if ref is None else f"{ref.namespace}/{ref.pod} ({ref.container})"
