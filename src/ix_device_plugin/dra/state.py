@@ -17,11 +17,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import fcntl
 import logging
-import os
 import time
-from collections.abc import Awaitable, Callable, Iterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +37,7 @@ from ix_device_plugin.dra.prepared import ClaimError, ClaimRef, PreparedClaim, c
 from ix_device_plugin.dra.slices import SliceDevice
 from ix_device_plugin.runtime.errors import StartupError
 from ix_device_plugin.runtime.files import OutputError, reason, remove_stale_temporaries, write_atomically
+from ix_device_plugin.runtime.locks import FileLock, LockError
 from ix_device_plugin.settings.documents import DocumentError, load_yaml, read_file
 
 log = logging.getLogger(__name__)
@@ -46,6 +45,8 @@ log = logging.getLogger(__name__)
 BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
 LOCK_FILE = "serialize.lock"  # the name the upstream kubelet-plugin helper uses for the same purpose
 LOCK_TIMEOUT = 10.0
+START_LOCK_TIMEOUT = 30.0  # a start that cannot have the lock fails, saying so, and the kubelet starts it again
+LOCK_POLL = 0.005  # another driver holds the lock for milliseconds (one prepare's writes)
 SPEC_LIMIT = 1024 * 1024
 ClaimReader = Callable[[ClaimRef], Awaitable[Any]]  # the ResourceClaim object; ClaimError when it cannot
 Resetter = Callable[[PreparedClaim], Awaitable[str | None]]  # resets the claim's reset_chips; None, or why not
@@ -74,16 +75,20 @@ class DraState:
         self._seen: tuple[int, int, int] | None = None  # (inode, size, mtime) of the checkpoint as last read
         self._checkpoint_boot = ""  # the boot the checkpoint on disk was written in
         self._lock = asyncio.Lock()
+        self.lock_timeout = LOCK_TIMEOUT  # seconds a prepare or unprepare waits for the lock
+        self.start_lock_timeout = START_LOCK_TIMEOUT  # the same at start
         self._resetting: dict[str, asyncio.Future[None]] = {}  # claim UID -> done when its reset is over
 
     # ---- start ----------------------------------------------------------------------------------
 
-    def restore(self) -> None:
-        """Load the checkpoint and write every claim's CDI spec again; StartupError for a newer checkpoint."""
+    async def restore(self) -> None:
+        """Load the checkpoint and write every claim's CDI spec again; StartupError for a newer checkpoint, or when
+        another process holds the lock longer than start_lock_timeout (the wait is said in the log; cancelling the
+        start ends it)."""
         self.directory.mkdir(parents=True, exist_ok=True)
         remove_stale_temporaries(self.directory, CHECKPOINT_FILE)
         remove_stale_temporaries(self.cdi_dir, cdi_spec_file("*"))
-        with self._file_lock_now():
+        async with self._locked(self.start_lock_timeout, at_start=True):
             self._load(rebuild=True)
             earlier = 0
             for claim in self.claims.values():
@@ -286,40 +291,30 @@ class DraState:
     # ---- locking ----------------------------------------------------------------------------------
 
     @contextlib.asynccontextmanager
-    async def _locked(self) -> Any:
-        async with self._lock:
-            descriptor = await _flock(self.directory / LOCK_FILE, LOCK_TIMEOUT)
+    async def _locked(self, timeout: float | None = None, at_start: bool = False) -> AsyncIterator[None]:
+        """Hold this driver's turn and the file lock shared with other drivers, both had within timeout
+        (lock_timeout by default); OutputError past it, StartupError at_start."""
+        timeout = self.lock_timeout if timeout is None else timeout
+        deadline = time.monotonic() + timeout
+        lock = FileLock(self.directory / LOCK_FILE)
+        try:
+            async with asyncio.timeout(timeout):
+                await self._lock.acquire()
+        except TimeoutError:
+            raise OutputError(f"{lock.path}: this driver's other calls kept it for more than {timeout:g}s") from None
+        try:
+            try:
+                await lock.take(max(0.0, deadline - time.monotonic()), poll=LOCK_POLL, purpose="prepared claims")
+            except LockError as error:
+                if at_start:
+                    raise StartupError(f"cannot start: {error}") from None
+                raise
             try:
                 yield
             finally:
-                os.close(descriptor)
-
-    @contextlib.contextmanager
-    def _file_lock_now(self) -> Iterator[None]:
-        descriptor = os.open(self.directory / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-        try:
-            fcntl.flock(descriptor, fcntl.LOCK_EX)
-            yield
+                lock.release()
         finally:
-            os.close(descriptor)
-
-
-async def _flock(path: Path, timeout: float) -> int:
-    """An exclusive lock on path (a file descriptor to close); OutputError when another holder keeps it."""
-    try:
-        descriptor = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-    except OSError as error:
-        raise OutputError(f"cannot open the lock {path}: {reason(error)}") from None
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            return descriptor
-        except BlockingIOError:
-            if time.monotonic() > deadline:
-                os.close(descriptor)
-                raise OutputError(f"{path} is held by another driver for more than {timeout:g}s") from None
-            await asyncio.sleep(0.005)
+            self._lock.release()
 
 
 def describe(claim: PreparedClaim) -> str:
