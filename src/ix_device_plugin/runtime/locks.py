@@ -88,17 +88,17 @@ class FileLock:
         try:
             while not self.try_take():
                 waited = time.monotonic() - started
-                if waited >= timeout:
-                    raise LockError(
-                        f"{self.path} is held by another process for more than {timeout:g}s ({purpose}): "
-                        "another pod of the driver on this node wedged?"
-                    )
-                if not announced and waited >= ANNOUNCE_AFTER:
+                if not announced and waited >= min(ANNOUNCE_AFTER, timeout):
                     announced = True
                     log.warning(
                         "waiting for %s, which another process holds (%s); giving up after %gs",
-                        self.path, purpose, timeout,
+                        self.path, purpose, round(timeout, 1),
                     )  # fmt: skip
+                if waited >= timeout:
+                    raise LockError(
+                        f"{self.path} is held by another process for more than {round(timeout, 1):g}s ({purpose}): "
+                        "another pod of the driver on this node wedged?"
+                    )
                 await asyncio.sleep(poll)
         except BaseException:
             self.release()
