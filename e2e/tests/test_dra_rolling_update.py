@@ -24,7 +24,9 @@ from harness.pods import SHOW_DEVICES, STAY, busybox_pod, run_and_read
 from harness.procs import wait_until
 from harness.slicewatch import SAMPLE, SliceRecorder
 
-OLD_POD, NEW_POD = "6f1d2c4e-0000-4000-8000-00000000001a", "6f1d2c4e-0000-4000-8000-00000000002b"
+# POD_UID of each pod: shorter than a real pod's UID, because the node's kubelet directory is deeper here than
+# /var/lib/kubelet and a unix socket's path is at most 107 bytes.
+OLD_POD, NEW_POD = "pod-old", "pod-new"
 REST = 20.0  # seconds each pod is watched at rest
 
 

@@ -63,8 +63,9 @@ from ix_device_plugin.hardware.open import BackendFactory
 from ix_device_plugin.hardware.open import backend_factory as open_backend
 from ix_device_plugin.hardware.pcie import pcie_roots
 from ix_device_plugin.hardware.worker import Hardware
-from ix_device_plugin.kubelet.sockets import Identity, unix_target
+from ix_device_plugin.kubelet.sockets import Identity, path_too_long, unix_target
 from ix_device_plugin.runtime.backoff import Backoff
+from ix_device_plugin.runtime.errors import StartupError
 from ix_device_plugin.runtime.logs import OncePerError
 from ix_device_plugin.runtime.probes import ProbeHandlers, ProbeServer, start_probes
 from ix_device_plugin.runtime.service import Service, bounded
@@ -208,6 +209,8 @@ class DraDriver:
     async def _serve(self) -> None:
         endpoint, registrar = self.endpoint, self.registrar_socket
         for path in (registrar, endpoint):
+            if problem := path_too_long(path):
+                raise StartupError(f"cannot serve the kubelet at {problem} (shorter kubelet directories, or POD_UID)")
             path.parent.mkdir(parents=True, exist_ok=True)
         remove_stale_sockets(self.options.registrar_dir, self.options.plugins_dir)  # left by a pod that was killed
         dra = grpc.aio.server()

@@ -273,6 +273,22 @@ async def test_a_socket_nothing_answers_is_removed_at_start_and_a_live_one_kept(
     assert live.endpoint.is_socket() and live.registrar_socket.is_socket() and started.endpoint.is_socket()
 
 
+async def test_a_socket_path_too_long_to_connect_to_is_a_clear_error_at_start(node: DraNode) -> None:
+    pod_uid = "p" * 63  # as long as a POD_UID may be: with these directories, more than a unix socket's path takes
+    registrar = node.root / "plugins_registry" / f"{DRIVER}-{pod_uid}-reg.sock"
+    driver = DraDriver(node.options(pod_uid=pod_uid), kube_settings=node.kube_settings())
+    try:
+        with pytest.raises(StartupError) as raised:
+            await driver.start()
+    finally:
+        await driver.shutdown()
+    size = len(str(registrar).encode())
+    assert str(raised.value) == (
+        f"cannot serve the kubelet at {registrar}: a unix socket's path is at most 107 bytes, this one has {size} "
+        "(shorter kubelet directories, or POD_UID)"
+    )
+
+
 # ------------------------------------------------------------------ serialize.lock held by a wedged pod
 
 
