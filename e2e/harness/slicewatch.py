@@ -19,6 +19,8 @@ from typing import Any
 from .cluster import Cluster
 
 SAMPLE = 0.25  # seconds between two looks at the node's slices
+WATCH_SPAN = 5  # seconds one watch lasts before the next takes up where it ended
+WRITES = {"ADDED", "MODIFIED", "DELETED"}
 RESOURCE_SLICES = "/apis/resource.k8s.io/v1/resourceslices"
 OWN = "app.kubernetes.io/managed-by=ix-device-plugin"
 
@@ -53,7 +55,6 @@ class SliceRecorder:
         self._context.load_cert_chain(str(self.cluster.pki.admin.cert), str(self.cluster.pki.admin.key))
         self._stopping = threading.Event()
         self._threads: list[threading.Thread] = []
-        self._stream: Any = None
 
     def __enter__(self) -> SliceRecorder:
         version = self._list()["metadata"]["resourceVersion"]
@@ -65,10 +66,8 @@ class SliceRecorder:
 
     def __exit__(self, *_: object) -> None:
         self._stopping.set()
-        if self._stream is not None:
-            self._stream.close()
         for thread in self._threads:
-            thread.join(5)
+            thread.join(WATCH_SPAN + 15)
 
     # ---- figures ---------------------------------------------------------------------------
 
@@ -106,21 +105,22 @@ class SliceRecorder:
             return json.loads(answer.read())
 
     def _watch(self, version: str) -> None:
-        url = self._url(watch="1", resourceVersion=version, timeoutSeconds="900")
-        try:
-            with urllib.request.urlopen(url, context=self._context, timeout=900) as stream:
-                self._stream = stream
-                while not self._stopping.is_set():
-                    line = stream.readline()
-                    if not line:
-                        self.errors.append("the watch ended")
-                        return
-                    event = json.loads(line)
-                    name = event["object"]["metadata"]["name"]
-                    self.writes.append(Write(time.monotonic(), event["type"], name))
-        except (OSError, ValueError) as error:
-            if not self._stopping.is_set():
-                self.errors.append(f"the watch failed: {error}")
+        """Every change after version, through watches the server ends every WATCH_SPAN seconds (each taken up
+        from the last version seen), so that the thread notices the stop without closing a stream in use."""
+        while not self._stopping.is_set():
+            url = self._url(watch="1", resourceVersion=version, timeoutSeconds=str(WATCH_SPAN))
+            try:
+                with urllib.request.urlopen(url, context=self._context, timeout=WATCH_SPAN + 10) as stream:
+                    for line in stream:
+                        event = json.loads(line)
+                        metadata = event["object"]["metadata"]
+                        version = metadata["resourceVersion"]
+                        if event["type"] in WRITES:
+                            self.writes.append(Write(time.monotonic(), event["type"], metadata["name"]))
+            except (OSError, ValueError, KeyError) as error:
+                if not self._stopping.is_set():
+                    self.errors.append(f"the watch failed: {error!r}")
+                return
 
     def _sample(self) -> None:
         while not self._stopping.is_set():
