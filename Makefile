@@ -19,12 +19,12 @@ export VERSION BASE_IMAGE SOURCE_URL
 IMAGE_ARCHIVE := dist/ix-device-plugin-$(VERSION)-image.tar
 
 .PHONY: all dist pyz image image-smoke image-archive base-image test lint format manifests bench clean help \
-	e2e e2e-build
+	e2e e2e-build e2e-packages e2e-root
 
 all: dist pyz image ## wheel, sdist, single-file executable and (when an engine is usable) the image
 
 help: ## list the targets
-	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
+	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
 
 $(VENV)/.stamp-tools:
 	$(PYTHON) -m venv $(VENV)
@@ -78,10 +78,16 @@ manifests: $(VENV)/.stamp-dev ## check the Helm chart renders deployments/static
 bench: $(VENV)/.stamp-dev ## the benchmarks
 	$(VENV_PY) -m bench
 
-e2e-build: ## build the end-to-end cluster (Kubernetes, etcd, containerd, runc, CNI, helm) from Go modules, once per versions
+e2e-packages: ## install the host packages the end-to-end suite needs (root, apt-get); else name the missing ones
+	e2e/cluster/packages.sh e2e
+
+e2e-build: e2e-packages ## build the end-to-end cluster (Kubernetes, etcd, containerd, runc, CNI, helm) from Go modules, verified
 	e2e/cluster/build.sh
 
-e2e: $(VENV)/.stamp-dev e2e-build ## the end-to-end suite on a real one-node Kubernetes (root, Go; docs/testing.md)
+e2e-root:
+	@[ "$$(id -u)" = 0 ] || { echo "make e2e: the end-to-end suite needs root (kubelet, containerd, mounts, cgroups, device nodes)" >&2; exit 1; }
+
+e2e: e2e-root $(VENV)/.stamp-dev e2e-build ## the end-to-end suite on a real one-node Kubernetes (root, Go; docs/testing.md)
 	$(VENV_PY) -m pytest -p no:cacheprovider -n 0 e2e/tests $(E2E_PYTEST_ARGS)  # one cluster: one process
 
 clean: ## remove build outputs (not the virtualenv)

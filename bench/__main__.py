@@ -15,6 +15,7 @@ from typing import Any
 from bench import (
     api_features,
     dra,
+    dra_api,
     footprint,
     health,
     hostile,
@@ -23,6 +24,7 @@ from bench import (
     listwatch,
     machine,
     node_agent,
+    placement,
     reregistration,
     startup,
     stops,
@@ -52,12 +54,14 @@ RUNNERS: dict[str, Runner] = {
     "health": _single("health", health.run),
     "listandwatch": _single("listandwatch", listwatch.run),
     "latency": _latency,
+    "placement": _single("placement", placement.run),
     "footprint": _single("footprint", footprint.run),
     "stops": _single("stops", stops.run),
     "hostile": _single("hostile", hostile.run),
     "kubeclient": _single("kubeclient", kubeclient.run),
     "node_agent": _single("node_agent", node_agent.run),
     "dra": _single("dra", dra.run),
+    "dra_api": _single("dra_api", dra_api.run),
     "api_features": _single("api_features", api_features.run),
 }
 

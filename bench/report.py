@@ -64,6 +64,19 @@ def _latency() -> Iterator[Figure]:
                 yield Figure("latency", f"{label} throughput", (*path, "calls_per_s"), "calls/s")
 
 
+_PLACEMENT = (
+    ("replicas_2048", "8 of 2,048 replicas (large node)"),
+    ("chips_32", "8 of 21 whole chips (16 x BI-V150 split, PCIe links)"),
+    ("chips_512", "8 of 341 whole chips (256 x BI-V150 split, NUMA nodes)"),
+)
+
+
+def _placement() -> Iterator[Figure]:
+    for key, name in _PLACEMENT:
+        yield Figure("placement", f"preferred() in-process, {name}: p50", (key, "p50_ms"), "ms")
+        yield Figure("placement", f"preferred() in-process, {name}: p99", (key, "p99_ms"), "ms")
+
+
 def _listandwatch() -> Iterator[Figure]:
     yield Figure("listandwatch", "list_response(plan), median", ("encode", "build", "median_ms"), "ms")
     yield Figure("listandwatch", "SerializeToString, median", ("encode", "serialize", "median_ms"), "ms")
@@ -149,6 +162,15 @@ def _dra() -> Iterator[Figure]:
     yield Figure("dra", "XID -> ResourceSlice taint, max", ("xid_to_slice_taint", "max_ms"), "ms", 1000)
 
 
+def _dra_api() -> Iterator[Figure]:
+    yield Figure("dra_api", "DRA driver: requests at idle, per node", ("idle", "requests_per_hour"), "/h", 1)
+    yield Figure("dra_api", "DRA driver: watches opened at idle, per node", ("idle", "watch_opens_per_hour"), "/h")
+    path = ("node_recreated", "slice_writes_to_follow")
+    yield Figure("dra_api", "Node re-created: slice writes until its slices follow", path, "")
+    path = ("node_recreated", "slice_writes_per_minute_after")
+    yield Figure("dra_api", "Node re-created: slice writes after, per minute", path, "/min", 1)
+
+
 def _api_features() -> Iterator[Figure]:
     yield Figure("api_features", "1 GPU, API features off: RSS", ("off", "rss_mib"), "MiB")
     yield Figure("api_features", "1 GPU, per-node config + Volcano on: RSS", ("on", "rss_mib"), "MiB")
@@ -170,6 +192,7 @@ def figures(sections: Mapping[str, Any]) -> list[Figure]:
         "health": lambda: _health(sections),
         "listandwatch": _listandwatch,
         "latency": _latency,
+        "placement": _placement,
         "footprint": _footprint,
         "baseline": _baseline,
         "stops": _stops,
@@ -177,6 +200,7 @@ def figures(sections: Mapping[str, Any]) -> list[Figure]:
         "kubeclient": lambda: _kubeclient(sections),
         "node_agent": _node_agent,
         "dra": _dra,
+        "dra_api": _dra_api,
         "api_features": _api_features,
     }
     return [figure for name, group in groups.items() if name in sections for figure in group()]

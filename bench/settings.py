@@ -24,6 +24,7 @@ class Settings:
     settle_seconds: float
     stops: int
     kubeclient_runs: int
+    placement_runs: int
 
 
 FULL = Settings(
@@ -40,6 +41,7 @@ FULL = Settings(
     settle_seconds=2.0,
     stops=200,
     kubeclient_runs=10,
+    placement_runs=2_000,
 )
 
 SMOKE = Settings(
@@ -56,4 +58,5 @@ SMOKE = Settings(
     settle_seconds=0.2,
     stops=2,
     kubeclient_runs=1,
+    placement_runs=20,
 )

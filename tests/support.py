@@ -12,7 +12,7 @@ from typing import Any
 
 from ix_device_plugin.deviceplugin.loop import Daemon
 from ix_device_plugin.settings.resolve import resolve
-from ix_device_plugin.settings.table import RUN
+from ix_device_plugin.settings.table import RUN, SETTINGS
 
 TESTS_DIR = Path(__file__).resolve().parent
 REPO_ROOT = TESTS_DIR.parent
@@ -21,6 +21,8 @@ IXML_DOUBLE_CONFIG = "IXML_DOUBLE_CONFIG"  # the environment variable naming the
 # Plugins started by tests write no CDI spec or node labels on the machine unless a test asks.
 NO_NODE_FILES = ("--cdi-spec-dir", "off", "--node-feature-dir", "off")
 DaemonFactory = Callable[..., Awaitable[Daemon]]
+# The variables of Iluvatar's plugin 4.4.0 that this one reads too.
+UPSTREAM_ENV = frozenset(setting.upstream_env for setting in SETTINGS if setting.upstream_env)
 
 
 def config_flags(**flags: str | bool) -> dict[str, tuple[Any, str]]:
@@ -29,8 +31,11 @@ def config_flags(**flags: str | bool) -> dict[str, tuple[Any, str]]:
     return resolve(RUN, text, {}).given
 
 
-def spawn_plugin(plugin_dir: Path, *args: str, log_file: Path | None = None) -> subprocess.Popen[bytes]:
-    """Start `ix-device-plugin run` on simulated GPUs as a process of its own."""
+def spawn_plugin(
+    plugin_dir: Path, *args: str, log_file: Path | None = None, env: dict[str, str] | None = None
+) -> subprocess.Popen[bytes]:
+    """Start `ix-device-plugin run` on simulated GPUs as a process of its own, with no settings from the test's
+    environment but those in env."""
     command = [
         sys.executable,
         "-m",
@@ -47,9 +52,9 @@ def spawn_plugin(plugin_dir: Path, *args: str, log_file: Path | None = None) -> 
     ]
     if "--simulated-devices" not in args:
         command += ["--simulated-devices", "BI-V150:2"]
-    env = {k: v for k, v in os.environ.items() if not k.startswith("IX_")}
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("IX_") and k not in UPSTREAM_ENV}
     stderr = log_file.open("wb") if log_file is not None else subprocess.DEVNULL
-    return subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=stderr, env=env)
+    return subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=stderr, env={**clean, **(env or {})})
 
 
 def stop_process(process: subprocess.Popen[bytes]) -> None:

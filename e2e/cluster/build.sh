@@ -8,12 +8,18 @@
 #   complete  written last: the harness only uses a folder that has it
 #
 # <key> is derived from versions.env, so a version change builds into a fresh folder; Go's module and
-# build caches ($IX_E2E_CACHE/go/) are shared by all keys. Each component is skipped when its binaries
-# are there already. Needs Go (go on PATH or /usr/local/go/bin), gcc and libseccomp (runc), network access
-# to the Go module proxy on a cold build.
+# build caches ($IX_E2E_CACHE/go/) are shared by all keys. Every binary is verified before it is used: it
+# runs and reports the version versions.env pins, and runc reports libseccomp. A component whose binaries
+# all pass is skipped; otherwise it is built into staging/<component>/, its new binaries are verified
+# the same way and only then moved into place, so a binary that lacks what the suite needs (runc
+# without seccomp) is refused, never cached, and a cache filled on a machine that lacked a package heals
+# on the next build once the package is there. Needs Go (go on PATH or /usr/local/go/bin), gcc and
+# libseccomp (runc; e2e/cluster/packages.sh installs the packages), network access to the Go module proxy
+# on a cold build.
 #
-#   build.sh                 build what is missing, print the folder
+#   build.sh                 build what is missing or fails verification, print the folder
 #   build.sh --print-dir     print the folder only (exit 1 when it is not complete)
+#   build.sh --verify        verify the binaries in the folder, build nothing (exit 1 naming each bad one)
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
@@ -25,35 +31,117 @@ cache_root=${IX_E2E_CACHE:-/var/cache/ix-device-plugin-e2e}
 key=$(sha256sum "$e2e/versions.env" | cut -c1-16)
 dest=$cache_root/$key
 
+die() {
+    echo "build.sh: $*" >&2
+    exit 1
+}
+
 if [[ ${1:-} == --print-dir ]]; then
     echo "$dest"
     [[ -f $dest/complete ]]
     exit
 fi
 
+# Each component: its name, the function that builds it and its binaries (relative to $dest), in build order.
+components=(
+    "tools build_tools bin/pause bin/cdi-validate"
+    "runc build_runc bin/runc"
+    "containerd build_containerd bin/containerd bin/containerd-shim-runc-v2 bin/ctr"
+    "cni-plugins build_cni cni/bin/bridge cni/bin/host-local cni/bin/loopback"
+    "etcd build_etcd bin/etcd"
+    "helm build_helm bin/helm"
+    "kubernetes build_kubernetes bin/kube-apiserver bin/kube-controller-manager bin/kube-scheduler bin/kubelet bin/kubectl"
+)
+
+reports() { # reports FILE EXPECTED ARG...: `FILE ARG...` prints EXPECTED (whitespace-separated words, any
+    # spacing); else prints what it said instead
+    local file=$1 expected=$2 output status=0
+    shift 2
+    output=$(timeout 60 "$file" "$@" </dev/null 2>&1) || status=$?
+    local flat
+    flat=" $(tr -s '[:space:]' ' ' <<<"$output") "
+    [[ $flat == *" $expected "* ]] && return 0
+    local said=${output%%$'\n'*}
+    echo "\`${file##*/}${*:+ $*}\` does not report \"$expected\" (exit $status${said:+, it says: $said})"
+    return 1
+}
+
+verify() { # verify FILE: the binary at FILE runs and reports what versions.env pins; else prints why not
+    local file=$1 name=${1##*/}
+    [[ -f $file ]] || { echo "missing"; return 1; }
+    [[ -x $file ]] || { echo "not executable"; return 1; }
+    case $name in
+    runc)
+        reports "$file" "runc version ${RUNC_VERSION#v}" --version || return 1
+        reports "$file" "libseccomp:" --version >/dev/null && return 0
+        echo "built without seccomp (\`runc --version\` names no libseccomp), which every pod's default" \
+            "profile needs: install libseccomp-dev and pkg-config (e2e/cluster/packages.sh does as root)"
+        return 1
+        ;;
+    containerd | ctr) reports "$file" "github.com/containerd/containerd/v2 $CONTAINERD_VERSION" --version ;;
+    containerd-shim-runc-v2) reports "$file" "Version: $CONTAINERD_VERSION" -v ;;
+    bridge | host-local | loopback) reports "$file" "CNI $name plugin $CNI_PLUGINS_VERSION" ;;
+    etcd) reports "$file" "etcd Version: ${ETCD_VERSION#v}" --version ;;
+    helm) reports "$file" "$HELM_VERSION" version --template '{{.Version}}' ;;
+    kubectl) reports "$file" "Client Version: $KUBERNETES_VERSION" version --client ;;
+    kubelet | kube-*) reports "$file" "Kubernetes $KUBERNETES_VERSION" --version ;;
+    cdi-validate) reports "$file" "usage: cdi-validate SPEC_DIR..." ;;
+    pause) ;; # runs until signalled; built from this repository's tools, rebuilt when they change (tools.sum)
+    *) die "no verification for $name" ;;
+    esac
+}
+
+if [[ ${1:-} == --verify ]]; then
+    bad=0
+    for entry in "${components[@]}"; do
+        read -r -a fields <<<"$entry"
+        for file in "${fields[@]:2}"; do
+            why=$(verify "$dest/$file") && continue
+            echo "build.sh: $dest/$file: $why" >&2
+            bad=1
+        done
+    done
+    exit "$bad"
+fi
+
 export PATH=$PATH:/usr/local/go/bin
-command -v go >/dev/null || { echo "build.sh: Go is needed (https://go.dev/dl/)" >&2; exit 1; }
+command -v go >/dev/null || die "Go is needed (https://go.dev/dl/)"
 export GOMODCACHE=$cache_root/go/mod GOCACHE=$cache_root/go/build GOPATH=$cache_root/go/path
 export GOFLAGS="-buildvcs=false -trimpath" GOTOOLCHAIN=${GOTOOLCHAIN:-auto}
-mkdir -p "$dest/bin" "$dest/cni/bin" "$dest/src"
+mkdir -p "$dest/bin" "$dest/cni/bin" "$dest/src" 2>/dev/null ||
+    die "cannot create $dest: run as root, or set IX_E2E_CACHE to a folder you can write"
 exec 9>"$cache_root/.lock"
-flock 9
+flock -w 3600 9 || die "another build has held $cache_root/.lock for an hour"
 log=$dest/build.log
 
-step() { # step NAME BINARY... -- COMMAND...: run COMMAND unless every BINARY is in bin/ or cni/bin/
-    local name=$1 missing=0
-    shift
-    while [[ $1 != -- ]]; do
-        [[ -x $dest/$1 ]] || missing=1
-        shift
+step() { # step NAME BUILDER FILE...: unless every FILE passes verify (and $rebuild is not NAME), BUILDER
+    # builds them into $out; they replace the cached ones only once they pass verify there
+    local name=$1 builder=$2 file why stale=0
+    shift 2
+    [[ ${rebuild:-} == "$name" ]] && stale=1
+    for file in "$@"; do
+        [[ -e $dest/$file ]] || { stale=1; continue; }
+        why=$(verify "$dest/$file") && continue
+        echo "build.sh: the cached $file is not usable, rebuilding $name: $why" >&2
+        stale=1
     done
-    shift
-    if ((missing == 0)); then
-        return
-    fi
+    ((stale)) || return 0
     local start=$SECONDS
     echo "build.sh: $name ..." >&2
-    "$@"
+    out=$dest/staging/$name
+    rm -rf "$out"
+    mkdir -p "$out"
+    ("$builder")
+    for file in "$@"; do
+        why=$(verify "$out/${file##*/}") && continue
+        rm -rf "$out"
+        die "$name: the $file just built is refused: $why"
+    done
+    for file in "$@"; do
+        mv -f "$out/${file##*/}" "$dest/$file"
+    done
+    rm -rf "$out"
+    rmdir "$dest/staging" 2>/dev/null || true
     echo "$name: $((SECONDS - start)) s" | tee -a "$log" >&2
 }
 
@@ -62,36 +150,34 @@ build_tools() { # pause (the sandbox image's process) and cdi-validate, from e2e
     cp -r "$here/tools" "$dest/src/tools"
     cd "$dest/src/tools"
     go get "tags.cncf.io/container-device-interface@$CDI_VERSION"
-    CGO_ENABLED=0 go build -o "$dest/bin/" ./pause ./cdi-validate
+    CGO_ENABLED=0 go build -o "$out/" ./pause ./cdi-validate
 }
 
-build_runc() {
-    local tags=""
-    if pkg-config --exists libseccomp 2>/dev/null; then
-        tags=seccomp
-    else
-        echo "build.sh: libseccomp not found (apt-get install libseccomp-dev): runc without seccomp" >&2
-    fi
-    GOBIN=$dest/bin CGO_ENABLED=1 go install -tags "$tags" \
+build_runc() { # with seccomp, which every pod's default profile needs: refused without libseccomp
+    pkg-config --exists libseccomp 2>/dev/null ||
+        die "runc needs libseccomp to build with seccomp: install libseccomp-dev and pkg-config" \
+            "(e2e/cluster/packages.sh does as root; make e2e-build runs it)"
+    GOBIN=$out CGO_ENABLED=1 go install -tags seccomp \
         -ldflags "-X main.version=${RUNC_VERSION#v}" "github.com/opencontainers/runc@$RUNC_VERSION"
 }
 
 build_containerd() {
     local m=github.com/containerd/containerd/v2
-    GOBIN=$dest/bin CGO_ENABLED=0 go install -tags no_btrfs \
+    GOBIN=$out CGO_ENABLED=0 go install -tags no_btrfs \
         -ldflags "-X $m/version.Version=$CONTAINERD_VERSION" \
         "$m/cmd/containerd@$CONTAINERD_VERSION" "$m/cmd/containerd-shim-runc-v2@$CONTAINERD_VERSION" \
         "$m/cmd/ctr@$CONTAINERD_VERSION"
 }
 
-build_cni() {
+build_cni() { # with the version stamped in, as the project's release builds do ("CNI bridge plugin v1.10.0")
     local m=github.com/containernetworking/plugins/plugins
-    GOBIN=$dest/cni/bin CGO_ENABLED=0 go install "$m/main/bridge@$CNI_PLUGINS_VERSION" \
+    local stamp=github.com/containernetworking/plugins/pkg/utils/buildversion.BuildVersion=$CNI_PLUGINS_VERSION
+    GOBIN=$out CGO_ENABLED=0 go install -ldflags "-X $stamp" "$m/main/bridge@$CNI_PLUGINS_VERSION" \
         "$m/main/loopback@$CNI_PLUGINS_VERSION" "$m/ipam/host-local@$CNI_PLUGINS_VERSION"
 }
 
 build_helm() {
-    GOBIN=$dest/bin CGO_ENABLED=0 go install -ldflags "-X helm.sh/helm/v4/internal/version.version=$HELM_VERSION" \
+    GOBIN=$out CGO_ENABLED=0 go install -ldflags "-X helm.sh/helm/v4/internal/version.version=$HELM_VERSION" \
         "helm.sh/helm/v4/cmd/helm@$HELM_VERSION"
 }
 
@@ -113,7 +199,7 @@ GO
     go mod init ix-e2e/etcd
     go get "go.etcd.io/etcd/server/v3@$ETCD_VERSION"
     go mod tidy
-    CGO_ENABLED=0 go build -o "$dest/bin/etcd" .
+    CGO_ENABLED=0 go build -o "$out/etcd" .
 }
 
 build_kubernetes() {
@@ -146,23 +232,18 @@ build_kubernetes() {
         ldflags+=" -X $pkg.gitVersion=$KUBERNETES_VERSION -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor"
         ldflags+=" -X $pkg.gitTreeState=clean -X $pkg.buildDate=1970-01-01T00:00:00Z"
     done
-    CGO_ENABLED=0 go build -ldflags "-s -w $ldflags" -o "$dest/bin/" "${packages[@]}"
+    CGO_ENABLED=0 go build -ldflags "-s -w $ldflags" -o "$out/" "${packages[@]}"
 }
 
 rm -f "$dest/complete"
 # The tools are this repository's, not pinned by a version: rebuilt whenever their sources change.
 tools_sum=$(cat "$here"/tools/go.* "$here"/tools/*/*.go | sha256sum | cut -c1-16)
-if [[ $(cat "$dest/tools.sum" 2>/dev/null) != "$tools_sum" ]]; then
-    rm -f "$dest/bin/pause"
-fi
-step tools bin/pause bin/cdi-validate -- build_tools
-echo "$tools_sum" >"$dest/tools.sum"
-step runc bin/runc -- build_runc
-step containerd bin/containerd bin/containerd-shim-runc-v2 bin/ctr -- build_containerd
-step cni-plugins cni/bin/bridge cni/bin/host-local cni/bin/loopback -- build_cni
-step etcd bin/etcd -- build_etcd
-step helm bin/helm -- build_helm
-step kubernetes bin/kube-apiserver bin/kube-controller-manager bin/kube-scheduler bin/kubelet bin/kubectl \
-    -- build_kubernetes
+rebuild=""
+[[ $(cat "$dest/tools.sum" 2>/dev/null) == "$tools_sum" ]] || rebuild=tools
+for entry in "${components[@]}"; do
+    read -r -a fields <<<"$entry"
+    step "${fields[@]}"
+    [[ ${fields[0]} == tools ]] && echo "$tools_sum" >"$dest/tools.sum"
+done
 touch "$dest/complete"
 echo "$dest"

@@ -27,7 +27,9 @@ def versions() -> dict[str, str]:
 
 
 def built_binaries() -> tuple[Binaries | None, str]:
-    """The built components, or None and why not (the folder build.sh would use is not complete)."""
+    """The built components, or None and why not (the folder build.sh would use is not complete, or one of its
+    binaries fails `build.sh --verify`: a cache this build did not check).
+    """
     if os.environ.get("IX_E2E_BIN_DIR"):
         bin_dir = Path(os.environ["IX_E2E_BIN_DIR"])
         return Binaries(bin_dir, bin_dir.parent / "cni" / "bin"), ""
@@ -35,6 +37,12 @@ def built_binaries() -> tuple[Binaries | None, str]:
         ["bash", str(BUILD_SCRIPT), "--print-dir"], capture_output=True, text=True, timeout=60, check=False
     )
     folder = Path(result.stdout.strip())
+    script = BUILD_SCRIPT.relative_to(REPO_ROOT)
     if result.returncode != 0:
-        return None, f"{folder} is not complete: run `make e2e-build` (or {BUILD_SCRIPT.relative_to(REPO_ROOT)}) first"
+        return None, f"{folder} is not complete: run `make e2e-build` (or {script}) first"
+    verified = subprocess.run(
+        ["bash", str(BUILD_SCRIPT), "--verify"], capture_output=True, text=True, timeout=300, check=False
+    )
+    if verified.returncode != 0:
+        return None, f"{verified.stderr.strip()}\nrun `make e2e-build` (or {script}) to rebuild them"
     return Binaries(folder / "bin", folder / "cni" / "bin"), ""

@@ -3,7 +3,7 @@ per test, and the components' log tails attached to every failure.
 
 Run with `make e2e` (root, Go; builds the components first). Environment:
 IX_E2E_CACHE (build cache), IX_E2E_LOG_DIR (logs; default e2e/.logs/<time>), IX_E2E_KEEP_WORKDIR=1 (keep
-the cluster's work directory after the run).
+the cluster's work directory after the run), CI=true (a skipped scenario fails the run: harness/skips.py).
 """
 
 from __future__ import annotations
@@ -32,15 +32,23 @@ from harness.kube import Kubectl, Obj
 from harness.plugin import bi_v150_chips, device_nodes
 from harness.procs import describe_logs
 from harness.runs import exclusive_run, leftover_pids
+from harness.skips import register as register_skip_report
 
 FAILURE_LOG_LINES = 25
+NEEDS_ROOT = "the end-to-end cluster needs root (kubelet, containerd, mounts, cgroups, device nodes)"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    register_skip_report(config)
 
 
 @pytest.fixture(scope="session")
 def binaries() -> Binaries:
-    """The built components; the whole suite is skipped when not root, an error when nothing is built."""
+    """The built components. Not root ends the run with an error (a run of nothing but skips would read as a pass),
+    and so does a build that is not complete.
+    """
     if os.geteuid() != 0:
-        pytest.skip("the end-to-end cluster needs root (kubelet, containerd, mounts, cgroups, device nodes)")
+        pytest.exit(NEEDS_ROOT, returncode=pytest.ExitCode.USAGE_ERROR)
     found, why = built_binaries()
     if found is None:
         pytest.fail(why)

@@ -30,7 +30,8 @@ def project_image(cluster: Cluster) -> BuiltImage:
     """The image, built the documented offline way and imported into the node's containerd (`ctr import`)."""
     missing = missing_tools()
     if missing:
-        pytest.skip(f"building the image offline needs {', '.join(missing)} (apt-get install debootstrap buildah)")
+        needs = ", ".join(missing)
+        pytest.skip(f"building the image offline needs {needs}: run e2e/cluster/packages.sh as root (make e2e does)")
     built = build_project_image(CACHE)
     cluster.import_image_file(built.archive)
     listed = cluster.ctr("images", "ls", "-q").stdout.split()

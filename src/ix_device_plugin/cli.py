@@ -44,9 +44,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         from ix_device_plugin.tools.checkconfig import check_config
 
         assert command.path is not None
-        return check_config(command.path)
+        return check_config(command.path, command.strict)
     try:
-        settings = resolve(command.mode, command.flags, env)
+        settings = resolve(command.mode, command.flags, env, command.upstream)
         start = _PREPARE[command.mode](command, settings, env)
     except SettingsError as error:
         for message in error.messages:
@@ -55,6 +55,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     setup_logging(settings["log_level"], settings["log_format"])
     if (note := settings.note()) is not None:
         log.log(logging.WARNING if command.mode in {RUN, DRA} else logging.INFO, "%s", note)
+    for conflict in settings.conflicts:
+        log.warning("%s", conflict)
     return start()
 
 

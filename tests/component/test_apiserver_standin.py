@@ -355,3 +355,37 @@ def test_merge_patch_follows_rfc_7386(target, patch):
         if key not in patch:
             assert result[key] == value
     assert merge_patch(target, {}) == target
+
+
+async def test_the_garbage_collector_deletes_what_a_gone_owner_owned(server):
+    node = server.add_node("n1")
+    owner = {"apiVersion": "v1", "kind": "Node", "name": "n1", "uid": node["metadata"]["uid"], "controller": True}
+    other = {"apiVersion": "v1", "kind": "Node", "name": "n2", "uid": server.add_node("n2")["metadata"]["uid"]}
+    elsewhere = {"apiVersion": "example.com/v1", "kind": "Widget", "name": "w", "uid": "u"}
+    for name, owners in (("owned", [owner]), ("shared", [owner, other]), ("foreign", [elsewhere])):
+        server.put("configmaps", _config_map(name, namespace="ns", ownerReferences=owners))
+    server.put("configmaps", _config_map("stale", namespace="ns", ownerReferences=[{**owner, "uid": "not-it"}]))
+    await asyncio.sleep(server.gc_delay * 4)
+    assert server.get("configmaps", "stale", "ns") is None  # an owner of that name, but another UID
+    assert server.get("configmaps", "owned", "ns") is not None
+    server.delete("nodes", "n1")
+    server.add_node("n1")  # the same name, a new UID
+    await asyncio.sleep(server.gc_delay * 4)
+    assert server.get("configmaps", "owned", "ns") is None
+    shared = server.get("configmaps", "shared", "ns")
+    assert shared is not None and shared["metadata"]["ownerReferences"] == [other]  # the gone owner taken out
+    assert server.get("configmaps", "foreign", "ns") is not None  # a kind it does not know: left alone
+    server.garbage_collector = False
+    server.delete("nodes", "n2")
+    await asyncio.sleep(server.gc_delay * 4)
+    assert server.get("configmaps", "shared", "ns") is not None
+
+
+async def test_slow_down_holds_the_next_matching_requests_only(http, server):
+    server.slow_down("GET", "/configmaps/slow", 0.3)
+    loop = asyncio.get_running_loop()
+    for expected in (True, False):
+        started = loop.time()
+        async with http.get("/api/v1/namespaces/ns/configmaps/slow") as response:
+            assert response.status == 404
+        assert (loop.time() - started >= 0.3) is expected

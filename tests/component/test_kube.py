@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from ix_device_plugin.apiserver.client import Kube, connect
-from ix_device_plugin.apiserver.errors import KubeAlreadyExists, KubeConflict, KubeError, KubeNotFound
+from ix_device_plugin.apiserver.errors import KubeAlreadyExists, KubeConflict, KubeError, KubeInvalid, KubeNotFound
 from ix_device_plugin.apiserver.objects import CONFIG_MAP, RESOURCE_CLAIM, RESOURCE_SLICE, ContainerLimits, ObjectKind
 from ix_device_plugin.apiserver.settings import KubeConfigError, KubeSettings, settings_from
 from ix_device_plugin.runtime.backoff import Backoff
@@ -330,6 +330,36 @@ async def test_resource_slices_create_list_replace_delete(kube, apiserver):
     assert await kube.get_object(RESOURCE_SLICE, "gpu-node-1-gpu") is None
     with pytest.raises(KubeNotFound, match=r"^delete resourceslice gpu-node-1-gpu: HTTP 404"):
         await kube.delete_object(RESOURCE_SLICE, "gpu-node-1-gpu")
+
+
+async def test_a_422_names_the_fields_the_server_refused(kube, apiserver):
+    apiserver.counters_refused = True
+    body = _slice("gpu-node-1-gpu", NODE)
+    body["spec"]["devices"] = [{"name": "gpu-0"}, {"name": "gpu-1", "consumesCounters": [{"counterSet": "b"}]}]
+    with pytest.raises(KubeInvalid, match=r"^create resourceslice gpu-node-1-gpu: HTTP 422 Invalid: ") as refused:
+        await kube.create_object(RESOURCE_SLICE, body)
+    assert refused.value.status == 422 and refused.value.fields == ("spec.devices[1].consumesCounters",)
+    assert refused.value.names("consumesCounters") and not refused.value.names("attributes")
+    assert refused.value.causes[0].reason == "FieldValueForbidden"
+    apiserver.refuse_writes("resourceslices", "metadata.annotations", "Invalid value: no")
+    with pytest.raises(KubeInvalid) as other:
+        await kube.create_object(RESOURCE_SLICE, _slice("x", NODE))
+    assert other.value.fields == ("metadata.annotations",) and "metadata.annotations: Invalid value: no" in str(
+        other.value
+    )
+    assert isinstance(other.value, KubeError) and not other.value.transient
+
+
+async def test_a_dry_run_answers_what_would_be_stored_and_stores_nothing(kube, apiserver):
+    apiserver.shared_counters = False
+    body = _slice("ignored", NODE)
+    body["metadata"] = {"generateName": "probe-"}
+    body["spec"]["sharedCounters"] = [{"name": "b", "counters": {"c": {"value": "2"}}}]
+    version = apiserver.resource_version
+    answer = await kube.create_object(RESOURCE_SLICE, body, dry_run=True)
+    assert answer["metadata"]["name"].startswith("probe-") and "sharedCounters" not in answer["spec"]
+    assert apiserver.requests[-1].query == {"dryRun": "All"}
+    assert apiserver.objects("resourceslices") == [] and apiserver.resource_version == version
 
 
 async def test_resource_claims_are_namespaced(kube, apiserver):

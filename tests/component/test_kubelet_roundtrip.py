@@ -64,6 +64,18 @@ async def test_capacity_seen_by_kubelet(
     assert view.capacity == capacity
 
 
+async def test_two_chips_of_split_boards_on_a_partly_used_node_are_one_whole_board(
+    kubelet: KubeletStandIn, start_daemon: DaemonFactory
+) -> None:
+    daemon = await start_daemon("BI-V150:3", given=config_flags(splitboard="true"))
+    view = await kubelet.wait_registered(RESOURCE)
+    a0, a1, b0, b1, c0, c1 = (device.id for device in daemon.plan.devices)
+    assert set(view.devices) == {a0, a1, b0, b1, c0, c1}
+    # a0 is in use; the kubelet offers the rest in its own order, the half-used board's chip first.
+    assert await kubelet.preferred(RESOURCE, [a1, b0, c1, b1, c0], [], 2) == [b0, b1]
+    assert await kubelet.preferred(RESOURCE, [a1, c1, b0, c0], [], 2) == [c0, c1]
+
+
 async def test_topology_reaches_the_kubelet(
     kubelet: KubeletStandIn, start_daemon: DaemonFactory, short_dir: Path
 ) -> None:

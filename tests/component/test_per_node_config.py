@@ -150,7 +150,7 @@ async def test_a_label_naming_an_invalid_config_falls_back_at_start_and_takes_th
     configmap.write_keys(
         {
             "ix-config": "flags:\n  splitboard: false\n",
-            "split": "flags:\n  splitbord: true\n",  # a typo an editor of the ConfigMap made
+            "split": "flags:\n  splitboard: ture\n",  # a typo an editor of the ConfigMap made
             "shared": "sharing:\n  timeSlicing:\n    replicas: 4\n",
         }
     )
@@ -158,7 +158,7 @@ async def test_a_label_naming_an_invalid_config_falls_back_at_start_and_takes_th
     kube = settings_from({"NODE_NAME": NODE}, str(apiserver.write_kubeconfig(short_dir / "kubeconfig")), "test")
     await start_daemon("BI-V150:2", config_path=configmap.path, config_required=True, per_node_config=True, kube=kube)
     await kubelet.wait_registered(RESOURCE, capacity=2)  # ix-config, not a crash loop
-    assert any("unknown key; did you mean 'splitboard'" in r.getMessage() for r in caplog.records)
+    assert any("flags.splitboard: expected true or false, got 'ture'" in r.getMessage() for r in caplog.records)
     assert any("starting with" in r.getMessage() and "until it is fixed" in r.getMessage() for r in caplog.records)
     configmap.write_keys(
         {

@@ -41,7 +41,13 @@ VALID_CONFIGS = (
     "flags:\n  splitboard: true\nsharing:\n  timeSlicing:\n    replicas: 3\n    renameByDefault: true\n",
     "resourceName: iluvatar.com/vgpu\n",
 )
-INVALID_CONFIGS = ("flags:\n  splitbord: true\n", "sharing: [\n", "", "sharing:\n  timeSlicing:\n    replicas: -1\n")
+# Refused by Iluvatar's 4.4.0 too (an unknown key or an empty file is read with a warning, as 4.4.0 reads it).
+INVALID_CONFIGS = (
+    "flags:\n  splitboard: maybe\n",
+    "sharing: [\n",
+    "sharing:\n  timeSlicing:\n    replicas: many\n",
+    "sharing:\n  timeSlicing:\n    replicas: -1\n",
+)
 HEALTH_ERRORS = ((), ("OverTemp",), ("ECC", "PCIE"))
 BOARDS = tuple(
     (product, [f"GPU-sm-{board}-{chip}" for chip in range(chips)])

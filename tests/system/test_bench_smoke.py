@@ -17,12 +17,14 @@ SECTIONS = (
     "listandwatch",
     "latency",
     "baseline",
+    "placement",
     "footprint",
     "stops",
     "hostile",
     "kubeclient",
     "node_agent",
     "dra",
+    "dra_api",
     "api_features",
 )
 

@@ -136,7 +136,7 @@ def test_the_rbac_is_the_narrowest() -> None:
         (("resource.k8s.io",), ("resourceclaims",), ()): {"get"},
         (("resource.k8s.io",), ("resourceclaims/status",), ()): {"patch"},
         (("resource.k8s.io",), ("resourceclaims/driver",), ("gpu.iluvatar.com",)): {"associated-node:patch"},
-        (("",), ("nodes",), ()): {"get"},
+        (("",), ("nodes",), ()): {"get", "list", "watch"},  # its own Node, watched for its UID
     }
     handshake = only(objects, "Role")  # ConfigMaps in its own namespace only, for the GPU reset handshake
     assert handshake["metadata"]["namespace"] == only(objects, "DaemonSet")["metadata"]["namespace"]

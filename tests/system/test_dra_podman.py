@@ -14,6 +14,7 @@ import pytest
 from container_support import IMAGE, PodmanSandbox, make_char_device, podman_unavailable
 from dra_support import DraNode
 
+from ix_device_plugin.dra.claimspec import cdi_spec_file
 from ix_device_plugin.settings.config import Config
 from ix_device_plugin.standins.apiserver import ApiServerStandIn
 
@@ -38,6 +39,8 @@ def podman() -> Iterator[PodmanSandbox]:
 async def node(short_dir: Path, podman: PodmanSandbox) -> AsyncIterator[DraNode]:
     for name in ("iluvatar0", "iluvatar1", "iluvatar2", "iluvatar3", "itrctl"):
         make_char_device(short_dir / "dev" / name)
+    for spec in podman.cdi_dir.glob(cdi_spec_file("*")):
+        spec.unlink()  # a fresh node: the claim specs of the previous test's node would be claims held here
     async with ApiServerStandIn() as api:
         dra_node = DraNode(short_dir, api)
         dra_node.cdi_dir = podman.cdi_dir

@@ -247,11 +247,15 @@ class Kube:
             what += f" ({','.join(f'{key}={value}' for key, value in fields.items() if key != 'metadata.name')})"
         return watch_events(self._client, kind, what, version, namespace=namespace, field_selector=fields)
 
-    async def create_object(self, kind: ObjectKind, obj: Mapping[str, Any]) -> Object:
-        """Create obj (its namespace is metadata.namespace); the object as stored. KubeAlreadyExists when taken."""
+    async def create_object(self, kind: ObjectKind, obj: Mapping[str, Any], *, dry_run: bool = False) -> Object:
+        """Create obj (its namespace is metadata.namespace); the object as stored. KubeAlreadyExists when taken.
+
+        dry_run: the server validates and admits obj and answers what it would store, and stores nothing.
+        """
         body = self._body(kind, obj)
         name, namespace = self._name_of(body)
-        created = await self._call(f"create {kind.describe(name, namespace)}", lambda: self._client.create(body))
+        what = f"create{' (dry run)' if dry_run else ''} {kind.describe(name, namespace)}"
+        created = await self._call(what, lambda: self._client.create(body, dry_run=dry_run))
         return as_dict(created)
 
     async def replace_object(self, kind: ObjectKind, obj: Mapping[str, Any]) -> Object:
@@ -308,7 +312,8 @@ class Kube:
     @staticmethod
     def _name_of(body: Mapping[str, Any]) -> tuple[str, str | None]:
         metadata = body.get("metadata") or {}
-        return str(metadata.get("name", "")), metadata.get("namespace")
+        name = metadata.get("name") or (f"{metadata['generateName']}*" if metadata.get("generateName") else "")
+        return str(name), metadata.get("namespace")
 
     async def _call(self, what: str, call: Callable[[], Awaitable[T]], cap: int = OBJECT_CAP) -> T:
         """call() within the deadline, its answers within cap bytes, its failures as KubeError naming what."""

@@ -6,7 +6,12 @@ and the server's reason, or "cannot reach the API server at ..." only when no co
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
 GONE = 410
+INVALID = 422
 
 
 class KubeError(Exception):
@@ -40,6 +45,42 @@ class KubeExpired(KubeError):
     """410 Gone or Expired: a watch's resourceVersion is older than the history the server keeps; list again."""
 
 
+@dataclass(frozen=True)
+class FieldCause:
+    """One cause of a 422 as the server gives it: the field (`spec.devices[0].name`), its reason and message."""
+
+    field: str
+    reason: str = ""
+    message: str = ""
+
+
+class KubeInvalid(KubeError):
+    """422 Invalid: the server refused the object; causes name the fields it refused (empty when it named none)."""
+
+    def __init__(self, message: str, causes: Iterable[FieldCause] = (), reason: str = "Invalid") -> None:
+        super().__init__(message, INVALID, reason)
+        self.causes = tuple(causes)
+
+    @property
+    def fields(self) -> tuple[str, ...]:
+        """The fields the server named, in its order, each once."""
+        return tuple(dict.fromkeys(cause.field for cause in self.causes if cause.field))
+
+    def names(self, *parts: str) -> bool:
+        """True when a field the server named holds one of parts (`consumesCounters` in `spec.devices[3]...`)."""
+        return any(part in field for field in self.fields for part in parts)
+
+
+def field_causes(details: Any) -> list[FieldCause]:
+    """The causes of a Status's details (the client library's model or a plain dict), those without a field too."""
+    causes = getattr(details, "causes", None) if not isinstance(details, dict) else details.get("causes")
+    found = []
+    for cause in causes if isinstance(causes, list) else []:
+        get = cause.get if isinstance(cause, dict) else lambda key, c=cause: getattr(c, key, None)
+        found.append(FieldCause(str(get("field") or ""), str(get("reason") or ""), str(get("message") or "")))
+    return found
+
+
 def _where(error: Exception) -> str:
     try:
         url = error.request.url  # type: ignore[attr-defined]
@@ -66,6 +107,8 @@ def kube_error(what: str, error: Exception) -> KubeError:
             return (KubeAlreadyExists if reason == "AlreadyExists" else KubeConflict)(text, code, reason)
         if code == GONE:
             return KubeExpired(text, code, reason)
+        if code == INVALID:
+            return KubeInvalid(text, field_causes(error.status.details), reason)
         return KubeError(text, code, reason)
     if isinstance(error, httpx2.HTTPStatusError):
         code = error.response.status_code

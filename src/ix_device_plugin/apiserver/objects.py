@@ -123,6 +123,11 @@ def labels_of(obj: Mapping[str, Any]) -> dict[str, str]:
     return dict((obj.get("metadata") or {}).get("labels") or {})
 
 
+def uid_of(obj: Mapping[str, Any]) -> str:
+    """The object's UID ("" when it has none)."""
+    return str((obj.get("metadata") or {}).get("uid", ""))
+
+
 def version_of(obj: Mapping[str, Any]) -> str:
     """The object's resourceVersion ("" when it has none)."""
     return str((obj.get("metadata") or {}).get("resourceVersion", ""))

@@ -86,7 +86,8 @@ def _response_id(device_ids: Sequence[str]) -> str:
 
 
 def _takes_whole_node(plan: Plan, devices: list[PlannedDevice]) -> bool:
-    return not plan.shared and len(devices) == len(plan.devices) > 0
+    """Every GPU of the node and no time-slicing (any `replicas`, 1 included, keeps host paths, as in Iluvatar's)."""
+    return plan.replicas == 0 and len(devices) == len(plan.devices) > 0
 
 
 def _whole_node_order(nodes: list[str]) -> list[tuple[str, str]]:

@@ -43,7 +43,6 @@ def _device_size(id_length: int, health_length: int, topology: int | None) -> in
 def list_message_size(inventory: Inventory, config: Config, replicas: int | None = None) -> int:
     """The exact serialized size of the ListAndWatch response for inventory under config (replicas overriding)."""
     count = config.replicas if replicas is None else replicas
-    shared = count >= 2
     ignored = config.ignored_health_errors
     total = 0
     for gpu, chips, shortfall in physical_groups(inventory, config.splitboard):
@@ -51,7 +50,7 @@ def list_message_size(inventory: Inventory, config: Config, replicas: int | None
         health = _UNHEALTHY if unhealthy else _HEALTHY
         numa = tuple(sorted({chip.numa_node for chip in chips if chip.numa_node is not None}))
         topology = _topology_size(numa) if numa else None
-        for id_length, devices in _id_lengths(len(gpu), count if shared else 0):
+        for id_length, devices in _id_lengths(len(gpu), count):
             if id_length <= MAX_DEVICE_ID_LENGTH:
                 total += devices * _device_size(id_length, health, topology)
     return total
@@ -59,7 +58,7 @@ def list_message_size(inventory: Inventory, config: Config, replicas: int | None
 
 def _id_lengths(gpu_length: int, replicas: int) -> list[tuple[int, int]]:
     """(ID length, how many devices have it) for one GPU: `<gpu>` alone, or `<gpu>::<i>` for i < replicas."""
-    if replicas < 2:
+    if replicas < 1:
         return [(gpu_length, 1)]
     lengths = []
     low, digits = 0, 1
@@ -72,9 +71,9 @@ def _id_lengths(gpu_length: int, replicas: int) -> list[tuple[int, int]]:
 
 def largest_replicas_that_fit(inventory: Inventory, config: Config, limit: int = KUBELET_MAX_MESSAGE_BYTES) -> int:
     """The largest time-slicing replicas value whose device list fits in limit (0 when not even 1 does)."""
-    if list_message_size(inventory, config, replicas=0) > limit:
+    if list_message_size(inventory, config, replicas=1) > limit:
         return 0
-    low, high = 1, MAX_REPLICAS  # low always fits (1 replica means the same list as no sharing)
+    low, high = 1, MAX_REPLICAS  # low fits
     while low < high:
         middle = (low + high + 1) // 2
         if list_message_size(inventory, config, replicas=middle) <= limit:

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 from ix_device_plugin.core.inventory import Board, Chip, Inventory, link_key
 from ix_device_plugin.core.products import lookup
+from ix_device_plugin.core.topology import Topology, build_topology
 from ix_device_plugin.settings.config import Config
 from ix_device_plugin.settings.devicelist import DEVICE_SPECS
 
@@ -47,11 +48,14 @@ class Plan:
     control_nodes: tuple[str, ...] = ()
     # PCIe common-ancestor level between physical GPUs (sorted pair); lower is closer.
     gpu_links: Mapping[tuple[str, str], int] = field(default_factory=dict)
+    # The board each split chip sits on (GPU -> board UUID), for chips whose board has others.
+    gpu_boards: Mapping[str, str] = field(default_factory=dict)
     warnings: tuple[str, ...] = ()
     by_id: Mapping[str, PlannedDevice] = field(init=False, repr=False, compare=False)
     gpu_order: Mapping[str, int] = field(init=False, repr=False, compare=False)  # GPU -> advertised order
     # GPU -> the IDs of its devices (replicas in order), in advertised order.
     gpu_device_ids: Mapping[str, tuple[str, ...]] = field(init=False, repr=False, compare=False)
+    topology: Topology = field(init=False, repr=False, compare=False)  # where the physical GPUs sit
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "by_id", {device.id: device for device in self.devices})
@@ -60,10 +64,18 @@ class Plan:
             by_gpu.setdefault(device.gpu, []).append(device.id)
         object.__setattr__(self, "gpu_device_ids", {gpu: tuple(ids) for gpu, ids in by_gpu.items()})
         object.__setattr__(self, "gpu_order", {gpu: index for index, gpu in enumerate(by_gpu)})
+        numa = {
+            gpu: self.by_id[ids[0]].numa_nodes[0]
+            for gpu, ids in by_gpu.items()
+            if len(self.by_id[ids[0]].numa_nodes) == 1
+        }
+        boards = {gpu: board for gpu, board in self.gpu_boards.items() if gpu in by_gpu}
+        object.__setattr__(self, "topology", build_topology(list(by_gpu), boards, numa, self.gpu_links))
 
     @property
     def shared(self) -> bool:
-        """True when devices are time-sliced replicas."""
+        """True when a GPU can go to several containers at once (replicas >= 2; with 1, devices are named as
+        replicas, one per GPU, and nothing is shared)."""
         return self.replicas >= 2
 
     def capacity(self) -> int:
@@ -85,7 +97,7 @@ def plan(inventory: Inventory, config: Config) -> Plan:
     """The devices to advertise for inventory under config (see the README's capacity table)."""
     ignored = config.ignored_health_errors
     groups = physical_groups(inventory, config.splitboard)
-    replicas = config.replicas if config.shared else 0
+    replicas = config.replicas
     devices: list[PlannedDevice] = []
     warnings: list[str] = []
     for gpu, chips, shortfall in groups:
@@ -105,6 +117,7 @@ def plan(inventory: Inventory, config: Config) -> Plan:
         device_list_strategy=config.device_list_strategy,
         control_nodes=inventory.control_nodes,
         gpu_links=_gpu_links(inventory, groups),
+        gpu_boards=_gpu_boards(inventory) if config.splitboard else {},
         warnings=tuple(warnings),
     )
 
@@ -143,9 +156,21 @@ def shortfall(board: Board, product: str | None = None) -> tuple[str, ...]:
 
 
 def _device_ids(gpu: str, replicas: int) -> list[tuple[str, int | None]]:
-    if replicas < 2:
+    """The GPU's device IDs as Iluvatar's plugin 4.4.0 names them (gpuallocator.buildDevice): the UUID alone
+    without replicas, `<uuid>::<i>` for i < replicas with any replicas, 1 included."""
+    if replicas < 1:
         return [(gpu, None)]
     return [(f"{gpu}{REPLICA_SEPARATOR}{i}", i) for i in range(replicas)]
+
+
+def _gpu_boards(inventory: Inventory) -> dict[str, str]:
+    """Each chip of a board of several (that the library placed) -> the board's UUID."""
+    return {
+        chip.uuid: board.uuid
+        for board in inventory.boards
+        if board.membership_known and len(board.chips) > 1
+        for chip in board.chips
+    }
 
 
 def _gpu_links(inventory: Inventory, groups: list[Group]) -> dict[tuple[str, str], int]:

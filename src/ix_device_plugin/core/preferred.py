@@ -1,9 +1,14 @@
 """GetPreferredAllocation policy: which of the available devices a container should get.
 
-Rules, in order: every must-include device; devices on one NUMA node (the one the
-must-include devices sit on, else the node that fits the request most tightly);
-for time-sliced replicas, spread over distinct physical GPUs, least used first;
-then the GPUs closest on PCIe to the first one chosen; then advertised order.
+Whole GPUs (no time-slicing): every must-include device, and of the sets of the requested size that hold
+them, the best placed (core.placement: fewest pairs across CPUs, then across NUMA nodes, host bridges, PCIe
+switches, boards); of sets placed equally well, the one that leaves the free GPUs best placed, then one
+fixed by the plan. The answer depends on which devices are offered, never on the order they come in.
+
+Time-sliced replicas: every must-include device; devices on one NUMA node (the one the must-include devices
+sit on, else the node that fits the request most tightly); spread over distinct physical GPUs, least used
+first; then the GPUs closest to the first one chosen (same board, PCIe switch, host bridge); then
+advertised order.
 
 The kubelet offers every free device (thousands with time-slicing) and asks for a few, so the offered
 IDs are checked and shared out per GPU by set operations, with no Python step per offered ID.
@@ -16,10 +21,11 @@ from collections import Counter
 from collections.abc import Sequence
 
 from ix_device_plugin.core.allocation import AllocationError, resolve_ids
+from ix_device_plugin.core.placement import best_placed
 from ix_device_plugin.core.plan import Plan, PlannedDevice
 
-_UNKNOWN_LINK = 1_000
 _NO_NUMA = -1
+_SAME_GPU = -1  # closer than any level: another replica of the GPU itself
 
 
 def preferred(plan: Plan, available: Sequence[str], must_include: Sequence[str], size: int) -> list[str]:
@@ -40,7 +46,17 @@ def preferred(plan: Plan, available: Sequence[str], must_include: Sequence[str],
         raise AllocationError(f"{where}: must-include device {missing[0]!r} is not in available_deviceIDs")
     if len(chosen) > size:
         raise AllocationError(f"{where}: {len(chosen)} must-include devices exceed allocation_size {size}")
+    if not plan.shared:
+        return _best_placed(plan, per_gpu, chosen, size)
     return [device.id for device in chosen] + _pick(plan, offered, per_gpu, chosen, size - len(chosen))
+
+
+def _best_placed(plan: Plan, per_gpu: dict[str, set[str]], chosen: list[PlannedDevice], size: int) -> list[str]:
+    """The must-include devices, then the others of the best placed set of whole GPUs in advertised order."""
+    must = {device.gpu for device in chosen}
+    gpus = best_placed(plan.topology, per_gpu.keys(), must, size)
+    others = sorted((gpu for gpu in gpus if gpu not in must), key=plan.gpu_order.__getitem__)
+    return [device.id for device in chosen] + [min(per_gpu[gpu]) for gpu in others]
 
 
 def _free_per_gpu(plan: Plan, free: set[str]) -> dict[str, set[str]]:
@@ -76,9 +92,9 @@ def _pick(
     # One heap entry per GPU, keyed by how many of its replicas this request already took,
     # then by its total use: replicas spread over distinct GPUs, least used first.
     def key(gpu: str) -> tuple[int, int, int, int, int, str]:
-        link = plan.gpu_link(anchor, gpu)
+        distance = _SAME_GPU if gpu == anchor else plan.topology.shared_level(anchor, gpu)
         off_numa = 0 if numa[gpu] == target else 1
-        return (off_numa, taken[gpu], usage[gpu], _UNKNOWN_LINK if link is None else link, plan.gpu_order[gpu], gpu)
+        return (off_numa, taken[gpu], usage[gpu], distance, plan.gpu_order[gpu], gpu)
 
     heap = [key(gpu) for gpu in per_gpu]
     heapq.heapify(heap)

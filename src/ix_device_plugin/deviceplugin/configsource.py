@@ -34,13 +34,17 @@ class ConfigSource:
         self.label: str | None = None  # the node's configuration label, with --per-node-config
         self.path, self.reason = config_file_for(options, None)
         self._seen: bytes | None = None
+        self._warned: frozenset[str] = frozenset()
 
     def load(self) -> Config:
-        """Read the file in force (logging its warnings); raises SettingsError."""
+        """Read the file in force, logging its warnings (one the last reading logged is not logged again);
+        raises SettingsError."""
         self._seen = _read_bytes(self.path)
         config, warnings = load_config(self.options, self.path)
-        for warning in warnings:
-            log.warning("%s", warning)
+        for warning in dict.fromkeys(warnings):
+            if warning not in self._warned:
+                log.warning("%s", warning)
+        self._warned = frozenset(warnings)
         return config
 
     def load_at_start(self) -> Config:

@@ -15,9 +15,10 @@ from pathlib import Path
 from typing import Any
 
 from ix_device_plugin.dra.config import lenient
-from ix_device_plugin.dra.prepared import ClaimRef, PreparedClaim, PreparedDevice
+from ix_device_plugin.dra.prepared import ClaimRef, PreparedClaim, PreparedDevice, valid_uid
 from ix_device_plugin.dra.slices import BOARD, CHIP, DRIVER
-from ix_device_plugin.settings.documents import DocumentError, Limits, load_json, read_file
+from ix_device_plugin.settings.documents import DocumentError, Limits, kind_of, load_json, read_file
+from ix_device_plugin.settings.yamlsafe import shown
 
 CHECKPOINT_FILE = "checkpoint.json"
 CHECKPOINT_VERSION = 1
@@ -49,6 +50,7 @@ def checkpoint_text(claims: Mapping[str, PreparedClaim], boot_id: str = "") -> s
             "devices": [asdict(device) for device in claim.devices],
             "spec": claim.spec,
             "complete": claim.complete,
+            **({"resetPending": True} if claim.reset_pending else {}),
         }
         for uid, claim in sorted(claims.items())
     }
@@ -57,61 +59,132 @@ def checkpoint_text(claims: Mapping[str, PreparedClaim], boot_id: str = "") -> s
 
 
 def parse_checkpoint(data: bytes | str, origin: str) -> Checkpoint:
-    """The checkpoint in data; CheckpointError (CheckpointTooNew for a newer version) naming origin and why."""
+    """The checkpoint in data; CheckpointError (CheckpointTooNew for a newer version) naming origin, the field
+    and why. Every field is checked for its type: nothing another writer put there raises anything else."""
     raw = data.encode() if isinstance(data, str) else data
     try:
         document = load_json(raw, LIMITS)
     except DocumentError as error:
         raise CheckpointError(f"{origin}: {error}") from None
     if not isinstance(document, dict):
-        raise CheckpointError(f"{origin}: not a checkpoint (expected a JSON object)")
+        raise CheckpointError(f"{origin}: not a checkpoint (expected a JSON object, got {kind_of(document)})")
     version = document.get("version")
-    if isinstance(version, int) and not isinstance(version, bool) and version > CHECKPOINT_VERSION:
+    if _integer(version) and version > CHECKPOINT_VERSION:
         raise CheckpointTooNew(
             f"{origin}: checkpoint version {version} was written by a newer driver (this one reads up to "
             f"{CHECKPOINT_VERSION}); refusing to start rather than forget its claims: run the newer driver, or "
             "unprepare its claims first"
         )
-    if version != CHECKPOINT_VERSION:
-        raise CheckpointError(f"{origin}: unsupported checkpoint version {str(version)[:40]}")
-    entries = document.get("claims")
-    if not isinstance(entries, dict):
-        raise CheckpointError(f"{origin}: `claims` must be an object")
-    boot_id = document.get("bootID")
-    claims = {str(uid): _claim_from(str(uid), entry, origin) for uid, entry in entries.items()}
-    return Checkpoint(boot_id if isinstance(boot_id, str) else "", claims)
+    if version != CHECKPOINT_VERSION or not _integer(version):
+        raise CheckpointError(f"{origin}: unsupported checkpoint version {shown(version)}")
+    fields = _Fields(document, origin, "")
+    boot_id = fields.text("bootID", default="")
+    entries = fields.mapping("claims")
+    claims = {uid: _claim_from(uid, entry, _Fields.at(entry, origin, f"claims.{uid[:80]}")) for uid, entry in entries}
+    return Checkpoint(boot_id, claims)
 
 
-def _claim_from(uid: str, entry: Any, origin: str) -> PreparedClaim:
-    where = f"{origin}: claims.{uid[:80]}"
-    try:
-        ref = ClaimRef(str(entry["namespace"]), str(entry["name"]), uid)
-        devices = tuple(_device_from(device) for device in entry["devices"])
-        spec = entry["spec"]
-        if not isinstance(spec, dict):
-            raise TypeError("spec is not an object")
-    except (KeyError, TypeError) as error:
-        raise CheckpointError(f"{where}: malformed entry ({type(error).__name__}: {error})") from None
-    return PreparedClaim(ref, devices, spec, complete=entry.get("complete") is not False)
-
-
-def _device_from(device: Any) -> PreparedDevice:
-    """A device entry; the fields added since version 1 are read leniently (absent or malformed: the default)."""
-    shares, slots, chips = device.get("shares"), device.get("slots"), device.get("chips")
-    return PreparedDevice(
-        tuple(str(r) for r in device["requests"]),
-        str(device["pool"]),
-        str(device["device"]),
-        str(device["uuid"]),
-        tuple(str(i) for i in device["cdi_ids"]),
-        admin=device.get("admin") is True,
-        share_id=device["share_id"] if isinstance(device.get("share_id"), str) else "",
-        shares=shares if _integer(shares) and shares > 0 else 0,
-        slots=tuple(s for s in slots if _integer(s)) if isinstance(slots, list) else (),
-        chips=tuple(str(c) for c in chips) if isinstance(chips, list) else (),
-        kind=device["kind"] if device.get("kind") in (CHIP, BOARD) else CHIP,
-        config=lenient(device.get("config")),
+def _claim_from(uid: str, entry: Any, fields: _Fields) -> PreparedClaim:
+    if not valid_uid(uid):
+        raise CheckpointError(f"{fields.where}: not a claim UID (it would name a file outside the CDI directory)")
+    complete = fields.boolean("complete", default=True)
+    devices = tuple(
+        _device_from(_Fields.at(device, fields.origin, f"{fields.path}.devices[{index}]"))
+        for index, device in enumerate(fields.sequence("devices"))
     )
+    spec = fields.get("spec", dict, "an object")
+    ref = ClaimRef(fields.text("namespace"), fields.text("name"), uid)
+    if complete and not (ref.namespace and ref.name):
+        raise CheckpointError(f"{fields.where}: a complete claim needs its namespace and name")
+    return PreparedClaim(ref, devices, spec, complete=complete, reset_pending=fields.boolean("resetPending", False))
+
+
+def _device_from(fields: _Fields) -> PreparedDevice:
+    """A device entry: the fields of version 1 required, those added since optional (absent: the default)."""
+    shares = fields.integer("shares", default=0)
+    kind = fields.text("kind", default=CHIP)
+    if kind not in (CHIP, BOARD):
+        raise CheckpointError(f"{fields.where}.kind: expected {CHIP} or {BOARD}, got {shown(kind)}")
+    if shares < 0:
+        raise CheckpointError(f"{fields.where}.shares: expected 0 or more, got {shares}")
+    return PreparedDevice(
+        fields.texts("requests"),
+        fields.text("pool"),
+        fields.text("device"),
+        fields.text("uuid"),
+        fields.texts("cdi_ids"),
+        admin=fields.boolean("admin", default=False),
+        share_id=fields.text("share_id", default=""),
+        shares=shares,
+        slots=fields.integers("slots"),
+        chips=fields.texts("chips", required=False),
+        kind=kind,
+        config=lenient(fields.get("config", dict, "an object", default={})),
+    )
+
+
+_MISSING: Any = object()
+
+
+class _Fields:
+    """The fields of one object of the checkpoint, each read with its type or a CheckpointError naming it."""
+
+    def __init__(self, entry: dict[str, Any], origin: str, path: str) -> None:
+        self.entry = entry
+        self.origin = origin
+        self.path = path
+
+    @classmethod
+    def at(cls, entry: Any, origin: str, path: str) -> _Fields:
+        """The fields of entry, which must be an object."""
+        if not isinstance(entry, dict):
+            raise CheckpointError(f"{origin}: {path}: expected an object, got {kind_of(entry)}")
+        return cls(entry, origin, path)
+
+    @property
+    def where(self) -> str:
+        """The object, for messages: `<file>: claims.<uid>.devices[0]`."""
+        return f"{self.origin}: {self.path}" if self.path else self.origin
+
+    def _name(self, key: str) -> str:
+        return f"{self.origin}: {self.path}.{key}" if self.path else f"{self.origin}: {key}"
+
+    def get(self, key: str, kind: type, described: str, default: Any = _MISSING) -> Any:
+        value = self.entry.get(key, _MISSING)
+        if value is _MISSING or (value is None and default is not _MISSING):
+            if default is _MISSING:
+                raise CheckpointError(f"{self._name(key)}: missing")
+            return default
+        if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+            raise CheckpointError(f"{self._name(key)}: expected {described}, got {kind_of(value)}")
+        return value
+
+    def text(self, key: str, default: Any = _MISSING) -> str:
+        return str(self.get(key, str, "a string", default))
+
+    def boolean(self, key: str, default: Any = _MISSING) -> bool:
+        return bool(self.get(key, bool, "true or false", default))
+
+    def integer(self, key: str, default: Any = _MISSING) -> int:
+        return int(self.get(key, int, "an integer", default))
+
+    def sequence(self, key: str, required: bool = True) -> list[Any]:
+        return list(self.get(key, list, "a list", _MISSING if required else []))
+
+    def mapping(self, key: str) -> list[tuple[str, Any]]:
+        return list(self.get(key, dict, "an object").items())
+
+    def texts(self, key: str, required: bool = True) -> tuple[str, ...]:
+        items = self.sequence(key, required)
+        if not all(isinstance(item, str) for item in items):
+            raise CheckpointError(f"{self._name(key)}: expected a list of strings")
+        return tuple(items)
+
+    def integers(self, key: str) -> tuple[int, ...]:
+        items = self.sequence(key, required=False)
+        if not all(_integer(item) and item >= 0 for item in items):
+            raise CheckpointError(f"{self._name(key)}: expected a list of slot numbers")
+        return tuple(items)
 
 
 def _integer(value: Any) -> bool:

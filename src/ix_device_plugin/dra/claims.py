@@ -18,7 +18,14 @@ from pathlib import Path
 from typing import Any
 
 from ix_device_plugin.dra.claimspec import cdi_id, claim_spec
-from ix_device_plugin.dra.config import ConfigEntry, ConfigError, GpuConfig, allocation_configs, config_for
+from ix_device_plugin.dra.config import (
+    MAX_SHARES,
+    ConfigEntry,
+    ConfigError,
+    GpuConfig,
+    allocation_configs,
+    config_for,
+)
 from ix_device_plugin.dra.pool import quantity
 from ix_device_plugin.dra.prepared import ClaimError, ClaimRef, PreparedClaim, PreparedDevice
 from ix_device_plugin.dra.slices import CHIP, DRIVER, SHARES, SliceDevice
@@ -94,11 +101,22 @@ def _result(result: dict[str, Any], ref: ClaimRef) -> Result:
         raise ClaimError(f"claim {ref}: device {device[:80]!r}: shareID {str(share_id)[:80]!r} is not a UUID")
     consumed = _mapping(result.get("consumedCapacity"), ref, f"device {device[:80]!r}: consumedCapacity")
     value = consumed.get(SHARES, consumed.get(f"{DRIVER}/{SHARES}"))
-    number = quantity(value) if isinstance(value, str) else None
-    shares = 1 if value is None else int(number) if number is not None and number == int(number) > 0 else -1
-    if shares < 1:
-        raise ClaimError(f"claim {ref}: device {device[:80]!r}: consumedCapacity {SHARES} {str(value)[:40]!r}")
+    shares = 1 if value is None else _shares(value)
+    if shares is None:
+        raise ClaimError(
+            f"claim {ref}: device {device[:80]!r}: consumedCapacity {SHARES} {str(value)[:40]!r} is not a whole "
+            f"number of shares from 1 to {MAX_SHARES}"
+        )
     return Result(request, device, result.get("adminAccess") is True, share_id.lower(), shares)
+
+
+def _shares(value: Any) -> int | None:
+    """The shares a consumedCapacity quantity takes; None when it is not a whole number from 1 to MAX_SHARES.
+    Bounded before any conversion: a quantity such as `1e10000000` is valid, and int() of it would take hours."""
+    number = quantity(value) if isinstance(value, str) else None
+    if number is None or not 1 <= number <= MAX_SHARES or number != number.to_integral_value():
+        return None
+    return int(number)
 
 
 def _mapping(value: Any, ref: ClaimRef, what: str) -> dict[str, Any]:
@@ -197,6 +215,11 @@ def _check(
             f"claim {ref}: device {name} was allocated as a share, but it is not shared on this node now "
             "(sharing.timeSlicing.replicas in the driver's ix-config)"
         )
+    if share_id and shares > device.shares:
+        raise ClaimError(
+            f"claim {ref}: device {name}: consumedCapacity {SHARES} {shares} is more than the {device.shares} "
+            "shares the device has"
+        )
     sharers: list[Holding] = []
     for chip in device.chips:
         for holding in held.get(chip.uuid, []):
@@ -210,10 +233,8 @@ def _check(
     used = sum(h.shares for h in taken)
     if share_id and used + asked > device.shares:
         owners = ", ".join(sorted({str(h.ref) for h in taken}))
-        raise ClaimError(
-            f"claim {ref}: device {name} has {device.shares} shares: {used} are prepared for {owners}, "
-            f"this claim asks for {asked}"
-        )
+        held = f"{used} are prepared for {owners}, " if owners else ""
+        raise ClaimError(f"claim {ref}: device {name} has {device.shares} shares: {held}this claim asks for {asked}")
     if config.shares is not None:
         if device.shares < 2:
             raise ClaimError(

@@ -27,12 +27,15 @@ from ix_device_plugin.core.allocation import (
 from ix_device_plugin.core.cdi import device_node, minimum_version
 from ix_device_plugin.dra.prepared import ClaimRef, PreparedClaim, PreparedDevice
 from ix_device_plugin.dra.slices import BOARD, CHIP, DRIVER, SliceDevice
+from ix_device_plugin.settings.documents import kind_of
+from ix_device_plugin.settings.yamlsafe import shown
 
 CLAIM_CDI_VENDOR = DRIVER
 CLAIM_CDI_CLASS = "claim"
 CLAIM_CDI_KIND = f"{CLAIM_CDI_VENDOR}/{CLAIM_CDI_CLASS}"
 _SHARED_NAME = re.compile(r"^(.+)-([0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12})$")
-_NODE = re.compile(rf"^{re.escape(DEVICE_NODE_PREFIX)}(\d+)$")
+_MAX_DIGITS = 9  # a device minor or slot number; longer is not one this driver wrote
+_NODE = re.compile(rf"^{re.escape(DEVICE_NODE_PREFIX)}(\d{{1,{_MAX_DIGITS}}})$")
 
 
 _SPEC_FILE_PREFIX = f"{CLAIM_CDI_VENDOR}-{CLAIM_CDI_CLASS}_"
@@ -86,38 +89,35 @@ def claim_spec(
     return spec
 
 
-def claim_from_spec(uid: str, spec: Any, pool: str) -> PreparedClaim | None:
-    """The claim a CDI spec written by this driver describes (incomplete: see PreparedClaim), None if not ours.
+class SpecError(Exception):
+    """A claim CDI spec that cannot be read back as a claim; the message says which field and why."""
+
+
+def claim_from_spec(uid: str, spec: Any, pool: str) -> PreparedClaim:
+    """The claim a CDI spec written by this driver describes (incomplete: see PreparedClaim); SpecError naming the
+    field when it is not one. Total: whatever another writer put in the file, nothing else is raised.
 
     Each device's chips are found by its device nodes: IX_VISIBLE_DEVICES lists the chips' UUIDs in the order
     the devices first name them; its shares' slots come from IX_REPLICA_DEVICES.
     """
-    if not isinstance(spec, dict) or spec.get("kind") != CLAIM_CDI_KIND or not isinstance(spec.get("devices"), list):
-        return None
-    edits = spec.get("containerEdits") if isinstance(spec.get("containerEdits"), dict) else {}
-    env = dict(item.partition("=")[::2] for item in edits.get("env") or [] if isinstance(item, str))
+    if not isinstance(spec, dict):
+        raise SpecError(f"expected a CDI spec (an object), got {kind_of(spec)}")
+    if spec.get("kind") != CLAIM_CDI_KIND:
+        raise SpecError(f"kind: expected {CLAIM_CDI_KIND}, got {shown(spec.get('kind'))}")
+    entries = spec.get("devices")
+    if not isinstance(entries, list) or not entries:
+        raise SpecError(f"devices: expected a list of devices, got {kind_of(entries)}")
+    env = _env(spec.get("containerEdits", {}))
     uuids = [uuid for uuid in env.get(VISIBLE_DEVICES_ENV, "").split(",") if uuid]
-    prefix = f"{uid}-"
-    listed: list[tuple[str, str, list[int]]] = []  # (device, share ID, minors)
-    for entry in spec["devices"]:
-        name = entry.get("name") if isinstance(entry, dict) else None
-        if not isinstance(name, str) or not name.startswith(prefix):
-            return None
-        minors = _minors(entry)
-        if minors is None:
-            return None
-        shared = _SHARED_NAME.match(name.removeprefix(prefix))
-        device, share_id = shared.groups() if shared else (name.removeprefix(prefix), "")
-        listed.append((device, share_id, minors))
+    listed = [_listed(uid, entry, f"devices[{index}]") for index, entry in enumerate(entries)]
     by_minor: dict[int, str] = {}
     for _, _, minors in listed:
         for minor in minors:
-            if minor not in by_minor:
-                if len(by_minor) == len(uuids):
-                    return None
+            if minor not in by_minor and len(by_minor) < len(uuids):
                 by_minor[minor] = uuids[len(by_minor)]
-    if len(by_minor) != len(uuids):
-        return None
+    named = {minor for _, _, minors in listed for minor in minors}
+    if len(by_minor) != len(uuids) or len(named) != len(uuids):
+        raise SpecError(f"{VISIBLE_DEVICES_ENV} names {len(uuids)} chips, the devices {len(named)} device nodes")
     replicas = [item for item in env.get(REPLICA_DEVICES_ENV, "").split(",") if "::" in item]
     devices = []
     for device, share_id, minors in listed:
@@ -141,6 +141,30 @@ def claim_from_spec(uid: str, spec: Any, pool: str) -> PreparedClaim | None:
     return PreparedClaim(ClaimRef("", "", uid), tuple(devices), spec, complete=False)
 
 
+def _env(edits: Any) -> dict[str, str]:
+    """The spec-wide environment, by name; SpecError when it is not a list of strings."""
+    if not isinstance(edits, dict):
+        raise SpecError(f"containerEdits: expected an object, got {kind_of(edits)}")
+    items = edits.get("env") or []
+    if not isinstance(items, list) or not all(isinstance(item, str) for item in items):
+        raise SpecError("containerEdits.env: expected a list of NAME=value strings")
+    return dict(item.partition("=")[::2] for item in items)
+
+
+def _listed(uid: str, entry: Any, where: str) -> tuple[str, str, list[int]]:
+    """(device, share ID, device node minors) of one CDI device of the claim; SpecError naming where."""
+    name = entry.get("name") if isinstance(entry, dict) else None
+    prefix = f"{uid}-"
+    if not isinstance(name, str) or not name.startswith(prefix) or name == prefix:
+        raise SpecError(f"{where}.name: expected {prefix}<device>, got {shown(name)}")
+    minors = _minors(entry)
+    if minors is None:
+        raise SpecError(f"{where}.containerEdits.deviceNodes: expected a list of {DEVICE_NODE_PREFIX}<N> nodes")
+    shared = _SHARED_NAME.match(name.removeprefix(prefix))
+    device, share_id = shared.groups() if shared else (name.removeprefix(prefix), "")
+    return device, share_id, minors
+
+
 def _minors(entry: dict[str, Any]) -> list[int] | None:
     edits = entry.get("containerEdits")
     nodes = edits.get("deviceNodes") if isinstance(edits, dict) else None
@@ -148,7 +172,8 @@ def _minors(entry: dict[str, Any]) -> list[int] | None:
         return None
     minors = []
     for node in nodes:
-        match = _NODE.match(str(node.get("path", ""))) if isinstance(node, dict) else None
+        path = node.get("path") if isinstance(node, dict) else None
+        match = _NODE.match(path) if isinstance(path, str) else None
         if match is None:
             return None
         minors.append(int(match.group(1)))
@@ -162,7 +187,7 @@ def _slots(
     if not share_id:
         return ()
     tails = [item.removeprefix(f"{uuid}::") for item in replicas if item.startswith(f"{uuid}::")]
-    numbers = [int(tail) for tail in tails if tail.isdigit()]
+    numbers = [int(tail) for tail in tails if tail.isdigit() and len(tail) <= _MAX_DIGITS]
     shares = [sid for name, sid, _ in listed if name == device and sid]
     index = shares.index(share_id)
     return tuple(numbers[index : index + 1] if index < len(shares) - 1 else numbers[index:])

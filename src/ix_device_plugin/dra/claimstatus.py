@@ -4,6 +4,11 @@ Written after a prepare and cleared at its unprepare, in the background: the kub
 and a failure is logged, never fatal. Entries of other drivers stay as they are: the list is read, changed
 and written back at the claim's resourceVersion (a merge patch with it is refused if the claim changed since,
 and then read again).
+
+The writes of one claim are made in the order they were asked for, one at a time, so that the last word is
+the last call's (an unprepare's, after a prepare whose write was slow); a write asked for while another of the
+same claim is under way waits, and is replaced by a later one before it is sent. At most CONCURRENT_WRITES
+claims are written at once; stopping cancels what is left.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from ix_device_plugin.runtime.logs import OncePerError
 log = logging.getLogger(__name__)
 
 ATTEMPTS = 3
+CONCURRENT_WRITES = 4  # claims written at once; the others wait their turn
 
 
 def device_entries(claim: PreparedClaim, bus_ids: Mapping[str, str]) -> list[dict[str, Any]]:
@@ -55,33 +61,48 @@ def with_entries(current: Any, pool: str, entries: list[dict[str, Any]]) -> list
 
 
 class ClaimStatusWriter:
-    """Keeps this driver's entries of status.devices in step with what is prepared, in background tasks."""
+    """Keeps this driver's entries of status.devices in step with what is prepared: per claim, one background
+    writer sends the last wish, in order."""
 
     def __init__(self, kube: Kube, pool: str) -> None:
         self.kube = kube
         self.pool = pool
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._pending: dict[str, tuple[ClaimRef, list[dict[str, Any]]]] = {}  # by claim UID: the wish not yet sent
+        self._writers: dict[str, asyncio.Task[None]] = {}  # by claim UID: the task sending its wishes in order
+        self._turns = asyncio.Semaphore(CONCURRENT_WRITES)
         self._errors = OncePerError(log, logging.WARNING)
 
     def prepared(self, claim: PreparedClaim, bus_ids: Mapping[str, str]) -> None:
         """Say what claim's devices are (soon)."""
-        self._spawn(claim.ref, device_entries(claim, bus_ids))
+        self._ask(claim.ref, device_entries(claim, bus_ids))
 
     def unprepared(self, ref: ClaimRef) -> None:
-        """Take this driver's entries out of the claim's status (soon)."""
-        self._spawn(ref, [])
+        """Take this driver's entries out of the claim's status (soon, after any write of it under way)."""
+        self._ask(ref, [])
 
     async def close(self) -> None:
-        """Cancel what is still under way."""
-        for task in list(self._tasks):
+        """Cancel what is still under way, and forget what was not sent."""
+        self._pending.clear()
+        tasks = list(self._writers.values())
+        for task in tasks:
             task.cancel()
-        if self._tasks:
-            await asyncio.wait(self._tasks, timeout=1.0)
+        if tasks:
+            await asyncio.wait(tasks, timeout=1.0)
 
-    def _spawn(self, ref: ClaimRef, entries: list[dict[str, Any]]) -> None:
-        task = asyncio.create_task(self._write(ref, entries), name=f"claim-status-{ref.uid}")
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+    def _ask(self, ref: ClaimRef, entries: list[dict[str, Any]]) -> None:
+        self._pending[ref.uid] = (ref, entries)  # a wish not sent yet is replaced, never sent after this one
+        if ref.uid not in self._writers:
+            self._writers[ref.uid] = asyncio.create_task(self._send(ref.uid), name=f"claim-status-{ref.uid}")
+
+    async def _send(self, uid: str) -> None:
+        """Send the claim's wishes, the last one each time, until none is left."""
+        try:
+            while (wish := self._pending.pop(uid, None)) is not None:
+                async with self._turns:
+                    await self._write(*wish)
+        finally:
+            if self._writers.get(uid) is asyncio.current_task():  # at once: a wish asked from now on starts anew
+                del self._writers[uid]
 
     async def _write(self, ref: ClaimRef, entries: list[dict[str, Any]]) -> None:
         try:
@@ -93,6 +114,8 @@ class ClaimStatusWriter:
                 devices = with_entries(status.get("devices"), self.pool, entries)
                 if devices == (status.get("devices") or []):
                     return
+                if ref.uid in self._pending:
+                    return  # a later wish came while this one was read: that one is sent instead
                 version = (claim.get("metadata") or {}).get("resourceVersion", "")
                 patch = {"metadata": {"resourceVersion": version}, "status": {"devices": devices}}
                 try:

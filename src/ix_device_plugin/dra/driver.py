@@ -33,7 +33,7 @@ from ix_device_plugin.api.pluginregistration import api_pb2_grpc as registration
 from ix_device_plugin.apiserver.client import Kube
 from ix_device_plugin.apiserver.connection import ApiConnection
 from ix_device_plugin.apiserver.errors import KubeError
-from ix_device_plugin.apiserver.objects import RESOURCE_CLAIM, RESOURCE_SLICE
+from ix_device_plugin.apiserver.objects import NODE, RESOURCE_CLAIM, RESOURCE_SLICE, uid_of
 from ix_device_plugin.apiserver.settings import KubeSettings
 from ix_device_plugin.apiserver.watch import Key, Mirror
 from ix_device_plugin.core.inventory import Inventory
@@ -112,6 +112,7 @@ class DraDriver:
             options.node_name,
             base.dev_root,
             read_boot_id(options.boot_id_path),
+            reset_wait=base.reset_wait_timeout,
         )
         self.policy = SlicePolicy(options.config.splitboard, options.config.replicas)
         self.content = SliceContent((), None, policy=self.policy)
@@ -132,6 +133,7 @@ class DraDriver:
         self.metrics = DraMetrics(self._figures, self._prepared_devices)
         reset = ResetSettings.of(base)
         self.gpu_reset = GpuReset(self.hardware, self._reset_handshake, self._rediscover, self.metrics, reset)
+        self.gpu_reset.node_turn = self.state.reset_turn  # the driver's pods reset the node's GPUs in turn
 
     @property
     def inventory(self) -> Inventory:
@@ -168,18 +170,13 @@ class DraDriver:
         self.claim_status = ClaimStatusWriter(self.kube, self.options.node_name)
         publisher = self.publisher  # writes only while this pod holds the role (one pod of the driver at a time)
         self.service.spawn("publish-slice", lambda: self.role.run(publisher.run))
-        if self.api is not None:  # the node's slices, watched: put back when someone else changes or deletes them
-            watched = Mirror(
-                self.api,
-                RESOURCE_SLICE,
-                stored_slice,
-                f"the ResourceSlices of node {self.options.node_name}",
-                field_selector={"spec.nodeName": self.options.node_name},
-                on_change=self._slices_changed,
-            )
-            self.service.spawn("watch-slices", watched.run)
+        if self.api is not None:
+            self._watch_slices_and_node(self.api)
         self.service.spawn("hardware", self.monitor.run)
         await self._serve()
+        if self.api is not None:  # reset: false in ix-gpu-reset-<node>, as the device plugin says at start: a driver
+            # killed in the middle of a reset left reset: true, and ix-exporter stays away from the GPUs until then
+            self.service.spawn("reset-record", self._keep_reset_record)
         await self._start_probes()
         self.ready.set()
         log.info("DRA driver %s ready in %.0f ms", DRIVER, (time.perf_counter() - started) * 1000)
@@ -191,6 +188,7 @@ class DraDriver:
         await self.service.stop_tasks(timeout * 0.4)
         if self.claim_status is not None:
             await bounded("writing claim status", self.claim_status.close(), timeout / 10)
+        await self.state.close(timeout / 10)
         await self.gpu_reset.close(timeout / 10)
         for server in self._servers:
             await bounded("stopping a gRPC server", server.stop(timeout / 4), timeout / 4)
@@ -233,6 +231,28 @@ class DraDriver:
         await server.start()
         self._servers.append(server)
         self._sockets[path] = put_in_place(staging, path)
+
+    def _watch_slices_and_node(self, api: ApiConnection) -> None:
+        """Watch the node's slices (put back when someone else changes or deletes them) and the Node (its UID owns
+        them): one watch each, listed by field selector, so that a Node that is not there yet costs no polling."""
+        node = self.options.node_name
+        slices = Mirror(
+            api,
+            RESOURCE_SLICE,
+            lambda obj: stored_slice(obj, node),
+            f"the ResourceSlices of node {node}",
+            field_selector={"spec.nodeName": node},
+            on_change=self._slices_changed,
+        )
+        self.service.spawn("watch-slices", slices.run)
+        owner = Mirror(
+            api, NODE, uid_of, f"node {node}", field_selector={"metadata.name": node}, on_change=self._node_changed
+        )
+        self.service.spawn("watch-node", owner.run)
+
+    def _node_changed(self, nodes: Mapping[Key, str]) -> None:
+        if self.publisher is not None:
+            self.publisher.node_seen(next(iter(nodes.values()), ""))
 
     def _slices_changed(self, stored: Mapping[Key, StoredSlice]) -> None:
         if self.publisher is not None:
@@ -283,6 +303,10 @@ class DraDriver:
         except GpuResetError as error:
             return f"GPU reset before the container starts: {error}"
         return None
+
+    async def _keep_reset_record(self) -> None:
+        assert self.api is not None
+        await self.gpu_reset.keep_record(self.api.backoff())
 
     async def _rediscover(self) -> Inventory:
         return (await self.monitor.rediscover()).inventory

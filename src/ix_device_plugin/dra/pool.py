@@ -5,7 +5,9 @@ devices in a slice, 64 when a device has taints or consumes counters), then the 
 of their own (a slice holds devices or shared counters, never both; at most 8 counter sets each), every one
 with the pool's generation and `resourceSliceCount`, owned by the Node so that they go with it. Names are
 `<node>-gpu.iluvatar.com`, then `-1`, `-2`, ...; a node name too long for that is cut and given a hash, so
-every name is a valid one.
+every name is a valid one. A slice is the pool's when it is this driver's, for this node, and labelled
+`app.kubernetes.io/managed-by: ix-device-plugin`, in the node's pool, or named as the pool's slices are (so that
+a slice whose label another writer removed is still found, and its label put back).
 """
 
 from __future__ import annotations
@@ -26,6 +28,10 @@ MANAGED_BY = {"app.kubernetes.io/managed-by": "ix-device-plugin"}
 _SUFFIX = f"-{DRIVER}"
 _QUANTITY = re.compile(r"^([+-]?[0-9.]+)([a-zA-Z]*)$")
 _BINARY = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
+# No device capacity (bytes of memory, shares) comes near 10^30: a longer or larger quantity is refused before any
+# arithmetic, which on `1e10000000` (a valid quantity) would build a ten-million-digit integer.
+MAX_QUANTITY_TEXT = 64
+MAX_QUANTITY_EXPONENT = 30
 _DECIMAL = {"": 1, "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E": 10**18, "m": Decimal("0.001")}
 
 
@@ -43,6 +49,28 @@ def slice_names(node: str, count: int) -> list[str]:
     """The names of a pool of count slices."""
     base = slice_base_name(node)
     return [base if index == 0 else f"{base}-{index}" for index in range(count)]
+
+
+def pool_slice_name(node: str, name: str) -> bool:
+    """True when name is one the node's pool gives its slices (`<node>-gpu.iluvatar.com`, then `-1`, `-2`, ...)."""
+    base = slice_base_name(node)
+    return name == base or (name.startswith(f"{base}-") and name[len(base) + 1 :].isdigit())
+
+
+def labelled(obj: Mapping[str, Any]) -> bool:
+    """True when obj carries the label that marks this program's slices."""
+    labels = (obj.get("metadata") or {}).get("labels") or {}
+    return all(labels.get(key) == value for key, value in MANAGED_BY.items())
+
+
+def owned_slice(obj: Mapping[str, Any], node: str) -> bool:
+    """True when obj is one of the node's pool's slices: this driver's, for this node, and labelled as ours, in
+    the node's pool, or named as the pool's slices are (only this driver writes its slices for this node)."""
+    spec = obj.get("spec") or {}
+    if spec.get("driver") != DRIVER or spec.get("nodeName") != node:
+        return False
+    name = str((obj.get("metadata") or {}).get("name", ""))
+    return labelled(obj) or (spec.get("pool") or {}).get("name") == node or pool_slice_name(node, name)
 
 
 def chunks(devices: Sequence[dict[str, Any]]) -> list[list[dict[str, Any]]]:
@@ -88,10 +116,11 @@ def same_spec(wanted: Mapping[str, Any], stored: Mapping[str, Any]) -> bool:
 
 
 def same_owner(wanted: Mapping[str, Any], stored: Mapping[str, Any]) -> bool:
-    """True when stored has wanted's labels and owner (what someone else may have edited)."""
+    """True when stored has wanted's labels and exactly its owner references (none when wanted has none: a
+    reference to a Node that is gone would have the garbage collector delete the slice)."""
     metadata, current = wanted.get("metadata") or {}, stored.get("metadata") or {}
     labels = current.get("labels") or {}
-    owners_match = not metadata.get("ownerReferences") or metadata["ownerReferences"] == current.get("ownerReferences")
+    owners_match = (metadata.get("ownerReferences") or []) == (current.get("ownerReferences") or [])
     return all(labels.get(key) == value for key, value in (metadata.get("labels") or {}).items()) and owners_match
 
 
@@ -128,16 +157,28 @@ def _normal_quantity(value: Any) -> Any:
 
 
 def quantity(text: str) -> Decimal | None:
-    """The value of a Kubernetes quantity (`32Gi`, `34359738368`, `1.5k`, `5e3`); None when it is not one."""
+    """The value of a Kubernetes quantity (`32Gi`, `34359738368`, `1.5k`, `5e3`); None when it is not one, or is
+    beyond any device's capacity (more than MAX_QUANTITY_TEXT characters, or 10^MAX_QUANTITY_EXPONENT and more)."""
     text = text.strip()
+    if len(text) > MAX_QUANTITY_TEXT:
+        return None
     try:
         if "e" in text.lower() and not any(text.endswith(s) for s in ("Ei", "E")):
-            return Decimal(text)
-        match = _QUANTITY.match(text)
-        if match is None:
-            return None
-        number, suffix = match.groups()
-        scale = _BINARY.get(suffix) or _DECIMAL.get(suffix)
-        return None if scale is None else Decimal(number) * scale
+            number = Decimal(text)
+        else:
+            match = _QUANTITY.match(text)
+            if match is None:
+                return None
+            mantissa, suffix = match.groups()
+            scale = _BINARY.get(suffix) or _DECIMAL.get(suffix)
+            if scale is None:
+                return None
+            number = Decimal(mantissa)
+            if number.is_finite() and number and number.adjusted() > MAX_QUANTITY_EXPONENT:
+                return None
+            number *= scale
     except InvalidOperation:
         return None
+    if not number.is_finite() or (number and abs(number.adjusted()) > MAX_QUANTITY_EXPONENT):
+        return None
+    return number

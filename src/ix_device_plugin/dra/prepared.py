@@ -33,12 +33,19 @@ class ClaimRef:
     uid: str
 
     def __str__(self) -> str:
+        if not self.name:  # rebuilt from its CDI spec: the name comes back with the next prepare
+            return f"unnamed (uid {self.uid})"
         return f"{self.namespace}/{self.name} (uid {self.uid})"
+
+
+def valid_uid(uid: str) -> bool:
+    """True for a UID that may name a file (letters, digits and inner dashes: no `/`, no `..`)."""
+    return _UID.match(uid) is not None
 
 
 def check_ref(ref: ClaimRef) -> None:
     """Refuse a claim whose UID, namespace or name is not what Kubernetes allows (before it names a file)."""
-    if not _UID.match(ref.uid):
+    if not valid_uid(ref.uid):
         raise ClaimError(f"claim {ref.namespace[:64]}/{ref.name[:64]}: invalid UID {ref.uid[:80]!r}")
     if not _DNS_LABEL.match(ref.namespace):
         raise ClaimError(f"claim {ref.uid}: invalid namespace {ref.namespace[:80]!r}")
@@ -86,12 +93,15 @@ class PreparedClaim:
 
     complete is False for a claim rebuilt from its CDI spec after the checkpoint was lost: it holds its chips,
     but what the kubelet was told (requests, namespace, name) is not known, so a prepare reads it again.
+    reset_pending: its config asks for a reset, which has not ended yet (it is recorded before it starts, so that
+    a driver killed in the middle runs it at the kubelet's next try instead of answering without it).
     """
 
     ref: ClaimRef
     devices: tuple[PreparedDevice, ...]
     spec: Mapping[str, Any]
     complete: bool = True
+    reset_pending: bool = False
 
     @property
     def uuids(self) -> tuple[str, ...]:

@@ -8,8 +8,18 @@ changed here (the kubelet deleted the slices, or someone edited them).
 What the API server keeps is learnt from what it stores. Device taints: where it drops them, unhealthy devices
 are left out instead. Shared counters: board devices are published only once the server is known to keep the
 counters that keep a board and its chips apart; where it drops them (DRAPartitionableDevices off) or refuses
-them, the node publishes chips only. Consumable capacity: where it drops `allowMultipleAllocations`, each
-device is allocated to one claim at a time, which is safe, and said once.
+them (a 422 whose causes name the counter fields), the node publishes chips only, and asks the server again
+later (a dry run, after RECHECK_FIRST seconds, doubling up to RECHECK_CAP, with jitter): a server that keeps
+them now gets the boards back. A 422 for any other field is an error like any other, retried. Consumable
+capacity: where it drops `allowMultipleAllocations`, each device is allocated to one claim at a time, which is
+safe, and said once.
+
+The slices are owned by the Node (an owner reference with its UID), so that they go with it. The UID is
+followed (`node_seen`, from a watch of the Node) and read again before any slice is created: a Node deleted
+and re-created gets its slices' owner references changed to it, and a Node that appears after the slices were
+written becomes their owner. The pool's slices are found by label, and by driver, node, pool and name too: a
+slice whose label another writer removed is adopted (the label put back); a name held by a slice that is not
+the pool's (another driver's or node's) is replaced; the log says what was found.
 """
 
 from __future__ import annotations
@@ -17,16 +27,24 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from ix_device_plugin.apiserver.client import Kube
-from ix_device_plugin.apiserver.errors import KubeAlreadyExists, KubeError, KubeNotFound
-from ix_device_plugin.apiserver.objects import NODE, RESOURCE_SLICE
-from ix_device_plugin.dra.pool import MANAGED_BY, pool_objects, same_owner, same_spec, slice_base_name
+from ix_device_plugin.apiserver.errors import KubeAlreadyExists, KubeError, KubeInvalid, KubeNotFound
+from ix_device_plugin.apiserver.objects import NODE, RESOURCE_SLICE, uid_of, version_of
+from ix_device_plugin.dra.pool import (
+    MANAGED_BY,
+    labelled,
+    owned_slice,
+    pool_objects,
+    same_owner,
+    same_spec,
+    slice_base_name,
+)
 from ix_device_plugin.dra.slices import (
-    DRIVER,
     UNHEALTHY_TAINT,
     SliceContent,
     counter_set_body,
@@ -41,6 +59,9 @@ from ix_device_plugin.runtime.logs import OncePerError
 log = logging.getLogger(__name__)
 
 WRITE_ATTEMPTS = 5  # a conflict means someone else wrote a slice: read them again, this many times
+RECHECK_FIRST = 30.0  # seconds from "the server drops or refuses counters" to asking it again
+RECHECK_CAP = 600.0  # the delay doubles up to this (each +-20 %): a round of dry runs every ten minutes at most
+COUNTER_FIELDS = ("sharedCounters", "consumesCounters")  # a 422 naming these refuses the counters
 
 
 @dataclass(frozen=True)
@@ -51,12 +72,9 @@ class StoredSlice:
     version: str
 
 
-def stored_slice(obj: Mapping[str, Any]) -> StoredSlice:
-    """A watched ResourceSlice as StoredSlice."""
-    metadata = obj.get("metadata") or {}
-    labels = metadata.get("labels") or {}
-    ours = (obj.get("spec") or {}).get("driver") == DRIVER and all(labels.get(k) == v for k, v in MANAGED_BY.items())
-    return StoredSlice(ours, str(metadata.get("resourceVersion", "")))
+def stored_slice(obj: Mapping[str, Any], node: str) -> StoredSlice:
+    """A watched ResourceSlice of node as StoredSlice."""
+    return StoredSlice(owned_slice(obj, node), version_of(obj))
 
 
 class SlicePublisher:
@@ -71,7 +89,10 @@ class SlicePublisher:
         self.sharing: bool | None = None  # the same for allowMultipleAllocations (shared devices)
         self.published: list[dict[str, Any]] | None = None
         self.repairs = 0  # writes made because the stored slices differed from what was last published
-        self._node_uid: str | None = None
+        self._node_uid: str | None = None  # the Node's UID for the owner references: None not known, "" no Node
+        self._last_owner = ""  # the last UID the Node had
+        self._recheck = Backoff(initial=RECHECK_FIRST, cap=RECHECK_CAP)
+        self._recheck_at: float | None = None  # when to ask again whether the server keeps counters (monotonic)
         self._seen: Mapping[str, str] | None = None  # this driver's slices as the watch last saw them, by name
         self._wanted: tuple[SliceContent, Mapping[str, str]] = (SliceContent((), None), {})
         self._generation = 0  # bumped with every new wish
@@ -87,6 +108,11 @@ class SlicePublisher:
         ones last published (someone else edited or deleted them)."""
         self._seen = dict(stored)
         if self.published is not None and self._seen != _versions(self.published):
+            self.republish()
+
+    def node_seen(self, uid: str) -> None:
+        """The Node's UID as the watch of the Node sees it ("" when there is none): the owner references follow."""
+        if self._set_node_uid(uid):
             self.republish()
 
     def missing(self) -> list[str]:
@@ -108,22 +134,32 @@ class SlicePublisher:
         while True:
             if published == self._generation:
                 self._changed.clear()
-                await self._changed.wait()
+                if not await self._wait_for_change():
+                    await self._recheck_counters()
                 continue
             generation = self._generation
             try:
                 await self.publish(*self._wanted)
             except KubeError as error:
-                errors.failed("cannot publish ResourceSlice %s: %s (retrying)", self.name, error.message)
+                errors.failed("cannot publish ResourceSlice %s: %s (retrying)", self.name, _said(error))
                 await backoff.sleep()
                 continue
             errors.succeeded("API server answering again: ResourceSlice %s published", self.name)
             backoff.reset()
             published = generation
 
+    async def _wait_for_change(self) -> bool:
+        """Wait for the next wish; False when the time to ask about counters again comes first."""
+        delay = None if self._recheck_at is None else max(0.0, self._recheck_at - time.monotonic())
+        try:
+            async with asyncio.timeout(delay):
+                await self._changed.wait()
+        except TimeoutError:
+            return False
+        return True
+
     async def publish(self, content: SliceContent, roots: Mapping[str, str]) -> None:
         """Create, update or delete the pool's slices until they say what content says; raises KubeError."""
-        await self._learn_node_uid()
         if self.counters is None and content.counter_sets:
             await self._learn_from_stored()
         wrote_any = False
@@ -131,14 +167,10 @@ class SlicePublisher:
             devices, sets = self._wanted_objects(content, roots)
             try:
                 stored, wrote = await self._write(devices, sets)
-            except KubeError as error:
-                if error.status != 422 or not sets or self.counters is not None:
-                    raise
-                log.warning(
-                    "the API server refuses shared counters (%s): publishing chips only, no board devices",
-                    error.message,
-                )
-                self.counters = False
+            except KubeInvalid as error:
+                if not sets or not error.names(*COUNTER_FIELDS):
+                    raise  # a refusal of something else: an error, retried
+                self._counters_off(f"refuses shared counters ({_causes(error, COUNTER_FIELDS)})")
                 continue
             wrote_any = wrote_any or wrote
             if not self._learn(devices, sets, stored):
@@ -185,14 +217,13 @@ class SlicePublisher:
                 again = True
         if self.counters is not False and sets:
             known = self.counters
-            self.counters = not counters_dropped(devices, stored)  # checked at every write: a server can change
-            if self.counters and known is None:
-                log.info("the API server keeps shared counters: boards and their chips are published together")
-            elif not self.counters:
-                log.warning(
-                    "the API server drops shared counters (DRAPartitionableDevices off): publishing chips only, "
-                    "no board devices"
-                )
+            if counters_dropped(devices, stored):  # checked at every write: a server can change
+                self._counters_off("drops shared counters (DRAPartitionableDevices off)")
+            else:
+                self.counters = True
+                self._recheck.reset()
+                if known is None:
+                    log.info("the API server keeps shared counters: boards and their chips are published together")
             again = again or self.counters != known  # boards once counters are known to be kept, or counters gone
         if self.sharing is None and sharing_dropped(devices, stored):
             self.sharing = False
@@ -202,23 +233,85 @@ class SlicePublisher:
             )
         return again
 
-    async def _learn_node_uid(self) -> None:
-        """The Node's UID, for the slices' owner reference (asked once; without it the slices have no owner)."""
-        if self._node_uid is not None:
+    def _counters_off(self, why: str) -> None:
+        """The server does not keep the counters: chips only, and ask it again later (said again at INFO)."""
+        level = logging.INFO if self.counters is False else logging.WARNING
+        self.counters = False
+        delay = self._recheck.next_delay()
+        self._recheck_at = time.monotonic() + delay
+        log.log(
+            level, "the API server %s: publishing chips only, no board devices (asking again in %.3g s)", why, delay
+        )
+
+    async def _recheck_counters(self) -> None:
+        """Ask the server (a dry run of the pool's slices with counters, no boards) whether it keeps the counters
+        now; if it does, publish them, and the boards once they are stored."""
+        self._recheck_at = None
+        content, roots = self._wanted
+        if self.counters is not False or not content.counter_sets:
             return
+        devices = slice_devices(content, roots, self.taints is not False, counters=True, boards=False)
+        sets = [counter_set_body(counter_set) for counter_set in content.counter_sets]
+        try:
+            answers = [await self._dry_run(obj) for obj in pool_objects(self.node, devices, 1, None, sets)]
+        except KubeInvalid as error:
+            if error.names(*COUNTER_FIELDS):
+                self._counters_off(f"still refuses shared counters ({_causes(error, COUNTER_FIELDS)})")
+                return
+            answers, problem = [], _said(error)
+        except KubeError as error:
+            answers, problem = [], error.message
+        else:
+            problem = ""
+        if problem or counters_dropped(devices, answers):
+            self._recheck_at = time.monotonic() + self._recheck.next_delay()
+            log.info("shared counters asked again: %s", problem or "the API server still drops them")
+            return
+        log.info("the API server keeps shared counters now (asked again): publishing them, then the boards")
+        self.counters = None
+        self.republish()
+
+    async def _dry_run(self, obj: dict[str, Any]) -> dict[str, Any]:
+        """What the server would store of obj, under a name it makes up (so that no existing slice is in the way)."""
+        metadata = obj["metadata"]
+        metadata["generateName"] = f"{metadata.pop('name')}-check-"
+        return await self.kube.create_object(RESOURCE_SLICE, obj, dry_run=True)
+
+    def _set_node_uid(self, uid: str) -> bool:
+        """Remember the Node's UID, saying what changed; True when it did."""
+        before, self._node_uid = self._node_uid, uid
+        if uid == before:
+            return False
+        if not uid:
+            log.warning("node %s not found: its ResourceSlices get no owner reference until it is there", self.node)
+        elif self._last_owner and self._last_owner != uid:
+            log.warning(
+                "node %s was re-created (UID %s, was %s): its ResourceSlices' owner reference follows",
+                self.node,
+                uid,
+                self._last_owner,
+            )
+        elif before == "":
+            log.info("node %s is there now (UID %s): it owns its ResourceSlices", self.node, uid)
+        self._last_owner = uid or self._last_owner
+        return True
+
+    async def _read_node_uid(self) -> None:
+        """Read the Node's UID (the slices' owner): at the first write, and before any slice is created."""
         node = await self.kube.get_object(NODE, self.node)
-        if node is None:
-            log.warning("node %s not found: its ResourceSlices get no owner reference", self.node)
-            self._node_uid = ""
-            return
-        self._node_uid = str((node.get("metadata") or {}).get("uid", ""))
+        self._set_node_uid("" if node is None else uid_of(node))
 
     async def _write(
         self, devices: list[dict[str, Any]], sets: list[dict[str, Any]]
     ) -> tuple[list[dict[str, Any]], bool]:
         """The stored slices once they say devices and counter sets, and whether anything was written."""
+        names = {obj["metadata"]["name"] for obj in pool_objects(self.node, devices, 0, None, sets)}
+        node_read = False
         for _ in range(WRITE_ATTEMPTS):
             current = await self._stored()
+            if self._node_uid is None or (not node_read and names - set(current)):
+                await self._read_node_uid()  # never a create owned by a Node that is gone
+                node_read = True
             generation = max((_generation(obj) for obj in current.values()), default=0)
             wanted = pool_objects(self.node, devices, generation, self._node_uid, sets)
             if _agrees(wanted, current):
@@ -239,13 +332,12 @@ class SlicePublisher:
         raise KubeError(message, 409, "Conflict")
 
     async def _stored(self) -> dict[str, dict[str, Any]]:
-        objects = await self.kube.list_objects(
-            RESOURCE_SLICE, field_selector={"spec.nodeName": self.node}, label_selector=MANAGED_BY
-        )
+        """The pool's slices as stored, by name: the node's slices of this driver, by label or by name and pool."""
+        objects = await self.kube.list_objects(RESOURCE_SLICE, field_selector={"spec.nodeName": self.node})
         return {
             obj["metadata"]["name"]: obj
             for obj in objects
-            if (obj.get("spec") or {}).get("driver") == DRIVER and (obj.get("metadata") or {}).get("name")
+            if owned_slice(obj, self.node) and (obj.get("metadata") or {}).get("name")
         }
 
     async def _replace(
@@ -255,15 +347,44 @@ class SlicePublisher:
         for obj in wanted:
             existing = current.get(obj["metadata"]["name"])
             if existing is None:
-                stored.append(await self.kube.create_object(RESOURCE_SLICE, obj))
+                stored.append(await self._create(obj))
                 continue
-            obj["metadata"]["resourceVersion"] = (existing.get("metadata") or {}).get("resourceVersion", "")
+            if not labelled(existing):
+                log.warning(
+                    "ResourceSlice %s (%s) had lost its label %s: another writer removed it; adopted, the label "
+                    "put back",
+                    obj["metadata"]["name"],
+                    _described(existing),
+                    _label_text(),
+                )
+            obj["metadata"]["resourceVersion"] = version_of(existing)
             stored.append(await self.kube.replace_object(RESOURCE_SLICE, obj))
         names = {obj["metadata"]["name"] for obj in wanted}
         for name in sorted(set(current) - names):
             with contextlib.suppress(KubeNotFound):
                 await self.kube.delete_object(RESOURCE_SLICE, name)
         return stored
+
+    async def _create(self, obj: dict[str, Any]) -> dict[str, Any]:
+        """Create obj; when its name is taken by a slice the pool's listing did not find, take that one over."""
+        try:
+            return await self.kube.create_object(RESOURCE_SLICE, obj)
+        except KubeAlreadyExists:
+            existing = await self.kube.get_object(RESOURCE_SLICE, obj["metadata"]["name"])
+            if existing is None or owned_slice(existing, self.node):
+                raise  # deleted since, or one of the pool's written since: read them again
+            return await self._take_over(obj, existing)
+
+    async def _take_over(self, obj: dict[str, Any], existing: dict[str, Any]) -> dict[str, Any]:
+        """Replace the slice that holds obj's name and is not the pool's (another driver's, or another node's: a
+        slice's driver and node cannot be changed) with obj: deleted, then created."""
+        name = obj["metadata"]["name"]
+        log.warning(
+            "ResourceSlice %s, a name of this pool, held another slice (%s): replaced", name, _described(existing)
+        )
+        with contextlib.suppress(KubeNotFound):
+            await self.kube.delete_object(RESOURCE_SLICE, name)
+        return await self.kube.create_object(RESOURCE_SLICE, obj)
 
     def _log(self, content: SliceContent, stored: list[dict[str, Any]]) -> None:
         left_out = [d.name for d in content.devices if not d.healthy and self.taints is False]
@@ -281,6 +402,36 @@ class SlicePublisher:
             f"; unhealthy, left out: {', '.join(left_out)}" if left_out else "",
             f"; unhealthy, tainted: {', '.join(tainted)}" if tainted else "",
         )
+
+
+def _said(error: KubeError) -> str:
+    """error's message, and for a 422 the fields the server named."""
+    if isinstance(error, KubeInvalid) and error.fields:
+        return f"{error.message} (the API server refuses {', '.join(error.fields)})"
+    return error.message
+
+
+def _causes(error: KubeInvalid, parts: tuple[str, ...]) -> str:
+    """The first cause of error that names a field holding one of parts, as `field: message`, and how many more."""
+    named = [cause for cause in error.causes if any(part in cause.field for part in parts)]
+    if not named:
+        return error.message
+    first = f"{named[0].field}: {named[0].message}".rstrip(": ")
+    return first if len(named) == 1 else f"{first}; {len(named) - 1} more such fields"
+
+
+def _described(obj: Mapping[str, Any]) -> str:
+    """What a slice says it is: driver, node, pool and labels, for the log."""
+    spec, metadata = obj.get("spec") or {}, obj.get("metadata") or {}
+    pool = (spec.get("pool") or {}).get("name")
+    return (
+        f"driver {spec.get('driver')!r}, node {spec.get('nodeName')!r}, pool {pool!r}, "
+        f"labels {metadata.get('labels') or {}}"
+    )
+
+
+def _label_text() -> str:
+    return ",".join(f"{key}={value}" for key, value in MANAGED_BY.items())
 
 
 def _generation(obj: Mapping[str, Any]) -> int:

@@ -45,23 +45,25 @@ def dra_socket(plugins_dir: Path, pod_uid: str = "") -> Path:
     return plugin_dir(plugins_dir) / (f"dra-{pod_uid}.sock" if pod_uid else DRA_SOCKET)
 
 
-def stale_sockets(registrar_dir: Path, plugins_dir: Path) -> list[Path]:
-    """This driver's sockets that nothing serves any more (left by a pod that was killed), to remove: at the names
-    the kubelet knows, and at staging names (see staging_socket) once they are older than a write takes."""
+def stale_sockets(registrar_dir: Path, plugins_dir: Path) -> list[tuple[Path, Identity]]:
+    """This driver's sockets that nothing serves any more (left by a pod that was killed), with the identity each
+    had when found so: at the names the kubelet knows, and at staging names (see staging_socket) once they are
+    older than a start takes."""
     staging = [*registrar_dir.glob(f".{DRIVER}-*.sock"), *plugin_dir(plugins_dir).glob(".dra-*.sock")]
     candidates = [
         *registrar_dir.glob(f"{DRIVER}*-reg.sock"),
         *plugin_dir(plugins_dir).glob("dra*.sock"),
         *(path for path in staging if _age(path) > TEMPORARY_MAX_AGE),
     ]
-    return [path for path in candidates if path.is_socket() and not socket_answers(path)]
+    found = [(path, identity(path)) for path in candidates if path.is_socket()]
+    return [(path, seen) for path, seen in found if seen is not None and not socket_answers(path)]
 
 
 def remove_stale_sockets(registrar_dir: Path, plugins_dir: Path) -> None:
-    """Remove the sockets stale_sockets finds, each only if it is still the one found unanswered."""
-    for path in stale_sockets(registrar_dir, plugins_dir):
-        found = identity(path)
-        if found is not None and not socket_answers(path) and identity(path) == found:
+    """Remove the sockets stale_sockets finds, each only while it is still the one found unanswered (another pod
+    may have put a socket of its own at that name meanwhile)."""
+    for path, seen in stale_sockets(registrar_dir, plugins_dir):
+        if identity(path) == seen:
             with contextlib.suppress(OSError):
                 path.unlink()
             log.info("removed %s: nothing serves it any more", path)

@@ -36,6 +36,7 @@ from ix_device_plugin.gpureset.document import (
 )
 from ix_device_plugin.gpureset.handshake import ResetHandshake
 from ix_device_plugin.hardware.backend import BackendError
+from ix_device_plugin.runtime.files import OutputError
 from ix_device_plugin.runtime.logs import OncePerError
 
 if TYPE_CHECKING:
@@ -109,6 +110,10 @@ class GpuReset:
         self._record_wanted.set()
         # Our other users of the GPU library (telemetry) let go of it while ixsmi runs.
         self.quiet_others: Callable[[], contextlib.AbstractAsyncContextManager[None]] = _nothing_to_quiet
+        # The node's turn to reset, where other processes reset the same GPUs (the DRA driver's pods during an
+        # update): keep_record takes it before saying reset: false, so that it never ends another's reset.
+        # It raises OutputError when the turn cannot be had in time.
+        self.node_turn: Callable[[], contextlib.AbstractAsyncContextManager[None]] = _nothing_to_quiet
 
     @property
     def command_running(self) -> bool:
@@ -169,7 +174,7 @@ class GpuReset:
         if late and handshake is not None:
             raise GpuResetError(
                 f"the GPUs were reset, but {', '.join(late)} let go of them for it and did not take them back within "
-                f"{self._settings.wait_timeout:g}s ({handshake.where}); this Allocate fails so that the kubelet "
+                f"{self._settings.wait_timeout:g}s ({handshake.where}); the kubelet's request fails so that it "
                 "tries again, and later resets do not wait for it until it takes the GPUs back"
             )
 
@@ -235,14 +240,14 @@ class GpuReset:
         while True:
             await self._record_wanted.wait()
             try:
-                async with self._turn:
+                async with self.node_turn(), self._turn:
                     handshake = await self._opened()
                     if handshake is not None and handshake.resetting:
                         await handshake.announce(self._settings.wait_timeout)
                 self._record_wanted.clear()
                 errors.succeeded("GPU reset handshake: %s is in order again", handshake.where if handshake else "")
                 backoff.reset()
-            except (GpuResetError, KubeError) as error:
+            except (GpuResetError, KubeError, OutputError) as error:
                 errors.failed("GPU reset handshake: %s; retrying", error)
                 await backoff.sleep()
 
@@ -276,6 +281,7 @@ class GpuReset:
 
 @contextlib.asynccontextmanager
 async def _nothing_to_quiet() -> AsyncIterator[None]:
+    """Nothing to wait for or to quiet (no one else uses the GPUs in this process, or resets them on this node)."""
     yield
 
 

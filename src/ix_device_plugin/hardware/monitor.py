@@ -7,8 +7,11 @@ events from the backend's own thread, and the first discovery at start. Both fro
 is handed to every subscriber, which turns it into its own state (ListAndWatch health, ResourceSlice taints,
 the DRA health stream), so what one mode learns of the hardware the other learns too.
 
-A chip keeps a critical XID until the process restarts; a chip that vanished from enumeration stays in its
-board as not present until it is back. Every backend call goes through the deadlined `Hardware` worker.
+A chip keeps a critical XID until the process restarts (at most MAX_XIDS of them: one is enough to make it
+Unhealthy); a chip that vanished from enumeration stays in its board as not present until it is back. XID events
+that change nothing (an application XID, one ignored, one on a chip not served, one already kept) are logged
+once and then summarised (how many, the last when), so that a storm of them stays a few lines. Every backend
+call goes through the deadlined `Hardware` worker.
 """
 
 from __future__ import annotations
@@ -27,11 +30,13 @@ from ix_device_plugin.hardware.devnodes import with_control_nodes
 from ix_device_plugin.hardware.worker import Hardware
 from ix_device_plugin.runtime.errors import StartupError
 from ix_device_plugin.runtime.filewatch import Watcher
-from ix_device_plugin.runtime.logs import OncePerError
+from ix_device_plugin.runtime.logs import OncePerError, Repeats
 
 log = logging.getLogger(__name__)
 
 SETTLE = 0.2  # let a burst of hot-plug events settle before rediscovering
+MAX_XIDS = 16  # distinct XIDs kept per chip; past that the chip is Unhealthy already, and the rest are counted
+XID_SUMMARY_INTERVAL = 60.0  # seconds between two summaries of the same repeated XID event
 GPU_NODE_PREFIXES = ("iluvatar", "itrctl")  # /dev entries whose coming and going means rediscover
 
 
@@ -89,6 +94,7 @@ class HardwareMonitor:
         self._last_good_poll = time.monotonic()
         self._health_errors = OncePerError(log)
         self._discovery_errors = OncePerError(log)
+        self.xid_log = Repeats(log, XID_SUMMARY_INTERVAL)
 
     # ---- what the front ends use ------------------------------------------------------------
 
@@ -164,6 +170,7 @@ class HardwareMonitor:
         next_discovery = time.monotonic() + settings.rediscover_interval
         while True:
             request = await self._next_request(min(next_poll, next_discovery))
+            self.xid_log.flush()
             now = time.monotonic()
             if isinstance(request, XidEvent):
                 self._take_xid(request)
@@ -260,19 +267,30 @@ class HardwareMonitor:
         self._on_xid(event.xid)
         chip = next((chip for chip in self.view.inventory.chips() if chip.uuid == event.uuid), None)
         if chip is None:
-            log.info("XID %d on %s, a chip not served now; ignored", event.xid, event.uuid)
+            self.xid_log.log(logging.INFO, "XID %d on %s, a chip not served now; ignored", event.xid, event.uuid[:80])
             return
         if xid_ignored(event.xid, self.ignored):
-            log.info(
-                "XID %d on %s ignored (an application XID, or listed in IX_DISABLE_HEALTHCHECKS)", event.xid, chip.uuid
+            self.xid_log.log(
+                logging.INFO,
+                "XID %d on %s ignored (an application XID, or listed in IX_DISABLE_HEALTHCHECKS)",
+                event.xid,
+                chip.uuid,
             )
             return
-        status = chip.status.with_xids(frozenset({event.xid}))
-        if status == chip.status:
+        if event.xid in chip.status.xids:
             return  # the same XID again: the chip is Unhealthy already
+        if len(chip.status.xids) >= MAX_XIDS:
+            self.xid_log.log(
+                logging.WARNING,
+                "more XIDs on %s: it is Unhealthy with %d XIDs kept already; the others are counted, not kept",
+                chip.uuid,
+                MAX_XIDS,
+            )
+            return
         log.warning(
             "XID %d on %s: a critical error; the chip is Unhealthy until the plugin restarts", event.xid, chip.uuid
         )
+        status = chip.status.with_xids(frozenset({event.xid}))
         self._publish(self.view.inventory.with_statuses({chip.uuid: status}), self.view.discovered)
 
     def _publish(self, inventory: Inventory, discovered: bool) -> None:

@@ -110,13 +110,17 @@ class FileLock:
 
 
 def _open(path: Path) -> int:
-    """The lock file's descriptor; LockError naming the path when it cannot be one."""
+    """The lock file's descriptor, made when missing and never through a symlink; LockError saying what is wrong
+    with it."""
     try:
         descriptor = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK, 0o600)
+    except IsADirectoryError:
+        raise LockError(f"the lock file {path} is a directory; remove it (the driver makes a file there)") from None
     except OSError as error:
-        why = "a symbolic link, not a lock file" if error.errno == errno.ELOOP else reason(error)
-        raise LockError(f"cannot open the lock {path}: {why}") from None
+        if error.errno == errno.ELOOP:
+            raise LockError(f"the lock file {path} is a symbolic link; not followed: remove it") from None
+        raise LockError(f"cannot open the lock file {path}: {reason(error)}") from None
     if not stat.S_ISREG(os.fstat(descriptor).st_mode):
         os.close(descriptor)
-        raise LockError(f"cannot open the lock {path}: not a regular file")
+        raise LockError(f"the lock file {path} is not a regular file; remove it (the driver makes a file there)")
     return descriptor

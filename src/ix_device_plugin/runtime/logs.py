@@ -70,3 +70,72 @@ class OncePerError:
         if self.last and message:
             self._logger.info(message, *args)
         self.last = ""
+
+
+class Repeats:
+    """Logs an event's message the first time, then counts its repeats: one summary line (how many, the last at
+    what time) per interval instead of one line each. At most `kinds` distinct messages are followed at a time;
+    past that, new ones are counted together, so that a storm of distinct events stays a few lines too.
+    """
+
+    def __init__(self, logger: logging.Logger, interval: float = 60.0, kinds: int = 64) -> None:
+        self._logger = logger
+        self.interval = interval
+        self.kinds = kinds
+        self._tallies: dict[str, _Tally] = {}
+        self._overflow = _Tally(logging.INFO, 0.0)
+
+    def log(self, level: int, message: str, *args: object) -> None:
+        """Log message % args if it is new, else count it; summaries that are due are logged first."""
+        self.flush()
+        text = message % args if args else message
+        tally = self._tallies.get(text)
+        if tally is None and len(self._tallies) < self.kinds:
+            self._tallies[text] = _Tally(level, time.monotonic())
+            self._logger.log(level, "%s", text)
+            return
+        counted = tally if tally is not None else self._overflow
+        if counted is self._overflow and not counted.count:
+            counted.since = time.monotonic()
+        counted.count += 1
+        counted.level = max(counted.level, level)
+        counted.last = time.time()
+
+    def flush(self, force: bool = False) -> None:
+        """Log the summaries due (every one when force); forget the messages quiet for a whole interval."""
+        now = time.monotonic()
+        for text, tally in list(self._tallies.items()):
+            if not force and now - tally.since < self.interval:
+                continue
+            if tally.count:
+                elapsed, last = now - tally.since, _clock(tally.last)
+                self._logger.log(
+                    tally.level, "%s (%d more times in %.0fs, the last at %s)", text, tally.count, elapsed, last
+                )
+                tally.count, tally.since = 0, now
+            else:
+                del self._tallies[text]
+        overflow = self._overflow
+        if overflow.count and (force or now - overflow.since >= self.interval):
+            self._logger.log(
+                overflow.level,
+                "%d more events of other kinds in %.0fs, not logged one by one (the last at %s)",
+                overflow.count,
+                now - overflow.since,
+                _clock(overflow.last),
+            )
+            overflow.count, overflow.since = 0, now
+
+
+class _Tally:
+    """Repeats of one message since a time."""
+
+    def __init__(self, level: int, since: float) -> None:
+        self.level = level
+        self.since = since
+        self.count = 0
+        self.last = 0.0
+
+
+def _clock(wall: float) -> str:
+    return time.strftime("%H:%M:%S", time.localtime(wall)) + f".{int(wall * 1000) % 1000:03d}"

@@ -35,8 +35,11 @@ class Command:
 
     mode: str  # a mode of the settings table, or check-config
     flags: dict[str, str | None] = field(default_factory=dict)  # setting name -> text given (None: not given)
+    # setting name -> (text, the flag as spelled) for the flags given in Iluvatar's plugin 4.4.0's spelling
+    upstream: dict[str, tuple[str, str]] = field(default_factory=dict)
     output: str | None = None  # list, demo: text or json; cdi generate: the file to write
     path: str | None = None  # check-config: the file to check
+    strict: bool = False  # check-config --strict
 
 
 def parse_command_line(argv: Sequence[str], version: str) -> Command:
@@ -52,10 +55,19 @@ def parse_command_line(argv: Sequence[str], version: str) -> Command:
     if extras:
         command_parser.error(_refusal(mode, extras))
     for setting in SETTINGS:  # `list` takes the flags of `list --dra` too, and the other way round
+        upstream = getattr(namespace, _upstream_dest(setting), None)
+        if upstream is not None and not setting.used_by(mode):
+            command_parser.error(_not_used(mode, setting, upstream[1]))
         if getattr(namespace, setting.name, None) is not None and not setting.used_by(mode):
             command_parser.error(_not_used(mode, setting))
     flags = {setting.name: getattr(namespace, setting.name, None) for setting in settings_of(mode) if setting.flag}
-    return Command(mode, flags, getattr(namespace, "output", None), getattr(namespace, "path", None))
+    upstream_flags = {
+        setting.name: given
+        for setting in settings_of(mode)
+        if (given := getattr(namespace, _upstream_dest(setting), None)) is not None
+    }
+    output, path, strict = (getattr(namespace, name, None) for name in ("output", "path", "strict"))
+    return Command(mode, flags, upstream_flags, output, path, bool(strict))
 
 
 def _mode(namespace: argparse.Namespace) -> str:
@@ -68,14 +80,15 @@ def _mode(namespace: argparse.Namespace) -> str:
 
 def _refusal(mode: str, extras: Sequence[str]) -> str:
     for token in extras:
-        setting = BY_FLAG.get(token.split("=", 1)[0])
+        spelled = token.split("=", 1)[0]
+        setting = BY_FLAG.get(spelled)
         if setting is not None:
-            return _not_used(mode, setting)
+            return _not_used(mode, setting, spelled)
     return f"unrecognized arguments: {' '.join(extras)}"
 
 
-def _not_used(mode: str, setting: Setting) -> str:
-    return f"{mode} does not use {setting.flag} ({setting.owner(mode)})"
+def _not_used(mode: str, setting: Setting, spelled: str | None = None) -> str:
+    return f"{mode} does not use {spelled or setting.flag} ({setting.owner(mode)})"
 
 
 def build_parser(version: str) -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
@@ -110,6 +123,12 @@ def build_parser(version: str) -> tuple[argparse.ArgumentParser, dict[str, argpa
     _add_settings(dra, settings_of(DRA))
     check = sub.add_parser(CHECK_CONFIG, help="validate a config file; exit 0 when valid, 1 otherwise")
     check.add_argument("path", metavar="PATH")
+    check.add_argument(
+        "--strict",
+        action="store_true",
+        help="also refuse what Iluvatar's plugin 4.4.0 accepts and the plugin reads with a warning (unknown keys, "
+        "sharing.mps, an empty file, keys in other letter case or given twice)",
+    )
     modes = {RUN: run, LIST: lister, LIST_DRA: lister, DEMO: demo, CDI_GENERATE: generate, DRA: dra}
     return parser, {**modes, CHECK_CONFIG: check}
 
@@ -126,7 +145,9 @@ def _add_settings(parser: argparse.ArgumentParser, settings: Iterable[Setting], 
     if config:
         group = parser.add_argument_group("configuration (flag > environment variable > config file > default)")
         for setting in config:
-            _add_flag(group, setting, f"{setting.help} (file {setting.key}, env {setting.env})")
+            _add_flag(
+                group, setting, f"{setting.help} (file {setting.key}, env {setting.env}{_upstream_help(setting)})"
+            )
 
 
 def _add_flag(group: Any, setting: Setting, help_text: str) -> None:
@@ -134,6 +155,35 @@ def _add_flag(group: Any, setting: Setting, help_text: str) -> None:
     if setting.boolean:
         kwargs.update(nargs="?", const="true")
     group.add_argument(setting.flag, **kwargs)
+    if setting.upstream_flags:
+        group.add_argument(
+            *setting.upstream_flags,
+            dest=_upstream_dest(setting),
+            default=None,
+            nargs="?",
+            const="true",
+            action=_Spelled,
+            help=argparse.SUPPRESS,
+        )
+
+
+def _upstream_dest(setting: Setting) -> str:
+    return f"upstream_{setting.name}"
+
+
+def _upstream_help(setting: Setting) -> str:
+    """Where the help names the spellings of Iluvatar's plugin 4.4.0 that are read too."""
+    names = [name for name in (*setting.upstream_flags, setting.upstream_env) if name]
+    return f"; also 4.4.0's {', '.join(names)}" if names else ""
+
+
+class _Spelled(argparse.Action):
+    """Keeps the value with the flag as it was spelled (`-usevolcano` or `--usevolcano`), for messages."""
+
+    def __call__(
+        self, parser: Any, namespace: argparse.Namespace, values: Any, option_string: str | None = None
+    ) -> None:
+        setattr(namespace, self.dest, (values, option_string or self.option_strings[0]))
 
 
 def _env_only(mode: str) -> str | None:

@@ -114,6 +114,14 @@ def _plain(node: yaml.Node) -> Any:
     return scalar_value(node)
 
 
+def kind_of(value: Any) -> str:
+    """What a decoded value is, for messages: an object, a list, a string, a number, a boolean or null."""
+    if value is None:
+        return "null"
+    names = {dict: "an object", list: "a list", str: "a string", bool: "a boolean", int: "a number", float: "a number"}
+    return names.get(type(value), type(value).__name__)
+
+
 def _check_shape(document: Any, limits: Limits) -> None:
     """Refuse a document deeper than limits.max_depth or with more than limits.max_values values."""
     stack: list[tuple[Any, int]] = [(document, 1)]

@@ -1,5 +1,9 @@
 """The one precedence: command-line flag > environment variable > config file > default.
 
+Three settings are also read under the names of Iluvatar's plugin 4.4.0 (`--usevolcano`, `SPLIT_BOARD`, ...),
+with its meaning: a flag in either spelling beats a variable in either; where both spellings of one kind are
+given, ours wins and a differing value is reported once (`Resolved.conflicts`).
+
 Flags and variables are resolved once, at start (`resolve`); the file is read at start and again on
 every change, so the ix-config settings given as flags or variables (`Resolved.given`) are laid over
 each reading of it (`config_from`). Every problem is one line naming the flag, variable or file line.
@@ -7,6 +11,7 @@ each reading of it (`config_from`). Every problem is one line naming the flag, v
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -30,6 +35,7 @@ class Resolved:
     values: Mapping[str, Any]
     sources: Mapping[str, str]  # "default", "env <NAME>" or "flag <--name>"
     unused_env: tuple[str, ...] = ()  # set variables of settings the mode does not use
+    conflicts: tuple[str, ...] = ()  # a setting given in our spelling and 4.4.0's with different values
 
     def __getitem__(self, name: str) -> Any:
         return self.values[name]
@@ -56,41 +62,102 @@ class Resolved:
 
 
 BY_ENV = {setting.env: setting for setting in SETTINGS if setting.env is not None}
+BY_ENV.update({setting.upstream_env: setting for setting in SETTINGS if setting.upstream_env is not None})
+Picked = tuple[Any, str]  # a value and where it came from
 
 
-def resolve(mode: str, flags: Mapping[str, str | None], env: Mapping[str, str]) -> Resolved:
-    """The settings of mode from flags (by setting name; None: not given) over env over defaults.
+def resolve(
+    mode: str,
+    flags: Mapping[str, str | None],
+    env: Mapping[str, str],
+    upstream: Mapping[str, tuple[str, str]] | None = None,
+) -> Resolved:
+    """The settings of mode from flags (by setting name; None: not given) over env over defaults; upstream:
+    the flags given in 4.4.0's spelling (setting name -> (text, flag as spelled)).
 
     A variable of a setting the mode does not use is listed in `unused_env`, not parsed. Raises
     SettingsError with one line per bad flag or variable, naming it and the value given.
     """
+    upstream = upstream or {}
     resolved: dict[str, Any] = {}
     sources: dict[str, str] = {}
     unused: list[str] = []
+    conflicts: list[str] = []
     errors: list[str] = []
     for setting in SETTINGS:
         if not setting.used_by(mode):
-            if flags.get(setting.name) is not None:
+            if flags.get(setting.name) is not None or setting.name in upstream:
                 errors.append(f"{mode} does not use {setting.flag} ({setting.owner(mode)})")
-            if setting.env and env.get(setting.env, "") != "" and setting.env not in AMBIENT_ENV:
-                unused.append(setting.env)
+            for name in (setting.env, setting.upstream_env):
+                if name and env.get(name, "") != "" and name not in AMBIENT_ENV:
+                    unused.append(name)
             continue
         try:
-            resolved[setting.name], sources[setting.name] = _pick(setting, flags.get(setting.name), env)
+            resolved[setting.name], sources[setting.name] = _pick(
+                setting, flags.get(setting.name), upstream, env, conflicts
+            )
         except SettingsError as error:
             errors.extend(error.messages)
     if errors:
         raise SettingsError(errors)
-    return Resolved(mode, resolved, sources, tuple(unused))
+    return Resolved(mode, resolved, sources, tuple(unused), tuple(conflicts))
 
 
-def _pick(setting: Setting, flag: str | None, env: Mapping[str, str]) -> tuple[Any, str]:
-    if flag is not None:
-        return _parsed(setting, flag, f"flag {setting.flag}", f"flag {setting.flag}")
-    raw = env.get(setting.env, "") if setting.env else ""
-    if raw != "":
-        return _parsed(setting, raw, f"env {setting.env}", f"environment variable {setting.env}")
+Raw = tuple[str, str, str]  # text given, source ("env NAME", "flag --name"), how a message names it
+
+
+def _pick(
+    setting: Setting,
+    flag: str | None,
+    upstream: Mapping[str, tuple[str, str]],
+    env: Mapping[str, str],
+    conflicts: list[str],
+) -> Picked:
+    """Flag over variable; of one kind, our spelling over 4.4.0's, a differing value noted in conflicts.
+    Only what is used is parsed (a bad variable under a flag is not an error)."""
+    for mine, theirs in _candidates(setting, flag, upstream, env):
+        given = mine if mine is not None else theirs
+        if given is None:
+            continue
+        chosen = _parsed(setting, *given)
+        if mine is not None and theirs is not None:
+            with contextlib.suppress(SettingsError):
+                if (other := _parsed(setting, *theirs))[0] != chosen[0]:
+                    conflicts.append(
+                        f"{_given(chosen)} and {_given(other)} (Iluvatar's plugin 4.4.0's name) differ: "
+                        f"using {chosen[1].split(' ', 1)[1]}"
+                    )
+        return chosen
     return setting.default, DEFAULT
+
+
+def _candidates(
+    setting: Setting, flag: str | None, upstream: Mapping[str, tuple[str, str]], env: Mapping[str, str]
+) -> list[tuple[Raw | None, Raw | None]]:
+    """(ours, 4.4.0's) for the flag, then for the variable; None where not given.
+
+    4.4.0's variable is read as its command line reads it (urfave/cli's BoolFlag.Apply): set but empty means
+    false, and counts as given (it beats the config file). Ours set but empty is not given.
+    """
+    our_flag = None if flag is None else (flag, f"flag {setting.flag}", f"flag {setting.flag}")
+    their_flag = None
+    if setting.name in upstream:
+        text, spelled = upstream[setting.name]
+        their_flag = (text, f"flag {spelled}", f"flag {spelled}")
+    raw = env.get(setting.env, "") if setting.env else ""
+    our_env = None if raw == "" else (raw, f"env {setting.env}", f"environment variable {setting.env}")
+    name = setting.upstream_env
+    their_env = None
+    if name is not None and name in env:
+        their_env = (env[name] or "false", f"env {name}", f"environment variable {name}")
+    return [(our_flag, their_flag), (our_env, their_env)]
+
+
+def _given(picked: Picked) -> str:
+    """`NAME=value` for where a value came from (`env NAME` or `flag --name`)."""
+    value, source = picked
+    shown = str(value).lower() if isinstance(value, bool) else str(value)
+    return f"{source.split(' ', 1)[1]}={shown}"
 
 
 def _parsed(setting: Setting, raw: str, source: str, named: str) -> tuple[Any, str]:
@@ -135,9 +202,13 @@ def _conflicts(chosen: Mapping[str, Any], sources: Mapping[str, str]) -> list[st
 
     problems = []
     if chosen["reset_gpu"] and chosen["replicas"] > 0:
-        problems.append(
-            f"{named('reset_gpu')} cannot be combined with {named('replicas')} = {chosen['replicas']}: "
+        why = (
             "a shared GPU cannot be reset under the containers that share it"
+            if chosen["replicas"] >= 2
+            else "Iluvatar's plugin 4.4.0 refuses reset_gpu with any replicas too; 0 gives the same GPUs unshared"
+        )
+        problems.append(
+            f"{named('reset_gpu')} cannot be combined with {named('replicas')} = {chosen['replicas']}: {why}"
         )
     if chosen["replicas"] >= 2 and chosen["rename_by_default"]:
         advertised = f"{chosen['resource_name']}.shared"

@@ -45,6 +45,10 @@ class Setting:
     metavar: str
     help: str
     modes: frozenset[str]
+    # The spellings of Iluvatar's plugin 4.4.0 (cmd/main.go), read beside ours with 4.4.0's meaning: its
+    # command-line flags (Go's flag package takes `-name` and `--name`) and its environment variable.
+    upstream_flags: tuple[str, ...] = ()
+    upstream_env: str | None = None
 
     @property
     def boolean(self) -> bool:
@@ -76,9 +80,9 @@ EVERY_MODE = frozenset(MODES)
 
 def _setting(
     name: str, flag: str | None, env: str | None, default: Any, parse: v.Parser, metavar: str, help: str,
-    modes: Iterable[str], key: str | None = None,
+    modes: Iterable[str], key: str | None = None, upstream: tuple[str, ...] = (), upstream_env: str | None = None,
 ) -> Setting:  # fmt: skip
-    return Setting(name, flag, env, key, default, parse, metavar, help, frozenset(modes))
+    return Setting(name, flag, env, key, default, parse, metavar, help, frozenset(modes), upstream, upstream_env)
 
 
 SETTINGS: tuple[Setting, ...] = (
@@ -155,16 +159,17 @@ SETTINGS: tuple[Setting, ...] = (
              "extended resource name advertised to the kubelet", PLUGIN_CONFIG, "resourceName"),
     _setting("splitboard", "--splitboard", "IX_SPLITBOARD", False, v.parse_bool, "true|false",
              "advertise every chip of a multi-chip board (BI-V150) as its own GPU (dra: what one iluvatar.com/gpu is, "
-             "and which devices are shared)", (*PLUGIN_CONFIG, *DRA_MODES), "flags.splitboard"),
+             "and which devices are shared)", (*PLUGIN_CONFIG, *DRA_MODES), "flags.splitboard", ("-splitboard",),
+             "SPLIT_BOARD"),
     _setting("fail_on_init_error", "--fail-on-init-error", "IX_FAIL_ON_INIT_ERROR", True, v.parse_bool, "true|false",
              "exit when the GPU library cannot start; false advertises 0 GPUs and retries", (*PLUGIN_CONFIG, DRA),
              "flags.failOnInitError"),
     _setting("reset_gpu", "--reset-gpu", "IX_RESET_GPU", False, v.parse_bool, "true|false",
              "reset the chips (ixsmi -r) before a container gets them; needs NODE_NAME and API access",
-             PLUGIN_CONFIG, "flags.reset_gpu"),
+             PLUGIN_CONFIG, "flags.reset_gpu", ("--reset_gpu", "-reset_gpu"), "RESET_GPU"),
     _setting("use_volcano", "--use-volcano", "IX_USE_VOLCANO", False, v.parse_bool, "true|false",
              "Volcano scheduling mode: give each pod the devices the scheduler chose; needs NODE_NAME and API access",
-             PLUGIN_CONFIG, "flags.usevolcano"),
+             PLUGIN_CONFIG, "flags.usevolcano", ("--usevolcano", "-usevolcano"), "USE_VOLCANO"),
     _setting("device_list_strategy", "--device-list-strategy", "IX_DEVICE_LIST_STRATEGY",
              DEFAULT_DEVICE_LIST_STRATEGY, strategy_setting, "LIST",
              "how Allocate names devices: device-specs, cdi-cri, cdi-annotations (a list, comma-joined as a flag)",
@@ -182,6 +187,7 @@ SETTINGS: tuple[Setting, ...] = (
 BY_NAME = {setting.name: setting for setting in SETTINGS}
 BY_KEY = {setting.key: setting for setting in SETTINGS if setting.key is not None}
 BY_FLAG = {setting.flag: setting for setting in SETTINGS if setting.flag is not None}
+BY_FLAG.update({flag: setting for setting in SETTINGS for flag in setting.upstream_flags})
 FILE_SETTINGS = tuple(setting for setting in SETTINGS if setting.key is not None)
 
 

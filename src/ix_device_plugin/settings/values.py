@@ -14,8 +14,9 @@ Parser = Callable[[Any, bool], Any]
 
 MIN_INTERVAL, MAX_INTERVAL = 0.1, 3600.0
 MAX_REPLICAS = 1024
-_TRUE = frozenset({"true", "yes", "on", "1"})
-_FALSE = frozenset({"false", "no", "off", "0"})
+# Go's strconv.ParseBool (Iluvatar's plugin reads its flags and variables with it) takes t and f too.
+_TRUE = frozenset({"true", "yes", "on", "1", "t"})
+_FALSE = frozenset({"false", "no", "off", "0", "f"})
 _RESOURCE_NAME = re.compile(
     r"^(?=.{1,253}/)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*"
     r"/[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$"
@@ -23,7 +24,7 @@ _RESOURCE_NAME = re.compile(
 
 
 def parse_bool(value: Any, from_text: bool = True) -> bool:
-    """true/false; as text also yes/no, on/off, 1/0 (any case)."""
+    """true/false; as text also yes/no, on/off, 1/0, t/f (any case)."""
     if isinstance(value, bool):
         return value
     if from_text and isinstance(value, str) and value.strip().lower() in _TRUE | _FALSE:
@@ -99,7 +100,10 @@ def address(value: Any, from_text: bool = True) -> str:
 
 
 def replicas(value: Any, from_text: bool) -> int:
-    """Time-slicing replicas per GPU: 0 to MAX_REPLICAS."""
+    """Time-slicing replicas per GPU: 0 to MAX_REPLICAS; in a file also a whole number written as a float (2.0),
+    which Iluvatar's plugin 4.4.0 takes (its YAML goes through JSON, where 2.0 is 2)."""
+    if not from_text and isinstance(value, float) and value.is_integer():
+        value = int(value)
     if from_text and isinstance(value, str):
         digits = value.strip()
         if digits.lstrip("-").isascii() and digits.lstrip("-").isdigit() and len(digits) <= 12:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from typing import Any
 
 from ix_device_plugin.dra.checkpoint import CHECKPOINT_FILE, CheckpointError, read_checkpoint
@@ -23,7 +24,11 @@ def dra_list_command(options: DraOptions, output: str | None) -> int:
         config, _ = load_config(options.base)
         inventory = discover_once(options.base)
         checkpoint = read_checkpoint(plugin_dir(options.plugins_dir) / CHECKPOINT_FILE)
-    except (BackendError, CheckpointError, SettingsError) as error:
+    except CheckpointError as error:
+        print_error(options.base, error)
+        print("hint: the DRA driver rebuilds it from the claims' CDI specs at its next start", file=sys.stderr)
+        return 1
+    except (BackendError, SettingsError) as error:
         return print_error(options.base, error)
     claims = dict(checkpoint.claims) if checkpoint else {}
     policy = SlicePolicy(config.splitboard, config.replicas)
@@ -48,17 +53,20 @@ def dra_list_command(options: DraOptions, output: str | None) -> int:
     print(f"Prepared claims ({len(claims)}):")
     for uid, claim in sorted(claims.items()):
         devices = ", ".join(_held(device) for device in claim.devices)
-        print(f"  {claim.ref.namespace}/{claim.ref.name} ({uid}): {devices}")
+        pending = " (GPU reset pending)" if claim.reset_pending else ""
+        print(f"  {_name(claim)} ({uid}): {devices}{pending}")
     return 0
 
 
 def _claim_report(claim: PreparedClaim) -> dict[str, Any]:
     """The claim, its device names, and how it holds each (`held`: type, chips, share, config)."""
     report: dict[str, Any] = {
-        "claim": f"{claim.ref.namespace}/{claim.ref.name}",
+        "claim": _name(claim),
         "devices": [device.device for device in claim.devices],
         "held": [],
     }
+    if claim.reset_pending:
+        report["resetPending"] = True
     for device in claim.devices:
         entry: dict[str, Any] = {"device": device.device, "type": device.kind, "chips": list(device.chip_uuids)}
         if device.share_id:
@@ -69,6 +77,11 @@ def _claim_report(claim: PreparedClaim) -> dict[str, Any]:
             entry["config"] = device.config.describe()
         report["held"].append(entry)
     return report
+
+
+def _name(claim: PreparedClaim) -> str:
+    """namespace/name, or `unnamed` for a claim rebuilt from its CDI spec (not prepared again since)."""
+    return f"{claim.ref.namespace}/{claim.ref.name}" if claim.ref.name else "unnamed"
 
 
 def _device_line(device: dict[str, Any]) -> str:
@@ -100,7 +113,7 @@ def _holders(claims: dict[str, PreparedClaim], chip_names: dict[str, str]) -> di
     shares: dict[str, list[str]] = {}
     for claim in claims.values():
         for device in claim.devices:
-            who = f"{claim.ref.namespace}/{claim.ref.name}"
+            who = _name(claim)
             if device.share_id:
                 shares.setdefault(device.device, []).append(f"{who} ({device.shares})")
             elif not device.admin:

@@ -337,7 +337,8 @@ async def test_a_start_gives_up_on_a_held_serialize_lock_after_its_deadline_with
         await driver.shutdown()
         letting_go.join()
     assert str(raised.value) == (
-        f"cannot start: {node.root / 'plugins' / DRIVER / LOCK_FILE} is held by another process for more than 1.5s "
+        f"cannot restore the prepared claims: {node.root / 'plugins' / DRIVER / LOCK_FILE} is held by another "
+        "process for more than 1.5s "
         "(prepared claims): another pod of the driver on this node wedged?"
     )
     assert "waiting for" in caplog.text and "giving up after 1.5s" in caplog.text

@@ -13,7 +13,7 @@ from ix_device_plugin.cli import main
 from ix_device_plugin.core.inventory import Inventory
 from ix_device_plugin.dra.checkpoint import checkpoint_text, parse_checkpoint
 from ix_device_plugin.dra.claims import NodeView, prepare
-from ix_device_plugin.dra.claimspec import claim_from_spec
+from ix_device_plugin.dra.claimspec import SpecError, claim_from_spec
 from ix_device_plugin.dra.claimstatus import device_entries
 from ix_device_plugin.dra.config import GpuConfig
 from ix_device_plugin.dra.prepared import ClaimError, ClaimRef, PreparedClaim
@@ -191,7 +191,8 @@ def test_a_claim_is_rebuilt_from_its_spec_with_its_boards_and_shares() -> None:
     board = prepared("b", "board-0")
     (device,) = claim_from_spec("b", board.spec, POOL).devices  # type: ignore[union-attr]
     assert (device.kind, device.chip_uuids) == ("board", board.devices[0].chip_uuids)
-    assert claim_from_spec("other", board.spec, POOL) is None
+    with pytest.raises(SpecError, match=r"devices\[0\]\.name: expected other-<device>, got 'b-board-0'"):
+        claim_from_spec("other", board.spec, POOL)
 
 
 def test_the_claim_status_names_a_boards_chips_and_a_shares_id_and_slots() -> None:

@@ -179,7 +179,7 @@ def test_the_checkpoint_round_trips_and_refuses_what_it_cannot_read() -> None:
         parse_checkpoint(json.dumps({"version": 0}), "cp")
     broken = json.loads(text)
     del broken["claims"][REF.uid]["devices"][0]["uuid"]
-    with pytest.raises(CheckpointError, match=r"cp: claims\.uid-1: malformed entry"):
+    with pytest.raises(CheckpointError, match=r"cp: claims\.uid-1\.devices\[0\]\.uuid: missing"):
         parse_checkpoint(json.dumps(broken), "cp")
 
 

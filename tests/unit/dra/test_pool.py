@@ -11,8 +11,10 @@ from ix_device_plugin.core.inventory import Board, Chip, Inventory
 from ix_device_plugin.dra.pool import (
     MAX_DEVICES,
     MAX_DEVICES_WITH_TAINTS_OR_COUNTERS,
+    owned_slice,
     pool_objects,
     quantity,
+    same_owner,
     same_spec,
     slice_base_name,
     slice_names,
@@ -107,4 +109,28 @@ def test_the_publisher_says_a_slice_is_missing_and_asks_to_publish_again() -> No
     assert publisher.missing() == [] and publisher._generation == asked  # as published: nothing to do
     publisher.seen({})
     assert publisher.missing() == [published[0]["metadata"]["name"]] and publisher._generation == asked + 1
-    assert stored_slice(published[0]).ours and not stored_slice({"spec": {"driver": "x"}}).ours
+    assert stored_slice(published[0], "node-a").ours and not stored_slice({"spec": {"driver": "x"}}, "node-a").ours
+
+
+def test_a_pool_slice_is_found_by_label_or_by_driver_node_pool_and_name() -> None:
+    first, second = pool_objects("node-a", devices(1), 1, "uid-1", [{"name": "board-0", "counters": {}}])
+    assert owned_slice(first, "node-a") and owned_slice(second, "node-a")
+    unlabelled = {**first, "metadata": {"name": first["metadata"]["name"]}}
+    assert owned_slice(unlabelled, "node-a")  # its label removed by another writer: still the pool's
+    assert not owned_slice(unlabelled, "node-b")
+    renamed = {**unlabelled, "metadata": {"name": "node-a-gpu.iluvatar.com-x"}}
+    assert owned_slice(renamed, "node-a")  # not a name the pool gives, but in its pool
+    repooled = {**unlabelled, "spec": {**first["spec"], "pool": {"name": "elsewhere"}}}
+    assert owned_slice(repooled, "node-a")  # another pool, but one of the pool's names
+    assert not owned_slice({**repooled, "metadata": renamed["metadata"]}, "node-a")  # neither, and no label
+    assert not owned_slice({**first, "spec": {**first["spec"], "driver": "net.example.com"}}, "node-a")
+
+
+def test_owner_references_are_compared_exactly() -> None:
+    (owned,) = pool_objects("node-a", devices(1), 1, "uid-2")
+    (ownerless,) = pool_objects("node-a", devices(1), 1, None)
+    (old,) = pool_objects("node-a", devices(1), 1, "uid-1")
+    assert same_owner(owned, owned) and same_owner(ownerless, ownerless)
+    assert not same_owner(owned, old)  # the Node was re-created: the reference follows
+    assert not same_owner(owned, ownerless)  # the Node appeared
+    assert not same_owner(ownerless, old)  # the Node is gone: a reference to it would have the slice deleted

@@ -230,6 +230,37 @@ def test_not_supported_answers_mean_no_boards_and_no_health(config, backend_for,
     assert sum("health checks are unavailable" in r.getMessage() for r in warnings_logged) == 1
 
 
+def on_every_device(text: str, keys: str) -> str:
+    return "\n".join(f"{line} {keys}" if line.startswith("device ") else line for line in text.splitlines())
+
+
+def test_health_not_supported_on_every_chip_leaves_the_node_usable(config, backend_for, dev_root, warnings_logged):
+    # Iluvatar's 4.4.0 marks every chip Unhealthy here (pkg/dpm/device.go checkHealth: any error from
+    # DeviceGetHealth), so the node offers no GPU; ours counts a chip healthy while its other calls and its
+    # device node work (README, "The IXML backend"), and says once that health is unmonitored.
+    path = config(on_every_device(TWO_BI_V150, "unsupported=health"))
+    backend = backend_for()
+
+    inventory = backend.discover()
+    statuses = [backend.health(inventory) for _ in range(2)]
+
+    assert all(board.membership_known for board in inventory.boards)
+    assert all(status == ChipStatus() for status in inventory.statuses().values())
+    assert all(status == ChipStatus() for polled in statuses for status in polled.values())
+    assert [device.healthy for device in plan(inventory, Config()).devices] == [True, True]
+    assert [device.healthy for device in plan(inventory, Config(splitboard=True)).devices] == [True] * 4
+    assert sum("health checks are unavailable" in r.getMessage() for r in warnings_logged) == 1
+
+    # What still turns a chip Unhealthy: a call that fails, a device node that vanishes.
+    path.write_text(on_every_device(TWO_BI_V150, "unsupported=health").replace("minor=0 ", "minor=0 fail=memory "))
+    (dev_root / "dev" / "iluvatar3").unlink()
+    polled = inventory.with_statuses(backend.health(inventory))
+
+    assert polled.statuses()["GPU-b0-c0"].problems == ("nvmlDeviceGetMemoryInfo failed: Unknown Error",)
+    assert polled.statuses()["GPU-b1-c1"].problems == ("device node /dev/iluvatar3 missing",)
+    assert [device.healthy for device in plan(polled, Config()).devices] == [False, False]
+
+
 def test_same_board_not_supported_keeps_every_chip_alone(config, backend_for):
     config(TWO_BI_V150.replace("minor=3 ", "minor=3 unsupported=same_board "))
 

@@ -38,16 +38,16 @@ def test_a_lock_file_removed_or_replaced_is_no_longer_held_and_the_new_file_is_t
 @pytest.mark.parametrize(
     ("make", "why"),
     [
-        (lambda path: path.mkdir(), "Is a directory"),
-        (lambda path: path.symlink_to(path.parent / "elsewhere"), "a symbolic link, not a lock file"),
-        (lambda path: os.mkfifo(path), "not a regular file"),
+        (lambda path: path.mkdir(), "is a directory; remove it"),
+        (lambda path: path.symlink_to(path.parent / "elsewhere"), "is a symbolic link; not followed: remove it"),
+        (lambda path: os.mkfifo(path), "is not a regular file; remove it"),
     ],
     ids=["directory", "symlink", "fifo"],
 )
 def test_a_lock_file_that_cannot_be_one_is_a_named_error(tmp_path: Path, make, why: str) -> None:  # type: ignore[no-untyped-def]
     path = tmp_path / "x.lock"
     make(path)
-    with pytest.raises(LockError, match=f"cannot open the lock {path}: {why}"):
+    with pytest.raises(LockError, match=f"the lock file {path} {why}"):
         FileLock(path).try_take()
     assert not (tmp_path / "elsewhere").exists()
 

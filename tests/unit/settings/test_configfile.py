@@ -18,9 +18,9 @@ ORIGIN = "/ixconfig/ix-config"
 SEED = "flags:\n  splitboard: false\nsharing:\n  timeSlicing:\n    replicas: 4\n"
 
 
-def errors_of(text: str) -> list[str]:
+def errors_of(text: str, strict: bool = False) -> list[str]:
     with pytest.raises(SettingsError) as caught:
-        parse_text(text, ORIGIN)
+        parse_text(text, ORIGIN, strict=strict)
     return caught.value.messages
 
 
@@ -58,12 +58,6 @@ def test_every_key() -> None:
 @pytest.mark.parametrize(
     ("text", "message"),
     [
-        ("flags:\n  splitbord: true\n", f"{ORIGIN}: line 2: flags.splitbord: unknown key; did you mean 'splitboard'?"),
-        (
-            "sharing:\n  timeslicing:\n    replicas: 2\n",
-            "sharing.timeslicing: unknown key; did you mean 'timeSlicing'?",
-        ),
-        ("flag:\n  splitboard: true\n", "line 1: flag: unknown key; did you mean 'flags'?"),
         (
             "sharing:\n  timeSlicing:\n    replicas: four\n",
             f"{ORIGIN}: line 3: sharing.timeSlicing.replicas: expected a whole number >= 0, got 'four'",
@@ -78,8 +72,6 @@ def test_every_key() -> None:
         ("flags:\n  splitboard: [true]\n", "flags.splitboard: expected true or false, got a list"),
         ("flags: true\n", "line 1: flags: expected a mapping, got the value true"),
         ("- flags\n", "line 1: top level: expected a mapping, got a list"),
-        ("", f"{ORIGIN}: the file is empty"),
-        ("# only a comment\n", f"{ORIGIN}: the file is empty"),
         ("flags:\n  splitboard: true\n bad: [\n", f"{ORIGIN}: line 3, column"),
         ("flags: {splitboard: true", "invalid YAML"),
         ("resourceName: gpu\n", "resourceName: expected an extended resource name <domain>/<name>"),
@@ -92,8 +84,56 @@ def test_bad_input_messages(text: str, message: str) -> None:
     assert message in messages[0]
 
 
+@pytest.mark.parametrize(
+    ("text", "strict_error", "warning"),
+    [
+        (
+            "flags:\n  splitbord: true\n",
+            f"{ORIGIN}: line 2: flags.splitbord: unknown key; did you mean 'splitboard'?",
+            f"{ORIGIN}: line 2: flags.splitbord: unknown key, ignored; did you mean 'splitboard'?",
+        ),
+        (
+            "sharing:\n  timeSlicing:\n    replicaz: 2\n",
+            "line 3: sharing.timeSlicing.replicaz: unknown key; did you mean 'replicas'?",
+            "line 3: sharing.timeSlicing.replicaz: unknown key, ignored; did you mean 'replicas'?",
+        ),
+        ("flag:\n  splitboard: true\n", "line 1: flag: unknown key; did you mean 'flags'?", "flag: unknown key, ign"),
+        ("", f"{ORIGIN}: the file is empty: expected a mapping", f"{ORIGIN}: the file is empty: every setting takes"),
+        ("# only a comment\n", f"{ORIGIN}: the file is empty", f"{ORIGIN}: the file is empty: every setting"),
+        ("~\n", f"{ORIGIN}: the file is empty", f"{ORIGIN}: the file is empty: every setting"),
+        (
+            "flags:\n  splitBoard: true\n",
+            "line 2: flags.splitBoard: the key is spelled 'splitboard'",
+            "line 2: flags.splitBoard: read as flags.splitboard (keys match in any letter case",
+        ),
+        (
+            "sharing:\n  mps:\n    replicas: 2\n",
+            "line 2: sharing.mps: MPS sharing is not supported",
+            "line 2: sharing.mps: read but not acted on",
+        ),
+        (
+            "flags:\n  splitboard: true\n  splitboard: false\n",
+            "line 3: flags.splitboard: given 2 times (line 2 and 3)",
+            "line 3: flags.splitboard: given 2 times (line 2 and 3); as Iluvatar's plugin 4.4.0 reads it, the last one",
+        ),
+        (
+            "flags: {}\n---\nflags: {}\n",
+            "line 3: top level: a second YAML document: expected one YAML document",
+            "line 3: top level: a second YAML document: only the first document is read",
+        ),
+    ],
+)
+def test_what_iluvatars_plugin_accepts_is_a_warning_and_an_error_only_when_strict(
+    text: str, strict_error: str, warning: str
+) -> None:
+    (error,) = errors_of(text, strict=True)
+    assert strict_error in error
+    file = parse_text(text, ORIGIN)
+    assert any(warning in line for line in file.warnings), file.warnings
+
+
 def test_all_problems_are_reported_at_once() -> None:
-    messages = errors_of("flags:\n  splitbord: true\nsharing:\n  timeSlicing:\n    replicas: four\n")
+    messages = errors_of("flags:\n  splitbord: true\nsharing:\n  timeSlicing:\n    replicas: four\n", strict=True)
     assert [m.split(": ")[2] for m in messages] == ["flags.splitbord", "sharing.timeSlicing.replicas"]
 
 
@@ -136,9 +176,9 @@ def test_keys_of_settings_a_mode_does_not_use_are_listed_with_their_line_not_par
     file = parse_text(text, ORIGIN, mode=DRA)
     assert file.values == {"flags.failOnInitError": False}
     assert file.unused == ("flags.reset_gpu (line 3)", "sharing.timeSlicing.renameByDefault (line 6)")
-    assert errors_of("flags:\n  splitbord: true\n")  # an unknown key is an error in every mode
-    with pytest.raises(SettingsError, match="unknown key"):
-        parse_text("flags:\n  splitbord: true\n", ORIGIN, mode=DRA)
+    # an unknown key is a warning in every mode (an error with strict)
+    (warning,) = parse_text("flags:\n  splitbord: true\n", ORIGIN, mode=DRA).warnings
+    assert "flags.splitbord: unknown key, ignored" in warning
 
 
 def test_missing_file_is_named(tmp_path: Path) -> None:
@@ -157,10 +197,10 @@ def test_check_config_valid_and_invalid(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr
     assert f"{good}: valid" in result.stdout
     bad = tmp_path / "bad.yaml"
-    bad.write_text("flags:\n  splitbord: true\n")
+    bad.write_text("flags:\n  splitboard: maybe\n")
     result = run_cli("check-config", str(bad))
     assert result.returncode == 1
-    assert f"{bad}: line 2: flags.splitbord: unknown key; did you mean 'splitboard'?" in result.stderr
+    assert f"{bad}: line 2: flags.splitboard: expected true or false, got 'maybe'" in result.stderr
     result = run_cli("check-config", str(tmp_path / "absent.yaml"))
     assert result.returncode == 1
     assert "cannot read config file" in result.stderr

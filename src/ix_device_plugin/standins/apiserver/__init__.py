@@ -7,6 +7,10 @@ It answers the paths and semantics the plugin's features use, as kube-apiserver 
 - GET (one object or a list, with `fieldSelector` and `labelSelector`), POST (201, or 409 AlreadyExists),
   PUT (409 Conflict when `metadata.resourceVersion` is stale), PATCH (merge patch and strategic merge
   patch; lists are replaced whole, which is what strategic merge does for the fields used here), DELETE;
+  `dryRun=All` on POST and PUT (the object as it would be stored, nothing stored);
+- 422 Invalid with `details.causes` naming the fields, as kube-apiserver's validation answers;
+- the garbage collector, modelled simply (store.py): an object whose owners are all gone (no object of the
+  owner reference's kind, name and UID) is deleted shortly after the change that made it so;
 - `?watch=true` on a collection (or on `/api/v1/nodes/{name}`): chunked JSON lines
   `{"type": "ADDED|MODIFIED|DELETED|BOOKMARK|ERROR", "object": ...}` resuming after `resourceVersion`, an
   ERROR event with a 410 Expired status when that version is older than the history kept, `timeoutSeconds`;
@@ -18,7 +22,11 @@ Switches for tests: `unavailable` (every request answered 503), `delay` (seconds
 `compact()` (forget the history so old versions get 410), `watches_end` ("expired": every watch is answered
 410 Expired at once, as after a compaction; "at once": every watch ends at once, cleanly, with no event),
 `bodies` (a hostile server's answers, bodies.KINDS: every GET answered with a body that never ends, or that
-declares 300 MB and sends nothing, or that is gzip nobody asked for; every watch with an event that never ends).
+declares 300 MB and sends nothing, or that is gzip nobody asked for; every watch with an event that never ends),
+`device_taints`, `shared_counters`, `consumable_capacity` (False: those ResourceSlice fields dropped on write, as
+with their feature gates off), `counters_refused` (ResourceSlice writes holding shared counters answered 422
+naming those fields), `refuse_writes()` (the next writes of a kind answered 422 naming a field, as an admission
+webhook refusing for a while), `slow_down()` (the next matching request handled late), `garbage_collector`.
 `requests` records every request.
 `write_kubeconfig()` writes a kubeconfig pointing at it.
 """

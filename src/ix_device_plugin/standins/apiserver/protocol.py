@@ -94,6 +94,21 @@ def status_object(code: int, reason: str, message: str, details: Mapping[str, An
     return status
 
 
+def invalid(kind: Kind, name: str, causes: list[tuple[str, str, str]]) -> StatusError:
+    """The 422 kube-apiserver answers for an object its validation refuses; causes are (field, reason, message),
+    the message saying each as `<field>: <message>`."""
+    said = [f"{field}: {message}" for field, _, message in causes]
+    group = f".{kind.group}" if kind.group else ""
+    text = f'{kind.kind}{group} "{name}" is invalid: ' + (said[0] if len(said) == 1 else f"[{', '.join(said)}]")
+    details = {
+        "name": name,
+        "group": kind.group,
+        "kind": kind.kind,
+        "causes": [{"reason": reason, "message": message, "field": field} for field, reason, message in causes],
+    }
+    return StatusError(422, "Invalid", text, details)
+
+
 def not_found(kind: Kind, name: str) -> StatusError:
     return StatusError(
         404, "NotFound", f'{kind.plural} "{name}" not found', {"name": name, "group": kind.group, "kind": kind.plural}

@@ -9,6 +9,7 @@ import json
 import socket
 import ssl
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Self
 
@@ -34,6 +35,20 @@ from ix_device_plugin.standins.apiserver.store import Store, Watch
 BODY = web.RequestKey("body", object)  # the request's decoded JSON body
 
 
+@dataclass
+class SlowRequest:
+    """The next `times` requests of method whose path holds path_part wait seconds before they are handled."""
+
+    method: str
+    path_part: str
+    seconds: float
+    times: int
+
+    def matches(self, request: web.Request) -> bool:
+        """True when request is one of these."""
+        return request.method == self.method and self.path_part in request.path
+
+
 class ApiServerStandIn(Store):
     """The API server for tests: start(), then point a client at `url` (or a kubeconfig from write_kubeconfig)."""
 
@@ -46,6 +61,7 @@ class ApiServerStandIn(Store):
         self.watches_end: str | None = None  # "expired": every watch answered 410 at once; "at once": ended at once
         self.bodies: str | None = None  # one of bodies.KINDS: answers too large, compressed, or without end
         self.requests: list[Recorded] = []
+        self.slow: list[SlowRequest] = []  # requests answered late (slow_down)
         self._transports: set[asyncio.BaseTransport] = set()
         self._runner: web.AppRunner | None = None
         self._site: web.TCPSite | None = None
@@ -65,6 +81,7 @@ class ApiServerStandIn(Store):
 
     async def stop(self) -> None:
         """Stop listening, end every watch and close every connection."""
+        self.stop_collecting()
         self.drop_watches()
         if self._runner is not None:
             await self._runner.cleanup()
@@ -109,6 +126,11 @@ class ApiServerStandIn(Store):
         context.load_cert_chain(*self.tls)
         return context
 
+    def slow_down(self, method: str, path_part: str, seconds: float, times: int = 1) -> None:
+        """Handle the next times requests of method whose path holds path_part only after seconds (the request is
+        received, its effect comes late: a slow etcd, a slow admission webhook)."""
+        self.slow.append(SlowRequest(method, path_part, seconds, times))
+
     def drop_watches(self) -> None:
         """End every open watch stream, as an API server does when it restarts or times a watch out."""
         for watch in list(self._watches):
@@ -149,6 +171,9 @@ class ApiServerStandIn(Store):
         self.requests.append(Recorded(request.method, request.path, dict(request.query), request.content_type, body))
         if self.delay:
             await asyncio.sleep(self.delay)
+        if slow := next((s for s in self.slow if s.times > 0 and s.matches(request)), None):
+            slow.times -= 1
+            await asyncio.sleep(slow.seconds)
         try:
             if self.unavailable:
                 raise StatusError(503, "ServiceUnavailable", "the server is currently unable to handle the request")
@@ -185,16 +210,17 @@ class ApiServerStandIn(Store):
             return await self._watch(request, kind, namespace, name)
         if request.method == "GET" and self.bodies in (bodies.ENDLESS, bodies.DECLARED, bodies.COMPRESSED):
             return await bodies.answer(request, self.bodies)
+        dry_run = request.query.get("dryRun") == "All"
         if name is None:
             if request.method == "GET":
                 return _json(self._list(request, kind, namespace))
             if request.method == "POST":
-                return _json(self._create(kind, namespace, body), status=201)
+                return _json(_as_version(self._create(kind, namespace, body, dry_run), request), status=201)
         else:
             ns = namespace or ""
             handlers: dict[str, Callable[[], Object]] = {
                 "GET": lambda: self._read(kind, ns, name),
-                "PUT": lambda: self._replace(kind, ns, name, body),
+                "PUT": lambda: self._replace(kind, ns, name, body, dry_run),
                 "PATCH": lambda: self._patch(kind, ns, name, body, request.content_type),
                 "DELETE": lambda: self._remove(kind, ns, name),
             }

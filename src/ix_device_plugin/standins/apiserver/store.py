@@ -1,5 +1,12 @@
 """The API server stand-in's store: objects, one resourceVersion counter, the watch history, and the semantics
-of each verb (conflicts, merge patches, 410 for a version older than the history kept)."""
+of each verb (conflicts, merge patches, dry runs, 410 for a version older than the history kept).
+
+It also models the garbage collector of kube-controller-manager, simply: shortly after any change (gc_delay), an
+object whose owner references all name owners that no longer exist (no object of that kind and name, or one
+with another UID) is deleted, and references to owners that are gone are taken out of the others. Owners of
+kinds the stand-in does not serve are taken to exist; finalizers, foreground deletion and orphaning are not
+modelled. It runs only inside a running event loop.
+"""
 
 from __future__ import annotations
 
@@ -18,6 +25,7 @@ from ix_device_plugin.standins.apiserver.protocol import (
     Kind,
     Object,
     StatusError,
+    invalid,
     merge_patch,
     not_found,
     now,
@@ -36,6 +44,17 @@ class Watch:
     queue: asyncio.Queue[Change | None] = field(default_factory=asyncio.Queue)
 
 
+@dataclass
+class Refusal:
+    """The next `times` writes (create, replace) of a kind refused with 422 naming field, as an admission webhook or
+    policy does for a while."""
+
+    plural: str
+    field: str
+    message: str
+    times: int
+
+
 class Store:
     """Objects by kind, namespace and name; every change numbered and kept for watches."""
 
@@ -46,11 +65,20 @@ class Store:
         self.consumable_capacity = (
             True  # False: allowMultipleAllocations, request policies dropped (DRAConsumableCapacity off)
         )
+        self.counters_refused = False  # True: ResourceSlice writes holding counters refused, 422 naming the fields
+        self.refusals: list[Refusal] = []  # writes refused for a while (refuse_writes)
+        self.garbage_collector = True  # False: objects whose owners are gone stay
+        self.gc_delay = 0.05  # seconds from a change to the collection it causes
+        self._gc_pending: asyncio.TimerHandle | None = None
         self._objects: dict[tuple[str, str, str], Object] = {}  # (plural, namespace or "", name) -> object
         self._history: list[Change] = []
         self._oldest_kept = 0  # versions at or below this are gone from the history
         self._version = 0
         self._watches: set[Watch] = set()
+
+    def refuse_writes(self, plural: str, field: str, message: str = "Invalid value: refused", times: int = 1) -> None:
+        """Answer the next times writes of plural with 422 Invalid naming field (what an admission webhook does)."""
+        self.refusals.append(Refusal(plural, field, message, times))
 
     def compact(self) -> None:
         """Forget the watch history: a watch from any version seen so far gets 410 Expired."""
@@ -167,6 +195,49 @@ class Store:
         for watch in self._watches:
             if _watch_wants(watch, change):
                 watch.queue.put_nowait(change)
+        self._collect_soon()
+
+    # ---- the garbage collector -------------------------------------------------------------
+
+    def _collect_soon(self) -> None:
+        if not self.garbage_collector or self._gc_pending is not None:
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # used outside an event loop: nothing collects
+            return
+        self._gc_pending = loop.call_later(self.gc_delay, self.collect_garbage)
+
+    def stop_collecting(self) -> None:
+        """Cancel a collection still to come."""
+        if self._gc_pending is not None:
+            self._gc_pending.cancel()
+            self._gc_pending = None
+
+    def collect_garbage(self) -> None:
+        """Delete the objects whose owners are all gone; take references to gone owners out of the others."""
+        self._gc_pending = None
+        if not self.garbage_collector:
+            return
+        for (plural, namespace, name), obj in list(self._objects.items()):
+            references = obj["metadata"].get("ownerReferences") or []
+            gone = [ref for ref in references if not self._owner_exists(ref, namespace)]
+            if not gone:
+                continue
+            kind = next(kind for kind in KINDS if kind.plural == plural)
+            if len(gone) == len(references):
+                self._delete(kind, namespace, name)
+                continue
+            kept = copy.deepcopy(obj)
+            kept["metadata"]["ownerReferences"] = [ref for ref in references if ref not in gone]
+            self._store(kind, kept, "MODIFIED")
+
+    def _owner_exists(self, reference: Mapping[str, Any], namespace: str) -> bool:
+        kind = next((kind for kind in KINDS if kind.kind == reference.get("kind")), None)
+        if kind is None:
+            return True  # a kind this server does not know: the collector cannot tell, and leaves it
+        owner = self._objects.get((kind.plural, namespace if kind.namespaced else "", str(reference.get("name"))))
+        return owner is not None and owner["metadata"].get("uid") == reference.get("uid")
 
     def matching(self, kind: Kind, namespace: str | None, matches: Callable[[Object], bool]) -> list[Object]:
         """Copies of the objects of kind (in namespace; None: every one) that matches accepts."""
@@ -184,7 +255,7 @@ class Store:
             raise not_found(kind, name)
         return copy.deepcopy(obj)
 
-    def _create(self, kind: Kind, namespace: str | None, body: Any) -> Object:
+    def _create(self, kind: Kind, namespace: str | None, body: Any, dry_run: bool = False) -> Object:
         obj = object_body(body)
         metadata = obj.setdefault("metadata", {})
         if "name" not in metadata and "generateName" in metadata:
@@ -198,15 +269,18 @@ class Store:
             if namespace is None:
                 raise StatusError(405, "MethodNotAllowed", "create needs a namespace in the path")
             metadata["namespace"] = namespace
+        self._validate(kind, obj)  # as kube-apiserver: validation before the store finds the name taken
         if (kind.plural, namespace or "", name) in self._objects:
             raise StatusError(
                 409, "AlreadyExists", f'{kind.plural} "{name}" already exists', {"name": name, "kind": kind.plural}
             )
         for server_field in ("resourceVersion", "uid", "creationTimestamp"):
             metadata.pop(server_field, None)
+        if dry_run:
+            return self._preview(kind, self._admitted(kind, obj))
         return self._store(kind, self._admitted(kind, obj), "ADDED")
 
-    def _replace(self, kind: Kind, namespace: str, name: str, body: Any) -> Object:
+    def _replace(self, kind: Kind, namespace: str, name: str, body: Any, dry_run: bool = False) -> Object:
         current = self._read(kind, namespace, name)
         obj = object_body(body)
         metadata = obj.setdefault("metadata", {})
@@ -230,7 +304,41 @@ class Store:
         metadata["creationTimestamp"] = current["metadata"]["creationTimestamp"]
         if kind.namespaced:
             metadata["namespace"] = namespace
+        self._validate(kind, obj)
+        if dry_run:
+            return self._preview(kind, self._admitted(kind, obj), current["metadata"]["resourceVersion"])
         return self._store(kind, self._admitted(kind, obj), "MODIFIED")
+
+    def _preview(self, kind: Kind, obj: Object, version: str = "") -> Object:
+        """What a dry run answers: obj as it would be stored (server fields set), stored nowhere, told to no one."""
+        metadata = obj["metadata"]
+        metadata.setdefault("uid", str(uuid.uuid4()))
+        metadata.setdefault("creationTimestamp", now())
+        if version:
+            metadata["resourceVersion"] = version
+        if not kind.namespaced:
+            metadata.pop("namespace", None)
+        obj.setdefault("kind", kind.kind)
+        return copy.deepcopy(obj)
+
+    def _validate(self, kind: Kind, obj: Object) -> None:
+        """422 for a write refused by a pending refusal, or (counters_refused) a slice holding counters."""
+        name = str(obj["metadata"].get("name", ""))
+        for refusal in self.refusals:
+            if refusal.plural == kind.plural and refusal.times > 0:
+                refusal.times -= 1
+                raise invalid(kind, name, [(refusal.field, "FieldValueInvalid", refusal.message)])
+        if kind.plural != "resourceslices" or not self.counters_refused:
+            return
+        spec = obj.get("spec") or {}
+        causes = [("spec.sharedCounters", "FieldValueForbidden", "Forbidden: shared counters are not supported")]
+        causes = causes if spec.get("sharedCounters") else []
+        for index, device in enumerate(spec.get("devices") or []):
+            if device.get("consumesCounters"):
+                field = f"spec.devices[{index}].consumesCounters"
+                causes.append((field, "FieldValueForbidden", "Forbidden: shared counters are not supported"))
+        if causes:
+            raise invalid(kind, name, causes)
 
     def _admitted(self, kind: Kind, obj: Object) -> Object:
         """obj as the API server keeps it: without the ResourceSlice fields of features that are off."""

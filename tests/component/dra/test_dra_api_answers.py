@@ -1,0 +1,238 @@
+"""What the API server says is taken from its own answers and checked again, never assumed for good: the counters
+it keeps, the Node that owns the slices, slices another writer changed, and the order of claim status writes."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+import pytest
+from dra_support import DraNode
+
+from ix_device_plugin.dra import publisher
+from ix_device_plugin.dra.pool import MANAGED_BY, slice_base_name
+from ix_device_plugin.dra.slices import DRIVER
+from ix_device_plugin.standins.apiserver import ApiServerStandIn
+
+CHIPS = ["gpu-0", "gpu-1", "gpu-2", "gpu-3"]
+BROKEN_CHIP = [{"product": "BI-V150"}, {"product": "BI-V150", "chips": [None, {"health": ["ECC"]}]}]
+
+
+def answer(response, uid: str):  # type: ignore[no-untyped-def]
+    return response.claims[uid]
+
+
+def slice_writes(api: ApiServerStandIn) -> list[str]:
+    """The ResourceSlice writes the driver made (dry runs aside), as `METHOD path`."""
+    return [
+        f"{r.method} {r.path}"
+        for r in api.requests
+        if "/resourceslices" in r.path and r.method in ("POST", "PUT", "DELETE") and r.query.get("dryRun") != "All"
+    ]
+
+
+def owners(api: ApiServerStandIn) -> list[list[str]]:
+    """The owner UIDs of each stored slice."""
+    return [[o["uid"] for o in s["metadata"].get("ownerReferences") or []] for s in api.objects("resourceslices")]
+
+
+async def until(predicate: Any, timeout: float = 5.0) -> None:
+    async with asyncio.timeout(timeout):
+        while not predicate():
+            await asyncio.sleep(0.02)
+
+
+@pytest.fixture
+def quick_recheck(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The counters asked about again after 0.2 s, then at most every 0.4 s."""
+    monkeypatch.setattr(publisher, "RECHECK_FIRST", 0.2, raising=False)
+    monkeypatch.setattr(publisher, "RECHECK_CAP", 0.4, raising=False)
+
+
+# ---- the counters capability -------------------------------------------------------------------------------
+
+
+async def test_a_422_for_another_field_keeps_the_boards_and_is_retried(
+    node: DraNode, api: ApiServerStandIn, caplog: pytest.LogCaptureFixture
+) -> None:
+    api.refuse_writes("resourceslices", "metadata.annotations", "Invalid value: refused by a policy", times=2)
+    driver = await node.start()
+    await node.wait_slice(lambda devices: len(devices) == 6)  # the boards too, once the refusal is over
+    assert driver.publisher is not None and driver.publisher.counters is True
+    refused = [r.getMessage() for r in caplog.records if "refuses metadata.annotations" in r.getMessage()]
+    assert refused and "retrying" in refused[0]
+    assert "refuses shared counters" not in caplog.text
+
+
+@pytest.mark.parametrize("server", ["refuses", "drops"])
+async def test_a_server_without_counters_is_asked_again_and_gets_the_boards_when_it_keeps_them(
+    node: DraNode, api: ApiServerStandIn, caplog: pytest.LogCaptureFixture, quick_recheck: None, server: str
+) -> None:
+    caplog.set_level(logging.INFO, logger="ix_device_plugin.dra")
+    if server == "refuses":
+        api.counters_refused = True  # a 422 whose causes name spec.sharedCounters and the devices' consumesCounters
+    else:
+        api.shared_counters = False  # the fields dropped on write (DRAPartitionableDevices off)
+    driver = await node.start()
+    await until(lambda: driver.publisher is not None and driver.publisher.counters is False)
+    await until(lambda: len(api.objects("resourceslices")) == 1)  # no counter slice
+    await node.wait_slice(lambda devices: sorted(devices) == CHIPS)
+    writes = len(slice_writes(api))
+    await asyncio.sleep(1.0)  # asked again, by dry runs only: no write while the answer is the same
+    assert len(slice_writes(api)) == writes
+    assert any(r.query.get("dryRun") == "All" for r in api.requests)
+    api.counters_refused, api.shared_counters = False, True  # the server upgraded (or its feature gate on)
+    await node.wait_slice(lambda devices: len(devices) == 6, timeout=5)
+    assert driver.publisher is not None and driver.publisher.counters is True
+    said = "refuses shared counters (spec." if server == "refuses" else "drops shared counters"
+    assert said in caplog.text and "keeps shared counters now" in caplog.text
+
+
+# ---- the Node that owns the slices ---------------------------------------------------------------------------
+
+
+async def test_a_node_re_created_owns_its_slices_again_without_a_write_loop(
+    node: DraNode, api: ApiServerStandIn, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="ix_device_plugin.dra")
+    await node.start()
+    await node.wait_slice(lambda devices: len(devices) == 6)
+    old = api.get("nodes", node.node)["metadata"]["uid"]  # type: ignore[index]
+    assert owners(api) == [[old], [old]]
+    await asyncio.sleep(0.3)  # the watches are open
+    api.delete("nodes", node.node)
+    new = api.add_node(node.node)["metadata"]["uid"]  # the garbage collector deletes what the old UID owns
+    await until(lambda: owners(api) == [[new], [new]])
+    await asyncio.sleep(0.5)
+    writes = len(slice_writes(api))
+    await asyncio.sleep(2.0)
+    assert slice_writes(api)[writes:] == []  # settled: no create, delete, create...
+    assert owners(api) == [[new], [new]] and len(node.slice_devices()) == 6
+    assert f"was re-created (UID {new}, was {old})" in caplog.text
+
+
+async def test_a_node_missing_at_start_owns_the_slices_once_it_appears(
+    node: DraNode, api: ApiServerStandIn, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="ix_device_plugin.dra")
+    api.delete("nodes", node.node)
+    await node.start()
+    await node.wait_slice(lambda devices: len(devices) == 6)
+    assert owners(api) == [[], []]
+    assert f"node {node.node} not found" in caplog.text
+    uid = api.add_node(node.node)["metadata"]["uid"]
+    await until(lambda: owners(api) == [[uid], [uid]])
+    await asyncio.sleep(0.3)
+    assert owners(api) == [[uid], [uid]]  # and kept: the garbage collector finds the owner there
+
+
+# ---- slices another writer changed ---------------------------------------------------------------------------
+
+
+async def test_a_slice_whose_label_another_writer_removed_is_adopted_and_kept_current(
+    node: DraNode, api: ApiServerStandIn, caplog: pytest.LogCaptureFixture
+) -> None:
+    driver = await node.start()
+    await node.wait_slice(lambda devices: len(devices) == 6)
+    await asyncio.sleep(0.3)  # the watch of the node's slices is open
+    stored = node.slice()
+    assert stored is not None
+    stored["metadata"]["labels"] = {}
+    api.put("resourceslices", stored)
+    await until(lambda: (node.slice() or {}).get("metadata", {}).get("labels") == MANAGED_BY, timeout=3)
+    assert "had lost its label app.kubernetes.io/managed-by=ix-device-plugin" in caplog.text
+    node.write_boards(BROKEN_CHIP)  # a health change reaches the adopted slice
+    await node.wait_slice(lambda devices: "taints" in devices["gpu-3"], timeout=3)
+    assert "still conflicting" not in caplog.text
+    assert driver.publisher is not None and driver.publisher.repairs >= 1
+
+
+@pytest.mark.parametrize("held_by", ["another driver", "this driver, another node", "this driver, unlabelled"])
+async def test_the_slice_name_held_by_another_slice_is_taken_over(
+    node: DraNode, api: ApiServerStandIn, caplog: pytest.LogCaptureFixture, held_by: str
+) -> None:
+    name = slice_base_name(node.node)
+    spec = {
+        "driver": "net.example.com" if held_by == "another driver" else DRIVER,
+        "nodeName": "node-b" if held_by == "this driver, another node" else node.node,
+        "pool": {"name": "elsewhere", "generation": 3, "resourceSliceCount": 1},
+        "devices": [{"name": "nic-0"}],
+    }
+    api.put("resourceslices", {"apiVersion": "resource.k8s.io/v1", "metadata": {"name": name}, "spec": spec})
+    await node.start()
+    await node.wait_slice(lambda devices: len(devices) == 6)
+    stored = node.slice()
+    assert stored is not None and stored["spec"]["driver"] == DRIVER and stored["metadata"]["labels"] == MANAGED_BY
+    assert stored["spec"]["pool"]["name"] == node.node
+    done = "adopted" if held_by == "this driver, unlabelled" else "replaced"
+    found = [r.getMessage() for r in caplog.records if r.getMessage().startswith(f"ResourceSlice {name}")]
+    assert found and done in found[0] and f"driver {spec['driver']!r}" in found[0] and "'elsewhere'" in found[0]
+
+
+# ---- claim status writes -------------------------------------------------------------------------------------
+
+
+def status_patches(api: ApiServerStandIn, name: str) -> int:
+    return sum(1 for r in api.requests if r.method == "PATCH" and r.path.endswith(f"/resourceclaims/{name}/status"))
+
+
+def claim_devices(api: ApiServerStandIn, name: str) -> list[dict[str, Any]]:
+    stored = api.get("resourceclaims", name, "default")
+    assert stored is not None
+    return list(stored["status"].get("devices") or [])
+
+
+async def test_the_unprepare_has_the_last_word_on_the_claim_status_after_a_slow_prepare_write(
+    node: DraNode, api: ApiServerStandIn
+) -> None:
+    driver = await node.start()
+    await node.wait_slice(lambda devices: len(devices) == 6)
+    kubelet = await node.kubelet(driver)
+    claim = node.claim("slow", ["gpu-1"])
+    api.slow_down("PATCH", "/resourceclaims/slow/status", 0.6)  # the prepare's write lands late
+    assert answer(await kubelet.prepare([claim]), claim[2]).error == ""
+    await until(lambda: status_patches(api, "slow") == 1, timeout=2)  # sent, held up in the server
+    assert answer(await kubelet.unprepare([claim]), claim[2]).error == ""
+    await asyncio.sleep(1.2)  # the prepare's write has landed
+    assert claim_devices(api, "slow") == []
+    assert status_patches(api, "slow") == 2  # the unprepare's, after the prepare's
+    await kubelet.close()
+
+
+async def test_a_claim_status_write_overtaken_before_it_is_sent_is_dropped(
+    node: DraNode, api: ApiServerStandIn
+) -> None:
+    driver = await node.start()
+    await node.wait_slice(lambda devices: len(devices) == 6)
+    kubelet = await node.kubelet(driver)
+    claim = node.claim("again", ["gpu-2"])
+    api.slow_down("PATCH", "/resourceclaims/again/status", 0.6)
+    assert answer(await kubelet.prepare([claim]), claim[2]).error == ""
+    await until(lambda: status_patches(api, "again") == 1, timeout=2)
+    assert answer(await kubelet.prepare([claim]), claim[2]).error == ""  # the kubelet asks again: a second wish
+    assert answer(await kubelet.unprepare([claim]), claim[2]).error == ""  # ... overtaken before it is sent
+    await until(lambda: status_patches(api, "again") == 2, timeout=3)
+    await asyncio.sleep(0.5)
+    assert status_patches(api, "again") == 2 and claim_devices(api, "again") == []
+    await kubelet.close()
+
+
+async def test_a_claim_status_write_held_up_in_the_server_does_not_hold_up_the_stop(
+    node: DraNode, api: ApiServerStandIn
+) -> None:
+    driver = await node.start()
+    await node.wait_slice(lambda devices: len(devices) == 6)
+    kubelet = await node.kubelet(driver)
+    claims = [node.claim(f"held-{index}", [f"gpu-{index}"]) for index in range(4)]
+    for claim in claims:
+        api.slow_down("PATCH", f"/resourceclaims/{claim[1]}/status", 30.0)
+    for claim in claims:
+        assert answer(await kubelet.prepare([claim]), claim[2]).error == ""
+        assert answer(await kubelet.unprepare([claim]), claim[2]).error == ""  # waits behind the prepare's
+    await until(lambda: sum(1 for r in api.requests if r.method == "PATCH") == 4, timeout=2)
+    await kubelet.close()
+    loop = asyncio.get_running_loop()
+    began = loop.time()
+    await node.stop(driver)
+    assert loop.time() - began < 2.0
