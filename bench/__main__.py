@@ -16,6 +16,7 @@ from bench import (
     api_features,
     dra,
     dra_api,
+    dra_node,
     footprint,
     health,
     hostile,
@@ -62,6 +63,7 @@ RUNNERS: dict[str, Runner] = {
     "node_agent": _single("node_agent", node_agent.run),
     "dra": _single("dra", dra.run),
     "dra_api": _single("dra_api", dra_api.run),
+    "dra_node": _single("dra_node", dra_node.run),
     "api_features": _single("api_features", api_features.run),
 }
 

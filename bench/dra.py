@@ -1,7 +1,9 @@
 """DRA mode: start-up (process start -> registration served, -> ResourceSlice published, -> the whole pool with
-its board devices), prepare and unprepare latency of chip, board and shared-chip claims through the kubelet DRA
-stand-in, the driver's RSS, on 2 BI-V150 boards (4 chips, 2 boards); and the time from an XID to the kubelet's
-health update (DRAResourceHealth stream) and to the slice's taint, over the compiled libixml.so double.
+its board devices), prepare and unprepare latency of chip, board and shared-chip claims, and of a pod whose
+container holds two claims made from its templates (the driver reads the pod and has each spec name both chips),
+through the kubelet DRA stand-in, the driver's RSS, on 2 BI-V150 boards (4 chips, 2 boards); and the time from an
+XID to the kubelet's health update (DRAResourceHealth stream) and to the slice's taint, over the compiled
+libixml.so double.
 
 The driver is `ix-device-plugin dra` in its own process, against the API server stand-in.
 """
@@ -40,7 +42,7 @@ def _command(directory: Path, kubeconfig: Path, node: str, *extra: str) -> list[
         "--kubelet-registrar-directory-path", str(directory / "registry"),
         "--kubelet-plugins-directory-path", str(directory / "plugins"),
         "--cdi-spec-dir", str(directory / "cdi"), "--dev-root", str(directory),
-        "--log-level", "warning", *extra,
+        "--node-feature-dir", "off", "--telemetry-interval", "off", "--log-level", "warning", *extra,
     ]  # fmt: skip
 
 
@@ -50,19 +52,40 @@ async def _wait(predicate: Any, what: str) -> None:
             await asyncio.sleep(0.002)
 
 
-def _claim(api: ApiServerStandIn, node: str, device: str, share: bool = False) -> tuple[str, str, str]:
+def _claim(
+    api: ApiServerStandIn, node: str, device: str, share: bool = False, pod: tuple[str, str] | None = None
+) -> tuple[str, str, str]:
     uid, name = str(uuid.uuid4()), f"claim-{uuid.uuid4().hex[:8]}"
     result: dict[str, Any] = {"request": "gpu", "driver": DRIVER, "pool": node, "device": device}
     if share:
         result.update(shareID=str(uuid.uuid4()), consumedCapacity={"shares": "1"})
+    metadata: dict[str, Any] = {"name": name, "namespace": "default", "uid": uid}
+    if pod is not None:  # made from the pod's template: the driver reads the pod to name every chip it holds
+        owner = {"apiVersion": "v1", "kind": "Pod", "name": pod[0], "uid": pod[1], "controller": True}
+        metadata["ownerReferences"] = [owner]
+    api.put("resourceclaims", {"metadata": metadata, "status": {"allocation": {"devices": {"results": [result]}}}})
+    return "default", name, uid
+
+
+def _pod_of_two_claims(api: ApiServerStandIn, node: str) -> list[tuple[str, str, str]]:
+    """A pod whose one container holds two claims made from its templates (gpu-0 and gpu-2): the claims."""
+    pod = (f"pod-{uuid.uuid4().hex[:8]}", str(uuid.uuid4()))
+    claims = [_claim(api, node, device, pod=pod) for device in ("gpu-0", "gpu-2")]
+    entries = [{"name": f"c{i}", "resourceClaimTemplateName": "t"} for i in range(2)]
     api.put(
-        "resourceclaims",
+        "pods",
         {
-            "metadata": {"name": name, "namespace": "default", "uid": uid},
-            "status": {"allocation": {"devices": {"results": [result]}}},
+            "metadata": {"name": pod[0], "namespace": "default", "uid": pod[1]},
+            "spec": {
+                "containers": [{"name": "main", "resources": {"claims": [{"name": "c0"}, {"name": "c1"}]}}],
+                "resourceClaims": entries,
+            },
+            "status": {
+                "resourceClaimStatuses": [{"name": f"c{i}", "resourceClaimName": c[1]} for i, c in enumerate(claims)]
+            },
         },
     )
-    return "default", name, uid
+    return claims
 
 
 def _devices(stored: dict[str, Any] | None) -> int:
@@ -97,6 +120,14 @@ async def _run_once(api: ApiServerStandIn, prepares: int, node: str) -> dict[str
             begin = time.perf_counter()
             await kubelet.unprepare([claim])
             unprepare.append(time.perf_counter() - begin)
+        pods = []
+        for _ in range(prepares // 2):
+            claims = _pod_of_two_claims(api, node)
+            begin = time.perf_counter()
+            response = await kubelet.prepare(claims)
+            pods.append(time.perf_counter() - begin)
+            assert all(response.claims[c[2]].error == "" for c in claims), response
+            await kubelet.unprepare(claims)
         rss_after = rss_mib(process.pid)
         await kubelet.close()
         return {
@@ -105,6 +136,7 @@ async def _run_once(api: ApiServerStandIn, prepares: int, node: str) -> dict[str
             "whole_pool": whole_pool,
             "prepare": prepare,
             "prepare_board": prepare_board,
+            "prepare_pod_of_two_claims": pods,
             "unprepare": unprepare,
             "rss_start": rss_start,
             "rss_after": rss_after,
@@ -244,6 +276,7 @@ async def run(settings: Any) -> dict[str, Any]:
         "to_whole_pool": summary_ms([r["whole_pool"] for r in runs]),
         "prepare": latency_ms([s for r in runs for s in r["prepare"]]),
         "prepare_board": latency_ms([s for r in runs for s in r["prepare_board"]]),
+        "prepare_pod_of_two_claims": latency_ms([s for r in runs for s in r["prepare_pod_of_two_claims"]]),
         "prepare_share_4_at_once": latency_ms(shares),
         "unprepare": latency_ms([s for r in runs for s in r["unprepare"]]),
         "rss_start_mib": max(r["rss_start"] for r in runs),

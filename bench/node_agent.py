@@ -25,12 +25,12 @@ from bench.footprint import idle_cpu_percent
 from bench.plugin import Node, PluginProcess, short_dir
 from bench.settings import Settings
 from ix_device_plugin.core.plan import plan
-from ix_device_plugin.core.telemetry import PodRef, chip_pods
-from ix_device_plugin.deviceplugin.telemetry import TelemetryCollector
+from ix_device_plugin.core.telemetry import PodRef, plugin_holders
 from ix_device_plugin.hardware.ixml import IxmlBackend
 from ix_device_plugin.hardware.simulated import SimulatedBackend
 from ix_device_plugin.settings.config import Config
 from ix_device_plugin.standins.podresources import PodResourcesStandIn
+from ix_device_plugin.telemetry.collector import TelemetryCollector
 
 NODE = Node("16 x BI-V150, split (32 chips)", "BI-V150", 16, splitboard=True)
 DOUBLE_SOURCE = Path(__file__).resolve().parents[1] / "tests" / "ixml_double" / "libixml_double.c"
@@ -99,7 +99,7 @@ def telemetry_pass_costs() -> dict[str, Any]:
     node_plan = plan(inventory, Config(splitboard=True))
     holders = {device.id: PodRef("bench", f"pod-{i}", "main") for i, device in enumerate(node_plan.devices)}
     samples = simulated.sample(inventory)
-    collector.update(samples, inventory, chip_pods(node_plan, holders))
+    collector.update(samples, inventory, plugin_holders(node_plan, holders))
     result["render_ms"] = _median_ms(lambda: generate_latest(registry))
     result["exposition_bytes"] = len(generate_latest(registry))
     return result

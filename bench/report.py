@@ -155,6 +155,12 @@ def _dra() -> Iterator[Figure]:
     yield Figure("dra", "NodePrepareResources p99", ("prepare", "p99_ms"), "ms", 50)
     yield Figure("dra", "NodePrepareResources of a board p99", ("prepare_board", "p99_ms"), "ms", 50)
     yield Figure("dra", "NodePrepareResources of a share, 4 at once, p99", ("prepare_share_4_at_once", "p99_ms"), "ms")
+    yield Figure(
+        "dra",
+        "NodePrepareResources of a pod's 2 claims in 1 container, p99",
+        ("prepare_pod_of_two_claims", "p99_ms"),
+        "ms",
+    )
     yield Figure("dra", "NodeUnprepareResources p99", ("unprepare", "p99_ms"), "ms")
     yield Figure("dra", "RSS after start", ("rss_start_mib",), "MiB")
     yield Figure("dra", "RSS after the prepares", ("rss_after_prepares_mib",), "MiB")
@@ -169,6 +175,16 @@ def _dra_api() -> Iterator[Figure]:
     yield Figure("dra_api", "Node re-created: slice writes until its slices follow", path, "")
     path = ("node_recreated", "slice_writes_per_minute_after")
     yield Figure("dra_api", "Node re-created: slice writes after, per minute", path, "/min", 1)
+
+
+def _dra_node() -> Iterator[Figure]:
+    for key, name in (("telemetry_off", "telemetry off"), ("telemetry_on", "telemetry on (15 s)")):
+        yield Figure("dra_node", f"DRA driver, 32 chips, labels on, {name}: RSS", (key, "rss_mib"), "MiB")
+        yield Figure(
+            "dra_node", f"DRA driver, 32 chips, labels on, {name}: idle CPU", (key, "idle_cpu_percent"), "% core"
+        )
+    yield Figure("dra_node", "RSS added by telemetry", ("rss_added_by_telemetry_mib",), "MiB", 8)
+    yield Figure("dra_node", "pod-resources List calls a minute", ("pod_resources_calls_per_minute",), "/min", 5)
 
 
 def _api_features() -> Iterator[Figure]:
@@ -201,6 +217,7 @@ def figures(sections: Mapping[str, Any]) -> list[Figure]:
         "node_agent": _node_agent,
         "dra": _dra,
         "dra_api": _dra_api,
+        "dra_node": _dra_node,
         "api_features": _api_features,
     }
     return [figure for name, group in groups.items() if name in sections for figure in group()]

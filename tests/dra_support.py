@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import fields, replace
 from pathlib import Path
 from typing import Any
@@ -135,13 +135,18 @@ class DraNode:
         admin_access: bool = False,
         shares: int | None = None,
         config: Sequence[dict[str, Any]] = (),
+        pod: tuple[str, str] | None = None,
     ) -> tuple[str, str, str]:
         """Store an allocated ResourceClaim, as the scheduler leaves it; (namespace, name, uid).
 
         shares: each device allocated as a share taking this many of its shares; config: the allocation's
-        config entries (see gpu_config).
+        config entries (see gpu_config); pod: (name, UID) of the pod it was made for from a template.
         """
         uid = str(uuid.uuid4())
+        metadata: dict[str, Any] = {"name": name, "namespace": namespace, "uid": uid}
+        if pod is not None:
+            owner = {"apiVersion": "v1", "kind": "Pod", "name": pod[0], "uid": pod[1], "controller": True}
+            metadata["ownerReferences"] = [{**owner, "blockOwnerDeletion": True}]
         results = [{"request": request, "driver": driver, "pool": pool or self.node, "device": d} for d in devices]
         for result in results:
             if admin_access:
@@ -153,12 +158,43 @@ class DraNode:
             {
                 "apiVersion": "resource.k8s.io/v1",
                 "kind": "ResourceClaim",
-                "metadata": {"name": name, "namespace": namespace, "uid": uid},
+                "metadata": metadata,
                 "spec": {"devices": {"requests": [{"name": request, "exactly": {"deviceClassName": DRIVER}}]}},
                 "status": {"allocation": {"devices": {"results": results, "config": list(config)}}},
             },
         )
         return namespace, name, uid
+
+
+def store_pod(
+    api: ApiServerStandIn,
+    name: str,
+    uid: str,
+    containers: Mapping[str, Sequence[str]],
+    templates: Sequence[str] = (),
+    namespace: str = "default",
+) -> dict[str, Any]:
+    """Store a pod whose containers reference claims by name (`claim` or `claim/request`): those in templates
+    as made from a ResourceClaimTemplate for the pod, the others as ResourceClaims of their own; the pod."""
+    names = list(dict.fromkeys(ref.split("/")[0] for refs in containers.values() for ref in refs))
+    entries = [
+        {"name": claim, "resourceClaimTemplateName": f"{claim}-template"}
+        if claim in templates
+        else {"name": claim, "resourceClaimName": claim}
+        for claim in names
+    ]
+    specs = []
+    for container, refs in containers.items():
+        references = [dict(zip(("name", "request"), ref.split("/"), strict=False)) for ref in refs]
+        specs.append({"name": container, "image": "busybox", "resources": {"claims": references}})
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": namespace, "uid": uid},
+        "spec": {"containers": specs, "resourceClaims": entries, "nodeName": NODE},
+        "status": {"resourceClaimStatuses": [{"name": c, "resourceClaimName": c} for c in names if c in templates]},
+    }
+    return api.put("pods", pod)
 
 
 def gpu_config(source: str = "FromClaim", requests: Sequence[str] = (), **fields: Any) -> dict[str, Any]:

@@ -85,7 +85,7 @@ verify() { # verify FILE: the binary at FILE runs and reports what versions.env 
     helm) reports "$file" "$HELM_VERSION" version --template '{{.Version}}' ;;
     kubectl) reports "$file" "Client Version: $KUBERNETES_VERSION" version --client ;;
     kubelet | kube-*) reports "$file" "Kubernetes $KUBERNETES_VERSION" --version ;;
-    cdi-validate) reports "$file" "usage: cdi-validate SPEC_DIR..." ;;
+    cdi-validate) reports "$file" "usage: cdi-validate [--inject NAME[,NAME...]] SPEC_DIR..." ;;
     pause) ;; # runs until signalled; built from this repository's tools, rebuilt when they change (tools.sum)
     *) die "no verification for $name" ;;
     esac

@@ -66,6 +66,7 @@ class Driver:
         self.starts = 0
         self.devices: str | None = None  # the simulated devices file; None: the node's 2 x BI-V150 (CHIPS)
         self.flags: tuple[str, ...] = ()
+        self.features: Path | None = None  # NFD's features.d; None: the workdir's
 
     def start(self, wait: bool = True) -> PluginRun:
         """Start the driver; with wait, until /readyz (registered with a running kubelet, slice published)."""
@@ -73,7 +74,9 @@ class Driver:
         self.workdir.mkdir(parents=True, exist_ok=True)
         (self.workdir / "devices.yaml").write_text(self.devices if self.devices is not None else devices_yaml(CHIPS))
         name = f"{self.workdir.name}-{self.starts}"  # dra-driver0-1: the module's driver, its first start
-        self.run = start_dra_driver(self.cluster, self.workdir, name, self.kubeconfig, extra=self.flags)
+        self.run = start_dra_driver(
+            self.cluster, self.workdir, name, self.kubeconfig, extra=self.flags, features=self.features
+        )
         if wait:
             self.run.wait_ready(90)
         return self.run

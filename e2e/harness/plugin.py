@@ -145,23 +145,27 @@ def start_device_plugin(
     chips: Sequence[Chip] | None = None,
     extra: Sequence[str] = (),
     env: dict[str, str] | None = None,
+    features: Path | None = None,
 ) -> PluginRun:
-    """`ix-device-plugin run` over simulated chips, talking to the cluster's kubelet through its directories."""
+    """`ix-device-plugin run` over simulated chips, talking to the cluster's kubelet through its directories;
+    its NFD feature file in features (default: the workdir's features.d)."""
     workdir.mkdir(parents=True, exist_ok=True)
     devices = workdir / "devices.yaml"
     devices.write_text(devices_yaml(chips if chips is not None else bi_v150_chips()))
     config_file = workdir / "ix-config.yaml"
     config_file.write_text(yaml.safe_dump(config or {}, sort_keys=False) if config else "flags: {}\n")
-    (workdir / "features.d").mkdir(exist_ok=True)
+    features = features or workdir / "features.d"
+    features.mkdir(parents=True, exist_ok=True)
     (port,) = free_ports(1)
     argv = [*plugin_command(), "run", "--backend", "simulated", "--simulated-devices", str(devices)]
     argv += ["--config", str(config_file), "--device-plugin-path", str(cluster.device_plugin_dir)]
-    argv += ["--cdi-spec-dir", str(cluster.cdi_dir), "--node-feature-dir", str(workdir / "features.d")]
+    argv += ["--cdi-spec-dir", str(cluster.cdi_dir), "--node-feature-dir", str(features)]
     argv += ["--pod-resources-socket", str(cluster.pod_resources_socket), "--telemetry-interval", "1"]
     argv += ["--health-interval", "0.5", "--health-address", f"127.0.0.1:{port}", "--log-level", "debug", *extra]
     environment = dict(os.environ, NODE_NAME=cluster.node_name, POD_NAMESPACE="kube-system", **(env or {}))
     process = Process(name, argv, cluster.logdir / f"{name}.log", env=environment).start()
-    return PluginRun(process, port, {"devices": devices, "config": config_file, "workdir": workdir})
+    files = {"devices": devices, "config": config_file, "workdir": workdir, "features": features}
+    return PluginRun(process, port, files)
 
 
 def start_dra_driver(
@@ -171,9 +175,13 @@ def start_dra_driver(
     kubeconfig: Path,
     chips: Sequence[Chip] | None = None,
     extra: Sequence[str] = (),
+    features: Path | None = None,
 ) -> PluginRun:
-    """`ix-device-plugin dra` over simulated chips, registered with the cluster's kubelet."""
+    """`ix-device-plugin dra` over simulated chips, registered with the cluster's kubelet; its NFD feature file
+    in features (default: the workdir's features.d), its GPU metrics labelled from the kubelet's pod resources."""
     workdir.mkdir(parents=True, exist_ok=True)
+    features = features or workdir / "features.d"
+    features.mkdir(parents=True, exist_ok=True)
     devices = workdir / "devices.yaml"
     if not devices.exists() or chips is not None:
         devices.write_text(devices_yaml(chips if chips is not None else bi_v150_chips()))
@@ -181,9 +189,10 @@ def start_dra_driver(
     argv = [*plugin_command(), "dra", "--node-name", cluster.node_name, "--kubeconfig", str(kubeconfig)]
     argv += ["--backend", "simulated", "--simulated-devices", str(devices), "--cdi-spec-dir", str(cluster.cdi_dir)]
     argv += ["--kubelet-registrar-directory-path", str(cluster.plugins_registry_dir)]
-    argv += ["--kubelet-plugins-directory-path", str(cluster.plugins_dir)]
+    argv += ["--kubelet-plugins-directory-path", str(cluster.plugins_dir), "--node-feature-dir", str(features)]
+    argv += ["--pod-resources-socket", str(cluster.pod_resources_socket), "--telemetry-interval", "1"]
     argv += ["--health-interval", "0.5", "--health-address", f"127.0.0.1:{port}", "--log-level", "debug", *extra]
     environment = dict(os.environ, POD_NAMESPACE="kube-system")
     environment.pop("KUBECONFIG", None)
     process = Process(name, argv, cluster.logdir / f"{name}.log", env=environment).start()
-    return PluginRun(process, port, {"devices": devices, "workdir": workdir})
+    return PluginRun(process, port, {"devices": devices, "workdir": workdir, "features": features})

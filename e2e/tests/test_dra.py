@@ -29,6 +29,7 @@ from harness.pods import (
     phase_is,
     run_and_read,
     running_and_printed,
+    shown_devices,
     wait_pod,
 )
 from harness.procs import wait_until
@@ -135,6 +136,53 @@ def test_a_whole_board_claim_gets_both_chips_of_one_board(
     chips = chips_seen(output)
     assert len(chips) == 2 and chips[0].board == chips[1].board
     assert allocated_devices(admin, namespace, pod) == sorted(f"gpu-{c.minor}" for c in chips)
+
+
+def claim_template(name: str, device_class: str) -> Obj:
+    """A ResourceClaimTemplate of one device of device_class."""
+    request = {"name": "gpu", "exactly": {"deviceClassName": device_class}}
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaimTemplate",
+        "metadata": {"name": name},
+        "spec": {"spec": {"devices": {"requests": [request]}}},
+    }
+
+
+def told_every_chip(admin: Kubectl, namespace: str, pod: Obj, output: str) -> set[int]:
+    """The minors of the chips the pod's container got: every one of them (and no other) in both visible-devices
+    variables, and every allocated device in both replica variables; each once."""
+    nodes, env = shown_devices(output)
+    minors = {int(path.removeprefix("/dev/iluvatar")) for path in nodes if path.startswith("/dev/iluvatar")}
+    held = {chip.uuid for chip in CHIPS if chip.minor in minors}
+    devices = set()
+    for status in pod["status"]["resourceClaimStatuses"]:
+        claim = admin.get("resourceclaim", status["resourceClaimName"], namespace)
+        devices |= {r["device"] for r in claim["status"]["allocation"]["devices"]["results"]}
+    by_minor = {chip.minor: chip.uuid for chip in CHIPS}
+    replicas = {by_minor[int(device.split("-")[1])] for device in devices}  # a board is named by its first chip
+    for variables, expected in (
+        (("IX_VISIBLE_DEVICES", "ILUVATAR_COREX_VISIBLE_DEVICES"), held),
+        (("IX_REPLICA_DEVICES", "ILUVATAR_COREX_REPLICA_DEVICES"), replicas),
+    ):
+        for variable in variables:
+            listed = env.get(variable, "").split(",")
+            assert len(listed) == len(set(listed)) and set(listed) == expected, f"{variable}: {output}"
+    return minors
+
+
+def test_a_container_with_two_claims_and_one_with_three_is_told_every_chip(
+    cluster: Cluster, admin: Kubectl, namespace: str, driver: Driver
+) -> None:
+    """Each claim has its own CDI spec and containerd's CDI library keeps the last value of a variable: the
+    container still sees every chip it holds in every GPU variable, with two claims (two chips) and with three
+    (a whole board and the other board's two chips)."""
+    admin.create([claim_template("chip", DRIVER), claim_template("board", f"board.{DRIVER}")], "-n", namespace)
+    for name, templates, chips in (("two-claims", ["chip", "chip"], 2), ("three-claims", ["board", "chip", "chip"], 4)):
+        claims = [{"name": f"gpu-{i}", "resourceClaimTemplateName": t} for i, t in enumerate(templates)]
+        pod, output = run_and_read(admin, namespace, busybox_pod(name, SHOW_DEVICES + STAY, claims=claims))
+        assert len(told_every_chip(admin, namespace, pod, output)) == chips, output
+        admin.delete("pod", name, namespace)
 
 
 def test_two_pods_naming_one_claim_share_its_chip(

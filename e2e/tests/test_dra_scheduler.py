@@ -174,6 +174,27 @@ def test_the_stored_slices_are_not_rewritten_at_rest_even_with_a_taint(cluster: 
     wait_until(lambda: not any(d.get("taints") for d in slice_devices(driver_slices(admin)).values()), 30, "untainted")
 
 
+def test_the_driver_version_is_stored_and_the_schedulers_cel_compares_it(
+    cluster: Cluster, admin: Kubectl, namespace: str, whole: Driver
+) -> None:
+    """The simulated backend reports `4.4.0` as IXML does: the server stores it on every device as a version, and
+    the scheduler's CEL compares it as one: a claim for a driver newer than 4.0.0 is allocated, newer than 4.4.0
+    is not.
+    """
+    devices = slice_devices(driver_slices(admin))
+    stored = {name: device["attributes"].get("driverVersion") for name, device in devices.items()}
+    assert stored == {name: {"version": "4.4.0"} for name in NODE_DEVICES}, stored
+    version = f'device.attributes["{DRIVER}"].driverVersion'
+    newer_than = f'{version}.isGreaterThan(semver("4.0.0")) && {version}.compareTo(semver("4.4.0")) == 0'
+    create(admin, namespace, claim("recent", selector=newer_than), show_pod("recent", "recent"))
+    (allocated,) = results(wait_allocated(admin, namespace, "recent", whole))
+    assert allocated["device"] in NODE_DEVICES, allocated
+    too_new = f'{version}.isGreaterThan(semver("4.4.0"))'
+    create(admin, namespace, claim("future", selector=too_new), show_pod("future", "future"))
+    wait_unschedulable(admin, namespace, "future")
+    assert allocation(admin, namespace, "future") is None
+
+
 # ------------------------------------------------------------------ what the scheduler allocates
 
 

@@ -58,9 +58,12 @@ async def test_spec_and_labels_follow_hot_plug_and_reload(
     await until(lambda: labels(features)["iluvatar.com/gpu.replicas"] == "4", timeout=3)
     assert labels(features)["iluvatar.com/gpu.sharing-strategy"] == "time-slicing"
 
+    before = labels(features)
     await daemon.shutdown()
     assert (cdi / SPEC).exists()  # a container restarted while the plugin is down still needs it
-    assert not (features / FEATURES).exists()
+    # handed over: the labels hold for the agent that follows, then NFD drops them
+    assert (features / FEATURES).read_text().startswith("# +expiry-time=")
+    assert labels(features) == before
 
 
 async def test_an_unwritable_feature_dir_is_logged_once_and_retried(

@@ -129,7 +129,7 @@ def _dra_process(node: DraNode, *flags: str) -> subprocess.Popen[bytes]:
         "--node-name", node.node, "--kubeconfig", str(node.kubeconfig),
         "--kubelet-registrar-directory-path", str(node.root / "registry"),
         "--kubelet-plugins-directory-path", str(node.root / "plugins"),
-        "--cdi-spec-dir", str(node.cdi_dir), "--health-address", "off", *flags,
+        "--cdi-spec-dir", str(node.cdi_dir), "--health-address", "off", "--node-feature-dir", "off", *flags,
     ]  # fmt: skip
     return subprocess.Popen(command, stderr=subprocess.PIPE, env=env)
 

@@ -19,13 +19,13 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from ix_device_plugin.api import HEALTHY
 from ix_device_plugin.core.inventory import Inventory
-from ix_device_plugin.core.telemetry import ChipSample, PodRef
+from ix_device_plugin.core.telemetry import ChipSample, Holder, PodRef
 from ix_device_plugin.deviceplugin.loop import Daemon
-from ix_device_plugin.deviceplugin.telemetry import METRIC_NAMES, TelemetryCollector
 from ix_device_plugin.hardware.ixml import IxmlBackend
 from ix_device_plugin.hardware.simulated import SimulatedBackend
 from ix_device_plugin.standins.kubelet import KubeletStandIn
 from ix_device_plugin.standins.podresources import PodResourcesStandIn
+from ix_device_plugin.telemetry.collector import METRIC_NAMES, TelemetryCollector
 
 from support import IXML_DOUBLE_CONFIG as CONFIG_ENV
 from support import NO_NODE_FILES, RESOURCE, DaemonFactory, config_flags, make_dev_root, stop_process
@@ -233,7 +233,7 @@ def test_collector_renders_ix_exporter_names_and_leaves_absent_figures_out() -> 
     collector.update(
         {first: ChipSample(temperature_c=50, mem_used_mib=10), second: ChipSample(temperature_c=51)},
         inventory,
-        {first: holder},
+        {first: (Holder(holder),)},
     )
     text = generate_latest(registry).decode()
     families = {family.name: family for family in text_string_to_metric_families(text)}

@@ -25,6 +25,7 @@ SECTIONS = (
     "node_agent",
     "dra",
     "dra_api",
+    "dra_node",
     "api_features",
 )
 

@@ -241,6 +241,7 @@ async def test_dra_says_once_which_variables_and_config_keys_it_does_not_use(sho
             *(sys.executable, "-m", "ix_device_plugin", "dra", "--backend", "simulated", "--config", str(config)),
             *("--kubeconfig", str(api.write_kubeconfig(short_dir / "kubeconfig")), "--dev-root", str(short_dir)),
             *("--kubelet-registrar-directory-path", str(short_dir / "registry"), "--health-address", "off"),
+            *("--node-feature-dir", str(short_dir / "features.d"), "--pod-resources-socket", "off"),
             *("--kubelet-plugins-directory-path", str(short_dir / "plugins"), "--cdi-spec-dir", str(short_dir / "cdi")),
             stderr=asyncio.subprocess.PIPE,
             env=env,

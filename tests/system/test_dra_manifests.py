@@ -137,6 +137,7 @@ def test_the_rbac_is_the_narrowest() -> None:
         (("resource.k8s.io",), ("resourceclaims/status",), ()): {"patch"},
         (("resource.k8s.io",), ("resourceclaims/driver",), ("gpu.iluvatar.com",)): {"associated-node:patch"},
         (("",), ("nodes",), ()): {"get", "list", "watch"},  # its own Node, watched for its UID
+        (("",), ("pods",), ()): {"get"},  # which container holds which claim: every chip named (docs/dra.md)
     }
     handshake = only(objects, "Role")  # ConfigMaps in its own namespace only, for the GPU reset handshake
     assert handshake["metadata"]["namespace"] == only(objects, "DaemonSet")["metadata"]["namespace"]
@@ -191,3 +192,49 @@ def test_the_examples_ask_for_one_chip_a_whole_board_and_a_shared_claim() -> Non
     assert decode(gpu_config, "example") == GpuConfig(reset=True)  # what the driver reads from it
     extended = only([p for p in by_kind(objects, "Pod") if not p["spec"].get("resourceClaims")], "Pod")
     assert extended["spec"]["containers"][0]["resources"]["limits"] == {"iluvatar.com/gpu": 2}
+
+
+def _env_and_mounts(daemonset: dict[str, Any]) -> tuple[dict[str, str | None], dict[str, dict[str, Any]]]:
+    (container,) = pod_spec(daemonset)["containers"]
+    env = {item["name"]: item.get("value") for item in container["env"]}
+    return env, {mount["mountPath"]: mount for mount in container["volumeMounts"]}
+
+
+def test_the_dra_daemonset_mounts_what_the_node_services_need_and_shares_the_plugins_feature_file() -> None:
+    """Node labels (NFD's features.d, written) and who holds each chip (the pod-resources socket, read-only), the
+    same feature directory as the device plugin's: a node moved between the two keeps one file."""
+    objects = rendered({"dra": {"enabled": True}})
+    daemonsets = by_kind(objects, "DaemonSet")
+    (driver,) = [d for d in daemonsets if pod_spec(d)["containers"][0].get("args") == ["dra"]]
+    (plugin,) = [d for d in daemonsets if d is not driver]
+    env, mounts = _env_and_mounts(driver)
+    assert env["IX_NODE_FEATURE_DIR"] in mounts and not mounts[env["IX_NODE_FEATURE_DIR"]].get("readOnly")
+    socket = str(env["IX_POD_RESOURCES_SOCKET"])
+    assert socket.endswith("/kubelet.sock") and mounts[socket.rsplit("/", 1)[0]]["readOnly"] is True
+    assert env["IX_TELEMETRY_INTERVAL"] == "15"
+    plugin_env, _ = _env_and_mounts(plugin)
+    for name in ("IX_NODE_FEATURE_DIR", "IX_POD_RESOURCES_SOCKET", "IX_TELEMETRY_INTERVAL"):
+        assert env[name] == plugin_env[name], name
+
+
+def test_the_node_services_of_the_dra_driver_can_be_turned_off_as_the_plugins() -> None:
+    objects = rendered({**render.DRA_VALUES, "nodeFeatures": {"enabled": False}, "telemetry": {"enabled": False}})
+    env, mounts = _env_and_mounts(only(objects, "DaemonSet"))
+    assert env["IX_NODE_FEATURE_DIR"] == env["IX_TELEMETRY_INTERVAL"] == "off"
+    assert not any("node-feature-discovery" in path or "pod-resources" in path for path in mounts)
+
+
+def test_metrics_of_both_front_ends_are_one_job_with_the_node_as_instance() -> None:
+    objects = rendered({"dra": {"enabled": True}, "metrics": {"enabled": True, "serviceMonitor": {"enabled": True}}})
+    services = by_kind(objects, "Service")
+    monitor = only(objects, "ServiceMonitor")
+    selected = [
+        s for s in services if monitor["spec"]["selector"]["matchLabels"].items() <= s["metadata"]["labels"].items()
+    ]
+    assert len(selected) == 2
+    pods = {tuple(sorted(d["spec"]["template"]["metadata"]["labels"].items())) for d in by_kind(objects, "DaemonSet")}
+    assert {tuple(sorted(s["spec"]["selector"].items())) for s in selected} == pods
+    job = monitor["spec"]["jobLabel"]
+    assert len({s["metadata"]["labels"][job] for s in selected}) == 1
+    (endpoint,) = monitor["spec"]["endpoints"]
+    assert {"sourceLabels": ["__meta_kubernetes_pod_node_name"], "targetLabel": "instance"} in endpoint["relabelings"]

@@ -192,7 +192,7 @@ def version_outputs(*, seccomp: bool = True, containerd: str | None = None) -> d
         runc += "libseccomp: 2.5.4\n"
     outputs = {
         "bin/pause": "",
-        "bin/cdi-validate": "usage: cdi-validate SPEC_DIR...\n",
+        "bin/cdi-validate": "usage: cdi-validate [--inject NAME[,NAME...]] SPEC_DIR...\n",
         "bin/runc": runc,
         "bin/containerd": f"containerd github.com/containerd/containerd/v2 {containerd} \n",
         "bin/ctr": f"ctr github.com/containerd/containerd/v2 {containerd}\n",

@@ -1,11 +1,15 @@
 """Node labels describing the node's GPUs, for Node Feature Discovery's local feature files.
 
 Pure: from the Inventory, the Plan and the Config (plus the machine name and CUDA version, which the
-caller reads) to a label set; `outputs.FeatureFileWriter` puts it on disk.
+caller reads) to a label set; `nodelabels.featurefile.FeatureFileWriter` puts it on disk.
 
 Names and value formats follow Iluvatar's ix-feature-discovery (`iluvatar.com/gpu.product`, `.count`,
 `.memory`, `.machine`, `iluvatar.com/ix.driver-version.*`, `iluvatar.com/cuda.runtime-version.*`);
 `gpu.replicas` and `gpu.sharing-strategy` follow NVIDIA's GPU feature discovery.
+
+Both front ends write the same labels from the same facts (the DRA driver plans the node as the device plugin
+would, with the same ix-config), so a node moved from one to the other keeps their values; the DRA driver adds
+`iluvatar.com/dra.*` (`dra_labels`): the driver it serves and the devices its ResourceSlices offer.
 
 A node without chips gets no labels at all (as ix-feature-discovery does), so the feature file is removed
 rather than claiming `present=false`: a GPU node whose driver is briefly away keeps no stale GPU facts, and
@@ -36,6 +40,10 @@ REPLICAS = f"{PREFIX}/gpu.replicas"
 SHARING_STRATEGY = f"{PREFIX}/gpu.sharing-strategy"
 DRIVER_VERSION = f"{PREFIX}/ix.driver-version"
 CUDA_RUNTIME_VERSION = f"{PREFIX}/cuda.runtime-version"
+DRA_DRIVER = f"{PREFIX}/dra.driver"
+DRA_CHIPS = f"{PREFIX}/dra.chips"
+DRA_BOARDS = f"{PREFIX}/dra.boards"
+DRA_SHARES = f"{PREFIX}/dra.shares"
 
 SHARING_NONE = "none"
 SHARING_TIME_SLICING = "time-slicing"
@@ -96,6 +104,15 @@ def label_set(
     result.update(_driver_labels(inventory.driver_version, notes))
     result.update(_cuda_labels(cuda_version, notes))
     return LabelSet(labels=result, notes=tuple(notes))
+
+
+def dra_labels(driver: str, chips: int, boards: int, shares: int) -> dict[str, str]:
+    """The DRA driver's own labels: the driver the node serves, the chip and whole-board devices its
+    ResourceSlices offer, and the shares of each shared device (0: none shared, and no label)."""
+    result = {DRA_DRIVER: driver, DRA_CHIPS: str(chips), DRA_BOARDS: str(boards)}
+    if shares >= 2:
+        result[DRA_SHARES] = str(shares)
+    return result
 
 
 def product_model(name: str) -> str:

@@ -27,7 +27,6 @@ from ix_device_plugin.deviceplugin.metrics import Metrics
 from ix_device_plugin.deviceplugin.nodefiles import NodeFiles
 from ix_device_plugin.deviceplugin.registrar import Registrar
 from ix_device_plugin.deviceplugin.state import Current, State
-from ix_device_plugin.deviceplugin.telemetry import TelemetryCollector, TelemetrySampler
 from ix_device_plugin.gpureset.sequence import KILL_WAIT, RESET_STOP_WAIT, GpuReset, GpuResetError
 from ix_device_plugin.hardware.backend import BackendError
 from ix_device_plugin.hardware.monitor import HardwareMonitor, HardwareView, MonitorSettings
@@ -44,6 +43,9 @@ from ix_device_plugin.settings.config import Config
 from ix_device_plugin.settings.errors import SettingsError
 from ix_device_plugin.settings.options import Options
 from ix_device_plugin.settings.table import FILE_SETTINGS
+from ix_device_plugin.telemetry.collector import TelemetryCollector
+from ix_device_plugin.telemetry.holders import PluginHolders
+from ix_device_plugin.telemetry.sampler import TelemetrySampler
 
 if TYPE_CHECKING:
     from ix_device_plugin.apiserver.connection import ApiConnection
@@ -127,8 +129,8 @@ class Daemon:
                 Hardware(factory, options.call_timeout),  # its own worker and backend: a hung read stays its own
                 self.telemetry,
                 options.telemetry_interval,
-                lambda: (self.inventory, self.plan),
-                lambda: self.pod_resources.allocations({self.plan.resource_name}, self._telemetry_pod_errors),
+                lambda: self.inventory,
+                PluginHolders(self.pod_resources, lambda: self.plan),
             )
         self.api = ApiFeatures(
             options, self.current, self.metrics, self.hardware, self._rediscover_now, self._pod_devices, self.apiserver
@@ -156,7 +158,6 @@ class Daemon:
         self._applied = asyncio.Event()
         self._endpoint_errors = OncePerError(log)
         self._limit_errors = OncePerError(log)
-        self._telemetry_pod_errors = OncePerError(log, logging.WARNING)
         self._volcano_pod_errors = OncePerError(log, logging.WARNING)
 
     # ---- what others read ------------------------------------------------------------------
@@ -247,6 +248,8 @@ class Daemon:
         spawn("hardware", self.monitor.run)
         if self.sampler is not None:
             spawn("telemetry", self.sampler.run)
+        if (labels := self.files.labels) is not None:
+            spawn("node-labels", labels.run)  # writes them again when another agent hands the file over
         if self.kube_settings is not None:
             spawn("volcano", self.api.run_volcano)
             spawn("reset-announce", self.api.announce_reset)

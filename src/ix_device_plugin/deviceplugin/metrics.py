@@ -3,18 +3,13 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING
+from collections.abc import Callable
 
 from ix_device_plugin import __version__
 from ix_device_plugin.deviceplugin.state import State
 from ix_device_plugin.runtime.lazymetrics import Counter, Gauge, Histogram, Info, Registry
-from ix_device_plugin.settings.health import HEALTH_ERROR_NAMES
+from ix_device_plugin.telemetry.nodestate import PREFIX, Devices, NodeStateCollector
 
-if TYPE_CHECKING:
-    from prometheus_client.metrics_core import Metric
-
-PREFIX = "ix_device_plugin"
 _RESET_BUCKETS = (0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 _LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5, 1.0)
 
@@ -80,7 +75,12 @@ class Metrics:
 
     def read_state_from(self, state: Callable[[], State], registered: Callable[[], bool]) -> None:
         """Export the devices, chips and registration as they are at each scrape."""
-        self.registry.register(_StateCollector(state, registered))
+
+        def devices() -> Devices:
+            plan = state().plan
+            return Devices(plan.resource_name, plan.capacity(), plan.healthy_count())
+
+        self.registry.register(NodeStateCollector(devices, lambda: state().inventory, registered))
 
     def observe_health_poll(self) -> None:
         """Record a successful health poll."""
@@ -89,47 +89,3 @@ class Metrics:
     def render(self) -> bytes:
         """The Prometheus text exposition of every metric."""
         return self.registry.render()
-
-
-class _StateCollector:
-    """The gauges that describe the served state, derived from it at scrape time."""
-
-    def __init__(self, state: Callable[[], State], registered: Callable[[], bool]) -> None:
-        self._state = state
-        self._registered = registered
-
-    def describe(self) -> Iterator[Metric]:
-        return iter(())  # names are known only at collect time; nothing to pre-register
-
-    def collect(self) -> Iterator[Metric]:
-        from prometheus_client.metrics_core import GaugeMetricFamily
-
-        state = self._state()
-        plan = state.plan
-        devices = GaugeMetricFamily(
-            f"{PREFIX}_devices", "Devices advertised to the kubelet, by health", labels=["resource", "health"]
-        )
-        healthy = plan.healthy_count()
-        devices.add_metric([plan.resource_name, "Healthy"], healthy)
-        devices.add_metric([plan.resource_name, "Unhealthy"], plan.capacity() - healthy)
-        yield devices
-        errors = dict.fromkeys(HEALTH_ERROR_NAMES, 0)
-        present = absent = 0
-        for chip in state.inventory.chips():
-            present += chip.status.present
-            absent += not chip.status.present
-            for error in chip.status.errors:
-                errors[error] = errors.get(error, 0) + 1
-        chip_errors = GaugeMetricFamily(
-            f"{PREFIX}_chip_health_errors", "Chips reporting each IXML health error", labels=["error"]
-        )
-        for error, count in errors.items():
-            chip_errors.add_metric([error], count)
-        yield chip_errors
-        chips = GaugeMetricFamily(f"{PREFIX}_chips", "Chips found on the node, by state", labels=["state"])
-        chips.add_metric(["present"], present)
-        chips.add_metric(["absent"], absent)
-        yield chips
-        yield GaugeMetricFamily(
-            f"{PREFIX}_registered", "1 while registered with the kubelet", value=int(self._registered())
-        )

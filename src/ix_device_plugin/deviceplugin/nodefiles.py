@@ -1,7 +1,7 @@
 """The files the plugin keeps on the node for other tools, kept in step with the served State.
 
 Each output takes the whole State on every change and writes only what differs: the CDI spec
-for container runtimes and the NFD local feature file for node labels.
+for container runtimes and, through the node-labels service, the NFD local feature file.
 """
 
 from __future__ import annotations
@@ -11,13 +11,9 @@ from pathlib import Path
 from typing import Protocol
 
 from ix_device_plugin.core.labels import label_set
-from ix_device_plugin.deviceplugin.outputs import (
-    CdiSpecWriter,
-    FeatureFileWriter,
-    OutputError,
-    read_machine_name,
-)
+from ix_device_plugin.deviceplugin.outputs import CdiSpecWriter, OutputError
 from ix_device_plugin.deviceplugin.state import State
+from ix_device_plugin.nodelabels.service import NodeLabels
 from ix_device_plugin.runtime.logs import OncePerError
 
 log = logging.getLogger(__name__)
@@ -59,28 +55,21 @@ class CdiSpecFile:
 
 
 class NodeLabelFile:
-    """The NFD feature file with the node's GPU labels, removed at a clean shutdown."""
+    """The node's GPU labels as the served State describes them (the node-labels service writes them)."""
 
     name = "node labels"
 
-    def __init__(self, writer: FeatureFileWriter, machine: str | None) -> None:
-        self._writer = writer
-        self._machine = machine
-        self._noted: tuple[str, ...] = ()
+    def __init__(self, labels: NodeLabels) -> None:
+        self.labels = labels
 
     def apply(self, state: State) -> None:
         """Write the labels for state when they changed."""
-        labels = label_set(state.inventory, state.plan, state.config, self._machine, state.inventory.cuda_version)
-        if labels.notes != self._noted:
-            for note in labels.notes:
-                log.info("node labels: %s", note)
-            self._noted = labels.notes
-        if self._writer.apply(labels.labels):
-            log.info("node labels %s updated (%d labels)", self._writer.path, len(labels.labels))
+        machine = self.labels.machine
+        self.labels.apply(label_set(state.inventory, state.plan, state.config, machine, state.inventory.cuda_version))
 
     def close(self) -> None:
-        """Remove the labels: the node no longer has a plugin telling the truth about its GPUs."""
-        self._writer.remove()
+        """At a clean shutdown: the labels are kept for the agent that follows, as the node-labels service does."""
+        self.labels.close()
 
 
 class NodeFiles:
@@ -93,13 +82,18 @@ class NodeFiles:
         if cdi_spec_dir is not None:
             self.files.append(CdiSpecFile(CdiSpecWriter(cdi_spec_dir, dev_root)))
         if node_feature_dir is not None:
-            self.files.append(NodeLabelFile(FeatureFileWriter(node_feature_dir), read_machine_name(sysfs_root)))
+            self.files.append(NodeLabelFile(NodeLabels(node_feature_dir, sysfs_root)))
         self._errors = {file.name: OncePerError(log) for file in self.files}
         self.due = bool(self.files)
 
     def changed(self) -> None:
         """The State changed: write at the next apply."""
         self.due = bool(self.files)
+
+    @property
+    def labels(self) -> NodeLabels | None:
+        """The node-labels service, when the feature file is written."""
+        return next((file.labels for file in self.files if isinstance(file, NodeLabelFile)), None)
 
     def apply(self, state: State) -> None:
         """Write what is due for state; a file that fails stays due."""
@@ -117,7 +111,7 @@ class NodeFiles:
                 errors.succeeded("%s written again", file.name)
 
     def close(self) -> None:
-        """Clean up every file at a clean shutdown (the CDI spec stays, the labels go)."""
+        """Clean up every file at a clean shutdown (the CDI spec stays, the labels are handed over)."""
         for file in self.files:
             try:
                 file.close()

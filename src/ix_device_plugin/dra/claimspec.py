@@ -8,12 +8,20 @@ sets, `IX_VISIBLE_DEVICES` (the chips' UUIDs) and `IX_REPLICA_DEVICES` (each dev
 replica: `<uuid>::<slot>` for a share, the UUID when held whole), with their legacy `ILUVATAR_COREX_*` twins.
 Its own kind keeps it apart from the device plugin's node-wide `iluvatar.com/gpu` spec, so both modes can share
 a node while it moves from one to the other.
+
+A container with several claims gets every claim's spec, and the CDI library replaces a variable already set
+(the last device applied wins, in whatever order the runtime lists them). So where the driver knows the
+container's whole holding (`containers.py`), each device of the claim sets the variables again in its own edits,
+to that whole holding: a spec's own edits always come before its first device's, so the last value written is a
+device's, and every device says the same (docs/dra.md, "Several claims in one container").
 """
 
 from __future__ import annotations
 
+import copy
 import re
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -73,20 +81,53 @@ def claim_spec(
         nodes = [device_node(chip.device_node, dev_root) for chip in device.chips if chip.device_node is not None]
         name = cdi_device_name(uid, prepared.device, prepared.share_id)
         entries.append({"name": name, "containerEdits": {"deviceNodes": nodes}})
-    visible = ",".join(dict.fromkeys(uuid for prepared, _ in devices for uuid in prepared.chip_uuids))
-    replicas = ",".join(dict.fromkeys(replica for prepared, _ in devices for replica in prepared.replica_ids))
     edits: dict[str, Any] = {}
     if control_nodes:
         edits["deviceNodes"] = [device_node(node, dev_root) for node in control_nodes]
-    edits["env"] = [
-        f"{VISIBLE_DEVICES_ENV}={visible}",
-        f"{LEGACY_VISIBLE_DEVICES_ENV}={visible}",
-        f"{REPLICA_DEVICES_ENV}={replicas}",
-        f"{LEGACY_REPLICA_DEVICES_ENV}={replicas}",
-    ]
+    edits["env"] = Holding.of(prepared for prepared, _ in devices).env()
     spec: dict[str, Any] = {"cdiVersion": "", "kind": CLAIM_CDI_KIND, "devices": entries, "containerEdits": edits}
     spec["cdiVersion"] = minimum_version(spec)
     return spec
+
+
+@dataclass(frozen=True)
+class Holding:
+    """What a container holds, as the GPU variables name it: chip UUIDs, and the devices as replica IDs."""
+
+    visible: tuple[str, ...]
+    replicas: tuple[str, ...]
+
+    @classmethod
+    def of(cls, devices: Iterable[PreparedDevice]) -> Holding:
+        """The holding of these devices, each chip and replica once, in the order the devices name them."""
+        listed = list(devices)
+        visible = dict.fromkeys(uuid for device in listed for uuid in device.chip_uuids)
+        replicas = dict.fromkeys(replica for device in listed for replica in device.replica_ids)
+        return cls(tuple(visible), tuple(replicas))
+
+    def env(self) -> list[str]:
+        """The variables the device plugin sets, with their legacy twins."""
+        visible, replicas = ",".join(self.visible), ",".join(self.replicas)
+        return [
+            f"{VISIBLE_DEVICES_ENV}={visible}",
+            f"{LEGACY_VISIBLE_DEVICES_ENV}={visible}",
+            f"{REPLICA_DEVICES_ENV}={replicas}",
+            f"{LEGACY_REPLICA_DEVICES_ENV}={replicas}",
+        ]
+
+
+def with_container_holdings(spec: Mapping[str, Any], holdings: Mapping[str, Holding]) -> dict[str, Any]:
+    """spec with each device named in holdings (by CDI device name) setting the variables to its containers'
+    whole holding in its own edits; the other devices set none of their own."""
+    changed = copy.deepcopy(dict(spec))
+    for entry in changed.get("devices", []):
+        edits = entry.setdefault("containerEdits", {})
+        holding = holdings.get(entry.get("name"))
+        if holding is None:
+            edits.pop("env", None)
+        else:
+            edits["env"] = holding.env()
+    return changed
 
 
 class SpecError(Exception):

@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -33,13 +33,15 @@ from ix_device_plugin.api.pluginregistration import api_pb2_grpc as registration
 from ix_device_plugin.apiserver.client import Kube
 from ix_device_plugin.apiserver.connection import ApiConnection
 from ix_device_plugin.apiserver.errors import KubeError
-from ix_device_plugin.apiserver.objects import NODE, RESOURCE_CLAIM, RESOURCE_SLICE, uid_of
+from ix_device_plugin.apiserver.objects import NODE, POD, RESOURCE_CLAIM, RESOURCE_SLICE, ObjectKind, uid_of
 from ix_device_plugin.apiserver.settings import KubeSettings
 from ix_device_plugin.apiserver.watch import Key, Mirror
 from ix_device_plugin.core.inventory import Inventory
 from ix_device_plugin.dra.claimstatus import ClaimStatusWriter
+from ix_device_plugin.dra.containers import PodRef, container_holdings, owner_pod
 from ix_device_plugin.dra.health import DeviceHealthBoard, HealthService
 from ix_device_plugin.dra.metrics import DraMetrics
+from ix_device_plugin.dra.nodeservices import DraNodeServices
 from ix_device_plugin.dra.prepared import ClaimError, ClaimRef, PreparedClaim
 from ix_device_plugin.dra.publisher import SlicePublisher, StoredSlice, stored_slice
 from ix_device_plugin.dra.registration import (
@@ -55,7 +57,7 @@ from ix_device_plugin.dra.registration import (
 from ix_device_plugin.dra.role import PublisherRole
 from ix_device_plugin.dra.service import DraService
 from ix_device_plugin.dra.slices import BOARD, DRIVER, SliceContent, SlicePolicy, slice_content
-from ix_device_plugin.dra.state import DraState, read_boot_id
+from ix_device_plugin.dra.state import ClaimReader, DraState, read_boot_id
 from ix_device_plugin.gpureset.handshake import open_handshake
 from ix_device_plugin.gpureset.sequence import GpuReset, GpuResetError, ResetHandshake, ResetSettings
 from ix_device_plugin.hardware.monitor import HardwareMonitor, HardwareView, MonitorSettings
@@ -92,7 +94,8 @@ class DraDriver:
         self.options = options
         base = options.base
         self.service = Service(base.stop_timeout)
-        self.hardware = Hardware(backend_factory or open_backend(base), base.call_timeout)
+        factory = backend_factory or open_backend(base)
+        self.hardware = Hardware(factory, base.call_timeout)
         self.monitor = HardwareMonitor(
             self.hardware,
             MonitorSettings(
@@ -134,6 +137,15 @@ class DraDriver:
         reset = ResetSettings.of(base)
         self.gpu_reset = GpuReset(self.hardware, self._reset_handshake, self._rediscover, self.metrics, reset)
         self.gpu_reset.node_turn = self.state.reset_turn  # the driver's pods reset the node's GPUs in turn
+        self.node = DraNodeServices(  # labels and telemetry; telemetry lets go of the library during a reset
+            options,
+            self.monitor,
+            lambda: self.content,
+            factory,
+            self.metrics.registry,
+            self.registration.registered.is_set,
+        )
+        self.gpu_reset.quiet_others = self.node.paused
 
     @property
     def inventory(self) -> Inventory:
@@ -173,6 +185,8 @@ class DraDriver:
         if self.api is not None:
             self._watch_slices_and_node(self.api)
         self.service.spawn("hardware", self.monitor.run)
+        for name, task in self.node.tasks().items():
+            self.service.spawn(name, task)
         await self._serve()
         if self.api is not None:  # reset: false in ix-gpu-reset-<node>, as the device plugin says at start: a driver
             # killed in the middle of a reset left reset: true, and ix-exporter stays away from the GPUs until then
@@ -201,6 +215,7 @@ class DraDriver:
         self._sockets.clear()
         if self.api is not None:
             await bounded("closing the API connection", self.api.close(), timeout / 10)
+        await self.node.close()
         await self.hardware.close(timeout * 0.4)
         self.role.release()  # let go already when the publisher stopped; here only when its stop was abandoned
 
@@ -213,7 +228,7 @@ class DraDriver:
         remove_stale_sockets(self.options.registrar_dir, self.options.plugins_dir)  # left by a pod that was killed
         dra = grpc.aio.server()
         for pb2, grpc_module in ((dra_v1, dra_v1_grpc), (dra_v1beta1, dra_v1beta1_grpc)):
-            service = DraService(self.prepare_claim, self.unprepare_claim, pb2)
+            service = DraService(self.prepare_claims, self.unprepare_claim, pb2)
             grpc_module.add_DRAPluginServicer_to_server(service, dra)  # type: ignore[attr-defined]
         for pb2, grpc_module in ((health_v1, health_v1_grpc), (health_v1alpha1, health_v1alpha1_grpc)):
             health = HealthService(self.health, pb2, self._streams_end)
@@ -280,10 +295,27 @@ class DraDriver:
 
     # ---- claims ---------------------------------------------------------------------------------
 
-    async def prepare_claim(self, ref: ClaimRef) -> PreparedClaim | str:
-        """The prepared claim, or the per-claim error message; never raises."""
+    async def prepare_claims(self, refs: Sequence[ClaimRef]) -> list[PreparedClaim | str]:
+        """Prepare the claims of one NodePrepareResources (the kubelet asks for all of a pod's claims at once),
+        then have the CDI specs of the pods' own claims name what each of their containers holds; each claim's
+        outcome (see prepare_claim)."""
+        read: dict[str, Any] = {}  # claim UID -> the ResourceClaim, as read for this call
+
+        async def reader(ref: ClaimRef) -> dict[str, Any]:
+            read[ref.uid] = await self._read_claim(ref)
+            return read[ref.uid]
+
+        outcomes = list(await asyncio.gather(*(self.prepare_claim(ref, reader) for ref in refs)))
+        prepared = {outcome.ref.uid for outcome in outcomes if not isinstance(outcome, str)}
+        pods = {owner_pod(claim) for uid, claim in read.items() if uid in prepared}
+        for pod in sorted((pod for pod in pods if pod is not None), key=str):
+            await self._name_container_holdings(pod)
+        return outcomes
+
+    async def prepare_claim(self, ref: ClaimRef, read: ClaimReader | None = None) -> PreparedClaim | str:
+        """The prepared claim, or the per-claim error message; never raises. read: how to read the claim."""
         devices, control_nodes = self.content.by_name(), self.inventory.control_nodes
-        work = self.state.prepare(ref, self._read_claim, devices, control_nodes, self._reset_claim)
+        work = self.state.prepare(ref, read or self._read_claim, devices, control_nodes, self._reset_claim)
         prepared: PreparedClaim | str = await self.metrics.timed("prepare", work)
         if not isinstance(prepared, str) and self.claim_status is not None:
             self.claim_status.prepared(prepared, {chip.uuid: chip.bus_id for chip in self.inventory.chips()})
@@ -319,26 +351,50 @@ class DraDriver:
             return None
         return await open_handshake(self.api, self.options.node_name)
 
+    async def _name_container_holdings(self, pod: PodRef) -> None:
+        """Have the CDI specs of pod's own claims name what each of its containers holds (containers.py); where
+        the pod cannot be read, they name their own chips only, which is logged."""
+        try:
+            found = await self._read(POD, pod.name, pod.namespace, f"pod {pod}")
+        except ClaimError as error:
+            log.warning("%s: a container of it with several claims may see only some of its chips", error)
+            return
+        if (found.get("metadata") or {}).get("uid") != pod.uid:
+            return  # replaced since its claims were made: the kubelet does not start the old one's containers
+        prepared = {
+            claim.ref.name: claim
+            for claim in list(self.state.claims.values())
+            if claim.ref.namespace == pod.namespace and claim.complete
+        }
+        holdings = container_holdings(found, prepared)
+        for warning in holdings.warnings:
+            log.warning("pod %s: %s", pod, warning)
+        await self.state.name_container_holdings(holdings.by_claim)
+
     async def _read_claim(self, ref: ClaimRef) -> dict[str, Any]:
         """The ResourceClaim, retried for claim_read_timeout; ClaimError naming the claim when it cannot be read."""
+        return await self._read(RESOURCE_CLAIM, ref.name, ref.namespace, f"claim {ref}")
+
+    async def _read(self, kind: ObjectKind, name: str, namespace: str, what: str) -> dict[str, Any]:
+        """The object, retried for claim_read_timeout; ClaimError starting with what when it cannot be read."""
         assert self.kube is not None
         kube = self.kube
 
         async def read() -> dict[str, Any]:
-            claim = await kube.get_object(RESOURCE_CLAIM, ref.name, ref.namespace)
-            if claim is None:
-                raise ClaimError(f"claim {ref}: no such ResourceClaim")
-            return claim
+            found = await kube.get_object(kind, name, namespace)
+            if found is None:
+                raise ClaimError(f"{what}: no such {kind.kind}")
+            return found
 
         try:
             async with asyncio.timeout(self.options.claim_read_timeout):
                 return await Backoff(initial=0.1, cap=2.0).retry(read, errors=OncePerError(log, logging.WARNING))
         except TimeoutError:
             raise ClaimError(
-                f"claim {ref}: cannot read it from the API server within {self.options.claim_read_timeout:g}s"
+                f"{what}: cannot read it from the API server within {self.options.claim_read_timeout:g}s"
             ) from None
         except KubeError as error:
-            raise ClaimError(f"claim {ref}: {error.message}") from None
+            raise ClaimError(f"{what}: {error.message}") from None
 
     # ---- probes and metrics -------------------------------------------------------------------
 

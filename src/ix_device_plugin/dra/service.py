@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import grpc
 
 from ix_device_plugin.dra.prepared import ClaimRef, PreparedClaim
 
-Prepare = Callable[[ClaimRef], Awaitable[PreparedClaim | str]]  # the prepared claim, or why not
+Prepare = Callable[[Sequence[ClaimRef]], Awaitable[list[PreparedClaim | str]]]  # each: prepared, or why not
 Unprepare = Callable[[ClaimRef], Awaitable[str | None]]  # None, or why not
 
 
@@ -26,7 +25,7 @@ class DraService:
     async def NodePrepareResources(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         """Prepare every claim; each answers its devices or its own error."""
         refs = [ClaimRef(c.namespace, c.name, c.uid) for c in request.claims]
-        outcomes = await asyncio.gather(*(self._prepare(ref) for ref in refs))
+        outcomes = await self._prepare(refs)
         response = self.pb2.NodePrepareResourcesResponse()
         for ref, outcome in zip(refs, outcomes, strict=True):
             answer = response.claims[ref.uid]

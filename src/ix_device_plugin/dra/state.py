@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import os
 import shutil
@@ -41,7 +42,14 @@ from ix_device_plugin.dra.checkpoint import (
     read_checkpoint,
 )
 from ix_device_plugin.dra.claims import NodeView, prepare
-from ix_device_plugin.dra.claimspec import SpecError, cdi_spec_file, claim_from_spec, claim_spec_files
+from ix_device_plugin.dra.claimspec import (
+    Holding,
+    SpecError,
+    cdi_spec_file,
+    claim_from_spec,
+    claim_spec_files,
+    with_container_holdings,
+)
 from ix_device_plugin.dra.prepared import ClaimError, ClaimRef, PreparedClaim, check_ref, valid_uid
 from ix_device_plugin.dra.slices import SliceDevice
 from ix_device_plugin.runtime.errors import StartupError
@@ -343,6 +351,33 @@ class DraState:
             return f"claim {ref}: its GPUs were reset, but recording it failed ({error}); the next try resets again"
         log.info("claim %s: GPU reset done and recorded", ref)
         return done
+
+    async def name_container_holdings(self, holdings: Mapping[str, Mapping[str, Holding]]) -> None:
+        """Have each prepared claim's CDI devices name what their containers hold (holdings: by claim UID, then
+        by CDI device name; see containers.py): checkpoint first, then the specs. Never raises: a claim whose
+        spec cannot be written keeps naming its own chips, which is logged."""
+        try:
+            async with self._locked():
+                self._load()
+                changed = {}
+                for uid, by_device in holdings.items():
+                    claim = self.claims.get(uid)
+                    if claim is None or not claim.complete:
+                        continue
+                    spec = with_container_holdings(claim.spec, by_device)
+                    if spec != claim.spec:
+                        changed[uid] = dataclasses.replace(claim, spec=spec)
+                if not changed:
+                    return
+                claims = {**self.claims, **changed}
+                self._save(claims)
+                self.claims = claims
+                for claim in changed.values():
+                    self._write_spec(claim)
+        except (OutputError, CheckpointError) as error:
+            log.error("cannot name what the containers hold in the claims' CDI specs: %s", error)
+            return
+        log.info("CDI specs of claims %s name their containers' whole holdings", ", ".join(sorted(changed)))
 
     async def unprepare(self, ref: ClaimRef) -> str | None:
         """Forget the claim (checkpoint first, then its CDI spec); the error message, or None. A claim whose reset

@@ -3,7 +3,8 @@
 The YAML file is re-read at every health poll, so editing a chip's `health:`
 or `present:` while the plugin runs changes what the kubelet is told. A chip's
 `xids: [79]` are critical XID events: each is handed to watch_xids' sink once,
-at the first discovery or poll that reads it.
+at the first discovery or poll that reads it. The driver version is what IXML
+reports on a real node (`4.4.0`), or the file's `driver_version:`.
 """
 
 from __future__ import annotations
@@ -30,6 +31,9 @@ from ix_device_plugin.settings.table import DEFAULT_SIMULATED_DEVICES
 DEFAULT_SPEC = DEFAULT_SIMULATED_DEVICES
 MAX_BOARDS = 256
 MAX_MINOR = (1 << 20) - 1  # Linux minor numbers have 20 bits
+# What IXML's nvmlSystemGetDriverVersion reports with Iluvatar's 4.4.0 software: X.Y.Z, as real nodes label it.
+DEFAULT_DRIVER_VERSION = "4.4.0"
+MAX_DRIVER_VERSION = 79  # IXML writes the version into an 80-byte buffer, its NUL included
 _UUID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
 _UUID_NAMESPACE = uuidlib.UUID("6f1c1b0e-5d8e-4c1a-9a43-1e3e00000000")
 _CHIP_KEYS = {"uuid", "minor", "bus_id", "numa_node", "memory_mib", "health", "present", "xids"}
@@ -51,7 +55,9 @@ class SimulatedBackend:
 
     def discover(self) -> Inventory:
         """Boards and chips as the spec or file describes them now."""
-        return Inventory(boards=self._boards(), driver_version="simulated")
+        boards = self._boards()  # first: a file that is no boards mapping is reported as such
+        version = DEFAULT_DRIVER_VERSION if self._path is None else load_driver_version(self._path)
+        return Inventory(boards=boards, driver_version=version)
 
     def health(self, inventory: Inventory) -> Mapping[str, ChipStatus]:
         """Chip statuses as the file says now; chips gone from the file are not present."""
@@ -217,6 +223,27 @@ def reset_behaviour(path: Path) -> dict[str, str]:
             raise BackendError(f"simulated devices file {path}: reset.{kind}: expected a list of chip UUIDs")
         behaviour.update(dict.fromkeys(uuids, kind))
     return behaviour
+
+
+def load_driver_version(path: Path) -> str:
+    """The file's `driver_version:` (DEFAULT_DRIVER_VERSION when absent); BackendError when it is not one.
+
+    Any text IXML could report is taken as it is ("" for a library that reports none), so that what the front
+    ends make of an odd version (no labels, no driverVersion attribute) can be tried too.
+    """
+    document = _read_document(path)
+    value = document.get("driver_version", DEFAULT_DRIVER_VERSION) if isinstance(document, dict) else ""
+    if not isinstance(value, str):
+        raise BackendError(
+            f'simulated devices file {path}: driver_version: expected a quoted string such as "4.1.0-rc1", '
+            f"got {yamlsafe.shown(value)}"
+        )
+    if len(value) > MAX_DRIVER_VERSION or not value.isascii() or not value.isprintable():
+        raise BackendError(
+            f"simulated devices file {path}: driver_version: expected at most {MAX_DRIVER_VERSION} printable "
+            f"ASCII characters, as IXML reports it, got {yamlsafe.shown(value)}"
+        )
+    return value
 
 
 def load_file(path: Path) -> tuple[Board, ...]:

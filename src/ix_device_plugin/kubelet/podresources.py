@@ -1,5 +1,5 @@
 """Which container holds which device: the kubelet's pod-resources API v1 (List), as dcgm-exporter and
-ix-exporter read it."""
+ix-exporter read it; the devices of DRA claims from each container's `dynamic_resources`."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 import grpc
 
 from ix_device_plugin.api.podresources import api_pb2, api_pb2_grpc
-from ix_device_plugin.core.telemetry import PodRef
+from ix_device_plugin.core.telemetry import ClaimDevice, Holdings, PodRef
 from ix_device_plugin.kubelet.sockets import CHANNEL_OPTIONS, unix_target
 from ix_device_plugin.runtime.logs import OncePerError
 
@@ -41,6 +41,13 @@ class PodResourcesClient:
 
     async def allocations(self, resource_names: Set[str], timeout: float) -> dict[str, PodRef]:
         """Device ID -> the container it is allocated to, for devices of resource_names; PodResourcesError."""
+        return _allocations(await self._list(timeout), resource_names)
+
+    async def holdings(self, timeout: float) -> Holdings:
+        """Every device and claim device the node's containers hold; PodResourcesError."""
+        return _holdings(await self._list(timeout))
+
+    async def _list(self, timeout: float) -> api_pb2.ListPodResourcesResponse:
         if self._channel is None:
             options = (*CHANNEL_OPTIONS, ("grpc.max_receive_message_length", MAX_MESSAGE))
             self._channel = grpc.aio.insecure_channel(unix_target(self.socket_path), options=options)
@@ -54,7 +61,7 @@ class PodResourcesClient:
             if error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED:
                 why = f"the answer is over the {MAX_MESSAGE // (1024 * 1024)} MiB allowed ({why})"
             raise PodResourcesError(f"pod resources {self.socket_path}: {why}") from None
-        return _allocations(response, resource_names)
+        return response
 
     async def close(self) -> None:
         """Close the channel; the next call opens another."""
@@ -72,6 +79,30 @@ def _allocations(response: api_pb2.ListPodResourcesResponse, resource_names: Set
                     for device_id in devices.device_ids:
                         allocations[device_id] = PodRef(pod.namespace, pod.name, container.name)
     return allocations
+
+
+def _holdings(response: api_pb2.ListPodResourcesResponse) -> Holdings:
+    devices: list[tuple[str, str, PodRef]] = []
+    claims: list[ClaimDevice] = []
+    for pod in response.pod_resources:
+        for container in pod.containers:
+            ref = PodRef(pod.namespace, pod.name, container.name)
+            for held in container.devices:
+                devices.extend((held.resource_name, device_id, ref) for device_id in held.device_ids)
+            for claim in container.dynamic_resources:
+                claims.extend(
+                    ClaimDevice(
+                        ref,
+                        claim.claim_namespace,
+                        claim.claim_name,
+                        resource.driver_name,
+                        resource.pool_name,
+                        resource.device_name,
+                        resource.share_id,
+                    )
+                    for resource in claim.claim_resources
+                )
+    return Holdings(tuple(devices), tuple(claims))
 
 
 class PodResources:
@@ -94,6 +125,20 @@ class PodResources:
             return {}
         errors.succeeded("pod resources answer again")
         return allocations
+
+    async def holdings(self, errors: OncePerError) -> Holdings:
+        """Every device and claim device the node's containers hold (none when unknown); a failure is said once."""
+        if self.socket_path is None or not self.socket_path.exists():
+            return Holdings()
+        if self._client is None:
+            self._client = PodResourcesClient(self.socket_path)
+        try:
+            holdings = await self._client.holdings(timeout=2.0)
+        except PodResourcesError as error:
+            errors.failed("%s; GPU metrics carry no pod labels meanwhile", error)
+            return Holdings()
+        errors.succeeded("pod resources answer again")
+        return holdings
 
     async def close(self) -> None:
         """Close the channel, if one was opened."""

@@ -8,7 +8,10 @@ import tempfile
 import time
 from pathlib import Path
 
+from ix_device_plugin.settings.documents import DocumentError, read_file
+
 FILE_MODE = 0o644
+CURRENT_LIMIT = 4 * 1024 * 1024  # what we write is far smaller; anything larger is not ours and gets replaced
 
 
 class OutputError(Exception):
@@ -39,6 +42,36 @@ def write_atomically(path: Path, text: str) -> None:
         with contextlib.suppress(OSError):
             os.unlink(temp_name)
         raise OutputError(f"cannot write {path}: {reason(exc)}") from exc
+
+
+def current_text(path: Path) -> str | None:
+    """The file's text when it is a regular file we may have written; None for anything else (replaced).
+
+    Read without following a symlink or blocking: a FIFO or a link to /dev/zero at the path never hangs us.
+    """
+    try:
+        return read_file(path, CURRENT_LIMIT, follow_symlinks=False).decode("utf-8")
+    except (OSError, UnicodeDecodeError, DocumentError):
+        return None
+
+
+def write_if_changed(path: Path, text: str) -> bool:
+    """Write text atomically unless the file holds it already; True when the file changed. Raises OutputError."""
+    if current_text(path) == text:
+        return False
+    write_atomically(path, text)
+    return True
+
+
+def remove_file(path: Path) -> bool:
+    """Remove path; True when there was one. Raises OutputError naming the path."""
+    try:
+        path.unlink()
+    except FileNotFoundError:
+        return False
+    except OSError as exc:
+        raise OutputError(f"cannot remove {path}: {reason(exc)}") from exc
+    return True
 
 
 def _fsync_directory(directory: Path) -> None:

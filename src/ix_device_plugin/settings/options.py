@@ -28,10 +28,11 @@ from ix_device_plugin.settings.table import (
 
 @dataclass(frozen=True)
 class NodeOptions:
-    """What both front ends need: the GPUs and how to watch them, the config file, probes, timings.
+    """What both front ends need: the GPUs and how to watch them, the config file, probes, timings, and the
+    node services (labels, telemetry).
 
-    Fields default to the command line's defaults, except that nothing is written to the node (CDI
-    spec) unless a directory is given.
+    Fields default to the command line's defaults, except that nothing is written to the node (CDI spec,
+    feature file) unless a directory is given, and telemetry is off unless an interval is given.
     """
 
     mode: str = RUN  # which settings of the config file are used
@@ -42,6 +43,9 @@ class NodeOptions:
     dev_root: Path = Path(DEFAULT_DEV_ROOT)
     sysfs_root: Path = Path(DEFAULT_SYSFS_ROOT)
     cdi_spec_dir: Path | None = None  # None: no CDI spec is written
+    node_feature_dir: Path | None = None  # None: no NFD feature file is written
+    telemetry_interval: float | None = None  # None: no GPU telemetry
+    pod_resources_socket: Path | None = None  # None: telemetry without pod labels
     health_interval: float = default("health_interval")
     backend_timeout: float | None = None  # None: 3 health intervals, at least 10 s
     health_address: str = default("health_address")
@@ -72,11 +76,8 @@ class Options(NodeOptions):
     """The device plugin's options (and `list`'s and `cdi generate`'s)."""
 
     plugin_dir: Path = Path(DEFAULT_PLUGIN_DIR)
-    node_feature_dir: Path | None = None  # None: no NFD feature file is written
     poll_interval: float = 1.0  # stat check when inotify wakes us; polling alone uses a quarter
     registration_grace: float = 60.0  # /healthz fails after registration has failed this long
-    telemetry_interval: float | None = None  # None: no GPU telemetry
-    pod_resources_socket: Path | None = None  # None: telemetry without pod labels
     node_name: str = ""  # for metric labels: NODE_NAME, else the host name
     per_node_config: bool = False  # the node label NODE_CONFIG_LABEL picks the ConfigMap key
     label_wait: float = 5.0  # at start, how long to wait for the node label before using ix-config
@@ -126,9 +127,6 @@ def options_from(resolved: Resolved) -> Options:
     values = resolved.values
     plugin = {
         "plugin_dir": values.get("device_plugin_path", Path(DEFAULT_PLUGIN_DIR)),
-        "node_feature_dir": values.get("node_feature_dir"),
-        "telemetry_interval": values.get("telemetry_interval"),
-        "pod_resources_socket": values.get("pod_resources_socket"),
         "node_name": values.get("node_name") or socket.gethostname(),
         "per_node_config": values.get("per_node_config", False),
     }

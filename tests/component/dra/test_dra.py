@@ -67,11 +67,12 @@ async def test_the_slice_holds_every_chip_with_its_attributes(node: DraNode) -> 
     devices = node.slice_devices()
     assert sorted(devices) == ["board-0", "board-2", "gpu-0", "gpu-1", "gpu-2", "gpu-3"]
     first = devices["gpu-0"]["attributes"]
-    # No NUMA node, PCIe root or version for simulated chips; the bus ID is the standard attribute.
+    # No NUMA node or PCIe root for simulated chips; the bus ID is the standard attribute.
     assert set(first) == {
         "uuid", "productName", "boardUUID", "minor", "resource.kubernetes.io/pciBusID", "type", "wholeBoard",
-        "extendedResource",
+        "extendedResource", "driverVersion",
     }  # fmt: skip
+    assert first["driverVersion"] == {"version": "4.4.0"}
     assert first["productName"] == {"string": "BI-V150"} and first["minor"] == {"int": 0}
     assert (first["type"], first["wholeBoard"]) == ({"string": "chip"}, {"bool": False})
     boards = [devices[name]["attributes"]["boardUUID"]["string"] for name in ("gpu-0", "gpu-1", "gpu-2", "gpu-3")]

@@ -22,8 +22,9 @@ from ix_device_plugin.core.labels import (
     sanitise_label_value,
 )
 from ix_device_plugin.core.plan import plan
-from ix_device_plugin.deviceplugin.outputs import FeatureFileWriter, OutputError, feature_file_text, read_machine_name
 from ix_device_plugin.hardware.simulated import parse_spec
+from ix_device_plugin.nodelabels.featurefile import FeatureFileWriter, feature_file_text, read_machine_name
+from ix_device_plugin.runtime.files import OutputError
 from ix_device_plugin.settings.config import Config
 
 DRIVER = "4.2.0"

@@ -29,6 +29,8 @@ EXPECTED = {
     "product_typo.yaml": "unknown product 'BI-V15O'; did you mean 'BI-V150'?",
     "utf16.yaml": "looks like UTF-16 or UTF-32 text; save it as UTF-8",
     "no_boards.yaml": "expected a mapping with a `boards:` list",
+    "driver_version_number.yaml": 'driver_version: expected a quoted string such as "4.1.0-rc1", got 4.1',
+    "driver_version_not_ascii.yaml": "driver_version: expected at most 79 printable ASCII characters",
 }
 SPECS = {
     "BI-V150:²": "count in 'BI-V150:²' must be a whole number from 1 to 256",

@@ -44,13 +44,14 @@ def test_the_dra_mode_takes_none_of_the_device_plugins_own_settings() -> None:
     dra = {s.name for s in settings_of(DRA)}
     device_plugin_only = {
         "device_plugin_path", "resource_name", "reset_gpu", "use_volcano", "device_list_strategy",
-        "rename_by_default", "fail_requests_greater_than_one", "per_node_config", "telemetry_interval",
-        "pod_resources_socket", "node_feature_dir",
+        "rename_by_default", "fail_requests_greater_than_one", "per_node_config",
     }  # fmt: skip
     assert not dra & device_plugin_only
     assert {"fail_on_init_error", "disabled_healthchecks", "config", "node_name", "cdi_spec_dir"} <= dra
     # the same meaning in both modes: what one GPU is, how many share it, and how a reset goes
     assert {"splitboard", "replicas", "ixsmi_path", "reset_timeout", "reset_wait_timeout"} <= dra
+    # the node services both modes run: labels, telemetry and who holds each chip
+    assert {"node_feature_dir", "telemetry_interval", "pod_resources_socket"} <= dra
 
 
 def test_precedence_flag_over_env_over_file_over_default() -> None:

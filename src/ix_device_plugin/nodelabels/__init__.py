@@ -1,0 +1,2 @@
+"""Node labels, a node service of both front ends: the node's GPU facts as Node Feature Discovery labels, in
+one local feature file that either mode keeps true (featurefile: the file; service: keeping it in step)."""

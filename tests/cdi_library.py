@@ -1,0 +1,47 @@
+"""The real CDI library (tags.cncf.io/container-device-interface, as containerd uses it), through the end-to-end
+build's `cdi-validate --inject`: what a container given some CDI devices, in some order, gets."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+BUILD_SCRIPT = REPO_ROOT / "e2e" / "cluster" / "build.sh"
+
+
+def cdi_validate() -> tuple[Path | None, str]:
+    """The cdi-validate binary that knows --inject, or None and why not ($IX_CDI_VALIDATE names another)."""
+    if os.environ.get("IX_CDI_VALIDATE"):
+        binary = Path(os.environ["IX_CDI_VALIDATE"])
+    else:
+        found = subprocess.run(
+            ["bash", str(BUILD_SCRIPT), "--print-dir"], capture_output=True, text=True, timeout=60, check=False
+        )
+        binary = Path(found.stdout.strip()) / "bin" / "cdi-validate"
+    if not binary.is_file():
+        return None, f"{binary} is not built: run `make e2e-build` (or e2e/cluster/build.sh)"
+    with tempfile.TemporaryDirectory() as empty:
+        probe = subprocess.run(
+            [str(binary), "--inject", "vendor.example/probe=x", empty], capture_output=True, text=True, timeout=30
+        )
+    if "unresolvable" not in probe.stderr:
+        return None, f"{binary} predates --inject: build the tools again (e2e/cluster/build.sh rebuilds them)"
+    return binary, ""
+
+
+def inject(binary: Path, spec_dir: Path, devices: Sequence[str]) -> tuple[dict[str, str], list[str]]:
+    """The env (as a dict: a name set twice keeps its place and its last value) and device paths that the CDI
+    library gives a container of these devices, injected in this order."""
+    done = subprocess.run(
+        [str(binary), "--inject", ",".join(devices), str(spec_dir)], capture_output=True, text=True, timeout=30
+    )
+    assert done.returncode == 0, f"cdi-validate --inject {','.join(devices)}: {done.stderr}"
+    result = json.loads(done.stdout)
+    names = [item.partition("=")[0] for item in result["env"]]
+    assert len(names) == len(set(names)), f"the CDI library left a variable twice: {result['env']}"
+    return dict(item.partition("=")[::2] for item in result["env"]), result["devices"]
