@@ -13,10 +13,10 @@ chips from the scheduler, and the kubelet deletes the slices of a driver that st
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -49,9 +49,13 @@ from ix_device_plugin.dra.registration import (
     RegistrationService,
     dra_socket,
     plugin_dir,
+    put_in_place,
     registration_socket,
-    stale_sockets,
+    remove_own_socket,
+    remove_stale_sockets,
+    staging_socket,
 )
+from ix_device_plugin.dra.role import PublisherRole
 from ix_device_plugin.dra.service import DraService
 from ix_device_plugin.dra.slices import BOARD, DRIVER, SliceContent, SlicePolicy, slice_content
 from ix_device_plugin.dra.state import ClaimReader, DraState, read_boot_id
@@ -65,8 +69,9 @@ from ix_device_plugin.hardware.worker import Hardware
 from ix_device_plugin.healing.service import NodeHealing
 from ix_device_plugin.healing.story import story_path
 from ix_device_plugin.healing.wayback import return_annotation
-from ix_device_plugin.kubelet.sockets import unix_target
+from ix_device_plugin.kubelet.sockets import Identity, path_too_long, unix_target
 from ix_device_plugin.runtime.backoff import Backoff
+from ix_device_plugin.runtime.errors import StartupError
 from ix_device_plugin.runtime.logs import OncePerError
 from ix_device_plugin.runtime.probes import ProbeHandlers, ProbeServer, start_probes
 from ix_device_plugin.runtime.service import Service, bounded
@@ -130,9 +135,11 @@ class DraDriver:
         self._streams_end = asyncio.Event()
         self.registration = RegistrationService(self.endpoint, self._registered)
         self.publisher: SlicePublisher | None = None
+        self.role = PublisherRole(plugin_dir(options.plugins_dir), options.node_name)
         self.claim_status: ClaimStatusWriter | None = None
         self.ready = asyncio.Event()
         self._servers: list[grpc.aio.Server] = []
+        self._sockets: dict[Path, Identity] = {}  # the sockets this pod put in place, to remove only those
         self._probes: ProbeServer | None = None
         self.probe_port: int | None = None
         self.metrics = DraMetrics(self._figures, self._prepared_devices)
@@ -159,6 +166,7 @@ class DraDriver:
             story=story_path(plugin_dir(options.plugins_dir)),
             rules=healing_rules or DRA_HEALING,
             node_watched=True,  # for the slices' owner: the annotation iluvatar.com/gpu.return comes with it
+            acting=lambda: self.role.held,  # one pod heals the node: the one publishing its slices
         )
 
     @property
@@ -183,7 +191,7 @@ class DraDriver:
     async def start(self) -> None:
         """Read ix-config, load the checkpoint, discover, serve both sockets, publish; raises StartupError."""
         started = time.perf_counter()
-        self.state.restore()
+        await self.state.restore()
         await self.monitor.start(self.options.config.fail_on_init_error)
         if self.kube is None:
             assert self.api is not None
@@ -194,7 +202,8 @@ class DraDriver:
             # the kubelet has deleted the slices, and chips alone would look free beside the allocated board)
         self.publisher.want(self.content, self.roots)
         self.claim_status = ClaimStatusWriter(self.kube, self.options.node_name)
-        self.service.spawn("publish-slice", self.publisher.run)
+        publisher = self.publisher  # writes only while this pod holds the role (one pod of the driver at a time)
+        self.service.spawn("publish-slice", lambda: self.role.run(publisher.run))
         if self.api is not None:
             self._watch_slices_and_node(self.api)
         self.service.spawn("hardware", self.monitor.run)
@@ -224,20 +233,22 @@ class DraDriver:
         if self._probes is not None:
             await bounded("stopping the probe server", self._probes.stop(), timeout / 10)
             self._probes = None
-        for path in (self.registrar_socket, self.endpoint):
-            with contextlib.suppress(OSError):
-                path.unlink(missing_ok=True)
+        for path, own in self._sockets.items():
+            remove_own_socket(path, own)
+        self._sockets.clear()
         if self.api is not None:
             await bounded("closing the API connection", self.api.close(), timeout / 10)
         await self.node.close()
         await self.hardware.close(timeout * 0.4)
+        self.role.release()  # let go already when the publisher stopped; here only when its stop was abandoned
 
     async def _serve(self) -> None:
         endpoint, registrar = self.endpoint, self.registrar_socket
         for path in (registrar, endpoint):
+            if problem := path_too_long(path):
+                raise StartupError(f"cannot serve the kubelet at {problem} (shorter kubelet directories, or POD_UID)")
             path.parent.mkdir(parents=True, exist_ok=True)
-        for path in {*stale_sockets(self.options.registrar_dir, self.options.plugins_dir), registrar, endpoint}:
-            path.unlink(missing_ok=True)  # left by an earlier pod that was killed (or ours, from our last run)
+        remove_stale_sockets(self.options.registrar_dir, self.options.plugins_dir)  # left by a pod that was killed
         dra = grpc.aio.server()
         for pb2, grpc_module in ((dra_v1, dra_v1_grpc), (dra_v1beta1, dra_v1beta1_grpc)):
             service = DraService(self.prepare_claims, self.unprepare_claim, pb2)
@@ -245,15 +256,19 @@ class DraDriver:
         for pb2, grpc_module in ((health_v1, health_v1_grpc), (health_v1alpha1, health_v1alpha1_grpc)):
             health = HealthService(self.health, pb2, self._streams_end)
             grpc_module.add_DRAResourceHealthServicer_to_server(health, dra)  # type: ignore[attr-defined]
-        dra.add_insecure_port(unix_target(endpoint))
-        await dra.start()
-        self._servers.append(dra)
+        await self._serve_on(dra, endpoint)
         registration = grpc.aio.server()
         registration_grpc.add_RegistrationServicer_to_server(self.registration, registration)
-        registration.add_insecure_port(unix_target(registrar))
-        await registration.start()
-        self._servers.append(registration)
+        await self._serve_on(registration, registrar)  # last: the plugin watcher asks for the endpoint at once
         log.info("serving %s and %s", registrar, endpoint)
+
+    async def _serve_on(self, server: grpc.aio.Server, path: Path) -> None:
+        """Start server on a staging socket, then move it to path: the name never lacks a socket that answers."""
+        staging = staging_socket(path)
+        server.add_insecure_port(unix_target(staging))
+        await server.start()
+        self._servers.append(server)
+        self._sockets[path] = put_in_place(staging, path)
 
     def _watch_slices_and_node(self, api: ApiConnection) -> None:
         """Watch the node's slices (put back when someone else changes or deletes them) and the Node (its UID owns
@@ -435,6 +450,7 @@ class DraDriver:
             "restored_claims": self.state.restored,
             "health_changes": self.health.changes,
             "slice_repairs": publisher.repairs if publisher is not None else 0,
+            "slice_publisher": int(self.role.held),
         }
 
     def _prepared_devices(self) -> dict[tuple[str, str], int]:
@@ -447,8 +463,13 @@ class DraDriver:
         return counts
 
     def _ready(self) -> tuple[bool, str]:
+        """Ready once the kubelet can use this pod. A pod on standby is ready: during a rolling update
+        (maxUnavailable 0) the old pod, which publishes, is deleted only once the new one is ready."""
         if not self.registration.registered.is_set():
             return False, "not registered with the kubelet's plugin watcher"
+        if not self.role.held:
+            node = self.options.node_name
+            return True, f"registered; standby: another pod of this driver publishes the slices of node {node}"
         if self.publisher is None or self.publisher.published is None:
             return False, "ResourceSlice not published yet"
         if missing := self.publisher.missing():

@@ -72,6 +72,7 @@ _FIGURES: dict[str, tuple[str, bool]] = {
     "restored_claims": ("Prepared claims found in the checkpoint at start", False),
     "health_changes": ("Device health changes sent to the kubelet", True),
     "slice_repairs": ("Times the node's ResourceSlices were found changed or deleted by someone else", True),
+    "slice_publisher": ("1 while this pod publishes the node's ResourceSlices, 0 on standby behind another pod", False),
 }
 
 

@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import os
+import secrets
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -12,7 +16,9 @@ import grpc
 from ix_device_plugin.api.pluginregistration import api_pb2 as registration_pb2
 from ix_device_plugin.api.pluginregistration import api_pb2_grpc as registration_grpc
 from ix_device_plugin.dra.slices import DRIVER
-from ix_device_plugin.kubelet.sockets import socket_answers
+from ix_device_plugin.kubelet.sockets import Identity, identity, socket_answers
+from ix_device_plugin.runtime.errors import StartupError
+from ix_device_plugin.runtime.files import TEMPORARY_MAX_AGE, reason
 
 log = logging.getLogger(__name__)
 
@@ -39,10 +45,71 @@ def dra_socket(plugins_dir: Path, pod_uid: str = "") -> Path:
     return plugin_dir(plugins_dir) / (f"dra-{pod_uid}.sock" if pod_uid else DRA_SOCKET)
 
 
-def stale_sockets(registrar_dir: Path, plugins_dir: Path) -> list[Path]:
-    """This driver's sockets that nothing serves any more (left by a pod that was killed), to remove."""
-    candidates = [*registrar_dir.glob(f"{DRIVER}*-reg.sock"), *plugin_dir(plugins_dir).glob("dra*.sock")]
-    return [path for path in candidates if path.is_socket() and not socket_answers(path)]
+def stale_sockets(registrar_dir: Path, plugins_dir: Path) -> list[tuple[Path, Identity]]:
+    """This driver's sockets that nothing serves any more (left by a pod that was killed), with the identity each
+    had when found so: at the names the kubelet knows, and at staging names (see staging_socket) once they are
+    older than a start takes."""
+    staging = [*registrar_dir.glob(f".{DRIVER}-*.sock"), *plugin_dir(plugins_dir).glob(".dra-*.sock")]
+    candidates = [
+        *registrar_dir.glob(f"{DRIVER}*-reg.sock"),
+        *plugin_dir(plugins_dir).glob("dra*.sock"),
+        *(path for path in staging if _age(path) > TEMPORARY_MAX_AGE),
+    ]
+    found = [(path, identity(path)) for path in candidates if path.is_socket()]
+    return [(path, seen) for path, seen in found if seen is not None and not socket_answers(path)]
+
+
+def remove_stale_sockets(registrar_dir: Path, plugins_dir: Path) -> None:
+    """Remove the sockets stale_sockets finds, each only while it is still the one found unanswered (another pod
+    may have put a socket of its own at that name meanwhile)."""
+    for path, seen in stale_sockets(registrar_dir, plugins_dir):
+        if identity(path) == seen:
+            with contextlib.suppress(OSError):
+                path.unlink()
+            log.info("removed %s: nothing serves it any more", path)
+
+
+def staging_socket(path: Path) -> Path:
+    """A private name beside path to serve on until the socket is moved to path in one step (see put_in_place).
+
+    Binding a unix socket with gRPC unlinks whatever is at the name first, and stopping the server unlinks it
+    again: served at path directly, one pod of the driver would remove the other's socket (without POD_UID both
+    have the same names). A dot-name: the kubelet's plugin watcher ignores it.
+    """
+    prefix = DRIVER if path.name.startswith(DRIVER) else "dra"
+    return path.with_name(f".{prefix}-{secrets.token_hex(4)}.sock")
+
+
+def put_in_place(staging: Path, path: Path) -> Identity:
+    """Move the socket served at staging to path (replacing what is there in one step); the identity of the socket
+    now at path, to remove it at the stop only while it is still this one. StartupError when it cannot be moved."""
+    if path.is_socket() and socket_answers(path):
+        log.warning(
+            "%s is served by another pod of this driver: this pod takes the name over and the kubelet reaches this "
+            "one from now on (with POD_UID set, as the manifests set it, each pod has sockets of its own)",
+            path,
+        )
+    try:
+        os.rename(staging, path)
+    except OSError as error:
+        raise StartupError(f"cannot serve {path}: moving {staging} there: {reason(error)}") from None
+    placed = identity(path)
+    assert placed is not None
+    return placed
+
+
+def remove_own_socket(path: Path, own: Identity | None) -> None:
+    """Remove the socket at path if it is still the one this pod put there (another pod may have replaced it)."""
+    if own is not None and identity(path) == own:
+        with contextlib.suppress(OSError):
+            path.unlink()
+
+
+def _age(path: Path) -> float:
+    try:
+        return time.time() - path.lstat().st_mtime
+    except OSError:
+        return 0.0
 
 
 class RegistrationService(registration_grpc.RegistrationServicer):

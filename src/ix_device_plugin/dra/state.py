@@ -24,13 +24,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import errno
-import fcntl
 import logging
 import os
 import shutil
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -56,6 +54,7 @@ from ix_device_plugin.dra.prepared import ClaimError, ClaimRef, PreparedClaim, c
 from ix_device_plugin.dra.slices import SliceDevice
 from ix_device_plugin.runtime.errors import StartupError
 from ix_device_plugin.runtime.files import OutputError, reason, remove_stale_temporaries, write_atomically
+from ix_device_plugin.runtime.locks import FileLock
 from ix_device_plugin.settings.documents import DocumentError, load_yaml, read_file
 
 log = logging.getLogger(__name__)
@@ -64,6 +63,8 @@ BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
 LOCK_FILE = "serialize.lock"  # the name the upstream kubelet-plugin helper uses for the same purpose
 RESET_LOCK_FILE = "reset.lock"  # held while a claim's chips are reset, by whichever pod of the driver does it
 LOCK_TIMEOUT = 10.0
+START_LOCK_TIMEOUT = 30.0  # a start that cannot have the lock fails, saying so, and the kubelet starts it again
+LOCK_POLL = 0.005  # another driver holds the lock for milliseconds (one prepare's writes)
 RESET_WAIT = 60.0  # how long a reset, or the unprepare of a claim whose reset is pending, waits for another reset
 SPEC_LIMIT = 1024 * 1024
 ClaimReader = Callable[[ClaimRef], Awaitable[Any]]  # the ResourceClaim object; ClaimError when it cannot
@@ -102,6 +103,8 @@ class DraState:
         self._seen: tuple[int, int, int] | None = None  # (inode, size, mtime) of the checkpoint as last read
         self._checkpoint_boot = ""  # the boot the checkpoint on disk was written in
         self._lock = asyncio.Lock()
+        self.lock_timeout = LOCK_TIMEOUT  # seconds a prepare or unprepare waits for the lock
+        self.start_lock_timeout = START_LOCK_TIMEOUT  # the same at start
         self._resetting = asyncio.Lock()  # this process's part of the node-wide reset turn
         self._turns = _ClaimTurns()
         self._work: set[asyncio.Task[PreparedClaim | str]] = set()  # resets going on to their end
@@ -109,9 +112,10 @@ class DraState:
 
     # ---- start ----------------------------------------------------------------------------------
 
-    def restore(self) -> None:
+    async def restore(self) -> None:
         """Load the checkpoint (rebuilt from the claim specs when it cannot be read) and write every claim's CDI
-        spec again; StartupError for a newer checkpoint, or a directory or file that cannot be used."""
+        spec again; StartupError for a newer checkpoint, a directory or file that cannot be used, or a lock another
+        process holds longer than start_lock_timeout (the wait is said in the log; cancelling the start ends it)."""
         try:
             self.directory.mkdir(parents=True, exist_ok=True)
         except OSError as error:
@@ -119,7 +123,7 @@ class DraState:
         remove_stale_temporaries(self.directory, CHECKPOINT_FILE)
         remove_stale_temporaries(self.cdi_dir, cdi_spec_file("*"))
         try:
-            with self._file_lock_now():
+            async with self._locked(self.start_lock_timeout):
                 earlier = self._restore_locked()
         except (OutputError, CheckpointError) as error:
             raise StartupError(f"cannot restore the prepared claims: {error}") from None
@@ -486,41 +490,39 @@ class DraState:
     # ---- locking ----------------------------------------------------------------------------------
 
     @contextlib.asynccontextmanager
-    async def _locked(self) -> Any:
-        async with self._lock:
-            descriptor = await _flock(self.directory / LOCK_FILE, LOCK_TIMEOUT)
-            try:
-                yield
-            finally:
-                os.close(descriptor)
+    async def _locked(self, timeout: float | None = None) -> AsyncIterator[None]:
+        """Hold this driver's turn and the file lock shared with the other pods of the driver, both had within
+        timeout (lock_timeout by default); OutputError past it."""
+        async with _both(self._lock, self.directory / LOCK_FILE, timeout or self.lock_timeout, "prepared claims"):
+            yield
 
     @contextlib.asynccontextmanager
     async def reset_turn(self) -> AsyncIterator[None]:
         """The node's turn to reset GPUs, shared by every pod of the driver (a reset, the unprepare of a claim
         whose reset is pending, the handshake's repair at start); OutputError after reset_wait seconds."""
-        path = self.directory / RESET_LOCK_FILE
-        try:
-            async with asyncio.timeout(self.reset_wait):
-                await self._resetting.acquire()
-        except TimeoutError:
-            raise OutputError(f"another GPU reset on this node took more than {self.reset_wait:g}s") from None
-        try:
-            descriptor = await _flock(path, self.reset_wait)
-            try:
-                yield
-            finally:
-                os.close(descriptor)
-        finally:
-            self._resetting.release()
+        async with _both(self._resetting, self.directory / RESET_LOCK_FILE, self.reset_wait, "a GPU reset"):
+            yield
 
-    @contextlib.contextmanager
-    def _file_lock_now(self) -> Iterator[None]:
-        descriptor = _open_lock(self.directory / LOCK_FILE)
+
+@contextlib.asynccontextmanager
+async def _both(turn: asyncio.Lock, path: Path, timeout: float, purpose: str) -> AsyncIterator[None]:
+    """This process's turn, then the file lock at path shared with the other pods, both within timeout seconds
+    (the wait for the file is said in the log; cancelling ends it); OutputError past it."""
+    deadline = time.monotonic() + timeout
+    try:
+        async with asyncio.timeout(timeout):
+            await turn.acquire()
+    except TimeoutError:
+        raise OutputError(f"{path}: this driver's other calls kept it for more than {timeout:g}s ({purpose})") from None
+    try:
+        lock = FileLock(path)
+        await lock.take(max(0.0, deadline - time.monotonic()), poll=LOCK_POLL, purpose=purpose)
         try:
-            fcntl.flock(descriptor, fcntl.LOCK_EX)
             yield
         finally:
-            os.close(descriptor)
+            lock.release()
+    finally:
+        turn.release()
 
 
 class _ResetPending(Exception):
@@ -562,38 +564,6 @@ def _about(ref: ClaimRef, error: Exception) -> str:
     """error's message, naming the claim."""
     text = str(error)
     return text if text.startswith("claim ") else f"claim {ref}: {text}"
-
-
-def _open_lock(path: Path) -> int:
-    """A descriptor of the lock file at path, made when missing and never through a symlink; OutputError saying
-    what is wrong with it."""
-    try:
-        return os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
-    except IsADirectoryError:
-        raise OutputError(f"the lock file {path} is a directory; remove it (the driver makes a file there)") from None
-    except OSError as error:
-        if error.errno == errno.ELOOP:
-            raise OutputError(f"the lock file {path} is a symbolic link; not followed: remove it") from None
-        raise OutputError(f"cannot open the lock file {path}: {reason(error)}") from None
-
-
-async def _flock(path: Path, timeout: float) -> int:
-    """An exclusive lock on path (a file descriptor to close); OutputError when another holder keeps it."""
-    descriptor = _open_lock(path)
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            return descriptor
-        except BlockingIOError:
-            if time.monotonic() > deadline:
-                os.close(descriptor)
-                raise OutputError(f"{path} is held by another driver for more than {timeout:g}s") from None
-            try:
-                await asyncio.sleep(0.005)
-            except BaseException:
-                os.close(descriptor)
-                raise
 
 
 def describe(claim: PreparedClaim) -> str:

@@ -64,6 +64,8 @@ class Healer:
     policy and switch read the current configuration (the health policy, and health.selfHealing: auto, true,
     false); asks_others: a reset can ask the other IXML users to let go (the handshake, through the API server),
     which is what `auto` requires. events: where Node Events go (None: the log only); story: the story file.
+    acting: whether this process acts for the node now (DRA: the pod holding the node's role; another pod on
+    standby follows the chips but neither resets nor writes Events until it takes over).
     """
 
     def __init__(
@@ -81,6 +83,7 @@ class Healer:
         node: str = "",
         rules: Rules | None = None,
         free_poll: float = FREE_POLL,
+        acting: Callable[[], bool] = lambda: True,
     ) -> None:
         self.monitor = monitor
         self.reset = reset
@@ -93,6 +96,7 @@ class Healer:
         self.node = node
         self.rules = rules or Rules()
         self.free_poll = free_poll
+        self.acting = acting
         self.cares: dict[str, Care] = {}
         self.metrics = HealingMetrics(registry, self.phases)
         self._wake = asyncio.Event()
@@ -171,6 +175,8 @@ class Healer:
         waiting = [care for care in self.cares.values() if care.phase == WAITING]
         if not waiting or self.resetting:
             return None
+        if not self.acting():
+            return self.free_poll  # on standby: look again for taking over
         return max(0.0, min(max(care.retry_at - now, 0.0) or self.free_poll for care in waiting))
 
     # ---- seeing ---------------------------------------------------------------------------------
@@ -218,7 +224,7 @@ class Healer:
     # ---- resetting ----------------------------------------------------------------------------
 
     def _start_due(self) -> None:
-        if self.resetting:
+        if self.resetting or not self.acting():
             return
         now = time.monotonic()
         due = [care for care in self.cares.values() if rules_of.due(care, now)]
@@ -318,12 +324,12 @@ class Healer:
         log.info("%s is back in service%s: %s", care.name, took, how)
 
     def _event(self, type: str, reason: str, message: str) -> None:
-        if self.events is not None:
+        if self.events is not None and self.acting():
             self.events.record(type, reason, message)
 
     def _write_story(self) -> None:
-        if self.story is None:
-            return
+        if self.story is None or not self.acting():
+            return  # a pod on standby leaves the story to the one acting
         healing = "on" if self.healing else f"off ({self._off_said})"
         key = repr((healing, sorted((c.uuid, c.phase, c.causes, c.attempts, c.note) for c in self.cares.values())))
         if (key == self._story_written and self.story.exists()) or not self.story.parent.parent.is_dir():

@@ -42,6 +42,7 @@ class NodeHealing:
         rules: Rules | None = None,
         flush_interval: float | None = None,
         node_watched: bool = False,
+        acting: Callable[[], bool] = lambda: True,
     ) -> None:
         self.events: NodeEvents | None = None
         if api is not None:
@@ -50,7 +51,7 @@ class NodeHealing:
         self.healer = Healer(
             monitor, reset, guard,
             policy=policy, switch=switch, asks_others=api is not None, registry=registry, events=self.events,
-            story=story, node=api.node_name if api is not None else "", rules=rules,
+            story=story, node=api.node_name if api is not None else "", rules=rules, acting=acting,
         )  # fmt: skip
         self.requests = ReturnRequests(api, self.healer.operator_return) if api is not None else None
         self._watch_node = not node_watched  # the front end watches its Node already: it hands on the annotation

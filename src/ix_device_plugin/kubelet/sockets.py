@@ -19,6 +19,15 @@ def unix_target(path: str | Path) -> str:
 
 
 Identity = tuple[int, int]
+PATH_LIMIT = 107  # bytes of a unix socket's path: sun_path holds 108 with the closing NUL
+
+
+def path_too_long(path: Path) -> str | None:
+    """Why no one could connect to a unix socket at path (too long a path), None when one can."""
+    size = len(str(path.absolute()).encode())
+    if size <= PATH_LIMIT:
+        return None
+    return f"{path}: a unix socket's path is at most {PATH_LIMIT} bytes, this one has {size}"
 
 
 def identity(path: Path) -> Identity | None:

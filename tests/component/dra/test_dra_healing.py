@@ -167,3 +167,21 @@ async def test_an_operator_returns_a_chip_through_the_node_the_driver_watches_al
     assert events(api, "GPUReturnRequested")
     node_watches = [r for r in api.requests if r.path.endswith("/nodes") and r.query.get("watch") in ("true", "1")]
     assert len(node_watches) == 1  # one watch of the Node, not one more for the annotation
+
+
+async def test_only_the_pod_holding_the_nodes_role_heals(node: DraNode, api: ApiServerStandIn) -> None:
+    """Two pods of the driver during an update: the one publishing the node's slices resets the chip; the other,
+    on standby, follows the chip but neither resets it nor writes Events."""
+    ixsmi = Ixsmi(node.root)
+    first = await start(node, ixsmi)
+    await node.wait_slice(lambda devices: len(devices) == 6)
+    second = await node.start(
+        backend_factory=lambda: IxsmiBackend(node.devices_file, ixsmi.path), healing_rules=FAST, pod_uid="pod-two"
+    )
+    assert first.role.held and not second.role.held
+    node.write_boards(with_xid(48))
+    await until(lambda: bool(second.healing.healer.cares) and "XID 48" in str(second.healing.healer.cares))
+    await node.wait_slice(lambda devices: not tainted(devices, "gpu-1") and bool(ixsmi.runs()), timeout=10)
+    await asyncio.sleep(0.8)
+    assert len(ixsmi.runs()) == 1  # the acting pod's reset only
+    assert len(events(api, "GPUUnhealthy")) == 1 and len(events(api, "GPUHealingReset")) == 1

@@ -181,7 +181,7 @@ async def test_a_reset_that_fails_fails_the_prepare_and_holds_nothing(node: DraN
 
 async def test_a_prepare_or_unprepare_of_a_claim_being_reset_waits_for_the_reset(short_dir: Path) -> None:
     state = DraState(short_dir / "plugins", short_dir / "cdi", "node-a", short_dir)
-    state.restore()
+    await state.restore()
     devices = slice_content(Inventory(boards=parse_spec("BI-V100:1"))).by_name()
     ref = ClaimRef("default", "fresh", "uid-1")
     allocation = {"devices": {"results": [{"request": "gpu", "driver": DRIVER, "pool": "node-a", "device": "gpu-0"}],

@@ -53,7 +53,8 @@ def a_checkpoint() -> dict[str, Any]:
 def test_a_quantity_beyond_any_device_is_refused_at_once(text: str) -> None:
     started = time.perf_counter()
     assert quantity(text) is None
-    assert time.perf_counter() - started < 0.01
+    # Converting 1e10000000 takes minutes; a second's bound tells that apart on a loaded 2-core machine too.
+    assert time.perf_counter() - started < 1.0
 
 
 @pytest.mark.parametrize(
@@ -70,7 +71,7 @@ def test_a_consumed_capacity_beyond_the_device_is_that_claims_error(value: Any, 
     started = time.perf_counter()
     with pytest.raises(ClaimError, match=rf"^claim default/big \(uid big\): .*{message}"):
         prepare(ClaimRef("default", "big", "big"), shared_claim("big", "gpu-0", value), view(), {})
-    assert time.perf_counter() - started < 0.1
+    assert time.perf_counter() - started < 1.0
 
 
 def test_one_quantity_of_shares_is_read_in_any_spelling() -> None:

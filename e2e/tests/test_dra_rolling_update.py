@@ -1,0 +1,131 @@
+"""A rolling update of the DRA driver on the real node, as the DaemonSet runs it (maxSurge 1, maxUnavailable 0,
+sockets named per pod by POD_UID): the new driver, with other ix-config (`--replicas 2`), starts beside the old
+one, the old one is stopped (or killed) once the new one is ready.
+
+What the API server and the kubelet see: one writer of the node's ResourceSlices at a time, no write while
+nothing changes, the slices never missing, the new content published at the handover, and a claim the old
+driver prepared unprepared by the new one. The figures (writes per minute during the overlap, the longest gap,
+the handover time) are printed and written to the log directory.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from harness.cluster import Cluster
+from harness.dra import DRIVER, chips_seen, claim, delete_slices
+from harness.kube import Kubectl
+from harness.plugin import PluginRun, start_dra_driver
+from harness.pods import SHOW_DEVICES, STAY, busybox_pod, run_and_read
+from harness.procs import wait_until
+from harness.slicewatch import SAMPLE, SliceRecorder
+
+# POD_UID of each pod: shorter than a real pod's UID, because the node's kubelet directory is deeper here than
+# /var/lib/kubelet and a unix socket's path is at most 107 bytes.
+OLD_POD, NEW_POD = "pod-old", "pod-new"
+REST = 20.0  # seconds each pod is watched at rest
+
+
+def unshared(devices: dict[str, Any]) -> bool:
+    """The old driver's content: 4 chips and 2 boards, none shared."""
+    return len(devices) == 6 and not any(d.get("allowMultipleAllocations") for d in devices.values())
+
+
+def shared(devices: dict[str, Any]) -> bool:
+    """The new driver's content (`--replicas 2`): every device shared."""
+    return bool(devices) and all(d.get("allowMultipleAllocations") for d in devices.values())
+
+
+def holder_pod(namespace: str) -> dict[str, Any]:
+    pod = busybox_pod("holder", SHOW_DEVICES + STAY, claims=[{"name": "gpu", "resourceClaimName": "held"}])
+    pod["metadata"]["namespace"] = namespace
+    pod["spec"]["terminationGracePeriodSeconds"] = 2
+    return pod
+
+
+@pytest.mark.parametrize("how", ["stopped", "killed"])
+def test_a_rolling_update_with_changed_config_has_one_writer_no_gap_and_no_write_at_rest(
+    cluster: Cluster,
+    admin: Kubectl,
+    namespace: str,
+    driver_kubeconfig: Path,
+    tmp_path: Path,
+    log_dir: Path,
+    how: str,
+) -> None:
+    delete_slices(admin)
+    old = start_dra_driver(
+        cluster, tmp_path / "old", f"dra-update-{how}-old", driver_kubeconfig, extra=["--pod-uid", OLD_POD]
+    )
+    new: PluginRun | None = None
+    try:
+        old.wait_ready(90)
+        held = claim("held")
+        held["metadata"]["namespace"] = namespace
+        admin.create(held)
+        _, output = run_and_read(admin, namespace, holder_pod(namespace))
+        (chip,) = chips_seen(output)
+        claim_uid = admin.get("resourceclaim", "held", namespace)["metadata"]["uid"]
+        assert f"prepared claim {namespace}/held" in old.process.log_text()
+        with SliceRecorder(cluster) as recorder:
+            wait_until(lambda: recorder.samples and recorder.samples[-1].devices, 10, "a first sample")
+            assert unshared(recorder.samples[-1].devices or {})
+            overlap_began = time.monotonic()
+            new = start_dra_driver(
+                cluster, tmp_path / "new", f"dra-update-{how}-new", driver_kubeconfig,
+                extra=["--pod-uid", NEW_POD, "--replicas", "2"],
+            )  # fmt: skip
+            new.wait_ready(90)  # on standby, and ready: the rollout deletes the old pod only once the new one is
+            assert "standby: another pod of this driver publishes" in new.process.log_text()
+            time.sleep(REST)
+            overlap_ended = time.monotonic()
+            if how == "stopped":
+                assert old.stop() == 0
+            else:
+                old.process.kill()
+            handed_over = wait_until(
+                lambda: recorder.first_sample(shared, overlap_ended), 30, "the new content", [new.process.log]
+            )
+            time.sleep(3)  # the handover's writes (a pool of several slices) are over
+            rest_began = time.monotonic()
+            time.sleep(REST)
+            rest_ended = time.monotonic()
+        admin.delete("pod", "holder", namespace)
+        unprepared = f"unprepared claim {namespace}/held"
+        wait_until(lambda: unprepared in new.process.log_text(), 60, "the new driver's unprepare", [new.process.log])
+        assert not (cluster.cdi_dir / f"{DRIVER}-claim_{claim_uid}.yaml").exists()
+        overlap = recorder.writes_between(overlap_began, overlap_ended)
+        handover = recorder.writes_between(overlap_ended, rest_began)
+        at_rest = recorder.writes_between(rest_began, rest_ended)
+        figures = {
+            "how": how,
+            "chip": chip.uuid,
+            "overlap_seconds": round(overlap_ended - overlap_began, 1),
+            "overlap_slice_writes": len(overlap),
+            "overlap_slice_writes_per_minute": round(len(overlap) * 60 / (overlap_ended - overlap_began), 1),
+            "handover_seconds": round(handed_over - overlap_ended, 2),
+            "handover_slice_writes": [f"{write.type} {write.name}" for write in handover],
+            "slice_writes_at_rest_after": len(at_rest),
+            "rest_seconds": round(rest_ended - rest_began, 1),
+            "longest_gap_seconds": round(recorder.longest_gap(), 2),
+            "samples": len(recorder.samples),
+            "sample_interval_seconds": SAMPLE,
+        }
+        (log_dir / f"dra-rolling-update-{how}.json").write_text(json.dumps(figures, indent=2))
+        print(f"rolling update ({how}): {json.dumps(figures)}")
+        assert recorder.errors == []
+        assert overlap == [], f"{len(overlap)} slice writes while both drivers ran, the first: {overlap[:6]}"
+        assert at_rest == [], f"{len(at_rest)} slice writes at rest after the handover, the first: {at_rest[:6]}"
+        assert recorder.longest_gap() == 0, "the node's slices were missing"
+        assert handed_over - overlap_ended < 5
+        assert "took over publishing the ResourceSlices" in new.process.log_text()
+        assert len(recorder.samples) > (rest_ended - overlap_began) / SAMPLE / 2
+    finally:
+        old.stop()
+        if new is not None:
+            new.stop()
+        delete_slices(admin)

@@ -1,0 +1,90 @@
+"""FileLock: one holder at a time, a deadline on every wait, and a lock file that is what it should be."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from pathlib import Path
+
+import pytest
+
+from ix_device_plugin.runtime.locks import FileLock, LockError
+
+
+def test_one_holder_at_a_time_and_the_next_after_release(tmp_path: Path) -> None:
+    first, second = FileLock(tmp_path / "x.lock"), FileLock(tmp_path / "x.lock")
+    assert first.try_take() and first.held and first.still_ours()
+    assert not second.try_take() and not second.held
+    first.release()
+    assert not first.held and second.try_take()
+    second.release()
+
+
+def test_a_lock_file_removed_or_replaced_is_no_longer_held_and_the_new_file_is_taken(tmp_path: Path) -> None:
+    path = tmp_path / "x.lock"
+    holder = FileLock(path)
+    assert holder.try_take()
+    path.unlink()
+    assert not holder.still_ours()
+    newcomer = FileLock(path)
+    assert newcomer.try_take() and newcomer.still_ours()  # a new file: the old lock guards nothing
+    os.replace(tmp_path / "x.lock", tmp_path / "y.lock")
+    path.write_text("")
+    assert not newcomer.still_ours()
+    holder.release()
+    newcomer.release()
+
+
+@pytest.mark.parametrize(
+    ("make", "why"),
+    [
+        (lambda path: path.mkdir(), "is a directory; remove it"),
+        (lambda path: path.symlink_to(path.parent / "elsewhere"), "is a symbolic link; not followed: remove it"),
+        (lambda path: os.mkfifo(path), "is not a regular file; remove it"),
+    ],
+    ids=["directory", "symlink", "fifo"],
+)
+def test_a_lock_file_that_cannot_be_one_is_a_named_error(tmp_path: Path, make, why: str) -> None:  # type: ignore[no-untyped-def]
+    path = tmp_path / "x.lock"
+    make(path)
+    with pytest.raises(LockError, match=f"the lock file {path} {why}"):
+        FileLock(path).try_take()
+    assert not (tmp_path / "elsewhere").exists()
+
+
+async def test_a_wait_is_said_in_the_log_and_ends_at_its_deadline(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    holder = FileLock(tmp_path / "x.lock")
+    assert holder.try_take()
+    with pytest.raises(LockError, match=r"x.lock is held by another process for more than 0.3s \(tests\)"):
+        await FileLock(tmp_path / "x.lock").take(0.3, poll=0.01, purpose="tests")
+    assert "which another process holds (tests); giving up after 0.3s" in caplog.text
+    holder.release()
+
+
+async def test_a_wait_ends_when_cancelled_and_one_let_go_meanwhile_is_taken(tmp_path: Path) -> None:
+    holder = FileLock(tmp_path / "x.lock")
+    assert holder.try_take()
+    waiter = FileLock(tmp_path / "x.lock")
+    waiting = asyncio.create_task(waiter.take(60, poll=0.01, purpose="tests"))
+    await asyncio.sleep(0.05)
+    waiting.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await waiting
+    assert not waiter.held
+    later = asyncio.create_task(waiter.take(60, poll=0.01, purpose="tests"))
+    await asyncio.sleep(0.05)
+    holder.release()
+    async with asyncio.timeout(1):
+        await later
+    assert waiter.held
+    waiter.release()
+
+
+def test_taking_or_releasing_twice_changes_nothing(tmp_path: Path) -> None:
+    lock = FileLock(tmp_path / "x.lock")
+    assert lock.try_take() and lock.try_take()
+    lock.release()
+    lock.release()
+    assert not lock.held and FileLock(tmp_path / "x.lock").try_take()
