@@ -18,6 +18,7 @@ from bench import (
     dra_api,
     dra_node,
     footprint,
+    healing,
     health,
     hostile,
     kubeclient,
@@ -65,6 +66,7 @@ RUNNERS: dict[str, Runner] = {
     "dra_api": _single("dra_api", dra_api.run),
     "dra_node": _single("dra_node", dra_node.run),
     "api_features": _single("api_features", api_features.run),
+    "healing": _single("healing", healing.run),
 }
 
 

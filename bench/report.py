@@ -200,6 +200,17 @@ def _api_features() -> Iterator[Figure]:
         yield Figure("api_features", f"per-node config, {name}: requests", path, "/s", 1)
 
 
+def _healing() -> Iterator[Figure]:
+    yield Figure("healing", "chip free -> back in service, median", ("free_to_in_service", "median_ms"), "ms")
+    yield Figure("healing", "chip free -> back in service, max", ("free_to_in_service", "max_ms"), "ms", 3000)
+    yield Figure("healing", "DRA: claim unprepared -> taint gone, median", ("dra_free_to_untainted", "median_ms"), "ms")
+    yield Figure("healing", "DRA: claim unprepared -> taint gone, max", ("dra_free_to_untainted", "max_ms"), "ms", 1000)
+    yield Figure("healing", "Event writes per healing episode", ("event_writes_per_episode",), "")
+    yield Figure("healing", "handshake ConfigMap writes per episode", ("handshake_writes_per_episode",), "")
+    yield Figure("healing", "XID storm: Event writes", ("storm", "event_writes"), "")
+    yield Figure("healing", "XID storm: Event writes per XID", ("storm", "writes_per_xid"), "", 0.05)
+
+
 def figures(sections: Mapping[str, Any]) -> list[Figure]:
     """Every figure of the sections present."""
     groups: dict[str, Any] = {
@@ -219,6 +230,7 @@ def figures(sections: Mapping[str, Any]) -> list[Figure]:
         "dra_api": _dra_api,
         "dra_node": _dra_node,
         "api_features": _api_features,
+        "healing": _healing,
     }
     return [figure for name, group in groups.items() if name in sections for figure in group()]
 

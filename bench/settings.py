@@ -25,6 +25,8 @@ class Settings:
     stops: int
     kubeclient_runs: int
     placement_runs: int
+    healing_runs: int = 10
+    healing_storm: int = 1000
 
 
 FULL = Settings(
@@ -59,4 +61,6 @@ SMOKE = Settings(
     stops=2,
     kubeclient_runs=1,
     placement_runs=20,
+    healing_runs=1,
+    healing_storm=50,
 )

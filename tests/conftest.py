@@ -101,9 +101,10 @@ async def start_daemon(plugin_dir: Path, short_dir: Path) -> AsyncIterator[Calla
     daemons: list[Daemon] = []
 
     async def start(devices: str = "BI-V150:2", **overrides: Any) -> Daemon:
-        """A started daemon; overrides are Options fields, or the Daemon's backend_factory and kube."""
+        """A started daemon; overrides are Options fields, or the Daemon's backend_factory, kube and healing_rules."""
         factory = overrides.pop("backend_factory", lambda: SimulatedBackend(devices))
         kube = overrides.pop("kube", None)
+        rules = overrides.pop("healing_rules", None)
         options = Options(
             plugin_dir=plugin_dir,
             config_path=short_dir / "no-config",
@@ -112,7 +113,7 @@ async def start_daemon(plugin_dir: Path, short_dir: Path) -> AsyncIterator[Calla
             health_address="off",
             poll_interval=0.2,
         )
-        daemon = Daemon(replace(options, **overrides), backend_factory=factory, kube=kube)
+        daemon = Daemon(replace(options, **overrides), backend_factory=factory, kube=kube, healing_rules=rules)
         await daemon.start()
         daemons.append(daemon)
         return daemon

@@ -86,9 +86,13 @@ class DraNode:
         return replace(settings_from({"NODE_NAME": self.node}, str(self.kubeconfig), "test"), timeout=1.0)
 
     async def start(self, backend_factory: Any = None, **overrides: Any) -> DraDriver:
-        """A started driver (on backend_factory's backend when given); stopped by stop_all."""
+        """A started driver (on backend_factory's backend when given; overrides: options, and healing_rules);
+        stopped by stop_all."""
+        rules = overrides.pop("healing_rules", None)
         options = self.options(**overrides)
-        driver = DraDriver(options, kube_settings=self.kube_settings(), backend_factory=backend_factory)
+        driver = DraDriver(
+            options, kube_settings=self.kube_settings(), backend_factory=backend_factory, healing_rules=rules
+        )
         await driver.start()
         self.drivers.append(driver)
         return driver

@@ -36,6 +36,7 @@ class Chip:
     minor: int
     board: int
     health: tuple[str, ...] = ()
+    xids: tuple[int, ...] = ()  # critical XID events the simulated backend reports (each once)
 
 
 def bi_v150_chips(boards: int = 2) -> list[Chip]:
@@ -58,10 +59,24 @@ def devices_yaml(chips: Sequence[Chip]) -> str:
                 "bus_id": f"0000:{0x8A + chip.minor:02x}:00.0",
                 "numa_node": 0,
                 "health": list(chip.health),
+                **({"xids": list(chip.xids)} if chip.xids else {}),
             }
         )
     document = {"boards": [{"product": "BI-V150", "chips": boards[board]} for board in sorted(boards)]}
     return yaml.safe_dump(document, sort_keys=False)
+
+
+def fake_ixsmi(path: Path) -> Path:
+    """An executable standing in for CoreX's ixsmi: each run appends its arguments to `<path>.calls`."""
+    path.write_text(f'#!/bin/sh\necho "$@" >> {path}.calls\n')
+    path.chmod(0o755)
+    return path
+
+
+def ixsmi_calls(path: Path) -> list[str]:
+    """The arguments of each run of the fake ixsmi at path."""
+    calls = path.with_name(f"{path.name}.calls")
+    return calls.read_text().splitlines() if calls.exists() else []
 
 
 def write_atomically(path: Path, text: str) -> None:

@@ -8,7 +8,9 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -17,14 +19,15 @@ import yaml
 from harness.cluster import Cluster
 from harness.helm import Helm, by_key, of_kind, static_objects
 from harness.kube import Kubectl, KubectlError, Obj
-from harness.plugin import PluginRun, bi_v150_chips, start_device_plugin
+from harness.plugin import PluginRun, bi_v150_chips, fake_ixsmi, ixsmi_calls, start_device_plugin
 from harness.pods import SHOW_DEVICES, STAY, busybox_pod, node_resource, run_and_read, shown_devices
 from harness.procs import run, wait_until
 
 RESOURCE = "iluvatar.com/gpu"
 NAMESPACE = "kube-system"
 SERVICE_ACCOUNT = "iluvatar-device-plugin"
-FEATURES = {"features": {"perNodeConfig": True, "gpuReset": True, "volcano": True}}
+FEATURES = {"features": {"perNodeConfig": True, "gpuReset": True, "volcano": True, "selfHealing": True}}
+HEALING_STEPS = ("GPUXidError", "GPUUnhealthy", "GPUHealingWaiting", "GPUHealingReset", "GPUHealthy")
 # Value sets the chart is rendered with; every object of each must be accepted by the API server.
 VALUE_SETS: dict[str, dict[str, Any]] = {
     "defaults": {},
@@ -223,9 +226,80 @@ def test_volcano_mode_with_the_charts_rbac(
         plugin.stop()
 
 
+def node_events(admin: Kubectl, node: str) -> list[Obj]:
+    """The plugin's Events on the Node (in the namespace default, where a Node's Events go)."""
+    selector = f"involvedObject.kind=Node,involvedObject.name={node},source=ix-device-plugin"
+    return admin.items("events", "default", "--field-selector", selector)
+
+
+def test_self_healing_with_the_charts_rbac(
+    cluster: Cluster, admin: Kubectl, namespace: str, chart_account: Path, tmp_path: Path
+) -> None:
+    """A pod holds a board; an XID on its second chip takes the board out (allocatable drops by one) and nothing is
+    reset while the pod runs; once it is deleted the chip is reset (a fake ixsmi, through the handshake) and
+    allocatable returns; `kubectl describe node` shows each step, and the chart's RBAC allowed every call."""
+    ixsmi = fake_ixsmi(tmp_path / "ixsmi")
+    chips = bi_v150_chips()
+    plugin = start_with_account(
+        cluster, tmp_path / "p", "chart-healing", chart_account, {}, ["--ixsmi-path", str(ixsmi)]
+    )
+    try:
+        wait_capacity(cluster, plugin, 2)
+        _, output = run_and_read(admin, namespace, busybox_pod("holder", SHOW_DEVICES + STAY, gpus=1))
+        held = shown_devices(output)[1]["IX_VISIBLE_DEVICES"].split(",")  # the board's two chips
+        broken = next(chip for chip in chips if chip.uuid == held[1])
+        plugin.set_chips([replace(chip, xids=(48,)) if chip == broken else chip for chip in chips])
+        wait_until(
+            lambda: node_resource(admin, cluster.node_name, RESOURCE) == (2, 1),
+            60,
+            "allocatable 1",
+            [plugin.process.log],
+        )
+        waiting = f"held by {namespace}/holder (main)"
+        wait_until(
+            lambda: any(waiting in e["message"] for e in node_events(admin, cluster.node_name)),
+            30,
+            "the chip waits for the pod",
+            [plugin.process.log],
+        )
+        time.sleep(3)  # several looks at pod-resources: the pod still holds it
+        assert ixsmi_calls(ixsmi) == []
+        admin.delete("pod", "holder", namespace)
+        wait_until(
+            lambda: node_resource(admin, cluster.node_name, RESOURCE) == (2, 2),
+            60,
+            "allocatable back to 2",
+            [plugin.process.log],
+        )
+        assert ixsmi_calls(ixsmi) == [f"-r -i {broken.uuid}"]
+        described = admin("describe", "node", cluster.node_name)
+        for reason in HEALING_STEPS:
+            assert reason in described, described[-3000:]
+        assert f"GPU {broken.minor} ({broken.uuid}): XID 48" in described
+        healthy = [e for e in node_events(admin, cluster.node_name) if e["reason"] == "GPUHealthy"]
+        assert any(broken.uuid in e["message"] and "after a reset" in e["message"] for e in healthy)
+        state = yaml.safe_load(
+            admin.get("configmap", f"ix-gpu-reset-{cluster.node_name}", NAMESPACE)["data"]["gpuReset"]
+        )
+        assert state["reset"] is False and state["occupy"]["ix-device-plugin"] is True
+        assert 'ix_device_plugin_healing_outcomes_total{outcome="healed"} 1.0' in plugin.metrics()
+        no_refusals(plugin)
+    finally:
+        plugin.stop()
+
+
+def test_the_chart_grants_node_events_where_a_nodes_events_go(admin: Kubectl, chart_account: Path) -> None:
+    account = admin.with_kubeconfig(chart_account)
+    assert account.can_i("create", "events", "default") and account.can_i("patch", "events", "default")
+    assert account.can_i("watch", "nodes")
+
+
 @pytest.mark.parametrize(
     ("verb", "resource", "namespace"),
     [
+        ("create", "events", NAMESPACE),
+        ("delete", "events", "default"),
+        ("update", "events", "default"),
         ("get", "secrets", NAMESPACE),
         ("list", "secrets", None),
         ("update", "nodes", None),

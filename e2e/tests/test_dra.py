@@ -11,17 +11,18 @@ from __future__ import annotations
 import copy
 import os
 import signal
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 from harness.cluster import CGROUP_ROOT, Cluster
-from harness.dra import CHIPS, DRA_VALUES, DRIVER, Driver, chips_seen, node_slice, prepare_error
+from harness.dra import CHIPS, DRA_VALUES, DRIVER, Driver, chips_seen, claim, minor_is, node_slice, prepare_error
 from harness.helm import Helm, load_objects, of_kind
 from harness.host import cgroup_mounts, unified_mounts
 from harness.images import BUSYBOX_IMAGE
 from harness.kube import Kubectl, Obj
-from harness.plugin import Chip
+from harness.plugin import Chip, fake_ixsmi, ixsmi_calls
 from harness.pods import (
     SHOW_DEVICES,
     STAY,
@@ -394,3 +395,60 @@ def test_a_chips_health_reaches_the_pod_status(
         wait_pod(admin, namespace, "dra-one-gpu", healthy, "allocatedResourcesStatus Healthy again", timeout=60)
     finally:
         driver.set_chips(CHIPS)
+
+
+# ------------------------------------------------------------------ self-healing
+
+
+def test_a_chip_with_an_xid_is_reset_once_its_claim_is_gone_and_a_new_claim_takes_it(
+    cluster: Cluster, admin: Kubectl, namespace: str, driver: Driver, tmp_path: Path
+) -> None:
+    """An XID on a chip a pod's claim holds taints it; nothing is reset until the pod is deleted (the kubelet
+    unprepares the claim); then the chip is reset (a fake ixsmi), the taint goes, a new claim takes the chip, and
+    `kubectl describe node` shows each step."""
+    ixsmi = fake_ixsmi(tmp_path / "ixsmi")
+    driver.configure(flags=["--ixsmi-path", str(ixsmi)])
+    try:
+        holder = busybox_pod("holder", SHOW_DEVICES + STAY, claims=[{"name": "gpu", "resourceClaimName": "holds"}])
+        admin.create([claim("holds", selector=minor_is(3))], "-n", namespace)
+        _, output = run_and_read(admin, namespace, holder)
+        (chip,) = chips_seen(output)
+        driver.set_chips([replace(c, xids=(48,)) if c == chip else c for c in CHIPS])
+
+        def taints() -> list[Any]:
+            devices = {d["name"]: d for d in node_slice(cluster)["spec"]["devices"]}
+            return devices.get("gpu-3", {}).get("taints") or []
+
+        wait_until(taints, 30, "gpu-3 tainted", [driver.log])
+        waiting = f"held by claim {namespace}/holds"
+        wait_until(
+            lambda: any(waiting in e["message"] for e in node_events(admin, cluster.node_name)),
+            30,
+            "the chip waits for its claim",
+            [driver.log],
+        )
+        assert ixsmi_calls(ixsmi) == []
+        admin.delete("pod", "holder", namespace)
+        admin.delete("resourceclaim", "holds", namespace)
+        wait_until(lambda: not taints(), 60, "gpu-3 untainted after its reset", [driver.log])
+        assert ixsmi_calls(ixsmi) == [f"-r -i {chip.uuid}"]
+        taker = busybox_pod("taker", SHOW_DEVICES + STAY, claims=[{"name": "gpu", "resourceClaimName": "takes"}])
+        admin.create([claim("takes", selector=minor_is(3))], "-n", namespace)
+        _, output = run_and_read(admin, namespace, taker)
+        assert chips_seen(output) == [chip]
+        described = admin("describe", "node", cluster.node_name)
+        for reason in ("GPUXidError", "GPUUnhealthy", "GPUHealingWaiting", "GPUHealingReset", "GPUHealthy"):
+            assert reason in described, described[-3000:]
+        assert f"GPU 3 ({chip.uuid}): XID 48" in described
+        steps = {e["reason"] for e in node_events(admin, cluster.node_name) if chip.uuid in e["message"]}
+        assert {"GPUHealingReset", "GPUHealthy"} <= steps
+        assert driver.run is not None and "Forbidden" not in driver.run.process.log_text()
+    finally:
+        driver.set_chips(CHIPS)
+        driver.configure()
+
+
+def node_events(admin: Kubectl, node: str) -> list[Obj]:
+    """The agent's Events on the Node (in the namespace default, where a Node's Events go)."""
+    selector = f"involvedObject.kind=Node,involvedObject.name={node},source=ix-device-plugin"
+    return admin.items("events", "default", "--field-selector", selector)

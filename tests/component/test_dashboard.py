@@ -100,7 +100,15 @@ def test_the_dashboard_is_grafana_json_with_a_query_per_panel() -> None:
         assert panel["targets"], panel["title"]
         for target in panel["targets"]:
             assert metric_names(target["expr"]), f"{panel['title']}: {target['expr']} reads no metric"
-    for wanted in ("Devices by health", "GPUs allocated per pod", "GPU utilization", "Memory used", "Temperature"):
+    healing = ("GPUs out of service", "Self-healing resets", "Self-healing outcomes", "Time out of service")
+    for wanted in (
+        "Devices by health",
+        "GPUs allocated per pod",
+        "GPU utilization",
+        "Memory used",
+        "Temperature",
+        *healing,
+    ):
         assert wanted in titles
     for wanted in ("Claims per chip", "Shares in use"):  # what DRA adds
         assert wanted in titles

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import signal
 import time
 from pathlib import Path
@@ -205,9 +206,7 @@ async def test_plugin_directory_removed_and_recreated(
     await start_daemon("BI-V100:2")
     await kubelet.wait_registered(RESOURCE, capacity=2)
     await kubelet.stop()
-    for entry in plugin_dir.iterdir():
-        entry.unlink()
-    plugin_dir.rmdir()
+    shutil.rmtree(plugin_dir)  # sockets, and the directory of the health story
     await asyncio.sleep(0.5)
     plugin_dir.mkdir()
     await kubelet.start()

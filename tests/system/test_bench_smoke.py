@@ -27,6 +27,7 @@ SECTIONS = (
     "dra_api",
     "dra_node",
     "api_features",
+    "healing",
 )
 
 

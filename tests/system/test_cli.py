@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -83,6 +84,10 @@ def test_list_json_shows_sources_and_devices(tmp_path: Path) -> None:
         "sharing.timeSlicing.replicas": f"file {config}",
         "sharing.timeSlicing.renameByDefault": "default",
         "sharing.timeSlicing.failRequestsGreaterThanOne": "default",
+        "health.selfHealing": "default",
+        "health.reset": "default",
+        "health.operator": "default",
+        "health.ignore": "default",
     }
     assert [len(board["chips"]) for board in report["boards"]] == [2, 2]
 
@@ -94,6 +99,32 @@ def test_list_text_names_unhealthy_chips(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr
     assert "Unhealthy: ECC; PCIE" in result.stdout
     assert "Capacity:\n  iluvatar.com/gpu: 1\nAllocatable:\n  iluvatar.com/gpu: 0" in result.stdout
+
+
+def test_list_shows_each_chips_health_story_as_the_running_plugin_tells_it(tmp_path: Path) -> None:
+    devices = tmp_path / "devices.yaml"
+    devices.write_text("boards:\n  - product: BI-V100\n  - product: BI-V100\n    chips:\n      - xids: [48]\n")
+    plugin_dir = tmp_path / "device-plugins"
+    plugin_dir.mkdir()
+    plugin = spawn_plugin(
+        plugin_dir, "--simulated-devices", str(devices), "--self-healing", "true", "--pod-resources-socket", "off"
+    )
+    try:
+        args = ("list", "--backend", "simulated", "--simulated-devices", str(devices))
+        deadline = time.monotonic() + 20
+        while "held by no one can tell" not in (shown := cli(*args, "--device-plugin-path", str(plugin_dir)).stdout):
+            assert time.monotonic() < deadline, shown
+            time.sleep(0.2)
+    finally:
+        stop_process(plugin)
+    assert "Self-healing: on (as of " in shown
+    assert (
+        "health story: out of service, to be reset once free: XID 48; waiting to be reset: held by no one can tell "
+        "whether a container holds it: the pod-resources socket is turned off"
+    ) in shown
+    assert shown.count("health story: in service") == 1
+    alone = cli(*args, "--device-plugin-path", str(tmp_path / "elsewhere"))
+    assert "Self-healing: no health story (the agent is not running on this node" in alone.stdout
 
 
 @pytest.mark.parametrize(

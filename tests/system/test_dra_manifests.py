@@ -136,15 +136,23 @@ def test_the_rbac_is_the_narrowest() -> None:
         (("resource.k8s.io",), ("resourceclaims",), ()): {"get"},
         (("resource.k8s.io",), ("resourceclaims/status",), ()): {"patch"},
         (("resource.k8s.io",), ("resourceclaims/driver",), ("gpu.iluvatar.com",)): {"associated-node:patch"},
-        (("",), ("nodes",), ()): {"get", "list", "watch"},  # its own Node, watched for its UID
+        (("",), ("nodes",), ()): {"get", "list", "watch"},  # its own Node: its UID, iluvatar.com/gpu.return
         (("",), ("pods",), ()): {"get"},  # which container holds which claim: every chip named (docs/dra.md)
     }
-    handshake = only(objects, "Role")  # ConfigMaps in its own namespace only, for the GPU reset handshake
+    roles = {role["metadata"]["name"]: role for role in by_kind(objects, "Role")}
+    handshake = roles["iluvatar-dra-driver-gpu-reset"]  # ConfigMaps in its own namespace only, for the handshake
     assert handshake["metadata"]["namespace"] == only(objects, "DaemonSet")["metadata"]["namespace"]
     assert handshake["rules"] == [
         {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get", "create", "update"]}
     ]
-    assert only(objects, "RoleBinding")["subjects"][0]["name"] == only(objects, "ServiceAccount")["metadata"]["name"]
+    events = roles["iluvatar-dra-driver-events"]  # Node Events, where the API server takes a Node's
+    assert events["metadata"]["namespace"] == "default"
+    assert events["rules"] == [{"apiGroups": [""], "resources": ["events"], "verbs": ["create", "patch"]}]
+    assert len(roles) == 2
+    account = only(objects, "ServiceAccount")["metadata"]["name"]
+    bindings = by_kind(objects, "RoleBinding")
+    assert {b["roleRef"]["name"] for b in bindings} == set(roles)
+    assert all(b["subjects"][0]["name"] == account for b in bindings)
 
 
 def test_the_daemonset_runs_dra_mode_with_the_kubelets_directories_mounted() -> None:

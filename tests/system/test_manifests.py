@@ -347,13 +347,39 @@ def test_the_corex_directory_never_blocks_the_pod_from_starting(objects: list[di
     assert volume["hostPath"]["type"] == "DirectoryOrCreate"  # the plugin then says what is missing
 
 
-def test_without_api_features_no_token_is_mounted_and_no_rbac_rendered(objects: list[dict[str, Any]]) -> None:
+NO_API = {"selfHealing": False}  # every API feature off: the chart's default turns self-healing on
+
+
+def test_without_api_features_no_token_is_mounted_and_no_rbac_rendered() -> None:
+    objects = rendered({"features": NO_API})
     assert pod_spec(daemonset(objects))["automountServiceAccountToken"] is False
-    assert not by_kind(objects, "ClusterRole")
+    assert not by_kind(objects, "ClusterRole") and not by_kind(objects, "Role")
+    assert env_of(container(objects))["IX_SELF_HEALING"] == "false"  # the chart grants it nothing: it stays off
+
+
+def test_self_healing_adds_node_reads_the_handshake_and_events_where_a_nodes_go(objects: list[dict[str, Any]]) -> None:
+    spec = pod_spec(daemonset(objects))
+    assert spec["serviceAccountName"] == "iluvatar-device-plugin" and "automountServiceAccountToken" not in spec
+    assert "IX_SELF_HEALING" not in env_of(container(objects))  # auto: on, with the handshake
+    (cluster_role,) = by_kind(objects, "ClusterRole")
+    assert cluster_role["rules"] == [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch"]}]
+    roles = {
+        (role["metadata"]["namespace"], role["metadata"]["name"]): role["rules"] for role in by_kind(objects, "Role")
+    }
+    assert roles == {
+        ("kube-system", "iluvatar-device-plugin-gpu-reset"): [
+            {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get", "create", "update", "patch"]}
+        ],
+        ("default", "iluvatar-device-plugin-events"): [
+            {"apiGroups": [""], "resources": ["events"], "verbs": ["create", "patch"]}
+        ],
+    }
+    bindings = {(b["metadata"]["namespace"], b["roleRef"]["name"]) for b in by_kind(objects, "RoleBinding")}
+    assert bindings == set(roles)
 
 
 def test_per_node_config_adds_a_service_account_and_only_node_reads() -> None:
-    objects = rendered({"features": {"perNodeConfig": True}})
+    objects = rendered({"features": {**NO_API, "perNodeConfig": True}})
     spec = pod_spec(daemonset(objects))
     assert spec["serviceAccountName"] == "iluvatar-device-plugin"
     (role,) = by_kind(objects, "ClusterRole")
@@ -363,7 +389,7 @@ def test_per_node_config_adds_a_service_account_and_only_node_reads() -> None:
 
 
 def test_volcano_adds_pod_reads_watches_and_patches_and_its_watched_configmap() -> None:
-    objects = rendered({"features": {"volcano": True}})
+    objects = rendered({"features": {**NO_API, "volcano": True}})
     (cluster_role,) = by_kind(objects, "ClusterRole")
     assert cluster_role["rules"] == [
         {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch", "patch"]}
@@ -379,7 +405,7 @@ def test_volcano_adds_pod_reads_watches_and_patches_and_its_watched_configmap() 
 
 
 def test_gpu_reset_adds_only_configmap_access_in_the_plugins_namespace() -> None:
-    objects = rendered({"features": {"gpuReset": True}})
+    objects = rendered({"features": {**NO_API, "gpuReset": True}})
     assert pod_spec(daemonset(objects))["serviceAccountName"] == "iluvatar-device-plugin"
     assert not by_kind(objects, "ClusterRole")
     (role,) = by_kind(objects, "Role")
@@ -422,6 +448,9 @@ TROUBLESHOOTING_LINES = (
     "became Unhealthy",
     "chip missing from enumeration",
     "did not return within",
+    "self-healing is off (",
+    "GPUHealingWaiting",
+    "iluvatar.com/gpu.return",
 )
 
 

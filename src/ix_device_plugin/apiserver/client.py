@@ -26,6 +26,7 @@ from ix_device_plugin.apiserver.events import watch_events
 from ix_device_plugin.apiserver.limits import LIST_CAP, OBJECT_CAP, capped, limit_responses
 from ix_device_plugin.apiserver.objects import (
     CONFIG_MAP,
+    EVENT,
     NODE,
     POD,
     ConfigMapDoc,
@@ -173,6 +174,17 @@ class Kube:
         if obj is None:
             raise KubeNotFound(f"get {NODE.describe(name)}: HTTP 404 NotFound: no such node", 404, "NotFound")
         return obj
+
+    # ---- events ----------------------------------------------------------------------------
+
+    async def create_event(self, namespace: str, event: Mapping[str, Any]) -> None:
+        """Create the Event (core/v1) in namespace; KubeAlreadyExists when its name is taken."""
+        body = {**event, "metadata": {**(event.get("metadata") or {}), "namespace": namespace}}
+        await self.create_object(EVENT, body)
+
+    async def patch_event(self, namespace: str, name: str, patch: Mapping[str, Any]) -> None:
+        """Merge patch into the Event (its count and lastTimestamp); KubeNotFound when it is gone (expired)."""
+        await self._patch(EVENT, name, namespace, dict(patch))
 
     # ---- any kind --------------------------------------------------------------------------
 

@@ -42,6 +42,7 @@ class ObjectKind:
 CONFIG_MAP = ObjectKind("v1", "ConfigMap", "configmaps", True)
 POD = ObjectKind("v1", "Pod", "pods", True)
 NODE = ObjectKind("v1", "Node", "nodes", False)
+EVENT = ObjectKind("v1", "Event", "events", True)
 RESOURCE_SLICE = ObjectKind("resource.k8s.io/v1", "ResourceSlice", "resourceslices", False)
 RESOURCE_CLAIM = ObjectKind("resource.k8s.io/v1", "ResourceClaim", "resourceclaims", True)
 

@@ -8,14 +8,21 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, replace
 
-from ix_device_plugin.settings.health import DEFAULT_IGNORED_XIDS, HEALTH_BITS, IGNORE_ALL, IGNORE_XIDS, xid_name
+from ix_device_plugin.settings.health import HEALTH_BITS, NOT_PRESENT, HealthPolicy, xid_name
+
+# What decides which XIDs and health errors are ignored: a HealthPolicy, or the names IX_DISABLE_HEALTHCHECKS
+# turns off (with the default policy, which ignores the application XIDs).
+Ignored = HealthPolicy | frozenset[str]
 
 
-def xid_ignored(xid: int, ignored_errors: frozenset[str]) -> bool:
-    """True when an XID event must not make a chip Unhealthy under this ignored set."""
-    if xid in DEFAULT_IGNORED_XIDS:
-        return True
-    return bool({IGNORE_ALL, IGNORE_XIDS, xid_name(xid)} & ignored_errors)
+def health_policy(ignored: Ignored) -> HealthPolicy:
+    """ignored as a HealthPolicy (a set of names: the default policy with those checks turned off)."""
+    return ignored if isinstance(ignored, HealthPolicy) else HealthPolicy(disabled=ignored)
+
+
+def xid_ignored(xid: int, ignored: Ignored) -> bool:
+    """True when an XID event must not make a chip Unhealthy under this policy or ignored set."""
+    return health_policy(ignored).ignores(xid_name(xid))
 
 
 def health_errors_from_mask(mask: int) -> frozenset[str]:
@@ -46,18 +53,18 @@ class ChipStatus:
     present: bool = True
     xids: frozenset[int] = frozenset()
 
-    def reasons(self, ignored_errors: frozenset[str] = frozenset()) -> tuple[str, ...]:
-        """Why the chip is unusable (empty when healthy), leaving out ignored error names.
+    def reasons(self, ignored: Ignored = frozenset()) -> tuple[str, ...]:
+        """Why the chip is unusable (empty when healthy), leaving out the errors and XIDs ignored.
 
-        `all` in ignored_errors ignores every health error and XID; presence and other problems still count.
+        `all` in the ignored set ignores every health error and XID; presence and other problems still count.
         """
+        policy = health_policy(ignored)
         reasons: list[str] = []
         if not self.present:
-            reasons.append("not present")
+            reasons.append(NOT_PRESENT)
         reasons.extend(self.problems)
-        if IGNORE_ALL not in ignored_errors:
-            reasons.extend(sorted(e for e in self.errors if e not in ignored_errors))
-        reasons.extend(xid_name(xid) for xid in sorted(self.xids) if not xid_ignored(xid, ignored_errors))
+        reasons.extend(sorted(e for e in self.errors if not policy.ignores(e)))
+        reasons.extend(name for name in map(xid_name, sorted(self.xids)) if not policy.ignores(name))
         return tuple(reasons)
 
     def with_xids(self, xids: frozenset[int]) -> ChipStatus:

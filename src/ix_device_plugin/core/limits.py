@@ -43,7 +43,7 @@ def _device_size(id_length: int, health_length: int, topology: int | None) -> in
 def list_message_size(inventory: Inventory, config: Config, replicas: int | None = None) -> int:
     """The exact serialized size of the ListAndWatch response for inventory under config (replicas overriding)."""
     count = config.replicas if replicas is None else replicas
-    ignored = config.ignored_health_errors
+    ignored = config.health_policy
     total = 0
     for gpu, chips, shortfall in physical_groups(inventory, config.splitboard):
         unhealthy = bool(shortfall) or any(chip.status.reasons(ignored) for chip in chips)

@@ -95,7 +95,7 @@ class Plan:
 
 def plan(inventory: Inventory, config: Config) -> Plan:
     """The devices to advertise for inventory under config (see the README's capacity table)."""
-    ignored = config.ignored_health_errors
+    ignored = config.health_policy
     groups = physical_groups(inventory, config.splitboard)
     replicas = config.replicas
     devices: list[PlannedDevice] = []

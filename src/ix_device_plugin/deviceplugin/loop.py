@@ -17,12 +17,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ix_device_plugin.core.healing import Rules
 from ix_device_plugin.core.inventory import Inventory
 from ix_device_plugin.core.limits import device_list_problem
 from ix_device_plugin.core.plan import Plan
 from ix_device_plugin.deviceplugin.configsource import ConfigSource
 from ix_device_plugin.deviceplugin.endpoint import ENDPOINT, Endpoint
 from ix_device_plugin.deviceplugin.features.hook import ApiFeatures
+from ix_device_plugin.deviceplugin.holders import PodHolders
 from ix_device_plugin.deviceplugin.metrics import Metrics
 from ix_device_plugin.deviceplugin.nodefiles import NodeFiles
 from ix_device_plugin.deviceplugin.registrar import Registrar
@@ -33,6 +35,8 @@ from ix_device_plugin.hardware.monitor import HardwareMonitor, HardwareView, Mon
 from ix_device_plugin.hardware.open import BackendFactory
 from ix_device_plugin.hardware.open import backend_factory as open_backend
 from ix_device_plugin.hardware.worker import Hardware
+from ix_device_plugin.healing.service import NodeHealing
+from ix_device_plugin.healing.story import story_path
 from ix_device_plugin.kubelet.podresources import PodResources
 from ix_device_plugin.runtime.errors import StartupError
 from ix_device_plugin.runtime.filewatch import Watcher
@@ -87,7 +91,7 @@ class Daemon:
     """One plugin instance: serves the Current state, keeps it registered and true.
 
     kube: how to reach the API server, for the features that use it (None: they go without);
-    backend_factory: the GPUs' backend (default: the one options name).
+    backend_factory: the GPUs' backend (default: the one options name); healing_rules: how hard self-healing tries.
     """
 
     def __init__(
@@ -97,6 +101,7 @@ class Daemon:
         *,
         kube: KubeSettings | None = None,
         backend_factory: BackendFactory | None = None,
+        healing_rules: Rules | None = None,
     ) -> None:
         self.options = options
         self.kube_settings = kube
@@ -117,7 +122,6 @@ class Daemon:
             on_xid=lambda xid: self.metrics.xid_events.labels(xid=str(xid)).inc(),
             on_poll=self.metrics.observe_health_poll,
         )
-        self.monitor.ignored = options.ignored_health_errors
         self.monitor.subscribe(lambda view: self._events.put_nowait(HardwareChanged(view)))
         self.pod_resources = PodResources(options.pod_resources_socket)
         self.telemetry: TelemetryCollector | None = None
@@ -137,6 +141,17 @@ class Daemon:
         )
         if self.sampler is not None:
             self.api.gpu_reset.quiet_others = self.sampler.paused
+        self.healing = NodeHealing(
+            self.monitor,
+            self.api.gpu_reset,
+            PodHolders(self.pod_resources, self.current).guard,
+            self.apiserver,
+            policy=lambda: self.config.health_policy,
+            switch=lambda: self.config.self_healing,
+            registry=self.metrics.registry,
+            story=story_path(options.plugin_dir),
+            rules=healing_rules,
+        )
         self.endpoint = Endpoint(
             options.plugin_dir / ENDPOINT, self.current, self.metrics.observe_call, self.api.before_allocate
         )
@@ -232,6 +247,7 @@ class Daemon:
         if self.options.per_node_config:
             await self.config_source.follow_label(spawn, lambda value: self._events.put_nowait(NodeLabelChanged(value)))
         config = self._first_config()
+        self.monitor.ignored = config.health_policy
         await self._start_probes()
         view = await self.monitor.start(config.fail_on_init_error)
         self._applied_version = view.version  # its HardwareChanged event, already queued, changes nothing
@@ -253,6 +269,8 @@ class Daemon:
         if self.kube_settings is not None:
             spawn("volcano", self.api.run_volcano)
             spawn("reset-announce", self.api.announce_reset)
+        for name, task in self.healing.tasks().items():
+            spawn(name, task)
 
     async def shutdown(self) -> None:
         """Stop every task, stop serving and remove the socket, within options.stop_timeout."""
@@ -263,6 +281,7 @@ class Daemon:
         # A GPU reset under way is waited for (RESET_STOP_WAIT, then its ixsmi is killed) before reset: false.
         ending = budget * 0.25 + (RESET_STOP_WAIT + KILL_WAIT if self.api.resetting else 0)
         await bounded("ending the API features", self.api.close(timeout=budget * 0.2), ending)
+        await self.healing.close(timeout=budget * 0.1)
         if self.apiserver is not None:
             await bounded("closing the API connection", self.apiserver.close(), budget * 0.05)
         if self._probes is not None:
@@ -324,6 +343,7 @@ class Daemon:
 
     def _swap(self, state: State) -> None:
         before = self.current.state
+        self.monitor.ignored = state.config.health_policy
         for warning in state.plan.warnings:
             log.warning("%s", warning)
         _log_transitions(before.plan, state.plan)

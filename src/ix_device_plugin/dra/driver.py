@@ -36,6 +36,7 @@ from ix_device_plugin.apiserver.errors import KubeError
 from ix_device_plugin.apiserver.objects import NODE, POD, RESOURCE_CLAIM, RESOURCE_SLICE, ObjectKind, uid_of
 from ix_device_plugin.apiserver.settings import KubeSettings
 from ix_device_plugin.apiserver.watch import Key, Mirror
+from ix_device_plugin.core.healing import Rules
 from ix_device_plugin.core.inventory import Inventory
 from ix_device_plugin.dra.claimstatus import ClaimStatusWriter
 from ix_device_plugin.dra.containers import PodRef, container_holdings, owner_pod
@@ -65,6 +66,9 @@ from ix_device_plugin.hardware.open import BackendFactory
 from ix_device_plugin.hardware.open import backend_factory as open_backend
 from ix_device_plugin.hardware.pcie import pcie_roots
 from ix_device_plugin.hardware.worker import Hardware
+from ix_device_plugin.healing.service import NodeHealing
+from ix_device_plugin.healing.story import story_path
+from ix_device_plugin.healing.wayback import return_annotation
 from ix_device_plugin.kubelet.sockets import Identity, path_too_long, unix_target
 from ix_device_plugin.runtime.backoff import Backoff
 from ix_device_plugin.runtime.errors import StartupError
@@ -75,12 +79,15 @@ from ix_device_plugin.settings.options import DraOptions
 
 log = logging.getLogger(__name__)
 
+# No settling time before a reset: a claim prepared on the chip meanwhile is refused under the state's lock.
+DRA_HEALING = Rules(settle=0.0)
+
 
 class DraDriver:
     """The DRA mode: follows the hardware monitor, publishes the slice, serves the kubelet.
 
     kube: a connected API client, else the one connection made from kube_settings (at start);
-    backend_factory: the GPUs' backend (default: the one options name).
+    backend_factory: the GPUs' backend (default: the one options name); healing_rules: how hard self-healing tries.
     """
 
     def __init__(
@@ -90,6 +97,7 @@ class DraDriver:
         *,
         kube_settings: KubeSettings | None = None,
         backend_factory: BackendFactory | None = None,
+        healing_rules: Rules | None = None,
     ) -> None:
         self.options = options
         base = options.base
@@ -105,7 +113,8 @@ class DraDriver:
                 health_stale_after=base.health_stale_after,
             ),
         )
-        self.monitor.ignored = base.ignored_health_errors
+        self.health_policy = options.config.health_policy.with_disabled(base.ignored_health_errors)
+        self.monitor.ignored = self.health_policy
         self.monitor.subscribe(self._hardware_changed)
         self.kube = kube
         self.api = ApiConnection(kube_settings) if kube_settings is not None else None
@@ -146,6 +155,19 @@ class DraDriver:
             self.registration.registered.is_set,
         )
         self.gpu_reset.quiet_others = self.node.paused
+        self.healing = NodeHealing(
+            self.monitor,
+            self.gpu_reset,
+            self.state.kept_free,
+            self.api,
+            policy=lambda: self.health_policy,
+            switch=lambda: options.config.self_healing,
+            registry=self.metrics.registry,
+            story=story_path(plugin_dir(options.plugins_dir)),
+            rules=healing_rules or DRA_HEALING,
+            node_watched=True,  # for the slices' owner: the annotation iluvatar.com/gpu.return comes with it
+            acting=lambda: self.role.held,  # one pod heals the node: the one publishing its slices
+        )
 
     @property
     def inventory(self) -> Inventory:
@@ -185,7 +207,7 @@ class DraDriver:
         if self.api is not None:
             self._watch_slices_and_node(self.api)
         self.service.spawn("hardware", self.monitor.run)
-        for name, task in self.node.tasks().items():
+        for name, task in {**self.node.tasks(), **self.healing.tasks()}.items():
             self.service.spawn(name, task)
         await self._serve()
         if self.api is not None:  # reset: false in ix-gpu-reset-<node>, as the device plugin says at start: a driver
@@ -204,6 +226,7 @@ class DraDriver:
             await bounded("writing claim status", self.claim_status.close(), timeout / 10)
         await self.state.close(timeout / 10)
         await self.gpu_reset.close(timeout / 10)
+        await self.healing.close(timeout / 10)
         for server in self._servers:
             await bounded("stopping a gRPC server", server.stop(timeout / 4), timeout / 4)
         self._servers.clear()
@@ -261,13 +284,17 @@ class DraDriver:
         )
         self.service.spawn("watch-slices", slices.run)
         owner = Mirror(
-            api, NODE, uid_of, f"node {node}", field_selector={"metadata.name": node}, on_change=self._node_changed
-        )
+            api, NODE, _uid_and_return, f"node {node}", field_selector={"metadata.name": node},
+            on_change=self._node_changed,
+        )  # fmt: skip
         self.service.spawn("watch-node", owner.run)
 
-    def _node_changed(self, nodes: Mapping[Key, str]) -> None:
+    def _node_changed(self, nodes: Mapping[Key, tuple[str, str]]) -> None:
+        uid, chips_to_return = next(iter(nodes.values()), ("", ""))
         if self.publisher is not None:
-            self.publisher.node_seen(next(iter(nodes.values()), ""))
+            self.publisher.node_seen(uid)
+        if self.healing.requests is not None:
+            self.healing.requests.seen(chips_to_return)
 
     def _slices_changed(self, stored: Mapping[Key, StoredSlice]) -> None:
         if self.publisher is not None:
@@ -281,7 +308,7 @@ class DraDriver:
     # ---- the hardware, as the monitor sees it -------------------------------------------------
 
     def _hardware_changed(self, view: HardwareView) -> None:
-        content = slice_content(view.inventory, self.options.base.ignored_health_errors, self.policy)
+        content = slice_content(view.inventory, self.health_policy, self.policy)
         roots = pcie_roots(view.inventory, self.options.base.sysfs_root)
         if content == self.content and roots == self.roots:
             return
@@ -326,6 +353,8 @@ class DraDriver:
         error: str | None = await self.metrics.timed("unprepare", self.state.unprepare(ref))
         if error is None and self.claim_status is not None:
             self.claim_status.unprepared(ref)
+        if error is None:
+            self.healing.healer.wake()  # a chip waiting to be reset may be free now
         return error
 
     async def _reset_claim(self, claim: PreparedClaim) -> str | None:
@@ -457,3 +486,8 @@ def run_dra(options: DraOptions, kube: KubeSettings, run_until_done: Callable[[A
         return await driver.run()
 
     return run_until_done(serve())
+
+
+def _uid_and_return(node: Mapping[str, Any]) -> tuple[str, str]:
+    """What the driver follows of its Node: its UID (the slices' owner) and the operator's iluvatar.com/gpu.return."""
+    return uid_of(node), return_annotation(node)

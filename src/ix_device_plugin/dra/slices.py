@@ -29,7 +29,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ix_device_plugin.core.inventory import Board, Chip, Inventory
+from ix_device_plugin.core.inventory import Board, Chip, Ignored, Inventory
 from ix_device_plugin.core.labels import product_model
 from ix_device_plugin.core.plan import expected_chips, shortfall
 
@@ -145,9 +145,9 @@ def semver(text: str) -> str | None:
 
 
 def slice_content(
-    inventory: Inventory, ignored: frozenset[str] = frozenset(), policy: SlicePolicy = SlicePolicy()
+    inventory: Inventory, ignored: Ignored = frozenset(), policy: SlicePolicy = SlicePolicy()
 ) -> SliceContent:
-    """The slice devices for inventory under policy, unhealthy for the reasons not ignored (IX_DISABLE_HEALTHCHECKS).
+    """The slice devices for inventory under policy, unhealthy for the reasons not ignored (the health policy).
 
     Chips without a usable name are left out, with a warning, and so is the board device of their board.
     """
@@ -193,7 +193,7 @@ def slice_content(
 
 
 def _board_devices(
-    board: Board, named: list[tuple[str, Chip]], ignored: frozenset[str], policy: SlicePolicy
+    board: Board, named: list[tuple[str, Chip]], ignored: Ignored, policy: SlicePolicy
 ) -> tuple[list[SliceDevice], SliceDevice | None, CounterSet | None, str]:
     """board's devices as policy says: its chips, its board device and counter set (a multi-chip board), and why
     the board device is left out ("" when it is not)."""

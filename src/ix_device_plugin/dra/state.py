@@ -108,6 +108,7 @@ class DraState:
         self._resetting = asyncio.Lock()  # this process's part of the node-wide reset turn
         self._turns = _ClaimTurns()
         self._work: set[asyncio.Task[PreparedClaim | str]] = set()  # resets going on to their end
+        self._kept_free: set[str] = set()  # chips the healer resets now: no claim is prepared on them
 
     # ---- start ----------------------------------------------------------------------------------
 
@@ -281,6 +282,7 @@ class DraState:
                         continue  # another driver unprepared it meanwhile: read the claim, then decide
                     others = {uid: c for uid, c in self.claims.items() if uid != ref.uid}
                     prepared = prepare(ref, claim, node, others)
+                    self._check_not_kept_free(prepared)
                     if resets and prepared.reset_chips:
                         prepared = self._with_reset(prepared, rebuilt=known is not None)
                     self._commit_prepared(prepared)
@@ -422,6 +424,36 @@ class DraState:
             task.cancel()
         if work:
             await asyncio.wait(work, timeout=timeout)
+
+    # ---- self-healing -------------------------------------------------------------------------------
+
+    @contextlib.asynccontextmanager
+    async def kept_free(self, uuid: str) -> AsyncIterator[str | None]:
+        """The healer's guard: yield the claim that holds the chip (any prepared claim on it or its board, admin
+        access too), or why that cannot be told, or None: then, in the node's reset turn, no claim is prepared on
+        the chip until the end."""
+        async with contextlib.AsyncExitStack() as stack:
+            try:
+                await stack.enter_async_context(self.reset_turn())
+                async with self._locked():
+                    self._load()
+                    holder = next((claim for claim in self.claims.values() if uuid in claim.uuids), None)
+                    if holder is None:
+                        self._kept_free.add(uuid)
+                        stack.callback(self._kept_free.discard, uuid)
+            except (OutputError, CheckpointError) as error:
+                why: str | None = f"no one can tell whether a claim holds it: {error}"
+            else:
+                why = None if holder is None else f"claim {holder.ref}"
+            yield why
+
+    def _check_not_kept_free(self, prepared: PreparedClaim) -> None:
+        busy = sorted(self._kept_free.intersection(prepared.uuids))
+        if busy:
+            raise ClaimError(
+                f"claim {prepared.ref}: {', '.join(busy)} is being reset by the driver to clear an error "
+                "(self-healing); the kubelet tries again"
+            )
 
     # ---- files ------------------------------------------------------------------------------------
 

@@ -7,11 +7,11 @@ events from the backend's own thread, and the first discovery at start. Both fro
 is handed to every subscriber, which turns it into its own state (ListAndWatch health, ResourceSlice taints,
 the DRA health stream), so what one mode learns of the hardware the other learns too.
 
-A chip keeps a critical XID until the process restarts (at most MAX_XIDS of them: one is enough to make it
-Unhealthy); a chip that vanished from enumeration stays in its board as not present until it is back. XID events
-that change nothing (an application XID, one ignored, one on a chip not served, one already kept) are logged
-once and then summarised (how many, the last when), so that a storm of them stays a few lines. Every backend
-call goes through the deadlined `Hardware` worker.
+A chip keeps a critical XID until the process restarts or a reset clears it (`clear_xids`, after the healer reset the
+chip), at most MAX_XIDS of them (one is enough to make it Unhealthy); a chip that vanished from enumeration stays in
+its board as not present until it is back. XID events that change nothing (an application XID, one ignored, one on a
+chip not served, one already kept) are logged once and then summarised (how many, the last when), so that a storm of
+them stays a few lines. Every backend call goes through the deadlined `Hardware` worker.
 """
 
 from __future__ import annotations
@@ -21,10 +21,10 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
-from ix_device_plugin.core.inventory import ChipStatus, Inventory, carry_missing, xid_ignored
+from ix_device_plugin.core.inventory import ChipStatus, Ignored, Inventory, carry_missing, xid_ignored
 from ix_device_plugin.hardware.backend import Backend, BackendError, XidEvent
 from ix_device_plugin.hardware.devnodes import with_control_nodes
 from ix_device_plugin.hardware.worker import Hardware
@@ -70,7 +70,17 @@ class _Rediscover:
     done: asyncio.Future[HardwareView] | None = None
 
 
-_Request = XidEvent | _Rediscover
+@dataclass(frozen=True)
+class _ClearXids:
+    """A reset cleared these XIDs of the chip: read every chip's health again, forget them; answer the view on done."""
+
+    uuid: str
+    xids: frozenset[int]
+    done: asyncio.Future[HardwareView]
+
+
+_Request = XidEvent | _Rediscover | _ClearXids
+XidListener = Callable[[XidEvent], None]
 
 
 class HardwareMonitor:
@@ -86,8 +96,9 @@ class HardwareMonitor:
         self.hardware = hardware
         self.settings = settings
         self.view = HardwareView(Inventory())
-        self.ignored: frozenset[str] = frozenset()  # IX_DISABLE_HEALTHCHECKS: the XIDs it names are not kept
+        self.ignored: Ignored = frozenset()  # the health policy: XIDs it ignores are not kept
         self._subscribers: list[Subscriber] = []
+        self._xid_listeners: list[XidListener] = []
         self._requests: asyncio.Queue[_Request] = asyncio.Queue()
         self._on_xid = on_xid or (lambda xid: None)
         self._on_poll = on_poll or (lambda: None)
@@ -106,6 +117,17 @@ class HardwareMonitor:
     def subscribe(self, subscriber: Subscriber) -> None:
         """Call subscriber with every new view, on the event loop, in the order of the changes."""
         self._subscribers.append(subscriber)
+
+    def listen_xids(self, listener: XidListener) -> None:
+        """Call listener with every XID event on a chip the node serves, ignored ones too, as it arrives."""
+        self._xid_listeners.append(listener)
+
+    async def clear_xids(self, uuid: str, xids: frozenset[int]) -> HardwareView:
+        """After a reset of the chip: read every chip's health again, then forget these XIDs of it; the view once
+        every subscriber has been handed it."""
+        done: asyncio.Future[HardwareView] = asyncio.get_running_loop().create_future()
+        self._requests.put_nowait(_ClearXids(uuid, xids, done))
+        return await done
 
     async def start(self, fail_on_init_error: bool) -> HardwareView:
         """Ask for XID events, then discover; StartupError when that fails and fail_on_init_error is set.
@@ -174,6 +196,8 @@ class HardwareMonitor:
             now = time.monotonic()
             if isinstance(request, XidEvent):
                 self._take_xid(request)
+            elif isinstance(request, _ClearXids):
+                await self._clear_xids(request)
             elif isinstance(request, _Rediscover) or now >= next_discovery:
                 if request is not None and request.done is None:
                     await asyncio.sleep(SETTLE)
@@ -262,13 +286,24 @@ class HardwareMonitor:
         )
         self._last_good_poll = time.monotonic()
 
+    async def _clear_xids(self, request: _ClearXids) -> None:
+        await self._poll()
+        chip = next((chip for chip in self.view.inventory.chips() if chip.uuid == request.uuid), None)
+        if chip is not None and chip.status.xids & request.xids:
+            status = replace(chip.status, xids=chip.status.xids - request.xids)
+            self._publish(self.view.inventory.with_statuses({chip.uuid: status}), self.view.discovered)
+        if not request.done.done():
+            request.done.set_result(self.view)
+
     def _take_xid(self, event: XidEvent) -> None:
-        """A critical XID: the chip is Unhealthy from now on (unless the XID is ignored), until the process restarts."""
+        """A critical XID: the chip is Unhealthy from now on (unless the XID is ignored), until a reset clears it."""
         self._on_xid(event.xid)
         chip = next((chip for chip in self.view.inventory.chips() if chip.uuid == event.uuid), None)
         if chip is None:
             self.xid_log.log(logging.INFO, "XID %d on %s, a chip not served now; ignored", event.xid, event.uuid[:80])
             return
+        for listener in self._xid_listeners:
+            listener(event)
         if xid_ignored(event.xid, self.ignored):
             self.xid_log.log(
                 logging.INFO,
@@ -288,7 +323,7 @@ class HardwareMonitor:
             )
             return
         log.warning(
-            "XID %d on %s: a critical error; the chip is Unhealthy until the plugin restarts", event.xid, chip.uuid
+            "XID %d on %s: a critical error; the chip is Unhealthy until a reset clears it", event.xid, chip.uuid
         )
         status = chip.status.with_xids(frozenset({event.xid}))
         self._publish(self.view.inventory.with_statuses({chip.uuid: status}), self.view.discovered)

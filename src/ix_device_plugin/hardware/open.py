@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from ix_device_plugin.hardware.backend import Backend
+from ix_device_plugin.hardware.backend import DEFAULT_IXSMI, Backend
 from ix_device_plugin.settings.options import NodeOptions
 
 BackendFactory = Callable[[], Backend]
@@ -14,11 +14,12 @@ def backend_factory(options: NodeOptions) -> BackendFactory:
     """A function creating the backend of options.backend: `simulated` or `ixml`."""
     if options.backend == "simulated":
         spec = options.simulated_devices
+        ixsmi = None if options.ixsmi_path == DEFAULT_IXSMI else options.ixsmi_path  # a stand-in's, when named
 
         def simulated() -> Backend:
             from ix_device_plugin.hardware.simulated import SimulatedBackend
 
-            return SimulatedBackend(spec)
+            return SimulatedBackend(spec, ixsmi)
 
         return simulated
 

@@ -45,8 +45,9 @@ class SimulatedBackend:
 
     name = "simulated"
 
-    def __init__(self, source: str = DEFAULT_SPEC) -> None:
+    def __init__(self, source: str = DEFAULT_SPEC, ixsmi_path: str | None = None) -> None:
         self.source = source
+        self.ixsmi_path = ixsmi_path  # run for each reset, as the IXML backend runs ixsmi, when given
         self._path = _as_existing_file(source)
         self.resets: list[tuple[str, ...]] = []  # every reset asked for, in order
         self._renamed: dict[str, str] = {}  # UUID in the file -> UUID after a reset that changed it
@@ -68,8 +69,13 @@ class SimulatedBackend:
 
     def reset(self, uuids: Sequence[str], timeout: float, abort: threading.Event | None = None) -> None:
         """A reset as the file's `reset:` mapping says: chips listed under `fail` fail it, chips under
-        `new_uuid` come back with another UUID; all others reset fine."""
+        `new_uuid` come back with another UUID; all others reset fine. With an ixsmi_path, that program is run first
+        as the IXML backend runs ixsmi (a failure fails the reset)."""
         self.resets.append(tuple(uuids))
+        if self.ixsmi_path is not None:
+            from ix_device_plugin.hardware.ixml.reset import run_ixsmi_reset
+
+            run_ixsmi_reset(self.ixsmi_path, uuids, timeout, abort)
         behaviour = reset_behaviour(self._path) if self._path is not None else {}
         original = {new: old for old, new in self._renamed.items()}
         failing = [uuid for uuid in uuids if behaviour.get(original.get(uuid, uuid)) == "fail"]

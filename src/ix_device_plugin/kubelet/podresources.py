@@ -112,14 +112,22 @@ class PodResources:
         self.socket_path = socket_path
         self._client: PodResourcesClient | None = None
 
+    async def read(self, resource_names: Set[str]) -> dict[str, PodRef]:
+        """Device ID -> the container holding it; PodResourcesError when that cannot be known (no socket too)."""
+        if self.socket_path is None:
+            raise PodResourcesError("the pod-resources socket is turned off (--pod-resources-socket)")
+        if not self.socket_path.exists():
+            raise PodResourcesError(f"pod resources {self.socket_path}: no such socket")
+        if self._client is None:
+            self._client = PodResourcesClient(self.socket_path)
+        return await self._client.allocations(resource_names, timeout=2.0)
+
     async def allocations(self, resource_names: Set[str], errors: OncePerError) -> dict[str, PodRef]:
         """Device ID -> the container holding it (empty when unknown); a failure is said once through errors."""
         if self.socket_path is None or not self.socket_path.exists():
             return {}
-        if self._client is None:
-            self._client = PodResourcesClient(self.socket_path)
         try:
-            allocations = await self._client.allocations(resource_names, timeout=2.0)
+            allocations = await self.read(resource_names)
         except PodResourcesError as error:
             errors.failed("%s; GPU metrics carry no pod labels meanwhile", error)
             return {}

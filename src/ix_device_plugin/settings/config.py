@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from ix_device_plugin.settings.health import HealthPolicy
 from ix_device_plugin.settings.table import default
 
 
@@ -21,11 +22,25 @@ class Config:
     replicas: int = default("replicas")
     rename_by_default: bool = default("rename_by_default")
     fail_requests_greater_than_one: bool = default("fail_requests_greater_than_one")
+    self_healing: str = default("self_healing")  # auto, true or false
+    health_reset: tuple[str, ...] = default("health_reset")  # `XID 48`, `ECC`: moved to the action named
+    health_operator: tuple[str, ...] = default("health_operator")
+    health_ignore: tuple[str, ...] = default("health_ignore")
     # Health error names not to act on (IX_DISABLE_HEALTHCHECKS); "all" ignores every error and XID,
     # "xids" every XID event, "XID <n>" that XID (besides the application XIDs always ignored).
     ignored_health_errors: frozenset[str] = frozenset()
     # Where each value came from: "default", "file <path>", "env <NAME>" or "flag <--name>".
     sources: Mapping[str, str] = field(default_factory=dict, compare=False)
+
+    @property
+    def health_policy(self) -> HealthPolicy:
+        """What is done about each XID and health error: the default table, health.*, IX_DISABLE_HEALTHCHECKS."""
+        return HealthPolicy(
+            frozenset(self.health_reset),
+            frozenset(self.health_operator),
+            frozenset(self.health_ignore),
+            self.ignored_health_errors,
+        )
 
     @property
     def shared(self) -> bool:

@@ -32,7 +32,7 @@ from ix_device_plugin.settings.yamlsafe import (
 )
 
 CONFIG_KEY = "ix-config"
-_SECTIONS = {"", "flags", "sharing", "sharing.timeSlicing"}
+_SECTIONS = {"", "flags", "sharing", "sharing.timeSlicing", "health"}
 # A section of Iluvatar's plugin 4.4.0 that it reads, type-checks and does nothing with (config.Sharing.MPS).
 MPS = "sharing.mps"
 MPS_REPLICAS = "sharing.mps.replicas"

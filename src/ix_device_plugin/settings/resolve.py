@@ -12,7 +12,7 @@ each reading of it (`config_from`). Every problem is one line naming the flag, v
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -200,7 +200,7 @@ def _conflicts(chosen: Mapping[str, Any], sources: Mapping[str, str]) -> list[st
     def named(name: str) -> str:
         return f"{BY_NAME[name].key} ({sources[name]})"
 
-    problems = []
+    problems = _health_conflicts(chosen, named)
     if chosen["reset_gpu"] and chosen["replicas"] > 0:
         why = (
             "a shared GPU cannot be reset under the containers that share it"
@@ -219,6 +219,21 @@ def _conflicts(chosen: Mapping[str, Any], sources: Mapping[str, str]) -> list[st
                 f"{named('resource_name')} with {named('rename_by_default')} is advertised as {advertised}, which "
                 "is not a valid extended resource name (the part after '/' is at most 63 characters)"
             )
+    return problems
+
+
+def _health_conflicts(chosen: Mapping[str, Any], named: Callable[[str], str]) -> list[str]:
+    """An XID or health error listed for two actions (health.reset, health.operator, health.ignore)."""
+    lists = ("health_reset", "health_operator", "health_ignore")
+    problems = []
+    for index, first in enumerate(lists):
+        for second in lists[index + 1 :]:
+            both = [name for name in chosen[first] if name in chosen[second]]
+            if both:
+                problems.append(
+                    f"{named(first)} and {named(second)} both list {', '.join(both)}: each XID or health error "
+                    "takes one action"
+                )
     return problems
 
 

@@ -10,7 +10,7 @@ from typing import Any
 
 from ix_device_plugin.settings import values as v
 from ix_device_plugin.settings.devicelist import DEFAULT_DEVICE_LIST_STRATEGY, strategy_setting
-from ix_device_plugin.settings.health import parse_disabled_healthchecks
+from ix_device_plugin.settings.health import parse_disabled_healthchecks, parse_health_names, parse_self_healing
 
 # The modes: the commands that take settings (`check-config` takes none).
 RUN, LIST, CDI_GENERATE, DEMO, DRA, LIST_DRA = "run", "list", "cdi generate", "demo", "dra", "list --dra"
@@ -76,6 +76,7 @@ HARDWARE = _modes(RUN, LIST, CDI_GENERATE, DRA, LIST_DRA)  # what discovery need
 DAEMONS = _modes(RUN, DRA)
 PLUGIN_CONFIG = _modes(RUN, LIST)  # ix-config settings of the device plugin
 EVERY_MODE = frozenset(MODES)
+HEALTH_MODES = _modes(*PLUGIN_CONFIG, *DRA_MODES)  # the health policy: both front ends, and what `list` shows
 
 
 def _setting(
@@ -91,7 +92,7 @@ SETTINGS: tuple[Setting, ...] = (
              f"config file (default {DEFAULT_CONFIG_PATH}; absent means defaults, a named file must exist)",
              (RUN, LIST, DEMO, DRA, LIST_DRA)),
     _setting("device_plugin_path", "--device-plugin-path", "IX_DEVICE_PLUGIN_PATH", Path(DEFAULT_PLUGIN_DIR),
-             v.path, "DIR", "kubelet device plugin directory", (RUN,)),
+             v.path, "DIR", "kubelet device plugin directory (list: where the plugin's health story is)", (RUN, LIST)),
     _setting("backend", "--backend", "IX_BACKEND", "ixml", v.choice("ixml", "simulated"), "ixml|simulated",
              "GPU source", HARDWARE),
     _setting("simulated_devices", "--simulated-devices", "IX_SIMULATED_DEVICES", DEFAULT_SIMULATED_DEVICES,
@@ -183,6 +184,17 @@ SETTINGS: tuple[Setting, ...] = (
              "IX_FAIL_REQUESTS_GREATER_THAN_ONE", False, v.parse_bool, "true|false",
              "refuse a container asking for more than one shared replica", PLUGIN_CONFIG,
              "sharing.timeSlicing.failRequestsGreaterThanOne"),
+    _setting("self_healing", "--self-healing", "IX_SELF_HEALING", "auto", parse_self_healing, "auto|true|false",
+             "reset a chip with a resettable error once no container holds it, and return it to service (auto: where "
+             "other IXML users can be asked to let go, through the API server)", HEALTH_MODES, "health.selfHealing"),
+    _setting("health_reset", "--health-reset", "IX_HEALTH_RESET", (), parse_health_names, "LIST",
+             "XIDs and health errors a GPU reset clears (besides the defaults)", HEALTH_MODES, "health.reset"),
+    _setting("health_operator", "--health-operator", "IX_HEALTH_OPERATOR", (), parse_health_names, "LIST",
+             "XIDs and health errors that keep a chip out until an operator acts (besides the defaults)",
+             HEALTH_MODES, "health.operator"),
+    _setting("health_ignore", "--health-ignore", "IX_HEALTH_IGNORE", (), parse_health_names, "LIST",
+             "XIDs and health errors that leave a chip in service (besides the application XIDs)", HEALTH_MODES,
+             "health.ignore"),
 )  # fmt: skip
 BY_NAME = {setting.name: setting for setting in SETTINGS}
 BY_KEY = {setting.key: setting for setting in SETTINGS if setting.key is not None}

@@ -13,6 +13,7 @@ from ix_device_plugin.dra.registration import plugin_dir
 from ix_device_plugin.dra.slices import SlicePolicy, counter_set_body, slice_content, slice_devices
 from ix_device_plugin.hardware.backend import BackendError
 from ix_device_plugin.hardware.pcie import pcie_roots
+from ix_device_plugin.healing.story import read_story, story_line, story_path
 from ix_device_plugin.settings.errors import SettingsError
 from ix_device_plugin.settings.options import DraOptions, load_config
 from ix_device_plugin.tools.discovery import discover_once, print_error
@@ -32,13 +33,14 @@ def dra_list_command(options: DraOptions, output: str | None) -> int:
         return print_error(options.base, error)
     claims = dict(checkpoint.claims) if checkpoint else {}
     policy = SlicePolicy(config.splitboard, config.replicas)
-    content = slice_content(inventory, config.ignored_health_errors, policy)
+    content = slice_content(inventory, config.health_policy, policy)
     report = {
         "resourceSlice": slice_base_name(options.node_name),
         "devices": slice_devices(content, pcie_roots(inventory, options.base.sysfs_root), taints=True),
         "sharedCounters": [counter_set_body(counter_set) for counter_set in content.counter_sets],
         "warnings": list(content.warnings),
         "preparedClaims": {uid: _claim_report(claim) for uid, claim in claims.items()},
+        "healthStory": read_story(story_path(plugin_dir(options.plugins_dir))),
     }
     if output == "json":
         print(json.dumps(report, indent=2))
@@ -46,8 +48,15 @@ def dra_list_command(options: DraOptions, output: str | None) -> int:
     shared = f", {policy.replicas} shares per device" if policy.shared else ""
     print(f"ResourceSlice {report['resourceSlice']} (driver gpu.iluvatar.com, pool {options.node_name}{shared}):")
     held = _holders(claims, {d.chip.uuid: d.name for d in content.devices if d.kind == "chip"})
+    story = report["healthStory"]
+    stories = {} if story is None else {chip.get("uuid"): chip for chip in story["chips"] if isinstance(chip, dict)}
+    healing = story["self_healing"] if story else "no health story (no driver wrote one)"
+    print(f"  self-healing: {healing}")
     for device in report["devices"]:
         print(f"  {_device_line(device)}{held.get(device['name'], '')}")
+        chip = stories.get(device["attributes"].get("uuid", {}).get("string"))
+        if chip is not None:
+            print(f"      health story: {story_line(chip)}")
     for warning in content.warnings:
         print(f"  warning: {warning}")
     print(f"Prepared claims ({len(claims)}):")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
+import time
 from collections.abc import Mapping
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
@@ -15,6 +16,7 @@ from ix_device_plugin.core.plan import plan
 from ix_device_plugin.core.telemetry import ChipSample, PodRef
 from ix_device_plugin.hardware.backend import BackendError
 from ix_device_plugin.hardware.devnodes import with_control_nodes
+from ix_device_plugin.healing.story import read_story, story_line, story_path
 from ix_device_plugin.settings.config import Config
 from ix_device_plugin.settings.errors import SettingsError
 from ix_device_plugin.settings.options import Options, config_file_for, load_config
@@ -47,6 +49,7 @@ def list_command(options: Options, kube: KubeSettings | None, output: str | None
         return print_error(options, error)
     report = {"config_file": reason, **inventory_report(inventory, config, options)}
     add_live_figures(report, samples, _pod_allocations(options, report["resource_name"]))
+    add_health_stories(report, read_story(story_path(options.plugin_dir)))
     for warning in warnings:
         print(f"warning: {warning}", file=sys.stderr)
     if output == "json":
@@ -110,7 +113,7 @@ def inventory_report(inventory: Inventory, config: Config, options: Options) -> 
                         "memory_mib": chip.memory_mib,
                         "health_errors": sorted(chip.status.errors),
                         "problems": list(chip.status.reasons(frozenset())),
-                        "healthy": not chip.status.reasons(config.ignored_health_errors),
+                        "healthy": not chip.status.reasons(config.health_policy),
                     }
                     for chip in board.chips
                 ],
@@ -156,6 +159,16 @@ def add_live_figures(
         device["held_by"] = None if holder is None else asdict(holder)
 
 
+def add_health_stories(report: dict[str, Any], story: Mapping[str, Any] | None) -> None:
+    """Add each chip's health story as the running agent last wrote it (None: no agent has written one)."""
+    report["self_healing"] = None if story is None else story.get("self_healing")
+    report["story_written"] = None if story is None else story.get("written")
+    by_uuid = {} if story is None else {chip.get("uuid"): chip for chip in story["chips"] if isinstance(chip, dict)}
+    for board in report["boards"]:
+        for chip in board["chips"]:
+            chip["health_story"] = by_uuid.get(chip["uuid"])
+
+
 def _figures_line(telemetry: Mapping[str, float]) -> str:
     shown = [form.format(telemetry[name]) for name, form in _FIGURES if name in telemetry]
     if "mem_used_mib" in telemetry and "mem_total_mib" in telemetry:
@@ -179,9 +192,21 @@ def _setting(value: Any) -> str:
     return str(value)
 
 
+def _healing_line(report: Mapping[str, Any]) -> str:
+    if "self_healing" not in report:
+        return ""
+    if report["self_healing"] is None:
+        return "Self-healing: no health story (the agent is not running on this node, or has not written one yet)"
+    written = report.get("story_written")
+    when = time.strftime(" (as of %Y-%m-%d %H:%M:%S)", time.localtime(written)) if isinstance(written, float) else ""
+    return f"Self-healing: {report['self_healing']}{when}"
+
+
 def render_text(report: dict[str, Any]) -> str:
     """The report as a human reads it."""
-    lines = [f"Driver version: {report['driver_version'] or 'unknown'}", "", "Boards:"]
+    lines = [f"Driver version: {report['driver_version'] or 'unknown'}"]
+    lines += [healing] if (healing := _healing_line(report)) else []
+    lines += ["", "Boards:"]
     for index, board in enumerate(report["boards"]):
         unplaced = "" if board["board_position_known"] else "  (board position unknown: a board of its own)"
         lines.append(f"  [{index}] {board['product']}{unplaced}")
@@ -193,6 +218,8 @@ def render_text(report: dict[str, Any]) -> str:
                 f"      {chip['uuid']}  minor {minor}  bus {chip['bus_id'] or '?'}  numa {numa}  "
                 f"{chip['memory_mib']} MiB  {state}"
             )
+            if chip.get("health_story"):
+                lines.append(f"          health story: {story_line(chip['health_story'])}")
             if chip.get("telemetry"):
                 lines.append(f"          {_figures_line(chip['telemetry'])}")
     lines += ["", "Configuration:"]

@@ -79,3 +79,20 @@ def test_a_file_that_turns_bad_while_running_fails_the_poll_cleanly(tmp_path: Pa
     devices.write_bytes((CORPUS / "binary.yaml").read_bytes())
     with pytest.raises(BackendError, match="binary data"):
         backend.health(inventory)
+
+
+def test_a_named_ixsmi_is_run_for_each_reset_and_its_failure_fails_it(tmp_path: Path) -> None:
+    record = tmp_path / "args"
+    ixsmi = tmp_path / "ixsmi"
+    ixsmi.write_text(f'#!/bin/sh\necho "$@" >> {record}\nexit $(cat {tmp_path / "code"})\n')
+    ixsmi.chmod(0o755)
+    (tmp_path / "code").write_text("0")
+    backend = SimulatedBackend("BI-V100:2", ixsmi_path=str(ixsmi))
+    chip = next(backend.discover().chips()).uuid
+    backend.reset([chip], 5.0)
+    assert record.read_text().split() == ["-r", "-i", chip]
+    (tmp_path / "code").write_text("4")
+    with pytest.raises(BackendError, match="exited with code 4"):
+        backend.reset([chip], 5.0)
+    SimulatedBackend("BI-V100:2").reset([chip], 5.0)  # without one, nothing is run
+    assert len(record.read_text().splitlines()) == 2

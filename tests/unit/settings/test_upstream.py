@@ -278,7 +278,7 @@ def test_the_dra_mode_warns_of_what_it_reads_differently_and_names_the_keys_it_d
         "Iluvatar's plugin 4.4.0)",
         f"{path}: line 5: sharing.mps: read but not acted on: GPUs are shared only by sharing.timeSlicing "
         "(Iluvatar's plugin 4.4.0 reads sharing.mps and does nothing with it either)",
-        f"{path}: line 6: extra: unknown key, ignored (known here: flags, resourceName, sharing)",
+        f"{path}: line 6: extra: unknown key, ignored (known here: flags, health, resourceName, sharing)",
         f"{path}: keys dra does not use, ignored: flags.usevolcano (line 3)",
     )
 

@@ -18,7 +18,7 @@ app.kubernetes.io/name: {{ include "ix-device-plugin.name" . }}
 
 {{/* Non-empty when an enabled feature needs the API server. */}}
 {{- define "ix-device-plugin.needsApi" -}}
-{{- if or .Values.features.perNodeConfig .Values.features.gpuReset .Values.features.volcano }}true{{ end -}}
+{{- if or .Values.features.perNodeConfig .Values.features.gpuReset .Values.features.volcano .Values.features.selfHealing }}true{{ end -}}
 {{- end }}
 
 {{/* The DRA driver's DaemonSet, ServiceAccount and RBAC name, and its selector label (apart from the plugin's). */}}

@@ -36,6 +36,7 @@ KINDS = (
     Kind(CORE, ("v1",), "configmaps", "ConfigMap", True),
     Kind(CORE, ("v1",), "pods", "Pod", True),
     Kind(CORE, ("v1",), "nodes", "Node", False),
+    Kind(CORE, ("v1",), "events", "Event", True),
     Kind(RESOURCE_GROUP, RESOURCE_VERSIONS, "resourceslices", "ResourceSlice", False),
     Kind(RESOURCE_GROUP, RESOURCE_VERSIONS, "resourceclaims", "ResourceClaim", True),
 )

@@ -1,0 +1,171 @@
+"""Self-healing, as pure rules: where each chip out of service stands, and what comes next.
+
+A chip's `Care` is its health story: in service, or out of service and why, what the agent does about it (wait for
+no container to hold it, reset it, leave it to an operator) and what came of the last step. The healer (healing/)
+feeds it what it sees and does; these functions say the next Care. No clocks are read here: `now` is given.
+
+    healthy -> waiting (a reset clears it; once the chip is free) -> resetting -> healthy (back in service)
+                                                                              -> waiting (failed: after a backoff)
+                                                                              -> operator (the last attempt failed)
+    healthy -> operator (a reset cannot clear it)      operator -> waiting (an operator asked for one more reset)
+    healthy -> out (a problem no reset fixes and that clears by itself)     healthy -> off (self-healing is off)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from ix_device_plugin.core.inventory import ChipStatus
+from ix_device_plugin.settings.health import NOT_PRESENT, OPERATOR, RESET, HealthPolicy, xid_name
+
+HEALTHY, OUT, WAITING, RESETTING, NEEDS_OPERATOR, OFF = "healthy", "out", "waiting", "resetting", "operator", "off"
+PHASES = (HEALTHY, OUT, WAITING, RESETTING, NEEDS_OPERATOR, OFF)
+
+
+@dataclass(frozen=True)
+class Rules:
+    """How hard the healer tries: resets per episode, the backoff between them, and the settling time."""
+
+    attempts: int = 3
+    backoff: float = 10.0  # seconds after the first failed reset, doubled after each
+    backoff_cap: float = 300.0
+    refused_wait: float = 60.0  # after a reset the handshake refused (nothing was reset): not counted as an attempt
+    settle: float = 1.0  # a chip just taken out is not reset before this: an Allocate answered just before it lands
+
+    def delay(self, failed: int) -> float:
+        """Seconds before the next attempt after `failed` failed ones."""
+        return min(self.backoff_cap, self.backoff * 2 ** max(0, failed - 1))
+
+
+@dataclass(frozen=True)
+class Diagnosis:
+    """A chip's reasons for being out of service, by what is done about them."""
+
+    resettable: tuple[str, ...] = ()  # a reset clears them
+    operator: tuple[str, ...] = ()  # a reset cannot: the chip waits for an operator, or for them to clear
+    other: tuple[str, ...] = ()  # problems no reset is for (a device node missing, a failing health call)
+
+    @property
+    def healthy(self) -> bool:
+        """True when nothing keeps the chip out of service."""
+        return not (self.resettable or self.operator or self.other)
+
+    @property
+    def reasons(self) -> tuple[str, ...]:
+        """Every reason, resettable ones first."""
+        return (*self.resettable, *self.operator, *self.other)
+
+
+def diagnose(status: ChipStatus, policy: HealthPolicy) -> Diagnosis:
+    """Why the chip is out of service under policy, sorted by what is done about each reason."""
+    named = {NOT_PRESENT, *status.errors, *map(xid_name, status.xids)}
+    resettable, operator, other = [], [], []
+    for reason in status.reasons(policy):
+        if reason not in named:
+            other.append(reason)
+        elif policy.action(reason) == RESET:
+            resettable.append(reason)
+        elif policy.action(reason) == OPERATOR:
+            operator.append(reason)
+    return Diagnosis(tuple(resettable), tuple(operator), tuple(other))
+
+
+@dataclass(frozen=True)
+class Care:
+    """One chip's health story: where it stands, why, and what came of the last step."""
+
+    uuid: str
+    minor: int | None = None
+    phase: str = HEALTHY
+    causes: tuple[str, ...] = ()  # what keeps it out of service
+    attempts: int = 0  # resets tried since it went out (the one under way included)
+    retry_at: float = 0.0  # monotonic time before which it is not reset
+    out_since: float | None = None  # monotonic time it went out of service
+    note: str = ""  # the last step and its outcome
+    operator_return: bool = False  # an operator asked for one more reset
+
+    @property
+    def name(self) -> str:
+        """`GPU 1 (GPU-...)`: the chip's index (its minor) and UUID, as Events and logs name it."""
+        return f"GPU {'?' if self.minor is None else self.minor} ({self.uuid})"
+
+
+def observe(care: Care, diagnosis: Diagnosis, now: float, rules: Rules, healing: bool) -> Care:
+    """care after the chip was seen with diagnosis (healing: self-healing is on). A reset under way keeps its
+    phase: its outcome decides what follows."""
+    if care.phase == RESETTING:
+        return care
+    if diagnosis.healthy:
+        if care.phase == HEALTHY:
+            return care
+        return Care(care.uuid, care.minor, note="back in service")
+    out_since = care.out_since if care.out_since is not None else now
+    care = replace(care, causes=diagnosis.reasons, out_since=out_since)
+    if care.operator_return and care.phase == WAITING:
+        return care  # one more reset, whatever the causes
+    if diagnosis.operator:
+        return replace(care, phase=NEEDS_OPERATOR, note=f"needs an operator: {', '.join(diagnosis.operator)}")
+    if not diagnosis.resettable:
+        return replace(care, phase=OUT, note=f"out of service until it clears: {', '.join(diagnosis.other)}")
+    if care.attempts >= rules.attempts and care.phase == NEEDS_OPERATOR:
+        return care
+    if not healing:
+        return replace(care, phase=OFF, note="self-healing is off: it stays out of service")
+    if care.phase == WAITING:
+        return care
+    return replace(care, phase=WAITING, retry_at=max(care.retry_at, now + rules.settle), note="reset once free")
+
+
+def due(care: Care, now: float) -> bool:
+    """True when care's chip is to be reset now, if no container holds it."""
+    return care.phase == WAITING and now >= care.retry_at
+
+
+def held(care: Care, holder: str, look_again: float) -> Care:
+    """care's chip was due but holder holds it: it waits, and is looked at again at look_again (monotonic)."""
+    return replace(care, retry_at=look_again, note=f"waiting to be reset: held by {holder}")
+
+
+def started(care: Care) -> Care:
+    """A reset of care's chip has started."""
+    attempts = care.attempts + 1
+    return replace(care, phase=RESETTING, attempts=attempts, note=f"resetting (attempt {attempts})")
+
+
+def failed(care: Care, why: str, now: float, rules: Rules) -> Care:
+    """The reset failed (or the chip is still unhealthy after it): try again after a backoff, or give up."""
+    if care.operator_return or care.attempts >= rules.attempts:
+        tried = "the reset an operator asked for" if care.operator_return else f"{care.attempts} resets"
+        return replace(
+            care, phase=NEEDS_OPERATOR, operator_return=False, note=f"needs an operator: {tried} failed: {why}"
+        )
+    delay = rules.delay(care.attempts)
+    return replace(care, phase=WAITING, retry_at=now + delay, note=f"reset failed: {why}; next attempt in {delay:g}s")
+
+
+def refused(care: Care, why: str, now: float, rules: Rules) -> Care:
+    """Nothing was reset (another IXML user did not let go, the handshake failed): not an attempt; try again later."""
+    return replace(
+        care,
+        phase=WAITING,
+        attempts=care.attempts - 1,
+        retry_at=now + rules.refused_wait,
+        note=f"reset refused: {why}; trying again in {rules.refused_wait:g}s",
+    )
+
+
+def reset_done(care: Care, after: Diagnosis, now: float, rules: Rules) -> Care:
+    """The reset worked and the chip's health was read again: back in service, or a failed attempt."""
+    if after.healthy:
+        return Care(care.uuid, care.minor, note=f"back in service after a reset (attempt {care.attempts})")
+    return failed(replace(care, causes=after.reasons), f"still unhealthy after the reset: {', '.join(after.reasons)}",
+                  now, rules)  # fmt: skip
+
+
+def operator_asked(care: Care) -> Care:
+    """An operator asked to return the chip: one more reset and health check, if it is out for good."""
+    if care.phase not in (NEEDS_OPERATOR, OFF):
+        return care
+    return replace(
+        care, phase=WAITING, retry_at=0.0, operator_return=True, note="an operator asked to return it: one more reset"
+    )

@@ -1,0 +1,74 @@
+"""Self-healing composed for a front end: the healer, the Node's Events and the operator's way back, in one place.
+
+A front end gives what only it knows (its guard: who holds a chip; where its story file goes; its configuration)
+and spawns `tasks()` with its own tasks; the rest is the same in both modes. A front end that watches its Node
+already (DRA: the Node owns the slices) says so (node_watched) and hands each value of the operator's annotation to
+`requests.seen`, so that the Node is watched once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from ix_device_plugin.core.healing import Rules
+from ix_device_plugin.gpureset.sequence import GpuReset
+from ix_device_plugin.hardware.monitor import HardwareMonitor
+from ix_device_plugin.healing.events import NodeEvents
+from ix_device_plugin.healing.healer import Guard, Healer
+from ix_device_plugin.healing.wayback import ReturnRequests
+from ix_device_plugin.runtime.lazymetrics import Registry
+from ix_device_plugin.settings.health import HealthPolicy
+
+if TYPE_CHECKING:
+    from ix_device_plugin.apiserver.connection import ApiConnection
+
+
+class NodeHealing:
+    """The healer of one front end, with its Node Events and the operator's way back when the API server is at hand."""
+
+    def __init__(
+        self,
+        monitor: HardwareMonitor,
+        reset: GpuReset,
+        guard: Guard,
+        api: ApiConnection | None,
+        *,
+        policy: Callable[[], HealthPolicy],
+        switch: Callable[[], str],
+        registry: Registry,
+        story: Path | None,
+        rules: Rules | None = None,
+        flush_interval: float | None = None,
+        node_watched: bool = False,
+        acting: Callable[[], bool] = lambda: True,
+    ) -> None:
+        self.events: NodeEvents | None = None
+        if api is not None:
+            timing = {} if flush_interval is None else {"flush_interval": flush_interval}
+            self.events = NodeEvents(api, api.node_name, written=self._written, **timing)
+        self.healer = Healer(
+            monitor, reset, guard,
+            policy=policy, switch=switch, asks_others=api is not None, registry=registry, events=self.events,
+            story=story, node=api.node_name if api is not None else "", rules=rules, acting=acting,
+        )  # fmt: skip
+        self.requests = ReturnRequests(api, self.healer.operator_return) if api is not None else None
+        self._watch_node = not node_watched  # the front end watches its Node already: it hands on the annotation
+
+    def tasks(self) -> dict[str, Callable[[], Awaitable[None]]]:
+        """The tasks to run, by name."""
+        tasks: dict[str, Callable[[], Awaitable[None]]] = {"healing": self.healer.run}
+        if self.events is not None:
+            tasks["node-events"] = self.events.run
+        if self.requests is not None and self._watch_node:
+            tasks["gpu-return"] = self.requests.run
+        return tasks
+
+    async def close(self, timeout: float) -> None:
+        """At stop, after the tasks: write the Events still pending, within timeout."""
+        if self.events is not None:
+            await self.events.flush(timeout)
+
+    def _written(self, verb: str) -> None:
+        self.healer.metrics.event_writes.labels(verb=verb).inc()

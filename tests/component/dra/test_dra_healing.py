@@ -1,0 +1,187 @@
+"""Self-healing in DRA mode: an XID taints the chip's devices; once no prepared claim holds the chip (or its board) it
+is reset (a fake ixsmi), the taint goes, the kubelet's health stream says HEALTHY, and a new claim can take it."""
+
+from __future__ import annotations
+
+import asyncio
+import fcntl
+import os
+from pathlib import Path
+from typing import Any
+
+from dra_support import TWO_BOARDS, DraNode
+from reset_support import IxsmiBackend, fake_ixsmi
+
+from ix_device_plugin.core.healing import Rules
+from ix_device_plugin.dra.driver import DraDriver
+from ix_device_plugin.dra.slices import UNHEALTHY_TAINT
+from ix_device_plugin.dra.state import RESET_LOCK_FILE
+from ix_device_plugin.healing.events import EVENT_NAMESPACE
+from ix_device_plugin.healing.wayback import RETURN_ANNOTATION
+from ix_device_plugin.standins.apiserver import ApiServerStandIn
+
+from support import until
+
+FAST = Rules(attempts=3, backoff=0.2, backoff_cap=1.0, refused_wait=0.5, settle=0.2)
+STEPS = ("GPUXidError", "GPUUnhealthy", "GPUHealingReset", "GPUHealthy")
+
+
+class Ixsmi:
+    """A fake ixsmi recording its arguments; sleeps as long as its `delay` file says."""
+
+    def __init__(self, directory: Path) -> None:
+        self.calls = directory / "ixsmi-calls"
+        self.delay = directory / "ixsmi-delay"
+        self.delay.write_text("0")
+        self.path = fake_ixsmi(directory / "ixsmi", f'echo "$@" >> {self.calls}; sleep $(cat {self.delay})')
+
+    def runs(self) -> list[str]:
+        return self.calls.read_text().splitlines() if self.calls.exists() else []
+
+
+def with_xid(xid: int) -> list[dict[str, Any]]:
+    """The node's two BI-V150 boards, chip gpu-1 (the first board's second) with an XID."""
+    return [{"product": "BI-V150", "chips": [None, {"xids": [xid]}]}, TWO_BOARDS[1]]
+
+
+async def start(node: DraNode, ixsmi: Ixsmi) -> DraDriver:
+    return await node.start(backend_factory=lambda: IxsmiBackend(node.devices_file, ixsmi.path), healing_rules=FAST)
+
+
+def tainted(devices: dict[str, dict[str, Any]], name: str) -> bool:
+    return any(taint["key"] == UNHEALTHY_TAINT for taint in devices.get(name, {}).get("taints", []))
+
+
+def events(api: ApiServerStandIn, reason: str) -> list[dict[str, Any]]:
+    return [e for e in api.objects("events") if e["metadata"]["namespace"] == EVENT_NAMESPACE and e["reason"] == reason]
+
+
+def uuid_of(node: DraNode, name: str) -> str:
+    return str(node.slice_devices()[name]["attributes"]["uuid"]["string"])
+
+
+async def test_an_xid_on_a_free_chip_is_reset_and_the_taint_goes(node: DraNode, api: ApiServerStandIn) -> None:
+    ixsmi = Ixsmi(node.root)
+    driver = await start(node, ixsmi)
+    await node.wait_slice(lambda devices: len(devices) == 6)
+    kubelet = await node.kubelet(driver)
+    health = await kubelet.watch_health()
+    chip = uuid_of(node, "gpu-1")
+    node.write_boards(with_xid(48))
+    await node.wait_slice(lambda devices: tainted(devices, "gpu-1") and tainted(devices, "board-0"))
+    await health.wait_for(lambda watch: watch.devices.get("gpu-1", ("",))[0] == "UNHEALTHY")
+    await node.wait_slice(lambda devices: not tainted(devices, "gpu-1") and not tainted(devices, "board-0"), timeout=10)
+    await health.wait_for(lambda watch: watch.devices["gpu-1"] == ("HEALTHY", ""))
+    assert ixsmi.runs() == [f"-r -i {chip}"]  # that chip only
+    await until(lambda: all(events(api, reason) for reason in STEPS))
+    for reason in STEPS:
+        [event] = events(api, reason)
+        assert f"GPU 1 ({chip})" in event["message"] and event["involvedObject"]["name"] == node.node
+    claim = node.claim("after", ["gpu-1"])
+    assert (await kubelet.prepare([claim])).claims[claim[2]].error == ""  # a new claim can take the chip
+    metrics = driver.metrics.render().decode()  # the same names as the device plugin's: one dashboard for both
+    assert 'ix_device_plugin_healing_resets_total{result="ok"} 1.0' in metrics
+    assert 'ix_device_plugin_healing_outcomes_total{outcome="healed"} 1.0' in metrics
+    assert "ix_device_plugin_gpu_out_of_service_seconds_count 1.0" in metrics
+    await health.close()
+    await kubelet.close()
+
+
+async def test_a_chip_held_by_a_prepared_claim_waits_until_it_is_unprepared(
+    node: DraNode, api: ApiServerStandIn
+) -> None:
+    ixsmi = Ixsmi(node.root)
+    driver = await start(node, ixsmi)
+    await node.wait_slice(lambda devices: len(devices) == 6)
+    kubelet = await node.kubelet(driver)
+    board = node.claim("whole-board", ["board-0"])  # holds gpu-0 and gpu-1
+    assert (await kubelet.prepare([board])).claims[board[2]].error == ""
+    node.write_boards(with_xid(63))
+    await node.wait_slice(lambda devices: tainted(devices, "gpu-1"))
+    await until(lambda: bool(events(api, "GPUHealingWaiting")))
+    await asyncio.sleep(0.8)
+    assert ixsmi.runs() == [] and tainted(node.slice_devices(), "gpu-1")
+    assert f"held by claim default/whole-board (uid {board[2]})" in events(api, "GPUHealingWaiting")[0]["message"]
+    assert (await kubelet.unprepare([board])).claims[board[2]].error == ""
+    await node.wait_slice(lambda devices: not tainted(devices, "gpu-1"), timeout=10)
+    assert ixsmi.runs() == [f"-r -i {uuid_of(node, 'gpu-1')}"]
+    again = node.claim("again", ["board-0"])
+    assert (await kubelet.prepare([again])).claims[again[2]].error == ""
+    await kubelet.close()
+
+
+async def test_no_claim_is_prepared_on_a_chip_while_it_is_reset(node: DraNode) -> None:
+    ixsmi = Ixsmi(node.root)
+    ixsmi.delay.write_text("1")
+    driver = await start(node, ixsmi)
+    await node.wait_slice(lambda devices: len(devices) == 6)
+    kubelet = await node.kubelet(driver)
+    node.write_boards(with_xid(48))
+    await until(lambda: ixsmi.runs() != [], timeout=5)
+    monitoring = node.claim("monitor", ["gpu-1"], admin_access=True)  # admin access takes even an unhealthy chip
+    result = (await kubelet.prepare([monitoring])).claims[monitoring[2]]
+    assert "is being reset by the driver to clear an error (self-healing)" in result.error
+    await node.wait_slice(lambda devices: not tainted(devices, "gpu-1"), timeout=10)
+    assert (await kubelet.prepare([monitoring])).claims[monitoring[2]].error == ""
+    await kubelet.close()
+
+
+async def test_the_reset_waits_for_the_nodes_reset_turn_held_by_another_pod(node: DraNode) -> None:
+    """Another pod of the driver (an update's overlap) holds the node's reset turn: the healer waits for it."""
+    ixsmi = Ixsmi(node.root)
+    driver = await start(node, ixsmi)
+    await node.wait_slice(lambda devices: len(devices) == 6)
+    turn = os.open(driver.state.directory / RESET_LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(turn, fcntl.LOCK_EX)
+        node.write_boards(with_xid(48))
+        await node.wait_slice(lambda devices: tainted(devices, "gpu-1"))
+        await asyncio.sleep(0.8)
+        assert ixsmi.runs() == []  # nothing reset under the other pod's turn
+    finally:
+        os.close(turn)
+    await node.wait_slice(lambda devices: not tainted(devices, "gpu-1"), timeout=10)
+    assert len(ixsmi.runs()) == 1
+
+
+async def test_an_operator_returns_a_chip_through_the_node_the_driver_watches_already(
+    node: DraNode, api: ApiServerStandIn
+) -> None:
+    """XID 79 needs an operator: nothing is reset until the Node's annotation names the chip; the driver reads it
+    from the one watch of its Node it keeps for the slices' owner."""
+    ixsmi = Ixsmi(node.root)
+    driver = await start(node, ixsmi)
+    assert "gpu-return" not in driver.healing.tasks()
+    await node.wait_slice(lambda devices: len(devices) == 6)
+    node.write_boards(with_xid(79))
+    await node.wait_slice(lambda devices: tainted(devices, "gpu-1"))
+    await until(lambda: bool(events(api, "GPUNeedsOperator")))
+    await asyncio.sleep(0.5)
+    assert ixsmi.runs() == []
+    stored = api.get("nodes", node.node)
+    assert stored is not None
+    stored["metadata"].setdefault("annotations", {})[RETURN_ANNOTATION] = "1"  # its index
+    api.put("nodes", stored)
+    await node.wait_slice(lambda devices: not tainted(devices, "gpu-1"), timeout=10)
+    assert ixsmi.runs() == [f"-r -i {uuid_of(node, 'gpu-1')}"]
+    assert events(api, "GPUReturnRequested")
+    node_watches = [r for r in api.requests if r.path.endswith("/nodes") and r.query.get("watch") in ("true", "1")]
+    assert len(node_watches) == 1  # one watch of the Node, not one more for the annotation
+
+
+async def test_only_the_pod_holding_the_nodes_role_heals(node: DraNode, api: ApiServerStandIn) -> None:
+    """Two pods of the driver during an update: the one publishing the node's slices resets the chip; the other,
+    on standby, follows the chip but neither resets it nor writes Events."""
+    ixsmi = Ixsmi(node.root)
+    first = await start(node, ixsmi)
+    await node.wait_slice(lambda devices: len(devices) == 6)
+    second = await node.start(
+        backend_factory=lambda: IxsmiBackend(node.devices_file, ixsmi.path), healing_rules=FAST, pod_uid="pod-two"
+    )
+    assert first.role.held and not second.role.held
+    node.write_boards(with_xid(48))
+    await until(lambda: bool(second.healing.healer.cares) and "XID 48" in str(second.healing.healer.cares))
+    await node.wait_slice(lambda devices: not tainted(devices, "gpu-1") and bool(ixsmi.runs()), timeout=10)
+    await asyncio.sleep(0.8)
+    assert len(ixsmi.runs()) == 1  # the acting pod's reset only
+    assert len(events(api, "GPUUnhealthy")) == 1 and len(events(api, "GPUHealingReset")) == 1

@@ -1,0 +1,151 @@
+"""Self-healing's rules: each chip's story from what is seen and done, with the clock given."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from ix_device_plugin.core import healing
+from ix_device_plugin.core.healing import (
+    HEALTHY,
+    NEEDS_OPERATOR,
+    OFF,
+    OUT,
+    RESETTING,
+    WAITING,
+    Care,
+    Diagnosis,
+    Rules,
+    diagnose,
+)
+from ix_device_plugin.core.inventory import Board, Chip, ChipStatus, Inventory
+from ix_device_plugin.core.plan import plan
+from ix_device_plugin.core.telemetry import PodRef
+from ix_device_plugin.deviceplugin.holders import holder_of
+from ix_device_plugin.settings.config import Config
+from ix_device_plugin.settings.health import HealthPolicy
+
+pytestmark = pytest.mark.unit
+RULES = Rules(attempts=3, backoff=10.0, backoff_cap=25.0, refused_wait=60.0, settle=1.0)
+POLICY = HealthPolicy()
+XID48 = Diagnosis(resettable=("XID 48",))
+
+
+def test_reasons_are_sorted_by_what_is_done_about_them() -> None:
+    status = ChipStatus(errors=frozenset({"ECC", "OverTemp"}), problems=("device node /dev/iluvatar1 missing",),
+                        xids=frozenset({13, 48, 79}))  # fmt: skip
+    assert diagnose(status, POLICY) == Diagnosis(
+        resettable=("ECC", "XID 48"), operator=("OverTemp", "XID 79"), other=("device node /dev/iluvatar1 missing",)
+    )
+    assert diagnose(ChipStatus(present=False), POLICY).operator == ("not present",)
+    assert diagnose(ChipStatus(xids=frozenset({48})), HealthPolicy(disabled=frozenset({"xids"}))).healthy
+
+
+def test_a_resettable_error_waits_the_settling_time_then_is_due() -> None:
+    care = healing.observe(Care("GPU-a", 1), XID48, now=100.0, rules=RULES, healing=True)
+    assert (care.phase, care.causes, care.out_since) == (WAITING, ("XID 48",), 100.0)
+    assert not healing.due(care, 100.5) and healing.due(care, 101.0)
+    assert care.name == "GPU 1 (GPU-a)"
+
+
+def test_a_held_chip_is_looked_at_again_later() -> None:
+    care = healing.observe(Care("GPU-a", 1), XID48, 100.0, RULES, True)
+    held = healing.held(care, "ml/trainer (main)", look_again=103.0)
+    assert held.phase == WAITING and "held by ml/trainer (main)" in held.note
+    assert not healing.due(held, 102.0) and healing.due(held, 103.0)
+
+
+def test_a_reset_that_works_returns_the_chip() -> None:
+    care = healing.started(healing.observe(Care("GPU-a", 1), XID48, 100.0, RULES, True))
+    assert (care.phase, care.attempts) == (RESETTING, 1)
+    assert healing.observe(care, Diagnosis(), 101.0, RULES, True) is care  # a reset under way keeps its phase
+    back = healing.reset_done(care, Diagnosis(), 102.0, RULES)
+    assert back == Care("GPU-a", 1, note="back in service after a reset (attempt 1)")
+
+
+def test_failures_back_off_then_need_an_operator() -> None:
+    care = healing.observe(Care("GPU-a", 1), XID48, 0.0, RULES, True)
+    delays = []
+    for attempt in range(1, 4):
+        now = care.retry_at
+        care = healing.failed(healing.started(care), "ixsmi exited with code 3", now, RULES)
+        delays.append(care.retry_at - now)
+        if attempt < 3:
+            assert care.phase == WAITING and f"next attempt in {care.retry_at - now:g}s" in care.note
+    assert care.phase == NEEDS_OPERATOR and care.attempts == 3
+    assert care.note == "needs an operator: 3 resets failed: ixsmi exited with code 3"
+    assert delays[:2] == [10.0, 20.0]
+    assert healing.observe(care, XID48, 1000.0, RULES, True).phase == NEEDS_OPERATOR  # no fourth attempt by itself
+
+
+def test_still_unhealthy_after_a_reset_counts_as_a_failed_attempt() -> None:
+    care = healing.started(healing.observe(Care("GPU-a", 1), XID48, 0.0, RULES, True))
+    after = healing.reset_done(care, Diagnosis(resettable=("ECC",)), 5.0, RULES)
+    assert after.phase == WAITING and after.causes == ("ECC",) and "still unhealthy after the reset: ECC" in after.note
+
+
+def test_a_refused_reset_is_not_an_attempt() -> None:
+    care = healing.started(healing.observe(Care("GPU-a", 1), XID48, 0.0, RULES, True))
+    refused = healing.refused(care, "ix-exporter did not let go", 5.0, RULES)
+    assert (refused.phase, refused.attempts, refused.retry_at) == (WAITING, 0, 65.0)
+
+
+def test_an_operator_error_is_never_reset_and_an_operator_gets_one_more_try() -> None:
+    care = healing.observe(Care("GPU-a", 1), Diagnosis(operator=("XID 79",)), 0.0, RULES, True)
+    assert care.phase == NEEDS_OPERATOR and care.note == "needs an operator: XID 79"
+    asked = healing.operator_asked(care)
+    assert asked.phase == WAITING and asked.operator_return and healing.due(asked, 0.0)
+    assert healing.observe(asked, Diagnosis(operator=("XID 79",)), 1.0, RULES, True) == asked
+    again = healing.failed(healing.started(asked), "ixsmi failed", 2.0, RULES)
+    assert again.phase == NEEDS_OPERATOR and "the reset an operator asked for failed" in again.note
+    assert healing.operator_asked(Care("GPU-b")) == Care("GPU-b")  # in service: nothing to return
+
+
+def test_other_problems_and_self_healing_off() -> None:
+    out = healing.observe(Care("GPU-a"), Diagnosis(other=("device node /dev/iluvatar0 missing",)), 0.0, RULES, True)
+    assert out.phase == OUT
+    off = healing.observe(Care("GPU-a"), XID48, 0.0, RULES, healing=False)
+    assert off.phase == OFF
+    assert healing.observe(off, XID48, 1.0, RULES, healing=True).phase == WAITING  # switched on: it is healed
+    assert healing.observe(off, Diagnosis(), 1.0, RULES, healing=False).phase == HEALTHY
+
+
+@given(st.lists(st.sampled_from(["ok", "failed", "refused", "still", "healthy", "sick", "operator"]), max_size=40))
+def test_resets_never_exceed_the_bound_but_for_an_operators_asking(steps: list[str]) -> None:
+    care, now, resets, allowed = Care("GPU-a"), 0.0, 0, RULES.attempts
+    for step in steps:
+        now += 1000.0
+        care = healing.observe(care, XID48 if step != "healthy" else Diagnosis(), now, RULES, True)
+        if care.phase == HEALTHY:
+            resets, allowed = 0, RULES.attempts  # a new episode
+        if step == "operator" and healing.operator_asked(care) != care:
+            care, allowed = healing.operator_asked(care), allowed + 1
+        if not healing.due(care, now):
+            continue
+        care, resets = healing.started(care), resets + 1
+        if step == "failed":
+            care = healing.failed(care, "no", now, RULES)
+        elif step == "refused":
+            care, resets = healing.refused(care, "no", now, RULES), resets - 1
+        else:
+            care = healing.reset_done(care, Diagnosis() if step == "ok" else XID48, now, RULES)
+        assert resets <= allowed
+        assert care.phase in (HEALTHY, WAITING, NEEDS_OPERATOR)
+        if care.phase == HEALTHY:
+            resets, allowed = 0, RULES.attempts
+
+
+def test_who_holds_a_chip_follows_boards_and_replicas() -> None:
+    chips = (Chip("GPU-a0", 0, "BI-V150"), Chip("GPU-a1", 1, "BI-V150"))
+    inventory = Inventory((Board("BI-V150", chips),))
+    whole = plan(inventory, Config())
+    pod = PodRef("ml", "trainer", "main")
+    assert holder_of("GPU-a1", {"GPU-a0": pod}, whole, inventory) == "ml/trainer (main)"  # the board holds both
+    split = plan(inventory, Config(splitboard=True))
+    assert holder_of("GPU-a1", {"GPU-a0": pod}, split, inventory) is None
+    shared = plan(inventory, Config(splitboard=True, replicas=4))
+    assert holder_of("GPU-a1", {"GPU-a1::3": pod}, shared, inventory) == "ml/trainer (main)"
+    # allocated under another config (whole boards), planned now per chip: the board's ID still holds both chips
+    assert holder_of("GPU-a1", {"GPU-a0::1": pod}, split, inventory) == "ml/trainer (main)"
+    assert holder_of("GPU-a1", {}, whole, inventory) is None
