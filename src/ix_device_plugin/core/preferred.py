@@ -72,7 +72,8 @@ def _numa(device: PlannedDevice) -> int:
 def _pick(
     plan: Plan, offered: list[str], per_gpu: dict[str, set[str]], chosen: list[PlannedDevice], count: int
 ) -> list[str]:
-    """count more IDs from per_gpu (the free IDs of each GPU; offered: them all, as the kubelet listed them)."""
+    """count more time-sliced replicas from per_gpu (the free IDs of each GPU; offered: them all, as the kubelet
+    listed them)."""
     if count == 0:
         return []
     taken: Counter[str] = Counter()
@@ -82,10 +83,7 @@ def _pick(
     per_gpu = {gpu: ids for gpu, ids in per_gpu.items() if ids}
     numa = {gpu: _numa(plan.by_id[plan.gpu_device_ids[gpu][0]]) for gpu in per_gpu}
     # Replicas of each GPU in use elsewhere (advertised but not offered), plus those chosen here.
-    usage: Counter[str] = Counter()
-    if plan.shared:
-        for gpu, ids in per_gpu.items():
-            usage[gpu] = len(plan.gpu_device_ids[gpu]) - len(ids)
+    usage = Counter({gpu: len(plan.gpu_device_ids[gpu]) - len(ids) for gpu, ids in per_gpu.items()})
     target = _target_numa(per_gpu, numa, chosen, count)
     anchor = chosen[0].gpu if chosen else _first_gpu(plan, offered, per_gpu, numa, target, usage)
 
