@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 
 from ix_device_plugin.core.inventory import Board, Chip, Inventory, link_key
 from ix_device_plugin.core.products import lookup
@@ -55,7 +56,6 @@ class Plan:
     gpu_order: Mapping[str, int] = field(init=False, repr=False, compare=False)  # GPU -> advertised order
     # GPU -> the IDs of its devices (replicas in order), in advertised order.
     gpu_device_ids: Mapping[str, tuple[str, ...]] = field(init=False, repr=False, compare=False)
-    topology: Topology = field(init=False, repr=False, compare=False)  # where the physical GPUs sit
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "by_id", {device.id: device for device in self.devices})
@@ -64,13 +64,14 @@ class Plan:
             by_gpu.setdefault(device.gpu, []).append(device.id)
         object.__setattr__(self, "gpu_device_ids", {gpu: tuple(ids) for gpu, ids in by_gpu.items()})
         object.__setattr__(self, "gpu_order", {gpu: index for index, gpu in enumerate(by_gpu)})
-        numa = {
-            gpu: self.by_id[ids[0]].numa_nodes[0]
-            for gpu, ids in by_gpu.items()
-            if len(self.by_id[ids[0]].numa_nodes) == 1
-        }
-        boards = {gpu: board for gpu, board in self.gpu_boards.items() if gpu in by_gpu}
-        object.__setattr__(self, "topology", build_topology(list(by_gpu), boards, numa, self.gpu_links))
+
+    @cached_property
+    def topology(self) -> Topology:
+        """Where the physical GPUs sit (built at first use: only preferred allocation needs it)."""
+        numa_nodes = {gpu: self.by_id[ids[0]].numa_nodes for gpu, ids in self.gpu_device_ids.items()}
+        numa = {gpu: nodes[0] for gpu, nodes in numa_nodes.items() if len(nodes) == 1}
+        boards = {gpu: board for gpu, board in self.gpu_boards.items() if gpu in numa_nodes}
+        return build_topology(list(numa_nodes), boards, numa, self.gpu_links)
 
     @property
     def shared(self) -> bool:
