@@ -3,8 +3,9 @@ ix-exporter read it; the devices of DRA claims from each container's `dynamic_re
 
 from __future__ import annotations
 
-from collections.abc import Set
+from collections.abc import Awaitable, Callable, Set
 from pathlib import Path
+from typing import TypeVar
 
 import grpc
 
@@ -17,6 +18,7 @@ DEFAULT_SOCKET = Path("/var/lib/kubelet/pod-resources/kubelet.sock")
 # The kubelet answers for every pod of the node in one message: a few hundred pods are well under 1 MiB. A larger
 # answer is refused (decoded, 4 MiB of device IDs take about 15 MiB; 16 MiB would take over 50).
 MAX_MESSAGE = 4 * 1024 * 1024
+_Answer = TypeVar("_Answer")
 
 
 class PodResourcesError(Exception):
@@ -114,39 +116,39 @@ class PodResources:
 
     async def read(self, resource_names: Set[str]) -> dict[str, PodRef]:
         """Device ID -> the container holding it; PodResourcesError when that cannot be known (no socket too)."""
+        return await self._reader().allocations(resource_names, timeout=2.0)
+
+    async def allocations(self, resource_names: Set[str], errors: OncePerError) -> dict[str, PodRef]:
+        """Device ID -> the container holding it (empty when unknown); a failure is said once through errors."""
+        return await self._said_once(lambda client: client.allocations(resource_names, timeout=2.0), {}, errors)
+
+    async def holdings(self, errors: OncePerError) -> Holdings:
+        """Every device and claim device the node's containers hold (none when unknown); a failure is said once."""
+        return await self._said_once(lambda client: client.holdings(timeout=2.0), Holdings(), errors)
+
+    def _reader(self) -> PodResourcesClient:
+        """The client, opened at first use; PodResourcesError when the socket is turned off or not there."""
         if self.socket_path is None:
             raise PodResourcesError("the pod-resources socket is turned off (--pod-resources-socket)")
         if not self.socket_path.exists():
             raise PodResourcesError(f"pod resources {self.socket_path}: no such socket")
         if self._client is None:
             self._client = PodResourcesClient(self.socket_path)
-        return await self._client.allocations(resource_names, timeout=2.0)
+        return self._client
 
-    async def allocations(self, resource_names: Set[str], errors: OncePerError) -> dict[str, PodRef]:
-        """Device ID -> the container holding it (empty when unknown); a failure is said once through errors."""
+    async def _said_once(
+        self, ask: Callable[[PodResourcesClient], Awaitable[_Answer]], unknown: _Answer, errors: OncePerError
+    ) -> _Answer:
+        """ask's answer; unknown without a socket, or when it fails (said once through errors)."""
         if self.socket_path is None or not self.socket_path.exists():
-            return {}
+            return unknown
         try:
-            allocations = await self.read(resource_names)
+            answer = await ask(self._reader())
         except PodResourcesError as error:
             errors.failed("%s; GPU metrics carry no pod labels meanwhile", error)
-            return {}
+            return unknown
         errors.succeeded("pod resources answer again")
-        return allocations
-
-    async def holdings(self, errors: OncePerError) -> Holdings:
-        """Every device and claim device the node's containers hold (none when unknown); a failure is said once."""
-        if self.socket_path is None or not self.socket_path.exists():
-            return Holdings()
-        if self._client is None:
-            self._client = PodResourcesClient(self.socket_path)
-        try:
-            holdings = await self._client.holdings(timeout=2.0)
-        except PodResourcesError as error:
-            errors.failed("%s; GPU metrics carry no pod labels meanwhile", error)
-            return Holdings()
-        errors.succeeded("pod resources answer again")
-        return holdings
+        return answer
 
     async def close(self) -> None:
         """Close the channel, if one was opened."""

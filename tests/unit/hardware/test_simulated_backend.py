@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from reset_support import fake_ixsmi
 
 from ix_device_plugin.hardware.backend import BackendError
 from ix_device_plugin.hardware.simulated import SimulatedBackend
@@ -83,11 +84,9 @@ def test_a_file_that_turns_bad_while_running_fails_the_poll_cleanly(tmp_path: Pa
 
 def test_a_named_ixsmi_is_run_for_each_reset_and_its_failure_fails_it(tmp_path: Path) -> None:
     record = tmp_path / "args"
-    ixsmi = tmp_path / "ixsmi"
-    ixsmi.write_text(f'#!/bin/sh\necho "$@" >> {record}\nexit $(cat {tmp_path / "code"})\n')
-    ixsmi.chmod(0o755)
+    ixsmi = fake_ixsmi(tmp_path / "ixsmi", f'echo "$@" >> {record}; exit $(cat {tmp_path / "code"})')
     (tmp_path / "code").write_text("0")
-    backend = SimulatedBackend("BI-V100:2", ixsmi_path=str(ixsmi))
+    backend = SimulatedBackend("BI-V100:2", ixsmi_path=ixsmi)
     chip = next(backend.discover().chips()).uuid
     backend.reset([chip], 5.0)
     assert record.read_text().split() == ["-r", "-i", chip]
