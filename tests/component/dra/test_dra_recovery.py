@@ -15,7 +15,7 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +35,8 @@ from ix_device_plugin.runtime.errors import StartupError
 from ix_device_plugin.standins.apiserver import ApiServerStandIn
 from ix_device_plugin.standins.dra_kubelet import DraKubeletStandIn
 
+from support import until
+
 EXPORTER = "ix-exporter"
 
 
@@ -48,12 +50,6 @@ def checkpoint_path(node: DraNode) -> Path:
 
 def checkpoint(node: DraNode) -> dict[str, Any]:
     return json.loads(checkpoint_path(node).read_text())
-
-
-async def until(condition: Callable[[], bool], timeout: float = 10.0) -> None:
-    async with asyncio.timeout(timeout):
-        while not condition():
-            await asyncio.sleep(0.02)
 
 
 # ---- a driver in a process of its own ----------------------------------------------------------------------
@@ -165,7 +161,7 @@ async def test_a_reset_cut_short_by_a_kill_or_a_stop_runs_at_the_retry_and_the_h
         driver = await node.start(backend_factory=lambda: backend, reset_wait_timeout=5.0, reset_timeout=5.0)
         # before any prepare: reset: false again, and ix-exporter has the GPUs back
         repaired = ResetInfo(node.node, False, {EXPORTER: True, "ix-device-plugin": True})
-        await until(lambda: handshake.document() == repaired)
+        await until(lambda: handshake.document() == repaired, timeout=10)
         assert backend.resets == []
         kubelet = await node.kubelet(driver)
         assert answer(await kubelet.prepare([claim]), claim[2]).error == ""  # the kubelet's retry
@@ -443,7 +439,7 @@ async def test_a_retry_on_the_new_pod_during_the_old_pods_reset_waits_for_it_and
     to_old = await node.kubelet(old)
     claim = node.claim("fresh", ["gpu-0"], config=[gpu_config(reset=True)])
     first = asyncio.create_task(to_old.prepare([claim]))
-    await until(lambda: (info := handshake.document()) is not None and info.reset)
+    await until(lambda: (info := handshake.document()) is not None and info.reset, timeout=10)
     new = await node.start(backend_factory=lambda: backend, pod_uid="pod-new", reset_wait_timeout=10.0)
     to_new = await node.kubelet(new)
     retry = asyncio.create_task(to_new.prepare([claim]))  # the kubelet gave up on the old pod's answer
