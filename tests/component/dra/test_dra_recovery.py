@@ -77,17 +77,6 @@ def list_dra(node: DraNode) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "ix_device_plugin", *argv], capture_output=True, text=True)
 
 
-@pytest.fixture
-def processes() -> Iterator[list[subprocess.Popen[bytes]]]:
-    """Driver processes started by the test; killed at the end if still running."""
-    started: list[subprocess.Popen[bytes]] = []
-    yield started
-    for process in started:
-        if process.poll() is None:
-            process.kill()
-        process.communicate(timeout=10)
-
-
 async def registered(node: DraNode) -> DraKubeletStandIn:
     """A kubelet stand-in registered with the driver process on node (fixed socket names: no POD_UID)."""
     kubelet = DraKubeletStandIn(DRIVER)
