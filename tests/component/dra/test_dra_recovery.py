@@ -190,6 +190,40 @@ async def test_the_unprepare_of_a_claim_whose_reset_was_cut_short_forgets_it_wit
     await kubelet.close()
 
 
+async def test_a_reboot_while_a_claims_reset_is_pending_writes_its_spec_again_and_the_retry_resets(
+    node: DraNode, api: ApiServerStandIn
+) -> None:
+    handshake = Handshake(api, node)
+    handshake.write(ResetInfo(node.node, False, {EXPORTER: True}))  # ix-exporter holds the GPUs, and hangs
+    backend = SimulatedBackend(str(node.devices_file))
+    driver = await node.start(backend_factory=lambda: backend, reset_wait_timeout=30.0, reset_timeout=5.0)
+    kubelet = await node.kubelet(driver)
+    claim = node.claim("fresh", ["gpu-2"], config=[gpu_config(reset=True)])
+    call = asyncio.create_task(kubelet.prepare([claim]))
+    await until(lambda: (info := handshake.document()) is not None and info.reset)
+    await node.stop(driver)  # the node goes down with the reset waiting
+    call.cancel()  # the call's connection would go with the node
+    assert isinstance((await asyncio.gather(call, return_exceptions=True))[0], BaseException)  # never answered
+    await kubelet.close()
+    spec = node.cdi_dir / cdi_spec_file(claim[2])
+    node.reboot()
+    assert not spec.exists() and checkpoint(node)["claims"][claim[2]]["resetPending"] is True
+    exporter = asyncio.create_task(handshake.exporter())
+    try:
+        restarted = await node.start(backend_factory=lambda: backend, reset_wait_timeout=5.0, reset_timeout=5.0)
+        assert spec.exists()  # written again before the kubelet is served: its CDI ID resolves
+        assert checkpoint(node)["bootID"] == node.boot_id_file.read_text().strip()
+        assert checkpoint(node)["claims"][claim[2]]["resetPending"] is True  # still owed
+        assert backend.resets == []
+        kubelet = await node.kubelet(restarted)
+        assert answer(await kubelet.prepare([claim]), claim[2]).error == ""  # the kubelet's retry after the reboot
+        assert backend.resets == [(restarted.content.by_name()["gpu-2"].chip.uuid,)]
+        assert "resetPending" not in checkpoint(node)["claims"][claim[2]]
+        await kubelet.close()
+    finally:
+        exporter.cancel()
+
+
 # ---- item: a double fault on disk ---------------------------------------------------------------------------
 
 
