@@ -388,7 +388,7 @@ class DraDriver:
         except ClaimError as error:
             log.warning("%s: a container of it with several claims may see only some of its chips", error)
             return
-        if (found.get("metadata") or {}).get("uid") != pod.uid:
+        if uid_of(found) != pod.uid:
             return  # replaced since its claims were made: the kubelet does not start the old one's containers
         prepared = {
             claim.ref.name: claim

@@ -39,7 +39,6 @@ class PublisherRole:
     def __init__(self, directory: Path, node: str) -> None:
         self.node = node
         self._lock = FileLock(directory / ROLE_FILE)
-        self.standby_since: float | None = None  # monotonic time the current wait began; None while not waiting
 
     @property
     def path(self) -> Path:
@@ -77,7 +76,7 @@ class PublisherRole:
         if self._lock.try_take():
             log.info("publishing the ResourceSlices of node %s (holding %s)", self.node, self.path)
             return
-        started = self.standby_since = time.monotonic()
+        started = time.monotonic()
         log.info(
             "standby: another pod of this driver publishes the ResourceSlices of node %s (it holds %s); this pod "
             "serves the kubelet and takes over when that one stops",
@@ -90,8 +89,6 @@ class PublisherRole:
         except BaseException:
             self._lock.release()
             raise
-        finally:
-            self.standby_since = None
         waited = time.monotonic() - started
         log.info("took over publishing the ResourceSlices of node %s after %.1fs on standby", self.node, waited)
 

@@ -53,7 +53,13 @@ from ix_device_plugin.dra.claimspec import (
 from ix_device_plugin.dra.prepared import ClaimError, ClaimRef, PreparedClaim, check_ref, valid_uid
 from ix_device_plugin.dra.slices import SliceDevice
 from ix_device_plugin.runtime.errors import StartupError
-from ix_device_plugin.runtime.files import OutputError, reason, remove_stale_temporaries, write_atomically
+from ix_device_plugin.runtime.files import (
+    OutputError,
+    reason,
+    remove_file,
+    remove_stale_temporaries,
+    write_atomically,
+)
 from ix_device_plugin.runtime.locks import FileLock
 from ix_device_plugin.settings.documents import DocumentError, load_yaml, read_file
 
@@ -476,11 +482,7 @@ class DraState:
         write_atomically(path, spec_text(claim.spec))
 
     def _remove_spec(self, uid: str) -> None:
-        spec = self.cdi_dir / cdi_spec_file(uid)
-        try:
-            spec.unlink(missing_ok=True)
-        except OSError as error:
-            raise OutputError(f"cannot remove {spec}: {reason(error)}") from None
+        remove_file(self.cdi_dir / cdi_spec_file(uid))
 
     def _save(self, claims: Mapping[str, PreparedClaim]) -> None:
         write_atomically(self.path, checkpoint_text(claims, self.boot_id))

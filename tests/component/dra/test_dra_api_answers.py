@@ -15,6 +15,8 @@ from ix_device_plugin.dra.pool import MANAGED_BY, slice_base_name
 from ix_device_plugin.dra.slices import DRIVER
 from ix_device_plugin.standins.apiserver import ApiServerStandIn
 
+from support import until
+
 CHIPS = ["gpu-0", "gpu-1", "gpu-2", "gpu-3"]
 BROKEN_CHIP = [{"product": "BI-V150"}, {"product": "BI-V150", "chips": [None, {"health": ["ECC"]}]}]
 
@@ -35,12 +37,6 @@ def slice_writes(api: ApiServerStandIn) -> list[str]:
 def owners(api: ApiServerStandIn) -> list[list[str]]:
     """The owner UIDs of each stored slice."""
     return [[o["uid"] for o in s["metadata"].get("ownerReferences") or []] for s in api.objects("resourceslices")]
-
-
-async def until(predicate: Any, timeout: float = 5.0) -> None:
-    async with asyncio.timeout(timeout):
-        while not predicate():
-            await asyncio.sleep(0.02)
 
 
 @pytest.fixture

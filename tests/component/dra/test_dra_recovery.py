@@ -15,7 +15,7 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +35,8 @@ from ix_device_plugin.runtime.errors import StartupError
 from ix_device_plugin.standins.apiserver import ApiServerStandIn
 from ix_device_plugin.standins.dra_kubelet import DraKubeletStandIn
 
+from support import until
+
 EXPORTER = "ix-exporter"
 
 
@@ -48,12 +50,6 @@ def checkpoint_path(node: DraNode) -> Path:
 
 def checkpoint(node: DraNode) -> dict[str, Any]:
     return json.loads(checkpoint_path(node).read_text())
-
-
-async def until(condition: Callable[[], bool], timeout: float = 10.0) -> None:
-    async with asyncio.timeout(timeout):
-        while not condition():
-            await asyncio.sleep(0.02)
 
 
 # ---- a driver in a process of its own ----------------------------------------------------------------------
@@ -79,17 +75,6 @@ def list_dra(node: DraNode) -> subprocess.CompletedProcess[str]:
     argv = ["list", "--dra", "--backend", "simulated", "--simulated-devices", str(node.devices_file)]
     argv += ["--node-name", node.node, "--kubelet-plugins-directory-path", str(node.root / "plugins")]
     return subprocess.run([sys.executable, "-m", "ix_device_plugin", *argv], capture_output=True, text=True)
-
-
-@pytest.fixture
-def processes() -> Iterator[list[subprocess.Popen[bytes]]]:
-    """Driver processes started by the test; killed at the end if still running."""
-    started: list[subprocess.Popen[bytes]] = []
-    yield started
-    for process in started:
-        if process.poll() is None:
-            process.kill()
-        process.communicate(timeout=10)
 
 
 async def registered(node: DraNode) -> DraKubeletStandIn:
@@ -165,7 +150,7 @@ async def test_a_reset_cut_short_by_a_kill_or_a_stop_runs_at_the_retry_and_the_h
         driver = await node.start(backend_factory=lambda: backend, reset_wait_timeout=5.0, reset_timeout=5.0)
         # before any prepare: reset: false again, and ix-exporter has the GPUs back
         repaired = ResetInfo(node.node, False, {EXPORTER: True, "ix-device-plugin": True})
-        await until(lambda: handshake.document() == repaired)
+        await until(lambda: handshake.document() == repaired, timeout=10)
         assert backend.resets == []
         kubelet = await node.kubelet(driver)
         assert answer(await kubelet.prepare([claim]), claim[2]).error == ""  # the kubelet's retry
@@ -203,6 +188,40 @@ async def test_the_unprepare_of_a_claim_whose_reset_was_cut_short_forgets_it_wit
     other = node.claim("next", ["gpu-1"])
     assert answer(await kubelet.prepare([other]), other[2]).error == ""
     await kubelet.close()
+
+
+async def test_a_reboot_while_a_claims_reset_is_pending_writes_its_spec_again_and_the_retry_resets(
+    node: DraNode, api: ApiServerStandIn
+) -> None:
+    handshake = Handshake(api, node)
+    handshake.write(ResetInfo(node.node, False, {EXPORTER: True}))  # ix-exporter holds the GPUs, and hangs
+    backend = SimulatedBackend(str(node.devices_file))
+    driver = await node.start(backend_factory=lambda: backend, reset_wait_timeout=30.0, reset_timeout=5.0)
+    kubelet = await node.kubelet(driver)
+    claim = node.claim("fresh", ["gpu-2"], config=[gpu_config(reset=True)])
+    call = asyncio.create_task(kubelet.prepare([claim]))
+    await until(lambda: (info := handshake.document()) is not None and info.reset)
+    await node.stop(driver)  # the node goes down with the reset waiting
+    call.cancel()  # the call's connection would go with the node
+    assert isinstance((await asyncio.gather(call, return_exceptions=True))[0], BaseException)  # never answered
+    await kubelet.close()
+    spec = node.cdi_dir / cdi_spec_file(claim[2])
+    node.reboot()
+    assert not spec.exists() and checkpoint(node)["claims"][claim[2]]["resetPending"] is True
+    exporter = asyncio.create_task(handshake.exporter())
+    try:
+        restarted = await node.start(backend_factory=lambda: backend, reset_wait_timeout=5.0, reset_timeout=5.0)
+        assert spec.exists()  # written again before the kubelet is served: its CDI ID resolves
+        assert checkpoint(node)["bootID"] == node.boot_id_file.read_text().strip()
+        assert checkpoint(node)["claims"][claim[2]]["resetPending"] is True  # still owed
+        assert backend.resets == []
+        kubelet = await node.kubelet(restarted)
+        assert answer(await kubelet.prepare([claim]), claim[2]).error == ""  # the kubelet's retry after the reboot
+        assert backend.resets == [(restarted.content.by_name()["gpu-2"].chip.uuid,)]
+        assert "resetPending" not in checkpoint(node)["claims"][claim[2]]
+        await kubelet.close()
+    finally:
+        exporter.cancel()
 
 
 # ---- item: a double fault on disk ---------------------------------------------------------------------------
@@ -443,7 +462,7 @@ async def test_a_retry_on_the_new_pod_during_the_old_pods_reset_waits_for_it_and
     to_old = await node.kubelet(old)
     claim = node.claim("fresh", ["gpu-0"], config=[gpu_config(reset=True)])
     first = asyncio.create_task(to_old.prepare([claim]))
-    await until(lambda: (info := handshake.document()) is not None and info.reset)
+    await until(lambda: (info := handshake.document()) is not None and info.reset, timeout=10)
     new = await node.start(backend_factory=lambda: backend, pod_uid="pod-new", reset_wait_timeout=10.0)
     to_new = await node.kubelet(new)
     retry = asyncio.create_task(to_new.prepare([claim]))  # the kubelet gave up on the old pod's answer

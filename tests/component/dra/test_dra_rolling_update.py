@@ -16,7 +16,6 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +23,7 @@ import pytest
 from dra_support import DraNode
 from prometheus_client.parser import text_string_to_metric_families
 
+from ix_device_plugin.dra.claimspec import cdi_spec_file
 from ix_device_plugin.dra.driver import DraDriver
 from ix_device_plugin.dra.slices import DRIVER
 from ix_device_plugin.dra.state import LOCK_FILE
@@ -199,16 +199,6 @@ async def logged(log: Path, text: str, timeout: float) -> None:
             await asyncio.sleep(0.05)
 
 
-@pytest.fixture
-def processes() -> Iterator[list[subprocess.Popen[bytes]]]:
-    started: list[subprocess.Popen[bytes]] = []
-    yield started
-    for process in started:
-        if process.poll() is None:
-            process.kill()
-        process.wait(10)
-
-
 @pytest.mark.parametrize("how", [signal.SIGTERM, signal.SIGKILL], ids=["stopped", "killed"])
 async def test_the_standby_process_takes_over_when_the_publisher_is_stopped_or_killed(
     node: DraNode, api: ApiServerStandIn, processes: list[subprocess.Popen[bytes]], how: signal.Signals
@@ -361,3 +351,30 @@ async def test_a_prepare_waiting_for_a_held_serialize_lock_says_so_and_fails_at_
     assert f"waiting for {node.root / 'plugins' / DRIVER / LOCK_FILE}" in caplog.text
     assert (await kubelet.prepare([claim])).claims[claim[2]].error == ""  # let go: served again
     await kubelet.close()
+
+
+# ------------------------------------------------------------------ claims across two pods with different config
+
+
+async def test_a_share_the_old_pod_prepared_is_answered_and_unprepared_by_a_new_pod_that_shares_nothing(
+    node: DraNode,
+) -> None:
+    old = await node.start(pod_uid="pod-old", config=Config(replicas=2))
+    await node.wait_slice(shared)  # what the scheduler allocates from during the overlap
+    new = await node.start(pod_uid="pod-new")  # the update takes the sharing away
+    to_old, to_new = await node.kubelet(old), await node.kubelet(new)
+    share = node.claim("share", ["board-0"], shares=1)
+    before = (await to_old.prepare([share])).claims[share[2]]
+    assert before.error == ""
+    spec = (node.cdi_dir / cdi_spec_file(share[2])).read_text()
+    assert (await to_new.prepare([share])).claims[share[2]] == before  # the kubelet's retry, from the checkpoint
+    assert (node.cdi_dir / cdi_spec_file(share[2])).read_text() == spec  # as the old pod wrote it
+    later = node.claim("later", ["board-0"], shares=1)  # allocated from the old pod's slices, prepared by the new one
+    error = (await to_new.prepare([later])).claims[later[2]].error
+    assert "claim default/later" in error and "allocated as a share, but it is not shared on this node now" in error
+    assert (await to_new.unprepare([share])).claims[share[2]].error == ""
+    assert not (node.cdi_dir / cdi_spec_file(share[2])).exists()
+    whole = node.claim("whole", ["board-0"])
+    assert (await to_old.prepare([whole])).claims[whole[2]].error == ""  # the old pod knows board-0 is free again
+    for kubelet in (to_old, to_new):
+        await kubelet.close()
