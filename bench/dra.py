@@ -11,10 +11,8 @@ The driver is `ix-device-plugin dra` in its own process, against the API server 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -22,7 +20,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from bench.plugin import short_dir
+from bench.plugin import short_dir, stop_process
 from bench.procfs import rss_mib
 from bench.stats import latency_ms, summary_ms
 from ix_device_plugin.dra.pool import slice_base_name
@@ -142,12 +140,7 @@ async def _run_once(api: ApiServerStandIn, prepares: int, node: str) -> dict[str
             "rss_after": rss_after,
         }
     finally:
-        process.send_signal(signal.SIGTERM)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            process.wait(timeout=5)
-        if process.poll() is None:
-            process.kill()
-            process.wait()
+        await stop_process(process)
         shutil.rmtree(directory, ignore_errors=True)
 
 
@@ -177,12 +170,7 @@ async def _shares(api: ApiServerStandIn, rounds: int, node: str) -> list[float]:
             await kubelet.unprepare(claims)
         await kubelet.close()
     finally:
-        process.send_signal(signal.SIGTERM)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            process.wait(timeout=5)
-        if process.poll() is None:
-            process.kill()
-            process.wait()
+        await stop_process(process)
         shutil.rmtree(directory, ignore_errors=True)
     return seconds
 
@@ -243,12 +231,7 @@ async def _xid_to_health(api: ApiServerStandIn, node: str, xids: int) -> dict[st
         await watch.close()
         await kubelet.close()
     finally:
-        process.send_signal(signal.SIGTERM)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            process.wait(timeout=5)
-        if process.poll() is None:
-            process.kill()
-            process.wait()
+        await stop_process(process)
         shutil.rmtree(directory, ignore_errors=True)
     return {"stream": stream, "taint": taint}
 
