@@ -32,10 +32,14 @@ NODE = "bench-node"
 START_TIMEOUT = 15.0
 
 
-def _command(directory: Path, kubeconfig: Path, node: str, *extra: str) -> list[str]:
+SIMULATED = ("--backend", "simulated", "--simulated-devices", "BI-V150:2")
+
+
+def _command(
+    directory: Path, kubeconfig: Path, node: str, *extra: str, backend: tuple[str, ...] = SIMULATED
+) -> list[str]:
     return [
-        sys.executable, "-m", "ix_device_plugin", "dra",
-        "--backend", "simulated", "--simulated-devices", "BI-V150:2",
+        sys.executable, "-m", "ix_device_plugin", "dra", *backend,
         "--node-name", node, "--kubeconfig", str(kubeconfig),
         "--kubelet-registrar-directory-path", str(directory / "registry"),
         "--kubelet-plugins-directory-path", str(directory / "plugins"),
@@ -178,8 +182,9 @@ async def _shares(api: ApiServerStandIn, rounds: int, node: str) -> list[float]:
 DOUBLE_SOURCE = Path(__file__).resolve().parents[1] / "tests" / "ixml_double" / "libixml_double.c"
 
 
-def _double(directory: Path) -> Path | None:
-    """The libixml.so double compiled into directory, 4 chips in its device file; None without a C compiler."""
+def _double(directory: Path, chips: int = 4, uuid_prefix: str = "GPU-x") -> Path | None:
+    """The libixml.so double compiled into directory, chips BI-V100 chips in its device file and /dev nodes; None
+    without a C compiler."""
     compiler = shutil.which("gcc") or shutil.which("cc")
     if compiler is None:
         return None
@@ -187,11 +192,16 @@ def _double(directory: Path) -> Path | None:
     subprocess.run([compiler, "-shared", "-fPIC", "-O2", "-o", str(library), str(DOUBLE_SOURCE)], check=True)
     (directory / "dev").mkdir(exist_ok=True)
     lines = ["driver=4.1.0"]
-    for minor in range(4):
+    for minor in range(chips):
         (directory / "dev" / f"iluvatar{minor}").touch()
-        lines.append(f'device uuid=GPU-x{minor} name="Iluvatar BI-V100" minor={minor}')
+        lines.append(f'device uuid={uuid_prefix}{minor} name="Iluvatar BI-V100" minor={minor}')
     (directory / "double.conf").write_text("\n".join(lines) + "\n")
     return library
+
+
+def _over_double(library: Path) -> tuple[str, ...]:
+    """The driver's backend arguments for the libixml.so double at library."""
+    return ("--backend", "ixml", "--ixml-library", str(library))
 
 
 async def _xid_to_health(api: ApiServerStandIn, node: str, xids: int) -> dict[str, list[float]] | None:
@@ -202,12 +212,7 @@ async def _xid_to_health(api: ApiServerStandIn, node: str, xids: int) -> dict[st
     if library is None:
         return None
     kubeconfig = api.write_kubeconfig(directory / "kubeconfig")
-    command = _command(directory, kubeconfig, node)
-    command[command.index("simulated")] = "ixml"
-    command[command.index("--simulated-devices") : command.index("--simulated-devices") + 2] = [
-        "--ixml-library",
-        str(library),
-    ]
+    command = _command(directory, kubeconfig, node, backend=_over_double(library))
     env = {**os.environ, "IXML_DOUBLE_CONFIG": str(directory / "double.conf")}
     process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
     socket = directory / "registry" / f"{DRIVER}-reg.sock"
