@@ -54,6 +54,15 @@ async def _wait(predicate: Any, what: str) -> None:
             await asyncio.sleep(0.002)
 
 
+async def _registered(directory: Path) -> DraKubeletStandIn:
+    """A kubelet DRA stand-in registered with the driver whose registration socket is under directory."""
+    socket = directory / "registry" / f"{DRIVER}-reg.sock"
+    await _wait(socket.is_socket, "registration socket")
+    kubelet = DraKubeletStandIn(DRIVER)
+    await kubelet.register(socket)
+    return kubelet
+
+
 def _claim(
     api: ApiServerStandIn, node: str, device: str, share: bool = False, pod: tuple[str, str] | None = None
 ) -> tuple[str, str, str]:
@@ -97,14 +106,11 @@ def _devices(stored: dict[str, Any] | None) -> int:
 async def _run_once(api: ApiServerStandIn, prepares: int, node: str) -> dict[str, Any]:
     directory = short_dir()
     kubeconfig = api.write_kubeconfig(directory / "kubeconfig")
-    socket = directory / "registry" / f"{DRIVER}-reg.sock"
     name = slice_base_name(node)  # a node per start: each start publishes its slice afresh
     started = time.perf_counter()
     process = subprocess.Popen(_command(directory, kubeconfig, node), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
-        kubelet = DraKubeletStandIn(DRIVER)
-        await _wait(socket.is_socket, "registration socket")
-        await kubelet.register(socket)
+        kubelet = await _registered(directory)
         registered = time.perf_counter() - started
         await _wait(lambda: api.get("resourceslices", name) is not None, "ResourceSlice")
         published = time.perf_counter() - started
@@ -152,14 +158,11 @@ async def _shares(api: ApiServerStandIn, rounds: int, node: str) -> list[float]:
     """Seconds to prepare one share claim, four at a time on one chip (sharing.timeSlicing.replicas 4)."""
     directory = short_dir()
     kubeconfig = api.write_kubeconfig(directory / "kubeconfig")
-    socket = directory / "registry" / f"{DRIVER}-reg.sock"
     command = _command(directory, kubeconfig, node, "--replicas", "4", "--splitboard", "true")
     process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     seconds: list[float] = []
     try:
-        kubelet = DraKubeletStandIn(DRIVER)
-        await _wait(socket.is_socket, "registration socket")
-        await kubelet.register(socket)
+        kubelet = await _registered(directory)
         await _wait(lambda: _devices(api.get("resourceslices", slice_base_name(node))) == 4, "the shared chips")
 
         async def one(claim: tuple[str, str, str]) -> None:
@@ -215,12 +218,9 @@ async def _xid_to_health(api: ApiServerStandIn, node: str, xids: int) -> dict[st
     command = _command(directory, kubeconfig, node, backend=_over_double(library))
     env = {**os.environ, "IXML_DOUBLE_CONFIG": str(directory / "double.conf")}
     process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
-    socket = directory / "registry" / f"{DRIVER}-reg.sock"
     stream, taint = [], []
     try:
-        kubelet = DraKubeletStandIn(DRIVER)
-        await _wait(socket.is_socket, "registration socket")
-        await kubelet.register(socket)
+        kubelet = await _registered(directory)
         watch = await kubelet.watch_health("v1")
         await watch.wait_for(lambda w: len(w.devices) == 4, timeout=START_TIMEOUT)
         name = slice_base_name(node)

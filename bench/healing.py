@@ -33,10 +33,8 @@ from bench.settings import Settings
 from bench.stats import summary_ms
 from ix_device_plugin.api import HEALTHY, UNHEALTHY
 from ix_device_plugin.dra.pool import slice_base_name
-from ix_device_plugin.dra.slices import DRIVER
 from ix_device_plugin.healing.healer import FREE_POLL
 from ix_device_plugin.standins.apiserver import ApiServerStandIn, Recorded
-from ix_device_plugin.standins.dra_kubelet import DraKubeletStandIn
 from ix_device_plugin.standins.podresources import PodResourcesStandIn
 
 NODE = "bench-node"
@@ -198,9 +196,7 @@ async def _dra_episodes(api: ApiServerStandIn, runs: int, ixsmi: Path) -> list[f
     track(process)
     samples = []
     try:
-        kubelet = DraKubeletStandIn(DRIVER)
-        await dra._wait((directory / "registry" / f"{DRIVER}-reg.sock").is_socket, "registration socket")
-        await kubelet.register(directory / "registry" / f"{DRIVER}-reg.sock")
+        kubelet = await dra._registered(directory)
         await dra._wait(lambda: dra._devices(api.get("resourceslices", slice_base_name(node))) == 4, "the slice")
         for _ in range(runs):
             claim = dra._claim(api, node, "gpu-0")
