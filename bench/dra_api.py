@@ -24,10 +24,10 @@ from typing import Any
 from bench.dra import _command
 from bench.plugin import short_dir, stop_process
 from bench.settings import Settings
+from ix_device_plugin.dra.slices import DRIVER
 from ix_device_plugin.standins.apiserver import ApiServerStandIn, Recorded
 from ix_device_plugin.standins.dra_kubelet import DraKubeletStandIn
 
-DRIVER = "gpu.iluvatar.com"
 NODE = "bench-api-node"
 TIMEOUT = 20.0
 HOUR, MINUTE = 3600.0, 60.0
@@ -50,11 +50,12 @@ def _owners(api: ApiServerStandIn) -> set[str]:
 
 
 async def _until(ready: Callable[[], bool], what: str) -> None:
-    async with asyncio.timeout(TIMEOUT):
-        while not ready():
-            await asyncio.sleep(0.01)
-    if not ready():
-        raise RuntimeError(f"{what}: not within {TIMEOUT:g}s")
+    try:
+        async with asyncio.timeout(TIMEOUT):
+            while not ready():
+                await asyncio.sleep(0.01)
+    except TimeoutError:
+        raise RuntimeError(f"{what}: not within {TIMEOUT:g}s") from None
 
 
 def _by_verb(requests: list[Recorded]) -> dict[str, int]:
