@@ -1,8 +1,9 @@
-"""Fixtures of the DRA component tests: an API server with no node yet, and a DRA node on it."""
+"""Fixtures of the DRA component tests: an API server with no node yet, a DRA node on it, driver processes."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import subprocess
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
@@ -24,3 +25,14 @@ async def node(short_dir: Path, api: ApiServerStandIn) -> AsyncIterator[DraNode]
     dra_node = DraNode(short_dir, api)
     yield dra_node
     await dra_node.stop_all()
+
+
+@pytest.fixture
+def processes() -> Iterator[list[subprocess.Popen[bytes]]]:
+    """Driver processes started by the test; killed at the end if still running."""
+    started: list[subprocess.Popen[bytes]] = []
+    yield started
+    for process in started:
+        if process.poll() is None:
+            process.kill()
+        process.communicate(timeout=10)
