@@ -11,10 +11,8 @@ The driver is `ix-device-plugin dra` in its own process, against the API server 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -22,7 +20,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from bench.plugin import short_dir
+from bench.plugin import short_dir, stop_process
 from bench.procfs import rss_mib
 from bench.stats import latency_ms, summary_ms
 from ix_device_plugin.dra.pool import slice_base_name
@@ -34,10 +32,14 @@ NODE = "bench-node"
 START_TIMEOUT = 15.0
 
 
-def _command(directory: Path, kubeconfig: Path, node: str, *extra: str) -> list[str]:
+SIMULATED = ("--backend", "simulated", "--simulated-devices", "BI-V150:2")
+
+
+def _command(
+    directory: Path, kubeconfig: Path, node: str, *extra: str, backend: tuple[str, ...] = SIMULATED
+) -> list[str]:
     return [
-        sys.executable, "-m", "ix_device_plugin", "dra",
-        "--backend", "simulated", "--simulated-devices", "BI-V150:2",
+        sys.executable, "-m", "ix_device_plugin", "dra", *backend,
         "--node-name", node, "--kubeconfig", str(kubeconfig),
         "--kubelet-registrar-directory-path", str(directory / "registry"),
         "--kubelet-plugins-directory-path", str(directory / "plugins"),
@@ -50,6 +52,15 @@ async def _wait(predicate: Any, what: str) -> None:
     async with asyncio.timeout(START_TIMEOUT):
         while not predicate():
             await asyncio.sleep(0.002)
+
+
+async def _registered(directory: Path) -> DraKubeletStandIn:
+    """A kubelet DRA stand-in registered with the driver whose registration socket is under directory."""
+    socket = directory / "registry" / f"{DRIVER}-reg.sock"
+    await _wait(socket.is_socket, "registration socket")
+    kubelet = DraKubeletStandIn(DRIVER)
+    await kubelet.register(socket)
+    return kubelet
 
 
 def _claim(
@@ -95,14 +106,11 @@ def _devices(stored: dict[str, Any] | None) -> int:
 async def _run_once(api: ApiServerStandIn, prepares: int, node: str) -> dict[str, Any]:
     directory = short_dir()
     kubeconfig = api.write_kubeconfig(directory / "kubeconfig")
-    socket = directory / "registry" / f"{DRIVER}-reg.sock"
     name = slice_base_name(node)  # a node per start: each start publishes its slice afresh
     started = time.perf_counter()
     process = subprocess.Popen(_command(directory, kubeconfig, node), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
-        kubelet = DraKubeletStandIn(DRIVER)
-        await _wait(socket.is_socket, "registration socket")
-        await kubelet.register(socket)
+        kubelet = await _registered(directory)
         registered = time.perf_counter() - started
         await _wait(lambda: api.get("resourceslices", name) is not None, "ResourceSlice")
         published = time.perf_counter() - started
@@ -142,12 +150,7 @@ async def _run_once(api: ApiServerStandIn, prepares: int, node: str) -> dict[str
             "rss_after": rss_after,
         }
     finally:
-        process.send_signal(signal.SIGTERM)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            process.wait(timeout=5)
-        if process.poll() is None:
-            process.kill()
-            process.wait()
+        await stop_process(process)
         shutil.rmtree(directory, ignore_errors=True)
 
 
@@ -155,14 +158,11 @@ async def _shares(api: ApiServerStandIn, rounds: int, node: str) -> list[float]:
     """Seconds to prepare one share claim, four at a time on one chip (sharing.timeSlicing.replicas 4)."""
     directory = short_dir()
     kubeconfig = api.write_kubeconfig(directory / "kubeconfig")
-    socket = directory / "registry" / f"{DRIVER}-reg.sock"
     command = _command(directory, kubeconfig, node, "--replicas", "4", "--splitboard", "true")
     process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     seconds: list[float] = []
     try:
-        kubelet = DraKubeletStandIn(DRIVER)
-        await _wait(socket.is_socket, "registration socket")
-        await kubelet.register(socket)
+        kubelet = await _registered(directory)
         await _wait(lambda: _devices(api.get("resourceslices", slice_base_name(node))) == 4, "the shared chips")
 
         async def one(claim: tuple[str, str, str]) -> None:
@@ -177,12 +177,7 @@ async def _shares(api: ApiServerStandIn, rounds: int, node: str) -> list[float]:
             await kubelet.unprepare(claims)
         await kubelet.close()
     finally:
-        process.send_signal(signal.SIGTERM)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            process.wait(timeout=5)
-        if process.poll() is None:
-            process.kill()
-            process.wait()
+        await stop_process(process)
         shutil.rmtree(directory, ignore_errors=True)
     return seconds
 
@@ -190,8 +185,9 @@ async def _shares(api: ApiServerStandIn, rounds: int, node: str) -> list[float]:
 DOUBLE_SOURCE = Path(__file__).resolve().parents[1] / "tests" / "ixml_double" / "libixml_double.c"
 
 
-def _double(directory: Path) -> Path | None:
-    """The libixml.so double compiled into directory, 4 chips in its device file; None without a C compiler."""
+def _double(directory: Path, chips: int = 4, uuid_prefix: str = "GPU-x") -> Path | None:
+    """The libixml.so double compiled into directory, chips BI-V100 chips in its device file and /dev nodes; None
+    without a C compiler."""
     compiler = shutil.which("gcc") or shutil.which("cc")
     if compiler is None:
         return None
@@ -199,11 +195,16 @@ def _double(directory: Path) -> Path | None:
     subprocess.run([compiler, "-shared", "-fPIC", "-O2", "-o", str(library), str(DOUBLE_SOURCE)], check=True)
     (directory / "dev").mkdir(exist_ok=True)
     lines = ["driver=4.1.0"]
-    for minor in range(4):
+    for minor in range(chips):
         (directory / "dev" / f"iluvatar{minor}").touch()
-        lines.append(f'device uuid=GPU-x{minor} name="Iluvatar BI-V100" minor={minor}')
+        lines.append(f'device uuid={uuid_prefix}{minor} name="Iluvatar BI-V100" minor={minor}')
     (directory / "double.conf").write_text("\n".join(lines) + "\n")
     return library
+
+
+def _over_double(library: Path) -> tuple[str, ...]:
+    """The driver's backend arguments for the libixml.so double at library."""
+    return ("--backend", "ixml", "--ixml-library", str(library))
 
 
 async def _xid_to_health(api: ApiServerStandIn, node: str, xids: int) -> dict[str, list[float]] | None:
@@ -214,20 +215,12 @@ async def _xid_to_health(api: ApiServerStandIn, node: str, xids: int) -> dict[st
     if library is None:
         return None
     kubeconfig = api.write_kubeconfig(directory / "kubeconfig")
-    command = _command(directory, kubeconfig, node)
-    command[command.index("simulated")] = "ixml"
-    command[command.index("--simulated-devices") : command.index("--simulated-devices") + 2] = [
-        "--ixml-library",
-        str(library),
-    ]
+    command = _command(directory, kubeconfig, node, backend=_over_double(library))
     env = {**os.environ, "IXML_DOUBLE_CONFIG": str(directory / "double.conf")}
     process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
-    socket = directory / "registry" / f"{DRIVER}-reg.sock"
     stream, taint = [], []
     try:
-        kubelet = DraKubeletStandIn(DRIVER)
-        await _wait(socket.is_socket, "registration socket")
-        await kubelet.register(socket)
+        kubelet = await _registered(directory)
         watch = await kubelet.watch_health("v1")
         await watch.wait_for(lambda w: len(w.devices) == 4, timeout=START_TIMEOUT)
         name = slice_base_name(node)
@@ -243,12 +236,7 @@ async def _xid_to_health(api: ApiServerStandIn, node: str, xids: int) -> dict[st
         await watch.close()
         await kubelet.close()
     finally:
-        process.send_signal(signal.SIGTERM)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            process.wait(timeout=5)
-        if process.poll() is None:
-            process.kill()
-            process.wait()
+        await stop_process(process)
         shutil.rmtree(directory, ignore_errors=True)
     return {"stream": stream, "taint": taint}
 

@@ -14,9 +14,7 @@ stand-in, whose garbage collector model deletes a slice whose owner is gone.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import shutil
-import signal
 import subprocess
 import time
 from collections import Counter
@@ -24,12 +22,12 @@ from collections.abc import Callable
 from typing import Any
 
 from bench.dra import _command
-from bench.plugin import short_dir
+from bench.plugin import short_dir, stop_process
 from bench.settings import Settings
+from ix_device_plugin.dra.slices import DRIVER
 from ix_device_plugin.standins.apiserver import ApiServerStandIn, Recorded
 from ix_device_plugin.standins.dra_kubelet import DraKubeletStandIn
 
-DRIVER = "gpu.iluvatar.com"
 NODE = "bench-api-node"
 TIMEOUT = 20.0
 HOUR, MINUTE = 3600.0, 60.0
@@ -52,11 +50,12 @@ def _owners(api: ApiServerStandIn) -> set[str]:
 
 
 async def _until(ready: Callable[[], bool], what: str) -> None:
-    async with asyncio.timeout(TIMEOUT):
-        while not ready():
-            await asyncio.sleep(0.01)
-    if not ready():
-        raise RuntimeError(f"{what}: not within {TIMEOUT:g}s")
+    try:
+        async with asyncio.timeout(TIMEOUT):
+            while not ready():
+                await asyncio.sleep(0.01)
+    except TimeoutError:
+        raise RuntimeError(f"{what}: not within {TIMEOUT:g}s") from None
 
 
 def _by_verb(requests: list[Recorded]) -> dict[str, int]:
@@ -97,12 +96,7 @@ async def run(settings: Settings) -> dict[str, Any]:
             after_window = time.monotonic() - began
             await kubelet.close()
         finally:
-            process.send_signal(signal.SIGTERM)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                process.wait(timeout=5)
-            if process.poll() is None:
-                process.kill()
-                process.wait()
+            await stop_process(process)
             shutil.rmtree(directory, ignore_errors=True)
     return {
         "start_requests": start,

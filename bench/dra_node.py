@@ -10,9 +10,7 @@ and how many pod-resources `List` calls it makes a minute.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import shutil
-import signal
 import socket
 import subprocess
 import time
@@ -22,7 +20,7 @@ from typing import Any
 from bench import procfs
 from bench.dra import NODE, START_TIMEOUT, _command
 from bench.footprint import idle_cpu_percent
-from bench.plugin import short_dir
+from bench.plugin import short_dir, stop_process
 from bench.settings import Settings
 from ix_device_plugin.dra.slices import DRIVER
 from ix_device_plugin.standins.apiserver import ApiServerStandIn
@@ -81,12 +79,7 @@ async def _measure(api: ApiServerStandIn, settings: Settings, telemetry: bool) -
             "pod_resources_calls_per_minute": round(calls * 60 / window, 2),
         }
     finally:
-        process.send_signal(signal.SIGTERM)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            process.wait(timeout=5)
-        if process.poll() is None:
-            process.kill()
-            process.wait()
+        await stop_process(process)
         await pod_resources.stop()
         shutil.rmtree(directory, ignore_errors=True)
 

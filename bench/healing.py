@@ -33,33 +33,16 @@ from bench.settings import Settings
 from bench.stats import summary_ms
 from ix_device_plugin.api import HEALTHY, UNHEALTHY
 from ix_device_plugin.dra.pool import slice_base_name
-from ix_device_plugin.dra.slices import DRIVER
 from ix_device_plugin.healing.healer import FREE_POLL
 from ix_device_plugin.standins.apiserver import ApiServerStandIn, Recorded
-from ix_device_plugin.standins.dra_kubelet import DraKubeletStandIn
 from ix_device_plugin.standins.podresources import PodResourcesStandIn
 
 NODE = "bench-node"
 NAMESPACE = "kube-system"
 CHIPS = Node("2 x BI-V100 (the libixml.so double)", "BI-V100", 2)
-DOUBLE_SOURCE = Path(__file__).resolve().parents[1] / "tests" / "ixml_double" / "libixml_double.c"
 TIMEOUT = 30.0
 XID = 48  # double-bit ECC: a reset clears it
 STORM_XID = 94
-
-
-def _double(directory: Path) -> Path | None:
-    """The libixml.so double in directory, with its device file (two chips) and /dev nodes; None without cc."""
-    compiler = shutil.which("gcc") or shutil.which("cc")
-    if compiler is None:
-        return None
-    library = directory / "libixml.so"
-    subprocess.run([compiler, "-shared", "-fPIC", "-O2", "-o", str(library), str(DOUBLE_SOURCE)], check=True)
-    lines = ["driver=4.1.0"]
-    for minor in range(2):
-        lines.append(f'device uuid=GPU-h{minor} name="Iluvatar BI-V100" minor={minor}')
-    (directory / "double.conf").write_text("\n".join(lines) + "\n")
-    return library
 
 
 def _is_event_write(request: Recorded) -> bool:
@@ -137,7 +120,7 @@ async def run(settings: Settings) -> dict[str, Any]:
     """Free -> back in service over settings.healing_runs episodes, and the API writes of each and of a storm."""
     directory = short_dir()
     try:
-        library = _double(directory)
+        library = dra._double(directory, chips=2, uuid_prefix="GPU-h")
         if library is None:
             return {"skipped_no_c_compiler": 1}
         ixsmi = directory / "ixsmi"
@@ -197,9 +180,7 @@ async def _measure(
 
 
 def _tainted(api: ApiServerStandIn, node: str, device: str) -> bool:
-    stored = api.get("resourceslices", slice_base_name(node)) or {}
-    devices = {d["name"]: d for d in (stored.get("spec") or {}).get("devices") or []}
-    return bool(devices.get(device, {}).get("taints"))
+    return dra._tainted(api.get("resourceslices", slice_base_name(node)), device)
 
 
 async def _dra_episodes(api: ApiServerStandIn, runs: int, ixsmi: Path) -> list[float]:
@@ -208,18 +189,14 @@ async def _dra_episodes(api: ApiServerStandIn, runs: int, ixsmi: Path) -> list[f
     directory = short_dir()
     library = dra._double(directory)
     assert library is not None  # a compiler was there for the device plugin's runs
-    command = dra._command(directory, api.write_kubeconfig(directory / "kubeconfig"), node, "--ixsmi-path", str(ixsmi))
-    command[command.index("simulated")] = "ixml"
-    at = command.index("--simulated-devices")
-    command[at : at + 2] = ["--ixml-library", str(library)]
+    kubeconfig = api.write_kubeconfig(directory / "kubeconfig")
+    command = dra._command(directory, kubeconfig, node, "--ixsmi-path", str(ixsmi), backend=dra._over_double(library))
     env = {**os.environ, "IXML_DOUBLE_CONFIG": str(directory / "double.conf")}
     process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
     track(process)
     samples = []
     try:
-        kubelet = DraKubeletStandIn(DRIVER)
-        await dra._wait((directory / "registry" / f"{DRIVER}-reg.sock").is_socket, "registration socket")
-        await kubelet.register(directory / "registry" / f"{DRIVER}-reg.sock")
+        kubelet = await dra._registered(directory)
         await dra._wait(lambda: dra._devices(api.get("resourceslices", slice_base_name(node))) == 4, "the slice")
         for _ in range(runs):
             claim = dra._claim(api, node, "gpu-0")

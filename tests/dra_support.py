@@ -12,6 +12,7 @@ from typing import Any
 import yaml
 
 from ix_device_plugin.apiserver.settings import KubeSettings, settings_from
+from ix_device_plugin.dra.checkpoint import CHECKPOINT_FILE
 from ix_device_plugin.dra.driver import DraDriver
 from ix_device_plugin.dra.pool import slice_base_name
 from ix_device_plugin.dra.slices import DRIVER
@@ -23,6 +24,11 @@ from ix_device_plugin.standins.dra_kubelet import DraKubeletStandIn
 NODE = "node-a"
 DRA_FIELDS = {field.name for field in fields(DraOptions)}
 TWO_BOARDS: list[dict[str, Any]] = [{"product": "BI-V150"}, {"product": "BI-V150"}]
+
+
+def answer(response: Any, uid: str) -> Any:
+    """What a Prepare or Unprepare response says of the claim uid."""
+    return response.claims[uid]
 
 
 class DraNode:
@@ -41,6 +47,7 @@ class DraNode:
         self.drivers: list[DraDriver] = []
         self.boot_id_file = root / "boot_id"
         self.boot_id_file.write_text("boot-1\n")
+        self.checkpoint_file = root / "plugins" / DRIVER / CHECKPOINT_FILE
 
     def reboot(self) -> None:
         """What a reboot does to the node's files: a new boot ID, and the CDI directory (a tmpfs) empty."""

@@ -1,21 +1,27 @@
-"""The GPU reset's end-to-end helpers: the node's chips, a fake ixsmi, ix-exporter's side of the handshake."""
+"""The GPU reset's end-to-end helpers: the node's chips, a fake ixsmi, ix-exporter's side of the handshake; and
+self-healing's: fast healing rules and the Node Events it writes."""
 
 from __future__ import annotations
 
 import asyncio
 import stat
 import threading
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
 import yaml
 
 from ix_device_plugin.apiserver.settings import settings_from
+from ix_device_plugin.core.healing import Rules
+from ix_device_plugin.core.inventory import Inventory
+from ix_device_plugin.core.telemetry import ChipSample
 from ix_device_plugin.deviceplugin.loop import Daemon
 from ix_device_plugin.gpureset.sequence import DATA_KEY, ResetInfo, ResetSettings
 from ix_device_plugin.hardware.backend import Backend
 from ix_device_plugin.hardware.ixml.reset import run_ixsmi_reset
 from ix_device_plugin.hardware.simulated import SimulatedBackend
+from ix_device_plugin.healing.events import EVENT_NAMESPACE
 from ix_device_plugin.standins.apiserver import ApiServerStandIn
 
 from support import DaemonFactory, config_flags
@@ -26,6 +32,7 @@ CONFIG_MAP = f"ix-gpu-reset-{NODE}"
 EXPORTER = "ix-exporter"
 CHIP_A, CHIP_B = "GPU-aaaa0000-0000-0000-0000-000000000001", "GPU-bbbb0000-0000-0000-0000-000000000002"
 FAST = ResetSettings(wait_timeout=2.0, command_timeout=5.0)
+FAST_HEALING = Rules(attempts=3, backoff=0.2, backoff_cap=1.0, refused_wait=0.5, settle=0.2)
 
 
 def devices_file(path: Path, reset: dict[str, list[str]] | None = None) -> Path:
@@ -47,6 +54,29 @@ def fake_ixsmi(path: Path, script: str) -> str:
     path.write_text(f"#!/bin/sh\n{script}\n")
     path.chmod(path.stat().st_mode | stat.S_IEXEC)
     return str(path)
+
+
+class Ixsmi:
+    """A fake ixsmi in directory: records each call's arguments; sleeps as long as its `delay` file says and exits
+    with the code in its `code` file."""
+
+    def __init__(self, directory: Path) -> None:
+        self.calls = directory / "ixsmi-calls"
+        self.code = directory / "ixsmi-code"
+        self.code.write_text("0")
+        self.delay = directory / "ixsmi-delay"
+        self.delay.write_text("0")
+        script = f'echo "$@" >> {self.calls}; sleep $(cat {self.delay}); exit $(cat {self.code})'
+        self.path = fake_ixsmi(directory / "ixsmi", script)
+
+    def runs(self) -> list[str]:
+        return self.calls.read_text().splitlines() if self.calls.exists() else []
+
+
+def node_events(apiserver: ApiServerStandIn, reason: str | None = None) -> list[dict]:
+    """The Node Events the stand-in holds (of one reason)."""
+    found = [e for e in apiserver.objects("events") if e["metadata"]["namespace"] == EVENT_NAMESPACE]
+    return [e for e in found if reason is None or e["reason"] == reason]
 
 
 async def start_resetting(
@@ -116,3 +146,25 @@ class IxsmiBackend(SimulatedBackend):
     def reset(self, uuids: Sequence[str], timeout: float, abort: threading.Event | None = None) -> None:
         self.resets.append(tuple(uuids))
         run_ixsmi_reset(self.ixsmi, uuids, timeout, abort)
+
+
+class Watched(SimulatedBackend):
+    """Chips whose reset takes reset_seconds; records what telemetry did meanwhile."""
+
+    def __init__(self, devices: Path, reset_seconds: float) -> None:
+        super().__init__(str(devices))
+        self.reset_seconds = reset_seconds
+        self.events: list[str] = []
+
+    def reset(self, uuids: Sequence[str], timeout: float, abort: threading.Event | None = None) -> None:
+        self.events.append("reset begins")
+        time.sleep(self.reset_seconds)
+        self.events.append("reset ends")
+        super().reset(uuids, timeout, abort)
+
+    def sample(self, inventory: Inventory) -> dict[str, ChipSample]:
+        self.events.append("sample")
+        return super().sample(inventory)
+
+    def close(self) -> None:
+        self.events.append("close")

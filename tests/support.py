@@ -18,6 +18,10 @@ TESTS_DIR = Path(__file__).resolve().parent
 REPO_ROOT = TESTS_DIR.parent
 RESOURCE = "iluvatar.com/gpu"
 IXML_DOUBLE_CONFIG = "IXML_DOUBLE_CONFIG"  # the environment variable naming the C double's device file
+TWO_CHIPS = (  # the C double's device file: two BI-V100 chips
+    'device uuid=GPU-x0 name="Iluvatar BI-V100" minor=0 bus=00000000:8A:00.0\n'
+    'device uuid=GPU-x1 name="Iluvatar BI-V100" minor=1 bus=00000000:8B:00.0\n'
+)
 # Plugins started by tests write no CDI spec or node labels on the machine unless a test asks.
 NO_NODE_FILES = ("--cdi-spec-dir", "off", "--node-feature-dir", "off")
 DaemonFactory = Callable[..., Awaitable[Daemon]]
@@ -78,6 +82,12 @@ async def until(predicate: Callable[[], bool], timeout: float = 5.0, step: float
     async with asyncio.timeout(timeout):
         while not predicate():
             await asyncio.sleep(step)
+
+
+def inject_xid(conf: Path, index: int, xid: int, times: int = 1) -> None:
+    """Have the C double whose device file is conf report XID xid on chip index, times times."""
+    with conf.open("a") as stream:
+        stream.write(f"xid={index},{xid}\n" * times)
 
 
 def make_dev_root(root: Path, minors: list[int], *, itrctl: bool = True) -> Path:

@@ -1,4 +1,4 @@
-"""Fixtures of the component tests: the API-server and pod-resources stand-ins."""
+"""Fixtures of the component tests: the API-server and pod-resources stand-ins, the C double's device file."""
 
 from __future__ import annotations
 
@@ -9,6 +9,8 @@ import pytest
 
 from ix_device_plugin.standins.apiserver import ApiServerStandIn
 from ix_device_plugin.standins.podresources import PodResourcesStandIn
+
+from support import IXML_DOUBLE_CONFIG, TWO_CHIPS
 
 NODE = "gpu-node-1"
 
@@ -28,3 +30,12 @@ async def pod_resources(short_dir: Path) -> AsyncIterator[PodResourcesStandIn]:
     await standin.start()
     yield standin
     await standin.stop()
+
+
+@pytest.fixture
+def conf(short_dir: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The C double's device file, <short_dir>/double.conf with TWO_CHIPS, named by IXML_DOUBLE_CONFIG."""
+    path = short_dir / "double.conf"
+    path.write_text(TWO_CHIPS)
+    monkeypatch.setenv(IXML_DOUBLE_CONFIG, str(path))
+    return path

@@ -9,7 +9,6 @@ import signal
 import threading
 import time
 import tracemalloc
-from collections.abc import Sequence
 from pathlib import Path
 
 import grpc
@@ -21,6 +20,7 @@ from reset_support import (
     NAMESPACE,
     NODE,
     IxsmiBackend,
+    Watched,
     devices_file,
     exporter,
     fake_ixsmi,
@@ -30,8 +30,6 @@ from reset_support import (
     write_document,
 )
 
-from ix_device_plugin.core.inventory import Inventory
-from ix_device_plugin.core.telemetry import ChipSample
 from ix_device_plugin.deviceplugin import loop
 from ix_device_plugin.gpureset import sequence
 from ix_device_plugin.gpureset.sequence import OUR_NAME, ResetInfo, ResetSettings
@@ -314,31 +312,10 @@ async def test_the_handshakes_background_task_runs_on_and_is_never_taken_for_dow
 # ---- telemetry, the plugin's other user of the GPU library --------------------------------------
 
 
-class Watched(SimulatedBackend):
-    """Chips whose reset takes a while; records what telemetry did meanwhile."""
-
-    def __init__(self, devices: Path) -> None:
-        super().__init__(str(devices))
-        self.events: list[str] = []
-
-    def reset(self, uuids: Sequence[str], timeout: float, abort: threading.Event | None = None) -> None:
-        self.events.append("reset begins")
-        time.sleep(0.5)
-        self.events.append("reset ends")
-        super().reset(uuids, timeout, abort)
-
-    def sample(self, inventory: Inventory) -> dict[str, ChipSample]:
-        self.events.append("sample")
-        return super().sample(inventory)
-
-    def close(self) -> None:
-        self.events.append("close")
-
-
 async def test_telemetry_lets_go_of_the_library_and_pauses_while_ixsmi_runs(
     kubelet: KubeletStandIn, start_daemon: DaemonFactory, tmp_path: Path
 ) -> None:
-    backend = Watched(devices_file(tmp_path / "d.yaml"))
+    backend = Watched(devices_file(tmp_path / "d.yaml"), reset_seconds=0.5)
     await start_resetting(start_daemon, backend, telemetry_interval=0.05)
     await kubelet.wait_registered(RESOURCE, capacity=2)
     await until(lambda: "sample" in backend.events)

@@ -9,57 +9,41 @@ import time
 from pathlib import Path
 
 import pytest
-from reset_support import EXPORTER, NAMESPACE, NODE, exporter, fake_ixsmi, reset_document, write_document
+from reset_support import (
+    EXPORTER,
+    FAST_HEALING,
+    NAMESPACE,
+    NODE,
+    Ixsmi,
+    exporter,
+    node_events,
+    reset_document,
+    write_document,
+)
 
 from ix_device_plugin.api import HEALTHY, UNHEALTHY
 from ix_device_plugin.apiserver.settings import settings_from
-from ix_device_plugin.core.healing import Rules
 from ix_device_plugin.deviceplugin.loop import Daemon
 from ix_device_plugin.gpureset.sequence import OUR_NAME, ResetInfo
 from ix_device_plugin.hardware.ixml import IxmlBackend
-from ix_device_plugin.healing.events import EVENT_NAMESPACE
 from ix_device_plugin.healing.story import read_story, story_path
 from ix_device_plugin.healing.wayback import RETURN_ANNOTATION
 from ix_device_plugin.standins.apiserver import ApiServerStandIn
 from ix_device_plugin.standins.kubelet import KubeletStandIn
 from ix_device_plugin.standins.podresources import PodResourcesStandIn
 
-from support import RESOURCE, DaemonFactory, config_flags, metric, until
-
-TWO_CHIPS = (
-    'device uuid=GPU-x0 name="Iluvatar BI-V100" minor=0 bus=00000000:8A:00.0\n'
-    'device uuid=GPU-x1 name="Iluvatar BI-V100" minor=1 bus=00000000:8B:00.0\n'
-)
-FAST = Rules(attempts=3, backoff=0.2, backoff_cap=1.0, refused_wait=0.5, settle=0.2)
+from support import RESOURCE, TWO_CHIPS, DaemonFactory, config_flags, inject_xid, make_dev_root, metric, until
 
 
-@pytest.fixture
-def conf(short_dir: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    path = short_dir / "double.conf"
-    path.write_text(TWO_CHIPS)
-    monkeypatch.setenv("IXML_DOUBLE_CONFIG", str(path))
-    return path
-
-
-def inject(conf: Path, index: int, xid: int, times: int = 1) -> None:
-    with conf.open("a") as stream:
-        stream.write(f"xid={index},{xid}\n" * times)
-
-
-class Ixsmi:
-    """A fake ixsmi: records each call's arguments; exits with the code in its `code` file."""
-
-    def __init__(self, directory: Path) -> None:
-        self.calls = directory / "ixsmi-calls"
-        self.code = directory / "ixsmi-code"
-        self.code.write_text("0")
-        self.delay = directory / "ixsmi-delay"
-        self.delay.write_text("0")
-        script = f'echo "$@" >> {self.calls}; sleep $(cat {self.delay}); exit $(cat {self.code})'
-        self.path = fake_ixsmi(directory / "ixsmi", script)
-
-    def runs(self) -> list[str]:
-        return self.calls.read_text().splitlines() if self.calls.exists() else []
+def over_double(libs: dict[str, Path], short_dir: Path, ixsmi: Ixsmi) -> dict[str, object]:
+    """Daemon settings for the C double's two chips (their /dev nodes under short_dir), the fake ixsmi, fast
+    health looks and fast healing."""
+    make_dev_root(short_dir, [0, 1], itrctl=False)
+    return {
+        "backend_factory": lambda: IxmlBackend(str(libs["full"]), dev_root=short_dir, ixsmi_path=ixsmi.path),
+        "health_interval": 0.1,
+        "healing_rules": FAST_HEALING,
+    }
 
 
 async def start_healing(
@@ -72,29 +56,17 @@ async def start_healing(
     **overrides: object,
 ) -> Daemon:
     """A daemon over the C double's two chips, with API access (the handshake, Events) and pod-resources."""
-    dev = short_dir / "dev"
-    dev.mkdir(exist_ok=True)
-    for minor in (0, 1):
-        (dev / f"iluvatar{minor}").touch()
     kubeconfig = apiserver.write_kubeconfig(short_dir / "kubeconfig", namespace=NAMESPACE)
     kube = settings_from({"NODE_NAME": NODE, "POD_NAMESPACE": NAMESPACE}, str(kubeconfig), "test")
     settings: dict[str, object] = {
-        "backend_factory": lambda: IxmlBackend(str(libs["full"]), dev_root=short_dir, ixsmi_path=ixsmi.path),
+        **over_double(libs, short_dir, ixsmi),
         "kube": kube,
-        "health_interval": 0.1,
         "pod_resources_socket": pod_resources.socket_path,
-        "healing_rules": FAST,
         "reset_wait_timeout": 2.0,
         "reset_timeout": 5.0,
         **overrides,
     }
     return await start_daemon(**settings)
-
-
-def events(apiserver: ApiServerStandIn, reason: str | None = None) -> list[dict]:
-    """The Node Events the stand-in holds (of one reason)."""
-    found = [e for e in apiserver.objects("events") if e["metadata"]["namespace"] == EVENT_NAMESPACE]
-    return [e for e in found if reason is None or e["reason"] == reason]
 
 
 def event_writes(apiserver: ApiServerStandIn) -> int:
@@ -113,21 +85,21 @@ async def test_an_xid_on_a_free_chip_resets_that_chip_only_and_returns_it(
     ixsmi = Ixsmi(short_dir)
     daemon = await start_healing(start_daemon, apiserver, pod_resources, libs, short_dir, ixsmi)
     view = await kubelet.wait_registered(RESOURCE, capacity=2)
-    inject(conf, 1, 48)
+    inject_xid(conf, 1, 48)
     await kubelet.wait_for(lambda: view.devices["GPU-x1"] == UNHEALTHY, timeout=3)
     assert view.devices["GPU-x0"] == HEALTHY
     await kubelet.wait_for(lambda: view.devices["GPU-x1"] == HEALTHY, timeout=10)
     assert ixsmi.runs() == ["-r -i GPU-x1"]
     assert daemon.plan.by_id["GPU-x1"].healthy
-    await until(lambda: {e["reason"] for e in events(apiserver)} >= {"GPUXidError", "GPUUnhealthy",
+    await until(lambda: {e["reason"] for e in node_events(apiserver)} >= {"GPUXidError", "GPUUnhealthy",
                                                                       "GPUHealingReset", "GPUHealthy"})  # fmt: skip
     for reason in ("GPUXidError", "GPUUnhealthy", "GPUHealingReset", "GPUHealthy"):
-        [event] = events(apiserver, reason)  # one Event of each step
+        [event] = node_events(apiserver, reason)  # one Event of each step
         assert event["involvedObject"] == {"apiVersion": "v1", "kind": "Node", "name": NODE, "uid": NODE}
         assert "GPU 1 (GPU-x1)" in event["message"] and event["count"] == 1
-    assert "XID 48" in events(apiserver, "GPUXidError")[0]["message"]
-    assert "after a reset" in events(apiserver, "GPUHealthy")[0]["message"]
-    assert events(apiserver, "GPUUnhealthy")[0]["type"] == "Warning"
+    assert "XID 48" in node_events(apiserver, "GPUXidError")[0]["message"]
+    assert "after a reset" in node_events(apiserver, "GPUHealthy")[0]["message"]
+    assert node_events(apiserver, "GPUUnhealthy")[0]["type"] == "Warning"
     assert metric(daemon, "ix_device_plugin_healing_resets_total", result="ok") == 1
     assert metric(daemon, "ix_device_plugin_healing_outcomes_total", outcome="healed") == 1
     assert metric(daemon, "ix_device_plugin_gpu_out_of_service_seconds_count") == 1
@@ -152,13 +124,13 @@ async def test_a_chip_held_by_a_pod_waits_until_it_is_released(
     view = await kubelet.wait_registered(RESOURCE, capacity=2)
     await kubelet.allocate(RESOURCE, [["GPU-x1"]])
     pod_resources.pods = {("ml", "trainer-0"): {"main": {RESOURCE: ["GPU-x1"]}}}
-    inject(conf, 1, 63)
+    inject_xid(conf, 1, 63)
     await kubelet.wait_for(lambda: view.devices["GPU-x1"] == UNHEALTHY, timeout=3)
-    await until(lambda: bool(events(apiserver, "GPUHealingWaiting")))
+    await until(lambda: bool(node_events(apiserver, "GPUHealingWaiting")))
     await asyncio.sleep(1.0)  # settle time and several looks at pod-resources
     assert ixsmi.runs() == []
     assert view.devices["GPU-x1"] == UNHEALTHY
-    [waiting] = events(apiserver, "GPUHealingWaiting")
+    [waiting] = node_events(apiserver, "GPUHealingWaiting")
     assert "held by ml/trainer-0 (main)" in waiting["message"]
     with pytest.raises(Exception, match="Unhealthy"):
         await kubelet.allocate(RESOURCE, [["GPU-x1"]])  # nothing new lands on it meanwhile
@@ -181,7 +153,7 @@ async def test_a_failing_reset_is_retried_within_the_bound_then_needs_an_operato
     daemon = await start_healing(start_daemon, apiserver, pod_resources, libs, short_dir, ixsmi)
     view = await kubelet.wait_registered(RESOURCE, capacity=2)
     seen: list[str] = []
-    inject(conf, 0, 48)
+    inject_xid(conf, 0, 48)
     await kubelet.wait_for(lambda: view.devices["GPU-x0"] == UNHEALTHY, timeout=3)
     async with asyncio.timeout(10):
         while metric(daemon, "ix_device_plugin_healing_outcomes_total", outcome="needs_operator") < 1:
@@ -190,13 +162,13 @@ async def test_a_failing_reset_is_retried_within_the_bound_then_needs_an_operato
     assert set(seen) == {UNHEALTHY}  # never Healthy in between
     assert ixsmi.runs() == ["-r -i GPU-x0"] * 3
     assert metric(daemon, "ix_device_plugin_healing_resets_total", result="failed") == 3
-    await asyncio.sleep(FAST.backoff_cap + 0.3)
+    await asyncio.sleep(FAST_HEALING.backoff_cap + 0.3)
     assert len(ixsmi.runs()) == 3 and view.devices["GPU-x0"] == UNHEALTHY  # no fourth attempt
-    await until(lambda: bool(events(apiserver, "GPUNeedsOperator")))
-    [needs] = events(apiserver, "GPUNeedsOperator")
+    await until(lambda: bool(node_events(apiserver, "GPUNeedsOperator")))
+    [needs] = node_events(apiserver, "GPUNeedsOperator")
     assert "3 resets failed" in needs["message"] and "exited with code 3" in needs["message"]
     assert f"{RETURN_ANNOTATION}=GPU-x0" in needs["message"]
-    assert len(events(apiserver, "GPUHealingFailed")) == 3
+    assert len(node_events(apiserver, "GPUHealingFailed")) == 3
 
     ixsmi.code.write_text("0")  # the operator fixed it; the agent is not restarted
     node = apiserver.get("nodes", NODE)
@@ -205,7 +177,7 @@ async def test_a_failing_reset_is_retried_within_the_bound_then_needs_an_operato
     apiserver.put("nodes", node)
     await kubelet.wait_for(lambda: view.devices["GPU-x0"] == HEALTHY, timeout=10)
     assert ixsmi.runs() == ["-r -i GPU-x0"] * 4
-    await until(lambda: bool(events(apiserver, "GPUReturnRequested")))
+    await until(lambda: bool(node_events(apiserver, "GPUReturnRequested")))
 
 
 async def test_an_xid_storm_of_one_kind_is_one_event_with_a_count(
@@ -221,11 +193,11 @@ async def test_an_xid_storm_of_one_kind_is_one_event_with_a_count(
     daemon = await start_healing(start_daemon, apiserver, pod_resources, libs, short_dir, ixsmi)
     await kubelet.wait_registered(RESOURCE, capacity=2)
     pod_resources.pods = {("ml", "trainer-0"): {"main": {RESOURCE: ["GPU-x1"]}}}  # it waits: no reset mid-storm
-    inject(conf, 1, 94, times=100)
+    inject_xid(conf, 1, 94, times=100)
     await until(lambda: metric(daemon, "ix_device_plugin_xid_events_total", xid="94") == 100, timeout=20)
-    await until(lambda: [e.get("count") for e in events(apiserver, "GPUXidError")] == [100], timeout=15)
+    await until(lambda: [e.get("count") for e in node_events(apiserver, "GPUXidError")] == [100], timeout=15)
     writes = event_writes(apiserver)
-    distinct = len(events(apiserver))  # the XID, the health change, the wait
+    distinct = len(node_events(apiserver))  # the XID, the health change, the wait
     assert writes <= distinct + 3, f"{writes} API writes for {distinct} Events of 100 XIDs"
 
 
@@ -247,7 +219,7 @@ async def test_a_stop_during_healing_is_prompt_and_leaves_the_handshake_as_other
             start_daemon, apiserver, pod_resources, libs, short_dir, ixsmi, reset_wait_timeout=30.0
         )
         view = await kubelet.wait_registered(RESOURCE, capacity=2)
-        inject(conf, 1, 48)
+        inject_xid(conf, 1, 48)
         await kubelet.wait_for(lambda: view.devices["GPU-x1"] == UNHEALTHY, timeout=3)
         await until(lambda: (reset_document(apiserver) or ResetInfo(NODE)).reset, timeout=5)  # asking it to let go
         started = time.monotonic()
@@ -274,7 +246,7 @@ async def test_a_stop_while_ixsmi_runs_waits_for_it_and_says_the_reset_is_over(
     ixsmi.delay.write_text("1")
     daemon = await start_healing(start_daemon, apiserver, pod_resources, libs, short_dir, ixsmi)
     view = await kubelet.wait_registered(RESOURCE, capacity=2)
-    inject(conf, 1, 48)
+    inject_xid(conf, 1, 48)
     await kubelet.wait_for(lambda: view.devices["GPU-x1"] == UNHEALTHY, timeout=3)
     await until(lambda: ixsmi.runs() != [], timeout=5)
     started = time.monotonic()
@@ -288,16 +260,9 @@ async def test_without_api_access_auto_leaves_the_chip_out_and_says_why(
     kubelet: KubeletStandIn, start_daemon: DaemonFactory, libs: dict[str, Path], conf: Path, short_dir: Path
 ) -> None:
     ixsmi = Ixsmi(short_dir)
-    (short_dir / "dev").mkdir()
-    for minor in (0, 1):
-        (short_dir / "dev" / f"iluvatar{minor}").touch()
-    daemon = await start_daemon(
-        backend_factory=lambda: IxmlBackend(str(libs["full"]), dev_root=short_dir, ixsmi_path=ixsmi.path),
-        health_interval=0.1,
-        healing_rules=FAST,
-    )
+    daemon = await start_daemon(**over_double(libs, short_dir, ixsmi))
     view = await kubelet.wait_registered(RESOURCE, capacity=2)
-    inject(conf, 1, 48)
+    inject_xid(conf, 1, 48)
     await kubelet.wait_for(lambda: view.devices["GPU-x1"] == UNHEALTHY, timeout=3)
     await asyncio.sleep(0.6)
     assert ixsmi.runs() == []
@@ -315,18 +280,13 @@ async def test_self_healing_true_resets_without_api_access(
     short_dir: Path,
 ) -> None:
     ixsmi = Ixsmi(short_dir)
-    (short_dir / "dev").mkdir()
-    for minor in (0, 1):
-        (short_dir / "dev" / f"iluvatar{minor}").touch()
     await start_daemon(
-        backend_factory=lambda: IxmlBackend(str(libs["full"]), dev_root=short_dir, ixsmi_path=ixsmi.path),
-        health_interval=0.1,
-        healing_rules=FAST,
+        **over_double(libs, short_dir, ixsmi),
         given=config_flags(self_healing="true"),
         pod_resources_socket=pod_resources.socket_path,
     )
     view = await kubelet.wait_registered(RESOURCE, capacity=2)
-    inject(conf, 0, 48)
+    inject_xid(conf, 0, 48)
     await kubelet.wait_for(lambda: view.devices["GPU-x0"] == UNHEALTHY, timeout=3)
     await kubelet.wait_for(lambda: view.devices["GPU-x0"] == HEALTHY, timeout=10)
     assert ixsmi.runs() == ["-r -i GPU-x0"]
@@ -345,7 +305,7 @@ async def test_an_operator_error_is_not_reset_and_a_health_error_that_stays_fail
     conf.write_text(TWO_CHIPS.replace("minor=1 ", "minor=1 health=0x10 "))  # ECC on GPU-x1, which no reset clears
     daemon = await start_healing(start_daemon, apiserver, pod_resources, libs, short_dir, ixsmi)
     view = await kubelet.wait_registered(RESOURCE, capacity=2)
-    inject(conf, 0, 79)  # fallen off the bus: an operator's
+    inject_xid(conf, 0, 79)  # fallen off the bus: an operator's
     await until(lambda: metric(daemon, "ix_device_plugin_healing_outcomes_total", outcome="needs_operator") == 2,
                 timeout=15)  # fmt: skip
     assert ixsmi.runs() == ["-r -i GPU-x1"] * 3

@@ -24,15 +24,10 @@ from ix_device_plugin.settings.resolve import resolve
 from ix_device_plugin.settings.table import RUN
 from ix_device_plugin.standins.kubelet import KubeletStandIn
 
-from support import RESOURCE, DaemonFactory, metric
+from support import RESOURCE, TWO_CHIPS, DaemonFactory, inject_xid, metric
 
 XID_EVENTS = "ix_device_plugin_xid_events_total"
 LAST_POLL = "ix_device_plugin_last_health_poll_timestamp_seconds"
-
-TWO_CHIPS = (
-    'device uuid=GPU-x0 name="Iluvatar BI-V100" minor=0 bus=00000000:8A:00.0\n'
-    'device uuid=GPU-x1 name="Iluvatar BI-V100" minor=1 bus=00000000:8B:00.0\n'
-)
 
 
 class Sink:
@@ -55,24 +50,11 @@ class Sink:
             return list(self.events)
 
 
-@pytest.fixture
-def conf(short_dir: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    path = short_dir / "double.conf"
-    path.write_text(TWO_CHIPS)
-    monkeypatch.setenv("IXML_DOUBLE_CONFIG", str(path))
-    return path
-
-
 async def eventually(predicate: Callable[[], bool], timeout: float = 3.0) -> None:
     """Wait until predicate() holds, checking every 20 ms; raises TimeoutError."""
     async with asyncio.timeout(timeout):
         while not predicate():
             await asyncio.sleep(0.02)
-
-
-def inject(conf: Path, index: int, xid: int) -> None:
-    with conf.open("a") as stream:
-        stream.write(f"xid={index},{xid}\n")
 
 
 def waiting_backend(library: Path, sink: Sink) -> IxmlBackend:
@@ -90,7 +72,7 @@ def test_an_xid_reaches_the_sink_from_a_thread_of_its_own(libs: dict[str, Path],
     sink = Sink()
     backend = waiting_backend(libs["full"], sink)
     try:
-        inject(conf, 1, 79)
+        inject_xid(conf, 1, 79)
         assert sink.wait(1) == [XidEvent(uuid="GPU-x1", xid=79)]
         assert sink.threads == {"ix-xid-events"}
     finally:
@@ -113,7 +95,7 @@ def test_the_waiter_is_registered_again_after_a_close(libs: dict[str, Path], con
     backend.close()  # as reset() does before ixsmi -r
     backend.discover()
     try:
-        inject(conf, 0, 48)
+        inject_xid(conf, 0, 48)
         assert sink.wait(1) == [XidEvent(uuid="GPU-x0", xid=48)]
     finally:
         backend.close()
@@ -131,7 +113,7 @@ def test_a_reset_stops_the_waiter_and_a_rediscovery_watches_new_chips(libs: dict
     conf.write_text(TWO_CHIPS + 'device uuid=GPU-x2 name="Iluvatar BI-V100" minor=2 bus=00000000:8C:00.0\n')
     backend.discover()
     try:
-        inject(conf, 2, 94)
+        inject_xid(conf, 2, 94)
         assert sink.wait(1) == [XidEvent(uuid="GPU-x2", xid=94)]
     finally:
         backend.close()
@@ -175,7 +157,7 @@ def test_without_the_event_calls_health_is_polled_only_said_once(
     sink = Sink()
     backend = waiting_backend(libs["no_events"], sink)
     backend.discover()
-    inject(conf, 0, 79)
+    inject_xid(conf, 0, 79)
     time.sleep(0.2)
     backend.close()
     said = [r.getMessage() for r in caplog.records if "no IXML XID events" in r.getMessage()]
@@ -192,8 +174,8 @@ def test_chips_that_do_not_support_events_are_left_to_polling(
     sink = Sink()
     backend = waiting_backend(libs["full"], sink)
     try:
-        inject(conf, 0, 79)  # on the chip without events: not delivered
-        inject(conf, 1, 74)
+        inject_xid(conf, 0, 79)  # on the chip without events: not delivered
+        inject_xid(conf, 1, 74)
         assert sink.wait(1) == [XidEvent(uuid="GPU-x1", xid=74)]
         assert "not supported on GPU-x0" in caplog.text
     finally:
@@ -216,7 +198,7 @@ def test_a_rediscovery_keeps_the_waiter_when_a_chip_without_events_is_still_ther
     try:
         backend.discover()
         backend.discover()
-        inject(conf, 1, 74)
+        inject_xid(conf, 1, 74)
         assert sink.wait(1) == [XidEvent(uuid="GPU-x1", xid=74)]
     finally:
         backend.close()
@@ -260,8 +242,8 @@ async def test_xid_while_a_container_runs_turns_its_device_unhealthy(
     assert set(view.devices.values()) == {HEALTHY}
     await kubelet.allocate(RESOURCE, [["GPU-x1"]])  # a container now holds GPU-x1
 
-    inject(conf, 1, 13)  # an application XID: ignored by default, counted
-    inject(conf, 1, 79)
+    inject_xid(conf, 1, 13)  # an application XID: ignored by default, counted
+    inject_xid(conf, 1, 79)
     await kubelet.wait_for(lambda: view.devices["GPU-x1"] == UNHEALTHY, timeout=3)
     assert view.devices["GPU-x0"] == HEALTHY
     device = daemon.plan.by_id["GPU-x1"]
@@ -293,7 +275,7 @@ async def test_an_xid_listed_in_disable_healthchecks_leaves_the_device_healthy(
         ignored_health_errors=frozenset({"XID 79"}),
     )
     view = await kubelet.wait_registered(RESOURCE, capacity=2)
-    inject(conf, 0, 79)
+    inject_xid(conf, 0, 79)
     await eventually(lambda: metric(daemon, XID_EVENTS, xid="79") == 1)
     assert view.devices["GPU-x0"] == HEALTHY
     assert daemon.plan.by_id["GPU-x0"].healthy

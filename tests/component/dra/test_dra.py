@@ -8,7 +8,7 @@ import logging
 
 import pytest
 import yaml
-from dra_support import DraNode
+from dra_support import DraNode, answer
 
 from ix_device_plugin.dra.checkpoint import CHECKPOINT_FILE
 from ix_device_plugin.dra.claimspec import cdi_spec_file
@@ -18,10 +18,6 @@ from ix_device_plugin.standins.apiserver import ApiServerStandIn
 from ix_device_plugin.standins.dra_kubelet import DraKubeletStandIn, RegistrationRefused
 
 VERSIONS = ("v1.DRAPlugin", "v1beta1.DRAPlugin")
-
-
-def answer(response, uid: str):
-    return response.claims[uid]
 
 
 def chip_uuids(node: DraNode) -> dict[str, str]:
@@ -111,13 +107,13 @@ async def test_prepare_and_unprepare_round_trip(node: DraNode, version: str) -> 
         f"IX_REPLICA_DEVICES={visible}",
         f"ILUVATAR_COREX_REPLICA_DEVICES={visible}",
     ]
-    checkpoint = json.loads((node.root / "plugins" / DRIVER / CHECKPOINT_FILE).read_text())
+    checkpoint = json.loads(node.checkpoint_file.read_text())
     assert list(checkpoint["claims"]) == [uid]
 
     unprepared = await kubelet.unprepare([claim], version)
     assert answer(unprepared, uid).error == ""
     assert not (node.cdi_dir / cdi_spec_file(uid)).exists()
-    checkpoint = json.loads((node.root / "plugins" / DRIVER / CHECKPOINT_FILE).read_text())
+    checkpoint = json.loads(node.checkpoint_file.read_text())
     assert checkpoint["claims"] == {}
     again = await kubelet.unprepare([claim], version)  # idempotent
     assert answer(again, uid).error == ""

@@ -8,7 +8,7 @@ import logging
 from typing import Any
 
 import pytest
-from dra_support import DraNode
+from dra_support import DraNode, answer
 
 from ix_device_plugin.dra import publisher
 from ix_device_plugin.dra.pool import MANAGED_BY, slice_base_name
@@ -19,10 +19,6 @@ from support import until
 
 CHIPS = ["gpu-0", "gpu-1", "gpu-2", "gpu-3"]
 BROKEN_CHIP = [{"product": "BI-V150"}, {"product": "BI-V150", "chips": [None, {"health": ["ECC"]}]}]
-
-
-def answer(response, uid: str):  # type: ignore[no-untyped-def]
-    return response.claims[uid]
 
 
 def slice_writes(api: ApiServerStandIn) -> list[str]:

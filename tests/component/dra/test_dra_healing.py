@@ -6,37 +6,20 @@ from __future__ import annotations
 import asyncio
 import fcntl
 import os
-from pathlib import Path
 from typing import Any
 
 from dra_support import TWO_BOARDS, DraNode
-from reset_support import IxsmiBackend, fake_ixsmi
+from reset_support import FAST_HEALING, Ixsmi, IxsmiBackend, node_events
 
-from ix_device_plugin.core.healing import Rules
 from ix_device_plugin.dra.driver import DraDriver
 from ix_device_plugin.dra.slices import UNHEALTHY_TAINT
 from ix_device_plugin.dra.state import RESET_LOCK_FILE
-from ix_device_plugin.healing.events import EVENT_NAMESPACE
 from ix_device_plugin.healing.wayback import RETURN_ANNOTATION
 from ix_device_plugin.standins.apiserver import ApiServerStandIn
 
 from support import until
 
-FAST = Rules(attempts=3, backoff=0.2, backoff_cap=1.0, refused_wait=0.5, settle=0.2)
 STEPS = ("GPUXidError", "GPUUnhealthy", "GPUHealingReset", "GPUHealthy")
-
-
-class Ixsmi:
-    """A fake ixsmi recording its arguments; sleeps as long as its `delay` file says."""
-
-    def __init__(self, directory: Path) -> None:
-        self.calls = directory / "ixsmi-calls"
-        self.delay = directory / "ixsmi-delay"
-        self.delay.write_text("0")
-        self.path = fake_ixsmi(directory / "ixsmi", f'echo "$@" >> {self.calls}; sleep $(cat {self.delay})')
-
-    def runs(self) -> list[str]:
-        return self.calls.read_text().splitlines() if self.calls.exists() else []
 
 
 def with_xid(xid: int) -> list[dict[str, Any]]:
@@ -45,15 +28,13 @@ def with_xid(xid: int) -> list[dict[str, Any]]:
 
 
 async def start(node: DraNode, ixsmi: Ixsmi) -> DraDriver:
-    return await node.start(backend_factory=lambda: IxsmiBackend(node.devices_file, ixsmi.path), healing_rules=FAST)
+    return await node.start(
+        backend_factory=lambda: IxsmiBackend(node.devices_file, ixsmi.path), healing_rules=FAST_HEALING
+    )
 
 
 def tainted(devices: dict[str, dict[str, Any]], name: str) -> bool:
     return any(taint["key"] == UNHEALTHY_TAINT for taint in devices.get(name, {}).get("taints", []))
-
-
-def events(api: ApiServerStandIn, reason: str) -> list[dict[str, Any]]:
-    return [e for e in api.objects("events") if e["metadata"]["namespace"] == EVENT_NAMESPACE and e["reason"] == reason]
 
 
 def uuid_of(node: DraNode, name: str) -> str:
@@ -73,9 +54,9 @@ async def test_an_xid_on_a_free_chip_is_reset_and_the_taint_goes(node: DraNode, 
     await node.wait_slice(lambda devices: not tainted(devices, "gpu-1") and not tainted(devices, "board-0"), timeout=10)
     await health.wait_for(lambda watch: watch.devices["gpu-1"] == ("HEALTHY", ""))
     assert ixsmi.runs() == [f"-r -i {chip}"]  # that chip only
-    await until(lambda: all(events(api, reason) for reason in STEPS))
+    await until(lambda: all(node_events(api, reason) for reason in STEPS))
     for reason in STEPS:
-        [event] = events(api, reason)
+        [event] = node_events(api, reason)
         assert f"GPU 1 ({chip})" in event["message"] and event["involvedObject"]["name"] == node.node
     claim = node.claim("after", ["gpu-1"])
     assert (await kubelet.prepare([claim])).claims[claim[2]].error == ""  # a new claim can take the chip
@@ -98,10 +79,10 @@ async def test_a_chip_held_by_a_prepared_claim_waits_until_it_is_unprepared(
     assert (await kubelet.prepare([board])).claims[board[2]].error == ""
     node.write_boards(with_xid(63))
     await node.wait_slice(lambda devices: tainted(devices, "gpu-1"))
-    await until(lambda: bool(events(api, "GPUHealingWaiting")))
+    await until(lambda: bool(node_events(api, "GPUHealingWaiting")))
     await asyncio.sleep(0.8)
     assert ixsmi.runs() == [] and tainted(node.slice_devices(), "gpu-1")
-    assert f"held by claim default/whole-board (uid {board[2]})" in events(api, "GPUHealingWaiting")[0]["message"]
+    assert f"held by claim default/whole-board (uid {board[2]})" in node_events(api, "GPUHealingWaiting")[0]["message"]
     assert (await kubelet.unprepare([board])).claims[board[2]].error == ""
     await node.wait_slice(lambda devices: not tainted(devices, "gpu-1"), timeout=10)
     assert ixsmi.runs() == [f"-r -i {uuid_of(node, 'gpu-1')}"]
@@ -155,7 +136,7 @@ async def test_an_operator_returns_a_chip_through_the_node_the_driver_watches_al
     await node.wait_slice(lambda devices: len(devices) == 6)
     node.write_boards(with_xid(79))
     await node.wait_slice(lambda devices: tainted(devices, "gpu-1"))
-    await until(lambda: bool(events(api, "GPUNeedsOperator")))
+    await until(lambda: bool(node_events(api, "GPUNeedsOperator")))
     await asyncio.sleep(0.5)
     assert ixsmi.runs() == []
     stored = api.get("nodes", node.node)
@@ -164,7 +145,7 @@ async def test_an_operator_returns_a_chip_through_the_node_the_driver_watches_al
     api.put("nodes", stored)
     await node.wait_slice(lambda devices: not tainted(devices, "gpu-1"), timeout=10)
     assert ixsmi.runs() == [f"-r -i {uuid_of(node, 'gpu-1')}"]
-    assert events(api, "GPUReturnRequested")
+    assert node_events(api, "GPUReturnRequested")
     node_watches = [r for r in api.requests if r.path.endswith("/nodes") and r.query.get("watch") in ("true", "1")]
     assert len(node_watches) == 1  # one watch of the Node, not one more for the annotation
 
@@ -176,7 +157,9 @@ async def test_only_the_pod_holding_the_nodes_role_heals(node: DraNode, api: Api
     first = await start(node, ixsmi)
     await node.wait_slice(lambda devices: len(devices) == 6)
     second = await node.start(
-        backend_factory=lambda: IxsmiBackend(node.devices_file, ixsmi.path), healing_rules=FAST, pod_uid="pod-two"
+        backend_factory=lambda: IxsmiBackend(node.devices_file, ixsmi.path),
+        healing_rules=FAST_HEALING,
+        pod_uid="pod-two",
     )
     assert first.role.held and not second.role.held
     node.write_boards(with_xid(48))
@@ -184,4 +167,4 @@ async def test_only_the_pod_holding_the_nodes_role_heals(node: DraNode, api: Api
     await node.wait_slice(lambda devices: not tainted(devices, "gpu-1") and bool(ixsmi.runs()), timeout=10)
     await asyncio.sleep(0.8)
     assert len(ixsmi.runs()) == 1  # the acting pod's reset only
-    assert len(events(api, "GPUUnhealthy")) == 1 and len(events(api, "GPUHealingReset")) == 1
+    assert len(node_events(api, "GPUUnhealthy")) == 1 and len(node_events(api, "GPUHealingReset")) == 1

@@ -14,21 +14,13 @@ from pathlib import Path
 
 import pytest
 import yaml
-from dra_support import DraNode
+from dra_support import DraNode, answer
 
 from ix_device_plugin.dra.checkpoint import CHECKPOINT_FILE
 from ix_device_plugin.dra.claimspec import cdi_spec_file
 from ix_device_plugin.dra.slices import DRIVER
 from ix_device_plugin.runtime.errors import StartupError
 from ix_device_plugin.standins.apiserver import ApiServerStandIn
-
-
-def answer(response, uid: str):  # type: ignore[no-untyped-def]
-    return response.claims[uid]
-
-
-def checkpoint_path(node: DraNode) -> Path:
-    return node.root / "plugins" / DRIVER / CHECKPOINT_FILE
 
 
 async def test_a_reboot_writes_every_claim_spec_again_before_serving(
@@ -51,7 +43,7 @@ async def test_a_reboot_writes_every_claim_spec_again_before_serving(
     kubelet = await node.kubelet(restarted)
     for claim in claims:
         assert answer(await kubelet.prepare([claim]), claim[2]) == before[claim[2]]
-    assert json.loads(checkpoint_path(node).read_text())["bootID"] == node.boot_id_file.read_text().strip()
+    assert json.loads(node.checkpoint_file.read_text())["bootID"] == node.boot_id_file.read_text().strip()
     await api.accept()
     await kubelet.close()
 
@@ -80,9 +72,9 @@ async def test_a_corrupt_checkpoint_is_moved_aside_and_its_claims_rebuilt_from_t
     first = answer(await kubelet.prepare([claim]), claim[2])
     await kubelet.close()
     await node.stop(driver)
-    checkpoint_path(node).write_bytes(b'{"version": 1, "claims": {"\xff\xfe": 1}}')  # not UTF-8
+    node.checkpoint_file.write_bytes(b'{"version": 1, "claims": {"\xff\xfe": 1}}')  # not UTF-8
     restarted = await node.start()
-    assert list(checkpoint_path(node).parent.glob(f"{CHECKPOINT_FILE}.corrupt-*"))
+    assert list(node.checkpoint_file.parent.glob(f"{CHECKPOINT_FILE}.corrupt-*"))
     assert "1 claims rebuilt from their CDI specs" in caplog.text
     kubelet = await node.kubelet(restarted)
     rival = node.claim("rival", ["gpu-2"])
@@ -93,7 +85,7 @@ async def test_a_corrupt_checkpoint_is_moved_aside_and_its_claims_rebuilt_from_t
 
 
 async def test_a_checkpoint_of_a_newer_driver_stops_the_start_and_is_kept(node: DraNode) -> None:
-    path = checkpoint_path(node)
+    path = node.checkpoint_file
     path.parent.mkdir(parents=True)
     path.write_text(json.dumps({"version": 2, "claims": {"u": {}}}))
     with pytest.raises(StartupError, match="checkpoint version 2 was written by a newer driver"):

@@ -4,21 +4,17 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import threading
-import time
 import urllib.request
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from dra_support import NODE, DraNode, gpu_config
 from prometheus_client.parser import text_string_to_metric_families
+from reset_support import Watched
 
-from ix_device_plugin.core.inventory import Inventory
-from ix_device_plugin.core.telemetry import ChipSample
 from ix_device_plugin.dra.driver import DraDriver
 from ix_device_plugin.dra.slices import DRIVER
-from ix_device_plugin.hardware.simulated import SimulatedBackend
 from ix_device_plugin.settings.config import Config
 from ix_device_plugin.standins.kubelet import KubeletStandIn
 from ix_device_plugin.standins.podresources import ClaimResource, PodClaim, PodResourcesStandIn
@@ -250,29 +246,8 @@ async def test_the_dra_driver_exports_the_node_state_the_dashboard_reads(node: D
     assert not any(name.startswith("ix_gpu_") for name, _ in found)  # telemetry is off
 
 
-class Watched(SimulatedBackend):
-    """Chips whose reset takes a while; records what telemetry did meanwhile."""
-
-    def __init__(self, devices: Path) -> None:
-        super().__init__(str(devices))
-        self.events: list[str] = []
-
-    def reset(self, uuids: Sequence[str], timeout: float, abort: threading.Event | None = None) -> None:
-        self.events.append("reset begins")
-        time.sleep(0.3)
-        self.events.append("reset ends")
-        super().reset(uuids, timeout, abort)
-
-    def sample(self, inventory: Inventory) -> dict[str, ChipSample]:
-        self.events.append("sample")
-        return super().sample(inventory)
-
-    def close(self) -> None:
-        self.events.append("close")
-
-
 async def test_telemetry_lets_go_of_the_library_while_a_claims_chips_are_reset(node: DraNode) -> None:
-    backend = Watched(node.devices_file)
+    backend = Watched(node.devices_file, reset_seconds=0.3)
     driver = await node.start(backend_factory=lambda: backend, telemetry_interval=0.05, reset_timeout=5.0)
     await until(lambda: "sample" in backend.events)
     kubelet = await node.kubelet(driver)

@@ -22,7 +22,7 @@ from typing import Any
 import grpc
 import pytest
 import yaml
-from dra_support import DraNode, gpu_config
+from dra_support import DraNode, answer, gpu_config
 
 from ix_device_plugin.dra.checkpoint import CHECKPOINT_FILE
 from ix_device_plugin.dra.claimspec import cdi_spec_file
@@ -40,16 +40,8 @@ from support import until
 EXPORTER = "ix-exporter"
 
 
-def answer(response: Any, uid: str) -> Any:
-    return response.claims[uid]
-
-
-def checkpoint_path(node: DraNode) -> Path:
-    return node.root / "plugins" / DRIVER / CHECKPOINT_FILE
-
-
 def checkpoint(node: DraNode) -> dict[str, Any]:
-    return json.loads(checkpoint_path(node).read_text())
+    return json.loads(node.checkpoint_file.read_text())
 
 
 # ---- a driver in a process of its own ----------------------------------------------------------------------
@@ -239,7 +231,7 @@ async def test_a_corrupt_checkpoint_and_a_malformed_claim_spec_forget_nothing_ov
         assert answer(await kubelet.prepare([claim]), claim[2]).error == ""
     await kubelet.close()
     await node.stop(driver)
-    checkpoint_path(node).write_text("{not json")
+    node.checkpoint_file.write_text("{not json")
     bad_spec = node.cdi_dir / cdi_spec_file(broken[2])
     document = yaml.safe_load(bad_spec.read_text())
     document["devices"][0]["containerEdits"]["deviceNodes"][0]["path"] = "/dev/iluvatar" + "9" * 5000
@@ -248,7 +240,7 @@ async def test_a_corrupt_checkpoint_and_a_malformed_claim_spec_forget_nothing_ov
     first = await node.start()  # the first start
     assert f"{bad_spec}: skipped, not a claim spec this driver can read" in caplog.text
     assert "1 claims rebuilt from their CDI specs" in caplog.text
-    assert list(checkpoint_path(node).parent.glob(f"{CHECKPOINT_FILE}.corrupt-*"))  # kept for the operator
+    assert list(node.checkpoint_file.parent.glob(f"{CHECKPOINT_FILE}.corrupt-*"))  # kept for the operator
     assert set(checkpoint(node)["claims"]) == {held[2]}  # the rebuilt one, written
     await node.stop(first)
     second = await node.start()  # the next start: nothing more is lost
@@ -275,7 +267,7 @@ async def test_a_checkpoint_device_entry_of_the_wrong_type_is_set_aside_and_list
     await node.stop(driver)
     document = checkpoint(node)
     document["claims"][claim[2]]["devices"][0] = entry
-    checkpoint_path(node).write_text(json.dumps(document))
+    node.checkpoint_file.write_text(json.dumps(document))
     listed = list_dra(node)
     assert listed.returncode == 1 and "Traceback" not in listed.stderr
     assert f"claims.{claim[2]}.devices[0]: expected an object, got " in listed.stderr
@@ -298,7 +290,7 @@ async def test_a_hand_edited_checkpoint_uid_that_climbs_out_writes_no_file_outsi
     await node.stop(driver)
     document = checkpoint(node)
     document["claims"]["../../escaped"] = document["claims"].pop(claim[2])
-    checkpoint_path(node).write_text(json.dumps(document))
+    node.checkpoint_file.write_text(json.dumps(document))
     node.reboot()  # the specs are written again at start: from the checkpoint's UIDs, were they trusted
     await node.start()
     assert not list(node.root.rglob("*escaped*")) and not list(node.root.parent.glob("*escaped*"))
@@ -312,7 +304,7 @@ async def test_a_checkpoint_corrupted_while_the_driver_runs_is_rebuilt_at_the_ne
     kubelet = await node.kubelet(driver)
     held = node.claim("held", ["gpu-0"])
     assert answer(await kubelet.prepare([held]), held[2]).error == ""
-    checkpoint_path(node).write_text('{"version": 1, "claims": {"x": null}}')
+    node.checkpoint_file.write_text('{"version": 1, "claims": {"x": null}}')
     fresh = node.claim("fresh", ["gpu-1"])
     assert answer(await kubelet.prepare([fresh]), fresh[2]).error == ""  # not failed until a restart
     assert "claims.x: expected an object, got null" in caplog.text

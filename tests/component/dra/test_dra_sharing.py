@@ -12,11 +12,10 @@ from typing import Any
 
 import pytest
 import yaml
-from dra_support import DraNode, gpu_config
+from dra_support import DraNode, answer, gpu_config
 from prometheus_client.parser import text_string_to_metric_families
 
 from ix_device_plugin.core.inventory import Inventory
-from ix_device_plugin.dra.checkpoint import CHECKPOINT_FILE
 from ix_device_plugin.dra.claimspec import cdi_spec_file
 from ix_device_plugin.dra.prepared import ClaimRef
 from ix_device_plugin.dra.slices import DRIVER, slice_content
@@ -26,10 +25,6 @@ from ix_device_plugin.settings.config import Config
 from ix_device_plugin.standins.apiserver import ApiServerStandIn
 
 SHARED = Config(splitboard=True, replicas=4)
-
-
-def answer(response: Any, uid: str) -> Any:
-    return response.claims[uid]
 
 
 async def settled(api: ApiServerStandIn) -> None:
@@ -88,7 +83,7 @@ async def test_four_shares_of_one_chip_and_unpreparing_one_leaves_three(node: Dr
     assert sorted(p.name for p in node.cdi_dir.glob("*.yaml")) == sorted(
         cdi_spec_file(c[2]) for c in shares if c != shares[1]
     )
-    checkpoint = json.loads((node.root / "plugins" / DRIVER / CHECKPOINT_FILE).read_text())
+    checkpoint = json.loads(node.checkpoint_file.read_text())
     assert sorted(d["slots"] for c in checkpoint["claims"].values() for d in c["devices"]) == [[0], [2], [3]]
     assert answer(await kubelet.prepare([fifth]), fifth[2]).error == ""  # the freed share
     values = metrics(driver.metrics.render())
