@@ -9,6 +9,7 @@ import signal
 import sys
 import time
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,7 @@ from bench import (
     dra,
     dra_api,
     dra_node,
+    fleet,
     footprint,
     healing,
     health,
@@ -67,7 +69,19 @@ RUNNERS: dict[str, Runner] = {
     "dra_node": _single("dra_node", dra_node.run),
     "api_features": _single("api_features", api_features.run),
     "healing": _single("healing", healing.run),
+    "fleet": _single("fleet", fleet.run),
 }
+OPT_IN = frozenset({"fleet"})  # run only when named: it needs the end-to-end build and takes tens of minutes
+
+
+def _sizes(text: str) -> tuple[int, ...]:
+    try:
+        sizes = tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected whole numbers separated by commas, got {text!r}") from None
+    if not sizes or min(sizes) < 1:
+        raise argparse.ArgumentTypeError(f"expected fleet sizes of at least 1 node, got {text!r}")
+    return sizes
 
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
@@ -79,8 +93,15 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         "--only",
         action="append",
         choices=sorted(RUNNERS),
-        help="run only this benchmark (repeatable; latency has the baseline)",
+        help="run only this benchmark (repeatable; latency has the baseline; fleet runs only when named)",
     )
+    parser.add_argument(
+        "--fleet-nodes",
+        type=_sizes,
+        help="fleet sizes of --only fleet, comma-separated (full run: 100,250,500; smoke: 5)",
+    )
+    parser.add_argument("--fleet-pods", type=int, help="pods per shape of --only fleet (full run: 1000)")
+    parser.add_argument("--fleet-rest-seconds", type=float, help="the fleet's measured windows at rest (full run: 60)")
     return parser.parse_args(argv)
 
 
@@ -99,11 +120,20 @@ async def run_all(settings: Settings, names: Sequence[str]) -> dict[str, Any]:
     return sections
 
 
+def _with_fleet(settings: Settings, args: argparse.Namespace) -> Settings:
+    chosen = {
+        "fleet_nodes": args.fleet_nodes,
+        "fleet_pods": args.fleet_pods,
+        "fleet_rest_seconds": args.fleet_rest_seconds,
+    }
+    return replace(settings, **{name: value for name, value in chosen.items() if value is not None})
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the benchmarks, print the table and write the JSON results."""
     args = parse_args(sys.argv[1:] if argv is None else argv)
-    settings = SMOKE if args.smoke else FULL
-    names = [name for name in RUNNERS if not args.only or name in args.only]
+    settings = _with_fleet(SMOKE if args.smoke else FULL, args)
+    names = [name for name in RUNNERS if (name in args.only if args.only else name not in OPT_IN)]
     started = time.time()
     try:
         sections = asyncio.run(run_all(settings, names))

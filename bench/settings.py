@@ -27,6 +27,9 @@ class Settings:
     placement_runs: int
     healing_runs: int = 10
     healing_storm: int = 1000
+    fleet_nodes: tuple[int, ...] = (100, 250, 500)  # hollow nodes of each fleet size (`--only fleet`)
+    fleet_pods: int = 1000  # pods per shape the scheduler places (fewer where a fleet has less room)
+    fleet_rest_seconds: float = 60.0  # the windows at rest, during XIDs and after an API server restart
 
 
 FULL = Settings(
@@ -63,4 +66,7 @@ SMOKE = Settings(
     placement_runs=20,
     healing_runs=1,
     healing_storm=50,
+    fleet_nodes=(5,),
+    fleet_pods=20,
+    fleet_rest_seconds=3.0,
 )

@@ -1,0 +1,256 @@
+"""Many hollow nodes' DRA drivers in one process: `python -m bench.fleet.agents`, driven by JSON lines on stdin.
+
+Each hollow node runs the real `DraDriver` (its hardware monitor on simulated BI-V150 boards from its own
+devices file, its checkpoint and CDI directory, its slice publisher, its watches of the node's slices and of the
+Node, claim status, the reset record, self-healing) with its own API connection and bearer token. Only the
+kubelet side is left out: no gRPC sockets are served and no probe port is opened (the kubelet's calls are not
+API server traffic).
+
+Commands (one JSON object per line; each is answered with one JSON line once done):
+- `{"cmd": "start", "spec": {...}}`: start one driver per node of spec (see AgentSpec);
+- `{"cmd": "restart", "config": {"splitboard": b, "replicas": n, "plain": b}}`: a config rollout: every driver
+  stopped and started again with the new ix-config at once, as a DaemonSet update with no surge limit does;
+- `{"cmd": "xid", "nodes": [i, ...], "xid": 79}`: the chip 1 of board 0 of these nodes reports the XID;
+- `{"cmd": "counts"}`: the client-side requests and bytes since the last `counts`, then zeroed;
+- `{"cmd": "stop"}`: every driver stopped; the process exits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import sys
+import tempfile
+import time
+from collections import Counter
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from ix_device_plugin.apiserver.settings import InCluster, KubeSettings
+from ix_device_plugin.dra.driver import DraDriver
+from ix_device_plugin.settings.config import Config
+from ix_device_plugin.settings.options import DraOptions, NodeOptions
+from ix_device_plugin.settings.table import DRA
+
+NAMESPACE = "kube-system"
+HEALTH_INTERVAL = 5.0  # the product's default poll is shorter; the fleet's polls read files, not API objects
+
+
+@dataclass(frozen=True)
+class AgentSpec:
+    """What the agent host runs: nodes[i] with token_files[i], against server (trusting ca), boards per node."""
+
+    server: str
+    ca: str
+    nodes: list[str]
+    token_files: list[str]
+    boards: int
+    config: dict[str, Any]
+
+
+class Traffic:
+    """Requests and bytes the agents' HTTP clients sent and received, counted as they happen."""
+
+    def __init__(self) -> None:
+        self.requests: Counter[str] = Counter()
+        self.bytes_sent = 0
+        self.bytes_received = 0
+
+    def install(self, http_client: Any) -> None:
+        """Count every request and answer of this client (an httpx client)."""
+        hooks = http_client.event_hooks
+        http_client.event_hooks = {
+            "request": [*hooks.get("request", []), self._request],
+            "response": [*hooks.get("response", []), self._response],
+        }
+
+    async def _request(self, request: Any) -> None:
+        verb = "WATCH" if request.url.params.get("watch") in ("true", "1") else request.method
+        self.requests[verb] += 1
+        self.bytes_sent += len(request.content or b"") + sum(len(k) + len(v) + 4 for k, v in request.headers.raw)
+
+    async def _response(self, response: Any) -> None:
+        response.stream = _CountedStream(response.stream, self)
+
+    def take(self) -> dict[str, Any]:
+        """The counts so far, zeroed."""
+        counts = {"requests": dict(self.requests), "bytes_sent": self.bytes_sent, "bytes_received": self.bytes_received}
+        self.requests, self.bytes_sent, self.bytes_received = Counter(), 0, 0
+        return counts
+
+
+def _counted_stream_class() -> type:
+    import httpx2
+
+    class CountedStream(httpx2.AsyncByteStream):
+        """An answer's body, counted as it streams in."""
+
+        def __init__(self, stream: Any, traffic: Traffic) -> None:
+            self._stream = stream
+            self._traffic = traffic
+
+        async def __aiter__(self) -> AsyncIterator[bytes]:
+            async for chunk in self._stream:
+                self._traffic.bytes_received += len(chunk)
+                yield chunk
+
+        async def aclose(self) -> None:
+            await self._stream.aclose()
+
+    return CountedStream
+
+
+_CountedStream = _counted_stream_class()
+
+
+class HollowDraDriver(DraDriver):
+    """The DRA driver with no kubelet side; `plain` publishes chips only (no counters, no boards): the baseline."""
+
+    plain = False
+    traffic: Traffic | None = None
+
+    async def _serve(self) -> None:
+        if self.plain and self.publisher is not None:
+            self.publisher.counters = False
+        if self.traffic is not None and self.kube is not None:
+            self.traffic.install(self.kube._client._client._client)
+
+    async def _start_probes(self) -> None:
+        return None
+
+
+class HollowNode:
+    """One hollow node's files and its driver."""
+
+    def __init__(self, root: Path, name: str, token_file: Path, spec: AgentSpec) -> None:
+        self.root = root
+        self.name = name
+        self.devices_file = root / "devices.yaml"
+        self.boards = [{"product": "BI-V150"} for _ in range(spec.boards)]
+        self.write_devices()
+        (root / "boot_id").write_text("boot-1\n")
+        self.settings = KubeSettings(name, NAMESPACE, in_cluster=InCluster(spec.server, token_file, Path(spec.ca)))
+        self.driver: HollowDraDriver | None = None
+
+    def write_devices(self) -> None:
+        self.devices_file.write_text(yaml.safe_dump({"boards": self.boards}))
+
+    def options(self, config: dict[str, Any]) -> DraOptions:
+        base = NodeOptions(
+            mode=DRA,
+            backend="simulated",
+            simulated_devices=str(self.devices_file),
+            dev_root=self.root,
+            sysfs_root=self.root / "sys",
+            cdi_spec_dir=self.root / "cdi",
+            health_interval=HEALTH_INTERVAL,
+            health_address="off",
+        )
+        ix_config = Config(splitboard=bool(config.get("splitboard")), replicas=int(config.get("replicas", 0)))
+        return DraOptions(
+            base=base,
+            node_name=self.name,
+            registrar_dir=self.root / "registry",
+            plugins_dir=self.root / "plugins",
+            config=ix_config,
+            boot_id_path=self.root / "boot_id",
+        )
+
+    async def start(self, config: dict[str, Any], traffic: Traffic) -> None:
+        driver = HollowDraDriver(self.options(config), kube_settings=self.settings)
+        driver.plain = bool(config.get("plain"))
+        driver.traffic = traffic
+        await driver.start()
+        self.driver = driver
+
+    async def stop(self) -> None:
+        if self.driver is not None:
+            await self.driver.shutdown()
+            self.driver = None
+
+    def xid(self, xid: int) -> None:
+        self.boards[0] = {"product": "BI-V150", "chips": [None, {"xids": [xid]}]}
+        self.write_devices()
+
+
+class AgentHost:
+    """The hollow nodes of one process and the commands that drive them."""
+
+    def __init__(self) -> None:
+        self.directory = Path(tempfile.mkdtemp(prefix="ix-fleet-agents-"))
+        self.nodes: list[HollowNode] = []
+        self.traffic = Traffic()
+
+    async def start(self, spec: AgentSpec) -> dict[str, Any]:
+        for index, (name, token) in enumerate(zip(spec.nodes, spec.token_files, strict=True)):
+            root = self.directory / str(index)
+            root.mkdir()
+            self.nodes.append(HollowNode(root, name, Path(token), spec))
+        started = time.perf_counter()
+        await asyncio.gather(*(node.start(spec.config, self.traffic) for node in self.nodes))
+        return {"started_s": round(time.perf_counter() - started, 3)}
+
+    async def restart(self, config: dict[str, Any]) -> dict[str, Any]:
+        started = time.perf_counter()
+        await asyncio.gather(*(node.stop() for node in self.nodes))
+        await asyncio.gather(*(node.start(config, self.traffic) for node in self.nodes))
+        return {"restarted_s": round(time.perf_counter() - started, 3)}
+
+    def xid(self, indices: list[int], xid: int) -> dict[str, Any]:
+        for index in indices:
+            self.nodes[index].xid(xid)
+        return {"xids": len(indices)}
+
+    async def stop(self) -> dict[str, Any]:
+        await asyncio.gather(*(node.stop() for node in self.nodes))
+        return {}
+
+    async def handle(self, command: dict[str, Any]) -> dict[str, Any]:
+        match command.get("cmd"):
+            case "start":
+                return await self.start(AgentSpec(**command["spec"]))
+            case "restart":
+                return await self.restart(command["config"])
+            case "xid":
+                return self.xid(command["nodes"], int(command.get("xid", 79)))
+            case "counts":
+                return self.traffic.take()
+            case "stop":
+                return await self.stop()
+        raise ValueError(f"unknown command {command!r}")
+
+
+async def serve() -> int:
+    """Answer the commands on stdin until `stop` or the end of stdin."""
+    loop = asyncio.get_running_loop()
+    reader = asyncio.StreamReader()
+    await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
+    host = AgentHost()
+    try:
+        while line := await reader.readline():
+            command = json.loads(line)
+            try:
+                answer = {"ok": True, **(await host.handle(command))}
+            except Exception as error:  # reported to the bench, which stops the run with it
+                answer = {"ok": False, "error": f"{type(error).__name__}: {error}"}
+            print(json.dumps(answer), flush=True)
+            if command.get("cmd") == "stop":
+                return 0
+    finally:
+        await host.stop()
+    return 0
+
+
+def main() -> int:
+    logging.basicConfig(level=logging.ERROR, stream=sys.stderr, format="%(name)s: %(message)s")
+    return asyncio.run(serve())
+
+
+if __name__ == "__main__":
+    sys.exit(main())
+

@@ -1,0 +1,132 @@
+"""How fast the real kube-scheduler places GPU pods on the hollow nodes' slices: pods per second and the time from
+a pod's creation to its binding, for one shape of request.
+
+Shapes (each a ResourceClaimTemplate, or the extended resource):
+- chip: one chip (DeviceClass gpu.iluvatar.com), on slices with boards and chips from shared counters;
+- board: one whole board (board.gpu.iluvatar.com), the same slices;
+- extended: `iluvatar.com/gpu: 1` in the container's limits, served through DRA (a whole board per unit);
+- share: one share of a time-sliced chip (consumable capacity; slices of nodes with replicas: 4);
+- plain: one chip, on slices of chips alone (no counters, no boards, no shares): the baseline.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from bench.fleet.admin import EXTENDED_RESOURCE, Admin, Obj, bounded_all
+from bench.stats import percentile
+
+NAMESPACE = "fleet-bench"
+CLASS = {"chip": "gpu.iluvatar.com", "board": "board.gpu.iluvatar.com", "share": "gpu.iluvatar.com", "plain": "gpu.iluvatar.com"}
+BIND_TIMEOUT = 600.0
+CLEAN_TIMEOUT = 300.0
+CREATE_CONCURRENCY = 16
+
+
+@dataclass(frozen=True)
+class Placement:
+    """One pod's creation (when the API server answered its create) and binding (when the watch saw it)."""
+
+    created: float
+    bound: float | None
+
+
+def template(shape: str) -> Obj:
+    request = {"name": "gpu", "exactly": {"deviceClassName": CLASS[shape]}}
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaimTemplate",
+        "metadata": {"name": shape, "namespace": NAMESPACE},
+        "spec": {"spec": {"devices": {"requests": [request]}}},
+    }
+
+
+def pod(shape: str, index: int) -> Obj:
+    container: Obj = {"name": "main", "image": "registry.k8s.io/pause:3.10"}
+    spec: Obj = {"containers": [container], "automountServiceAccountToken": False, "terminationGracePeriodSeconds": 0}
+    if shape == "extended":
+        container["resources"] = {"limits": {EXTENDED_RESOURCE: "1"}}
+    else:
+        container["resources"] = {"claims": [{"name": "gpu"}]}
+        spec["resourceClaims"] = [{"name": "gpu", "resourceClaimTemplateName": shape}]
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": f"{shape}-{index}", "namespace": NAMESPACE}, "spec": spec}
+
+
+async def prepare_namespace(admin: Admin) -> None:
+    """The bench's namespace with its templates, once its default ServiceAccount exists (pods need it)."""
+    await admin.request("POST", "/api/v1/namespaces", {"metadata": {"name": NAMESPACE}})
+    for shape in CLASS:
+        await admin.request("POST", f"/apis/resource.k8s.io/v1/namespaces/{NAMESPACE}/resourceclaimtemplates", template(shape))
+    async with asyncio.timeout(60):
+        while True:
+            with contextlib.suppress(RuntimeError):
+                await admin.request("GET", f"/api/v1/namespaces/{NAMESPACE}/serviceaccounts/default")
+                return
+            await asyncio.sleep(0.5)
+
+
+async def place(admin: Admin, shape: str, count: int) -> dict[str, Any]:
+    """Create count pods of shape at once and wait until they are bound; the throughput and latencies."""
+    pods_path = f"/api/v1/namespaces/{NAMESPACE}/pods"
+    listed = await admin.request("GET", pods_path, limit="1")
+    bound: dict[str, float] = {}
+    everyone_bound = asyncio.Event()
+
+    async def follow() -> None:
+        async for event in admin.watch(pods_path, listed["metadata"]["resourceVersion"]):
+            obj = event.get("object") or {}
+            name = (obj.get("metadata") or {}).get("name", "")
+            if (obj.get("spec") or {}).get("nodeName") and name not in bound:
+                bound[name] = time.time()
+                if len(bound) >= count:
+                    everyone_bound.set()
+
+    watcher = asyncio.create_task(follow())
+    created: dict[str, float] = {}
+
+    async def create(index: int) -> None:
+        manifest = pod(shape, index)
+        await admin.request("POST", pods_path, manifest)
+        created[manifest["metadata"]["name"]] = time.time()
+
+    started = time.time()
+    try:
+        await bounded_all([lambda index=index: create(index) for index in range(count)], CREATE_CONCURRENCY)
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(BIND_TIMEOUT):
+                await everyone_bound.wait()
+    finally:
+        watcher.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await watcher
+    return _placement_figures(shape, count, started, created, bound)
+
+
+def _placement_figures(
+    shape: str, count: int, started: float, created: dict[str, float], bound: dict[str, float]
+) -> dict[str, Any]:
+    latencies = sorted((bound[name] - created[name]) * 1000 for name in created if name in bound)
+    last = max(bound.values(), default=started)
+    return {
+        "shape": shape,
+        "pods": count,
+        "bound": len(latencies),
+        "seconds": round(last - started, 2),
+        "pods_per_second": round(len(latencies) / (last - started), 1) if latencies else 0.0,
+        "bind_p50_ms": round(percentile(latencies, 50), 1) if latencies else None,
+        "bind_p99_ms": round(percentile(latencies, 99), 1) if latencies else None,
+    }
+
+
+async def clean(admin: Admin) -> None:
+    """Delete the bench's pods at once and wait until their claims are gone (their devices free again)."""
+    base = f"/api/v1/namespaces/{NAMESPACE}"
+    claims = f"/apis/resource.k8s.io/v1/namespaces/{NAMESPACE}/resourceclaims"
+    await admin.request("DELETE", f"{base}/pods", gracePeriodSeconds="0")
+    async with asyncio.timeout(CLEAN_TIMEOUT):
+        while await admin.items(f"{base}/pods") or await admin.items(claims):
+            await asyncio.sleep(1.0)
