@@ -5,14 +5,19 @@ each created or replaced at its stored resourceVersion with the pool generation 
 and slices the pool no longer needs deleted; retried with backoff. `republish` writes again even when nothing
 changed here (the kubelet deleted the slices, or someone edited them).
 
-What the API server keeps is learnt from what it stores. Device taints: where it drops them, unhealthy devices
-are left out instead. Shared counters: board devices are published only once the server is known to keep the
-counters that keep a board and its chips apart; where it drops them (DRAPartitionableDevices off) or refuses
-them (a 422 whose causes name the counter fields), the node publishes chips only, and asks the server again
-later (a dry run, after RECHECK_FIRST seconds, doubling up to RECHECK_CAP, with jitter): a server that keeps
-them now gets the boards back. A 422 for any other field is an error like any other, retried. Consumable
-capacity: where it drops `allowMultipleAllocations`, each device is allocated to one claim at a time, which is
-safe, and said once.
+What the API server keeps is learnt from what it stores, and from its answers to server-side dry runs (nothing
+stored, no watch event). Before a write whose content needs shared counters or device taints that the server
+is not known to keep, the pool's slices that hold those fields are sent as a dry run, so that the first write
+is the right one; slices an earlier run stored answer first, so that a restart that changes nothing writes
+nothing. Device taints: where the server drops them, unhealthy devices are left out instead. Shared counters:
+board devices are published only where the server keeps the counters that keep a board and its chips apart;
+where it drops them (DRAPartitionableDevices off) or refuses them (a 422 whose causes name the counter fields),
+the node publishes chips only, and asks the server again later (a dry run, after RECHECK_FIRST seconds,
+doubling up to RECHECK_CAP, with jitter): a server that keeps them now gets them back with the boards. Every
+write is checked again: a server can change. A 422 for any other field is an error like any other, retried.
+Consumable capacity: where the server drops `allowMultipleAllocations`, each device is allocated to one claim
+at a time, which is safe, and said once; a new node writes it without asking (such a server stores what the
+driver would write knowing it), a restart over stored slices asks first.
 
 The slices are owned by the Node (an owner reference with its UID), so that they go with it. The UID is
 followed (`node_seen`, from a watch of the Node) and read again before any slice is created: a Node deleted
