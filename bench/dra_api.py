@@ -3,7 +3,8 @@
 The driver is `ix-device-plugin dra` in its own process (2 simulated BI-V150 boards) against the API server
 stand-in, whose garbage collector model deletes a slice whose owner is gone.
 
-- Start: every request from the process start until the whole pool (boards too) is stored, by verb.
+- Start: every request from the process start until the whole pool (boards too) is stored, by verb (a
+  server-side dry run counted apart: it writes nothing), and the slice writes among them.
 - Idle: once settled, over the idle window: requests per hour (target zero) and watches opened per hour
   (the slices' and the Node's watches; a watch open at idle is the price of hearing about a change).
 - Node re-created: the Node deleted and added again (a new UID): the slice writes until the slices are owned
@@ -58,8 +59,14 @@ async def _until(ready: Callable[[], bool], what: str) -> None:
         raise RuntimeError(f"{what}: not within {TIMEOUT:g}s") from None
 
 
+def _verb(request: Recorded) -> str:
+    if _is_watch(request):
+        return "WATCH"
+    return "DRY RUN" if request.query.get("dryRun") == "All" else request.method
+
+
 def _by_verb(requests: list[Recorded]) -> dict[str, int]:
-    counted = Counter("WATCH" if _is_watch(r) else r.method for r in requests)
+    counted = Counter(_verb(r) for r in requests)
     return dict(sorted(counted.items()))
 
 
@@ -79,6 +86,7 @@ async def run(settings: Settings) -> dict[str, Any]:
             await kubelet.register(socket)
             await _until(lambda: _devices(api) == 6, "the whole pool")
             start = _by_verb(api.requests)
+            start_writes = sum(_is_slice_write(r) and r.query.get("dryRun") != "All" for r in api.requests)
             await asyncio.sleep(settings.settle_seconds)
             first, began = len(api.requests), time.monotonic()
             await asyncio.sleep(settings.idle_seconds)
@@ -100,6 +108,7 @@ async def run(settings: Settings) -> dict[str, Any]:
             shutil.rmtree(directory, ignore_errors=True)
     return {
         "start_requests": start,
+        "start_slice_writes": start_writes,
         "idle": {
             "requests_per_hour": round((len(idle) - watches) * HOUR / window, 1),
             "watch_opens_per_hour": round(watches * HOUR / window, 1),

@@ -169,6 +169,8 @@ def _dra() -> Iterator[Figure]:
 
 
 def _dra_api() -> Iterator[Figure]:
+    # a pool of two slices (the devices, the boards' counter sets): one write each
+    yield Figure("dra_api", "DRA driver: slice writes at start, per node", ("start_slice_writes",), "", 3)
     yield Figure("dra_api", "DRA driver: requests at idle, per node", ("idle", "requests_per_hour"), "/h", 1)
     yield Figure("dra_api", "DRA driver: watches opened at idle, per node", ("idle", "watch_opens_per_hour"), "/h")
     path = ("node_recreated", "slice_writes_to_follow")

@@ -410,13 +410,16 @@ def complete_pool(admin: Kubectl, names: list[str]) -> list[Obj] | None:
 def test_the_api_server_stores_every_pool_shape(cluster: Cluster, driver: Driver) -> None:
     """Each pool shape the driver makes is written and stored whole: the devices in slices of at most 64 when
     they consume counters or are tainted (128 otherwise), the counter sets in slices of their own (at most 8),
-    every slice at one generation, shared devices with their shares, a sick chip and its board tainted.
+    every slice at one generation and written once (the boards and the sick chip's taint in the first write),
+    shared devices with their shares, a sick chip and its board tainted.
     """
     admin = cluster.admin
     for what, devices, flags, names, slice_count, shares in SHAPES:
         driver.configure(devices, flags)
         slices = wait_until(lambda names=names: complete_pool(admin, names), 60, f"the pool of {what}", [driver.log])
         assert len(slices) == slice_count, f"{what}: {len(slices)} slices"
+        written = {(s["spec"]["pool"]["generation"], s["metadata"]["generation"]) for s in slices}
+        assert written == {(1, 1)}, f"{what}: written more than once (pool generation, generation): {written}"
         device_slices = [s for s in slices if s["spec"].get("devices")]
         counter_slices = [s for s in slices if s["spec"].get("sharedCounters")]
         assert not {s["metadata"]["name"] for s in device_slices} & {s["metadata"]["name"] for s in counter_slices}

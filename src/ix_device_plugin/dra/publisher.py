@@ -5,14 +5,19 @@ each created or replaced at its stored resourceVersion with the pool generation 
 and slices the pool no longer needs deleted; retried with backoff. `republish` writes again even when nothing
 changed here (the kubelet deleted the slices, or someone edited them).
 
-What the API server keeps is learnt from what it stores. Device taints: where it drops them, unhealthy devices
-are left out instead. Shared counters: board devices are published only once the server is known to keep the
-counters that keep a board and its chips apart; where it drops them (DRAPartitionableDevices off) or refuses
-them (a 422 whose causes name the counter fields), the node publishes chips only, and asks the server again
-later (a dry run, after RECHECK_FIRST seconds, doubling up to RECHECK_CAP, with jitter): a server that keeps
-them now gets the boards back. A 422 for any other field is an error like any other, retried. Consumable
-capacity: where it drops `allowMultipleAllocations`, each device is allocated to one claim at a time, which is
-safe, and said once.
+What the API server keeps is learnt from what it stores, and from its answers to server-side dry runs (nothing
+stored, no watch event). Before a write whose content needs shared counters or device taints that the server
+is not known to keep, the pool's slices that hold those fields are sent as a dry run, so that the first write
+is the right one; slices an earlier run stored answer first, so that a restart that changes nothing writes
+nothing. Device taints: where the server drops them, unhealthy devices are left out instead. Shared counters:
+board devices are published only where the server keeps the counters that keep a board and its chips apart;
+where it drops them (DRAPartitionableDevices off) or refuses them (a 422 whose causes name the counter fields),
+the node publishes chips only, and asks the server again later (a dry run, after RECHECK_FIRST seconds,
+doubling up to RECHECK_CAP, with jitter): a server that keeps them now gets them back with the boards. Every
+write is checked again: a server can change. A 422 for any other field is an error like any other, retried.
+Consumable capacity: where the server drops `allowMultipleAllocations`, each device is allocated to one claim
+at a time, which is safe, and said once; a new node writes it without asking (such a server stores what the
+driver would write knowing it), a restart over stored slices asks first.
 
 The slices are owned by the Node (an owner reference with its UID), so that they go with it. The UID is
 followed (`node_seen`, from a watch of the Node) and read again before any slice is created: a Node deleted
@@ -160,18 +165,24 @@ class SlicePublisher:
 
     async def publish(self, content: SliceContent, roots: Mapping[str, str]) -> None:
         """Create, update or delete the pool's slices until they say what content says; raises KubeError."""
-        if self.counters is None and content.counter_sets:
-            await self._learn_from_stored()
+        current = None
+        if self._unknown(content, stored=True):
+            current = await self._stored()
+            self._learn_from_stored(list(current.values()))
+            if self._unknown(content, stored=bool(current)):
+                await self._probe(content, roots)
         wrote_any = False
         while True:
             devices, sets = self._wanted_objects(content, roots)
             try:
-                stored, wrote = await self._write(devices, sets)
+                stored, wrote = await self._write(devices, sets, current)
             except KubeInvalid as error:
                 if not sets or not error.names(*COUNTER_FIELDS):
                     raise  # a refusal of something else: an error, retried
                 self._counters_off(f"refuses shared counters ({_causes(error, COUNTER_FIELDS)})")
+                current = None
                 continue
+            current = None
             wrote_any = wrote_any or wrote
             if not self._learn(devices, sets, stored):
                 break
@@ -180,12 +191,41 @@ class SlicePublisher:
         if wrote_any or first:
             self._log(content, stored)
 
+    def _unknown(self, content: SliceContent, stored: bool) -> bool:
+        """True when content needs a field that the server may drop or refuse and it is not known whether it keeps
+        it. Shared counters and device taints: a write made without knowing would leave the boards out, or show
+        an unhealthy device untainted. allowMultipleAllocations only counts where slices are stored: what a
+        server that drops it stores is what the driver would write knowing that, but stored slices would be
+        written again to say the same."""
+        return bool(
+            (self.counters is None and content.counter_sets)
+            or (self.taints is None and any(not device.healthy for device in content.devices))
+            or (stored and self.sharing is None and any(device.shares >= 2 for device in content.devices))
+        )
+
+    async def _probe(self, content: SliceContent, roots: Mapping[str, str]) -> None:
+        """Learn what the server keeps of content, by a dry run (nothing stored, no watch event) of its slices as
+        they would be written if it kept everything not known yet: the first write is then the right one."""
+        while True:
+            devices, sets = self._wanted_objects(content, roots, assume_kept=True)
+            try:
+                answers = await self._dry_run_pool(devices, sets)
+            except KubeInvalid as error:
+                if not sets or not error.names(*COUNTER_FIELDS):
+                    raise
+                self._counters_off(f"refuses shared counters ({_causes(error, COUNTER_FIELDS)})")
+                continue  # asked again without them, for what else is not known
+            self._learn(devices, sets, answers)
+            return
+
     def _wanted_objects(
-        self, content: SliceContent, roots: Mapping[str, str]
+        self, content: SliceContent, roots: Mapping[str, str], assume_kept: bool = False
     ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-        """The devices and counter sets to publish, as far as what the API server keeps is known."""
+        """The devices and counter sets to publish, as far as what the API server keeps is known; assume_kept:
+        with whatever is not known yet, as if the server kept it."""
         counters = self.counters is not False
-        devices = slice_devices(content, roots, self.taints is not False, counters, boards=self.counters is True)
+        boards = counters if assume_kept else self.counters is True
+        devices = slice_devices(content, roots, self.taints is not False, counters, boards)
         sets = [counter_set_body(counter_set) for counter_set in content.counter_sets] if counters else []
         if self.sharing is False:  # as the server stores them, so that nothing is written again at rest
             for device in devices:
@@ -194,19 +234,21 @@ class SlicePublisher:
                     capacity.pop("requestPolicy", None)
         return devices, sets
 
-    async def _learn_from_stored(self) -> None:
-        """What the slices stored by an earlier run say the server keeps: a restart that changes nothing writes
-        nothing, and never takes the boards out of the pool, even for a moment."""
-        stored = list((await self._stored()).values())
-        if any((obj.get("spec") or {}).get("sharedCounters") for obj in stored) and any(
-            device.get("consumesCounters") for obj in stored for device in (obj.get("spec") or {}).get("devices") or []
-        ):
+    def _learn_from_stored(self, stored: list[dict[str, Any]]) -> None:
+        """What the slices stored by an earlier run show the server keeps: a restart that changes nothing writes
+        nothing and asks nothing, and never takes the boards out of the pool, even for a moment."""
+        devices = [device for obj in stored for device in (obj.get("spec") or {}).get("devices") or []]
+        kept_sets = any((obj.get("spec") or {}).get("sharedCounters") for obj in stored)
+        if self.counters is None and kept_sets and any(device.get("consumesCounters") for device in devices):
             self.counters = True
-        if any(device.get("taints") for obj in stored for device in (obj.get("spec") or {}).get("devices") or []):
+        if self.taints is None and any(device.get("taints") for device in devices):
             self.taints = True
+        if self.sharing is None and any(device.get("allowMultipleAllocations") for device in devices):
+            self.sharing = True
 
     def _learn(self, devices: list[dict[str, Any]], sets: list[dict[str, Any]], stored: list[dict[str, Any]]) -> bool:
-        """Learn from what was stored whether the server keeps taints and counters; True to publish again."""
+        """Learn from what was stored (or a dry run answered) whether the server keeps taints, counters and
+        allowMultipleAllocations; True to publish again."""
         again = False
         if self.taints is None and any("taints" in d for d in devices):
             self.taints = not taints_dropped(devices, stored)
@@ -225,12 +267,13 @@ class SlicePublisher:
                 if known is None:
                     log.info("the API server keeps shared counters: boards and their chips are published together")
             again = again or self.counters != known  # boards once counters are known to be kept, or counters gone
-        if self.sharing is None and sharing_dropped(devices, stored):
-            self.sharing = False
-            log.warning(
-                "the API server drops allowMultipleAllocations (DRAConsumableCapacity off): each device goes to one "
-                "claim at a time, sharing.timeSlicing.replicas has no effect"
-            )
+        if self.sharing is None and any(device.get("allowMultipleAllocations") for device in devices):
+            self.sharing = not sharing_dropped(devices, stored)
+            if not self.sharing:
+                log.warning(
+                    "the API server drops allowMultipleAllocations (DRAConsumableCapacity off): each device goes to "
+                    "one claim at a time, sharing.timeSlicing.replicas has no effect"
+                )
         return again
 
     def _counters_off(self, why: str) -> None:
@@ -244,16 +287,16 @@ class SlicePublisher:
         )
 
     async def _recheck_counters(self) -> None:
-        """Ask the server (a dry run of the pool's slices with counters, no boards) whether it keeps the counters
-        now; if it does, publish them, and the boards once they are stored."""
+        """Ask the server (a dry run of the pool's slices with counters and boards) whether it keeps the counters
+        now; if it does, publish them with the boards."""
         self._recheck_at = None
         content, roots = self._wanted
         if self.counters is not False or not content.counter_sets:
             return
-        devices = slice_devices(content, roots, self.taints is not False, counters=True, boards=False)
+        devices = slice_devices(content, roots, self.taints is not False, counters=True, boards=True)
         sets = [counter_set_body(counter_set) for counter_set in content.counter_sets]
         try:
-            answers = [await self._dry_run(obj) for obj in pool_objects(self.node, devices, 1, None, sets)]
+            answers = await self._dry_run_pool(devices, sets)
         except KubeInvalid as error:
             if error.names(*COUNTER_FIELDS):
                 self._counters_off(f"still refuses shared counters ({_causes(error, COUNTER_FIELDS)})")
@@ -267,9 +310,16 @@ class SlicePublisher:
             self._recheck_at = time.monotonic() + self._recheck.next_delay()
             log.info("shared counters asked again: %s", problem or "the API server still drops them")
             return
-        log.info("the API server keeps shared counters now (asked again): publishing them, then the boards")
-        self.counters = None
+        log.info("the API server keeps shared counters now (asked again): publishing them with the boards")
+        self.counters = True
+        self._recheck.reset()
         self.republish()
+
+    async def _dry_run_pool(self, devices: list[dict[str, Any]], sets: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """What the server would store of the pool's slices that show what it keeps: the first to hold each field
+        it may drop or refuse (a slice of counter sets, a device consuming counters, tainted, shared)."""
+        objects = pool_objects(self.node, devices, 1, None, sets)
+        return [await self._dry_run(obj) for obj in _samples(objects)]
 
     async def _dry_run(self, obj: dict[str, Any]) -> dict[str, Any]:
         """What the server would store of obj, under a name it makes up (so that no existing slice is in the way)."""
@@ -302,13 +352,15 @@ class SlicePublisher:
         self._set_node_uid("" if node is None else uid_of(node))
 
     async def _write(
-        self, devices: list[dict[str, Any]], sets: list[dict[str, Any]]
+        self, devices: list[dict[str, Any]], sets: list[dict[str, Any]], listed: dict[str, dict[str, Any]] | None
     ) -> tuple[list[dict[str, Any]], bool]:
-        """The stored slices once they say devices and counter sets, and whether anything was written."""
+        """The stored slices once they say devices and counter sets, and whether anything was written; listed:
+        the pool's slices as just read, if they were (a stale listing ends in a conflict, and a read again)."""
         names = {obj["metadata"]["name"] for obj in pool_objects(self.node, devices, 0, None, sets)}
         node_read = False
         for _ in range(WRITE_ATTEMPTS):
-            current = await self._stored()
+            current = listed if listed is not None else await self._stored()
+            listed = None
             if self._node_uid is None or (not node_read and names - set(current)):
                 await self._read_node_uid()  # never a create owned by a Node that is gone
                 node_read = True
@@ -343,11 +395,13 @@ class SlicePublisher:
     async def _replace(
         self, wanted: list[dict[str, Any]], current: Mapping[str, dict[str, Any]]
     ) -> list[dict[str, Any]]:
-        stored = []
-        for obj in wanted:
+        """Write wanted over current, the counter sets before the devices that consume them (whoever sees the
+        devices finds their counters there); the stored objects, in wanted's order."""
+        stored: dict[str, dict[str, Any]] = {}
+        for obj in sorted(wanted, key=lambda obj: "sharedCounters" not in obj["spec"]):
             existing = current.get(obj["metadata"]["name"])
             if existing is None:
-                stored.append(await self._create(obj))
+                stored[obj["metadata"]["name"]] = await self._create(obj)
                 continue
             if not labelled(existing):
                 log.warning(
@@ -358,12 +412,11 @@ class SlicePublisher:
                     _label_text(),
                 )
             obj["metadata"]["resourceVersion"] = version_of(existing)
-            stored.append(await self.kube.replace_object(RESOURCE_SLICE, obj))
-        names = {obj["metadata"]["name"] for obj in wanted}
-        for name in sorted(set(current) - names):
+            stored[obj["metadata"]["name"]] = await self.kube.replace_object(RESOURCE_SLICE, obj)
+        for name in sorted(set(current) - set(stored)):
             with contextlib.suppress(KubeNotFound):
                 await self.kube.delete_object(RESOURCE_SLICE, name)
-        return stored
+        return [stored[obj["metadata"]["name"]] for obj in wanted]
 
     async def _create(self, obj: dict[str, Any]) -> dict[str, Any]:
         """Create obj; when its name is taken by a slice the pool's listing did not find, take that one over."""
@@ -418,6 +471,26 @@ def _causes(error: KubeInvalid, parts: tuple[str, ...]) -> str:
         return error.message
     first = f"{named[0].field}: {named[0].message}".rstrip(": ")
     return first if len(named) == 1 else f"{first}; {len(named) - 1} more such fields"
+
+
+PROBED_DEVICE_FIELDS = ("consumesCounters", "taints", "allowMultipleAllocations")
+
+
+def _samples(objects: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The fewest of objects that hold every field a server may drop or refuse: the first to hold each."""
+    chosen: list[dict[str, Any]] = []
+    for field in ("sharedCounters", *PROBED_DEVICE_FIELDS):
+        first = next((obj for obj in objects if field in _fields(obj)), None)
+        if first is not None and all(first is not obj for obj in chosen):
+            chosen.append(first)
+    return chosen
+
+
+def _fields(obj: Mapping[str, Any]) -> set[str]:
+    """The fields of a slice's spec that are set, and those of its devices."""
+    spec = obj.get("spec") or {}
+    devices = spec.get("devices") or []
+    return {key for key, value in spec.items() if value} | {key for device in devices for key in device}
 
 
 def _described(obj: Mapping[str, Any]) -> str:

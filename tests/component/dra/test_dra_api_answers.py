@@ -8,11 +8,12 @@ import logging
 from typing import Any
 
 import pytest
-from dra_support import DraNode, answer
+from dra_support import TWO_BOARDS, DraNode, answer
 
 from ix_device_plugin.dra import publisher
 from ix_device_plugin.dra.pool import MANAGED_BY, slice_base_name
 from ix_device_plugin.dra.slices import DRIVER
+from ix_device_plugin.settings.config import Config
 from ix_device_plugin.standins.apiserver import ApiServerStandIn
 
 from support import until
@@ -27,6 +28,18 @@ def slice_writes(api: ApiServerStandIn) -> list[str]:
         f"{r.method} {r.path}"
         for r in api.requests
         if "/resourceslices" in r.path and r.method in ("POST", "PUT", "DELETE") and r.query.get("dryRun") != "All"
+    ]
+
+
+def written_devices(api: ApiServerStandIn) -> list[list[str]]:
+    """The device names of each write of a slice of devices the driver made (dry runs aside), in order."""
+    return [
+        sorted(d["name"] for d in r.body["spec"]["devices"])
+        for r in api.requests
+        if "/resourceslices" in r.path
+        and r.method in ("POST", "PUT")
+        and r.query.get("dryRun") != "All"
+        and "devices" in r.body["spec"]
     ]
 
 
@@ -74,11 +87,83 @@ async def test_a_server_without_counters_is_asked_again_and_gets_the_boards_when
     await asyncio.sleep(1.0)  # asked again, by dry runs only: no write while the answer is the same
     assert len(slice_writes(api)) == writes
     assert any(r.query.get("dryRun") == "All" for r in api.requests)
+    written = len(written_devices(api))
     api.counters_refused, api.shared_counters = False, True  # the server upgraded (or its feature gate on)
     await node.wait_slice(lambda devices: len(devices) == 6, timeout=5)
     assert driver.publisher is not None and driver.publisher.counters is True
+    await asyncio.sleep(0.3)
+    assert written_devices(api)[written:] == [sorted([*CHIPS, "board-0", "board-2"])]  # the boards with the counters
     said = "refuses shared counters (spec." if server == "refuses" else "drops shared counters"
     assert said in caplog.text and "keeps shared counters now" in caplog.text
+
+
+# ---- the first write is the right one ------------------------------------------------------------------------
+
+SLICES = "/apis/resource.k8s.io/v1/resourceslices"
+CREATES = [f"POST {SLICES}", f"POST {SLICES}"]  # the devices, the boards' counter sets
+
+
+@pytest.mark.parametrize(
+    ("server", "boards", "devices", "writes"),
+    [
+        ("keeps counters", TWO_BOARDS, [*CHIPS, "board-0", "board-2"], CREATES),
+        ("drops counters", TWO_BOARDS, CHIPS, CREATES[:1]),
+        ("refuses counters", TWO_BOARDS, CHIPS, CREATES[:1]),
+        ("keeps taints", BROKEN_CHIP, [*CHIPS, "board-0", "board-2"], CREATES),
+        ("drops taints", BROKEN_CHIP, ["gpu-0", "gpu-1", "gpu-2", "board-0"], CREATES),
+    ],
+)
+async def test_a_new_node_writes_each_slice_once_and_its_first_write_is_the_right_one(
+    node: DraNode,
+    api: ApiServerStandIn,
+    server: str,
+    boards: list[dict[str, Any]],
+    devices: list[str],
+    writes: list[str],
+) -> None:
+    """Where the server keeps counters, the boards are in the first write; where it drops or refuses them, chips
+    only; an unhealthy chip is tainted, or left out where taints are dropped, from the first write on."""
+    api.shared_counters = server != "drops counters"
+    api.counters_refused = server == "refuses counters"
+    api.device_taints = server != "drops taints"
+    node.write_boards(boards)
+    await node.start()
+    await node.wait_slice(lambda stored: sorted(stored) == sorted(devices))
+    await asyncio.sleep(0.5)  # anything written again would be by now
+    assert slice_writes(api) == writes
+    assert written_devices(api) == [sorted(devices)]
+
+
+async def test_a_new_node_with_shared_chips_asks_nothing_before_its_write(node: DraNode, api: ApiServerStandIn) -> None:
+    """Shared devices need no dry run on a new node: a server that drops allowMultipleAllocations stores what the
+    driver would write knowing it."""
+    api.consumable_capacity = False
+    driver = await node.start(config=Config(splitboard=True, replicas=4))
+    await node.wait_slice(lambda devices: sorted(devices) == CHIPS)
+    await asyncio.sleep(0.3)
+    assert not [r for r in api.requests if r.query.get("dryRun") == "All"]
+    assert slice_writes(api) == CREATES[:1] and driver.publisher is not None and driver.publisher.sharing is False
+
+
+@pytest.mark.parametrize("server", ["drops counters", "drops taints", "drops sharing"])
+async def test_a_restart_on_a_server_that_drops_a_field_writes_nothing(
+    node: DraNode, api: ApiServerStandIn, server: str
+) -> None:
+    """The slices an earlier run stored as the server keeps them are not written again at a restart."""
+    api.shared_counters = server != "drops counters"
+    api.device_taints = server != "drops taints"
+    api.consumable_capacity = server != "drops sharing"
+    node.write_boards(BROKEN_CHIP if server == "drops taints" else TWO_BOARDS)
+    config = {"config": Config(splitboard=True, replicas=4)} if server == "drops sharing" else {}
+    driver = await node.start(**config)
+    await until(lambda: driver.publisher is not None and driver.publisher.published is not None)
+    await asyncio.sleep(0.3)
+    await node.stop(driver)
+    writes = len(slice_writes(api))
+    driver = await node.start(**config)
+    await until(lambda: driver.publisher is not None and driver.publisher.published is not None)
+    await asyncio.sleep(0.3)
+    assert slice_writes(api)[writes:] == []
 
 
 # ---- the Node that owns the slices ---------------------------------------------------------------------------
