@@ -185,6 +185,24 @@ async def test_the_plugin_says_it_holds_the_gpus_at_start_and_keeps_the_others_e
     assert backend.resets == []
 
 
+async def test_a_restart_whose_record_already_says_so_writes_nothing(
+    kubelet: KubeletStandIn, start_daemon: DaemonFactory, apiserver: ApiServerStandIn, short_dir: Path, tmp_path: Path
+) -> None:
+    """A restart, an upgrade or a config rollout finds reset: false and its own entry already there: the record is
+    read, not written again (on a fleet, one write per node per rollout saved)."""
+    write_document(apiserver, ResetInfo(NODE, False, {EXPORTER: True, OUR_NAME: True}))
+    backend = SimulatedBackend(str(devices_file(tmp_path / "d.yaml")))
+    await start_with_api(start_daemon, apiserver, short_dir, backend)
+    await kubelet.wait_registered(RESOURCE, capacity=2)
+    record = "/configmaps/ix-gpu-reset-"
+    async with asyncio.timeout(5):
+        while not any(record in r.path and r.method == "GET" for r in apiserver.requests):
+            await asyncio.sleep(0.02)
+    await asyncio.sleep(0.3)  # a write would follow its read at once
+    assert [r.method for r in apiserver.requests if record in r.path] == ["GET"]
+    assert reset_document(apiserver) == ResetInfo(NODE, False, {EXPORTER: True, OUR_NAME: True})
+
+
 async def test_the_exporter_lets_go_during_the_reset_and_takes_the_gpus_back(
     kubelet: KubeletStandIn, start_daemon: DaemonFactory, apiserver: ApiServerStandIn, short_dir: Path, tmp_path: Path
 ) -> None:

@@ -139,6 +139,8 @@ class ResetHandshake:
             if info is None and self.seen and not remake:
                 raise self._deleted()
             text = (info or ResetInfo(self.node, occupy=dict(self.others))).ours(resetting=resetting).text()
+            if version is not None and data.get(DATA_KEY) == text:
+                return  # already says so (a restart, an upgrade, a rollout): nothing to write
             try:
                 if version is None:
                     await self.kube.create_config_map(self.namespace, self.name, {DATA_KEY: text})
