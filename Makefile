@@ -18,7 +18,7 @@ export VERSION BASE_IMAGE SOURCE_URL
 
 IMAGE_ARCHIVE := dist/ix-device-plugin-$(VERSION)-image.tar
 
-.PHONY: all dist pyz image image-smoke image-archive base-image test lint format manifests bench clean help \
+.PHONY: all dist pyz image image-smoke image-archive base-image test lint format manifests bench bench-fleet clean help \
 	e2e e2e-build e2e-packages e2e-root
 
 all: dist pyz image ## wheel, sdist, single-file executable and (when an engine is usable) the image
@@ -77,6 +77,12 @@ manifests: $(VENV)/.stamp-dev ## check the Helm chart renders deployments/static
 
 bench: $(VENV)/.stamp-dev ## the benchmarks
 	$(VENV_PY) -m bench
+
+FLEET_NODES ?= 100,250,500
+bench-fleet: $(VENV)/.stamp-dev e2e-build ## the fleet bench on the real control plane (FLEET_NODES; docs/scale.md)
+	$(VENV_PY) -m pip install --quiet -e '.[test,bench]'
+	$(VENV_PY) -m bench --only fleet --fleet-nodes $(FLEET_NODES) --output bench/results/fleet.json
+	$(VENV_PY) -m bench.fleet.report bench/results/fleet.json --plots docs/scale
 
 e2e-packages: ## install the host packages the end-to-end suite needs (root, apt-get); else name the missing ones
 	e2e/cluster/packages.sh e2e

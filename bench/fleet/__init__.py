@@ -8,11 +8,12 @@ its own connection and identity, 8 simulated BI-V150 boards (16 chips) per node.
 1. start: every driver at once; until every node's pool is stored (boards too), and a settle time after;
 2. rest: nothing changes for a while (target: no writes at all);
 3. scheduling: pods asking for a chip, a board, the extended resource, on the slices of the default ix-config;
-4. rollout: every driver restarted at once with `splitboard: true`, `replicas: 4` (a config change rolled out to every node);
+4. rollout: every driver restarted at once with `splitboard: true`, `replicas: 4` (a config change rolled out
+   to every node);
 5. scheduling: pods asking for a share;
-6. XIDs: a critical XID on one chip of 10 % of the nodes;
-7. API server restart: SIGTERM (its exit time is measured), started again; the reconnect herd after it;
-8. scheduling, baseline: the drivers restarted publishing chips alone, pods asking for a chip.
+6. scheduling, baseline: the drivers restarted publishing chips alone, pods asking for a chip;
+7. XIDs: a critical XID on one chip of 10 % of the nodes;
+8. API server restart: SIGTERM (its exit time is measured), started again; the reconnect herd after it.
 
 The agents' requests are counted from the API server's audit log (their group only) per phase; the bytes on
 the agents' side. etcd's bytes in use are read before and after the start. Results: docs/scale.md explains them.
@@ -113,9 +114,18 @@ async def start_fleet(plane: ControlPlane, names: list[str]) -> Fleet:
     for group in range(groups):
         chosen = slice(group * NODES_PER_PROCESS, (group + 1) * NODES_PER_PROCESS)
         specs.append(
-            {"server": plane.server, "ca": str(plane.ca), "nodes": names[chosen], "token_files": tokens[chosen], "boards": BOARDS, "config": {}}
+            {
+                "server": plane.server,
+                "ca": str(plane.ca),
+                "nodes": names[chosen],
+                "token_files": tokens[chosen],
+                "boards": BOARDS,
+                "config": {},
+            }
         )
-    await asyncio.gather(*(process.command(cmd="start", spec=spec) for process, spec in zip(processes, specs, strict=True)))
+    await asyncio.gather(
+        *(process.command(cmd="start", spec=spec) for process, spec in zip(processes, specs, strict=True))
+    )
     return fleet
 
 
@@ -200,11 +210,11 @@ async def run_size(settings: Settings, nodes: int) -> dict[str, Any]:
                 for shape in ("chip", "board", "extended"):
                     placements.append(await _placed(admin, shape, nodes, settings.fleet_pods))
                 placements.append(await _rollout(admin, fleet, phases, nodes, settings.fleet_pods))
-                await _xids(fleet, phases, nodes, settings)
-                results["apiserver_exit_s"] = await _apiserver_restart(plane, admin, fleet, phases, nodes, settings)
                 await fleet.each(cmd="restart", config=PLAIN_CONFIG)
                 await until_pool(admin, nodes * BOARDS * 2, 0)
                 placements.append(await _placed(admin, "plain", nodes, settings.fleet_pods))
+                await _xids(fleet, phases, nodes, settings)
+                results["apiserver_exit_s"] = await _apiserver_restart(plane, admin, fleet, phases, nodes, settings)
             finally:
                 await fleet.close()
         results["phases"] = phases.report(plane.audit_log, nodes)
@@ -235,7 +245,10 @@ async def _until_shared(admin: Admin, nodes: int) -> float:
         while True:
             slices = await admin.items("/apis/resource.k8s.io/v1/resourceslices")
             shared = sum(
-                1 for obj in slices for device in obj["spec"].get("devices") or [] if device.get("allowMultipleAllocations")
+                1
+                for obj in slices
+                for device in obj["spec"].get("devices") or []
+                if device.get("allowMultipleAllocations")
             )
             if shared >= nodes * BOARDS * 2:
                 return time.time()
@@ -275,4 +288,3 @@ async def run(settings: Settings) -> dict[str, Any]:
     for nodes in settings.fleet_nodes:
         sizes[str(nodes)] = await run_size(settings, nodes)
     return {"pods": settings.fleet_pods, "rest_seconds": settings.fleet_rest_seconds, "sizes": sizes}
-

@@ -253,4 +253,3 @@ def main() -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
-

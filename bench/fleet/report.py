@@ -44,7 +44,8 @@ def scheduler_table(fleet: dict[str, Any]) -> str:
 def traffic_table(fleet: dict[str, Any]) -> str:
     """Our agents' requests by phase and fleet size, per node and in all."""
     rows = [
-        "| nodes | phase | seconds | requests/node | writes/node | requests/s (all) | KiB in/node | KiB out/node | watches open |",
+        "| nodes | phase | seconds | requests/node | writes/node | requests/s (all) | KiB in/node | KiB out/node "
+        "| watches open |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for size in _sizes(fleet):

@@ -13,18 +13,26 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import sys
 import time
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from bench.fleet.admin import EXTENDED_RESOURCE, Admin, Obj, bounded_all
 from bench.stats import percentile
 
 NAMESPACE = "fleet-bench"
-CLASS = {"chip": "gpu.iluvatar.com", "board": "board.gpu.iluvatar.com", "share": "gpu.iluvatar.com", "plain": "gpu.iluvatar.com"}
+CLASS = {
+    "chip": "gpu.iluvatar.com",
+    "board": "board.gpu.iluvatar.com",
+    "share": "gpu.iluvatar.com",
+    "plain": "gpu.iluvatar.com",
+}
 BIND_TIMEOUT = 600.0
 CLEAN_TIMEOUT = 300.0
 CREATE_CONCURRENCY = 16
+CHECK_EVERY = 2.0  # seconds between the checks that every pod is bound
 
 
 @dataclass(frozen=True)
@@ -53,14 +61,21 @@ def pod(shape: str, index: int) -> Obj:
     else:
         container["resources"] = {"claims": [{"name": "gpu"}]}
         spec["resourceClaims"] = [{"name": "gpu", "resourceClaimTemplateName": shape}]
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": f"{shape}-{index}", "namespace": NAMESPACE}, "spec": spec}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": f"{shape}-{index}", "namespace": NAMESPACE},
+        "spec": spec,
+    }
 
 
 async def prepare_namespace(admin: Admin) -> None:
     """The bench's namespace with its templates, once its default ServiceAccount exists (pods need it)."""
     await admin.request("POST", "/api/v1/namespaces", {"metadata": {"name": NAMESPACE}})
     for shape in CLASS:
-        await admin.request("POST", f"/apis/resource.k8s.io/v1/namespaces/{NAMESPACE}/resourceclaimtemplates", template(shape))
+        await admin.request(
+            "POST", f"/apis/resource.k8s.io/v1/namespaces/{NAMESPACE}/resourceclaimtemplates", template(shape)
+        )
     async with asyncio.timeout(60):
         while True:
             with contextlib.suppress(RuntimeError):
@@ -72,38 +87,70 @@ async def prepare_namespace(admin: Admin) -> None:
 async def place(admin: Admin, shape: str, count: int) -> dict[str, Any]:
     """Create count pods of shape at once and wait until they are bound; the throughput and latencies."""
     pods_path = f"/api/v1/namespaces/{NAMESPACE}/pods"
-    listed = await admin.request("GET", pods_path, limit="1")
     bound: dict[str, float] = {}
-    everyone_bound = asyncio.Event()
-
-    async def follow() -> None:
-        async for event in admin.watch(pods_path, listed["metadata"]["resourceVersion"]):
-            obj = event.get("object") or {}
-            name = (obj.get("metadata") or {}).get("name", "")
-            if (obj.get("spec") or {}).get("nodeName") and name not in bound:
-                bound[name] = time.time()
-                if len(bound) >= count:
-                    everyone_bound.set()
-
-    watcher = asyncio.create_task(follow())
+    watcher = asyncio.create_task(_follow_binds(admin, pods_path, bound))
     created: dict[str, float] = {}
 
     async def create(index: int) -> None:
         manifest = pod(shape, index)
+        sent = time.time()
         await admin.request("POST", pods_path, manifest)
-        created[manifest["metadata"]["name"]] = time.time()
+        created[manifest["metadata"]["name"]] = sent
 
     started = time.time()
     try:
         await bounded_all([lambda index=index: create(index) for index in range(count)], CREATE_CONCURRENCY)
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(BIND_TIMEOUT):
-                await everyone_bound.wait()
+                while not await _all_bound(admin, pods_path, count, bound):
+                    await asyncio.sleep(CHECK_EVERY)
     finally:
         watcher.cancel()
-        with contextlib.suppress(asyncio.CancelledError, Exception):
+        with contextlib.suppress(asyncio.CancelledError):
             await watcher
     return _placement_figures(shape, count, started, created, bound)
+
+
+async def _follow_binds(admin: Admin, pods_path: str, bound: dict[str, float]) -> None:
+    """Note when each pod is first seen bound, watching again from where a watch ended."""
+    version = (await admin.request("GET", pods_path, limit="1"))["metadata"]["resourceVersion"]
+    while True:
+        try:
+            async for event in admin.watch(pods_path, version):
+                obj = event.get("object") or {}
+                if event.get("type") == "ERROR":
+                    raise RuntimeError(obj.get("message", "watch error"))
+                metadata = obj.get("metadata") or {}
+                version = metadata.get("resourceVersion", version)
+                if (obj.get("spec") or {}).get("nodeName") and metadata.get("name") not in bound:
+                    bound[metadata["name"]] = time.time()
+        except asyncio.CancelledError:
+            raise
+        except Exception as error:  # said, and watched again from a fresh list
+            print(f"\nthe pods watch ended ({error}); watching again", file=sys.stderr)
+            version = (await admin.request("GET", pods_path, limit="1"))["metadata"]["resourceVersion"]
+
+
+async def _all_bound(admin: Admin, pods_path: str, count: int, bound: dict[str, float]) -> bool:
+    """Whether every pod is bound; a pod the watch missed gets its PodScheduled condition's time (to the second)."""
+    if len(bound) >= count:
+        return True
+    pods = await admin.items(pods_path)
+    scheduled = [obj for obj in pods if (obj.get("spec") or {}).get("nodeName")]
+    if len(scheduled) < count:
+        return False
+    for obj in scheduled:
+        name = obj["metadata"]["name"]
+        if name not in bound:
+            bound[name] = _scheduled_at(obj)
+    return True
+
+
+def _scheduled_at(obj: Obj) -> float:
+    for condition in (obj.get("status") or {}).get("conditions") or []:
+        if condition.get("type") == "PodScheduled" and condition.get("status") == "True":
+            return datetime.fromisoformat(condition["lastTransitionTime"]).timestamp()
+    return time.time()
 
 
 def _placement_figures(

@@ -1,7 +1,8 @@
 """Our agents' API server traffic as the API server's audit log records it (the agents' group only, metadata).
 
 A request is counted once: a watch when its response starts, anything else when it completes; by the time the
-API server received it. Writes are create, update, patch, delete and deletecollection.
+API server received it. Writes are create, update, patch, delete and deletecollection, server-side dry runs
+apart (they are answered and never stored).
 """
 
 from __future__ import annotations
@@ -24,7 +25,18 @@ class Request:
     verb: str
     resource: str
     code: int
-    ended: float | None  # a watch: when it ended (None: still open); else when it completed
+    ended: float | None  # a watch: when it ended (None: still open); anything else: when it completed
+    dry_run: bool = False  # a server-side dry run: answered, never stored
+
+    @property
+    def write(self) -> bool:
+        """A request that changes what etcd stores."""
+        return self.verb in WRITES and not self.dry_run
+
+    @property
+    def what(self) -> str:
+        """verb and resource, as the tables show them."""
+        return f"{'dry-run ' if self.dry_run else ''}{self.verb} {self.resource}"
 
 
 def _seconds(stamp: str) -> float:
@@ -62,6 +74,7 @@ def read_audit(path: Path) -> list[Request]:
                 resource=_resource(first),
                 code=int(((last or first).get("responseStatus") or {}).get("code", 0)),
                 ended=_seconds(last["stageTimestamp"]) if last is not None else None,
+                dry_run="dryRun=All" in first.get("requestURI", ""),
             )
         )
     return sorted(requests, key=lambda request: request.received)
@@ -83,9 +96,9 @@ def watches_open(requests: list[Request], at: float) -> int:
 
 def summary(requests: list[Request], nodes: int, seconds: float) -> dict[str, Any]:
     """Per node and per second figures of a window's requests, by verb and resource."""
-    writes = [request for request in requests if request.verb in WRITES]
+    writes = [request for request in requests if request.write]
     by_verb = Counter(request.verb for request in requests)
-    by_resource = Counter(f"{request.verb} {request.resource}" for request in requests)
+    by_resource = Counter(request.what for request in requests)
     errors = Counter(str(request.code) for request in requests if request.code >= 400)
     return {
         "seconds": round(seconds, 2),

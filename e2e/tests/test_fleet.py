@@ -1,0 +1,77 @@
+"""The fleet bench in its small form: 20 hollow nodes' DRA drivers against a second, real control plane (etcd,
+kube-apiserver, controller-manager, scheduler; no kubelet), as `python -m bench --only fleet` runs it.
+
+What each node asks of the API server is counted from the API server's audit log, so that a change that makes
+every node of a fleet write or read more is caught here; the scheduler must place every pod of every shape.
+Speed is not judged here (docs/scale.md has the full run's figures).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from harness.build import REPO_ROOT
+from harness.components import Binaries
+
+NODES = 20
+RUN_TIMEOUT = 600
+
+
+@pytest.fixture(scope="module")
+def fleet(binaries: Binaries, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """The small fleet run's results for its one size."""
+    output = tmp_path_factory.mktemp("fleet") / "fleet.json"
+    argv = [
+        sys.executable, "-m", "bench", "--only", "fleet", "--fleet-nodes", str(NODES), "--fleet-pods", "100",
+        "--fleet-rest-seconds", "10", "--output", str(output),
+    ]  # fmt: skip
+    done = subprocess.run(argv, cwd=REPO_ROOT, capture_output=True, text=True, timeout=RUN_TIMEOUT, check=False)
+    assert done.returncode == 0, f"the fleet bench failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    return json.loads(Path(output).read_text())["sections"]["fleet"]["sizes"][str(NODES)]
+
+
+def test_the_scheduler_places_every_pod_of_every_shape(fleet: dict[str, Any]) -> None:
+    placed = {placement["shape"]: (placement["bound"], placement["pods"]) for placement in fleet["scheduling"]}
+    assert set(placed) == {"plain", "chip", "board", "extended", "share"}
+    assert all(bound == pods > 0 for bound, pods in placed.values()), placed
+
+
+def test_a_starting_node_writes_each_object_once(fleet: dict[str, Any]) -> None:
+    """Two slices (the chips and boards, their counters) created, the reset record created: nothing written twice;
+    reads: the slices' and the Node's lists and watches, the Node and the reset record (404 the first time)."""
+    start = fleet["phases"]["start"]
+    assert start["by_resource"].get("create resourceslices") == 2 * NODES, start["by_resource"]
+    assert start["writes_per_node"] == 3, start["by_resource"]
+    assert start["requests_per_node"] <= 15, start["by_resource"]
+    assert set(start["errors"]) <= {"404"}, start["errors"]
+
+
+def test_a_fleet_at_rest_asks_nothing(fleet: dict[str, Any]) -> None:
+    rest = fleet["phases"]["rest"]
+    assert rest["requests"] == 0, rest["by_resource"]
+    assert rest["watches_open_at_end"] == 2 * NODES  # the node's slices and its Node, one watch each
+
+
+def test_after_an_api_server_restart_nodes_rewatch_and_write_nothing(fleet: dict[str, Any]) -> None:
+    restart = fleet["phases"]["apiserver_restart"]
+    assert restart["writes"] == 0, restart["by_resource"]
+    assert restart["requests_per_node"] <= 4, restart["by_resource"]  # each watch: one list, one watch
+    assert restart["watches_open_at_end"] == 2 * NODES
+
+
+def test_a_config_rollout_writes_only_what_changed(fleet: dict[str, Any]) -> None:
+    """Every driver restarted with other slices: each node replaces its slice, deletes the counters it no longer
+    needs and says its reset record again; nothing else."""
+    rollout = fleet["phases"]["rollout"]
+    assert rollout["writes_per_node"] <= 3, rollout["by_resource"]
+    assert not rollout["errors"], rollout["errors"]
+
+
+def test_an_xid_costs_only_the_nodes_that_have_one(fleet: dict[str, Any]) -> None:
+    xid = fleet["phases"]["xid"]
+    assert 0 < xid["writes"] <= 6 * xid["nodes_with_xid"], xid["by_resource"]
