@@ -8,6 +8,8 @@ its own connection and identity, 8 simulated BI-V150 boards (16 chips) per node.
 1. start: every driver at once; until every node's pool is stored (boards too), and a settle time after;
 2. rest: nothing changes for a while (target: no writes at all);
 3. scheduling: pods asking for a chip, a board, the extended resource, on the slices of the default ix-config;
+   claims: the chip pods' claims prepared on their nodes as the kubelet asks when pods start (one call per pod)
+   and unprepared, as when they end: the claims' reads and status writes;
 4. rollout: every driver restarted at once with `splitboard: true`, `replicas: 4` (a config change rolled out
    to every node);
 5. scheduling: pods asking for a share;
@@ -22,11 +24,13 @@ the agents' side. etcd's bytes in use are read before and after the start. Resul
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import math
 import os
 import sys
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -207,7 +211,9 @@ async def run_size(settings: Settings, nodes: int) -> dict[str, Any]:
                 rest_start = await phases.begin(fleet)
                 await asyncio.sleep(settings.fleet_rest_seconds)
                 await phases.measure("rest", fleet, rest_start, time.time())
-                for shape in ("chip", "board", "extended"):
+                prepared = functools.partial(_claims, admin, fleet, phases, names)
+                placements.append(await _placed(admin, "chip", nodes, settings.fleet_pods, prepared))
+                for shape in ("board", "extended"):
                     placements.append(await _placed(admin, shape, nodes, settings.fleet_pods))
                 placements.append(await _rollout(admin, fleet, phases, nodes, settings.fleet_pods))
                 await fleet.each(cmd="restart", config=PLAIN_CONFIG)
@@ -222,12 +228,39 @@ async def run_size(settings: Settings, nodes: int) -> dict[str, Any]:
     return results
 
 
-async def _placed(admin: Admin, shape: str, nodes: int, pods: int) -> dict[str, Any]:
+async def _placed(
+    admin: Admin, shape: str, nodes: int, pods: int, while_bound: Callable[[], Awaitable[None]] | None = None
+) -> dict[str, Any]:
+    """count pods of shape placed (then while_bound run), and cleaned away; the scheduler's figures."""
     count = min(pods, int(FILL * CAPACITY[shape] * nodes))
     figures = await scheduling.place(admin, shape, count)
+    if while_bound is not None:
+        await while_bound()
     await scheduling.clean(admin)
     print(f" {nodes} nodes {shape}: {figures['pods_per_second']} pods/s", end="", file=sys.stderr, flush=True)
     return figures
+
+
+async def _claims(admin: Admin, fleet: Fleet, phases: Phases, names: list[str]) -> None:
+    """Every bound claim prepared on its node, one call per pod, then unprepared; the window it takes."""
+    pods = await scheduling.claims_by_node(admin)
+    index = {name: position for position, name in enumerate(names)}
+    groups: dict[int, dict[str, Any]] = {}
+    for node, node_pods in pods.items():
+        groups.setdefault(index[node] // NODES_PER_PROCESS, {})[node] = node_pods
+    started = await phases.begin(fleet)
+    answers = {}
+    for verb in ("prepare", "unprepare"):
+        done = await asyncio.gather(
+            *(fleet.processes[group].command(cmd=verb, pods=chosen) for group, chosen in groups.items())
+        )
+        answers[verb] = done
+        if failed := sum(answer["failed"] for answer in done):
+            errors = [error for answer in done for error in answer["errors"]]
+            raise RuntimeError(f"{verb}: {failed} claims failed, for example: {errors[:3]}")
+    claims = sum(answer["claims"] for answer in answers["prepare"])
+    seconds = {f"{verb}_s": max(answer["seconds"] for answer in done) for verb, done in answers.items()}
+    await phases.measure("claims", fleet, started, time.time() + 1.0, claims=claims, **seconds)
 
 
 async def _rollout(admin: Admin, fleet: Fleet, phases: Phases, nodes: int, pods: int) -> dict[str, Any]:

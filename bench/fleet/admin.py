@@ -98,7 +98,36 @@ def chart_objects(plane: ControlPlane) -> list[Obj]:
         elif obj["kind"] in ("ClusterRoleBinding", "RoleBinding"):
             obj["subjects"] = [{"kind": "Group", "name": AGENTS, "apiGroup": "rbac.authorization.k8s.io"}]
             objects.append(obj)
-    return objects
+    return objects + claim_status_grant()
+
+
+def claim_status_grant() -> list[Obj]:
+    """`arbitrary-node:patch` of our claims' status.devices for the agents' group: a hollow node's token names no
+    node, so the chart's `associated-node:patch` (a pod's token names its node) cannot match it."""
+    name = "ix-fleet-claim-status"
+    rule = {
+        "apiGroups": ["resource.k8s.io"],
+        "resources": ["resourceclaims/driver"],
+        "resourceNames": ["gpu.iluvatar.com"],
+        "verbs": ["arbitrary-node:patch"],
+    }
+    group = {"kind": "Group", "name": AGENTS, "apiGroup": "rbac.authorization.k8s.io"}
+    role_ref = {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name}
+    return [
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "ClusterRole",
+            "metadata": {"name": name},
+            "rules": [rule],
+        },
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "ClusterRoleBinding",
+            "metadata": {"name": name},
+            "subjects": [group],
+            "roleRef": role_ref,
+        },
+    ]
 
 
 def node_object(name: str) -> Obj:

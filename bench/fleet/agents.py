@@ -11,6 +11,10 @@ Commands (one JSON object per line; each is answered with one JSON line once don
 - `{"cmd": "restart", "config": {"splitboard": b, "replicas": n, "plain": b}}`: a config rollout: every driver
   stopped and started again with the new ix-config at once, as a DaemonSet update with no surge limit does;
 - `{"cmd": "xid", "nodes": [i, ...], "xid": 79}`: the chip 1 of board 0 of these nodes reports the XID;
+- `{"cmd": "prepare", "pods": {node: [[claim, ...], ...]}}`: what the kubelet asks when the pods start: one
+  NodePrepareResources per pod with its claims (each `{"namespace", "name", "uid"}`), then until the claims'
+  status is written; `{"cmd": "unprepare", "pods": ...}`: the same claims unprepared, one by one, as when the
+  pods end;
 - `{"cmd": "counts"}`: the client-side requests and bytes since the last `counts`, then zeroed;
 - `{"cmd": "stop"}`: every driver stopped; the process exits.
 """
@@ -33,11 +37,13 @@ import yaml
 
 from ix_device_plugin.apiserver.settings import InCluster, KubeSettings
 from ix_device_plugin.dra.driver import DraDriver
+from ix_device_plugin.dra.prepared import ClaimRef
 from ix_device_plugin.settings.config import Config
 from ix_device_plugin.settings.options import DraOptions, NodeOptions
 from ix_device_plugin.settings.table import DRA
 
 NAMESPACE = "kube-system"
+STATUS_TIMEOUT = 120.0  # seconds the claims' status writes may take
 HEALTH_INTERVAL = 5.0  # the product's default poll is shorter; the fleet's polls read files, not API objects
 
 
@@ -177,6 +183,34 @@ class HollowNode:
         self.boards[0] = {"product": "BI-V150", "chips": [None, {"xids": [xid]}]}
         self.write_devices()
 
+    async def prepare(self, pods: list[list[dict[str, str]]]) -> list[str]:
+        """Each pod's claims prepared in one call, the pods at once, then until their status is written; the
+        errors."""
+        driver = self._running()
+        calls = [driver.prepare_claims([ClaimRef(**claim) for claim in claims]) for claims in pods]
+        outcomes = [outcome for answer in await asyncio.gather(*calls) for outcome in answer]
+        await self._status_written()
+        return [outcome for outcome in outcomes if isinstance(outcome, str)]
+
+    async def unprepare(self, pods: list[list[dict[str, str]]]) -> list[str]:
+        """Every claim of these pods unprepared, then until their status is cleared; the errors."""
+        driver = self._running()
+        refs = [ClaimRef(**claim) for claims in pods for claim in claims]
+        errors = await asyncio.gather(*(driver.unprepare_claim(ref) for ref in refs))
+        await self._status_written()
+        return [error for error in errors if error is not None]
+
+    def _running(self) -> HollowDraDriver:
+        if self.driver is None:
+            raise RuntimeError(f"{self.name}: no driver running")
+        return self.driver
+
+    async def _status_written(self) -> None:
+        writer = self._running().claim_status
+        async with asyncio.timeout(STATUS_TIMEOUT):
+            while writer is not None and writer.under_way:
+                await asyncio.sleep(0.05)
+
 
 class AgentHost:
     """The hollow nodes of one process and the commands that drive them."""
@@ -206,6 +240,16 @@ class AgentHost:
             self.nodes[index].xid(xid)
         return {"xids": len(indices)}
 
+    async def claims(self, verb: str, pods: dict[str, list[list[dict[str, str]]]]) -> dict[str, Any]:
+        """Prepare or unprepare the claims of pods (by node name) on their nodes at once; the claims and errors."""
+        by_name = {node.name: node for node in self.nodes}
+        started = time.perf_counter()
+        work = [getattr(by_name[name], verb)(node_pods) for name, node_pods in pods.items()]
+        errors = [error for node_errors in await asyncio.gather(*work) for error in node_errors]
+        claims = sum(len(claims) for node_pods in pods.values() for claims in node_pods)
+        seconds = round(time.perf_counter() - started, 3)
+        return {"claims": claims, "errors": errors[:5], "failed": len(errors), "seconds": seconds}
+
     async def stop(self) -> dict[str, Any]:
         await asyncio.gather(*(node.stop() for node in self.nodes))
         return {}
@@ -218,6 +262,8 @@ class AgentHost:
                 return await self.restart(command["config"])
             case "xid":
                 return self.xid(command["nodes"], int(command.get("xid", 79)))
+            case "prepare" | "unprepare":
+                return await self.claims(command["cmd"], command["pods"])
             case "counts":
                 return self.traffic.take()
             case "stop":

@@ -74,6 +74,22 @@ def requests_table(fleet: dict[str, Any]) -> str:
     return "\n".join(rows)
 
 
+def claims_table(fleet: dict[str, Any]) -> str:
+    """What preparing and unpreparing the chip pods' claims asked of the API server, per claim."""
+    rows = ["| nodes | claims | prepare | unprepare | requests/claim | writes/claim | what, per claim |"]
+    rows.append("|---|---|---|---|---|---|---|")
+    for size in _sizes(fleet):
+        if (figures := size["phases"].get("claims")) is None or not figures.get("claims"):
+            continue
+        claims = figures["claims"]
+        parts = "; ".join(f"{count / claims:.2f} {what}" for what, count in figures["by_resource"].items())
+        rows.append(
+            f"| {size['nodes']} | {claims} | {figures['prepare_s']} s | {figures['unprepare_s']} s | "
+            f"{figures['requests'] / claims:.2f} | {figures['writes'] / claims:.2f} | {parts or 'none'} |"
+        )
+    return "\n".join(rows)
+
+
 def storage_table(fleet: dict[str, Any]) -> str:
     rows = ["| nodes | etcd bytes per node | slices' JSON per node | start: pool complete | API server exit |"]
     rows.append("|---|---|---|---|---|")
@@ -196,6 +212,7 @@ def render(fleet: dict[str, Any]) -> str:
         "## Scheduler\n\n" + scheduler_table(fleet),
         "## API server traffic\n\n" + traffic_table(fleet),
         "### What the requests are\n\n" + requests_table(fleet),
+        "### Claims prepared and unprepared\n\n" + claims_table(fleet),
         "### Storage and restart\n\n" + storage_table(fleet),
         "## Model\n\n" + model_table(model(fleet)),
     ]

@@ -23,6 +23,7 @@ from bench.fleet.admin import EXTENDED_RESOURCE, Admin, Obj, bounded_all
 from bench.stats import percentile
 
 NAMESPACE = "fleet-bench"
+DRIVER = "gpu.iluvatar.com"
 CLASS = {
     "chip": "gpu.iluvatar.com",
     "board": "board.gpu.iluvatar.com",
@@ -167,6 +168,26 @@ def _placement_figures(
         "bind_p50_ms": round(percentile(latencies, 50), 1) if latencies else None,
         "bind_p99_ms": round(percentile(latencies, 99), 1) if latencies else None,
     }
+
+
+async def claims_by_node(admin: Admin) -> dict[str, list[list[dict[str, str]]]]:
+    """The bench's allocated claims, as the kubelet of each node would prepare them: by node (our pool's name), a
+    list of pods, each the list of its claims (`namespace`, `name`, `uid`)."""
+    by_pod: dict[tuple[str, str], list[dict[str, str]]] = {}
+    for claim in await admin.items(f"/apis/resource.k8s.io/v1/namespaces/{NAMESPACE}/resourceclaims"):
+        status = claim.get("status") or {}
+        results = ((status.get("allocation") or {}).get("devices") or {}).get("results") or []
+        pools = {result["pool"] for result in results if result.get("driver") == DRIVER}
+        holders = [ref.get("uid", "") for ref in status.get("reservedFor") or []]
+        if len(pools) != 1 or not holders:
+            continue
+        metadata = claim["metadata"]
+        ref = {"namespace": metadata["namespace"], "name": metadata["name"], "uid": metadata["uid"]}
+        by_pod.setdefault((pools.pop(), holders[0]), []).append(ref)
+    pods: dict[str, list[list[dict[str, str]]]] = {}
+    for (node, _), claims in sorted(by_pod.items()):
+        pods.setdefault(node, []).append(claims)
+    return pods
 
 
 async def clean(admin: Admin) -> None:

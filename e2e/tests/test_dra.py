@@ -124,8 +124,21 @@ def test_a_claim_template_pod_is_scheduled_prepared_and_sees_its_chip(
     (chip,) = chips_seen(output)
     assert allocated_devices(admin, namespace, pod) == [f"gpu-{chip.minor}"]
     spec_files = sorted(path.name for path in cluster.cdi_dir.glob(f"{DRIVER}-claim_*.yaml"))
-    claim_uid = admin.get("resourceclaim", pod["status"]["resourceClaimStatuses"][0]["resourceClaimName"], namespace)
+    claim_name = pod["status"]["resourceClaimStatuses"][0]["resourceClaimName"]
+    claim_uid = admin.get("resourceclaim", claim_name, namespace)
     assert spec_files == [f"{DRIVER}-claim_{claim_uid['metadata']['uid']}.yaml"]
+    # status.devices, written with the chart's RBAC (associated-node:patch of resourceclaims/driver, which 1.37
+    # asks for) from a token bound to a pod on the node: the real API server accepts the entry as written.
+    told = wait_until(
+        lambda: admin.get("resourceclaim", claim_name, namespace)["status"].get("devices"),
+        30,
+        "the claim's status.devices",
+        [driver.log],
+    )
+    assert [(entry["driver"], entry["pool"], entry["device"]) for entry in told] == [
+        (DRIVER, cluster.node_name, f"gpu-{chip.minor}")
+    ]
+    assert told[0]["data"]["uuid"] == chip.uuid
 
 
 def test_a_whole_board_claim_gets_both_chips_of_one_board(

@@ -96,6 +96,7 @@ def _size(nodes: int, plain: float, chip: float) -> dict[str, Any]:
     phases = {name: _phase(4.0, 0.0) for name in report.PHASES}
     phases["start"] = _phase(13.0, 3.0) | {"pool_complete_s": 2.0}
     phases["rest"] = _phase(0.0, 0.0)
+    phases["claims"] = _phase(5.0, 2.0) | {"claims": 25, "prepare_s": 1.5, "unprepare_s": 0.5}
     return {
         "nodes": nodes,
         "etcd_bytes_per_node": 30_000,
@@ -116,6 +117,7 @@ def test_the_report_gives_ratios_to_the_baseline_and_a_model(tmp_path: Path) -> 
 
     text = report.render(fleet)
     assert "| 10 | chip | 100/100 | 25.0 | 0.50 | 800 ms | 1,500 ms |" in text
+    assert "| 10 | 25 | 1.5 s | 0.5 s | 2.00 | 0.80 | 0.80 create resourceslices |" in text  # 50 requests, 20 writes
     projected = report.model(fleet)["sizes"]["1000"]
     assert projected["start_writes"] == 3000 and projected["rest_requests_per_hour"] == 0
     assert projected["watches"] == 500  # 20 watches for 40 nodes

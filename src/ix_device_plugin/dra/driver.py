@@ -342,10 +342,17 @@ class DraDriver:
     async def prepare_claim(self, ref: ClaimRef, read: ClaimReader | None = None) -> PreparedClaim | str:
         """The prepared claim, or the per-claim error message; never raises. read: how to read the claim."""
         devices, control_nodes = self.content.by_name(), self.inventory.control_nodes
-        work = self.state.prepare(ref, read or self._read_claim, devices, control_nodes, self._reset_claim)
+        as_read: dict[str, dict[str, Any]] = {}  # the claim as this prepare read it: the status write starts there
+
+        async def reading(claim: ClaimRef) -> dict[str, Any]:
+            as_read[claim.uid] = found = await (read or self._read_claim)(claim)
+            return found
+
+        work = self.state.prepare(ref, reading, devices, control_nodes, self._reset_claim)
         prepared: PreparedClaim | str = await self.metrics.timed("prepare", work)
         if not isinstance(prepared, str) and self.claim_status is not None:
-            self.claim_status.prepared(prepared, {chip.uuid: chip.bus_id for chip in self.inventory.chips()})
+            bus_ids = {chip.uuid: chip.bus_id for chip in self.inventory.chips()}
+            self.claim_status.prepared(prepared, bus_ids, as_read.get(ref.uid))
         return prepared
 
     async def unprepare_claim(self, ref: ClaimRef) -> str | None:

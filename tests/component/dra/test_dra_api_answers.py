@@ -260,6 +260,44 @@ def claim_devices(api: ApiServerStandIn, name: str) -> list[dict[str, Any]]:
     return list(stored["status"].get("devices") or [])
 
 
+def claim_reads(api: ApiServerStandIn, name: str) -> int:
+    return sum(1 for r in api.requests if r.method == "GET" and r.path.endswith(f"/resourceclaims/{name}"))
+
+
+async def test_a_prepares_status_write_starts_from_the_claim_as_the_prepare_read_it(
+    node: DraNode, api: ApiServerStandIn
+) -> None:
+    driver = await node.start()
+    await node.wait_slice(lambda devices: len(devices) == 6)
+    kubelet = await node.kubelet(driver)
+    claim = node.claim("once", ["gpu-1"])
+    assert answer(await kubelet.prepare([claim]), claim[2]).error == ""
+    await until(lambda: claim_devices(api, "once") != [], timeout=3)
+    assert claim_reads(api, "once") == 1 and status_patches(api, "once") == 1  # the prepare's read, then the write
+    await kubelet.close()
+
+
+async def test_a_claim_changed_between_the_prepares_read_and_its_status_write_is_read_again(
+    node: DraNode, api: ApiServerStandIn
+) -> None:
+    driver = await node.start()
+    await node.wait_slice(lambda devices: len(devices) == 6)
+    kubelet = await node.kubelet(driver)
+    claim = node.claim("moved", ["gpu-1"])
+    api.slow_down("PATCH", "/resourceclaims/moved/status", 0.5)
+    assert answer(await kubelet.prepare([claim]), claim[2]).error == ""
+    await until(lambda: status_patches(api, "moved") == 1, timeout=2)  # received, not yet applied
+    changed = api.get("resourceclaims", "moved", "default")
+    assert changed is not None
+    changed["metadata"].setdefault("annotations", {})["example.com/note"] = "changed"
+    api.put("resourceclaims", changed)  # a new resourceVersion: the write in flight is refused
+    await until(lambda: claim_devices(api, "moved") != [], timeout=3)
+    stored = api.get("resourceclaims", "moved", "default")
+    assert stored is not None and stored["metadata"]["annotations"] == {"example.com/note": "changed"}
+    assert claim_reads(api, "moved") == 2 and status_patches(api, "moved") == 2
+    await kubelet.close()
+
+
 async def test_the_unprepare_has_the_last_word_on_the_claim_status_after_a_slow_prepare_write(
     node: DraNode, api: ApiServerStandIn
 ) -> None:
@@ -270,10 +308,12 @@ async def test_the_unprepare_has_the_last_word_on_the_claim_status_after_a_slow_
     api.slow_down("PATCH", "/resourceclaims/slow/status", 0.6)  # the prepare's write lands late
     assert answer(await kubelet.prepare([claim]), claim[2]).error == ""
     await until(lambda: status_patches(api, "slow") == 1, timeout=2)  # sent, held up in the server
+    assert driver.claim_status is not None and driver.claim_status.under_way == 1
     assert answer(await kubelet.unprepare([claim]), claim[2]).error == ""
     await asyncio.sleep(1.2)  # the prepare's write has landed
     assert claim_devices(api, "slow") == []
     assert status_patches(api, "slow") == 2  # the unprepare's, after the prepare's
+    assert driver.claim_status.under_way == 0
     await kubelet.close()
 
 
