@@ -11,9 +11,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from ix_device_plugin.apiserver.events import WATCH_SERVER_TIMEOUT
+
 SHAPES = ("plain", "chip", "board", "extended", "share")
 PHASES = ("start", "rest", "rollout", "xid", "apiserver_restart")
 MODEL_SIZES = (1_000, 5_000)
+MEAN_WATCH_SECONDS = 1.5 * WATCH_SERVER_TIMEOUT  # a watch's timeoutSeconds is drawn from [240, 480)
 
 
 def _sizes(fleet: dict[str, Any]) -> list[dict[str, Any]]:
@@ -125,13 +128,16 @@ def model(fleet: dict[str, Any]) -> dict[str, Any]:
     projected: dict[str, Any] = {"from_nodes": largest["nodes"], "sizes": {}}
     for nodes in MODEL_SIZES:
         rest = phases["rest"]
+        watches = round(rest["watches_open_at_end"] / largest["nodes"] * nodes)
         entry: dict[str, Any] = {
             "start_requests": round(phases["start"]["requests_per_node"] * nodes),
             "start_writes": round(phases["start"]["writes_per_node"] * nodes),
             "rollout_writes": round(phases["rollout"]["writes_per_node"] * nodes),
             "restart_requests": round(phases["apiserver_restart"]["requests_per_node"] * nodes),
-            "rest_requests_per_hour": round(rest["requests_per_node"] * nodes * 3600 / rest["seconds"]),
-            "watches": round(rest["watches_open_at_end"] / largest["nodes"] * nodes),
+            "rest_requests_per_hour": round(
+                rest["requests_per_node"] * nodes * 3600 / rest["seconds"] + watches * 3600 / MEAN_WATCH_SECONDS
+            ),
+            "watches": watches,
             "etcd_mib": round(largest["etcd_bytes_per_node"] * nodes / 2**20, 1),
             "pods_per_second": {},
         }
@@ -152,7 +158,7 @@ def model_table(projected: dict[str, Any]) -> str:
         ("start_writes", "of which writes"),
         ("rollout_writes", "writes of a config rollout to every node"),
         ("restart_requests", "requests after an API server restart"),
-        ("rest_requests_per_hour", "requests per hour at rest"),
+        ("rest_requests_per_hour", "requests per hour at rest (watches opened again as the server ends them)"),
         ("watches", "watches held"),
         ("etcd_mib", "etcd MiB for the pools"),
     ]

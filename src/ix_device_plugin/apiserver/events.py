@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import random
 from collections.abc import AsyncIterator, Mapping
 from typing import TYPE_CHECKING
 
@@ -14,8 +15,15 @@ from ix_device_plugin.apiserver.objects import Object, ObjectKind, as_dict, reso
 if TYPE_CHECKING:
     from lightkube import AsyncClient
 
-WATCH_SERVER_TIMEOUT = 240  # seconds after which the API server ends a watch; it is resumed
+WATCH_SERVER_TIMEOUT = 240  # the shortest time after which the API server is asked to end a watch; it is resumed
 WATCH_IDLE_GRACE = 30.0  # a watch silent this long past the server timeout is presumed dead and resumed
+
+
+def server_timeout() -> int:
+    """The timeoutSeconds of one watch: drawn from [WATCH_SERVER_TIMEOUT, 2 * WATCH_SERVER_TIMEOUT), as client-go
+    draws its own, so that the watches a fleet opened together (its start, an API server restart) do not all
+    end and open again together every few minutes for good."""
+    return random.randrange(WATCH_SERVER_TIMEOUT, 2 * WATCH_SERVER_TIMEOUT)
 
 
 async def watch_events(
@@ -37,8 +45,9 @@ async def watch_events(
     from lightkube.core.generic_client import WatchDriver
 
     generic = client._client  # the library's request layer: one request, not its endless re-opening loop
+    timeout = server_timeout()
     params = {
-        "timeoutSeconds": WATCH_SERVER_TIMEOUT,
+        "timeoutSeconds": timeout,
         "resourceVersion": version or None,
         "allowWatchBookmarks": "true",
         "fieldSelector": ",".join(f"{key}={value}" for key, value in (field_selector or {}).items()) or None,
@@ -59,7 +68,7 @@ async def watch_events(
             raise kube_error(what, error) from None
         while True:
             try:
-                async with asyncio.timeout(WATCH_SERVER_TIMEOUT + WATCH_IDLE_GRACE):
+                async with asyncio.timeout(timeout + WATCH_IDLE_GRACE):
                     line = await anext(lines)
                 change, obj = driver.process_one_line(line)
             except (StopAsyncIteration, TimeoutError):
