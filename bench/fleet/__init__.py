@@ -305,13 +305,14 @@ async def _xids(fleet: Fleet, phases: Phases, nodes: int, settings: Settings) ->
 async def _apiserver_restart(
     plane: ControlPlane, admin: Admin, fleet: Fleet, phases: Phases, nodes: int, settings: Settings
 ) -> float:
-    """SIGTERM to the API server, started again; the reconnect window after it is ready. Its exit time."""
-    await phases.begin(fleet)
+    """SIGTERM to the API server, started again; the window from the SIGTERM to fleet_rest_seconds after the new
+    one is ready (the agents' first requests reach it as soon as it listens, before it says it is ready). Its
+    exit time."""
+    stopping = await phases.begin(fleet)
     exited = await asyncio.to_thread(plane.stop_apiserver)
     await asyncio.to_thread(plane.start_apiserver)
-    ready = time.time()
     await asyncio.sleep(settings.fleet_rest_seconds)
-    await phases.measure("apiserver_restart", fleet, ready, time.time())
+    await phases.measure("apiserver_restart", fleet, stopping, time.time())
     return round(exited, 2)
 
 
