@@ -17,6 +17,13 @@ its own connection and identity, 8 simulated BI-V150 boards (16 chips) per node.
 7. XIDs: a critical XID on one chip of 10 % of the nodes;
 8. API server restart: SIGTERM (its exit time is measured), started again; the reconnect herd after it.
 
+Then the DRA drivers are stopped and the device plugin's fleet runs on the same nodes (bench.fleet.deviceplugin):
+9. dp_start: every device plugin at once (per-node config, Volcano mode, self-healing); until every node's
+   Volcano ConfigMap is stored, and a settle time after;
+10. dp_rest: nothing changes for a while (target: no requests at all);
+11. dp_label_rollout: the node label iluvatar.com/device-plugin.config=replicas set on every node at once;
+12. dp_xid: a critical XID on one chip of 10 % of the nodes.
+
 The agents' requests are counted from the API server's audit log (their group only) per phase; the bytes on
 the agents' side. etcd's bytes in use are read before and after the start. Results: docs/scale.md explains them.
 """
@@ -219,10 +226,13 @@ async def run_size(settings: Settings, nodes: int) -> dict[str, Any]:
                 await fleet.each(cmd="restart", config=PLAIN_CONFIG)
                 await until_pool(admin, nodes * BOARDS * 2, 0)
                 placements.append(await _placed(admin, "plain", nodes, settings.fleet_pods))
-                await _xids(fleet, phases, nodes, settings)
+                await xid_phase(fleet, phases, nodes, settings)
                 results["apiserver_exit_s"] = await _apiserver_restart(plane, admin, fleet, phases, nodes, settings)
             finally:
                 await fleet.close()
+            from bench.fleet import deviceplugin  # it builds on this module
+
+            await deviceplugin.run_phases(plane, admin, names, phases, settings)
         results["phases"] = phases.report(plane.audit_log, nodes)
     results["scheduling"] = placements
     return results
@@ -288,8 +298,8 @@ async def _until_shared(admin: Admin, nodes: int) -> float:
             await asyncio.sleep(0.5)
 
 
-async def _xids(fleet: Fleet, phases: Phases, nodes: int, settings: Settings) -> None:
-    """A critical XID on one chip of every tenth node; the window its handling takes."""
+async def xid_phase(fleet: Fleet, phases: Phases, nodes: int, settings: Settings, name: str = "xid") -> None:
+    """A critical XID on one chip of every tenth node; the window its handling takes, measured as phase name."""
     chosen = list(range(0, nodes, 10))
     started = await phases.begin(fleet)
     by_process: dict[int, list[int]] = {}
@@ -299,7 +309,7 @@ async def _xids(fleet: Fleet, phases: Phases, nodes: int, settings: Settings) ->
         *(fleet.processes[group].command(cmd="xid", nodes=indices, xid=79) for group, indices in by_process.items())
     )
     await asyncio.sleep(settings.fleet_rest_seconds)
-    await phases.measure("xid", fleet, started, time.time(), nodes_with_xid=len(chosen))
+    await phases.measure(name, fleet, started, time.time(), nodes_with_xid=len(chosen))
 
 
 async def _apiserver_restart(

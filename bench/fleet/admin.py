@@ -25,6 +25,12 @@ CHART_VALUES = {
     "dra": {"enabled": True, "extendedResourceName": EXTENDED_RESOURCE},
     "devicePlugin": {"enabled": False},
 }
+# The device plugin's RBAC for what the fleet's plugins do: per-node config, Volcano mode, self-healing.
+DEVICE_PLUGIN_VALUES = {
+    "dra": {"enabled": False},
+    "devicePlugin": {"enabled": True},
+    "features": {"perNodeConfig": True, "volcano": True, "selfHealing": True},
+}
 NODE_CAPACITY = {"cpu": "128", "memory": "1Ti", "pods": "250"}
 
 
@@ -88,11 +94,12 @@ async def bounded_all(calls: Iterable[Callable[[], Awaitable[Any]]], concurrency
     return await asyncio.gather(*(one(call) for call in calls))
 
 
-def chart_objects(plane: ControlPlane) -> list[Obj]:
-    """The chart's DRA DeviceClasses and roles as `helm template` renders them, the bindings for the agents' group."""
+def chart_objects(plane: ControlPlane, values: Obj = CHART_VALUES) -> list[Obj]:
+    """The chart's DRA DeviceClasses and roles as `helm template` renders them for values, the bindings for the
+    agents' group."""
     helm = Helm(plane.binaries["helm"], plane.workdir / "helm")
     objects = []
-    for obj in helm.template(CHART_VALUES):
+    for obj in helm.template(values):
         if obj["kind"] in ("DeviceClass", "ClusterRole", "Role"):
             objects.append(obj)
         elif obj["kind"] in ("ClusterRoleBinding", "RoleBinding"):
@@ -128,6 +135,11 @@ def claim_status_grant() -> list[Obj]:
             "roleRef": role_ref,
         },
     ]
+
+
+def device_plugin_objects(plane: ControlPlane) -> list[Obj]:
+    """The chart's device plugin roles (DEVICE_PLUGIN_VALUES), bound to the agents' group."""
+    return chart_objects(plane, DEVICE_PLUGIN_VALUES)
 
 
 def node_object(name: str) -> Obj:

@@ -1,15 +1,21 @@
-"""Many hollow nodes' DRA drivers in one process: `python -m bench.fleet.agents`, driven by JSON lines on stdin.
+"""Many hollow nodes' agents in one process: `python -m bench.fleet.agents`, driven by JSON lines on stdin.
 
-Each hollow node runs the real `DraDriver` (its hardware monitor on simulated BI-V150 boards from its own
-devices file, its checkpoint and CDI directory, its slice publisher, its watches of the node's slices and of the
-Node, claim status, the reset record, self-healing) with its own API connection and bearer token. Only the
-kubelet side is left out: no gRPC sockets are served and no probe port is opened (the kubelet's calls are not
-API server traffic).
+Each hollow node runs one real agent with its own API connection and bearer token, on simulated BI-V150 boards
+from its own devices file:
+- kind `dra` (the default): the `DraDriver` (its hardware monitor, its checkpoint and CDI directory, its slice
+  publisher, its watches of the node's slices and of the Node, claim status, the reset record, self-healing);
+- kind `deviceplugin`: the device plugin's `Daemon` with per-node config (the node label
+  iluvatar.com/device-plugin.config picks `default` or `replicas` from the node's config directory, both with
+  Volcano mode on: the ConfigMap ix-device-info-cm-<node> and a watch of the node's pods), self-healing and
+  its Events. Its gRPC server listens on a socket in the node's directory; it never registers with a kubelet.
+Only the kubelet side is left out: no kubelet registration, no probe port (the kubelet's calls are not API
+server traffic).
 
 Commands (one JSON object per line; each is answered with one JSON line once done):
-- `{"cmd": "start", "spec": {...}}`: start one driver per node of spec (see AgentSpec);
-- `{"cmd": "restart", "config": {"splitboard": b, "replicas": n, "plain": b}}`: a config rollout: every driver
-  stopped and started again with the new ix-config at once, as a DaemonSet update with no surge limit does;
+- `{"cmd": "start", "spec": {...}}`: start one agent per node of spec (see AgentSpec);
+- `{"cmd": "restart", "config": {"splitboard": b, "replicas": n, "plain": b}}`: a config rollout (DRA drivers):
+  every driver stopped and started again with the new ix-config at once, as a DaemonSet update with no surge
+  limit does;
 - `{"cmd": "xid", "nodes": [i, ...], "xid": 79}`: the chip 1 of board 0 of these nodes reports the XID;
 - `{"cmd": "prepare", "pods": {node: [[claim, ...], ...]}}`: what the kubelet asks when the pods start: one
   NodePrepareResources per pod with its claims (each `{"namespace", "name", "uid"}`), then until the claims'
@@ -36,15 +42,24 @@ from typing import Any
 import yaml
 
 from ix_device_plugin.apiserver.settings import InCluster, KubeSettings
+from ix_device_plugin.deviceplugin.loop import Daemon
+from ix_device_plugin.deviceplugin.registrar import Registrar
 from ix_device_plugin.dra.driver import DraDriver
 from ix_device_plugin.dra.prepared import ClaimRef
 from ix_device_plugin.settings.config import Config
-from ix_device_plugin.settings.options import DraOptions, NodeOptions
-from ix_device_plugin.settings.table import DRA
+from ix_device_plugin.settings.options import DraOptions, NodeOptions, Options
+from ix_device_plugin.settings.table import DRA, RUN
 
 NAMESPACE = "kube-system"
 STATUS_TIMEOUT = 120.0  # seconds the claims' status writes may take
 HEALTH_INTERVAL = 5.0  # the product's default poll is shorter; the fleet's polls read files, not API objects
+DEVICE_PLUGIN = "deviceplugin"
+# The device plugin's ix-config keys (files of its config directory), as the chart's ConfigMap would hold them:
+# `default` is the file in force without the node label, `replicas` the one the label `replicas` picks.
+DEVICE_PLUGIN_CONFIGS = {
+    "default": {"flags": {"usevolcano": True}},
+    "replicas": {"flags": {"usevolcano": True}, "sharing": {"timeSlicing": {"replicas": 4}}},
+}
 
 
 @dataclass(frozen=True)
@@ -57,6 +72,7 @@ class AgentSpec:
     token_files: list[str]
     boards: int
     config: dict[str, Any]
+    kind: str = "dra"  # or DEVICE_PLUGIN
 
 
 class Traffic:
@@ -130,8 +146,28 @@ class HollowDraDriver(DraDriver):
         return None
 
 
+class NoKubelet(Registrar):
+    """A registrar with no kubelet to register with: it waits for ever instead of looking for kubelet.sock."""
+
+    async def run(self) -> None:
+        await asyncio.Event().wait()
+
+
+class HollowDaemon(Daemon):
+    """The device plugin's Daemon with no kubelet side: no registration, no probe port (health_address off)."""
+
+    traffic: Traffic | None = None
+
+    async def start(self) -> None:
+        self.registrar = NoKubelet(self.options.plugin_dir, "", lambda: self.plan.resource_name, self.metrics)
+        if self.traffic is not None and self.apiserver is not None:
+            kube = await self.apiserver.kube()  # the client only: no request is made
+            self.traffic.install(kube._client._client._client)
+        await super().start()
+
+
 class HollowNode:
-    """One hollow node's files and its driver."""
+    """One hollow node's files and its DRA driver."""
 
     def __init__(self, root: Path, name: str, token_file: Path, spec: AgentSpec) -> None:
         self.root = root
@@ -212,6 +248,49 @@ class HollowNode:
                 await asyncio.sleep(0.05)
 
 
+class HollowPluginNode(HollowNode):
+    """One hollow node's files and its device plugin (the config directory of DEVICE_PLUGIN_CONFIGS)."""
+
+    def __init__(self, root: Path, name: str, token_file: Path, spec: AgentSpec) -> None:
+        super().__init__(root, name, token_file, spec)
+        self.config_dir = root / "config"
+        self.config_dir.mkdir()
+        for key, config in DEVICE_PLUGIN_CONFIGS.items():
+            (self.config_dir / key).write_text(yaml.safe_dump(config))
+        self.daemon: HollowDaemon | None = None
+
+    def plugin_options(self) -> Options:
+        """The plugin's options: simulated boards, the `default` key in force, per-node config, nothing on the
+        node beyond its own directory."""
+        (self.root / "plugins").mkdir(exist_ok=True)
+        return Options(
+            mode=RUN,
+            backend="simulated",
+            simulated_devices=str(self.devices_file),
+            dev_root=self.root,
+            sysfs_root=self.root / "sys",
+            health_interval=HEALTH_INTERVAL,
+            health_address="off",
+            config_path=self.config_dir / "default",
+            config_required=True,
+            plugin_dir=self.root / "plugins",
+            node_name=self.name,
+            per_node_config=True,
+        )
+
+    async def start(self, config: dict[str, Any], traffic: Traffic) -> None:
+        daemon = HollowDaemon(self.plugin_options(), kube=self.settings)
+        daemon.traffic = traffic
+        await daemon.start()
+        self.daemon = daemon
+
+    async def stop(self) -> None:
+        if self.daemon is not None:
+            self.daemon.service.stop()
+            await self.daemon.shutdown()
+            self.daemon = None
+
+
 class AgentHost:
     """The hollow nodes of one process and the commands that drive them."""
 
@@ -224,7 +303,8 @@ class AgentHost:
         for index, (name, token) in enumerate(zip(spec.nodes, spec.token_files, strict=True)):
             root = self.directory / str(index)
             root.mkdir()
-            self.nodes.append(HollowNode(root, name, Path(token), spec))
+            kind = HollowPluginNode if spec.kind == DEVICE_PLUGIN else HollowNode
+            self.nodes.append(kind(root, name, Path(token), spec))
         started = time.perf_counter()
         await asyncio.gather(*(node.start(spec.config, self.traffic) for node in self.nodes))
         return {"started_s": round(time.perf_counter() - started, 3)}

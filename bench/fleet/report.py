@@ -15,6 +15,8 @@ from ix_device_plugin.apiserver.events import WATCH_SERVER_TIMEOUT
 
 SHAPES = ("plain", "chip", "board", "extended", "share")
 PHASES = ("start", "rest", "rollout", "xid", "apiserver_restart")
+DEVICE_PLUGIN_PHASES = ("dp_start", "dp_rest", "dp_label_rollout", "dp_xid")  # the device plugin's fleet
+ALL_PHASES = PHASES + DEVICE_PLUGIN_PHASES
 MODEL_SIZES = (1_000, 5_000)
 MEAN_WATCH_SECONDS = 1.5 * WATCH_SERVER_TIMEOUT  # a watch's timeoutSeconds is drawn from [240, 480)
 
@@ -52,7 +54,7 @@ def traffic_table(fleet: dict[str, Any]) -> str:
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for size in _sizes(fleet):
-        for phase in PHASES:
+        for phase in ALL_PHASES:
             if (figures := size["phases"].get(phase)) is None:
                 continue
             rows.append(
@@ -68,7 +70,7 @@ def requests_table(fleet: dict[str, Any]) -> str:
     """What the requests of each phase were, for the largest fleet: verb and resource, per node."""
     size = _sizes(fleet)[-1]
     rows = [f"| phase | requests per node ({size['nodes']} nodes) | errors |", "|---|---|---|"]
-    for phase in PHASES:
+    for phase in ALL_PHASES:
         if (figures := size["phases"].get(phase)) is None:
             continue
         parts = [f"{count / size['nodes']:.2f} {what}" for what, count in figures["by_resource"].items()]
@@ -198,10 +200,11 @@ def plot(fleet: dict[str, Any], folder: Path) -> list[Path]:
 
     figure, axes = plt.subplots(figsize=(7, 4))
     width = 0.8 / len(sizes)
+    shown = [phase for phase in ALL_PHASES if any(phase in size["phases"] for size in sizes)]
     for offset, size in enumerate(sizes):
-        values = [size["phases"].get(phase, {}).get("requests_per_node", 0) for phase in PHASES]
-        axes.bar([i + offset * width for i in range(len(PHASES))], values, width, label=f"{size['nodes']} nodes")
-    axes.set_xticks([i + width * (len(sizes) - 1) / 2 for i in range(len(PHASES))], PHASES)
+        values = [size["phases"].get(phase, {}).get("requests_per_node", 0) for phase in shown]
+        axes.bar([i + offset * width for i in range(len(shown))], values, width, label=f"{size['nodes']} nodes")
+    axes.set_xticks([i + width * (len(sizes) - 1) / 2 for i in range(len(shown))], shown, rotation=30)
     axes.set_ylabel("requests per node")
     axes.set_title("Our agents' API requests per node, by phase")
     axes.legend()

@@ -1,5 +1,6 @@
-"""The fleet bench in its small form: 20 hollow nodes' DRA drivers against a second, real control plane (etcd,
-kube-apiserver, controller-manager, scheduler; no kubelet), as `python -m bench --only fleet` runs it.
+"""The fleet bench in its small form: 20 hollow nodes' DRA drivers, then their device plugins, against a second,
+real control plane (etcd, kube-apiserver, controller-manager, scheduler; no kubelet), as `python -m bench --only
+fleet` runs it.
 
 What each node asks of the API server is counted from the API server's audit log, so that a change that makes
 every node of a fleet write or read more is caught here; the scheduler must place every pod of every shape.
@@ -89,3 +90,34 @@ def test_a_claim_costs_two_reads_and_a_write_to_prepare_and_a_read_and_a_write_t
     by_resource = claims["by_resource"]
     assert by_resource.get("patch resourceclaims/status") == 2 * claims["claims"], by_resource
     assert claims["requests"] <= 5 * claims["claims"], by_resource
+
+
+def test_a_starting_device_plugin_writes_its_volcano_config_map_once(fleet: dict[str, Any]) -> None:
+    """The device plugins (per-node config, Volcano mode, self-healing) started at once on the same nodes: each
+    creates ix-device-info-cm-<node> and writes nothing else; reads: a list and a watch each of its Node (the
+    label, the operator's annotation), its ConfigMap and its pods."""
+    start = fleet["phases"]["dp_start"]
+    assert start["by_resource"].get("create configmaps") == NODES, start["by_resource"]
+    assert start["writes_per_node"] == 1, start["by_resource"]
+    assert start["requests_per_node"] <= 10, start["by_resource"]
+    assert not start["errors"], start["errors"]
+
+
+def test_a_device_plugin_fleet_at_rest_asks_nothing(fleet: dict[str, Any]) -> None:
+    rest = fleet["phases"]["dp_rest"]
+    assert rest["requests"] == 0, rest["by_resource"]
+    assert rest["watches_open_at_end"] == 4 * NODES  # two of its Node, its ConfigMap, its pods
+
+
+def test_a_node_label_rollout_writes_each_config_map_once(fleet: dict[str, Any]) -> None:
+    """The label naming the key `replicas` set on every node at once: each plugin rewrites its Volcano ConfigMap
+    (the replicas are other devices), and asks nothing else."""
+    rollout = fleet["phases"]["dp_label_rollout"]
+    assert rollout["writes_per_node"] <= 1, rollout["by_resource"]
+    assert rollout["requests_per_node"] <= 2, rollout["by_resource"]
+    assert not rollout["errors"], rollout["errors"]
+
+
+def test_a_device_plugin_xid_costs_only_the_nodes_that_have_one(fleet: dict[str, Any]) -> None:
+    xid = fleet["phases"]["dp_xid"]
+    assert 0 < xid["writes"] <= 6 * xid["nodes_with_xid"], xid["by_resource"]

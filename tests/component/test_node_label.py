@@ -128,3 +128,20 @@ async def test_an_unusable_kubeconfig_is_named_and_waited_out(apiserver, tmp_pat
     assert "cannot reach" not in message  # the API server was never tried
     assert apiserver.requests == []
     await api.close()
+
+
+async def test_a_node_unchanged_since_the_history_kept_is_watched_once(api, apiserver):
+    """The Node's own resourceVersion is older than the watch history (no change since an API server restart or a
+    compaction): the watch starts from the version of a read of the node, not of the node, so it is not answered
+    410 Expired again and again: one read and one watch."""
+    apiserver.add_node(NODE, {LABEL: "small"})
+    apiserver.put("configmaps", {"metadata": {"name": "other", "namespace": "default"}})  # later versions
+    apiserver.compact()
+    puts = _Puts()
+    task = await _run_watcher(api, puts)
+    await puts.wait("small")
+    await asyncio.sleep(1.0)  # FAST backs off at most 0.2 s: a re-read loop would show by now
+    await _stop(task)
+    reads = [r for r in apiserver.requests if "nodes" in r.path and r.query.get("watch") != "true"]
+    watches = [r for r in apiserver.requests if "nodes" in r.path and r.query.get("watch") == "true"]
+    assert (len(reads), len(watches)) == (1, 1), [(r.method, r.path, r.query) for r in apiserver.requests]

@@ -12,7 +12,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from bench.fleet import report, traffic
+from bench.fleet import agents, deviceplugin, report, traffic
+from ix_device_plugin.settings.options import config_file_for, load_config
 
 from support import REPO_ROOT
 
@@ -140,3 +141,46 @@ def test_a_file_that_is_not_a_fleet_result_is_named(tmp_path: Path) -> None:
     )
     assert shown.returncode == 2 and "other.json: not a fleet bench results file" in shown.stderr
     assert "Traceback" not in shown.stderr
+
+
+def test_the_device_plugin_phases_are_in_the_traffic_tables() -> None:
+    size = _size(10, 50.0, 25.0)
+    size["phases"]["dp_start"] = _phase(9.0, 2.0) | {"config_maps_complete_s": 3.0}
+    size["phases"]["dp_rest"] = _phase(0.0, 0.0)
+    size["phases"]["dp_label_rollout"] = _phase(2.0, 1.0)
+    fleet = {"pods": 100, "rest_seconds": 30.0, "sizes": {"10": size}}
+
+    traffic_rows = report.traffic_table(fleet).splitlines()
+    assert "| 10 | dp_start | 30.0 | 9.0 | 2.0 | 3.0 | 2.0 | 1.0 | 20 |" in traffic_rows
+    assert "| 10 | dp_rest | 30.0 | 0.0 | 0.0 | 0.0 | 2.0 | 1.0 | 20 |" in traffic_rows
+    assert [row.split(" | ")[1] for row in traffic_rows[2:]][-3:] == ["dp_start", "dp_rest", "dp_label_rollout"]
+    request_rows = report.requests_table(fleet).splitlines()
+    assert "| dp_rest | none | none |" in request_rows
+    assert "| dp_label_rollout | 1.00 create resourceslices | none |" in request_rows
+
+
+def test_a_volcano_config_map_lists_replicas_only_once_every_device_is_one() -> None:
+    def data(devices: list[str]) -> dict[str, str]:
+        return {deviceplugin.DEVICE_LIST_KEY: json.dumps({"DeviceList": devices, "UpdateTime": 1})}
+
+    assert deviceplugin.replicas_listed(data(["GPU-a::0", "GPU-a::1", "GPU-b::0"]))
+    assert not deviceplugin.replicas_listed(data(["GPU-a", "GPU-b"]))
+    assert not deviceplugin.replicas_listed(data(["GPU-a::0", "GPU-b"]))
+    assert not deviceplugin.replicas_listed(data([]))  # every device held or unhealthy: not known yet
+    assert not deviceplugin.replicas_listed({})
+    assert not deviceplugin.replicas_listed({deviceplugin.DEVICE_LIST_KEY: "not json"})
+
+
+def test_the_hollow_plugins_config_keys_are_valid_and_the_label_picks_them(tmp_path: Path) -> None:
+    spec = agents.AgentSpec(
+        server="https://127.0.0.1:1", ca=str(tmp_path / "ca"), nodes=["n"], token_files=[str(tmp_path / "t")],
+        boards=8, config={}, kind=agents.DEVICE_PLUGIN,
+    )  # fmt: skip
+    node = agents.HollowPluginNode(tmp_path, "n", tmp_path / "t", spec)
+    options = node.plugin_options()
+
+    default, _ = load_config(options, config_file_for(options, None)[0])
+    replicas, _ = load_config(options, config_file_for(options, "replicas")[0])
+    assert default.use_volcano and default.replicas == 0
+    assert replicas.use_volcano and replicas.replicas == 4
+    assert options.per_node_config and options.health_address == "off"

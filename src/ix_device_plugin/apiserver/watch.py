@@ -129,14 +129,15 @@ class Mirror(Generic[T]):
         return None
 
     async def _read(self, kube: Kube) -> None:
-        if self._name is not None:
-            obj = await kube.get_object(self.kind, self._name, self._namespace)
-            if obj is None:
-                what = f"get {self.kind.describe(self._name, self._namespace)}"
-                raise KubeNotFound(f"{what}: HTTP 404 NotFound: no such {self.kind.kind.lower()}", 404, "NotFound")
-            objects, version = [obj], version_of(obj)
-        else:
-            objects, version = await kube.list_with_version(self.kind, self._namespace, field_selector=self._fields)
+        """List what is followed (a named object by its name), keeping the list's resourceVersion to watch from.
+
+        Never a named object's own resourceVersion: an object unchanged for longer than the watch history the
+        API server keeps (after its restart, a compaction) would be answered 410 Expired at every watch.
+        """
+        objects, version = await kube.list_with_version(self.kind, self._namespace, field_selector=self._fields)
+        if self._name is not None and not objects:
+            what = f"list {self.kind.describe(self._name, self._namespace)}"
+            raise KubeNotFound(f"{what}: HTTP 404 NotFound: no such {self.kind.kind.lower()}", 404, "NotFound")
         self._version = version
         self._deliver({_key(obj): self._convert(obj) for obj in objects})
 

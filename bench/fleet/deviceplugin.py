@@ -1,0 +1,110 @@
+"""The fleet bench's device-plugin phases: N real device plugin `Daemon`s (bench.fleet.agents, kind
+`deviceplugin`) on the same hollow Nodes, after the DRA drivers are stopped, with the API features a fleet pays
+for: per-node config (a watch of the Node's label), Volcano mode (the ConfigMap ix-device-info-cm-<node> kept
+current, a watch of it and of the node's pods), self-healing (the GPU reset record, Node Events).
+
+1. dp_start: every plugin at once; until every node's Volcano ConfigMap is stored, and a settle time after;
+2. dp_rest: nothing changes for a while (target: no requests at all);
+3. dp_label_rollout: the node label iluvatar.com/device-plugin.config=replicas set on every node at once (the key
+   `replicas`: 4 time-slicing replicas per GPU); until every node's ConfigMap lists the replicas;
+4. dp_xid: a critical XID on one chip of 10 % of the nodes (self-healing, the ConfigMap's free devices).
+
+The phases are measured as the DRA ones are (`Phases`), under their dp_ names.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import time
+from collections.abc import Callable
+from typing import Any
+
+from bench.fleet import BOARDS, NODES_PER_PROCESS, SETTLE, AgentProcess, Fleet, Phases, xid_phase
+from bench.fleet.admin import Admin, bounded_all, device_plugin_objects
+from bench.fleet.agents import DEVICE_PLUGIN, NAMESPACE
+from bench.fleet.plane import ControlPlane
+from bench.settings import Settings
+
+CONFIG_MAP_PREFIX = "ix-device-info-cm-"
+DEVICE_LIST_KEY = "DeviceListCfg"
+CONFIG_LABEL = "iluvatar.com/device-plugin.config"
+REPLICA_SEPARATOR = "::"
+WAIT_TIMEOUT = 600.0
+
+
+async def run_phases(plane: ControlPlane, admin: Admin, names: list[str], phases: Phases, settings: Settings) -> None:
+    """The device-plugin fleet's phases on these (hollow, DRA-free by now) nodes, measured into phases."""
+    await asyncio.to_thread(plane.admin.apply, device_plugin_objects(plane))
+    started = time.time()
+    fleet = await start_plugins(plane, names)
+    try:
+        stored = await until_config_maps(admin, names, lambda _data: True)
+        await asyncio.sleep(SETTLE)
+        await phases.measure("dp_start", fleet, started, time.time(), config_maps_complete_s=round(stored - started, 2))
+        rest = await phases.begin(fleet)
+        await asyncio.sleep(settings.fleet_rest_seconds)
+        await phases.measure("dp_rest", fleet, rest, time.time())
+        await _label_rollout(admin, fleet, phases, names)
+        await xid_phase(fleet, phases, len(names), settings, "dp_xid")
+    finally:
+        await fleet.close()
+
+
+async def start_plugins(plane: ControlPlane, names: list[str]) -> Fleet:
+    """The agent processes, NODES_PER_PROCESS nodes each, their device plugins started at once."""
+    groups = math.ceil(len(names) / NODES_PER_PROCESS)
+    processes = [await AgentProcess.start() for _ in range(groups)]
+    tokens = [str(identity.token_file) for identity in plane.identities]
+    specs = [plugin_spec(plane, names, tokens, group) for group in range(groups)]
+    await asyncio.gather(
+        *(process.command(cmd="start", spec=spec) for process, spec in zip(processes, specs, strict=True))
+    )
+    return Fleet(processes)
+
+
+def plugin_spec(plane: ControlPlane, names: list[str], tokens: list[str], group: int) -> dict[str, Any]:
+    """The agent spec of one process's share of the nodes."""
+    chosen = slice(group * NODES_PER_PROCESS, (group + 1) * NODES_PER_PROCESS)
+    return {
+        "server": plane.server,
+        "ca": str(plane.ca),
+        "nodes": names[chosen],
+        "token_files": tokens[chosen],
+        "boards": BOARDS,
+        "config": {},
+        "kind": DEVICE_PLUGIN,
+    }
+
+
+def replicas_listed(data: dict[str, str]) -> bool:
+    """True when a Volcano ConfigMap's free devices are time-slicing replicas (`<uuid>::<i>`)."""
+    try:
+        listed = json.loads(data.get(DEVICE_LIST_KEY, "")).get("DeviceList") or []
+    except (ValueError, AttributeError):
+        return False
+    return bool(listed) and all(REPLICA_SEPARATOR in device for device in listed)
+
+
+async def until_config_maps(admin: Admin, names: list[str], ready: Callable[[dict[str, str]], bool]) -> float:
+    """Wait until every node's Volcano ConfigMap exists and ready(its data) holds; when that was seen."""
+    wanted = {CONFIG_MAP_PREFIX + name for name in names}
+    async with asyncio.timeout(WAIT_TIMEOUT):
+        while True:
+            maps = await admin.items(f"/api/v1/namespaces/{NAMESPACE}/configmaps")
+            done = {m["metadata"]["name"] for m in maps if ready(m.get("data") or {})}
+            if wanted <= done:
+                return time.time()
+            await asyncio.sleep(0.5)
+
+
+async def _label_rollout(admin: Admin, fleet: Fleet, phases: Phases, names: list[str]) -> None:
+    """The node label naming the key `replicas` set on every node at once; until every ConfigMap lists replicas."""
+    started = await phases.begin(fleet)
+    body = {"metadata": {"labels": {CONFIG_LABEL: "replicas"}}}
+    await bounded_all([lambda name=name: admin.request("PATCH", f"/api/v1/nodes/{name}", body) for name in names])
+    listed = await until_config_maps(admin, names, replicas_listed)
+    await asyncio.sleep(SETTLE)
+    complete = round(listed - started, 2)
+    await phases.measure("dp_label_rollout", fleet, started, time.time(), config_maps_complete_s=complete)
