@@ -222,8 +222,8 @@ def find_binaries() -> Binaries:
 
 @contextlib.contextmanager
 def control_plane(agents: int, keep: Path | None = None) -> Iterator[ControlPlane]:
-    """A started control plane for this many agents; stopped and its directory removed afterwards (the logs
-    are copied to keep when given)."""
+    """A started control plane for this many agents; stopped and its directory removed afterwards (the logs and
+    the audit log are copied to keep when given)."""
     workdir = Path(tempfile.mkdtemp(prefix="ix-fleet-"))
     plane = ControlPlane(find_binaries(), workdir, agents)
     try:
@@ -232,4 +232,6 @@ def control_plane(agents: int, keep: Path | None = None) -> Iterator[ControlPlan
         plane.stop()
         if keep is not None:
             shutil.copytree(plane.logdir, keep, dirs_exist_ok=True)
+            if plane.audit_log.exists():
+                shutil.copy2(plane.audit_log, keep / "audit.log")
         shutil.rmtree(workdir, ignore_errors=True)

@@ -59,9 +59,13 @@ def test_a_fleet_at_rest_asks_nothing(fleet: dict[str, Any]) -> None:
 
 
 def test_after_an_api_server_restart_nodes_rewatch_and_write_nothing(fleet: dict[str, Any]) -> None:
+    """From the SIGTERM on, for each of its two watches a node lists and watches again; the new API server
+    answers before its authorizer has loaded the RBAC policy, so a first list may be refused (403) and made
+    again after the backoff."""
     restart = fleet["phases"]["apiserver_restart"]
     assert restart["writes"] == 0, restart["by_resource"]
-    assert restart["requests_per_node"] <= 4, restart["by_resource"]  # each watch: one list, one watch
+    assert restart["requests_per_node"] <= 6, restart["by_resource"]
+    assert set(restart["errors"]) <= {"403"}, restart["errors"]
     assert restart["watches_open_at_end"] == 2 * NODES
 
 
