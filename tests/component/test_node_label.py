@@ -145,3 +145,28 @@ async def test_a_node_unchanged_since_the_history_kept_is_watched_once(api, apis
     reads = [r for r in apiserver.requests if "nodes" in r.path and r.query.get("watch") != "true"]
     watches = [r for r in apiserver.requests if "nodes" in r.path and r.query.get("watch") == "true"]
     assert (len(reads), len(watches)) == (1, 1), [(r.method, r.path, r.query) for r in apiserver.requests]
+
+
+async def test_one_watch_of_the_node_brings_the_label_and_what_else_is_followed_on_it(api, apiserver):
+    """The device plugin's self-healing follows the operator's annotation through the label's watch: each value
+    of the annotation is handed on once, label changes do not repeat it, and the Node is watched once."""
+    puts, annotations = _Puts(), _Puts()
+
+    def annotation(node: dict) -> str:
+        return str(((node.get("metadata") or {}).get("annotations") or {}).get("example.com/ask", ""))
+
+    watcher = NodeLabelWatcher(api, LABEL, (annotation, annotations))
+    task = asyncio.create_task(watcher.run(puts))
+    await puts.wait(None)
+    await annotations.wait("")
+    node = apiserver.get("nodes", NODE)
+    assert node is not None
+    node["metadata"].setdefault("annotations", {})["example.com/ask"] = "GPU-1"
+    apiserver.put("nodes", node)
+    await annotations.wait("", "GPU-1")
+    apiserver.set_node_labels(NODE, {LABEL: "small"})
+    await puts.wait(None, "small")
+    assert annotations.values == ["", "GPU-1"]  # the label changed, the annotation did not
+    watches = [r for r in apiserver.requests if r.query.get("watch") == "true" and "/nodes" in r.path]
+    assert len(watches) == 1
+    await _stop(task)

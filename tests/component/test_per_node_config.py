@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from ix_device_plugin.apiserver.settings import settings_from
+from ix_device_plugin.healing.wayback import RETURN_ANNOTATION
 from ix_device_plugin.standins.apiserver import ApiServerStandIn
 from ix_device_plugin.standins.kubelet import KubeletStandIn
 from ix_device_plugin.tools.demo import ConfigMapDir
@@ -168,3 +169,30 @@ async def test_a_label_naming_an_invalid_config_falls_back_at_start_and_takes_th
         }
     )
     await kubelet.wait_registered(RESOURCE, capacity=4, timeout=10)  # the fixed key, picked up live
+
+
+async def test_the_node_is_watched_once_for_its_label_and_the_operators_annotation(
+    kubelet: KubeletStandIn,
+    start_daemon: DaemonFactory,
+    apiserver: ApiServerStandIn,
+    configmap: NamedConfigMap,
+    short_dir: Path,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO, logger="ix_device_plugin.healing")
+    apiserver.set_node_labels(NODE, {LABEL: "split"})
+    kubeconfig = apiserver.write_kubeconfig(short_dir / "kubeconfig")
+    kube = settings_from({"NODE_NAME": NODE}, str(kubeconfig), "--per-node-config")
+    daemon = await start_daemon(
+        "BI-V150:2", config_path=configmap.path, config_required=True, per_node_config=True, kube=kube
+    )
+    await kubelet.wait_registered(RESOURCE, capacity=4)
+    assert daemon.healing.requests is not None  # self-healing follows gpu.return: through the label's watch
+    await asyncio.sleep(0.5)
+    node = apiserver.get("nodes", NODE)
+    assert node is not None
+    node["metadata"].setdefault("annotations", {})[RETURN_ANNOTATION] = "0"
+    apiserver.put("nodes", node)
+    await until(lambda: any("an operator asks to return it" in r.getMessage() for r in caplog.records), timeout=5)
+    node_watches = [r for r in apiserver.requests if r.query.get("watch") == "true" and r.path == "/api/v1/nodes"]
+    assert len(node_watches) == 1, [r.query for r in node_watches]

@@ -6,22 +6,34 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from ix_device_plugin.apiserver.connection import ApiConnection
-from ix_device_plugin.apiserver.objects import NODE, labels_of
+from ix_device_plugin.apiserver.objects import NODE, Object, labels_of
 from ix_device_plugin.apiserver.watch import Key, Mirror
 
 _UNSEEN = object()
 
 
 class NodeLabelWatcher:
-    """Follows one label of this node: its value at start, then every change, through API server outages."""
+    """Follows one label of this node: its value at start, then every change, through API server outages.
 
-    def __init__(self, api: ApiConnection, label: str, **watching: Any) -> None:
+    also: what else another part of the agent follows on the same Node (a function of the Node object, and who
+    is told its value now and on each change), so that the Node is watched once.
+    """
+
+    def __init__(
+        self,
+        api: ApiConnection,
+        label: str,
+        also: tuple[Callable[[Object], str], Callable[[str], None]] | None = None,
+        **watching: Any,
+    ) -> None:
         """watching: Mirror's backoff and healthy_for, when not the connection's."""
         self.node = api.node_name
         self.label = label
+        self.also = also
         what = f"label {label} of node {self.node}"
-        self.mirror = Mirror(api, NODE, labels_of, what, name=self.node, on_change=self._seen, **watching)
+        self.mirror = Mirror(api, NODE, self._view, what, name=self.node, on_change=self._seen, **watching)
         self._last: object = _UNSEEN
+        self._last_also: object = _UNSEEN
         self._put: Callable[[str | None], None] = lambda value: None
 
     async def run(self, put: Callable[[str | None], None]) -> None:
@@ -34,8 +46,15 @@ class NodeLabelWatcher:
         self._put = put
         await self.mirror.run()
 
-    def _seen(self, nodes: Mapping[Key, dict[str, str]]) -> None:
-        value = next(iter(nodes.values()), {}).get(self.label)
+    def _view(self, node: Object) -> tuple[dict[str, str], str]:
+        return labels_of(node), self.also[0](node) if self.also is not None else ""
+
+    def _seen(self, nodes: Mapping[Key, tuple[dict[str, str], str]]) -> None:
+        labels, other = next(iter(nodes.values()), ({}, ""))
+        value = labels.get(self.label)
         if value != self._last:
             self._last = value
             self._put(value)
+        if self.also is not None and other != self._last_also:
+            self._last_also = other
+            self.also[1](other)

@@ -21,6 +21,7 @@ from ix_device_plugin.settings.yamlsafe import MAX_BYTES
 
 if TYPE_CHECKING:
     from ix_device_plugin.apiserver.connection import ApiConnection
+    from ix_device_plugin.apiserver.objects import Object
 
 log = logging.getLogger(__name__)
 
@@ -73,8 +74,14 @@ class ConfigSource:
             return True
         return _read_bytes(path) != self._seen
 
-    async def follow_label(self, spawn: Callable[..., None], put: Callable[[str | None], None]) -> None:
-        """Start following the node label (put gets each value); wait briefly for its first value."""
+    async def follow_label(
+        self,
+        spawn: Callable[..., None],
+        put: Callable[[str | None], None],
+        also: tuple[Callable[[Object], str], Callable[[str], None]] | None = None,
+    ) -> None:
+        """Start following the node label (put gets each value); wait briefly for its first value. also: what
+        else is followed on the Node by the same watch (see NodeLabelWatcher)."""
         first: asyncio.Future[str | None] = asyncio.get_running_loop().create_future()
 
         def seen(value: str | None) -> None:
@@ -82,7 +89,7 @@ class ConfigSource:
                 first.set_result(value)
             put(value)
 
-        spawn("node-label", lambda: self._watch_label(seen))
+        spawn("node-label", lambda: self._watch_label(seen, also))
         try:
             async with asyncio.timeout(self.options.label_wait):
                 self.label = await asyncio.shield(first)
@@ -96,11 +103,13 @@ class ConfigSource:
         self.path, self.reason = config_file_for(self.options, self.label)
         log.info("configuration from %s", self.reason)
 
-    async def _watch_label(self, put: Callable[[str | None], None]) -> None:
+    async def _watch_label(
+        self, put: Callable[[str | None], None], also: tuple[Callable[[Object], str], Callable[[str], None]] | None
+    ) -> None:
         from ix_device_plugin.apiserver.nodelabel import NodeLabelWatcher
 
         assert self.api is not None
-        await NodeLabelWatcher(self.api, NODE_CONFIG_LABEL).run(put)
+        await NodeLabelWatcher(self.api, NODE_CONFIG_LABEL, also).run(put)
 
 
 def _read_bytes(path: Path) -> bytes | None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -37,6 +38,7 @@ from ix_device_plugin.hardware.open import backend_factory as open_backend
 from ix_device_plugin.hardware.worker import Hardware
 from ix_device_plugin.healing.service import NodeHealing
 from ix_device_plugin.healing.story import story_path
+from ix_device_plugin.healing.wayback import return_annotation
 from ix_device_plugin.kubelet.podresources import PodResources
 from ix_device_plugin.runtime.errors import StartupError
 from ix_device_plugin.runtime.filewatch import Watcher
@@ -53,6 +55,7 @@ from ix_device_plugin.telemetry.sampler import TelemetrySampler
 
 if TYPE_CHECKING:
     from ix_device_plugin.apiserver.connection import ApiConnection
+    from ix_device_plugin.apiserver.objects import Object
     from ix_device_plugin.apiserver.settings import KubeSettings
 
 log = logging.getLogger(__name__)
@@ -151,6 +154,7 @@ class Daemon:
             registry=self.metrics.registry,
             story=story_path(options.plugin_dir),
             rules=healing_rules,
+            node_watched=options.per_node_config,  # the label's watch of the Node brings the operator's annotation
         )
         self.endpoint = Endpoint(
             options.plugin_dir / ENDPOINT, self.current, self.metrics.observe_call, self.api.before_allocate
@@ -245,7 +249,9 @@ class Daemon:
         """Load config, discover, serve and ask for registration; raises StartupError."""
         spawn = self.service.spawn
         if self.options.per_node_config:
-            await self.config_source.follow_label(spawn, lambda value: self._events.put_nowait(NodeLabelChanged(value)))
+            await self.config_source.follow_label(
+                spawn, lambda value: self._events.put_nowait(NodeLabelChanged(value)), self._return_requests()
+            )
         config = self._first_config()
         self.monitor.ignored = config.health_policy
         await self._start_probes()
@@ -271,6 +277,11 @@ class Daemon:
             spawn("reset-announce", self.api.announce_reset)
         for name, task in self.healing.tasks().items():
             spawn(name, task)
+
+    def _return_requests(self) -> tuple[Callable[[Object], str], Callable[[str], None]] | None:
+        """The operator's annotation for self-healing, followed by the node label's watch (None without an API)."""
+        requests = self.healing.requests
+        return (return_annotation, requests.seen) if requests is not None else None
 
     async def shutdown(self) -> None:
         """Stop every task, stop serving and remove the socket, within options.stop_timeout."""
