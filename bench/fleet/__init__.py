@@ -66,7 +66,12 @@ class AgentProcess:
     @classmethod
     async def start(cls) -> AgentProcess:
         process = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "bench.fleet.agents", stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE
+            sys.executable,
+            "-m",
+            "bench.fleet.agents",
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            limit=2**20,
         )
         return cls(process)
 

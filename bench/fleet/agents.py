@@ -51,6 +51,7 @@ from ix_device_plugin.settings.options import DraOptions, NodeOptions, Options
 from ix_device_plugin.settings.table import DRA, RUN
 
 NAMESPACE = "kube-system"
+COMMAND_LIMIT = 64 * 2**20  # bytes of one command line
 STATUS_TIMEOUT = 120.0  # seconds the claims' status writes may take
 HEALTH_INTERVAL = 5.0  # the product's default poll is shorter; the fleet's polls read files, not API objects
 DEVICE_PLUGIN = "deviceplugin"
@@ -354,7 +355,7 @@ class AgentHost:
 async def serve() -> int:
     """Answer the commands on stdin until `stop` or the end of stdin."""
     loop = asyncio.get_running_loop()
-    reader = asyncio.StreamReader()
+    reader = asyncio.StreamReader(limit=COMMAND_LIMIT)  # a prepare names every claim of up to 250 nodes
     await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
     host = AgentHost()
     try:
