@@ -52,8 +52,8 @@ from ix_device_plugin.settings.table import DRA, RUN
 
 NAMESPACE = "kube-system"
 COMMAND_LIMIT = 64 * 2**20  # bytes of one command line
-STATUS_TIMEOUT = 120.0
-STOP_TIMEOUT = 30.0  # hundreds of plugins stop at once in one process: the product's 1.5 s is one plugin's  # seconds the claims' status writes may take
+STATUS_TIMEOUT = 120.0  # seconds the claims' status writes may take
+STOP_TIMEOUT = 30.0  # hundreds of plugins stop at once in one process: the product's 1.5 s is for one
 HEALTH_INTERVAL = 5.0  # the product's default poll is shorter; the fleet's polls read files, not API objects
 DEVICE_PLUGIN = "deviceplugin"
 # The device plugin's ix-config keys (files of its config directory), as the chart's ConfigMap would hold them:
