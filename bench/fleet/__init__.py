@@ -120,29 +120,31 @@ def node_names(count: int) -> list[str]:
     return [f"hollow-{index:05d}" for index in range(count)]
 
 
-async def start_fleet(plane: ControlPlane, names: list[str]) -> Fleet:
-    """The agent processes, NODES_PER_PROCESS nodes each, their drivers started at once."""
+async def start_fleet(plane: ControlPlane, names: list[str], kind: str = "dra") -> Fleet:
+    """The agent processes, NODES_PER_PROCESS nodes each, their agents (DRA drivers, or device plugins with
+    kind `deviceplugin`) started at once."""
     groups = math.ceil(len(names) / NODES_PER_PROCESS)
     processes = [await AgentProcess.start() for _ in range(groups)]
-    fleet = Fleet(processes)
     tokens = [str(identity.token_file) for identity in plane.identities]
-    specs = []
-    for group in range(groups):
-        chosen = slice(group * NODES_PER_PROCESS, (group + 1) * NODES_PER_PROCESS)
-        specs.append(
-            {
-                "server": plane.server,
-                "ca": str(plane.ca),
-                "nodes": names[chosen],
-                "token_files": tokens[chosen],
-                "boards": BOARDS,
-                "config": {},
-            }
-        )
+    specs = [agent_spec(plane, names, tokens, group, kind) for group in range(groups)]
     await asyncio.gather(
         *(process.command(cmd="start", spec=spec) for process, spec in zip(processes, specs, strict=True))
     )
-    return fleet
+    return Fleet(processes)
+
+
+def agent_spec(plane: ControlPlane, names: list[str], tokens: list[str], group: int, kind: str) -> dict[str, Any]:
+    """The agent spec of one process's share of the nodes."""
+    chosen = slice(group * NODES_PER_PROCESS, (group + 1) * NODES_PER_PROCESS)
+    return {
+        "server": plane.server,
+        "ca": str(plane.ca),
+        "nodes": names[chosen],
+        "token_files": tokens[chosen],
+        "boards": BOARDS,
+        "config": {},
+        "kind": kind,
+    }
 
 
 async def pool_devices(admin: Admin) -> tuple[int, int]:

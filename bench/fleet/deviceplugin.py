@@ -16,12 +16,10 @@ from __future__ import annotations
 
 import asyncio
 import json
-import math
 import time
 from collections.abc import Callable
-from typing import Any
 
-from bench.fleet import BOARDS, NODES_PER_PROCESS, SETTLE, AgentProcess, Fleet, Phases, xid_phase
+from bench.fleet import SETTLE, Fleet, Phases, start_fleet, xid_phase
 from bench.fleet.admin import Admin, bounded_all, device_plugin_objects
 from bench.fleet.agents import DEVICE_PLUGIN, NAMESPACE
 from bench.fleet.plane import ControlPlane
@@ -38,7 +36,7 @@ async def run_phases(plane: ControlPlane, admin: Admin, names: list[str], phases
     """The device-plugin fleet's phases on these (hollow, DRA-free by now) nodes, measured into phases."""
     await asyncio.to_thread(plane.admin.apply, device_plugin_objects(plane))
     started = time.time()
-    fleet = await start_plugins(plane, names)
+    fleet = await start_fleet(plane, names, DEVICE_PLUGIN)
     try:
         stored = await until_config_maps(admin, names, lambda _data: True)
         await asyncio.sleep(SETTLE)
@@ -50,32 +48,6 @@ async def run_phases(plane: ControlPlane, admin: Admin, names: list[str], phases
         await xid_phase(fleet, phases, len(names), settings, "dp_xid")
     finally:
         await fleet.close()
-
-
-async def start_plugins(plane: ControlPlane, names: list[str]) -> Fleet:
-    """The agent processes, NODES_PER_PROCESS nodes each, their device plugins started at once."""
-    groups = math.ceil(len(names) / NODES_PER_PROCESS)
-    processes = [await AgentProcess.start() for _ in range(groups)]
-    tokens = [str(identity.token_file) for identity in plane.identities]
-    specs = [plugin_spec(plane, names, tokens, group) for group in range(groups)]
-    await asyncio.gather(
-        *(process.command(cmd="start", spec=spec) for process, spec in zip(processes, specs, strict=True))
-    )
-    return Fleet(processes)
-
-
-def plugin_spec(plane: ControlPlane, names: list[str], tokens: list[str], group: int) -> dict[str, Any]:
-    """The agent spec of one process's share of the nodes."""
-    chosen = slice(group * NODES_PER_PROCESS, (group + 1) * NODES_PER_PROCESS)
-    return {
-        "server": plane.server,
-        "ca": str(plane.ca),
-        "nodes": names[chosen],
-        "token_files": tokens[chosen],
-        "boards": BOARDS,
-        "config": {},
-        "kind": DEVICE_PLUGIN,
-    }
 
 
 def replicas_listed(data: dict[str, str]) -> bool:
