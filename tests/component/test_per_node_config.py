@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from ix_device_plugin.apiserver.settings import settings_from
+from ix_device_plugin.deviceplugin.loop import Daemon
 from ix_device_plugin.healing.wayback import RETURN_ANNOTATION
 from ix_device_plugin.standins.apiserver import ApiServerStandIn
 from ix_device_plugin.standins.kubelet import KubeletStandIn
@@ -49,6 +50,18 @@ def configmap(short_dir: Path) -> NamedConfigMap:
     return configmap
 
 
+async def start_labelled(
+    start_daemon: DaemonFactory, apiserver: ApiServerStandIn, configmap: NamedConfigMap, short_dir: Path, key: str
+) -> Daemon:
+    """A plugin with per-node config on two BI-V150 boards, its node labelled with the ConfigMap key."""
+    apiserver.set_node_labels(NODE, {LABEL: key})
+    kubeconfig = apiserver.write_kubeconfig(short_dir / "kubeconfig")
+    kube = settings_from({"NODE_NAME": NODE}, str(kubeconfig), "--per-node-config")
+    return await start_daemon(
+        "BI-V150:2", config_path=configmap.path, config_required=True, per_node_config=True, kube=kube
+    )
+
+
 async def test_the_node_label_picks_the_config_live(
     kubelet: KubeletStandIn,
     start_daemon: DaemonFactory,
@@ -58,12 +71,7 @@ async def test_the_node_label_picks_the_config_live(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     caplog.set_level(logging.INFO, logger="ix_device_plugin.deviceplugin")
-    apiserver.set_node_labels(NODE, {LABEL: "split"})
-    kubeconfig = apiserver.write_kubeconfig(short_dir / "kubeconfig")
-    kube = settings_from({"NODE_NAME": NODE}, str(kubeconfig), "--per-node-config")
-    daemon = await start_daemon(
-        "BI-V150:2", config_path=configmap.path, config_required=True, per_node_config=True, kube=kube
-    )
+    daemon = await start_labelled(start_daemon, apiserver, configmap, short_dir, "split")
     await kubelet.wait_registered(RESOURCE, capacity=4)  # started with the labelled key, not ix-config
     assert daemon.config_path.name == "split"
 
@@ -180,12 +188,7 @@ async def test_the_node_is_watched_once_for_its_label_and_the_operators_annotati
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     caplog.set_level(logging.INFO, logger="ix_device_plugin.healing")
-    apiserver.set_node_labels(NODE, {LABEL: "split"})
-    kubeconfig = apiserver.write_kubeconfig(short_dir / "kubeconfig")
-    kube = settings_from({"NODE_NAME": NODE}, str(kubeconfig), "--per-node-config")
-    daemon = await start_daemon(
-        "BI-V150:2", config_path=configmap.path, config_required=True, per_node_config=True, kube=kube
-    )
+    daemon = await start_labelled(start_daemon, apiserver, configmap, short_dir, "split")
     await kubelet.wait_registered(RESOURCE, capacity=4)
     assert daemon.healing.requests is not None  # self-healing follows gpu.return: through the label's watch
     await asyncio.sleep(0.5)
