@@ -11,6 +11,8 @@ from ix_device_plugin.apiserver.watch import Key, Mirror
 
 _UNSEEN = object()
 
+AlsoFollowed = tuple[Callable[[Object], str], Callable[[str], None]]  # a value of the Node, and who is told it
+
 
 class NodeLabelWatcher:
     """Follows one label of this node: its value at start, then every change, through API server outages.
@@ -23,7 +25,7 @@ class NodeLabelWatcher:
         self,
         api: ApiConnection,
         label: str,
-        also: tuple[Callable[[Object], str], Callable[[str], None]] | None = None,
+        also: AlsoFollowed | None = None,
         **watching: Any,
     ) -> None:
         """watching: Mirror's backoff and healthy_for, when not the connection's."""

@@ -21,7 +21,7 @@ from ix_device_plugin.settings.yamlsafe import MAX_BYTES
 
 if TYPE_CHECKING:
     from ix_device_plugin.apiserver.connection import ApiConnection
-    from ix_device_plugin.apiserver.objects import Object
+    from ix_device_plugin.apiserver.nodelabel import AlsoFollowed
 
 log = logging.getLogger(__name__)
 
@@ -78,7 +78,7 @@ class ConfigSource:
         self,
         spawn: Callable[..., None],
         put: Callable[[str | None], None],
-        also: tuple[Callable[[Object], str], Callable[[str], None]] | None = None,
+        also: AlsoFollowed | None = None,
     ) -> None:
         """Start following the node label (put gets each value); wait briefly for its first value. also: what
         else is followed on the Node by the same watch (see NodeLabelWatcher)."""
@@ -103,9 +103,7 @@ class ConfigSource:
         self.path, self.reason = config_file_for(self.options, self.label)
         log.info("configuration from %s", self.reason)
 
-    async def _watch_label(
-        self, put: Callable[[str | None], None], also: tuple[Callable[[Object], str], Callable[[str], None]] | None
-    ) -> None:
+    async def _watch_label(self, put: Callable[[str | None], None], also: AlsoFollowed | None) -> None:
         from ix_device_plugin.apiserver.nodelabel import NodeLabelWatcher
 
         assert self.api is not None

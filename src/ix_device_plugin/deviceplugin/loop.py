@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -55,7 +54,7 @@ from ix_device_plugin.telemetry.sampler import TelemetrySampler
 
 if TYPE_CHECKING:
     from ix_device_plugin.apiserver.connection import ApiConnection
-    from ix_device_plugin.apiserver.objects import Object
+    from ix_device_plugin.apiserver.nodelabel import AlsoFollowed
     from ix_device_plugin.apiserver.settings import KubeSettings
 
 log = logging.getLogger(__name__)
@@ -278,7 +277,7 @@ class Daemon:
         for name, task in self.healing.tasks().items():
             spawn(name, task)
 
-    def _return_requests(self) -> tuple[Callable[[Object], str], Callable[[str], None]] | None:
+    def _return_requests(self) -> AlsoFollowed | None:
         """The operator's annotation for self-healing, followed by the node label's watch (None without an API)."""
         requests = self.healing.requests
         return (return_annotation, requests.seen) if requests is not None else None
