@@ -60,7 +60,7 @@ def diagnose(status: ChipStatus, policy: HealthPolicy) -> Diagnosis:
     """Why the chip is out of service under policy, sorted by what is done about each reason."""
     named = {NOT_PRESENT, *status.errors, *map(xid_name, status.xids)}
     resettable, operator, other = [], [], []
-    for reason in status.reasons(policy):
+    for reason in status.own.reasons(policy):
         if reason not in named:
             other.append(reason)
         elif policy.action(reason) == RESET:

@@ -45,13 +45,16 @@ def health_errors_from_mask(mask: int) -> frozenset[str]:
 class ChipStatus:
     """How one chip is doing: IXML health errors plus any other reason it is unusable.
 
-    xids are the critical XID events seen since the plugin started (the daemon keeps them across polls).
+    xids are the critical XID events the node has seen (the monitor keeps them across polls, the node-health record
+    across restarts). held_out says why the agent keeps a chip out of service whatever its health reads (reserved for
+    a GPU reset): a reason of the front ends', never of the chip's own health.
     """
 
     errors: frozenset[str] = frozenset()
     problems: tuple[str, ...] = ()
     present: bool = True
     xids: frozenset[int] = frozenset()
+    held_out: str = ""
 
     def reasons(self, ignored: Ignored = frozenset()) -> tuple[str, ...]:
         """Why the chip is unusable (empty when healthy), leaving out the errors and XIDs ignored.
@@ -59,7 +62,7 @@ class ChipStatus:
         `all` in the ignored set ignores every health error and XID; presence and other problems still count.
         """
         policy = health_policy(ignored)
-        reasons: list[str] = []
+        reasons: list[str] = [self.held_out] if self.held_out else []
         if not self.present:
             reasons.append(NOT_PRESENT)
         reasons.extend(self.problems)
@@ -70,6 +73,11 @@ class ChipStatus:
     def with_xids(self, xids: frozenset[int]) -> ChipStatus:
         """This status with these XIDs added."""
         return self if xids <= self.xids else replace(self, xids=self.xids | xids)
+
+    @property
+    def own(self) -> ChipStatus:
+        """The chip's own health: this status without the agent's hold."""
+        return replace(self, held_out="") if self.held_out else self
 
     def with_problem(self, problem: str) -> ChipStatus:
         """This status with one more reason."""

@@ -25,8 +25,6 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
-import os
-import shutil
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import replace
@@ -55,6 +53,7 @@ from ix_device_plugin.dra.slices import SliceDevice
 from ix_device_plugin.runtime.errors import StartupError
 from ix_device_plugin.runtime.files import (
     OutputError,
+    keep_aside,
     reason,
     remove_file,
     remove_stale_temporaries,
@@ -195,23 +194,7 @@ class DraState:
 
     def _keep_aside(self) -> Path | None:
         """A copy of the checkpoint beside it, for the operator (None when there is none); OutputError."""
-        if not self.path.exists():
-            return None
-        stamp = int(time.time())
-        for attempt in range(100):
-            aside = self.path.with_name(f"{self.path.name}.corrupt-{stamp}" + (f"-{attempt}" if attempt else ""))
-            try:
-                os.link(self.path, aside, follow_symlinks=False)
-                return aside
-            except FileExistsError:
-                continue
-            except OSError:
-                try:
-                    shutil.copyfile(self.path, aside, follow_symlinks=False)
-                    return aside
-                except OSError as error:
-                    raise OutputError(f"cannot keep {self.path} aside as {aside}: {reason(error)}") from None
-        raise OutputError(f"cannot keep {self.path} aside: too many copies beside it")
+        return keep_aside(self.path, "corrupt") if self.path.exists() else None
 
     def _claims_from_specs(self) -> dict[str, PreparedClaim]:
         claims = {}

@@ -20,7 +20,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -79,7 +79,15 @@ class _ClearXids:
     done: asyncio.Future[HardwareView]
 
 
-_Request = XidEvent | _Rediscover | _ClearXids
+@dataclass(frozen=True)
+class _Overlay:
+    """Change what the agent lays over the chips' own health (holds, followed XIDs); answer the view on done."""
+
+    change: Callable[[], None]
+    done: asyncio.Future[HardwareView]
+
+
+_Request = XidEvent | _Rediscover | _ClearXids | _Overlay
 XidListener = Callable[[XidEvent], None]
 
 
@@ -106,6 +114,10 @@ class HardwareMonitor:
         self._health_errors = OncePerError(log)
         self._discovery_errors = OncePerError(log)
         self.xid_log = Repeats(log, XID_SUMMARY_INTERVAL)
+        # What the agent lays over the chips' own health, applied to every status published:
+        self._held_out: dict[str, str] = {}  # chip UUID -> why it is kept out of service (reserved for a reset)
+        self._followed_xids: dict[str, frozenset[int]] = {}  # XIDs another pod of the agent saw (its record)
+        self._own_xids: dict[str, frozenset[int]] = {}  # chip UUID -> the XIDs this process keeps for it
 
     # ---- what the front ends use ------------------------------------------------------------
 
@@ -128,6 +140,42 @@ class HardwareMonitor:
         done: asyncio.Future[HardwareView] = asyncio.get_running_loop().create_future()
         self._requests.put_nowait(_ClearXids(uuid, xids, done))
         return await done
+
+    def remember_xids(self, xids: Mapping[str, frozenset[int]]) -> None:
+        """Before start: XIDs the node saw before this process (the node-health record), kept as if seen now."""
+        for uuid, found in xids.items():
+            if found:
+                self._own_xids[uuid] = self._own_xids.get(uuid, frozenset()) | frozenset(found)
+
+    async def hold_out(self, held: Mapping[str, str]) -> HardwareView:
+        """Keep exactly these chips (UUID -> why) out of service, whatever their health reads; the view once every
+        subscriber has been handed it."""
+        return await self._overlay(lambda: self._set_held_out(held))
+
+    async def follow_xids(self, xids: Mapping[str, frozenset[int]]) -> HardwareView:
+        """Lay these XIDs (another pod's, from the node-health record) over the chips' own; replaces the last ones.
+        adopt_followed makes them this process's own."""
+        return await self._overlay(lambda: self._set_followed({u: frozenset(x) for u, x in xids.items() if x}))
+
+    async def adopt_followed(self) -> HardwareView:
+        """The XIDs followed so far become this process's own (it takes over the node's role)."""
+
+        def adopt() -> None:
+            followed, self._followed_xids = self._followed_xids, {}
+            self._own_xids.update(followed)
+
+        return await self._overlay(adopt)
+
+    async def _overlay(self, change: Callable[[], None]) -> HardwareView:
+        done: asyncio.Future[HardwareView] = asyncio.get_running_loop().create_future()
+        self._requests.put_nowait(_Overlay(change, done))
+        return await done
+
+    def _set_held_out(self, held: Mapping[str, str]) -> None:
+        self._held_out = dict(held)
+
+    def _set_followed(self, xids: dict[str, frozenset[int]]) -> None:
+        self._followed_xids = xids
 
     async def start(self, fail_on_init_error: bool) -> HardwareView:
         """Ask for XID events, then discover; StartupError when that fails and fail_on_init_error is set.
@@ -198,6 +246,8 @@ class HardwareMonitor:
                 self._take_xid(request)
             elif isinstance(request, _ClearXids):
                 await self._clear_xids(request)
+            elif isinstance(request, _Overlay):
+                self._take_overlay(request)
             elif isinstance(request, _Rediscover) or now >= next_discovery:
                 if request is not None and request.done is None:
                     await asyncio.sleep(SETTLE)
@@ -257,7 +307,7 @@ class HardwareMonitor:
             self._on_poll()
             if any(not status.present and _was_present(current.get(uuid)) for uuid, status in statuses.items()):
                 self.hint_rediscover()  # once per loss: a chip kept as absent is looked for at the rediscovery interval
-        kept = {uuid: _keeping_xids(status, current.get(uuid)) for uuid, status in statuses.items()}
+        kept = {uuid: self._overlaid(uuid, status) for uuid, status in statuses.items()}
         if all(current.get(uuid) == status for uuid, status in kept.items()):
             return  # nothing changed (most polls, on a healthy node)
         self._publish(polled.with_statuses(kept), self.view.discovered)
@@ -266,9 +316,8 @@ class HardwareMonitor:
         self._discovery_errors.succeeded()
         previous = self.view.inventory
         carried = carry_missing(previous, inventory)
-        before = previous.statuses()
         carried = carried.with_statuses(
-            {chip.uuid: _keeping_xids(chip.status, before.get(chip.uuid)) for chip in carried.chips()}
+            {chip.uuid: self._overlaid(chip.uuid, chip.status) for chip in carried.chips()}
         )
         if not self.view.discovered:
             self._note_first_discovery(carried)
@@ -286,11 +335,29 @@ class HardwareMonitor:
         )
         self._last_good_poll = time.monotonic()
 
+    def _take_overlay(self, request: _Overlay) -> None:
+        request.change()
+        inventory = self.view.inventory
+        statuses = {chip.uuid: self._overlaid(chip.uuid, chip.status) for chip in inventory.chips()}
+        if any(chip.status != statuses[chip.uuid] for chip in inventory.chips()):
+            self._publish(inventory.with_statuses(statuses), self.view.discovered)
+        if not request.done.done():
+            request.done.set_result(self.view)
+
+    def _overlaid(self, uuid: str, status: ChipStatus) -> ChipStatus:
+        """status as published: with the XIDs kept for the chip (a poll or rediscovery does not clear them) and
+        those another pod saw; held out when the agent holds it out."""
+        xids = self._own_xids.get(uuid, frozenset()) | self._followed_xids.get(uuid, frozenset())
+        return replace(status, xids=xids, held_out=self._held_out.get(uuid, ""))
+
     async def _clear_xids(self, request: _ClearXids) -> None:
         await self._poll()
         chip = next((chip for chip in self.view.inventory.chips() if chip.uuid == request.uuid), None)
         if chip is not None and chip.status.xids & request.xids:
-            status = replace(chip.status, xids=chip.status.xids - request.xids)
+            for kept in (self._own_xids, self._followed_xids):
+                if request.uuid in kept:
+                    kept[request.uuid] = kept[request.uuid] - request.xids
+            status = self._overlaid(chip.uuid, chip.status)
             self._publish(self.view.inventory.with_statuses({chip.uuid: status}), self.view.discovered)
         if not request.done.done():
             request.done.set_result(self.view)
@@ -312,9 +379,10 @@ class HardwareMonitor:
                 chip.uuid,
             )
             return
-        if event.xid in chip.status.xids:
+        own = self._own_xids.get(chip.uuid, frozenset())
+        if event.xid in own:
             return  # the same XID again: the chip is Unhealthy already
-        if len(chip.status.xids) >= MAX_XIDS:
+        if len(own) >= MAX_XIDS:
             self.xid_log.log(
                 logging.WARNING,
                 "more XIDs on %s: it is Unhealthy with %d XIDs kept already; the others are counted, not kept",
@@ -325,7 +393,8 @@ class HardwareMonitor:
         log.warning(
             "XID %d on %s: a critical error; the chip is Unhealthy until a reset clears it", event.xid, chip.uuid
         )
-        status = chip.status.with_xids(frozenset({event.xid}))
+        self._own_xids[chip.uuid] = own | {event.xid}
+        status = self._overlaid(chip.uuid, chip.status)
         self._publish(self.view.inventory.with_statuses({chip.uuid: status}), self.view.discovered)
 
     def _publish(self, inventory: Inventory, discovered: bool) -> None:
@@ -367,11 +436,6 @@ class HardwareMonitor:
 
 def _was_present(status: ChipStatus | None) -> bool:
     return status is None or status.present
-
-
-def _keeping_xids(status: ChipStatus, before: ChipStatus | None) -> ChipStatus:
-    """status, keeping the XIDs the chip had before: a poll or rediscovery does not clear them."""
-    return status if before is None else status.with_xids(before.xids)
 
 
 def _chip_set(inventory: Inventory) -> frozenset[str]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import tempfile
 import time
 from pathlib import Path
@@ -72,6 +73,26 @@ def remove_file(path: Path) -> bool:
     except OSError as exc:
         raise OutputError(f"cannot remove {path}: {reason(exc)}") from exc
     return True
+
+
+def keep_aside(path: Path, label: str) -> Path:
+    """A copy of path beside it, `<name>.<label>-<Unix time>`, the original left in place (a hard link where the
+    file system allows); OutputError naming the file."""
+    stamp = int(time.time())
+    for attempt in range(100):
+        aside = path.with_name(f"{path.name}.{label}-{stamp}" + (f"-{attempt}" if attempt else ""))
+        try:
+            os.link(path, aside, follow_symlinks=False)
+            return aside
+        except FileExistsError:
+            continue
+        except OSError:
+            try:
+                shutil.copyfile(path, aside, follow_symlinks=False)
+                return aside
+            except OSError as error:
+                raise OutputError(f"cannot keep {path} aside as {aside}: {reason(error)}") from None
+    raise OutputError(f"cannot keep {path} aside: too many copies beside it")
 
 
 def _fsync_directory(directory: Path) -> None:
