@@ -112,6 +112,7 @@ async def start_daemon(plugin_dir: Path, short_dir: Path) -> AsyncIterator[Calla
             health_interval=0.2,
             health_address="off",
             poll_interval=0.2,
+            kubelet_plugins_directory_path=short_dir / "plugins",
         )
         daemon = Daemon(replace(options, **overrides), backend_factory=factory, kube=kube, healing_rules=rules)
         await daemon.start()

@@ -1,59 +1,99 @@
-"""Who holds a chip in device plugin mode: the healer's guard, from the kubelet's pod-resources API.
+"""Who holds a chip in device plugin mode: the healer's ChipGuard, from the kubelet's pod-resources API.
 
-A chip is free when no container holds a device it stands behind: its own, its board's (a whole board holds every
-chip on it), or any time-sliced replica of either. While the healer resets it, nothing new lands on it: it is
-Unhealthy in the served plan, and Allocate refuses Unhealthy devices (an Allocate answered just before it went out
-is in pod-resources by the time the healer's settling time is over).
+A chip is held when a container holds any device ID that stands for it under any resource name (core/holding.py):
+the name served now, one served before a rename or a `renameByDefault` change, `.shared`, and devices of the DRA
+driver's claims (a pod from before the node moved to the device plugin). A chip whose holders cannot be known is
+held.
+
+The node's reset turn is a file lock beside the node-health record, shared by every pod of the agent on the node. A
+chip the healer reserved is Unhealthy in the served plan, so Allocate refuses it and the kubelet gives it to no one;
+`served` waits until the plan says so, then for an Allocate answered just before to show in pod-resources.
+
+A board's first chip's ID names the chip on a split node, and the whole board otherwise; it is read as the chip only
+while every plan served since the start split the boards (a config changed from whole boards to split may leave a
+container holding a board under that ID). A restart forgets that history: after `splitboard` changed from false to
+true live, restart the plugin only once no pod holds a whole board.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
 
-from ix_device_plugin.core.inventory import Inventory
-from ix_device_plugin.core.plan import REPLICA_SEPARATOR, Plan
-from ix_device_plugin.core.telemetry import PodRef, chip_pods
-from ix_device_plugin.deviceplugin.state import Current
+from ix_device_plugin.core.holding import chip_holder, describe
+from ix_device_plugin.deviceplugin.state import Current, State
+from ix_device_plugin.hardware.monitor import HardwareView
 from ix_device_plugin.kubelet.podresources import PodResources, PodResourcesError
+from ix_device_plugin.runtime.locks import FileLock
+
+DRA_DRIVER = "gpu.iluvatar.com"  # the DRA driver's claims hold chips too, where a node moved from DRA
+RESET_LOCK_FILE = "reset.lock"
+LOCK_POLL = 0.05
 
 
 class PodHolders:
-    """The healer's guard: who holds a chip, per pod-resources (None: free)."""
+    """The device plugin's ChipGuard: the node's reset turn, the served plan, and pod-resources.
 
-    def __init__(self, pod_resources: PodResources, current: Current) -> None:
+    applied: returns once the reconcile loop serves a hardware view of at least that version; settle: seconds an
+    Allocate answered just before a hold needs to show in pod-resources; lock_dir: where the node's reset lock is
+    (None: this process alone resets); turn_timeout: how long the turn is waited for.
+    """
+
+    def __init__(
+        self,
+        pod_resources: PodResources,
+        current: Current,
+        applied: Callable[[int], Awaitable[None]],
+        *,
+        settle: float,
+        lock_dir: Path | None,
+        turn_timeout: float,
+    ) -> None:
         self._pod_resources = pod_resources
         self._current = current
+        self._applied = applied
+        self._settle = settle
+        self._lock_dir = lock_dir
+        self._turn_timeout = turn_timeout
+        self._in_turn = asyncio.Lock()
+        self._whole_boards_served = False  # a plan of whole multi-chip boards was served since the start
 
     @contextlib.asynccontextmanager
-    async def guard(self, uuid: str) -> AsyncIterator[str | None]:
-        """Yield who holds the chip (None: free); a chip whose holders cannot be known counts as held."""
-        yield await self.holder(uuid)
+    async def turn(self) -> AsyncIterator[None]:
+        """The node's reset turn (OutputError when another pod keeps it past turn_timeout)."""
+        async with self._in_turn:
+            if self._lock_dir is None:
+                yield
+                return
+            lock = FileLock(self._lock_dir / RESET_LOCK_FILE)
+            await lock.take(self._turn_timeout, poll=LOCK_POLL, purpose="a GPU reset")
+            try:
+                yield
+            finally:
+                lock.release()
+
+    async def served(self, view: HardwareView) -> None:
+        """Once the plan served holds view's holds, and an Allocate answered before it shows in pod-resources."""
+        await self._applied(view.version)
+        await asyncio.sleep(self._settle)
 
     async def holder(self, uuid: str) -> str | None:
         """The container holding the chip (`namespace/pod (container)`), why that is not known, or None when free."""
-        state = self._current.state
         try:
-            allocations = await self._pod_resources.read({state.plan.resource_name})
+            holdings = await self._pod_resources.read_holdings()
         except PodResourcesError as error:
             return f"no one can tell whether a container holds it: {error}"
-        return holder_of(uuid, allocations, state.plan, state.inventory)
+        ref = chip_holder(uuid, holdings, self._current.state.inventory, DRA_DRIVER, self._split_only())
+        return None if ref is None else describe(ref)
 
+    def saw(self, state: State) -> None:
+        """The reconcile loop serves state from now on (remembered: whether it served whole multi-chip boards)."""
+        if not state.config.splitboard and any(len(board.chips) > 1 for board in state.inventory.boards):
+            self._whole_boards_served = True
 
-def holder_of(uuid: str, allocations: Mapping[str, PodRef], plan: Plan, inventory: Inventory) -> str | None:
-    """Who, of the allocations (device ID -> container), holds the chip uuid; None when no one does.
-
-    A device ID the plan does not know (the config changed since it was allocated) is read as what it names: a chip,
-    or a board by its first chip's UUID.
-    """
-    ref = chip_pods(plan, allocations).get(uuid)
-    boards = {board.uuid: board for board in inventory.boards}
-    for device_id, held in sorted(allocations.items()):
-        if ref is not None:
-            break
-        if device_id in plan.by_id:
-            continue
-        base = device_id.partition(REPLICA_SEPARATOR)[0]
-        chips = {base} | ({chip.uuid for chip in boards[base].chips} if base in boards else set())
-        ref = held if uuid in chips else None
-    return None if ref is None else f"{ref.namespace}/{ref.pod} ({ref.container})"
+    def _split_only(self) -> bool:
+        """True while every plan this process served split the boards (so a first chip's ID names that chip)."""
+        self.saw(self._current.state)
+        return not self._whole_boards_served

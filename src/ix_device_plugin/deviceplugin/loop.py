@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -35,11 +36,13 @@ from ix_device_plugin.hardware.monitor import HardwareMonitor, HardwareView, Mon
 from ix_device_plugin.hardware.open import BackendFactory
 from ix_device_plugin.hardware.open import backend_factory as open_backend
 from ix_device_plugin.hardware.worker import Hardware
+from ix_device_plugin.healing.record import RecordFile, record_path
 from ix_device_plugin.healing.service import NodeHealing
 from ix_device_plugin.healing.story import story_path
 from ix_device_plugin.healing.wayback import return_annotation
 from ix_device_plugin.kubelet.podresources import PodResources
 from ix_device_plugin.runtime.errors import StartupError
+from ix_device_plugin.runtime.files import read_boot_id
 from ix_device_plugin.runtime.filewatch import Watcher
 from ix_device_plugin.runtime.logs import OncePerError
 from ix_device_plugin.runtime.probes import ProbeHandlers, ProbeServer, start_probes
@@ -143,10 +146,20 @@ class Daemon:
         )
         if self.sampler is not None:
             self.api.gpu_reset.quiet_others = self.sampler.paused
+        plugins_dir = options.kubelet_plugins_directory_path
+        self.record = RecordFile(record_path(plugins_dir)) if plugins_dir is not None else None
+        self.holders = PodHolders(
+            self.pod_resources,
+            self.current,
+            self._until_applied,
+            settle=(healing_rules or Rules()).settle,
+            lock_dir=None if self.record is None else self.record.path.parent,
+            turn_timeout=options.reset_wait_timeout,
+        )
         self.healing = NodeHealing(
             self.monitor,
             self.api.gpu_reset,
-            PodHolders(self.pod_resources, self.current).guard,
+            self.holders,
             self.apiserver,
             policy=lambda: self.config.health_policy,
             switch=lambda: self.config.self_healing,
@@ -154,6 +167,9 @@ class Daemon:
             story=story_path(options.plugin_dir),
             rules=healing_rules,
             node_watched=options.per_node_config,  # the label's watch of the Node brings the operator's annotation
+            record=self.record,
+            boot_id=read_boot_id(),
+            writer=f"device-plugin {os.getpid()}",
         )
         self.endpoint = Endpoint(
             options.plugin_dir / ENDPOINT, self.current, self.metrics.observe_call, self.api.before_allocate
@@ -253,6 +269,7 @@ class Daemon:
             )
         config = self._first_config()
         self.monitor.ignored = config.health_policy
+        self.healing.healer.restore(config.health_policy)  # before the first discovery and ListAndWatch
         await self._start_probes()
         view = await self.monitor.start(config.fail_on_init_error)
         self._applied_version = view.version  # its HardwareChanged event, already queued, changes nothing
@@ -353,6 +370,7 @@ class Daemon:
 
     def _swap(self, state: State) -> None:
         before = self.current.state
+        self.holders.saw(state)
         self.monitor.ignored = state.config.health_policy
         for warning in state.plan.warnings:
             log.warning("%s", warning)
@@ -402,9 +420,13 @@ class Daemon:
             view = await self.monitor.rediscover()
         except BackendError as error:
             raise GpuResetError(f"the chips could not be discovered again after the reset: {error}") from None
-        while self._applied_version < view.version:
-            await self._applied.wait()
+        await self._until_applied(view.version)
         return self.inventory
+
+    async def _until_applied(self, version: int) -> None:
+        """Once the reconcile loop serves a hardware view of at least this version."""
+        while self._applied_version < version:
+            await self._applied.wait()
 
     async def _pod_devices(self) -> dict[tuple[str, str], list[str]]:
         """(namespace, pod) -> the device IDs the kubelet gave it, from the pod-resources socket."""

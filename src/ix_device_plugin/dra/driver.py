@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -40,6 +41,7 @@ from ix_device_plugin.core.healing import Rules
 from ix_device_plugin.core.inventory import Inventory
 from ix_device_plugin.dra.claimstatus import ClaimStatusWriter
 from ix_device_plugin.dra.containers import PodRef, container_holdings, owner_pod
+from ix_device_plugin.dra.healguard import ClaimGuard
 from ix_device_plugin.dra.health import DeviceHealthBoard, HealthService
 from ix_device_plugin.dra.metrics import DraMetrics
 from ix_device_plugin.dra.nodeservices import DraNodeServices
@@ -58,7 +60,7 @@ from ix_device_plugin.dra.registration import (
 from ix_device_plugin.dra.role import PublisherRole
 from ix_device_plugin.dra.service import DraService
 from ix_device_plugin.dra.slices import BOARD, DRIVER, SliceContent, SlicePolicy, slice_content
-from ix_device_plugin.dra.state import ClaimReader, DraState, read_boot_id
+from ix_device_plugin.dra.state import ClaimReader, DraState
 from ix_device_plugin.gpureset.handshake import open_handshake
 from ix_device_plugin.gpureset.sequence import GpuReset, GpuResetError, ResetHandshake, ResetSettings
 from ix_device_plugin.hardware.monitor import HardwareMonitor, HardwareView, MonitorSettings
@@ -66,12 +68,14 @@ from ix_device_plugin.hardware.open import BackendFactory
 from ix_device_plugin.hardware.open import backend_factory as open_backend
 from ix_device_plugin.hardware.pcie import pcie_roots
 from ix_device_plugin.hardware.worker import Hardware
+from ix_device_plugin.healing.record import RecordFile, record_path
 from ix_device_plugin.healing.service import NodeHealing
 from ix_device_plugin.healing.story import story_path
 from ix_device_plugin.healing.wayback import return_annotation
 from ix_device_plugin.kubelet.sockets import Identity, path_too_long, unix_target
 from ix_device_plugin.runtime.backoff import Backoff
 from ix_device_plugin.runtime.errors import StartupError
+from ix_device_plugin.runtime.files import read_boot_id
 from ix_device_plugin.runtime.logs import OncePerError
 from ix_device_plugin.runtime.probes import ProbeHandlers, ProbeServer, start_probes
 from ix_device_plugin.runtime.service import Service, bounded
@@ -155,10 +159,12 @@ class DraDriver:
             self.registration.registered.is_set,
         )
         self.gpu_reset.quiet_others = self.node.paused
+        self.record = RecordFile(record_path(options.plugins_dir))
+        self.state.reserved = self._reserved
         self.healing = NodeHealing(
             self.monitor,
             self.gpu_reset,
-            self.state.kept_free,
+            ClaimGuard(self.state, self.node.pod_resources, lambda: self.monitor.inventory),
             self.api,
             policy=lambda: self.health_policy,
             switch=lambda: options.config.self_healing,
@@ -167,6 +173,9 @@ class DraDriver:
             rules=healing_rules or DRA_HEALING,
             node_watched=True,  # for the slices' owner: the annotation iluvatar.com/gpu.return comes with it
             acting=lambda: self.role.held,  # one pod heals the node: the one publishing its slices
+            record=self.record,
+            boot_id=self.state.boot_id,
+            writer=f"dra {options.pod_uid or os.getpid()}",
         )
 
     @property
@@ -192,6 +201,7 @@ class DraDriver:
         """Read ix-config, load the checkpoint, discover, serve both sockets, publish; raises StartupError."""
         started = time.perf_counter()
         await self.state.restore()
+        self.healing.healer.restore()  # before the first discovery: a chip out of service is so from the start
         await self.monitor.start(self.options.config.fail_on_init_error)
         if self.kube is None:
             assert self.api is not None
@@ -371,6 +381,11 @@ class DraDriver:
         except GpuResetError as error:
             return f"GPU reset before the container starts: {error}"
         return None
+
+    def _reserved(self) -> dict[str, str]:
+        """Chips reserved for a reset by any pod of the driver: the node-health record, read now."""
+        record = self.record.read()
+        return {} if record is None else record.reserved()
 
     async def _keep_reset_record(self) -> None:
         assert self.api is not None

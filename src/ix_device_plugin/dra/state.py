@@ -64,7 +64,6 @@ from ix_device_plugin.settings.documents import DocumentError, load_yaml, read_f
 
 log = logging.getLogger(__name__)
 
-BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
 LOCK_FILE = "serialize.lock"  # the name the upstream kubelet-plugin helper uses for the same purpose
 RESET_LOCK_FILE = "reset.lock"  # held while a claim's chips are reset, by whichever pod of the driver does it
 LOCK_TIMEOUT = 10.0
@@ -74,14 +73,6 @@ RESET_WAIT = 60.0  # how long a reset, or the unprepare of a claim whose reset i
 SPEC_LIMIT = 1024 * 1024
 ClaimReader = Callable[[ClaimRef], Awaitable[Any]]  # the ResourceClaim object; ClaimError when it cannot
 Resetter = Callable[[PreparedClaim], Awaitable[str | None]]  # resets the claim's reset_chips; None, or why not
-
-
-def read_boot_id(path: Path = BOOT_ID) -> str:
-    """This boot's ID ('' when the kernel does not say)."""
-    try:
-        return read_file(path, 128).decode("ascii", "replace").strip()
-    except (OSError, DocumentError):
-        return ""
 
 
 class DraState:
@@ -113,7 +104,8 @@ class DraState:
         self._resetting = asyncio.Lock()  # this process's part of the node-wide reset turn
         self._turns = _ClaimTurns()
         self._work: set[asyncio.Task[PreparedClaim | str]] = set()  # resets going on to their end
-        self._kept_free: set[str] = set()  # chips the healer resets now: no claim is prepared on them
+        # Chip UUID -> why it is reserved for a reset, by whichever pod of the agent (the node-health record).
+        self.reserved: Callable[[], Mapping[str, str]] = dict
 
     # ---- start ----------------------------------------------------------------------------------
 
@@ -271,7 +263,7 @@ class DraState:
                         continue  # another driver unprepared it meanwhile: read the claim, then decide
                     others = {uid: c for uid, c in self.claims.items() if uid != ref.uid}
                     prepared = prepare(ref, claim, node, others)
-                    self._check_not_kept_free(prepared)
+                    self._check_not_reserved(prepared)
                     if resets and prepared.reset_chips:
                         prepared = self._with_reset(prepared, rebuilt=known is not None)
                     self._commit_prepared(prepared)
@@ -416,32 +408,25 @@ class DraState:
 
     # ---- self-healing -------------------------------------------------------------------------------
 
-    @contextlib.asynccontextmanager
-    async def kept_free(self, uuid: str) -> AsyncIterator[str | None]:
-        """The healer's guard: yield the claim that holds the chip (any prepared claim on it or its board, admin
-        access too), or why that cannot be told, or None: then, in the node's reset turn, no claim is prepared on
-        the chip until the end."""
-        async with contextlib.AsyncExitStack() as stack:
-            try:
-                await stack.enter_async_context(self.reset_turn())
-                async with self._locked():
-                    self._load()
-                    holder = next((claim for claim in self.claims.values() if uuid in claim.uuids), None)
-                    if holder is None:
-                        self._kept_free.add(uuid)
-                        stack.callback(self._kept_free.discard, uuid)
-            except (OutputError, CheckpointError) as error:
-                why: str | None = f"no one can tell whether a claim holds it: {error}"
-            else:
-                why = None if holder is None else f"claim {holder.ref}"
-            yield why
+    async def claim_holding(self, uuid: str) -> str | None:
+        """The healer's question: the prepared claim that holds the chip (any claim on it or its board, admin access
+        too), why that cannot be told, or None. Asked in the node's reset turn, after the chip was reserved."""
+        try:
+            async with self._locked():
+                self._load()
+                holder = next((claim for claim in self.claims.values() if uuid in claim.uuids), None)
+        except (OutputError, CheckpointError) as error:
+            return f"no one can tell whether a claim holds it: {error}"
+        return None if holder is None else f"claim {holder.ref}"
 
-    def _check_not_kept_free(self, prepared: PreparedClaim) -> None:
-        busy = sorted(self._kept_free.intersection(prepared.uuids))
+    def _check_not_reserved(self, prepared: PreparedClaim) -> None:
+        """Read under the claims' lock: a chip reserved for a reset (by any pod of the agent) gets no claim."""
+        reserved = self.reserved()
+        busy = sorted(uuid for uuid in prepared.uuids if uuid in reserved)
         if busy:
             raise ClaimError(
-                f"claim {prepared.ref}: {', '.join(busy)} is being reset by the driver to clear an error "
-                "(self-healing); the kubelet tries again"
+                f"claim {prepared.ref}: {', '.join(busy)} is {reserved[busy[0]]} (self-healing clears an error on "
+                "it); the kubelet tries again"
             )
 
     # ---- files ------------------------------------------------------------------------------------

@@ -75,6 +75,7 @@ class ResetSettings:
 
 
 HandshakeSource = Callable[[], Awaitable[ResetHandshake | None]]
+Check = Callable[[], Awaitable[None]]  # the caller's last look before ixsmi; GpuResetError calls the reset off
 
 
 class ResetMetrics(Protocol):
@@ -120,12 +121,14 @@ class GpuReset:
         """True while ixsmi (the backend's reset) runs."""
         return self._command is not None and not self._command.done()
 
-    async def reset(self, uuids: Sequence[str]) -> None:
+    async def reset(self, uuids: Sequence[str], check: Check | None = None) -> None:
         """Reset these chips and rediscover; GpuResetError (with what Allocate should answer) when that fails.
 
+        check, when given, is the caller's last look, awaited after the other IXML users let go and immediately
+        before ixsmi: a GpuResetError it raises calls the reset off (nothing is reset, the GPUs are handed back).
         The reset goes on to its end (the GPUs handed back) even when the caller is cancelled.
         """
-        work = asyncio.create_task(self._reset_in_turn(list(uuids)), name="gpu-reset")
+        work = asyncio.create_task(self._reset_in_turn(list(uuids), check), name="gpu-reset")
         self._work.add(work)
         work.add_done_callback(self._ended)
         await asyncio.shield(work)
@@ -135,11 +138,11 @@ class GpuReset:
         if not work.cancelled():
             work.exception()  # retrieved: the caller, if still there, got it
 
-    async def _reset_in_turn(self, uuids: list[str]) -> None:
+    async def _reset_in_turn(self, uuids: list[str], check: Check | None) -> None:
         async with self._turn:
             started, result = time.monotonic(), "failed"
             try:
-                await self._steps(uuids)
+                await self._steps(uuids, check)
                 result = "ok"
             except GpuResetError as error:
                 result = error.result
@@ -150,7 +153,7 @@ class GpuReset:
                 self._metrics.gpu_reset_duration.observe(seconds)
                 log.info("GPU reset of %s: %s after %.1fs", ",".join(uuids), result, seconds)
 
-    async def _steps(self, uuids: list[str]) -> None:
+    async def _steps(self, uuids: list[str], check: Check | None) -> None:
         handshake = await self._opened()
         if handshake is not None:
             try:
@@ -158,6 +161,13 @@ class GpuReset:
             except (GpuResetError, KubeError) as error:
                 await self._hand_back(handshake)
                 raise GpuResetError(f"{_refusal(error)}; the GPUs were not reset", "refused") from None
+        if check is not None:
+            try:
+                await check()
+            except BaseException:
+                if handshake is not None:
+                    await self._hand_back(handshake)
+                raise
         try:
             async with self.quiet_others():
                 failure = await self._run_command(uuids)

@@ -141,11 +141,20 @@ class HardwareMonitor:
         self._requests.put_nowait(_ClearXids(uuid, xids, done))
         return await done
 
-    def remember_xids(self, xids: Mapping[str, frozenset[int]]) -> None:
-        """Before start: XIDs the node saw before this process (the node-health record), kept as if seen now."""
-        for uuid, found in xids.items():
+    def remember_xids(
+        self, own: Mapping[str, frozenset[int]], *, followed: Mapping[str, frozenset[int]] | None = None
+    ) -> None:
+        """Before start: XIDs the node saw before this process (the node-health record), kept as if seen now (own),
+        or laid over the chips as another pod's until adopt_followed (followed)."""
+        for uuid, found in own.items():
             if found:
                 self._own_xids[uuid] = self._own_xids.get(uuid, frozenset()) | frozenset(found)
+        if followed is not None:
+            self._set_followed({uuid: frozenset(found) for uuid, found in followed.items() if found})
+
+    def preset_held_out(self, held: Mapping[str, str]) -> None:
+        """Before start: the chips held out of service from the first discovery on (see hold_out)."""
+        self._set_held_out(held)
 
     async def hold_out(self, held: Mapping[str, str]) -> HardwareView:
         """Keep exactly these chips (UUID -> why) out of service, whatever their health reads; the view once every
@@ -316,9 +325,7 @@ class HardwareMonitor:
         self._discovery_errors.succeeded()
         previous = self.view.inventory
         carried = carry_missing(previous, inventory)
-        carried = carried.with_statuses(
-            {chip.uuid: self._overlaid(chip.uuid, chip.status) for chip in carried.chips()}
-        )
+        carried = carried.with_statuses({chip.uuid: self._overlaid(chip.uuid, chip.status) for chip in carried.chips()})
         if not self.view.discovered:
             self._note_first_discovery(carried)
         elif _chip_set(carried) != _chip_set(previous):

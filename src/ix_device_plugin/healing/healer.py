@@ -4,9 +4,18 @@ It follows the one hardware monitor. Each chip out of service gets a story (core
 reasons a reset clears (the health policy says which) is reset once it is free, through the same `GpuReset` (ixsmi
 and the handshake with the other IXML users) as `flags.reset_gpu` and claims with `reset: true`; then every chip's
 health is read again (`HardwareMonitor.clear_xids`), and a healthy chip is back in service in both front ends, since
-their state follows the monitor. A chip still in use waits; the front end's guard tells whether it is free and keeps
-new allocations off it while it is reset. Attempts are bounded (Rules.attempts, with a backoff); then the chip stays
-out and needs an operator, who can ask for one more reset (`operator_return`).
+their state follows the monitor. Attempts are bounded (Rules.attempts, with a backoff); then the chip stays out and
+needs an operator, who can ask for one more reset (`operator_return`).
+
+The invariant: `ixsmi -r` runs for a chip only when no container holds it and none can be given it. In the node's
+reset turn (the front end's ChipGuard), the chip is first reserved: the node-health record says so (every pod of
+the agent reads it before it gives out a chip) and the monitor holds it out of service, whatever its health reads,
+until the reset is done or abandoned. Only then is "free" asked, and it is asked again by GpuReset after the
+handshake, still in the turn, immediately before ixsmi. A holder that cannot be known is a holder.
+
+What the healer knows outlives it: the XIDs, each chip's story and the reservations are in the node-health record
+(healing/record.py), which the pod acting for the node writes and every other pod follows. A process reads it at
+start, before its first discovery, so that a chip needing an operator is out of service from the first answer.
 
 Every health change and step is a Node Event (NodeEvents), a metric and a line in the story file `list` shows.
 One task (`run`) owns the stories; at most one reset runs at a time, in a task of its own, so that health changes
@@ -23,6 +32,7 @@ from collections.abc import Callable, Mapping
 from contextlib import AbstractAsyncContextManager
 from dataclasses import replace
 from pathlib import Path
+from typing import Protocol
 
 from ix_device_plugin.core import healing as rules_of
 from ix_device_plugin.core.healing import (
@@ -37,12 +47,14 @@ from ix_device_plugin.core.healing import (
     Rules,
     diagnose,
 )
+from ix_device_plugin.core.healthrecord import ChipRecord, HealthRecord, Restored, chip_record, restore
 from ix_device_plugin.core.inventory import Chip, Inventory
 from ix_device_plugin.gpureset.sequence import GpuReset, GpuResetError
 from ix_device_plugin.hardware.backend import XidEvent
 from ix_device_plugin.hardware.monitor import HardwareMonitor, HardwareView
 from ix_device_plugin.healing.events import NORMAL, WARNING, NodeEvents
 from ix_device_plugin.healing.metrics import HealingMetrics
+from ix_device_plugin.healing.record import RecordFile
 from ix_device_plugin.healing.story import story_text
 from ix_device_plugin.healing.wayback import RETURN_ANNOTATION
 from ix_device_plugin.runtime.files import OutputError, write_atomically
@@ -52,10 +64,34 @@ from ix_device_plugin.settings.health import HEALTH_POLICY, NOT_PRESENT, OPERATO
 
 log = logging.getLogger(__name__)
 
-FREE_POLL = 1.0  # seconds between looks at whether a waiting chip is free
-# The front end's guard for a chip: yields who holds it (None: free, and kept free until the context ends).
-Guard = Callable[[str], AbstractAsyncContextManager[str | None]]
+FREE_POLL = 1.0  # seconds between looks at whether a waiting chip is free (and, on standby, at the node's role)
+RESERVED = "reserved for a GPU reset"
 _MEANINGS = {row.name: row.meaning for row in HEALTH_POLICY}
+
+
+class ChipGuard(Protocol):
+    """What a front end tells the healer: the node's reset turn, when a hold is served, and who holds a chip."""
+
+    def turn(self) -> AbstractAsyncContextManager[None]:
+        """The node-wide reset turn, shared by every pod of the agent (OutputError when it cannot be had in time)."""
+        ...
+
+    async def served(self, view: HardwareView) -> None:
+        """Return once the front end serves view (its holds included) and an allocation answered before has had
+        time to show in holder()."""
+        ...
+
+    async def holder(self, uuid: str) -> str | None:
+        """Who holds the chip (a container, a claim, or why that cannot be known); None when no one does."""
+        ...
+
+
+class HeldError(GpuResetError):
+    """The chip was found held at the last look before ixsmi: nothing was reset."""
+
+    def __init__(self, holder: str) -> None:
+        super().__init__(f"held by {holder}", "refused")
+        self.holder = holder
 
 
 class Healer:
@@ -72,7 +108,7 @@ class Healer:
         self,
         monitor: HardwareMonitor,
         reset: GpuReset,
-        guard: Guard,
+        guard: ChipGuard,
         *,
         policy: Callable[[], HealthPolicy],
         switch: Callable[[], str],
@@ -84,6 +120,9 @@ class Healer:
         rules: Rules | None = None,
         free_poll: float = FREE_POLL,
         acting: Callable[[], bool] = lambda: True,
+        record: RecordFile | None = None,
+        boot_id: str = "",
+        writer: str = "",
     ) -> None:
         self.monitor = monitor
         self.reset = reset
@@ -97,7 +136,16 @@ class Healer:
         self.rules = rules or Rules()
         self.free_poll = free_poll
         self.acting = acting
+        self.record = record
+        self.boot_id = boot_id
+        self.writer = writer
         self.cares: dict[str, Care] = {}
+        self.reserved: dict[str, float] = {}  # chip UUID -> when (Unix time) it was reserved for a reset
+        self._healing_now = ""  # the chip _heal works on (its reservation is _heal's to end)
+        self._acted = False  # this process has taken over what the record says (it acts for the node)
+        self._record_written: HealthRecord | None = None
+        self._record_errors = OncePerError(log, logging.WARNING)
+        self._unreadable_said = ""
         self.metrics = HealingMetrics(registry, self.phases)
         self._wake = asyncio.Event()
         self._work: asyncio.Task[None] | None = None
@@ -148,16 +196,43 @@ class Healer:
 
     # ---- the task ---------------------------------------------------------------------------------
 
+    def restore(self, policy: HealthPolicy | None = None) -> None:
+        """At start, before the monitor's first discovery: what the node-health record says, as another pod's
+        knowledge (followed) until this process acts for the node: XIDs, reservations, each chip's story.
+        policy: the health policy the start reads (default: the healer's)."""
+        if self.record is None:
+            return
+        restored = self._restored(self.record.read(), policy)
+        self.monitor.remember_xids({}, followed=restored.xids)
+        self.monitor.preset_held_out({uuid: RESERVED for uuid in restored.reserved})
+        self.cares.update(restored.cares)
+        for line in restored.forgotten:
+            log.info("node-health record: the reboot cleared %s", line)
+        if restored.cares:
+            log.info(
+                "node-health record %s: %s", self.record.path,
+                "; ".join(f"{care.name}: {care.phase} ({care.note})" for care in restored.cares.values()),
+            )  # fmt: skip
+
     async def run(self) -> None:
         """Follow the monitor and heal, until cancelled (a reset under way is left to GpuReset.close)."""
+        follow = asyncio.create_task(self._follow_record(), name="node-health-follow") if self.record else None
         try:
             while True:
                 self._wake.clear()
+                if self.acting() and not self._acted:
+                    await self._take_over()
                 self._look(self.monitor.view)
+                await self._end_reservations()
                 self._start_due()
                 self._write_story()
+                self._write_record()
                 await self._sleep()
         finally:
+            if follow is not None:
+                follow.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await follow
             if self._work is not None:
                 self._work.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
@@ -172,11 +247,11 @@ class Healer:
     def _next_wake(self) -> float | None:
         """Seconds until a waiting chip is due (or looked at again for being free); None: only news wakes."""
         now = time.monotonic()
+        if not self.acting() or not self._acted:
+            return self.free_poll  # on standby: look again for taking over
         waiting = [care for care in self.cares.values() if care.phase == WAITING]
         if not waiting or self.resetting:
             return None
-        if not self.acting():
-            return self.free_poll  # on standby: look again for taking over
         return max(0.0, min(max(care.retry_at - now, 0.0) or self.free_poll for care in waiting))
 
     # ---- seeing ---------------------------------------------------------------------------------
@@ -239,18 +314,44 @@ class Healer:
         self._wake.set()
 
     async def _heal(self, care: Care) -> None:
-        """Reset care's chip if it is free (the guard keeps it so meanwhile), then read every chip's health again."""
-        async with self.guard(care.uuid) as holder:
-            care = self.cares.get(care.uuid) or care
-            if not rules_of.due(care, time.monotonic()):
-                return  # it came back by itself, or went to an operator, meanwhile
-            if holder is not None:
-                waiting = rules_of.held(care, holder, time.monotonic() + self.free_poll)
-                if waiting.note != care.note:
-                    self._event(NORMAL, "GPUHealingWaiting", f"{care.name} waits to be reset: held by {holder}")
-                self._set(waiting)
-                return
-            await self._reset(care)
+        """In the node's reset turn: reserve care's chip, then reset it if it is free, then read every chip's health
+        again; the reservation ends with the reset (or with finding the chip held)."""
+        uuid = care.uuid
+        try:
+            async with self.guard.turn():
+                care = self.cares.get(uuid) or care
+                if not rules_of.due(care, time.monotonic()) or not self.acting():
+                    return  # it came back by itself, or went to an operator, or another pod acts now
+                self._healing_now = uuid
+                try:
+                    await self.guard.served(await self._reserve(uuid))
+                    holder = await self.guard.holder(uuid)
+                    if holder is not None:
+                        self._wait_for(care, holder)
+                        return
+                    await self._reset(care)
+                finally:
+                    self._healing_now = ""
+                    await self._unreserve(uuid)
+        except OutputError as error:  # the turn or the record: nothing was reset
+            self._set(rules_of.refused(self.cares.get(uuid) or care, str(error), time.monotonic(), self.rules))
+
+    def _wait_for(self, care: Care, holder: str) -> None:
+        waiting = rules_of.held(care, holder, time.monotonic() + self.free_poll)
+        if waiting.note != care.note:
+            self._event(NORMAL, "GPUHealingWaiting", f"{care.name} waits to be reset: held by {holder}")
+        self._set(waiting)
+
+    async def _still_free(self, uuid: str) -> None:
+        """GpuReset's last look, after the handshake and immediately before ixsmi: the chip is still reserved by
+        this process, which still acts for the node, and no one holds it; else GpuResetError (nothing reset)."""
+        if not self.acting():
+            raise GpuResetError("this pod no longer acts for the node; the GPU was not reset", "refused")
+        if uuid not in self.reserved:
+            raise GpuResetError(f"{uuid} is no longer reserved for the reset; the GPU was not reset", "refused")
+        holder = await self.guard.holder(uuid)
+        if holder is not None:
+            raise HeldError(holder)
 
     async def _reset(self, care: Care) -> None:
         chip = self._chip(care.uuid)
@@ -261,7 +362,12 @@ class Healer:
         self._event(NORMAL, "GPUHealingReset", f"{care.name}: resetting it {what} (attempt {care.attempts})")
         log.info("healing %s: resetting it %s (attempt %d)", care.name, what, care.attempts)
         try:
-            await self.reset.reset([care.uuid])
+            await self.reset.reset([care.uuid], check=lambda: self._still_free(care.uuid))
+        except HeldError as held:
+            self.metrics.resets.labels(result="refused").inc()
+            log.warning("healing %s: not reset: held by %s since it was found free", care.name, held.holder)
+            self._wait_for(replace(care, attempts=care.attempts - 1, phase=WAITING), held.holder)
+            return
         except GpuResetError as error:
             self._reset_failed(care, error)
             return
@@ -290,6 +396,108 @@ class Healer:
         if chip is None:  # it came back under another UUID, or not at all
             return Diagnosis(operator=(NOT_PRESENT,))
         return diagnose(chip.status, self.policy())
+
+    # ---- reservations and the node-health record ----------------------------------------------------
+
+    async def _reserve(self, uuid: str) -> HardwareView:
+        """Reserve the chip: in the record first (every pod reads it before it gives out a chip), then held out of
+        service by the monitor; the view with the hold. OutputError when the record cannot say so."""
+        self.reserved[uuid] = time.time()
+        try:
+            self._write_record(must=True)
+        except OutputError:
+            del self.reserved[uuid]
+            raise
+        return await self.monitor.hold_out({u: RESERVED for u in self.reserved})
+
+    async def _unreserve(self, uuid: str) -> None:
+        if self.reserved.pop(uuid, None) is None:
+            return
+        await self.monitor.hold_out({u: RESERVED for u in self.reserved})
+        self._write_record()
+
+    async def _end_reservations(self) -> None:
+        """A chip reserved by a reset cut short (found in the record) is released once its story leaves the reset:
+        back in service, or left to an operator."""
+        for uuid in list(self.reserved):
+            care = self.cares.get(uuid)
+            if uuid != self._healing_now and (care is None or care.phase not in (WAITING, RESETTING)):
+                log.info("%s: released from the reservation of a reset cut short (%s)", uuid,
+                         "back in service" if care is None else care.note)  # fmt: skip
+                await self._unreserve(uuid)
+
+    async def _take_over(self) -> None:
+        """This process acts for the node from now on: what the record says now becomes its own."""
+        record = self.record.read() if self.record is not None else None
+        restored = self._restored(record)
+        for uuid, care in restored.cares.items():
+            self.cares.setdefault(uuid, care)
+        await self.monitor.follow_xids(restored.xids)
+        await self.monitor.adopt_followed()
+        self.reserved = {uuid: time.time() for uuid in restored.reserved}
+        await self.monitor.hold_out({u: RESERVED for u in self.reserved})
+        self._acted = True
+        if record is not None:
+            log.info("acting for the node: took over the node-health record %s (%d chips in it)",
+                     self.record.path if self.record else "", len(record.chips))  # fmt: skip
+
+    def _restored(self, record: HealthRecord | None, policy: HealthPolicy | None = None) -> Restored:
+        if self.record is not None and self.record.unreadable and self.record.unreadable != self._unreadable_said:
+            self._unreadable_said = self.record.unreadable
+            self._event(WARNING, "GPUHealthRecordUnreadable", f"{self.record.unreadable}; kept aside, not trusted")
+        if record is None:
+            return Restored()
+        policy = policy or self.policy()
+        return restore(record, self.boot_id, policy, wall_now=time.time(), mono_now=time.monotonic())
+
+    async def _follow_record(self) -> None:
+        assert self.record is not None
+        await self.record.follow(self._followed)
+
+    async def _followed(self, record: HealthRecord | None) -> None:
+        """On standby: the acting pod's record changed; hold out and keep what it says, ready to take over."""
+        if self.acting() and self._acted:
+            return  # ours
+        restored = self._restored(record)
+        self.cares = dict(restored.cares)
+        await self.monitor.follow_xids(restored.xids)
+        await self.monitor.hold_out({uuid: RESERVED for uuid in (record.reserved() if record else {})})
+        self._wake.set()
+
+    def _write_record(self, must: bool = False) -> None:
+        """Write the record when what it says changed (only the pod acting for the node writes it); must: raise
+        OutputError when it cannot be written, else it is said once and tried again at the next change."""
+        if self.record is None or not self.acting() or not self._acted:
+            return
+        record = self._record_now()
+        if record == self._record_written:
+            return
+        try:
+            self.record.write(replace(record, written=time.time()))
+        except OutputError as error:
+            self._record_errors.failed("node-health record: %s", error)
+            if must:
+                raise
+            return
+        self._record_errors.succeeded()
+        self._record_written = record
+
+    def _record_now(self) -> HealthRecord:
+        """The record as this process knows the node now (written: 0, set when it is written)."""
+        wall, mono = time.time(), time.monotonic()
+        chips: dict[str, ChipRecord] = {}
+        xids = {chip.uuid: chip.status.xids for chip in self.monitor.view.inventory.chips()}
+        for uuid in sorted({*self.cares, *self.reserved, *(u for u, x in xids.items() if x)}):
+            care = self.cares.get(uuid) or Care(uuid, self._minor(uuid))
+            entry = chip_record(care, xids.get(uuid, frozenset()), RESERVED if uuid in self.reserved else "",
+                                wall_now=wall, mono_now=mono, reserved_since=self.reserved.get(uuid))  # fmt: skip
+            if entry.worth_keeping:
+                chips[uuid] = entry
+        return HealthRecord(boot_id=self.boot_id, writer=self.writer, chips=chips)
+
+    def _minor(self, uuid: str) -> int | None:
+        chip = self._chip(uuid)
+        return None if chip is None else chip.minor
 
     # ---- telling ----------------------------------------------------------------------------
 

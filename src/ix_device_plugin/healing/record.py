@@ -14,7 +14,7 @@ trusted in any part; the agent starts from the hardware as it reads now.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from ix_device_plugin.core.healthrecord import HealthRecord, RecordError, parse_record, record_text
@@ -85,17 +85,17 @@ class RecordFile:
             self.path, why, aside,
         )  # fmt: skip
 
-    async def follow(self, changed: Callable[[HealthRecord | None], None]) -> None:
+    async def follow(self, changed: Callable[[HealthRecord | None], Awaitable[None]]) -> None:
         """Hand changed() the record whenever the file changes (inotify on its directory; a timer where inotify is
         not there), and once at the start; until cancelled."""
         watcher = Watcher()
         try:
             watcher.watch(self.path.parent)
-            changed(self.read())
+            await changed(self.read())
             while True:
                 paths = await watcher.wait(FOLLOW_TICK)
                 if not paths or any(path == self.path or path == self.path.parent for path in paths):
-                    changed(self.read())
+                    await changed(self.read())
         finally:
             watcher.close()
 

@@ -1,6 +1,7 @@
 """Self-healing composed for a front end: the healer, the Node's Events and the operator's way back, in one place.
 
-A front end gives what only it knows (its guard: who holds a chip; where its story file goes; its configuration)
+A front end gives what only it knows (its guard: the node's reset turn and who holds a chip; where its story file
+goes; its configuration; the node-health record)
 and spawns `tasks()` with its own tasks; the rest is the same in both modes. A front end that watches its Node
 already (DRA: the Node owns the slices) says so (node_watched) and hands each value of the operator's annotation to
 `requests.seen`, so that the Node is watched once.
@@ -16,7 +17,8 @@ from ix_device_plugin.core.healing import Rules
 from ix_device_plugin.gpureset.sequence import GpuReset
 from ix_device_plugin.hardware.monitor import HardwareMonitor
 from ix_device_plugin.healing.events import NodeEvents
-from ix_device_plugin.healing.healer import Guard, Healer
+from ix_device_plugin.healing.healer import ChipGuard, Healer
+from ix_device_plugin.healing.record import RecordFile
 from ix_device_plugin.healing.wayback import ReturnRequests
 from ix_device_plugin.runtime.lazymetrics import Registry
 from ix_device_plugin.settings.health import HealthPolicy
@@ -32,7 +34,7 @@ class NodeHealing:
         self,
         monitor: HardwareMonitor,
         reset: GpuReset,
-        guard: Guard,
+        guard: ChipGuard,
         api: ApiConnection | None,
         *,
         policy: Callable[[], HealthPolicy],
@@ -43,6 +45,9 @@ class NodeHealing:
         flush_interval: float | None = None,
         node_watched: bool = False,
         acting: Callable[[], bool] = lambda: True,
+        record: RecordFile | None = None,
+        boot_id: str = "",
+        writer: str = "",
     ) -> None:
         self.events: NodeEvents | None = None
         if api is not None:
@@ -52,6 +57,7 @@ class NodeHealing:
             monitor, reset, guard,
             policy=policy, switch=switch, asks_others=api is not None, registry=registry, events=self.events,
             story=story, node=api.node_name if api is not None else "", rules=rules, acting=acting,
+            record=record, boot_id=boot_id, writer=writer,
         )  # fmt: skip
         self.requests = ReturnRequests(api, self.healer.operator_return) if api is not None else None
         self._watch_node = not node_watched  # the front end watches its Node already: it hands on the annotation

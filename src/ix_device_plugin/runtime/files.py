@@ -12,6 +12,7 @@ from pathlib import Path
 from ix_device_plugin.settings.documents import DocumentError, read_file
 
 FILE_MODE = 0o644
+BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
 CURRENT_LIMIT = 4 * 1024 * 1024  # what we write is far smaller; anything larger is not ours and gets replaced
 
 
@@ -43,6 +44,14 @@ def write_atomically(path: Path, text: str) -> None:
         with contextlib.suppress(OSError):
             os.unlink(temp_name)
         raise OutputError(f"cannot write {path}: {reason(exc)}") from exc
+
+
+def read_boot_id(path: Path = BOOT_ID) -> str:
+    """This boot's ID ('' when the kernel does not say): tells a reboot from a restart."""
+    try:
+        return read_file(path, 128).decode("ascii", "replace").strip()
+    except (OSError, DocumentError):
+        return ""
 
 
 def current_text(path: Path) -> str | None:

@@ -46,6 +46,7 @@ class NodeOptions:
     node_feature_dir: Path | None = None  # None: no NFD feature file is written
     telemetry_interval: float | None = None  # None: no GPU telemetry
     pod_resources_socket: Path | None = None  # None: telemetry without pod labels
+    kubelet_plugins_directory_path: Path | None = None  # None: no node-health record (device plugin; dra: its own)
     health_interval: float = default("health_interval")
     backend_timeout: float | None = None  # None: 3 health intervals, at least 10 s
     health_address: str = default("health_address")

@@ -144,7 +144,8 @@ SETTINGS: tuple[Setting, ...] = (
              "the kubelet's plugin watcher directory, where the registration socket goes", DRA_MODES),
     _setting("kubelet_plugins_directory_path", "--kubelet-plugins-directory-path",
              "KUBELET_PLUGINS_DIRECTORY_PATH", Path(DEFAULT_KUBELET_PLUGINS_DIR), v.path, "DIR",
-             "the kubelet's plugins directory, where the DRA socket and the checkpoint go", DRA_MODES),
+             "the kubelet's plugins directory: the node-health record (iluvatar.com/node-health.json) and the node's "
+             "reset lock; dra: also the DRA socket and the checkpoint", (*DRA_MODES, RUN, LIST)),
     _setting("pod_uid", "--pod-uid", "POD_UID", None, v.pod_uid, "UID",
              "this pod's UID (downward API metadata.uid): sockets named per pod, so that an update overlaps the old "
              "driver (kubelet 1.33+); unset: the fixed names", (DRA,)),

@@ -101,7 +101,7 @@ async def test_no_claim_is_prepared_on_a_chip_while_it_is_reset(node: DraNode) -
     await until(lambda: ixsmi.runs() != [], timeout=5)
     monitoring = node.claim("monitor", ["gpu-1"], admin_access=True)  # admin access takes even an unhealthy chip
     result = (await kubelet.prepare([monitoring])).claims[monitoring[2]]
-    assert "is being reset by the driver to clear an error (self-healing)" in result.error
+    assert "is reserved for a GPU reset (self-healing clears an error on it)" in result.error
     await node.wait_slice(lambda devices: not tainted(devices, "gpu-1"), timeout=10)
     assert (await kubelet.prepare([monitoring])).claims[monitoring[2]].error == ""
     await kubelet.close()

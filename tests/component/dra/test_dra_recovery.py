@@ -28,10 +28,10 @@ from ix_device_plugin.dra.checkpoint import CHECKPOINT_FILE
 from ix_device_plugin.dra.claimspec import cdi_spec_file
 from ix_device_plugin.dra.registration import registration_socket
 from ix_device_plugin.dra.slices import DRIVER
-from ix_device_plugin.dra.state import read_boot_id
 from ix_device_plugin.gpureset.document import DATA_KEY, ResetInfo
 from ix_device_plugin.hardware.simulated import SimulatedBackend
 from ix_device_plugin.runtime.errors import StartupError
+from ix_device_plugin.runtime.files import read_boot_id
 from ix_device_plugin.standins.apiserver import ApiServerStandIn
 from ix_device_plugin.standins.dra_kubelet import DraKubeletStandIn
 

@@ -19,11 +19,9 @@ from ix_device_plugin.core.healing import (
     Rules,
     diagnose,
 )
+from ix_device_plugin.core.holding import chip_holder
 from ix_device_plugin.core.inventory import Board, Chip, ChipStatus, Inventory
-from ix_device_plugin.core.plan import plan
-from ix_device_plugin.core.telemetry import PodRef
-from ix_device_plugin.deviceplugin.holders import holder_of
-from ix_device_plugin.settings.config import Config
+from ix_device_plugin.core.telemetry import ClaimDevice, Holdings, PodRef
 from ix_device_plugin.settings.health import HealthPolicy
 
 pytestmark = pytest.mark.unit
@@ -136,16 +134,24 @@ def test_resets_never_exceed_the_bound_but_for_an_operators_asking(steps: list[s
             resets, allowed = 0, RULES.attempts
 
 
-def test_who_holds_a_chip_follows_boards_and_replicas() -> None:
+def test_who_holds_a_chip_follows_boards_replicas_and_any_resource_name() -> None:
     chips = (Chip("GPU-a0", 0, "BI-V150"), Chip("GPU-a1", 1, "BI-V150"))
     inventory = Inventory((Board("BI-V150", chips),))
-    whole = plan(inventory, Config())
     pod = PodRef("ml", "trainer", "main")
-    assert holder_of("GPU-a1", {"GPU-a0": pod}, whole, inventory) == "ml/trainer (main)"  # the board holds both
-    split = plan(inventory, Config(splitboard=True))
-    assert holder_of("GPU-a1", {"GPU-a0": pod}, split, inventory) is None
-    shared = plan(inventory, Config(splitboard=True, replicas=4))
-    assert holder_of("GPU-a1", {"GPU-a1::3": pod}, shared, inventory) == "ml/trainer (main)"
-    # allocated under another config (whole boards), planned now per chip: the board's ID still holds both chips
-    assert holder_of("GPU-a1", {"GPU-a0::1": pod}, split, inventory) == "ml/trainer (main)"
-    assert holder_of("GPU-a1", {}, whole, inventory) is None
+
+    def holder(uuid: str, *devices: tuple[str, str], split_only: bool = False) -> PodRef | None:
+        held = Holdings(devices=tuple((name, device, pod) for name, device in devices))
+        return chip_holder(uuid, held, inventory, "gpu.iluvatar.com", split_only)
+
+    assert holder("GPU-a1", ("iluvatar.com/gpu", "GPU-a0")) == pod  # the board holds both
+    assert holder("GPU-a1", ("iluvatar.com/gpu", "GPU-a0"), split_only=True) is None  # on a split node, the chip
+    assert holder("GPU-a1", ("iluvatar.com/gpu.shared", "GPU-a1::3"), split_only=True) == pod
+    assert holder("GPU-a1", ("iluvatar.com/gpu", "GPU-a0::1")) == pod  # a board's replica holds both chips
+    # given under a name no longer served (a rename, renameByDefault turned on): still held
+    assert holder("GPU-a0", ("example.com/old-name", "GPU-a0")) == pod
+    assert holder("GPU-a1", ("nvidia.com/gpu", "GPU-5d2c1e")) is None  # another vendor's device names none of ours
+    assert holder("GPU-a1") is None
+    claims = Holdings(claims=(ClaimDevice(pod, "ml", "c", "gpu.iluvatar.com", "node", "board-0"),))
+    assert chip_holder("GPU-a1", claims, inventory, "gpu.iluvatar.com") == pod  # a DRA claim on the board
+    other = Holdings(claims=(ClaimDevice(pod, "ml", "c", "example.com", "node", "gpu-1"),))
+    assert chip_holder("GPU-a1", other, inventory, "gpu.iluvatar.com") is None

@@ -1,0 +1,50 @@
+"""Who holds a chip on a DRA node: the healer's ChipGuard.
+
+A chip is held by a prepared claim on it or its board (admin access too), read from the checkpoint under the claims'
+lock, or by a device the device plugin gave a container before the node moved to DRA (pod-resources, any resource
+name). The node's reset turn is the driver's reset lock, shared by its pods. Nothing is to wait for once a chip is
+reserved: every prepare, in any pod of the driver, reads the node-health record under the claims' lock and refuses a
+reserved chip.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+
+from ix_device_plugin.core.holding import chip_holder, describe
+from ix_device_plugin.core.inventory import Inventory
+from ix_device_plugin.core.telemetry import Holdings
+from ix_device_plugin.dra.slices import DRIVER
+from ix_device_plugin.dra.state import DraState
+from ix_device_plugin.hardware.monitor import HardwareView
+from ix_device_plugin.kubelet.podresources import PodResources, PodResourcesError
+
+
+class ClaimGuard:
+    """The DRA driver's ChipGuard."""
+
+    def __init__(self, state: DraState, pod_resources: PodResources, inventory: Callable[[], Inventory]) -> None:
+        self._state = state
+        self._pod_resources = pod_resources
+        self._inventory = inventory
+
+    def turn(self) -> contextlib.AbstractAsyncContextManager[None]:
+        """The node's reset turn: the driver's reset lock (OutputError past its deadline)."""
+        return self._state.reset_turn()
+
+    async def served(self, view: HardwareView) -> None:
+        """Nothing to wait for: prepares read the reservation under the claims' lock."""
+
+    async def holder(self, uuid: str) -> str | None:
+        """The claim or container holding the chip, why that cannot be told, or None."""
+        claim = await self._state.claim_holding(uuid)
+        if claim is not None or self._pod_resources.socket_path is None:
+            return claim  # pod-resources turned off: claims are all this driver can know of
+        try:
+            holdings = await self._pod_resources.read_holdings()
+        except PodResourcesError as error:
+            return f"no one can tell whether a container holds it: {error}"
+        # the claims are the checkpoint's (above): pod-resources adds the device plugin's devices
+        ref = chip_holder(uuid, Holdings(devices=holdings.devices), self._inventory(), DRIVER)
+        return None if ref is None else describe(ref)
