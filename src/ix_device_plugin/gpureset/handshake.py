@@ -75,6 +75,17 @@ class ResetHandshake:
             await self._write(resetting=False, remake=True)
         self.resetting = False
 
+    async def repair(self, timeout: float) -> bool:
+        """Where the ConfigMap says reset: true (a reset cut short by a stop or a kill), say reset: false and that
+        we hold the GPUs; nothing when there is none or it says reset: false. True when it was repaired."""
+        async with self._bounded(timeout, "ending a GPU reset cut short"):
+            info, _, _ = await self._read()
+            if info is None or not info.reset:
+                return False
+            await self._write(resetting=False, remake=True)
+        self.resetting = False
+        return True
+
     async def hold_off(self, timeout: float) -> None:
         """Say reset: true and wait until no other user holds the GPUs; GpuResetError (nothing may be reset) naming
         who did not let go in time, or saying the ConfigMap was deleted (the handshake is off)."""

@@ -243,23 +243,43 @@ class GpuReset:
                 f"the chips were not discovered again within {self._settings.wait_timeout:g}s after the reset"
             ) from None
 
-    async def keep_record(self, backoff: Backoff) -> None:
+    async def keep_record(self, backoff: Backoff, announce: Callable[[], bool] = lambda: True) -> None:
         """At start, and whenever handing the GPUs back failed: say in the ConfigMap that we hold them (reset:
-        false), trying again until it is said; for ever (cancel to stop)."""
+        false), trying again until it is said; for ever (cancel to stop).
+
+        announce() false (no feature resets at Allocate, only self-healing may): at start only a reset: true left by
+        an earlier process is ended; the ConfigMap is not made, and our entry is said at the first reset.
+        """
         errors = OncePerError(log)
         while True:
             await self._record_wanted.wait()
             try:
                 async with self.node_turn(), self._turn:
-                    handshake = await self._opened()
-                    if handshake is not None and handshake.resetting:
-                        await handshake.announce(self._settings.wait_timeout)
+                    handshake = await self._repaired() if not self._announced and not announce() else None
+                    if handshake is None:
+                        handshake = await self._opened()
+                        if handshake is not None and handshake.resetting:
+                            await handshake.announce(self._settings.wait_timeout)
                 self._record_wanted.clear()
                 errors.succeeded("GPU reset handshake: %s is in order again", handshake.where if handshake else "")
                 backoff.reset()
             except (GpuResetError, KubeError, OutputError) as error:
                 errors.failed("GPU reset handshake: %s; retrying", error)
                 await backoff.sleep()
+
+    def want_record(self) -> None:
+        """Say in the ConfigMap that we hold the GPUs (flags.reset_gpu was turned on): keep_record does it."""
+        if not self._announced:
+            self._record_wanted.set()
+
+    async def _repaired(self) -> ResetHandshake | None:
+        """End a reset: true left behind, without making the ConfigMap; the handshake (None without API access)."""
+        if self._handshake is None:
+            self._handshake = await self._handshake_source()
+        handshake = self._handshake
+        if handshake is not None and await handshake.repair(self._settings.wait_timeout):
+            log.info("%s said reset: true, left by a reset cut short; it says reset: false again", handshake.where)
+        return handshake
 
     async def close(self, timeout: float) -> None:
         """On stop: wait for a running ixsmi (RESET_STOP_WAIT, then it is killed), then say reset: false within
