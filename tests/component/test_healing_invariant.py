@@ -1,0 +1,229 @@
+"""Self-healing never resets a chip a container holds or may be given, and what it knows outlives the process
+(device plugin mode): holders under any resource name, the chip reserved through the handshake, the last look before
+ixsmi, the node-health record across a restart, and the handshake repaired at start."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+import pytest
+from reset_support import EXPORTER, FAST_HEALING, NODE, Ixsmi, node_events, reset_document, write_document
+from test_healing import start_healing
+
+from ix_device_plugin.api import HEALTHY, UNHEALTHY
+from ix_device_plugin.deviceplugin.loop import Daemon
+from ix_device_plugin.gpureset.sequence import OUR_NAME, ResetInfo
+from ix_device_plugin.hardware.ixml import IxmlBackend
+from ix_device_plugin.healing.record import RECORD_FILE, record_path
+from ix_device_plugin.healing.wayback import RETURN_ANNOTATION
+from ix_device_plugin.standins.apiserver import ApiServerStandIn
+from ix_device_plugin.standins.kubelet import KubeletStandIn, ResourceView
+from ix_device_plugin.standins.podresources import PodResourcesStandIn
+
+from support import RESOURCE, TWO_CHIPS, DaemonFactory, config_flags, inject_xid, until
+
+HELD_LONG_ENOUGH = FAST_HEALING.settle + 1.0  # the settling time and several looks at pod-resources
+
+
+def record_of(daemon: Daemon) -> dict:
+    assert daemon.options.kubelet_plugins_directory_path is not None
+    return json.loads(record_path(daemon.options.kubelet_plugins_directory_path).read_text())
+
+
+async def never_healthy(view: ResourceView, device: str, seconds: float) -> None:
+    async with asyncio.timeout(seconds + 1):
+        for _ in range(int(seconds / 0.02)):
+            assert view.devices[device] == UNHEALTHY
+            await asyncio.sleep(0.02)
+
+
+async def test_a_chip_held_under_a_resource_name_no_longer_served_is_not_reset(
+    kubelet: KubeletStandIn,
+    start_daemon: DaemonFactory,
+    apiserver: ApiServerStandIn,
+    pod_resources: PodResourcesStandIn,
+    libs: dict[str, Path],
+    conf: Path,
+    short_dir: Path,
+) -> None:
+    """The pod was admitted under iluvatar.com/gpu; the config now names the resource otherwise (a rename)."""
+    ixsmi = Ixsmi(short_dir)
+    renamed = "iluvatar.com/gpu-renamed"
+    await start_healing(
+        start_daemon, apiserver, pod_resources, libs, short_dir, ixsmi, given=config_flags(resource_name=renamed)
+    )
+    view = await kubelet.wait_registered(renamed, capacity=2)
+    pod_resources.pods = {("ml", "trainer-0"): {"main": {RESOURCE: ["GPU-x1"]}}}
+    inject_xid(conf, 1, 48)
+    await kubelet.wait_for(lambda: view.devices["GPU-x1"] == UNHEALTHY, timeout=3)
+    await asyncio.sleep(HELD_LONG_ENOUGH)
+    assert ixsmi.runs() == []
+    await until(lambda: bool(node_events(apiserver, "GPUHealingWaiting")))
+    assert "held by ml/trainer-0 (main)" in node_events(apiserver, "GPUHealingWaiting")[0]["message"]
+    pod_resources.pods = {}  # the pod was deleted
+    await kubelet.wait_for(lambda: view.devices["GPU-x1"] == HEALTHY, timeout=10)
+    assert ixsmi.runs() == ["-r -i GPU-x1"]
+
+
+async def test_a_reserved_chip_stays_out_of_service_when_its_error_clears_during_the_handshake(
+    kubelet: KubeletStandIn,
+    start_daemon: DaemonFactory,
+    apiserver: ApiServerStandIn,
+    pod_resources: PodResourcesStandIn,
+    libs: dict[str, Path],
+    conf: Path,
+    short_dir: Path,
+) -> None:
+    """A memory-controller error (a reset clears it) on a free chip: reserved, reset: true, ix-exporter slow to let
+    go; the error clears meanwhile, and still the chip is out of service and refused until the reset is done."""
+    write_document(apiserver, ResetInfo(NODE, occupy={EXPORTER: True}))
+    ixsmi = Ixsmi(short_dir)
+    daemon = await start_healing(start_daemon, apiserver, pod_resources, libs, short_dir, ixsmi)
+    view = await kubelet.wait_registered(RESOURCE, capacity=2)
+    conf.write_text(TWO_CHIPS.replace("minor=1 ", "minor=1 health=0x2 "))
+    await until(lambda: (reset_document(apiserver) or ResetInfo(NODE)).reset, timeout=5)  # asking it to let go
+    conf.write_text(TWO_CHIPS)  # the error cleared by itself
+    await asyncio.sleep(0.5)  # several health polls
+    assert view.devices["GPU-x1"] == UNHEALTHY
+    with pytest.raises(Exception, match="Unhealthy"):
+        await kubelet.allocate(RESOURCE, [["GPU-x1"]])
+    assert record_of(daemon)["chips"]["GPU-x1"]["reserved"]["reason"] == "reserved for a GPU reset"
+    info = reset_document(apiserver)
+    assert info is not None
+    write_document(apiserver, ResetInfo(NODE, True, {**info.occupy, EXPORTER: False}))  # it lets go at last
+    await kubelet.wait_for(lambda: view.devices["GPU-x1"] == HEALTHY, timeout=10)
+    assert ixsmi.runs() == ["-r -i GPU-x1"]
+    await until(lambda: "GPU-x1" not in record_of(daemon)["chips"])
+
+
+async def test_a_chip_found_held_after_the_handshake_is_not_reset(
+    kubelet: KubeletStandIn,
+    start_daemon: DaemonFactory,
+    apiserver: ApiServerStandIn,
+    pod_resources: PodResourcesStandIn,
+    libs: dict[str, Path],
+    conf: Path,
+    short_dir: Path,
+) -> None:
+    """The last look, immediately before ixsmi: a holder that appeared while the others were asked to let go (here
+    through a device ID of the board, under another name) calls the reset off."""
+    write_document(apiserver, ResetInfo(NODE, occupy={EXPORTER: True}))
+    ixsmi = Ixsmi(short_dir)
+    daemon = await start_healing(start_daemon, apiserver, pod_resources, libs, short_dir, ixsmi)
+    view = await kubelet.wait_registered(RESOURCE, capacity=2)
+    inject_xid(conf, 1, 48)
+    await until(lambda: (reset_document(apiserver) or ResetInfo(NODE)).reset, timeout=5)
+    pod_resources.pods = {("ml", "late"): {"main": {f"{RESOURCE}.shared": ["GPU-x1::2"]}}}
+    info = reset_document(apiserver)
+    assert info is not None
+    write_document(apiserver, ResetInfo(NODE, True, {**info.occupy, EXPORTER: False}))
+    await until(lambda: not (reset_document(apiserver) or ResetInfo(NODE, True)).reset, timeout=5)  # handed back
+    healer = daemon.healing.healer
+    await until(lambda: "held by ml/late (main)" in healer.cares["GPU-x1"].note, timeout=5)  # after the hand-back
+    await asyncio.sleep(HELD_LONG_ENOUGH)
+    assert ixsmi.runs() == []
+    assert view.devices["GPU-x1"] == UNHEALTHY
+
+
+async def test_a_chip_needing_an_operator_stays_out_of_service_after_a_restart(
+    kubelet: KubeletStandIn,
+    start_daemon: DaemonFactory,
+    apiserver: ApiServerStandIn,
+    pod_resources: PodResourcesStandIn,
+    libs: dict[str, Path],
+    conf: Path,
+    short_dir: Path,
+) -> None:
+    """XID 64 (an operator's) on GPU-x1 and GPU-x0 out of resets (ixsmi fails): both stay out of service across a
+    restart, with no reset and no Healthy in between, until an operator returns them."""
+    ixsmi = Ixsmi(short_dir)
+    ixsmi.code.write_text("3")
+    daemon = await start_healing(start_daemon, apiserver, pod_resources, libs, short_dir, ixsmi)
+    view = await kubelet.wait_registered(RESOURCE, capacity=2)
+    inject_xid(conf, 1, 64)
+    inject_xid(conf, 0, 48)
+    await until(lambda: [c["phase"] for c in record_of(daemon)["chips"].values()] == ["operator", "operator"],
+                timeout=15)  # fmt: skip
+    assert ixsmi.runs() == ["-r -i GPU-x0"] * 3
+    await daemon.shutdown()
+    conf.write_text(TWO_CHIPS)  # a fresh library: it has no XIDs to tell
+
+    again = await start_daemon(**_same_settings(daemon, pod_resources, libs, ixsmi))
+    view = await kubelet.wait_registered(RESOURCE, capacity=2, timeout=10)
+    assert view.devices == {"GPU-x0": UNHEALTHY, "GPU-x1": UNHEALTHY}
+    await never_healthy(view, "GPU-x1", 1.0)
+    assert ixsmi.runs() == ["-r -i GPU-x0"] * 3  # no reset after the start
+    cares = again.healing.healer.cares
+    assert cares["GPU-x1"].phase == "operator" and cares["GPU-x0"].phase == "operator"
+
+    ixsmi.code.write_text("0")  # the operator fixed GPU-x0 and returns it
+    node = apiserver.get("nodes", NODE)
+    assert node is not None
+    node["metadata"].setdefault("annotations", {})[RETURN_ANNOTATION] = "GPU-x0"
+    apiserver.put("nodes", node)
+    await kubelet.wait_for(lambda: view.devices["GPU-x0"] == HEALTHY, timeout=10)
+    assert view.devices["GPU-x1"] == UNHEALTHY
+
+
+def _same_settings(
+    daemon: Daemon, pod_resources: PodResourcesStandIn, libs: dict[str, Path], ixsmi: Ixsmi
+) -> dict[str, object]:
+    """The first daemon's settings, for the same node started again (its directories, backend, API access)."""
+    options = daemon.options
+    return {
+        "backend_factory": lambda: IxmlBackend(str(libs["full"]), dev_root=options.dev_root, ixsmi_path=ixsmi.path),
+        "kube": daemon.kube_settings,
+        "healing_rules": FAST_HEALING,
+        "pod_resources_socket": pod_resources.socket_path,
+        "health_interval": options.health_interval,
+        "reset_wait_timeout": options.reset_wait_timeout,
+        "reset_timeout": options.reset_timeout,
+        "kubelet_plugins_directory_path": options.kubelet_plugins_directory_path,
+        "dev_root": options.dev_root,
+    }
+
+
+async def test_an_unreadable_record_is_kept_aside_said_and_not_trusted(
+    kubelet: KubeletStandIn,
+    start_daemon: DaemonFactory,
+    apiserver: ApiServerStandIn,
+    pod_resources: PodResourcesStandIn,
+    libs: dict[str, Path],
+    conf: Path,
+    short_dir: Path,
+) -> None:
+    plugins = short_dir / "plugins"
+    record = record_path(plugins)
+    record.parent.mkdir(parents=True)
+    record.write_text('{"kind": "ix-device-plugin/node-health", "version": 1, "chips": {"GPU-x1": {"xids": 48}}}')
+    ixsmi = Ixsmi(short_dir)
+    daemon = await start_healing(start_daemon, apiserver, pod_resources, libs, short_dir, ixsmi)
+    view = await kubelet.wait_registered(RESOURCE, capacity=2)
+    assert view.devices == {"GPU-x0": HEALTHY, "GPU-x1": HEALTHY}  # nothing of it trusted
+    [aside] = [p for p in record.parent.iterdir() if p.name.startswith(f"{RECORD_FILE}.unreadable-")]
+    assert "GPU-x1" in aside.read_text()
+    await until(lambda: bool(node_events(apiserver, "GPUHealthRecordUnreadable")))
+    [event] = node_events(apiserver, "GPUHealthRecordUnreadable")
+    assert "chips.GPU-x1.xids is not a list" in event["message"] and str(record) in event["message"]
+    inject_xid(conf, 0, 64)  # a good record replaces it at the next change
+    await until(lambda: "GPU-x0" in record_of(daemon)["chips"])
+
+
+async def test_a_reset_true_left_behind_is_ended_at_start_with_self_healing_alone(
+    kubelet: KubeletStandIn,
+    start_daemon: DaemonFactory,
+    apiserver: ApiServerStandIn,
+    pod_resources: PodResourcesStandIn,
+    libs: dict[str, Path],
+    conf: Path,
+    short_dir: Path,
+) -> None:
+    """flags.reset_gpu off: a stop during a self-healing reset left reset: true; the next start ends it."""
+    write_document(apiserver, ResetInfo(NODE, True, {OUR_NAME: False, EXPORTER: False}))
+    await start_healing(start_daemon, apiserver, pod_resources, libs, short_dir, Ixsmi(short_dir))
+    await kubelet.wait_registered(RESOURCE, capacity=2)
+    await until(lambda: not (reset_document(apiserver) or ResetInfo(NODE, True)).reset, timeout=5)
+    document = reset_document(apiserver)
+    assert document is not None and document.occupy == {OUR_NAME: True, EXPORTER: False}

@@ -1,0 +1,94 @@
+"""The node-health record as data: its text read back whole, fields of a newer agent kept, anything malformed named,
+and what a start keeps of it after a restart and after a reboot."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from ix_device_plugin.core.healing import NEEDS_OPERATOR, RESETTING, WAITING, Care
+from ix_device_plugin.core.healthrecord import (
+    CUT_SHORT,
+    ChipRecord,
+    HealthRecord,
+    RecordError,
+    chip_record,
+    parse_record,
+    record_text,
+    restore,
+)
+from ix_device_plugin.settings.health import HealthPolicy
+
+POLICY = HealthPolicy()
+A, B = "GPU-a", "GPU-b"
+
+
+def record(**chips: ChipRecord) -> HealthRecord:
+    return HealthRecord(boot_id="boot-1", writer="test", written=100.0, chips={k.replace("_", "-"): v for k, v in
+                                                                                chips.items()})  # fmt: skip
+
+
+def test_the_text_reads_back_as_the_same_record() -> None:
+    care = Care(A, 0, phase=WAITING, causes=("XID 48",), attempts=2, note="reset failed", out_since=50.0)
+    entry = chip_record(care, frozenset({48}), "reserved for a GPU reset", wall_now=1000.0, mono_now=60.0)
+    assert entry.out_since == 990.0 and entry.reserved_since == 1000.0
+    written = HealthRecord(boot_id="b", writer="w", written=1000.0, chips={A: entry})
+    assert parse_record(record_text(written)) == written
+    assert record_text(written) == record_text(parse_record(record_text(written)))  # stable bytes
+
+
+def test_fields_of_a_newer_agent_are_kept_when_written_again() -> None:
+    text = record_text(record(GPU_a=ChipRecord(minor=0, xids=frozenset({64}), phase=NEEDS_OPERATOR)))
+    document = json.loads(text)
+    document["drainPolicy"] = {"mode": "cordon"}
+    document["chips"][A]["remapped"] = 3
+    again = json.loads(record_text(parse_record(json.dumps(document))))
+    assert again["drainPolicy"] == {"mode": "cordon"} and again["chips"][A]["remapped"] == 3
+
+
+@pytest.mark.parametrize(
+    ("change", "named"),
+    [
+        (lambda d: d.update(version=2), "version 2 was written by a newer agent"),
+        (lambda d: d.update(kind="other"), "kind is 'other'"),
+        (lambda d: d["chips"][A].update(phase="dancing"), "chips.GPU-a.phase is 'dancing'"),
+        (lambda d: d["chips"][A].update(xids=["48"]), "chips.GPU-a.xids is not a list"),
+        (lambda d: d["chips"][A].update(attempts=-1), "chips.GPU-a.attempts is -1"),
+        (lambda d: d["chips"][A].update(reserved={"reason": ""}), "chips.GPU-a.reserved.reason is empty"),
+        (lambda d: d.update(chips=[]), "chips is not an object"),
+    ],
+)
+def test_a_malformed_record_is_refused_naming_what_is_wrong(change, named) -> None:  # type: ignore[no-untyped-def]
+    document = json.loads(record_text(record(GPU_a=ChipRecord(minor=0, xids=frozenset({48})))))
+    change(document)
+    with pytest.raises(RecordError, match=named.replace(".", r"\.").replace("(", r"\(")):
+        parse_record(json.dumps(document))
+    with pytest.raises(RecordError, match="not JSON"):
+        parse_record("{")
+
+
+def test_a_restart_keeps_everything_and_a_reset_cut_short_is_done_again() -> None:
+    kept = record(
+        GPU_a=ChipRecord(minor=0, xids=frozenset({64}), phase=NEEDS_OPERATOR, causes=("XID 64",), note="operator"),
+        GPU_b=ChipRecord(minor=1, xids=frozenset({48}), phase=RESETTING, attempts=2, reserved="reserved for a reset"),
+    )
+    restored = restore(kept, "boot-1", POLICY, wall_now=200.0, mono_now=10.0)
+    assert restored.xids == {A: frozenset({64}), B: frozenset({48})}
+    assert restored.cares[A].phase == NEEDS_OPERATOR and restored.cares[A].note == "operator"
+    assert (
+        restored.cares[B].phase == WAITING and restored.cares[B].attempts == 2 and restored.cares[B].note == CUT_SHORT
+    )
+    assert restored.reserved == {B: "reserved for a reset"}  # held out until its reset is done or abandoned
+
+
+def test_a_reboot_clears_what_a_reset_clears_and_keeps_what_needs_an_operator() -> None:
+    before = record(
+        GPU_a=ChipRecord(minor=0, xids=frozenset({64}), phase=NEEDS_OPERATOR, causes=("XID 64",)),
+        GPU_b=ChipRecord(minor=1, xids=frozenset({48}), phase=NEEDS_OPERATOR, attempts=3, reserved="reserved"),
+    )
+    restored = restore(before, "boot-2", POLICY, wall_now=200.0, mono_now=10.0)
+    assert restored.xids == {A: frozenset({64})}  # XID 64 needs an operator; XID 48 a reset, which the reboot was
+    assert set(restored.cares) == {A} and restored.cares[A].phase == NEEDS_OPERATOR
+    assert restored.reserved == {}  # a reboot ended every reset
+    assert restored.forgotten == (f"{B}: XID 48",)
