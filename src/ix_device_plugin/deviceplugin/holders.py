@@ -26,6 +26,7 @@ from ix_device_plugin.core.holding import chip_holder, describe
 from ix_device_plugin.deviceplugin.state import Current, State
 from ix_device_plugin.hardware.monitor import HardwareView
 from ix_device_plugin.kubelet.podresources import PodResources, PodResourcesError
+from ix_device_plugin.runtime.files import OutputError
 from ix_device_plugin.runtime.locks import FileLock
 
 DRA_DRIVER = "gpu.iluvatar.com"  # the DRA driver's claims hold chips too, where a node moved from DRA
@@ -75,8 +76,13 @@ class PodHolders:
                 lock.release()
 
     async def served(self, view: HardwareView) -> None:
-        """Once the plan served holds view's holds, and an Allocate answered before it shows in pod-resources."""
-        await self._applied(view.version)
+        """Once the plan served holds view's holds, and an Allocate answered before it shows in pod-resources;
+        OutputError when the plan does not take them within turn_timeout."""
+        try:
+            async with asyncio.timeout(self._turn_timeout):
+                await self._applied(view.version)
+        except TimeoutError:
+            raise OutputError(f"the plugin did not serve the chip's hold within {self._turn_timeout:g}s") from None
         await asyncio.sleep(self._settle)
 
     async def holder(self, uuid: str) -> str | None:

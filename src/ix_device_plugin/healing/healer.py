@@ -222,6 +222,8 @@ class Healer:
                 self._wake.clear()
                 if self.acting() and not self._acted:
                     await self._take_over()
+                elif not self.acting():
+                    self._acted = False  # on standby (again): the record is the acting pod's; take it over anew
                 self._look(self.monitor.view)
                 await self._end_reservations()
                 self._start_due()
