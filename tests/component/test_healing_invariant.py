@@ -227,3 +227,25 @@ async def test_a_reset_true_left_behind_is_ended_at_start_with_self_healing_alon
     await until(lambda: not (reset_document(apiserver) or ResetInfo(NODE, True)).reset, timeout=5)
     document = reset_document(apiserver)
     assert document is not None and document.occupy == {OUR_NAME: True, EXPORTER: False}
+
+
+async def test_a_chip_whose_holders_cannot_be_known_is_not_reset_and_the_event_says_why(
+    kubelet: KubeletStandIn,
+    start_daemon: DaemonFactory,
+    apiserver: ApiServerStandIn,
+    pod_resources: PodResourcesStandIn,
+    libs: dict[str, Path],
+    conf: Path,
+    short_dir: Path,
+) -> None:
+    ixsmi = Ixsmi(short_dir)
+    await start_healing(start_daemon, apiserver, pod_resources, libs, short_dir, ixsmi, pod_resources_socket=None)
+    view = await kubelet.wait_registered(RESOURCE, capacity=2)
+    inject_xid(conf, 1, 48)
+    await kubelet.wait_for(lambda: view.devices["GPU-x1"] == UNHEALTHY, timeout=3)
+    await until(lambda: bool(node_events(apiserver, "GPUHealingWaiting")))
+    await asyncio.sleep(HELD_LONG_ENOUGH)
+    assert ixsmi.runs() == []
+    [waiting] = node_events(apiserver, "GPUHealingWaiting")
+    assert "waits to be reset: no one can tell whether a container holds it: " in waiting["message"]
+    assert "pod-resources socket is turned off" in waiting["message"]

@@ -66,6 +66,7 @@ log = logging.getLogger(__name__)
 
 FREE_POLL = 1.0  # seconds between looks at whether a waiting chip is free (and, on standby, at the node's role)
 RESERVED = "reserved for a GPU reset"
+UNKNOWN_HOLDER = "no one can tell"  # how a guard's answer begins when whether a container holds the chip is unknown
 _MEANINGS = {row.name: row.meaning for row in HEALTH_POLICY}
 
 
@@ -351,7 +352,8 @@ class Healer:
     def _wait_for(self, care: Care, holder: str) -> None:
         waiting = rules_of.held(care, holder, time.monotonic() + self.free_poll)
         if waiting.note != care.note:
-            self._event(NORMAL, "GPUHealingWaiting", f"{care.name} waits to be reset: held by {holder}")
+            why = holder if holder.startswith(UNKNOWN_HOLDER) else f"held by {holder}"  # unknown counts as held
+            self._event(NORMAL, "GPUHealingWaiting", f"{care.name} waits to be reset: {why}")
         self._set(waiting)
 
     async def _still_free(self, uuid: str) -> None:
