@@ -133,6 +133,12 @@ class GpuReset:
         work.add_done_callback(self._ended)
         await asyncio.shield(work)
 
+    async def settled(self) -> None:
+        """Once the resets under way are over (a caller cancelled in the middle of one waits here, so that what it
+        holds while a reset runs is held until ixsmi is done; close() bounds that at a stop)."""
+        if self._work:
+            await asyncio.wait(list(self._work))
+
     def _ended(self, work: asyncio.Task[None]) -> None:
         self._work.discard(work)
         if not work.cancelled():

@@ -161,6 +161,11 @@ class HardwareMonitor:
         subscriber has been handed it."""
         return await self._overlay(lambda: self._set_held_out(held))
 
+    def ask_hold_out(self, held: Mapping[str, str]) -> None:
+        """hold_out without waiting for it to be published (a release)."""
+        done: asyncio.Future[HardwareView] = asyncio.get_running_loop().create_future()
+        self._requests.put_nowait(_Overlay(lambda: self._set_held_out(held), done))
+
     async def follow_xids(self, xids: Mapping[str, frozenset[int]]) -> HardwareView:
         """Lay these XIDs (another pod's, from the node-health record) over the chips' own; replaces the last ones.
         adopt_followed makes them this process's own."""

@@ -315,24 +315,34 @@ class Healer:
 
     async def _heal(self, care: Care) -> None:
         """In the node's reset turn: reserve care's chip, then reset it if it is free, then read every chip's health
-        again; the reservation ends with the reset (or with finding the chip held)."""
+        again; the reservation ends with the reset (or with finding the chip held).
+
+        A stop in the middle of the reset keeps the turn until ixsmi is over (GpuReset.close bounds it) and leaves the
+        reservation in the record: the next pod to act finds the reset cut short and does it again.
+        """
         uuid = care.uuid
         try:
             async with self.guard.turn():
                 care = self.cares.get(uuid) or care
                 if not rules_of.due(care, time.monotonic()) or not self.acting():
                     return  # it came back by itself, or went to an operator, or another pod acts now
-                self._healing_now = uuid
+                self._healing_now, cut_short = uuid, False
                 try:
                     await self.guard.served(await self._reserve(uuid))
                     holder = await self.guard.holder(uuid)
                     if holder is not None:
                         self._wait_for(care, holder)
                         return
-                    await self._reset(care)
+                    try:
+                        await self._reset(care)
+                    except asyncio.CancelledError:
+                        cut_short = True
+                        await self.reset.settled()
+                        raise
                 finally:
                     self._healing_now = ""
-                    await self._unreserve(uuid)
+                    if not cut_short:
+                        self._unreserve(uuid)
         except OutputError as error:  # the turn or the record: nothing was reset
             self._set(rules_of.refused(self.cares.get(uuid) or care, str(error), time.monotonic(), self.rules))
 
@@ -410,10 +420,12 @@ class Healer:
             raise
         return await self.monitor.hold_out({u: RESERVED for u in self.reserved})
 
-    async def _unreserve(self, uuid: str) -> None:
+    def _unreserve(self, uuid: str) -> None:
+        """End the chip's reservation (nothing to wait for: a release needs no confirmation, and a stop may have
+        ended the monitor's task already)."""
         if self.reserved.pop(uuid, None) is None:
             return
-        await self.monitor.hold_out({u: RESERVED for u in self.reserved})
+        self.monitor.ask_hold_out({u: RESERVED for u in self.reserved})
         self._write_record()
 
     async def _end_reservations(self) -> None:
@@ -424,7 +436,7 @@ class Healer:
             if uuid != self._healing_now and (care is None or care.phase not in (WAITING, RESETTING)):
                 log.info("%s: released from the reservation of a reset cut short (%s)", uuid,
                          "back in service" if care is None else care.note)  # fmt: skip
-                await self._unreserve(uuid)
+                self._unreserve(uuid)
 
     async def _take_over(self) -> None:
         """This process acts for the node from now on: what the record says now becomes its own."""

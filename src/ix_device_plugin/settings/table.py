@@ -145,7 +145,7 @@ SETTINGS: tuple[Setting, ...] = (
     _setting("kubelet_plugins_directory_path", "--kubelet-plugins-directory-path",
              "KUBELET_PLUGINS_DIRECTORY_PATH", Path(DEFAULT_KUBELET_PLUGINS_DIR), v.path, "DIR",
              "the kubelet's plugins directory: the node-health record (iluvatar.com/node-health.json) and the node's "
-             "reset lock; dra: also the DRA socket and the checkpoint", (*DRA_MODES, RUN, LIST)),
+             "reset lock; dra: also the DRA socket and the checkpoint", (*DRA_MODES, RUN)),
     _setting("pod_uid", "--pod-uid", "POD_UID", None, v.pod_uid, "UID",
              "this pod's UID (downward API metadata.uid): sockets named per pod, so that an update overlaps the old "
              "driver (kubelet 1.33+); unset: the fixed names", (DRA,)),

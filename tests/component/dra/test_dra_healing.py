@@ -11,6 +11,7 @@ from typing import Any
 from dra_support import TWO_BOARDS, DraNode
 from reset_support import FAST_HEALING, Ixsmi, IxsmiBackend, node_events
 
+from ix_device_plugin.core.inventory import ChipStatus
 from ix_device_plugin.dra.driver import DraDriver
 from ix_device_plugin.dra.slices import UNHEALTHY_TAINT
 from ix_device_plugin.dra.state import RESET_LOCK_FILE
@@ -168,3 +169,44 @@ async def test_only_the_pod_holding_the_nodes_role_heals(node: DraNode, api: Api
     await asyncio.sleep(0.8)
     assert len(ixsmi.runs()) == 1  # the acting pod's reset only
     assert len(node_events(api, "GPUUnhealthy")) == 1 and len(node_events(api, "GPUHealingReset")) == 1
+
+
+# ------------------------------------------------------------------ two pods of the driver (a rolling update)
+
+
+async def test_during_a_rolling_update_no_pod_prepares_a_claim_on_a_chip_being_reset(node: DraNode) -> None:
+    """The old pod resets gpu-1 for an XID only it was told of (the library hands an XID to one listener); the new
+    pod, on standby, refuses claims on the chip while the reset runs, knows the XID, and when the old pod stops in
+    the middle of the reset, publishes the chip tainted and resets it itself before it is back in service."""
+    ixsmi = Ixsmi(node.root)
+    ixsmi.delay.write_text("3")
+    old = await start(node, ixsmi)
+    await node.wait_slice(lambda devices: len(devices) == 6)
+    quiet_file = node.root / "devices-without-xids.yaml"
+    quiet_file.write_text(node.devices_file.read_text())
+    new = await node.start(
+        backend_factory=lambda: IxsmiBackend(quiet_file, ixsmi.path), healing_rules=FAST_HEALING, pod_uid="pod-new"
+    )
+    kubelet = await node.kubelet(new)  # the kubelet serves the newest registration
+    assert (old.role.held, new.role.held) == (True, False)
+    chip = uuid_of(node, "gpu-1")
+    node.write_boards(with_xid(48))  # the old pod's library only
+    await until(lambda: ixsmi.runs() != [], timeout=5)  # the reset runs (3 s)
+    await until(lambda: 48 in _chip_status(new, chip).xids, timeout=2)  # the standby knows the XID
+    assert _chip_status(new, chip).held_out == "reserved for a GPU reset"
+    monitoring = node.claim("monitor", ["gpu-1"], admin_access=True)
+    ordinary = node.claim("work", ["gpu-1"])
+    for claim in (monitoring, ordinary):
+        error = (await kubelet.prepare([claim])).claims[claim[2]].error
+        assert "reserved for a GPU reset" in error, error
+    await node.stop(old)  # the update's stop, in the middle of the reset
+    await until(lambda: new.role.held, timeout=3)
+    await node.wait_slice(lambda devices: tainted(devices, "gpu-1"), timeout=3)  # no reset was confirmed
+    await node.wait_slice(lambda devices: not tainted(devices, "gpu-1"), timeout=15)  # the new pod's own reset
+    assert ixsmi.runs() == [f"-r -i {chip}"] * 2
+    assert (await kubelet.prepare([ordinary])).claims[ordinary[2]].error == ""
+    await kubelet.close()
+
+
+def _chip_status(driver: DraDriver, uuid: str) -> ChipStatus:
+    return next(chip.status for chip in driver.monitor.view.inventory.chips() if chip.uuid == uuid)

@@ -109,8 +109,8 @@ def test_variables_a_mode_does_not_use_are_noted_once_not_parsed() -> None:
         "IX_USE_VOLCANO (a device plugin setting)"
     )
     assert settings["health_interval"] == 2.0
-    assert resolve(RUN, {}, {"KUBELET_PLUGINS_DIRECTORY_PATH": "/x"}).note() == (
-        "environment variables run does not use, ignored: KUBELET_PLUGINS_DIRECTORY_PATH (a DRA setting)"
+    assert resolve(RUN, {}, {"KUBELET_REGISTRAR_DIRECTORY_PATH": "/x"}).note() == (
+        "environment variables run does not use, ignored: KUBELET_REGISTRAR_DIRECTORY_PATH (a DRA setting)"
     )
     assert resolve(LIST, {}, {"NODE_NAME": "n", "KUBECONFIG": "/k"}).note() is None
 
