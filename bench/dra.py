@@ -44,7 +44,8 @@ def _command(
         "--kubelet-registrar-directory-path", str(directory / "registry"),
         "--kubelet-plugins-directory-path", str(directory / "plugins"),
         "--cdi-spec-dir", str(directory / "cdi"), "--dev-root", str(directory),
-        "--node-feature-dir", "off", "--telemetry-interval", "off", "--log-level", "warning", *extra,
+        "--node-feature-dir", "off", "--telemetry-interval", "off", "--pod-resources-socket", "off",
+        "--log-level", "warning", *extra,
     ]  # fmt: skip
 
 

@@ -167,6 +167,7 @@ class PluginProcess:
         # The device plugin alone unless extra_args turn node-agent parts on (the last flag given wins).
         command += ["--health-address", "off", "--cdi-spec-dir", "off", "--node-feature-dir", "off"]
         command += ["--telemetry-interval", "off", "--pod-resources-socket", "off"]
+        command += ["--kubelet-plugins-directory-path", str(self.workdir / "plugins")]
         if self.health_interval is not None:
             command += ["--health-interval", str(self.health_interval)]
         return [*command, *self.extra_args]

@@ -123,6 +123,8 @@ def _spawn(root: Path, config: Path) -> subprocess.Popen[bytes]:
         "BI-V150:2",
         "--device-plugin-path",
         str(root / "device-plugins"),
+        "--kubelet-plugins-directory-path",
+        str(root / "plugins"),
         "--config",
         str(config),
         "--health-address",

@@ -51,6 +51,8 @@ def spawn_plugin(
         str(plugin_dir),
         "--health-address",
         "off",
+        "--kubelet-plugins-directory-path",  # the node-health record: never the host's
+        str(plugin_dir.parent / "plugins"),
         *NO_NODE_FILES,
         *args,
     ]

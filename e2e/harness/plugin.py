@@ -200,6 +200,7 @@ def start_device_plugin(
     argv += ["--config", str(config_file), "--device-plugin-path", str(cluster.device_plugin_dir)]
     argv += ["--cdi-spec-dir", str(cluster.cdi_dir), "--node-feature-dir", str(features)]
     argv += ["--pod-resources-socket", str(cluster.pod_resources_socket), "--telemetry-interval", "1"]
+    argv += ["--kubelet-plugins-directory-path", str(cluster.plugins_dir)]  # the node-health record, as the DRA's
     argv += ["--health-interval", "0.5", "--health-address", f"127.0.0.1:{port}", "--log-level", "debug", *extra]
     environment = dict(os.environ, NODE_NAME=cluster.node_name, POD_NAMESPACE="kube-system", **(env or {}))
     process = Process(name, argv, cluster.logdir / f"{name}.log", env=environment).start()

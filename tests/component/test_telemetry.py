@@ -173,6 +173,7 @@ async def test_a_hung_telemetry_read_leaves_its_figure_out_and_health_and_livene
     command = [
         *(sys.executable, "-m", "ix_device_plugin", "run", "--backend", "ixml", "--ixml-library", str(libs["full"])),
         *("--dev-root", str(root), "--device-plugin-path", str(plugin_dir), *NO_NODE_FILES),
+        *("--kubelet-plugins-directory-path", str(root / "plugins")),
         *("--health-address", f"127.0.0.1:{port}", "--health-interval", "0.2"),
         *("--telemetry-interval", "0.2", "--backend-timeout", "0.5", "--splitboard", "true"),
     ]

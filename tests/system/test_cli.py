@@ -201,9 +201,9 @@ def test_dra_refuses_a_device_plugin_flag_naming_it() -> None:
     result = cli("list", "--dra", "--fail-requests-greater-than-one=true")
     assert result.returncode == 2
     assert "list --dra does not use --fail-requests-greater-than-one" in result.stderr
-    result = cli("run", "--kubelet-plugins-directory-path", "/x")
+    result = cli("run", "--kubelet-registrar-directory-path", "/x")
     assert result.returncode == 2
-    assert "run does not use --kubelet-plugins-directory-path (a DRA setting)" in result.stderr
+    assert "run does not use --kubelet-registrar-directory-path (a DRA setting)" in result.stderr
 
 
 def test_list_without_gpus_suggests_the_simulated_backend(tmp_path: Path) -> None:

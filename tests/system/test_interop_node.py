@@ -142,6 +142,8 @@ def _run_round_trip(node: str, directory: Path, flags: list[str]) -> tuple[dict[
                     *SIMULATED,
                     "--device-plugin-path",
                     str(directory),
+                    "--kubelet-plugins-directory-path",
+                    str(directory.parent / "plugins"),
                     "--health-address",
                     "off",
                     "--cdi-spec-dir",

@@ -47,7 +47,8 @@ class ChipStatus:
 
     xids are the critical XID events the node has seen (the monitor keeps them across polls, the node-health record
     across restarts). held_out says why the agent keeps a chip out of service whatever its health reads (reserved for
-    a GPU reset): a reason of the front ends', never of the chip's own health.
+    a GPU reset): a reason of the front ends', never of the chip's own health, and named only where the chip has no
+    other (so that holding a broken chip for its reset writes nothing new to the API server).
     """
 
     errors: frozenset[str] = frozenset()
@@ -62,12 +63,14 @@ class ChipStatus:
         `all` in the ignored set ignores every health error and XID; presence and other problems still count.
         """
         policy = health_policy(ignored)
-        reasons: list[str] = [self.held_out] if self.held_out else []
+        reasons: list[str] = []
         if not self.present:
             reasons.append(NOT_PRESENT)
         reasons.extend(self.problems)
         reasons.extend(sorted(e for e in self.errors if not policy.ignores(e)))
         reasons.extend(name for name in map(xid_name, sorted(self.xids)) if not policy.ignores(name))
+        if not reasons and self.held_out:  # only where nothing else keeps it out: a hold changes no taint's value
+            reasons.append(self.held_out)
         return tuple(reasons)
 
     def with_xids(self, xids: frozenset[int]) -> ChipStatus:

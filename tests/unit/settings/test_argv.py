@@ -88,7 +88,10 @@ REFUSALS = [
     (["dra", "--use-volcano", "true"], "ix-device-plugin dra: error: dra does not use --use-volcano (a device plugin"),
     (["dra", "--rename-by-default=true"], "dra does not use --rename-by-default (a device plugin setting)"),
     (["list", "--dra", "--reset-gpu"], "list --dra does not use --reset-gpu (a device plugin setting)"),
-    (["list", "--kubelet-plugins-directory-path", "/p"], "list does not use --kubelet-plugins-directory-path (used by run"),
+    (
+        ["list", "--kubelet-plugins-directory-path", "/p"],
+        "list does not use --kubelet-plugins-directory-path (used by run",
+    ),
     (["cdi", "generate", "--health-interval", "3"], "cdi generate does not use --health-interval (used by run, dra)"),
     (["dra", "--frobnicate"], "unrecognized arguments: --frobnicate"),
 ]
