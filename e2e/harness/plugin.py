@@ -185,9 +185,11 @@ def start_device_plugin(
     extra: Sequence[str] = (),
     env: dict[str, str] | None = None,
     features: Path | None = None,
+    plugins_dir: Path | None = None,
 ) -> PluginRun:
     """`ix-device-plugin run` over simulated chips, talking to the cluster's kubelet through its directories;
-    its NFD feature file in features (default: the workdir's features.d)."""
+    its NFD feature file in features (default: the workdir's features.d), its node-health record and reset lock
+    under plugins_dir (default: the cluster kubelet's plugins directory, never the host's /var/lib/kubelet)."""
     workdir.mkdir(parents=True, exist_ok=True)
     devices = workdir / "devices.yaml"
     devices.write_text(devices_yaml(chips if chips is not None else bi_v150_chips()))
@@ -200,7 +202,7 @@ def start_device_plugin(
     argv += ["--config", str(config_file), "--device-plugin-path", str(cluster.device_plugin_dir)]
     argv += ["--cdi-spec-dir", str(cluster.cdi_dir), "--node-feature-dir", str(features)]
     argv += ["--pod-resources-socket", str(cluster.pod_resources_socket), "--telemetry-interval", "1"]
-    argv += ["--kubelet-plugins-directory-path", str(cluster.plugins_dir)]  # the node-health record, as the DRA's
+    argv += ["--kubelet-plugins-directory-path", str(plugins_dir or cluster.plugins_dir)]  # as the DRA's
     argv += ["--health-interval", "0.5", "--health-address", f"127.0.0.1:{port}", "--log-level", "debug", *extra]
     environment = dict(os.environ, NODE_NAME=cluster.node_name, POD_NAMESPACE="kube-system", **(env or {}))
     process = Process(name, argv, cluster.logdir / f"{name}.log", env=environment).start()

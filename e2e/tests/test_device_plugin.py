@@ -271,13 +271,13 @@ def healing_plugin(
     workdir: Path,
     name: str,
     ixsmi: Path,
-    extra: list[str] | None = None,
+    plugins_dir: Path | None = None,
     chips: list[Chip] | None = None,
 ) -> PluginRun:
     """`ix-device-plugin run` healing as the chart runs it, with API access (the handshake, Node Events, the
-    operator's annotation), resetting through a fake ixsmi; registered."""
+    operator's annotation), resetting through a fake ixsmi, its node-health record under plugins_dir; registered."""
     api = ["--kubeconfig", str(cluster.kubeconfig("admin")), "--ixsmi-path", str(ixsmi)]
-    started = start_device_plugin(cluster, workdir, name, chips=chips, extra=[*api, *(extra or [])])
+    started = start_device_plugin(cluster, workdir, name, chips=chips, extra=api, plugins_dir=plugins_dir)
     started.wait_ready()
     return started
 
@@ -328,13 +328,12 @@ def test_a_chip_that_needs_an_operator_stays_out_across_a_restart_until_an_opera
     ixsmi = fake_ixsmi(tmp_path / "ixsmi")
     plugins_dir = tmp_path / "kubelet-plugins"  # where the record lives: this scenario's own
     plugins_dir.mkdir()
-    extra = ["--kubelet-plugins-directory-path", str(plugins_dir)]
     broken = CHIPS[3]
 
     def recorded() -> dict:
         return node_health(plugins_dir).get("chips", {}).get(broken.uuid, {})
 
-    first = healing_plugin(cluster, tmp_path / "plugin", "device-plugin-operator-1", ixsmi, extra)
+    first = healing_plugin(cluster, tmp_path / "plugin", "device-plugin-operator-1", ixsmi, plugins_dir)
     try:
         wait_resource(cluster, 2, 2, first)
         first.set_chips([replace(chip, xids=(64,)) if chip == broken else chip for chip in CHIPS])
@@ -342,7 +341,7 @@ def test_a_chip_that_needs_an_operator_stays_out_across_a_restart_until_an_opera
         wait_until(lambda: recorded().get("phase") == "operator", 30, "the record says operator", [first.process.log])
     finally:
         first.stop()
-    second = healing_plugin(cluster, tmp_path / "plugin", "device-plugin-operator-2", ixsmi, extra, chips=CHIPS)
+    second = healing_plugin(cluster, tmp_path / "plugin", "device-plugin-operator-2", ixsmi, plugins_dir, CHIPS)
     try:
         assert labelled(second, "ix_device_plugin_devices", resource=RESOURCE, health="Healthy") == 1.0
         samples: list[tuple[int, int]] = []
