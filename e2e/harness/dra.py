@@ -145,9 +145,11 @@ def claim(
     shares: int | None = None,
     admin_access: bool = False,
     config: Obj | None = None,
+    tolerate_taints: bool = False,
 ) -> Obj:
     """A ResourceClaim of one request `gpu`: count devices of device_class, narrowed by a CEL selector, with a
-    capacity request of shares, admin access, and an opaque config for the driver.
+    capacity request of shares, admin access, an opaque config for the driver, and tolerating every device taint
+    (a chip the driver took out of service can still be allocated: its prepare is what the scenario looks at).
     """
     exactly: Obj = {"deviceClassName": device_class, "allocationMode": "ExactCount", "count": count}
     if selector is not None:
@@ -156,6 +158,8 @@ def claim(
         exactly["capacity"] = {"requests": {"shares": str(shares)}}
     if admin_access:
         exactly["adminAccess"] = True
+    if tolerate_taints:
+        exactly["tolerations"] = [{"operator": "Exists"}]
     devices: Obj = {"requests": [{"name": "gpu", "exactly": exactly}]}
     if config is not None:
         devices["config"] = [{"requests": ["gpu"], "opaque": {"driver": DRIVER, "parameters": config}}]

@@ -5,6 +5,7 @@ as host processes over simulated devices, and the host's device nodes those devi
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import stat
 import sys
@@ -17,6 +18,7 @@ import yaml
 
 from .cluster import Cluster
 from .host import free_ports, http_get
+from .kube import Kubectl, Obj
 from .procs import Process, wait_until
 
 DEVICE_MAJOR = int(os.environ.get("IX_E2E_DEVICE_MAJOR", "508"))  # an unassigned character major
@@ -66,17 +68,39 @@ def devices_yaml(chips: Sequence[Chip]) -> str:
     return yaml.safe_dump(document, sort_keys=False)
 
 
-def fake_ixsmi(path: Path) -> Path:
-    """An executable standing in for CoreX's ixsmi: each run appends its arguments to `<path>.calls`."""
-    path.write_text(f'#!/bin/sh\necho "$@" >> {path}.calls\n')
+def fake_ixsmi(path: Path, seconds: float = 0) -> Path:
+    """An executable standing in for CoreX's ixsmi: each run appends its arguments to `<path>.calls`, takes
+    seconds (a slow reset), then appends them to `<path>.done`."""
+    script = f'#!/bin/sh\necho "$@" >> {path}.calls\n'
+    if seconds:
+        script += f"sleep {seconds:g}\n"
+    path.write_text(script + f'echo "$@" >> {path}.done\n')
     path.chmod(0o755)
     return path
 
 
 def ixsmi_calls(path: Path) -> list[str]:
-    """The arguments of each run of the fake ixsmi at path."""
+    """The arguments of each run of the fake ixsmi at path, from its start."""
     calls = path.with_name(f"{path.name}.calls")
     return calls.read_text().splitlines() if calls.exists() else []
+
+
+def ixsmi_done(path: Path) -> list[str]:
+    """The arguments of each run of the fake ixsmi at path that has ended."""
+    done = path.with_name(f"{path.name}.done")
+    return done.read_text().splitlines() if done.exists() else []
+
+
+def node_health(plugins_dir: Path) -> dict[str, Any]:
+    """The node-health record under a kubelet plugins directory, as JSON ({} while there is none)."""
+    path = plugins_dir / "iluvatar.com" / "node-health.json"
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+def node_events(admin: Kubectl, node: str) -> list[Obj]:
+    """The agent's Events on the Node (in the namespace default, where a Node's Events go)."""
+    selector = f"involvedObject.kind=Node,involvedObject.name={node},source=ix-device-plugin"
+    return admin.items("events", "default", "--field-selector", selector)
 
 
 def write_atomically(path: Path, text: str) -> None:
@@ -161,9 +185,11 @@ def start_device_plugin(
     extra: Sequence[str] = (),
     env: dict[str, str] | None = None,
     features: Path | None = None,
+    plugins_dir: Path | None = None,
 ) -> PluginRun:
     """`ix-device-plugin run` over simulated chips, talking to the cluster's kubelet through its directories;
-    its NFD feature file in features (default: the workdir's features.d)."""
+    its NFD feature file in features (default: the workdir's features.d), its node-health record and reset lock
+    under plugins_dir (default: the cluster kubelet's plugins directory, never the host's /var/lib/kubelet)."""
     workdir.mkdir(parents=True, exist_ok=True)
     devices = workdir / "devices.yaml"
     devices.write_text(devices_yaml(chips if chips is not None else bi_v150_chips()))
@@ -176,7 +202,7 @@ def start_device_plugin(
     argv += ["--config", str(config_file), "--device-plugin-path", str(cluster.device_plugin_dir)]
     argv += ["--cdi-spec-dir", str(cluster.cdi_dir), "--node-feature-dir", str(features)]
     argv += ["--pod-resources-socket", str(cluster.pod_resources_socket), "--telemetry-interval", "1"]
-    argv += ["--kubelet-plugins-directory-path", str(cluster.plugins_dir)]  # the node-health record, as the DRA's
+    argv += ["--kubelet-plugins-directory-path", str(plugins_dir or cluster.plugins_dir)]  # as the DRA's
     argv += ["--health-interval", "0.5", "--health-address", f"127.0.0.1:{port}", "--log-level", "debug", *extra]
     environment = dict(os.environ, NODE_NAME=cluster.node_name, POD_NAMESPACE="kube-system", **(env or {}))
     process = Process(name, argv, cluster.logdir / f"{name}.log", env=environment).start()

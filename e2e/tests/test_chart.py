@@ -19,7 +19,7 @@ import yaml
 from harness.cluster import Cluster
 from harness.helm import Helm, by_key, of_kind, static_objects
 from harness.kube import Kubectl, KubectlError, Obj
-from harness.plugin import PluginRun, bi_v150_chips, fake_ixsmi, ixsmi_calls, start_device_plugin
+from harness.plugin import PluginRun, bi_v150_chips, fake_ixsmi, ixsmi_calls, node_events, start_device_plugin
 from harness.pods import SHOW_DEVICES, STAY, busybox_pod, node_resource, run_and_read, shown_devices
 from harness.procs import run, wait_until
 
@@ -224,12 +224,6 @@ def test_volcano_mode_with_the_charts_rbac(
         no_refusals(plugin)
     finally:
         plugin.stop()
-
-
-def node_events(admin: Kubectl, node: str) -> list[Obj]:
-    """The plugin's Events on the Node (in the namespace default, where a Node's Events go)."""
-    selector = f"involvedObject.kind=Node,involvedObject.name={node},source=ix-device-plugin"
-    return admin.items("events", "default", "--field-selector", selector)
 
 
 def test_self_healing_with_the_charts_rbac(

@@ -47,6 +47,7 @@ def release(cluster: Cluster, project_image: BuiltImage, tmp_path_factory: pytes
     values = {  # the chart's own image reference and pull policy: ix-device-plugin:<version>, IfNotPresent
         "backend": "simulated",
         "devicePluginPath": str(cluster.device_plugin_dir),
+        "kubeletPluginsPath": str(cluster.plugins_dir),  # the node-health record: the node's, not the host's
         "corexPath": str(workdir / "corex"),
         "cdi": {"specDir": str(cluster.cdi_dir)},
         "nodeFeatures": {"dir": str(workdir / "features.d")},

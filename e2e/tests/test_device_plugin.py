@@ -5,13 +5,25 @@ device manager, containerd and the pod-resources API.
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 from harness.cluster import Cluster
 from harness.kube import Kubectl
-from harness.plugin import DEVICE_MAJOR, Chip, PluginRun, bi_v150_chips, start_device_plugin
+from harness.plugin import (
+    DEVICE_MAJOR,
+    Chip,
+    PluginRun,
+    bi_v150_chips,
+    fake_ixsmi,
+    ixsmi_calls,
+    node_events,
+    node_health,
+    start_device_plugin,
+)
 from harness.pods import (
     SHOW_DEVICES,
     STAY,
@@ -39,13 +51,15 @@ def plugin(cluster: Cluster, tmp_path: Path, request: pytest.FixtureRequest) -> 
         started.stop()
 
 
-def wait_resource(cluster: Cluster, capacity: int, allocatable: int, plugin: PluginRun, timeout: float = 60) -> None:
-    """Until the Node's capacity and allocatable of iluvatar.com/gpu are as given."""
+def wait_resource(
+    cluster: Cluster, capacity: int, allocatable: int, plugin: PluginRun, timeout: float = 60, resource: str = RESOURCE
+) -> None:
+    """Until the Node's capacity and allocatable of resource (iluvatar.com/gpu) are as given."""
     wait_until(
-        lambda: node_resource(cluster.admin, cluster.node_name, RESOURCE) == (capacity, allocatable),
+        lambda: node_resource(cluster.admin, cluster.node_name, resource) == (capacity, allocatable),
         timeout,
-        f"node {RESOURCE} capacity {capacity}, allocatable {allocatable} "
-        f"(now {node_resource(cluster.admin, cluster.node_name, RESOURCE)})",
+        f"node {resource} capacity {capacity}, allocatable {allocatable} "
+        f"(now {node_resource(cluster.admin, cluster.node_name, resource)})",
         [plugin.process.log, cluster.processes["kubelet"].log],
     )
 
@@ -222,3 +236,131 @@ def metric(plugin: PluginRun, name: str) -> float:
         if line.startswith(f"{name} "):
             return float(line.split()[1])
     return 0.0
+
+
+def labelled(plugin: PluginRun, name: str, **labels: str) -> float | None:
+    """The value of a metric of the plugin with these labels (None when absent)."""
+    for line in plugin.metrics().splitlines():
+        if line.startswith(f"{name}{{"):
+            found = dict(re.findall(r'(\w+)="([^"]*)"', line.split("}", 1)[0]))
+            if found == labels:
+                return float(line.rsplit(" ", 1)[1])
+    return None
+
+
+# ------------------------------------------------------------------ self-healing
+
+SHARED = f"{RESOURCE}.shared"
+RETURN_ANNOTATION = "iluvatar.com/gpu.return"
+HELD_FOR = 5.0  # seconds a held chip is watched past the healer's settle (1 s) and its looks (one a second)
+
+
+@pytest.fixture
+def healing_node(cluster: Cluster, admin: Kubectl) -> Iterator[None]:
+    """The Node without the operator's annotation before and after; the reset handshake's ConfigMap removed after."""
+    admin("annotate", "node", cluster.node_name, f"{RETURN_ANNOTATION}-")
+    try:
+        yield
+    finally:
+        admin("annotate", "node", cluster.node_name, f"{RETURN_ANNOTATION}-")
+        admin.delete("configmap", f"ix-gpu-reset-{cluster.node_name}", "kube-system", wait=False)
+
+
+def healing_plugin(
+    cluster: Cluster,
+    workdir: Path,
+    name: str,
+    ixsmi: Path,
+    plugins_dir: Path | None = None,
+    chips: list[Chip] | None = None,
+) -> PluginRun:
+    """`ix-device-plugin run` healing as the chart runs it, with API access (the handshake, Node Events, the
+    operator's annotation), resetting through a fake ixsmi, its node-health record under plugins_dir; registered."""
+    api = ["--kubeconfig", str(cluster.kubeconfig("admin")), "--ixsmi-path", str(ixsmi)]
+    started = start_device_plugin(cluster, workdir, name, chips=chips, extra=api, plugins_dir=plugins_dir)
+    started.wait_ready()
+    return started
+
+
+def test_a_chip_held_under_a_resource_name_no_longer_served_is_reset_only_once_its_pod_is_gone(
+    cluster: Cluster, admin: Kubectl, namespace: str, tmp_path: Path, healing_node: None
+) -> None:
+    """A pod holds a board under iluvatar.com/gpu; the config is changed live to 2 replicas advertised as
+    iluvatar.com/gpu.shared (renameByDefault), so the pod holds none of the devices served now. An XID 48 on the
+    board's second chip takes the board's replicas out and nothing is reset while the pod exists (pod-resources
+    lists its board under the old name); once it is deleted the chip is reset and back in service."""
+    ixsmi = fake_ixsmi(tmp_path / "ixsmi")
+    plugin = healing_plugin(cluster, tmp_path / "plugin", "device-plugin-renamed-healing", ixsmi)
+    try:
+        wait_resource(cluster, 2, 2, plugin)
+        _, output = run_and_read(admin, namespace, busybox_pod("holder", SHOW_DEVICES + STAY, gpus=1))
+        board = BOARDS[board_of(shown_devices(output)[1])]
+        plugin.set_config({"sharing": {"timeSlicing": {"replicas": 2, "renameByDefault": True}}})
+        wait_resource(cluster, 4, 4, plugin, resource=SHARED)
+        broken = board[1]  # named by no device ID: the pod holds it through its board's
+        plugin.set_chips([replace(chip, xids=(48,)) if chip == broken else chip for chip in CHIPS])
+        wait_resource(cluster, 4, 2, plugin, resource=SHARED)
+        waiting = f"({broken.uuid}) waits to be reset: held by {namespace}/holder (main)"
+        wait_until(
+            lambda: any(waiting in e["message"] for e in node_events(admin, cluster.node_name)),
+            30,
+            "the chip waits for the pod",
+            [plugin.process.log],
+        )
+        time.sleep(HELD_FOR)
+        assert ixsmi_calls(ixsmi) == []
+        assert admin.get("pod", "holder", namespace)["status"]["phase"] == "Running"
+        admin.delete("pod", "holder", namespace)
+        wait_resource(cluster, 4, 4, plugin, resource=SHARED)
+        assert ixsmi_calls(ixsmi) == [f"-r -i {broken.uuid}"]
+        assert labelled(plugin, "ix_device_plugin_healing_outcomes_total", outcome="healed") == 1.0
+    finally:
+        plugin.stop()
+
+
+def test_a_chip_that_needs_an_operator_stays_out_across_a_restart_until_an_operator_returns_it(
+    cluster: Cluster, admin: Kubectl, tmp_path: Path, healing_node: None
+) -> None:
+    """An XID 64 (policy operator) takes a board out and the node-health record says its chip needs an operator.
+    The plugin is restarted over chips that report nothing any more: from its registration on the board is
+    Unhealthy (allocatable never back to 2), nothing is reset, and the record still says operator. The operator's
+    `kubectl annotate node ... iluvatar.com/gpu.return=<uuid>` brings it back after one reset."""
+    ixsmi = fake_ixsmi(tmp_path / "ixsmi")
+    plugins_dir = tmp_path / "kubelet-plugins"  # where the record lives: this scenario's own
+    plugins_dir.mkdir()
+    broken = CHIPS[3]
+
+    def recorded() -> dict:
+        return node_health(plugins_dir).get("chips", {}).get(broken.uuid, {})
+
+    first = healing_plugin(cluster, tmp_path / "plugin", "device-plugin-operator-1", ixsmi, plugins_dir)
+    try:
+        wait_resource(cluster, 2, 2, first)
+        first.set_chips([replace(chip, xids=(64,)) if chip == broken else chip for chip in CHIPS])
+        wait_resource(cluster, 2, 1, first)
+        wait_until(lambda: recorded().get("phase") == "operator", 30, "the record says operator", [first.process.log])
+    finally:
+        first.stop()
+    second = healing_plugin(cluster, tmp_path / "plugin", "device-plugin-operator-2", ixsmi, plugins_dir, CHIPS)
+    try:
+        assert labelled(second, "ix_device_plugin_devices", resource=RESOURCE, health="Healthy") == 1.0
+        samples: list[tuple[int, int]] = []
+
+        def settled() -> bool:
+            samples.append(node_resource(admin, cluster.node_name, RESOURCE))
+            return samples[-1] == (2, 1)
+
+        wait_until(settled, 60, f"allocatable 1 after the restart (seen {samples[-5:]})", [second.process.log])
+        deadline = time.monotonic() + HELD_FOR
+        while time.monotonic() < deadline:
+            samples.append(node_resource(admin, cluster.node_name, RESOURCE))
+            time.sleep(0.3)
+        assert (2, 2) not in samples and samples[-1] == (2, 1), samples
+        assert ixsmi_calls(ixsmi) == []
+        assert recorded()["phase"] == "operator" and recorded()["xids"] == [64], recorded()
+        admin("annotate", "--overwrite", "node", cluster.node_name, f"{RETURN_ANNOTATION}={broken.uuid}")
+        wait_resource(cluster, 2, 2, second)
+        assert ixsmi_calls(ixsmi) == [f"-r -i {broken.uuid}"]
+        assert recorded() == {}
+    finally:
+        second.stop()

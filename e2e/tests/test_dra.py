@@ -22,7 +22,7 @@ from harness.helm import Helm, load_objects, of_kind
 from harness.host import cgroup_mounts, unified_mounts
 from harness.images import BUSYBOX_IMAGE
 from harness.kube import Kubectl, Obj
-from harness.plugin import Chip, fake_ixsmi, ixsmi_calls
+from harness.plugin import Chip, fake_ixsmi, ixsmi_calls, node_events
 from harness.pods import (
     SHOW_DEVICES,
     STAY,
@@ -459,9 +459,3 @@ def test_a_chip_with_an_xid_is_reset_once_its_claim_is_gone_and_a_new_claim_take
     finally:
         driver.set_chips(CHIPS)
         driver.configure()
-
-
-def node_events(admin: Kubectl, node: str) -> list[Obj]:
-    """The agent's Events on the Node (in the namespace default, where a Node's Events go)."""
-    selector = f"involvedObject.kind=Node,involvedObject.name={node},source=ix-device-plugin"
-    return admin.items("events", "default", "--field-selector", selector)

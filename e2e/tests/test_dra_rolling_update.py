@@ -12,15 +12,16 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 from harness.cluster import Cluster
-from harness.dra import DRIVER, chips_seen, claim, delete_slices
+from harness.dra import CHIPS, DRIVER, chips_seen, claim, delete_slices, minor_is, prepare_error
 from harness.kube import Kubectl
-from harness.plugin import PluginRun, start_dra_driver
-from harness.pods import SHOW_DEVICES, STAY, busybox_pod, run_and_read
+from harness.plugin import PluginRun, fake_ixsmi, ixsmi_calls, ixsmi_done, start_dra_driver
+from harness.pods import SHOW_DEVICES, STAY, busybox_pod, phase_is, run_and_read, running_and_printed, wait_pod
 from harness.procs import wait_until
 from harness.slicewatch import SAMPLE, SliceRecorder
 
@@ -28,6 +29,7 @@ from harness.slicewatch import SAMPLE, SliceRecorder
 # /var/lib/kubelet and a unix socket's path is at most 107 bytes.
 OLD_POD, NEW_POD = "pod-old", "pod-new"
 REST = 20.0  # seconds each pod is watched at rest
+RESET_SECONDS = 16  # the fake ixsmi's reset: long enough for the kubelet to ask both drivers while it runs
 
 
 def unshared(devices: dict[str, Any]) -> bool:
@@ -40,8 +42,8 @@ def shared(devices: dict[str, Any]) -> bool:
     return bool(devices) and all(d.get("allowMultipleAllocations") for d in devices.values())
 
 
-def holder_pod(namespace: str) -> dict[str, Any]:
-    pod = busybox_pod("holder", SHOW_DEVICES + STAY, claims=[{"name": "gpu", "resourceClaimName": "held"}])
+def holder_pod(namespace: str, name: str = "holder", claim_name: str = "held") -> dict[str, Any]:
+    pod = busybox_pod(name, SHOW_DEVICES + STAY, claims=[{"name": "gpu", "resourceClaimName": claim_name}])
     pod["metadata"]["namespace"] = namespace
     pod["spec"]["terminationGracePeriodSeconds"] = 2
     return pod
@@ -125,6 +127,79 @@ def test_a_rolling_update_with_changed_config_has_one_writer_no_gap_and_no_write
         assert "took over publishing the ResourceSlices" in new.process.log_text()
         assert len(recorder.samples) > (rest_ended - overlap_began) / SAMPLE / 2
     finally:
+        old.stop()
+        if new is not None:
+            new.stop()
+        delete_slices(admin)
+
+
+def test_a_rolling_update_during_a_reset_prepares_no_claim_on_the_chip_until_it_is_done(
+    cluster: Cluster, admin: Kubectl, namespace: str, driver_kubeconfig: Path, tmp_path: Path
+) -> None:
+    """An XID 48 (in the old driver's simulated devices file only) makes the old driver, acting for the node,
+    reserve the chip in the node-health record and reset it through a slow ixsmi. While the reset runs, a claim and
+    an admin-access claim on that chip (tolerating its taint, so that the scheduler allocates them) are refused by
+    the old driver; then the new driver starts beside it, on standby, and the kubelet asks it instead: it refuses
+    them too, knowing the reservation and the XID from the record alone. No pod is Running and no driver prepared a
+    claim until the reset is done; then the new driver prepares both and their containers see the chip."""
+    delete_slices(admin)
+    ixsmi = fake_ixsmi(tmp_path / "ixsmi", seconds=RESET_SECONDS)
+    flags = ["--ixsmi-path", str(ixsmi)]
+    old = start_dra_driver(
+        cluster, tmp_path / "old", "dra-update-reset-old", driver_kubeconfig, extra=["--pod-uid", OLD_POD, *flags]
+    )
+    new: PluginRun | None = None
+    pods = {"user": claim("user", selector=minor_is(3), tolerate_taints=True)}
+    pods["monitor"] = claim("monitor", selector=minor_is(3), admin_access=True, tolerate_taints=True)
+    chip = CHIPS[3]
+
+    def refused_by(driver: PluginRun, name: str) -> bool:
+        """The driver's log says it refused the claim for the chip: the claim for its health (XID 48), the
+        admin-access claim, which health does not stop, for its reservation."""
+        refusal = f"NodePrepareResources: claim {namespace}/{name} "
+        why = "reserved for a GPU reset" if name == "monitor" else ""
+        lines = driver.process.log_text().splitlines()
+        return any(refusal in line and chip.uuid in line and why in line for line in lines)
+
+    def refused_while_resetting(driver: PluginRun, which: str) -> None:
+        for name in pods:
+            wait_until(
+                lambda name=name: refused_by(driver, name),
+                RESET_SECONDS,
+                f"the {which} driver refusing {name} while the reset runs",
+                [driver.process.log],
+            )
+        assert ixsmi_done(ixsmi) == [], f"the reset ended before the {which} driver refused both: nothing proved"
+
+    try:
+        old.wait_ready(90)
+        old.set_chips([replace(c, xids=(48,)) if c == chip else c for c in CHIPS])
+        wait_until(lambda: ixsmi_calls(ixsmi), 30, "the old driver's reset began", [old.process.log])
+        admin("label", "namespace", namespace, "resource.kubernetes.io/admin-access=true")
+        for name, wanted in pods.items():
+            wanted["metadata"]["namespace"] = namespace
+            admin.create(wanted)
+            admin.create(holder_pod(namespace, name, name))
+        refused_while_resetting(old, "old")
+        new = start_dra_driver(
+            cluster, tmp_path / "new", "dra-update-reset-new", driver_kubeconfig, extra=["--pod-uid", NEW_POD, *flags]
+        )
+        new.wait_ready(90)
+        refused_while_resetting(new, "new")
+        assert "reserved for a GPU reset" in prepare_error(admin, namespace, "monitor")  # what its Events say
+        for name in pods:
+            assert chip.uuid in prepare_error(admin, namespace, name)
+            assert phase_is("Pending")(admin.get("pod", name, namespace))
+            for driver in (old, new):
+                assert f"prepared claim {namespace}/{name}" not in driver.process.log_text()
+        for name in pods:
+            wait_pod(admin, namespace, name, running_and_printed(admin, namespace), "Running after the reset", 60)
+            assert chips_seen(admin("logs", name, "-n", namespace)) == [chip]
+            assert f"prepared claim {namespace}/{name}" in new.process.log_text()
+        assert ixsmi_done(ixsmi) == ixsmi_calls(ixsmi) == [f"-r -i {chip.uuid}"]
+    finally:
+        for name in pods:  # unprepared while a driver runs, else the kubelet keeps the pods
+            admin.delete("pod", name, namespace)
         old.stop()
         if new is not None:
             new.stop()
