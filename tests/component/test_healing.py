@@ -26,6 +26,7 @@ from ix_device_plugin.apiserver.settings import settings_from
 from ix_device_plugin.deviceplugin.loop import Daemon
 from ix_device_plugin.gpureset.sequence import OUR_NAME, ResetInfo
 from ix_device_plugin.hardware.ixml import IxmlBackend
+from ix_device_plugin.healing.events import FLUSH_INTERVAL
 from ix_device_plugin.healing.story import read_story, story_path
 from ix_device_plugin.healing.wayback import RETURN_ANNOTATION
 from ix_device_plugin.standins.apiserver import ApiServerStandIn
@@ -199,6 +200,49 @@ async def test_an_xid_storm_of_one_kind_is_one_event_with_a_count(
     writes = event_writes(apiserver)
     distinct = len(node_events(apiserver))  # the XID, the health change, the wait
     assert writes <= distinct + 3, f"{writes} API writes for {distinct} Events of 100 XIDs"
+
+
+def xid_series(daemon: Daemon) -> dict[str, float]:
+    """ix_device_plugin_xid_events_total by its xid label."""
+    return {
+        sample.labels["xid"]: sample.value
+        for family in daemon.metrics.registry.collect()
+        for sample in family.samples
+        if sample.name == "ix_device_plugin_xid_events_total"
+    }
+
+
+async def test_thousands_of_distinct_xids_on_one_chip_keep_event_writes_and_metric_series_bounded(
+    kubelet: KubeletStandIn,
+    start_daemon: DaemonFactory,
+    apiserver: ApiServerStandIn,
+    pod_resources: PodResourcesStandIn,
+    libs: dict[str, Path],
+    conf: Path,
+    short_dir: Path,
+) -> None:
+    ixsmi = Ixsmi(short_dir)
+    daemon = await start_healing(start_daemon, apiserver, pod_resources, libs, short_dir, ixsmi)
+    await kubelet.wait_registered(RESOURCE, capacity=2)
+    pod_resources.pods = {("ml", "trainer-0"): {"main": {RESOURCE: ["GPU-x1"]}}}  # it waits: no reset mid-storm
+    started = time.monotonic()
+    inject_xid(conf, 1, 48)
+    for xid in range(1000, 3000):
+        inject_xid(conf, 1, xid)
+    inject_xid(conf, 1, 79)  # needs an operator: an Event of its own, not lost in the storm
+    await until(lambda: sum(xid_series(daemon).values()) == 2002, timeout=60)
+    assert xid_series(daemon) == {"48": 1, "other": 2000, "79": 1}
+    await until(lambda: sorted(e.get("count") for e in node_events(apiserver, "GPUXidError")) == [1, 2001],
+                timeout=15)  # fmt: skip
+    took = time.monotonic() - started
+    by_count = {e["count"]: e["message"] for e in node_events(apiserver, "GPUXidError")}
+    fell_off = "XID 79 (the chip fell off the bus: the node needs a reboot)"
+    assert by_count[1] == f"GPU 1 (GPU-x1): {fell_off}: needs an operator"
+    assert by_count[2001].endswith("GPU 1 (GPU-x1): XID 2999: a reset clears it")
+    writes, distinct = event_writes(apiserver), len(node_events(apiserver))
+    patches = 2 * (int(took // FLUSH_INTERVAL) + 1)  # each of the chip's two XID Events, once per flush interval
+    assert writes <= distinct + patches, f"{writes} API writes for {distinct} Events of 2,002 XIDs in {took:.0f}s"
+    assert metric(daemon, "ix_device_plugin_node_events_dropped_total") == 0
 
 
 async def test_a_stop_during_healing_is_prompt_and_leaves_the_handshake_as_others_expect(

@@ -47,7 +47,7 @@ class NodeHealing:
         self.events: NodeEvents | None = None
         if api is not None:
             timing = {} if flush_interval is None else {"flush_interval": flush_interval}
-            self.events = NodeEvents(api, api.node_name, written=self._written, **timing)
+            self.events = NodeEvents(api, api.node_name, written=self._written, dropped=self._dropped, **timing)
         self.healer = Healer(
             monitor, reset, guard,
             policy=policy, switch=switch, asks_others=api is not None, registry=registry, events=self.events,
@@ -72,3 +72,6 @@ class NodeHealing:
 
     def _written(self, verb: str) -> None:
         self.healer.metrics.event_writes.labels(verb=verb).inc()
+
+    def _dropped(self, count: int) -> None:
+        self.healer.metrics.events_dropped.inc(count)

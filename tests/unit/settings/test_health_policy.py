@@ -23,6 +23,8 @@ from ix_device_plugin.settings.health import (
     OPERATOR,
     RESET,
     HealthPolicy,
+    is_xid,
+    xid_label,
     xid_name,
 )
 from ix_device_plugin.settings.resolve import config_from, resolve
@@ -132,3 +134,10 @@ def test_check_config_names_a_bad_health_entry(tmp_path: Path) -> None:
     )
     assert result.returncode == 1
     assert "health.reset" in result.stderr and "both list XID 48" in result.stderr
+
+
+def test_an_xid_metric_label_is_one_of_the_tables_xids_or_other() -> None:
+    listed = {row.name.removeprefix("XID ") for row in HEALTH_POLICY if is_xid(row.name)}
+    labels = {xid_label(xid) for xid in range(0, 100_000)} | {xid_label(2**32 - 1)}
+    assert labels == listed | {"other"} and len(labels) == 19
+    assert (xid_label(48), xid_label(79), xid_label(999)) == ("48", "79", "other")
