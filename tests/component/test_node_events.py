@@ -1,8 +1,9 @@
-"""The Node's Events against the API-server stand-in: what is kept, and what is dropped and said."""
+"""The Node's Events against the API-server stand-in: what is kept, what is dropped and said, what the names are."""
 
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -15,6 +16,8 @@ from ix_device_plugin.healing.events import COMBINED, MAX_KEPT, WARNING, NodeEve
 from ix_device_plugin.standins.apiserver import ApiServerStandIn
 
 NODE = "gpu-node-1"
+DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+LONGEST_NODE = ".".join(["a" * 63, "b" * 63, "c" * 63, "d" * 61])  # 253 characters: a valid node name
 
 
 async def connected(apiserver: ApiServerStandIn, tmp_path: Path, node: str) -> ApiConnection:
@@ -58,3 +61,24 @@ async def test_occurrences_under_one_key_are_one_event_saying_the_latest_message
     [event] = node_events(apiserver, "GPUXidError")
     assert event["count"] == 2000 and event["message"] == f"{COMBINED}GPU 0: XID 2999: a reset clears it"
     assert events.writes == 2 and events.dropped == 0  # a create, then one patch of count and message
+
+
+async def test_a_node_name_of_253_characters_gives_valid_event_names(
+    apiserver: ApiServerStandIn, tmp_path: Path
+) -> None:
+    apiserver.add_node(LONGEST_NODE)
+    api = await connected(apiserver, tmp_path, LONGEST_NODE)
+    try:
+        events = NodeEvents(api, LONGEST_NODE)
+        events.record(WARNING, "GPUTest", "one")
+        events.record(WARNING, "GPUTest", "two")
+        await events.flush(timeout=10)
+    finally:
+        await api.close()
+    written = node_events(apiserver, "GPUTest")
+    assert events.dropped == 0 and len(written) == 2
+    for event in written:
+        name = event["metadata"]["name"]
+        assert len(name) <= 253 and DNS_SUBDOMAIN.fullmatch(name), name
+        assert event["involvedObject"]["name"] == LONGEST_NODE  # the node itself is named whole
+    assert len({event["metadata"]["name"] for event in written}) == 2

@@ -7,10 +7,11 @@ with a count, never one API write per occurrence. Occurrences under one key with
 too, saying the latest message as client-go's aggregator says it (`(combined from similar events): ...`): a caller
 whose messages vary without bound (one per XID number) keys them by what they are about, and its writes stay bounded.
 Events are posted in the namespace `default` with the Node as involved object (uid: the node's name), as the kubelet
-posts its own node Events: the API server accepts a cluster-scoped object's Events there. A write that fails is
-retried with the connection's backoff; one refused (no RBAC for Events) drops what is pending, said once. At most
-MAX_KEPT Events are remembered; occurrences never written (pushed out of that memory, refused, or pending at stop)
-are counted (`dropped`), and said in the log the first time.
+posts its own node Events: the API server accepts a cluster-scoped object's Events there. Each is named
+`<node>.<hex>`, the node's part cut where the node's name is too long for the Event's to stay a DNS subdomain.
+A write that fails is retried with the connection's backoff; one refused (no RBAC for Events) drops what is pending,
+said once. At most MAX_KEPT Events are remembered; occurrences never written (pushed out of that memory, refused, or
+pending at stop) are counted (`dropped`), and said in the log the first time.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ COMPONENT = "ix-device-plugin"
 FLUSH_INTERVAL = 10.0  # seconds: repeats of an Event are written at most this often
 MAX_KEPT = 256  # Events remembered for aggregation, most recent first kept
 MESSAGE_LIMIT = 1024  # the API server's limit on an Event's message
+NAME_LIMIT = 253  # an Event's name is a DNS subdomain: <node>.<hex>, the node's part cut to fit
 COMBINED = "(combined from similar events): "  # client-go's prefix for one Event standing for several messages
 Written = Callable[[str], None]  # told "create", "patch" or "failed" for each write
 Dropped = Callable[[int], None]  # told how many occurrences were dropped, unwritten
@@ -196,7 +198,7 @@ class NodeEvents:
                 event.name = ""  # it expired (the API server keeps Events an hour): a new one
         for _ in range(2):
             if not event.name:
-                event.name = f"{self.node}.{time.time_ns():x}"
+                event.name = event_name(self.node, time.time_ns())
             try:
                 await kube.create_event(EVENT_NAMESPACE, self._body(event, count, message))
                 self._wrote("create", event, count, message)
@@ -223,6 +225,13 @@ class NodeEvents:
             "reportingComponent": COMPONENT,
             "reportingInstance": self.node,
         }
+
+
+def event_name(node: str, unique: int) -> str:
+    """`<node>.<unique in hex>`, within NAME_LIMIT: a long node name is cut (a node's name may take all 253
+    characters), and the cut ends on a letter or digit, as each part of a DNS subdomain must."""
+    suffix = f".{unique:x}"
+    return node[: NAME_LIMIT - len(suffix)].rstrip("-.") + suffix
 
 
 def _now() -> datetime:
