@@ -103,7 +103,8 @@ def resolve(
     return Resolved(mode, resolved, sources, tuple(unused), tuple(conflicts))
 
 
-Raw = tuple[str, str, str]  # text given, source ("env NAME", "flag --name"), how a message names it
+# Text given, source ("env NAME", "flag --name"), how a message names it, how it is read.
+Raw = tuple[str, str, str, values.Parser]
 
 
 def _pick(
@@ -119,10 +120,10 @@ def _pick(
         given = mine if mine is not None else theirs
         if given is None:
             continue
-        chosen = _parsed(setting, *given)
+        chosen = _parsed(*given)
         if mine is not None and theirs is not None:
             with contextlib.suppress(SettingsError):
-                if (other := _parsed(setting, *theirs))[0] != chosen[0]:
+                if (other := _parsed(*theirs))[0] != chosen[0]:
                     conflicts.append(
                         f"{_given(chosen)} and {_given(other)} (Iluvatar's plugin 4.4.0's name) differ: "
                         f"using {chosen[1].split(' ', 1)[1]}"
@@ -136,20 +137,23 @@ def _candidates(
 ) -> list[tuple[Raw | None, Raw | None]]:
     """(ours, 4.4.0's) for the flag, then for the variable; None where not given.
 
-    4.4.0's variable is read as its command line reads it (urfave/cli's BoolFlag.Apply): set but empty means
-    false, and counts as given (it beats the config file). Ours set but empty is not given.
+    4.4.0's spellings (our `--splitboard` too) are read as its command line reads them: with Go's strconv.ParseBool,
+    exactly; its variable set but empty means false (urfave/cli's BoolFlag.Apply), and counts as given (it beats the
+    config file). Ours set but empty is not given.
     """
-    our_flag = None if flag is None else (flag, f"flag {setting.flag}", f"flag {setting.flag}")
+    ours, theirs = setting.parse, values.go_bool
+    as_flag = theirs if setting.flag_is_upstream else ours
+    our_flag = None if flag is None else (flag, f"flag {setting.flag}", f"flag {setting.flag}", as_flag)
     their_flag = None
     if setting.name in upstream:
         text, spelled = upstream[setting.name]
-        their_flag = (text, f"flag {spelled}", f"flag {spelled}")
+        their_flag = (text, f"flag {spelled}", f"flag {spelled}", theirs)
     raw = env.get(setting.env, "") if setting.env else ""
-    our_env = None if raw == "" else (raw, f"env {setting.env}", f"environment variable {setting.env}")
+    our_env = None if raw == "" else (raw, f"env {setting.env}", f"environment variable {setting.env}", ours)
     name = setting.upstream_env
     their_env = None
     if name is not None and name in env:
-        their_env = (env[name] or "false", f"env {name}", f"environment variable {name}")
+        their_env = (env[name] or "false", f"env {name}", f"environment variable {name}", theirs)
     return [(our_flag, their_flag), (our_env, their_env)]
 
 
@@ -160,9 +164,9 @@ def _given(picked: Picked) -> str:
     return f"{source.split(' ', 1)[1]}={shown}"
 
 
-def _parsed(setting: Setting, raw: str, source: str, named: str) -> tuple[Any, str]:
+def _parsed(raw: str, source: str, named: str, parse: values.Parser) -> tuple[Any, str]:
     try:
-        return setting.parse(raw, True), source
+        return parse(raw, True), source
     except ValueError as error:
         raise SettingsError([f"{named}: {error}, got {raw!r}"]) from None
 
