@@ -12,7 +12,7 @@ each reading of it (`config_from`). Every problem is one line naming the flag, v
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -192,19 +192,19 @@ def config_from(
                 value, source = file.values[setting.key], f"file {file.path}"
             value, source = given.get(setting.name, (value, source))
         resolved[setting.name], sources[setting.name] = value, source
-    problems = _conflicts(resolved, sources)
+    problems = _conflicts(resolved, sources, file)
     if problems:
         raise SettingsError(problems)
     return Config(**resolved, ignored_health_errors=ignored_health_errors, sources=sources)
 
 
-def _conflicts(chosen: Mapping[str, Any], sources: Mapping[str, str]) -> list[str]:
+def _conflicts(chosen: Mapping[str, Any], sources: Mapping[str, str], file: FileConfig | None) -> list[str]:
     """Settings that are each valid but cannot go together, naming both and where they came from."""
 
     def named(name: str) -> str:
         return f"{BY_NAME[name].key} ({sources[name]})"
 
-    problems = _health_conflicts(chosen, named)
+    problems = _health_conflicts(chosen, sources, file)
     if chosen["reset_gpu"] and chosen["replicas"] > 0:
         why = (
             "a shared GPU cannot be reset under the containers that share it"
@@ -226,18 +226,38 @@ def _conflicts(chosen: Mapping[str, Any], sources: Mapping[str, str]) -> list[st
     return problems
 
 
-def _health_conflicts(chosen: Mapping[str, Any], named: Callable[[str], str]) -> list[str]:
-    """An XID or health error listed for two actions (health.reset, health.operator, health.ignore)."""
+def _health_conflicts(chosen: Mapping[str, Any], sources: Mapping[str, str], file: FileConfig | None) -> list[str]:
+    """An XID or health error listed for two actions (health.reset, health.operator, health.ignore). Where a list is
+    the file's, it is said as the file's other errors are (`<file>: line <n>: <key>: ...`; the later list where both
+    are), naming the other list and its line, or its flag or variable."""
+
+    def line(name: str) -> int | None:
+        key = BY_NAME[name].key
+        if file is None or key is None or sources[name] != f"file {file.path}":
+            return None
+        return file.lines.get(key)
+
     lists = ("health_reset", "health_operator", "health_ignore")
+    why = "each XID or health error takes one action"
     problems = []
     for index, first in enumerate(lists):
         for second in lists[index + 1 :]:
             both = [name for name in chosen[first] if name in chosen[second]]
-            if both:
+            if not both:
+                continue
+            listed = ", ".join(both)
+            said, other = (second, first) if line(second) is not None else (first, second)
+            if file is None or (at := line(said)) is None:  # flags and variables only
                 problems.append(
-                    f"{named(first)} and {named(second)} both list {', '.join(both)}: each XID or health error "
-                    "takes one action"
+                    f"{BY_NAME[first].key} ({sources[first]}) and {BY_NAME[second].key} ({sources[second]}) both "
+                    f"list {listed}: {why}"
                 )
+                continue
+            elsewhere = sources[other] if (other_at := line(other)) is None else f"line {other_at}"
+            problems.append(
+                f"{file.path}: line {at}: {BY_NAME[said].key}: {listed} {'is' if len(both) == 1 else 'are'} in "
+                f"{BY_NAME[other].key} too ({elsewhere}): {why}"
+            )
     return problems
 
 
