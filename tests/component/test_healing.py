@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 from pathlib import Path
 
@@ -322,7 +323,9 @@ async def test_self_healing_true_resets_without_api_access(
     libs: dict[str, Path],
     conf: Path,
     short_dir: Path,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
+    caplog.set_level(logging.WARNING, logger="ix_device_plugin")
     ixsmi = Ixsmi(short_dir)
     await start_daemon(
         **over_double(libs, short_dir, ixsmi),
@@ -334,6 +337,11 @@ async def test_self_healing_true_resets_without_api_access(
     await kubelet.wait_for(lambda: view.devices["GPU-x0"] == UNHEALTHY, timeout=3)
     await kubelet.wait_for(lambda: view.devices["GPU-x0"] == HEALTHY, timeout=10)
     assert ixsmi.runs() == ["-r -i GPU-x0"]
+    said = [r.getMessage() for r in caplog.records if "without API access" in r.getMessage()]
+    assert said == [
+        "self-healing (health.selfHealing: true) resets GPUs without API access (NODE_NAME and a service account or "
+        "kubeconfig): other IXML users such as ix-exporter are not asked to let go before a reset"
+    ]  # not flags.reset_gpu, which is off
 
 
 async def test_an_operator_error_is_not_reset_and_a_health_error_that_stays_fails_the_attempt(

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ix_device_plugin.core.healing import Rules
+from ix_device_plugin.gpureset.purpose import SELF_HEALING, resetting_for
 from ix_device_plugin.gpureset.sequence import GpuReset
 from ix_device_plugin.hardware.monitor import HardwareMonitor
 from ix_device_plugin.healing.events import NodeEvents
@@ -58,12 +59,17 @@ class NodeHealing:
 
     def tasks(self) -> dict[str, Callable[[], Awaitable[None]]]:
         """The tasks to run, by name."""
-        tasks: dict[str, Callable[[], Awaitable[None]]] = {"healing": self.healer.run}
+        tasks: dict[str, Callable[[], Awaitable[None]]] = {"healing": self._heal}
         if self.events is not None:
             tasks["node-events"] = self.events.run
         if self.requests is not None and self._watch_node:
             tasks["gpu-return"] = self.requests.run
         return tasks
+
+    async def _heal(self) -> None:
+        """The healer's task: the resets it asks for are self-healing's."""
+        with resetting_for(SELF_HEALING):
+            await self.healer.run()
 
     async def close(self, timeout: float) -> None:
         """At stop, after the tasks: write the Events still pending, within timeout."""
