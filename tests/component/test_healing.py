@@ -24,7 +24,9 @@ from reset_support import (
 
 from ix_device_plugin.api import HEALTHY, UNHEALTHY
 from ix_device_plugin.apiserver.settings import settings_from
+from ix_device_plugin.deviceplugin import loop
 from ix_device_plugin.deviceplugin.loop import Daemon
+from ix_device_plugin.gpureset import sequence
 from ix_device_plugin.gpureset.sequence import OUR_NAME, ResetInfo
 from ix_device_plugin.hardware.ixml import IxmlBackend
 from ix_device_plugin.healing.events import FLUSH_INTERVAL
@@ -276,6 +278,8 @@ async def test_a_stop_during_healing_is_prompt_and_leaves_the_handshake_as_other
     assert document is not None and document.reset is False
     assert document.occupy == {OUR_NAME: True, EXPORTER: True}
     assert ixsmi.runs() == []
+    assert metric(daemon, "ix_device_plugin_gpu_resets_total", result="cancelled") == 1  # called off: no failure
+    assert metric(daemon, "ix_device_plugin_gpu_resets_total", result="failed") == 0
 
 
 async def test_a_stop_while_ixsmi_runs_waits_for_it_and_says_the_reset_is_over(
@@ -299,6 +303,38 @@ async def test_a_stop_while_ixsmi_runs_waits_for_it_and_says_the_reset_is_over(
     assert time.monotonic() - started < 2.5  # ixsmi's second, then the hand-back: a chip is never left half reset
     document = reset_document(apiserver)
     assert document is not None and document.reset is False and document.occupy[OUR_NAME] is True
+
+
+async def test_a_stop_while_ixsmi_hangs_kills_it_after_the_wait_and_counts_the_reset_cancelled(
+    kubelet: KubeletStandIn,
+    start_daemon: DaemonFactory,
+    apiserver: ApiServerStandIn,
+    pod_resources: PodResourcesStandIn,
+    libs: dict[str, Path],
+    conf: Path,
+    short_dir: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(sequence, "RESET_STOP_WAIT", 1.0)  # the README's 10 s, shortened
+    monkeypatch.setattr(loop, "RESET_STOP_WAIT", 1.0)
+    ixsmi = Ixsmi(short_dir)
+    ixsmi.delay.write_text("60")
+    daemon = await start_healing(start_daemon, apiserver, pod_resources, libs, short_dir, ixsmi, reset_timeout=120.0)
+    view = await kubelet.wait_registered(RESOURCE, capacity=2)
+    assert metric(daemon, "ix_device_plugin_gpu_resets_total", result="cancelled") == 0  # there from the start
+    assert 'ix_device_plugin_gpu_resets_total{result="cancelled"} 0.0' in daemon.metrics.render().decode()
+    inject_xid(conf, 1, 48)
+    await kubelet.wait_for(lambda: view.devices["GPU-x1"] == UNHEALTHY, timeout=3)
+    await until(lambda: ixsmi.runs() != [], timeout=5)
+    started = time.monotonic()
+    await daemon.shutdown()
+    took = time.monotonic() - started
+    assert 1.0 <= took < 1.0 + sequence.KILL_WAIT + daemon.options.stop_timeout, took
+    document = reset_document(apiserver)
+    assert document is not None and document.reset is False and document.occupy[OUR_NAME] is True
+    assert metric(daemon, "ix_device_plugin_gpu_resets_total", result="cancelled") == 1
+    assert metric(daemon, "ix_device_plugin_gpu_resets_total", result="failed") == 0
+    assert metric(daemon, "ix_device_plugin_healing_resets_total", result="failed") == 0
 
 
 async def test_without_api_access_auto_leaves_the_chip_out_and_says_why(

@@ -7,6 +7,7 @@ from collections.abc import Callable
 
 from ix_device_plugin import __version__
 from ix_device_plugin.deviceplugin.state import State
+from ix_device_plugin.gpureset.document import RESET_RESULTS
 from ix_device_plugin.runtime.lazymetrics import Counter, Gauge, Histogram, Info, Registry
 from ix_device_plugin.settings.health import xid_label
 from ix_device_plugin.telemetry.nodestate import PREFIX, Devices, NodeStateCollector
@@ -64,6 +65,8 @@ class Metrics:
             ["xid"],
             registry=r,
         )
+        for result in RESET_RESULTS:
+            self.gpu_resets.labels(result=result)
         for method in ("Allocate", "GetPreferredAllocation"):
             self.calls.labels(method=method)
             self.call_latency.labels(method=method)
