@@ -109,6 +109,26 @@ async def test_config_map_lifecycle(http, server):
     assert server.requests[6].body == {"data": {"b": "x", "a": None}}
 
 
+@pytest.mark.parametrize(
+    ("name", "why"),
+    [
+        ("a" * 254, "must be no more than 253 characters"),
+        ("Node-1", "a lowercase RFC 1123 subdomain"),
+        ("node-.x", "a lowercase RFC 1123 subdomain"),
+    ],
+)
+async def test_a_name_that_is_not_a_dns_subdomain_is_invalid_as_kube_apiserver_answers(http, server, name, why):
+    async with http.post("/api/v1/namespaces/default/events", json={"metadata": {"name": name}}) as response:
+        status = await _json(response)
+    assert response.status == 422 and status["reason"] == "Invalid"
+    assert status["message"].startswith(f'Event "{name}" is invalid: metadata.name: Invalid value: "{name}": {why}')
+    assert status["details"]["causes"][0]["field"] == "metadata.name"
+    assert server.objects("events") == []
+    longest = ".".join(["a" * 63, "b" * 63, "c" * 63, "d" * 61])
+    async with http.post("/api/v1/namespaces/default/events", json={"metadata": {"name": longest}}) as response:
+        assert response.status == 201
+
+
 async def test_bad_requests(http):
     async with http.post("/api/v1/namespaces/ns/configmaps", json={"metadata": {}}) as response:
         assert response.status == 422 and (await _json(response))["reason"] == "Invalid"

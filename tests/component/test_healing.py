@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 from pathlib import Path
 
@@ -23,9 +24,12 @@ from reset_support import (
 
 from ix_device_plugin.api import HEALTHY, UNHEALTHY
 from ix_device_plugin.apiserver.settings import settings_from
+from ix_device_plugin.deviceplugin import loop
 from ix_device_plugin.deviceplugin.loop import Daemon
+from ix_device_plugin.gpureset import sequence
 from ix_device_plugin.gpureset.sequence import OUR_NAME, ResetInfo
 from ix_device_plugin.hardware.ixml import IxmlBackend
+from ix_device_plugin.healing.events import FLUSH_INTERVAL
 from ix_device_plugin.healing.story import read_story, story_path
 from ix_device_plugin.healing.wayback import RETURN_ANNOTATION
 from ix_device_plugin.standins.apiserver import ApiServerStandIn
@@ -201,6 +205,49 @@ async def test_an_xid_storm_of_one_kind_is_one_event_with_a_count(
     assert writes <= distinct + 3, f"{writes} API writes for {distinct} Events of 100 XIDs"
 
 
+def xid_series(daemon: Daemon) -> dict[str, float]:
+    """ix_device_plugin_xid_events_total by its xid label."""
+    return {
+        sample.labels["xid"]: sample.value
+        for family in daemon.metrics.registry.collect()
+        for sample in family.samples
+        if sample.name == "ix_device_plugin_xid_events_total"
+    }
+
+
+async def test_thousands_of_distinct_xids_on_one_chip_keep_event_writes_and_metric_series_bounded(
+    kubelet: KubeletStandIn,
+    start_daemon: DaemonFactory,
+    apiserver: ApiServerStandIn,
+    pod_resources: PodResourcesStandIn,
+    libs: dict[str, Path],
+    conf: Path,
+    short_dir: Path,
+) -> None:
+    ixsmi = Ixsmi(short_dir)
+    daemon = await start_healing(start_daemon, apiserver, pod_resources, libs, short_dir, ixsmi)
+    await kubelet.wait_registered(RESOURCE, capacity=2)
+    pod_resources.pods = {("ml", "trainer-0"): {"main": {RESOURCE: ["GPU-x1"]}}}  # it waits: no reset mid-storm
+    started = time.monotonic()
+    inject_xid(conf, 1, 48)
+    for xid in range(1000, 3000):
+        inject_xid(conf, 1, xid)
+    inject_xid(conf, 1, 79)  # needs an operator: an Event of its own, not lost in the storm
+    await until(lambda: sum(xid_series(daemon).values()) == 2002, timeout=60)
+    assert xid_series(daemon) == {"48": 1, "other": 2000, "79": 1}
+    await until(lambda: sorted(e.get("count") for e in node_events(apiserver, "GPUXidError")) == [1, 2001],
+                timeout=15)  # fmt: skip
+    took = time.monotonic() - started
+    by_count = {e["count"]: e["message"] for e in node_events(apiserver, "GPUXidError")}
+    fell_off = "XID 79 (the chip fell off the bus: the node needs a reboot)"
+    assert by_count[1] == f"GPU 1 (GPU-x1): {fell_off}: needs an operator"
+    assert by_count[2001].endswith("GPU 1 (GPU-x1): XID 2999: a reset clears it")
+    writes, distinct = event_writes(apiserver), len(node_events(apiserver))
+    patches = 2 * (int(took // FLUSH_INTERVAL) + 1)  # each of the chip's two XID Events, once per flush interval
+    assert writes <= distinct + patches, f"{writes} API writes for {distinct} Events of 2,002 XIDs in {took:.0f}s"
+    assert metric(daemon, "ix_device_plugin_node_events_dropped_total") == 0
+
+
 async def test_a_stop_during_healing_is_prompt_and_leaves_the_handshake_as_others_expect(
     kubelet: KubeletStandIn,
     start_daemon: DaemonFactory,
@@ -231,6 +278,8 @@ async def test_a_stop_during_healing_is_prompt_and_leaves_the_handshake_as_other
     assert document is not None and document.reset is False
     assert document.occupy == {OUR_NAME: True, EXPORTER: True}
     assert ixsmi.runs() == []
+    assert metric(daemon, "ix_device_plugin_gpu_resets_total", result="cancelled") == 1  # called off: no failure
+    assert metric(daemon, "ix_device_plugin_gpu_resets_total", result="failed") == 0
 
 
 async def test_a_stop_while_ixsmi_runs_waits_for_it_and_says_the_reset_is_over(
@@ -256,6 +305,38 @@ async def test_a_stop_while_ixsmi_runs_waits_for_it_and_says_the_reset_is_over(
     assert document is not None and document.reset is False and document.occupy[OUR_NAME] is True
 
 
+async def test_a_stop_while_ixsmi_hangs_kills_it_after_the_wait_and_counts_the_reset_cancelled(
+    kubelet: KubeletStandIn,
+    start_daemon: DaemonFactory,
+    apiserver: ApiServerStandIn,
+    pod_resources: PodResourcesStandIn,
+    libs: dict[str, Path],
+    conf: Path,
+    short_dir: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(sequence, "RESET_STOP_WAIT", 1.0)  # the README's 10 s, shortened
+    monkeypatch.setattr(loop, "RESET_STOP_WAIT", 1.0)
+    ixsmi = Ixsmi(short_dir)
+    ixsmi.delay.write_text("60")
+    daemon = await start_healing(start_daemon, apiserver, pod_resources, libs, short_dir, ixsmi, reset_timeout=120.0)
+    view = await kubelet.wait_registered(RESOURCE, capacity=2)
+    assert metric(daemon, "ix_device_plugin_gpu_resets_total", result="cancelled") == 0  # there from the start
+    assert 'ix_device_plugin_gpu_resets_total{result="cancelled"} 0.0' in daemon.metrics.render().decode()
+    inject_xid(conf, 1, 48)
+    await kubelet.wait_for(lambda: view.devices["GPU-x1"] == UNHEALTHY, timeout=3)
+    await until(lambda: ixsmi.runs() != [], timeout=5)
+    started = time.monotonic()
+    await daemon.shutdown()
+    took = time.monotonic() - started
+    assert 1.0 <= took < 1.0 + sequence.KILL_WAIT + daemon.options.stop_timeout, took
+    document = reset_document(apiserver)
+    assert document is not None and document.reset is False and document.occupy[OUR_NAME] is True
+    assert metric(daemon, "ix_device_plugin_gpu_resets_total", result="cancelled") == 1
+    assert metric(daemon, "ix_device_plugin_gpu_resets_total", result="failed") == 0
+    assert metric(daemon, "ix_device_plugin_healing_resets_total", result="failed") == 0
+
+
 async def test_without_api_access_auto_leaves_the_chip_out_and_says_why(
     kubelet: KubeletStandIn, start_daemon: DaemonFactory, libs: dict[str, Path], conf: Path, short_dir: Path
 ) -> None:
@@ -278,7 +359,9 @@ async def test_self_healing_true_resets_without_api_access(
     libs: dict[str, Path],
     conf: Path,
     short_dir: Path,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
+    caplog.set_level(logging.WARNING, logger="ix_device_plugin")
     ixsmi = Ixsmi(short_dir)
     await start_daemon(
         **over_double(libs, short_dir, ixsmi),
@@ -290,6 +373,11 @@ async def test_self_healing_true_resets_without_api_access(
     await kubelet.wait_for(lambda: view.devices["GPU-x0"] == UNHEALTHY, timeout=3)
     await kubelet.wait_for(lambda: view.devices["GPU-x0"] == HEALTHY, timeout=10)
     assert ixsmi.runs() == ["-r -i GPU-x0"]
+    said = [r.getMessage() for r in caplog.records if "without API access" in r.getMessage()]
+    assert said == [
+        "self-healing (health.selfHealing: true) resets GPUs without API access (NODE_NAME and a service account or "
+        "kubeconfig): other IXML users such as ix-exporter are not asked to let go before a reset"
+    ]  # not flags.reset_gpu, which is off
 
 
 async def test_an_operator_error_is_not_reset_and_a_health_error_that_stays_fails_the_attempt(

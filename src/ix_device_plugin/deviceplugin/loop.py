@@ -124,7 +124,7 @@ class Daemon:
                 dev_root=options.dev_root,
                 health_stale_after=options.health_stale_after,
             ),
-            on_xid=lambda xid: self.metrics.xid_events.labels(xid=str(xid)).inc(),
+            on_xid=self.metrics.observe_xid,
             on_poll=self.metrics.observe_health_poll,
         )
         self.monitor.subscribe(lambda view: self._events.put_nowait(HardwareChanged(view)))

@@ -7,7 +7,9 @@ from collections.abc import Callable
 
 from ix_device_plugin import __version__
 from ix_device_plugin.deviceplugin.state import State
+from ix_device_plugin.gpureset.document import RESET_RESULTS
 from ix_device_plugin.runtime.lazymetrics import Counter, Gauge, Histogram, Info, Registry
+from ix_device_plugin.settings.health import xid_label
 from ix_device_plugin.telemetry.nodestate import PREFIX, Devices, NodeStateCollector
 
 _RESET_BUCKETS = (0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
@@ -58,13 +60,20 @@ class Metrics:
         )
         self.xid_events = Counter(
             f"{PREFIX}_xid_events",
-            "Critical XID events the GPU library reported, ignored ones too",
+            "Critical XID events the GPU library reported, ignored ones too, by XID (those the health policy table "
+            "lists; any other as other)",
             ["xid"],
             registry=r,
         )
+        for result in RESET_RESULTS:
+            self.gpu_resets.labels(result=result)
         for method in ("Allocate", "GetPreferredAllocation"):
             self.calls.labels(method=method)
             self.call_latency.labels(method=method)
+
+    def observe_xid(self, xid: int) -> None:
+        """Count one critical XID event, under a label of a bounded set whatever the number."""
+        self.xid_events.labels(xid=xid_label(xid)).inc()
 
     def observe_call(self, method: str, seconds: float, error: str | None) -> None:
         """Record one gRPC call."""

@@ -62,6 +62,7 @@ from ix_device_plugin.dra.service import DraService
 from ix_device_plugin.dra.slices import BOARD, DRIVER, SliceContent, SlicePolicy, slice_content
 from ix_device_plugin.dra.state import ClaimReader, DraState
 from ix_device_plugin.gpureset.handshake import open_handshake
+from ix_device_plugin.gpureset.purpose import CLAIM_RESET, reset_feature, resetting_for
 from ix_device_plugin.gpureset.sequence import GpuReset, GpuResetError, ResetHandshake, ResetSettings
 from ix_device_plugin.hardware.monitor import HardwareMonitor, HardwareView, MonitorSettings
 from ix_device_plugin.hardware.open import BackendFactory
@@ -377,7 +378,8 @@ class DraDriver:
     async def _reset_claim(self, claim: PreparedClaim) -> str | None:
         """Reset the chips of a claim configured with reset: true (None), or say why that failed."""
         try:
-            await self.gpu_reset.reset(claim.reset_chips)
+            with resetting_for(CLAIM_RESET):
+                await self.gpu_reset.reset(claim.reset_chips)
         except GpuResetError as error:
             return f"GPU reset before the container starts: {error}"
         return None
@@ -398,7 +400,9 @@ class DraDriver:
         """The reset handshake with other IXML users on ix-gpu-reset-<node> (GpuReset says it at its first use);
         None without an API connection of our own (a test's client)."""
         if self.api is None:
-            log.warning("GPU reset without the handshake: other IXML users are not asked to let go")
+            log.warning(
+                "%s resets GPUs without the handshake: other IXML users are not asked to let go", reset_feature()
+            )
             return None
         return await open_handshake(self.api, self.options.node_name)
 

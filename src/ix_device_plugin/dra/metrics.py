@@ -7,6 +7,7 @@ import time
 from collections.abc import Awaitable, Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
+from ix_device_plugin.gpureset.document import RESET_RESULTS
 from ix_device_plugin.runtime.lazymetrics import Counter, Histogram, Registry
 
 if TYPE_CHECKING:
@@ -44,6 +45,8 @@ class DraMetrics:
             "Time from asking other IXML users to let go to the chips rediscovered", buckets=_RESET_BUCKETS,
             registry=r,
         )  # fmt: skip
+        for result in RESET_RESULTS:
+            self.gpu_resets.labels(result=result)
         for call in ("prepare", "unprepare"):
             self.duration.labels(call=call)
             for result in ("ok", "error"):

@@ -19,6 +19,12 @@ OUR_NAME = "ix-device-plugin"
 DOCUMENT_LIMITS = Limits(max_bytes=64 * 1024)  # a few users' names and flags: far below this
 
 
+# A reset's outcome, as the gpu_resets metrics count it: cancelled is one cut short by a stop (its ixsmi killed, or
+# the release it waited for called off), not a failure of the reset.
+CANCELLED = "cancelled"
+RESET_RESULTS = ("ok", "failed", "refused", "uuid_changed", CANCELLED)
+
+
 class GpuResetError(Exception):
     """A reset did not happen or did not work; the message says why and is what Allocate answers."""
 

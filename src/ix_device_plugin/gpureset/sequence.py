@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from ix_device_plugin.apiserver.errors import KubeError
 from ix_device_plugin.core.inventory import Inventory
 from ix_device_plugin.gpureset.document import (
+    CANCELLED,
     CONFIG_MAP_PREFIX,
     DATA_KEY,
     OUR_NAME,
@@ -151,7 +152,10 @@ class GpuReset:
                 await self._steps(uuids, check)
                 result = "ok"
             except GpuResetError as error:
-                result = error.result
+                result = CANCELLED if self._abort.is_set() else error.result  # set: the stop killed its ixsmi
+                raise
+            except asyncio.CancelledError:  # the stop called it off (close)
+                result = CANCELLED
                 raise
             finally:
                 seconds = time.monotonic() - started

@@ -1,12 +1,17 @@
 """Kubernetes Events on the Node, where `kubectl describe node` shows them, aggregated so that a storm is one write.
 
 `record` only notes an occurrence (no I/O); `run` writes. The first occurrence of an Event (its type, reason and
-message) is created at once; repeats only raise its count, and are written as one patch of `count` and
-`lastTimestamp` at most every FLUSH_INTERVAL, however many there were: a storm of one XID is one Event with a count,
-never one API write per occurrence. Events are posted in the namespace `default` with the Node as involved object
-(uid: the node's name), as the kubelet posts its own node Events: the API server accepts a cluster-scoped object's
-Events there. A write that fails is retried with the connection's backoff; one refused (no RBAC for Events) drops
-what is pending, said once. At most MAX_KEPT Events are remembered.
+message, or the key its caller gives) is created at once; repeats only raise its count, and are written as one patch
+of `count` and `lastTimestamp` at most every FLUSH_INTERVAL, however many there were: a storm of one XID is one Event
+with a count, never one API write per occurrence. Occurrences under one key with different messages are one Event
+too, saying the latest message as client-go's aggregator says it (`(combined from similar events): ...`): a caller
+whose messages vary without bound (one per XID number) keys them by what they are about, and its writes stay bounded.
+Events are posted in the namespace `default` with the Node as involved object (uid: the node's name), as the kubelet
+posts its own node Events: the API server accepts a cluster-scoped object's Events there. Each is named
+`<node>.<hex>`, the node's part cut where the node's name is too long for the Event's to stay a DNS subdomain.
+A write that fails is retried with the connection's backoff; one refused (no RBAC for Events) drops what is pending,
+said once. At most MAX_KEPT Events are remembered; occurrences never written (pushed out of that memory, refused, or
+pending at stop) are counted (`dropped`), and said in the log the first time.
 """
 
 from __future__ import annotations
@@ -34,7 +39,10 @@ COMPONENT = "ix-device-plugin"
 FLUSH_INTERVAL = 10.0  # seconds: repeats of an Event are written at most this often
 MAX_KEPT = 256  # Events remembered for aggregation, most recent first kept
 MESSAGE_LIMIT = 1024  # the API server's limit on an Event's message
+NAME_LIMIT = 253  # an Event's name is a DNS subdomain: <node>.<hex>, the node's part cut to fit
+COMBINED = "(combined from similar events): "  # client-go's prefix for one Event standing for several messages
 Written = Callable[[str], None]  # told "create", "patch" or "failed" for each write
+Dropped = Callable[[int], None]  # told how many occurrences were dropped, unwritten
 
 
 @dataclass
@@ -48,6 +56,7 @@ class _Pending:
     last: datetime
     count: int = 1
     written: int = 0  # the count the API server holds (0: not created yet)
+    written_message: str = ""  # the message the API server holds
     name: str = ""
     write_after: float = 0.0  # monotonic
 
@@ -56,30 +65,44 @@ class NodeEvents:
     """The Node's Events of this agent, written by `run` (one task); `record` from anywhere on the event loop."""
 
     def __init__(
-        self, api: ApiConnection, node: str, *, flush_interval: float = FLUSH_INTERVAL, written: Written | None = None
+        self,
+        api: ApiConnection,
+        node: str,
+        *,
+        flush_interval: float = FLUSH_INTERVAL,
+        written: Written | None = None,
+        dropped: Dropped | None = None,
     ) -> None:
         self.api = api
         self.node = node
         self.flush_interval = flush_interval
         self.writes = 0  # API writes made (creates and patches)
+        self.dropped = 0  # occurrences never written
         self._written = written or (lambda verb: None)
+        self._dropped = dropped or (lambda count: None)
         self._events: OrderedDict[tuple[str, str, str], _Pending] = OrderedDict()
         self._wake = asyncio.Event()
         self._errors = OncePerError(log, logging.WARNING)
+        self._drop_said = False
 
-    def record(self, type: str, reason: str, message: str) -> None:
-        """One occurrence of an Event (type NORMAL or WARNING) on the Node."""
+    def record(self, type: str, reason: str, message: str, key: str | None = None) -> None:
+        """One occurrence of an Event (type NORMAL or WARNING) on the Node; key: what makes occurrences one Event
+        (None: the message itself), the latest message standing for them all."""
         message = message[:MESSAGE_LIMIT]
-        key, now = (type, reason, message), _now()
-        pending = self._events.get(key)
+        index, now = (type, reason, message if key is None else key), _now()
+        pending = self._events.get(index)
         if pending is None:
-            self._events[key] = _Pending(type, reason, message, now, now)
+            self._events[index] = _Pending(type, reason, message, now, now)
             while len(self._events) > MAX_KEPT:
-                self._events.popitem(last=False)
+                _, old = self._events.popitem(last=False)
+                self._drop(old.count - old.written, f"pushed out by newer ones: at most {MAX_KEPT} Events are kept")
         else:
             pending.count += 1
             pending.last = now
-            self._events.move_to_end(key)
+            combined = (COMBINED + message)[:MESSAGE_LIMIT]
+            if pending.message not in (message, combined):
+                pending.message = combined
+            self._events.move_to_end(index)
         self._wake.set()
 
     def pending(self) -> int:
@@ -110,8 +133,26 @@ class NodeEvents:
                     await self._wake.wait()
 
     def _drop_pending(self) -> None:
+        """Give up on what is pending (the caller said why): counted as dropped."""
         for event in self._events.values():
+            self._drop(event.count - event.written, "")
             event.written = event.count
+
+    def _drop(self, count: int, why: str) -> None:
+        """count occurrences will never be written: counted; why (empty: said already) is logged the first time
+        only, later drops are only counted."""
+        if count <= 0:
+            return
+        if why and not self._drop_said:
+            log.warning(
+                "Node Events: %d occurrences dropped unwritten (%s); drops from now on are counted in "
+                "ix_device_plugin_node_events_dropped_total, not logged",
+                count,
+                why,
+            )
+            self._drop_said = True
+        self.dropped += count
+        self._dropped(count)
 
     async def flush(self, timeout: float) -> None:
         """At stop: write what is pending now, within timeout; what cannot be written is dropped (and said)."""
@@ -123,6 +164,7 @@ class NodeEvents:
         except Exception as error:
             if self.pending():
                 log.warning("Node Events: %d not written before stopping: %s", self.pending(), error)
+                self._drop_pending()
 
     async def _write_due(self) -> float | None:
         """Write every Event due now; seconds until the next is due (None: none pending)."""
@@ -143,37 +185,39 @@ class NodeEvents:
 
         kube = await self.api.kube()
         count = event.count
+        count, message = event.count, event.message
         if event.written and event.name:
+            patch: dict[str, Any] = {"count": count, "lastTimestamp": _stamp(event.last)}
+            if message != event.written_message:
+                patch["message"] = message
             try:
-                await kube.patch_event(
-                    EVENT_NAMESPACE, event.name, {"count": count, "lastTimestamp": _stamp(event.last)}
-                )
-                self._wrote("patch", event, count)
+                await kube.patch_event(EVENT_NAMESPACE, event.name, patch)
+                self._wrote("patch", event, count, message)
                 return
             except KubeNotFound:
                 event.name = ""  # it expired (the API server keeps Events an hour): a new one
         for _ in range(2):
             if not event.name:
-                event.name = f"{self.node}.{time.time_ns():x}"
+                event.name = event_name(self.node, time.time_ns())
             try:
-                await kube.create_event(EVENT_NAMESPACE, self._body(event, count))
-                self._wrote("create", event, count)
+                await kube.create_event(EVENT_NAMESPACE, self._body(event, count, message))
+                self._wrote("create", event, count, message)
                 return
             except KubeAlreadyExists:
                 event.name = ""
 
-    def _wrote(self, verb: str, event: _Pending, count: int) -> None:
-        event.written = count
+    def _wrote(self, verb: str, event: _Pending, count: int, message: str) -> None:
+        event.written, event.written_message = count, message
         self.writes += 1
         self._written(verb)
 
-    def _body(self, event: _Pending, count: int) -> dict[str, Any]:
+    def _body(self, event: _Pending, count: int, message: str) -> dict[str, Any]:
         return {
             "metadata": {"name": event.name},
             "involvedObject": {"apiVersion": "v1", "kind": "Node", "name": self.node, "uid": self.node},
             "type": event.type,
             "reason": event.reason,
-            "message": event.message,
+            "message": message,
             "source": {"component": COMPONENT, "host": self.node},
             "firstTimestamp": _stamp(event.first),
             "lastTimestamp": _stamp(event.last),
@@ -181,6 +225,13 @@ class NodeEvents:
             "reportingComponent": COMPONENT,
             "reportingInstance": self.node,
         }
+
+
+def event_name(node: str, unique: int) -> str:
+    """`<node>.<unique in hex>`, within NAME_LIMIT: a long node name is cut (a node's name may take all 253
+    characters), and the cut ends on a letter or digit, as each part of a DNS subdomain must."""
+    suffix = f".{unique:x}"
+    return node[: NAME_LIMIT - len(suffix)].rstrip("-.") + suffix
 
 
 def _now() -> datetime:

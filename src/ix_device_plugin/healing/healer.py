@@ -289,15 +289,22 @@ class Healer:
             self._off_said = why
 
     def _xid(self, event: XidEvent) -> None:
-        """An XID event on a served chip (from the monitor): a Node Event, unless the policy ignores it."""
+        """An XID event on a served chip (from the monitor): a Node Event, unless the policy ignores it.
+
+        A chip's XIDs are one Event per action (a reset clears them; they need an operator) naming the latest, not
+        one per XID number: a chip reporting thousands of numbers costs as few API writes as a storm of one, while an
+        XID that needs an operator is never hidden behind a storm of those a reset clears."""
         policy, name = self.policy(), xid_name(event.xid)
         if policy.ignores(name):
             return
         chip = self._chip(event.uuid)
         care = self.cares.get(event.uuid) or Care(event.uuid, None if chip is None else chip.minor)
         meaning = _MEANINGS.get(name)
-        what = "needs an operator" if policy.action(name) == OPERATOR else "a reset clears it"
-        self._event(WARNING, "GPUXidError", f"{care.name}: {name}{f' ({meaning})' if meaning else ''}: {what}")
+        action = policy.action(name)
+        what = "needs an operator" if action == OPERATOR else "a reset clears it"
+        if self.events is not None and self.acting():
+            message = f"{care.name}: {name}{f' ({meaning})' if meaning else ''}: {what}"
+            self.events.record(WARNING, "GPUXidError", message, key=f"{event.uuid} {action}")
 
     # ---- resetting ----------------------------------------------------------------------------
 

@@ -19,7 +19,7 @@ _OUT_BUCKETS = (1.0, 5.0, 15.0, 30.0, 60.0, 300.0, 900.0, 3600.0, 14400.0, 86400
 
 
 class HealingMetrics:
-    """Healing resets by result, episodes by outcome, time out of service, chips by phase, Event writes."""
+    """Healing resets by result, episodes by outcome, time out of service, chips by phase, Event writes and drops."""
 
     def __init__(self, registry: Registry, phases: Callable[[], Mapping[str, int]]) -> None:
         r = registry
@@ -40,6 +40,11 @@ class HealingMetrics:
             f"{PREFIX}_node_event_writes", "API writes of Node Events (create, patch of the count), and failures",
             ["verb"], registry=r,
         )  # fmt: skip
+        self.events_dropped = Counter(
+            f"{PREFIX}_node_events_dropped",
+            "Node Event occurrences never written: pushed out of the Events kept, refused, or pending at stop",
+            registry=r,
+        )
         for result in RESET_RESULTS:
             self.resets.labels(result=result)
         for outcome in OUTCOMES:

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ix_device_plugin.core.healing import Rules
+from ix_device_plugin.gpureset.purpose import SELF_HEALING, resetting_for
 from ix_device_plugin.gpureset.sequence import GpuReset
 from ix_device_plugin.hardware.monitor import HardwareMonitor
 from ix_device_plugin.healing.events import NodeEvents
@@ -52,7 +53,7 @@ class NodeHealing:
         self.events: NodeEvents | None = None
         if api is not None:
             timing = {} if flush_interval is None else {"flush_interval": flush_interval}
-            self.events = NodeEvents(api, api.node_name, written=self._written, **timing)
+            self.events = NodeEvents(api, api.node_name, written=self._written, dropped=self._dropped, **timing)
         self.healer = Healer(
             monitor, reset, guard,
             policy=policy, switch=switch, asks_others=api is not None, registry=registry, events=self.events,
@@ -64,12 +65,17 @@ class NodeHealing:
 
     def tasks(self) -> dict[str, Callable[[], Awaitable[None]]]:
         """The tasks to run, by name."""
-        tasks: dict[str, Callable[[], Awaitable[None]]] = {"healing": self.healer.run}
+        tasks: dict[str, Callable[[], Awaitable[None]]] = {"healing": self._heal}
         if self.events is not None:
             tasks["node-events"] = self.events.run
         if self.requests is not None and self._watch_node:
             tasks["gpu-return"] = self.requests.run
         return tasks
+
+    async def _heal(self) -> None:
+        """The healer's task: the resets it asks for are self-healing's."""
+        with resetting_for(SELF_HEALING):
+            await self.healer.run()
 
     async def close(self, timeout: float) -> None:
         """At stop, after the tasks: write the Events still pending, within timeout."""
@@ -78,3 +84,6 @@ class NodeHealing:
 
     def _written(self, verb: str) -> None:
         self.healer.metrics.event_writes.labels(verb=verb).inc()
+
+    def _dropped(self, count: int) -> None:
+        self.healer.metrics.events_dropped.inc(count)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import difflib
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -53,12 +53,14 @@ _YAML_V2_OCTAL = re.compile(r"[-+]?0o[0-7]+")
 class FileConfig:
     """Values set by a config file, by key path; warnings about what was read as Iluvatar's plugin 4.4.0 reads
     it where a stricter reading would refuse it (unknown keys, sharing.mps, an empty file, other letter case, a
-    key given twice); and the keys (with their lines) of settings the reading mode does not use, not parsed."""
+    key given twice); and the keys (with their lines) of settings the reading mode does not use, not parsed.
+    lines: the line of each key in values, for messages about settings that cannot go together."""
 
     path: str
     values: Mapping[str, Any]
     warnings: tuple[str, ...] = ()
     unused: tuple[str, ...] = ()
+    lines: Mapping[str, int] = field(default_factory=dict, compare=False)
 
 
 def load_file(path: str | Path, mode: str | None = None) -> FileConfig:
@@ -115,7 +117,7 @@ def parse_text(
         walker.walk(root, "")
     if walker.errors:
         raise SettingsError(walker.errors)
-    return FileConfig(origin, walker.values, tuple(walker.warnings), tuple(walker.unused))
+    return FileConfig(origin, walker.values, tuple(walker.warnings), tuple(walker.unused), walker.lines)
 
 
 def _shifted(message: str, line_offset: int) -> str:
@@ -222,6 +224,7 @@ class _Walker:
         self.mode = mode
         self.strict = strict
         self.values: dict[str, Any] = {}
+        self.lines: dict[str, int] = {}
         self.errors: list[str] = []
         self.warnings: list[str] = []
         self.unused: list[str] = []
@@ -306,6 +309,7 @@ class _Walker:
         if path in BY_KEY:
             if BY_KEY[path].used_by(self.mode):
                 self.take(BY_KEY[path], value_node)
+                self.lines[path] = self.line(key_node)
             else:
                 self.unused.append(f"{path} (line {self.line(key_node)})")
         elif path in _SECTIONS or path == MPS:

@@ -102,6 +102,13 @@ HEALTH_POLICY: tuple[PolicyRow, ...] = (
 OTHER_XIDS = RESET  # an XID the table does not list (IXML reports an unknown one as 999)
 OTHER_ERRORS = OPERATOR  # a health bit the table does not know (`bit0x..`)
 _DEFAULT_ACTIONS = {row.name: row.action for row in HEALTH_POLICY}
+OTHER_XID_LABEL = "other"
+
+
+def xid_label(xid: int) -> str:
+    """An XID as a metric's label value: its number where the table lists it, else `other`, so that a chip reporting
+    any numbers at all adds at most one series per XID the table knows."""
+    return str(xid) if xid_name(xid) in _DEFAULT_ACTIONS else OTHER_XID_LABEL
 
 
 def is_xid(name: str) -> bool:

@@ -12,7 +12,7 @@ each reading of it (`config_from`). Every problem is one line naming the flag, v
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -103,7 +103,8 @@ def resolve(
     return Resolved(mode, resolved, sources, tuple(unused), tuple(conflicts))
 
 
-Raw = tuple[str, str, str]  # text given, source ("env NAME", "flag --name"), how a message names it
+# Text given, source ("env NAME", "flag --name"), how a message names it, how it is read.
+Raw = tuple[str, str, str, values.Parser]
 
 
 def _pick(
@@ -119,10 +120,10 @@ def _pick(
         given = mine if mine is not None else theirs
         if given is None:
             continue
-        chosen = _parsed(setting, *given)
+        chosen = _parsed(*given)
         if mine is not None and theirs is not None:
             with contextlib.suppress(SettingsError):
-                if (other := _parsed(setting, *theirs))[0] != chosen[0]:
+                if (other := _parsed(*theirs))[0] != chosen[0]:
                     conflicts.append(
                         f"{_given(chosen)} and {_given(other)} (Iluvatar's plugin 4.4.0's name) differ: "
                         f"using {chosen[1].split(' ', 1)[1]}"
@@ -136,20 +137,23 @@ def _candidates(
 ) -> list[tuple[Raw | None, Raw | None]]:
     """(ours, 4.4.0's) for the flag, then for the variable; None where not given.
 
-    4.4.0's variable is read as its command line reads it (urfave/cli's BoolFlag.Apply): set but empty means
-    false, and counts as given (it beats the config file). Ours set but empty is not given.
+    4.4.0's spellings (our `--splitboard` too) are read as its command line reads them: with Go's strconv.ParseBool,
+    exactly; its variable set but empty means false (urfave/cli's BoolFlag.Apply), and counts as given (it beats the
+    config file). Ours set but empty is not given.
     """
-    our_flag = None if flag is None else (flag, f"flag {setting.flag}", f"flag {setting.flag}")
+    ours, theirs = setting.parse, values.go_bool
+    as_flag = theirs if setting.flag_is_upstream else ours
+    our_flag = None if flag is None else (flag, f"flag {setting.flag}", f"flag {setting.flag}", as_flag)
     their_flag = None
     if setting.name in upstream:
         text, spelled = upstream[setting.name]
-        their_flag = (text, f"flag {spelled}", f"flag {spelled}")
+        their_flag = (text, f"flag {spelled}", f"flag {spelled}", theirs)
     raw = env.get(setting.env, "") if setting.env else ""
-    our_env = None if raw == "" else (raw, f"env {setting.env}", f"environment variable {setting.env}")
+    our_env = None if raw == "" else (raw, f"env {setting.env}", f"environment variable {setting.env}", ours)
     name = setting.upstream_env
     their_env = None
     if name is not None and name in env:
-        their_env = (env[name] or "false", f"env {name}", f"environment variable {name}")
+        their_env = (env[name] or "false", f"env {name}", f"environment variable {name}", theirs)
     return [(our_flag, their_flag), (our_env, their_env)]
 
 
@@ -160,9 +164,9 @@ def _given(picked: Picked) -> str:
     return f"{source.split(' ', 1)[1]}={shown}"
 
 
-def _parsed(setting: Setting, raw: str, source: str, named: str) -> tuple[Any, str]:
+def _parsed(raw: str, source: str, named: str, parse: values.Parser) -> tuple[Any, str]:
     try:
-        return setting.parse(raw, True), source
+        return parse(raw, True), source
     except ValueError as error:
         raise SettingsError([f"{named}: {error}, got {raw!r}"]) from None
 
@@ -188,19 +192,19 @@ def config_from(
                 value, source = file.values[setting.key], f"file {file.path}"
             value, source = given.get(setting.name, (value, source))
         resolved[setting.name], sources[setting.name] = value, source
-    problems = _conflicts(resolved, sources)
+    problems = _conflicts(resolved, sources, file)
     if problems:
         raise SettingsError(problems)
     return Config(**resolved, ignored_health_errors=ignored_health_errors, sources=sources)
 
 
-def _conflicts(chosen: Mapping[str, Any], sources: Mapping[str, str]) -> list[str]:
+def _conflicts(chosen: Mapping[str, Any], sources: Mapping[str, str], file: FileConfig | None) -> list[str]:
     """Settings that are each valid but cannot go together, naming both and where they came from."""
 
     def named(name: str) -> str:
         return f"{BY_NAME[name].key} ({sources[name]})"
 
-    problems = _health_conflicts(chosen, named)
+    problems = _health_conflicts(chosen, sources, file)
     if chosen["reset_gpu"] and chosen["replicas"] > 0:
         why = (
             "a shared GPU cannot be reset under the containers that share it"
@@ -222,18 +226,38 @@ def _conflicts(chosen: Mapping[str, Any], sources: Mapping[str, str]) -> list[st
     return problems
 
 
-def _health_conflicts(chosen: Mapping[str, Any], named: Callable[[str], str]) -> list[str]:
-    """An XID or health error listed for two actions (health.reset, health.operator, health.ignore)."""
+def _health_conflicts(chosen: Mapping[str, Any], sources: Mapping[str, str], file: FileConfig | None) -> list[str]:
+    """An XID or health error listed for two actions (health.reset, health.operator, health.ignore). Where a list is
+    the file's, it is said as the file's other errors are (`<file>: line <n>: <key>: ...`; the later list where both
+    are), naming the other list and its line, or its flag or variable."""
+
+    def line(name: str) -> int | None:
+        key = BY_NAME[name].key
+        if file is None or key is None or sources[name] != f"file {file.path}":
+            return None
+        return file.lines.get(key)
+
     lists = ("health_reset", "health_operator", "health_ignore")
+    why = "each XID or health error takes one action"
     problems = []
     for index, first in enumerate(lists):
         for second in lists[index + 1 :]:
             both = [name for name in chosen[first] if name in chosen[second]]
-            if both:
+            if not both:
+                continue
+            listed = ", ".join(both)
+            said, other = (second, first) if line(second) is not None else (first, second)
+            if file is None or (at := line(said)) is None:  # flags and variables only
                 problems.append(
-                    f"{named(first)} and {named(second)} both list {', '.join(both)}: each XID or health error "
-                    "takes one action"
+                    f"{BY_NAME[first].key} ({sources[first]}) and {BY_NAME[second].key} ({sources[second]}) both "
+                    f"list {listed}: {why}"
                 )
+                continue
+            elsewhere = sources[other] if (other_at := line(other)) is None else f"line {other_at}"
+            problems.append(
+                f"{file.path}: line {at}: {BY_NAME[said].key}: {listed} {'is' if len(both) == 1 else 'are'} in "
+                f"{BY_NAME[other].key} too ({elsewhere}): {why}"
+            )
     return problems
 
 

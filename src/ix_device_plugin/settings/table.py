@@ -55,6 +55,12 @@ class Setting:
         """True for a true/false setting (its flag may be given without a value)."""
         return self.parse is v.parse_bool
 
+    @property
+    def flag_is_upstream(self) -> bool:
+        """True where our flag is one of 4.4.0's spellings too (`--splitboard`: Go's flag package takes `-splitboard`
+        and `--splitboard` alike), so that it is read as 4.4.0 reads it."""
+        return self.flag is not None and self.flag in {f"--{name.lstrip('-')}" for name in self.upstream_flags}
+
     def used_by(self, mode: str | None) -> bool:
         """True when mode takes this setting (None: any mode, as `check-config` reads a file)."""
         return mode is None or mode in self.modes

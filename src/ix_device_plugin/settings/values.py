@@ -17,6 +17,8 @@ MAX_REPLICAS = 1024
 # Go's strconv.ParseBool (Iluvatar's plugin reads its flags and variables with it) takes t and f too.
 _TRUE = frozenset({"true", "yes", "on", "1", "t"})
 _FALSE = frozenset({"false", "no", "off", "0", "f"})
+GO_TRUE = ("1", "t", "T", "TRUE", "true", "True")  # strconv.ParseBool's, exactly
+GO_FALSE = ("0", "f", "F", "FALSE", "false", "False")
 _RESOURCE_NAME = re.compile(
     r"^(?=.{1,253}/)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*"
     r"/[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$"
@@ -30,6 +32,16 @@ def parse_bool(value: Any, from_text: bool = True) -> bool:
     if from_text and isinstance(value, str) and value.strip().lower() in _TRUE | _FALSE:
         return value.strip().lower() in _TRUE
     raise ValueError("expected true or false")
+
+
+def go_bool(value: Any, from_text: bool = True) -> bool:
+    """A boolean as Go's strconv.ParseBool reads it, for the spellings of Iluvatar's plugin 4.4.0: exactly GO_TRUE or
+    GO_FALSE (no other letter case, no spaces, no yes/no)."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value in GO_TRUE + GO_FALSE:
+        return value in GO_TRUE
+    raise ValueError(f"expected true or false as Go's strconv.ParseBool reads them ({' '.join(GO_TRUE + GO_FALSE)})")
 
 
 def text(value: Any, from_text: bool = True) -> str:

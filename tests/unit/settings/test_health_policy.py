@@ -23,6 +23,8 @@ from ix_device_plugin.settings.health import (
     OPERATOR,
     RESET,
     HealthPolicy,
+    is_xid,
+    xid_label,
     xid_name,
 )
 from ix_device_plugin.settings.resolve import config_from, resolve
@@ -111,9 +113,30 @@ def test_a_misspelt_key_of_the_section_is_named_with_the_right_one() -> None:
 def test_one_entry_in_two_lists_names_both_and_their_sources() -> None:
     file = parse_text("health:\n  reset: [48, 79]\n", ORIGIN)
     given = resolve(RUN, {}, {"IX_HEALTH_OPERATOR": "xid79"}).given
-    with pytest.raises(SettingsError, match=rf"health.reset \(file {ORIGIN}\) and health.operator \(env "
-                       r"IX_HEALTH_OPERATOR\) both list XID 79"):  # fmt: skip
+    with pytest.raises(SettingsError) as caught:
         config_from(file, given)
+    assert caught.value.messages == [
+        f"{ORIGIN}: line 2: health.reset: XID 79 is in health.operator too (env IX_HEALTH_OPERATOR): each XID or "
+        "health error takes one action"
+    ]
+    given = resolve(RUN, {}, {"IX_HEALTH_OPERATOR": "xid79", "IX_HEALTH_IGNORE": "79"}).given
+    with pytest.raises(SettingsError, match=r"health.operator \(env IX_HEALTH_OPERATOR\) and health.ignore \(env "
+                       r"IX_HEALTH_IGNORE\) both list XID 79"):  # fmt: skip
+        config_from(None, given)
+
+
+def test_one_entry_in_two_lists_of_the_file_names_the_file_the_line_and_the_key() -> None:
+    text = "version: v1\nhealth:\n  reset:\n    - 79\n    - ECC\n  operator: [64]\n  ignore: [13, ecc, xid79]\n"
+    with pytest.raises(SettingsError) as caught:
+        config_from(parse_text(text, ORIGIN), {})
+    assert caught.value.messages == [
+        f"{ORIGIN}: line 7: health.ignore: XID 79, ECC are in health.reset too (line 3): each XID or health error "
+        "takes one action"
+    ]
+    manifest = ORIGIN + ": data.ix-config"  # a ConfigMap's key: lines counted in the manifest
+    with pytest.raises(SettingsError, match=rf"^{manifest}: line 12: health.operator: XID 48 is in health.reset too "
+                       r"\(line 11\)"):  # fmt: skip
+        config_from(parse_text("health:\n  reset: [48]\n  operator: [48]\n", manifest, line_offset=9), {})
 
 
 def test_both_front_ends_take_the_section() -> None:
@@ -131,4 +154,11 @@ def test_check_config_names_a_bad_health_entry(tmp_path: Path) -> None:
         [sys.executable, "-m", "ix_device_plugin", "check-config", str(config)], capture_output=True, text=True
     )
     assert result.returncode == 1
-    assert "health.reset" in result.stderr and "both list XID 48" in result.stderr
+    assert f"{config}: line 3: health.operator: XID 48 is in health.reset too (line 2)" in result.stderr
+
+
+def test_an_xid_metric_label_is_one_of_the_tables_xids_or_other() -> None:
+    listed = {row.name.removeprefix("XID ") for row in HEALTH_POLICY if is_xid(row.name)}
+    labels = {xid_label(xid) for xid in range(0, 100_000)} | {xid_label(2**32 - 1)}
+    assert labels == listed | {"other"} and len(labels) == 19
+    assert (xid_label(48), xid_label(79), xid_label(999)) == ("48", "79", "other")

@@ -31,6 +31,20 @@ PARSE_BOOL = {
     **dict.fromkeys(["1", "t", "T", "TRUE", "true", "True"], True),
     **dict.fromkeys(["0", "f", "F", "FALSE", "false", "False"], False),
 }
+GO_EXPECTED = (
+    "expected true or false as Go's strconv.ParseBool reads them (1 t T TRUE true True 0 f F FALSE false False)"
+)
+# What our own spellings take and strconv.ParseBool refuses (Iluvatar's plugin 4.4.0 stops at start with each).
+NOT_GO = ["yes", "no", "on", "off", "Yes", "tRue", "fALSE", " true", "true ", "1 ", "y", "n", "+1", "01", "truth"]
+UPSTREAM_FLAGS = {
+    "--splitboard": "splitboard",
+    "-splitboard": "splitboard",
+    "--usevolcano": "use_volcano",
+    "-usevolcano": "use_volcano",
+    "--reset_gpu": "reset_gpu",
+    "-reset_gpu": "reset_gpu",
+}
+OURS = {"--use-volcano": "IX_USE_VOLCANO", "--reset-gpu": "IX_RESET_GPU"}
 
 
 def from_command_line(argv: list[str], env: dict[str, str] | None = None) -> Resolved:
@@ -58,6 +72,38 @@ def test_each_variable_with_every_value_go_parses(variable: str, text: str, valu
     name = VARIABLES[variable]
     assert (settings[name], settings.sources[name]) == (value, f"env {variable}")
     assert settings.given[name] == (value, f"env {variable}")  # so it beats the file
+
+
+@pytest.mark.parametrize("variable", sorted(VARIABLES))
+@pytest.mark.parametrize("text", NOT_GO)
+def test_a_variable_of_iluvatars_plugin_takes_only_what_go_parses(variable: str, text: str) -> None:
+    with pytest.raises(SettingsError) as caught:
+        resolve(RUN, {}, {variable: text})
+    assert caught.value.messages == [f"environment variable {variable}: {GO_EXPECTED}, got {text!r}"]
+
+
+@pytest.mark.parametrize("flag", sorted(UPSTREAM_FLAGS))
+@pytest.mark.parametrize("text", NOT_GO)
+def test_a_flag_of_iluvatars_plugin_takes_only_what_go_parses(flag: str, text: str) -> None:
+    with pytest.raises(SettingsError) as caught:
+        from_command_line([f"{flag}={text}"])
+    assert caught.value.messages == [f"flag {flag}: {GO_EXPECTED}, got {text!r}"]
+
+
+@pytest.mark.parametrize("flag", sorted(UPSTREAM_FLAGS))
+@pytest.mark.parametrize(("text", "value"), sorted(PARSE_BOOL.items()))
+def test_each_flag_of_iluvatars_plugin_with_every_value_go_parses(flag: str, text: str, value: bool) -> None:
+    settings = from_command_line([f"{flag}={text}"])
+    assert (settings[UPSTREAM_FLAGS[flag]], settings.sources[UPSTREAM_FLAGS[flag]]) == (value, f"flag {flag}")
+
+
+@pytest.mark.parametrize("flag", sorted(OURS))
+def test_our_own_spellings_also_take_yes_no_on_off(flag: str) -> None:
+    name = flag.removeprefix("--").replace("-", "_")
+    for text, value in {"yes": True, "on": True, " true": True, "TRUE": True, "no": False, "off": False}.items():
+        assert from_command_line([f"{flag}={text}"])[name] is value
+        assert resolve(RUN, {}, {OURS[flag]: text})[name] is value
+    assert resolve(RUN, {}, {"IX_SPLITBOARD": "yes"})["splitboard"] is True
 
 
 @pytest.mark.parametrize("variable", sorted(VARIABLES))
@@ -117,9 +163,9 @@ def test_of_one_kind_ours_wins_and_a_difference_is_noted_once() -> None:
 @pytest.mark.parametrize(
     ("env", "argv", "message"),
     [
-        ({"SPLIT_BOARD": "si"}, [], "environment variable SPLIT_BOARD: expected true or false, got 'si'"),
-        ({}, ["--usevolcano=maybe"], "flag --usevolcano: expected true or false, got 'maybe'"),
-        ({}, ["-reset_gpu="], "flag -reset_gpu: expected true or false, got ''"),
+        ({"SPLIT_BOARD": "si"}, [], f"environment variable SPLIT_BOARD: {GO_EXPECTED}, got 'si'"),
+        ({}, ["--usevolcano=maybe"], f"flag --usevolcano: {GO_EXPECTED}, got 'maybe'"),
+        ({}, ["-reset_gpu="], f"flag -reset_gpu: {GO_EXPECTED}, got ''"),
     ],
 )
 def test_a_value_go_cannot_parse_is_refused_naming_where_it_came_from(

@@ -21,6 +21,7 @@ from ix_device_plugin.deviceplugin.features.volcano import PASS_PERIOD, VolcanoM
 from ix_device_plugin.deviceplugin.metrics import Metrics
 from ix_device_plugin.deviceplugin.state import Current, first_set
 from ix_device_plugin.gpureset.handshake import open_handshake
+from ix_device_plugin.gpureset.purpose import RESET_GPU, reset_feature, resetting_for
 from ix_device_plugin.gpureset.sequence import GpuReset, GpuResetError, ResetHandshake, ResetSettings
 from ix_device_plugin.hardware.worker import Hardware
 from ix_device_plugin.runtime.logs import OncePerError
@@ -57,7 +58,7 @@ class ApiFeatures:
         self.gpu_reset = GpuReset(hardware, self._reset_handshake, rediscover, metrics, ResetSettings.of(options))
         self._volcano: VolcanoMode | None = None
         self._volcano_soon = asyncio.Event()
-        self._no_handshake_said = False
+        self._no_handshake_said: set[str] = set()  # the features said to reset without the handshake
 
     @property
     def _config(self) -> Config:
@@ -90,7 +91,8 @@ class ApiFeatures:
             current = self._current.plan
             chips = {chip.uuid for req in request.container_requests for chip in _chips(current, req.devices_ids)}
             try:
-                await self.gpu_reset.reset(sorted(chips))
+                with resetting_for(RESET_GPU):
+                    await self.gpu_reset.reset(sorted(chips))
             except GpuResetError as error:
                 raise AllocationError(f"GPU reset before Allocate: {error}", unavailable=True) from None
         return request
@@ -117,12 +119,14 @@ class ApiFeatures:
     async def _reset_handshake(self) -> ResetHandshake | None:
         """The handshake with other IXML users, when the API server is configured; None without one."""
         if self._api is None:
-            if not self._no_handshake_said:
+            feature = reset_feature()
+            if feature not in self._no_handshake_said:
                 log.warning(
-                    "flags.reset_gpu without API access (NODE_NAME and a service account or kubeconfig): "
-                    "other IXML users such as ix-exporter are not asked to let go before a reset"
+                    "%s resets GPUs without API access (NODE_NAME and a service account or kubeconfig): "
+                    "other IXML users such as ix-exporter are not asked to let go before a reset",
+                    feature,
                 )
-                self._no_handshake_said = True
+                self._no_handshake_said.add(feature)
             return None
         return await open_handshake(self._api, self._api.node_name)
 

@@ -8,7 +8,8 @@ It answers the paths and semantics the plugin's features use, as kube-apiserver 
   PUT (409 Conflict when `metadata.resourceVersion` is stale), PATCH (merge patch and strategic merge
   patch; lists are replaced whole, which is what strategic merge does for the fields used here), DELETE;
   `dryRun=All` on POST and PUT (the object as it would be stored, nothing stored);
-- 422 Invalid with `details.causes` naming the fields, as kube-apiserver's validation answers;
+- 422 Invalid with `details.causes` naming the fields, as kube-apiserver's validation answers (an object's name
+  that is not a DNS subdomain of at most 253 characters, on create and replace);
 - the garbage collector, modelled simply (store.py): an object whose owners are all gone (no object of the
   owner reference's kind, name and UID) is deleted shortly after the change that made it so;
 - `?watch=true` on a collection (or on `/api/v1/nodes/{name}`): chunked JSON lines

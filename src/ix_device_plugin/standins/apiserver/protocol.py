@@ -95,6 +95,25 @@ def status_object(code: int, reason: str, message: str, details: Mapping[str, An
     return status
 
 
+DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+DNS_SUBDOMAIN_LIMIT = 253
+
+
+def name_problems(name: str) -> list[tuple[str, str, str]]:
+    """What kube-apiserver's validation says of an object's name that is not a DNS subdomain (apimachinery's
+    IsDNS1123Subdomain, as for the kinds served here), as invalid()'s causes; none for a valid name."""
+    problems = []
+    if len(name) > DNS_SUBDOMAIN_LIMIT:
+        problems.append(f"must be no more than {DNS_SUBDOMAIN_LIMIT} characters")
+    if not DNS_SUBDOMAIN.fullmatch(name):
+        problems.append(
+            "a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', and must "
+            "start and end with an alphanumeric character (e.g. 'example.com', regex used for validation is "
+            f"'{DNS_SUBDOMAIN.pattern}')"
+        )
+    return [("metadata.name", "FieldValueInvalid", f'Invalid value: "{name}": {problem}') for problem in problems]
+
+
 def invalid(kind: Kind, name: str, causes: list[tuple[str, str, str]]) -> StatusError:
     """The 422 kube-apiserver answers for an object its validation refuses; causes are (field, reason, message),
     the message saying each as `<field>: <message>`."""

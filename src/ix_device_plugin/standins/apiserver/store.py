@@ -27,6 +27,7 @@ from ix_device_plugin.standins.apiserver.protocol import (
     StatusError,
     invalid,
     merge_patch,
+    name_problems,
     not_found,
     now,
     object_body,
@@ -322,8 +323,11 @@ class Store:
         return copy.deepcopy(obj)
 
     def _validate(self, kind: Kind, obj: Object) -> None:
-        """422 for a write refused by a pending refusal, or (counters_refused) a slice holding counters."""
+        """422 for a name that is not a DNS subdomain, a write refused by a pending refusal, or (counters_refused) a
+        slice holding counters."""
         name = str(obj["metadata"].get("name", ""))
+        if problems := name_problems(name):
+            raise invalid(kind, name, problems)
         for refusal in self.refusals:
             if refusal.plural == kind.plural and refusal.times > 0:
                 refusal.times -= 1
