@@ -249,3 +249,33 @@ async def test_a_chip_whose_holders_cannot_be_known_is_not_reset_and_the_event_s
     [waiting] = node_events(apiserver, "GPUHealingWaiting")
     assert "waits to be reset: no one can tell whether a container holds it: " in waiting["message"]
     assert "pod-resources socket is turned off" in waiting["message"]
+
+
+async def test_a_stop_with_a_slow_api_server_says_why_the_handshake_is_left_and_the_next_start_ends_it(
+    kubelet: KubeletStandIn,
+    start_daemon: DaemonFactory,
+    apiserver: ApiServerStandIn,
+    pod_resources: PodResourcesStandIn,
+    libs: dict[str, Path],
+    conf: Path,
+    short_dir: Path,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    write_document(apiserver, ResetInfo(NODE, occupy={EXPORTER: True}))  # ix-exporter never lets go
+    ixsmi = Ixsmi(short_dir)
+    daemon = await start_healing(
+        start_daemon, apiserver, pod_resources, libs, short_dir, ixsmi, reset_wait_timeout=30.0
+    )
+    view = await kubelet.wait_registered(RESOURCE, capacity=2)
+    inject_xid(conf, 1, 48)
+    await kubelet.wait_for(lambda: view.devices["GPU-x1"] == UNHEALTHY, timeout=3)
+    await until(lambda: (reset_document(apiserver) or ResetInfo(NODE)).reset, timeout=5)
+    apiserver.delay = 5.0  # the API server stops answering in time
+    await daemon.shutdown()
+    assert "could not end the GPU reset in ConfigMap" in caplog.text
+    assert "the API server did not answer within" in caplog.text and "the next start ends it" in caplog.text
+    apiserver.delay = 0.0
+    assert (reset_document(apiserver) or ResetInfo(NODE)).reset  # left behind
+    await start_daemon(**_same_settings(daemon, pod_resources, libs, ixsmi))
+    await until(lambda: not (reset_document(apiserver) or ResetInfo(NODE, True)).reset, timeout=5)
+    assert ixsmi.runs() == []

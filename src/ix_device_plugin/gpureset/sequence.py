@@ -316,7 +316,14 @@ class GpuReset:
                 await handshake.announce(timeout)
             log.info("GPU reset cut short by the stop; %s says reset: false again", handshake.where)
         except Exception as error:
-            log.error("could not end the GPU reset in %s before stopping: %s", handshake.where, error)
+            why = str(error) or (
+                f"the API server did not answer within {timeout:g}s"
+                if isinstance(error, TimeoutError)
+                else type(error).__name__
+            )
+            log.error(
+                "could not end the GPU reset in %s before stopping: %s; the next start ends it", handshake.where, why
+            )
 
 
 @contextlib.asynccontextmanager
