@@ -41,6 +41,14 @@ def health_errors_from_mask(mask: int) -> frozenset[str]:
     return frozenset(names)
 
 
+DEVICE_NODE_PROBLEM = "device node "  # how a missing /dev node is named among a chip's problems
+
+
+def device_node_missing(node: str) -> str:
+    """The problem of a chip whose device node is missing."""
+    return f"{DEVICE_NODE_PROBLEM}{node} missing"
+
+
 @dataclass(frozen=True)
 class ChipStatus:
     """How one chip is doing: IXML health errors plus any other reason it is unusable.
@@ -72,6 +80,13 @@ class ChipStatus:
         if not reasons and self.held_out:  # only where nothing else keeps it out: a hold changes no taint's value
             reasons.append(self.held_out)
         return tuple(reasons)
+
+    def absence(self) -> str | None:
+        """Why no container can be given the chip now (it is gone from enumeration, or its device node is missing),
+        or None; a health error or an XID is no such reason."""
+        if not self.present:
+            return NOT_PRESENT
+        return next((problem for problem in self.problems if problem.startswith(DEVICE_NODE_PROBLEM)), None)
 
     def with_xids(self, xids: frozenset[int]) -> ChipStatus:
         """This status with these XIDs added."""

@@ -149,11 +149,13 @@ def slots_in_use(claims: Mapping[str, PreparedClaim]) -> dict[str, set[int]]:
 
 
 def prepare(ref: ClaimRef, claim: Any, node: NodeView, others: Mapping[str, PreparedClaim]) -> PreparedClaim:
-    """The prepared claim for claim; ClaimError for a device unknown, unhealthy, held by another claim in a way
-    that excludes this one, or configured in a way the device does not allow.
+    """The prepared claim for claim; ClaimError for a device unknown, gone (a chip not enumerated, its device node
+    missing), held by another claim in a way that excludes this one, or configured in a way the device does not
+    allow. An unhealthy (tainted) device is prepared: the scheduler allocated it, so the request tolerates its
+    taint, or it broke after the allocation (its health reaches the pod's status).
 
     others: the claims prepared now, this one aside. A device allocated with adminAccess is prepared whoever
-    holds it, and even when it is unhealthy (a monitoring pod looks at it).
+    holds it.
     """
     results, configs = allocated(claim, ref, node.pool)
     groups: dict[tuple[str, str], list[Result]] = {}
@@ -173,6 +175,7 @@ def prepare(ref: ClaimRef, claim: Any, node: NodeView, others: Mapping[str, Prep
         config = config_for(requests, configs)
         admin = all(result.admin for result in group)
         shares = group[0].shares
+        _check_present(ref, device)
         if not admin:
             _check(ref, device, share_id, shares, asked[name], config, held)
         taken = sorted(slots.setdefault(name, set()))
@@ -197,6 +200,19 @@ def prepare(ref: ClaimRef, claim: Any, node: NodeView, others: Mapping[str, Prep
     return PreparedClaim(ref, tuple(entry for entry, _ in prepared), spec)
 
 
+def _check_present(ref: ClaimRef, device: SliceDevice) -> None:
+    """ClaimError when a chip of the device cannot be handed to a container now (gone from enumeration, its device
+    node missing): the runtime could not create the container. A health error or an XID is no reason: the scheduler
+    allocates a tainted device only to a request that tolerates the taint, and that is the user's decision."""
+    for chip in device.chips:
+        why = chip.status.absence()
+        if why is not None:
+            raise ClaimError(
+                f"claim {ref}: device {device.name} ({chip.uuid}) cannot be given to a container now: {why}; "
+                "the kubelet tries again"
+            )
+
+
 def _check(
     ref: ClaimRef,
     device: SliceDevice,
@@ -208,8 +224,6 @@ def _check(
 ) -> None:
     """ClaimError when device cannot be prepared for this claim as allocated and configured."""
     name = device.name
-    if not device.healthy:
-        raise ClaimError(f"claim {ref}: device {name} ({device.uuid}) is unhealthy: {', '.join(device.reasons)}")
     if share_id and device.shares < 2:
         raise ClaimError(
             f"claim {ref}: device {name} was allocated as a share, but it is not shared on this node now "

@@ -38,6 +38,13 @@ class ClaimRef:
         return f"{self.namespace}/{self.name} (uid {self.uid})"
 
 
+def base_request(name: str) -> str:
+    """The request a result's request names: `gpu` for `gpu` and for its subrequest `gpu/large` (a prioritized
+    list's choice). Containers reference requests only, and the kubelet matches the names the driver answers
+    exactly, so the answer names the request (upstream's kubelet-plugin helper strips subrequests the same way)."""
+    return name.split("/", 1)[0]
+
+
 def valid_uid(uid: str) -> bool:
     """True for a UID that may name a file (letters, digits and inner dashes: no `/`, no `..`)."""
     return _UID.match(uid) is not None
@@ -75,6 +82,11 @@ class PreparedDevice:
     chips: tuple[str, ...] = ()
     kind: str = CHIP
     config: GpuConfig = field(default_factory=GpuConfig)
+
+    @property
+    def request_refs(self) -> tuple[str, ...]:
+        """The requests the device answers for, as containers reference them: subrequest names stripped."""
+        return tuple(dict.fromkeys(base_request(name) for name in self.requests))
 
     @property
     def chip_uuids(self) -> tuple[str, ...]:

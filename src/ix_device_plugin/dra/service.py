@@ -34,7 +34,7 @@ class DraService:
                 continue
             for device in outcome.devices:
                 entry = self.pb2.Device(
-                    request_names=list(device.requests),
+                    request_names=list(device.request_refs),
                     pool_name=device.pool,
                     device_name=device.device,
                     cdi_device_ids=list(device.cdi_ids),

@@ -420,14 +420,16 @@ class DraState:
         return None if holder is None else f"claim {holder.ref}"
 
     def _check_not_reserved(self, prepared: PreparedClaim) -> None:
-        """Read under the claims' lock: a chip reserved for a reset (by any pod of the agent) gets no claim."""
+        """Read under the claims' lock: a chip reserved for a reset (by any pod of the agent) gets no claim, admin
+        access included (the reset would pull the chip from under its container)."""
         reserved = self.reserved()
-        busy = sorted(uuid for uuid in prepared.uuids if uuid in reserved)
-        if busy:
-            raise ClaimError(
-                f"claim {prepared.ref}: {', '.join(busy)} is {reserved[busy[0]]} (self-healing clears an error on "
-                "it); the kubelet tries again"
-            )
+        for device in prepared.devices:
+            busy = [uuid for uuid in device.chip_uuids if uuid in reserved]
+            if busy:
+                raise ClaimError(
+                    f"claim {prepared.ref}: device {device.device} ({', '.join(busy)}) is {reserved[busy[0]]} "
+                    "(self-healing clears an error on it); the kubelet tries again"
+                )
 
     # ---- files ------------------------------------------------------------------------------------
 

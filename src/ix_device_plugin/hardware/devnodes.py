@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
-from ix_device_plugin.core.inventory import Chip, ChipStatus, Inventory
+from ix_device_plugin.core.inventory import Chip, ChipStatus, Inventory, device_node_missing
 
 # The control node every container with a GPU also gets, where the host has it.
 CONTROL_NODE = "/dev/itrctl"
@@ -24,7 +24,7 @@ def device_node_problem(chip: Chip, dev_root: str | Path) -> str | None:
     node = chip.device_node
     if node is None or _host_path(dev_root, node).exists():
         return None
-    return f"device node {node} missing"
+    return device_node_missing(node)
 
 
 def check_device_nodes(inventory: Inventory, dev_root: str | Path) -> Inventory:
