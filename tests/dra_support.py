@@ -147,11 +147,13 @@ class DraNode:
         shares: int | None = None,
         config: Sequence[dict[str, Any]] = (),
         pod: tuple[str, str] | None = None,
+        reserved_for: Sequence[tuple[str, str]] = (),
     ) -> tuple[str, str, str]:
         """Store an allocated ResourceClaim, as the scheduler leaves it; (namespace, name, uid).
 
         shares: each device allocated as a share taking this many of its shares; config: the allocation's
-        config entries (see gpu_config); pod: (name, UID) of the pod it was made for from a template.
+        config entries (see gpu_config); pod: (name, UID) of the pod it was made for from a template (and
+        reserved for); reserved_for: (name, UID) of the pods a claim made on its own is reserved for.
         """
         uid = str(uuid.uuid4())
         metadata: dict[str, Any] = {"name": name, "namespace": namespace, "uid": uid}
@@ -171,7 +173,13 @@ class DraNode:
                 "kind": "ResourceClaim",
                 "metadata": metadata,
                 "spec": {"devices": {"requests": [{"name": request, "exactly": {"deviceClassName": DRIVER}}]}},
-                "status": {"allocation": {"devices": {"results": results, "config": list(config)}}},
+                "status": {
+                    "allocation": {"devices": {"results": results, "config": list(config)}},
+                    "reservedFor": [
+                        {"resource": "pods", "name": pod_name, "uid": pod_uid}
+                        for pod_name, pod_uid in ([pod] if pod is not None else list(reserved_for))
+                    ],
+                },
             },
         )
         return namespace, name, uid

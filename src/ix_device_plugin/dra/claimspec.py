@@ -3,17 +3,15 @@
 Pure. The spec is transient and the claim's own (kind `gpu.iluvatar.com/claim`, file
 `gpu.iluvatar.com-claim_<claim UID>.yaml`): a CDI device per allocated device and share
 (`<claim UID>-<device>`, `<claim UID>-<device>-<share ID>`) with the device nodes of its chips (a board: all of
-them), and spec-wide edits every container of the claim gets: `/dev/itrctl`, and the variables the device plugin
-sets, `IX_VISIBLE_DEVICES` (the chips' UUIDs) and `IX_REPLICA_DEVICES` (each device as the plugin names a
-replica: `<uuid>::<slot>` for a share, the UUID when held whole), with their legacy `ILUVATAR_COREX_*` twins.
-Its own kind keeps it apart from the device plugin's node-wide `iluvatar.com/gpu` spec, so both modes can share
-a node while it moves from one to the other.
+them), and spec-wide `/dev/itrctl`. The GPU variables the device plugin sets, `IX_VISIBLE_DEVICES` (chip UUIDs) and
+`IX_REPLICA_DEVICES` (each device as the plugin names a replica: `<uuid>::<slot>` for a share, the UUID when held
+whole), with their legacy `ILUVATAR_COREX_*` twins, are set where `containers.py` says (`ClaimEnv`): in the
+spec's own edits, in a device's, or nowhere, so that each container is told what it holds. Until then (and for a
+claim no known container uses) the spec's own edits name the claim's chips.
 
-A container with several claims gets every claim's spec, and the CDI library replaces a variable already set
-(the last device applied wins, in whatever order the runtime lists them). So where the driver knows the
-container's whole holding (`containers.py`), each device of the claim sets the variables again in its own edits,
-to that whole holding: a spec's own edits always come before its first device's, so the last value written is a
-device's, and every device says the same (docs/dra.md, "Several claims in one container").
+One more CDI device, `<claim UID>-record`, which no container is given, sets the claim's own chips: the record a
+claim is read back from when the checkpoint is lost. Its own kind keeps the spec apart from the device plugin's
+node-wide `iluvatar.com/gpu` spec, so both modes can share a node while it moves from one to the other.
 """
 
 from __future__ import annotations
@@ -47,6 +45,7 @@ _NODE = re.compile(rf"^{re.escape(DEVICE_NODE_PREFIX)}(\d{{1,{_MAX_DIGITS}}})$")
 
 
 _SPEC_FILE_PREFIX = f"{CLAIM_CDI_VENDOR}-{CLAIM_CDI_CLASS}_"
+RECORD_DEVICE = "record"  # <claim UID>-record: the claim's own chips, for the driver alone
 
 
 def cdi_spec_file(uid: str) -> str:
@@ -75,19 +74,27 @@ def cdi_id(uid: str, device: str, share_id: str = "") -> str:
 def claim_spec(
     uid: str, devices: Sequence[tuple[PreparedDevice, SliceDevice]], control_nodes: tuple[str, ...], dev_root: Path
 ) -> dict[str, Any]:
-    """The claim's CDI spec document: a device per allocated device and share, plus the claim's env."""
+    """The claim's CDI spec document: a device per allocated device and share, the claim's chips named in its own
+    edits (until containers.py says otherwise), and the record device."""
     entries = []
     for prepared, device in devices:
         nodes = [device_node(chip.device_node, dev_root) for chip in device.chips if chip.device_node is not None]
         name = cdi_device_name(uid, prepared.device, prepared.share_id)
         entries.append({"name": name, "containerEdits": {"deviceNodes": nodes}})
+    own = Holding.of(prepared for prepared, _ in devices)
+    entries.append({"name": record_device_name(uid), "containerEdits": {"env": own.env()}})
     edits: dict[str, Any] = {}
     if control_nodes:
         edits["deviceNodes"] = [device_node(node, dev_root) for node in control_nodes]
-    edits["env"] = Holding.of(prepared for prepared, _ in devices).env()
+    edits["env"] = own.env()
     spec: dict[str, Any] = {"cdiVersion": "", "kind": CLAIM_CDI_KIND, "devices": entries, "containerEdits": edits}
     spec["cdiVersion"] = minimum_version(spec)
     return spec
+
+
+def record_device_name(uid: str) -> str:
+    """The claim's record device: no container is given it; it names the claim's chips."""
+    return f"{uid}-{RECORD_DEVICE}"
 
 
 @dataclass(frozen=True)
@@ -105,6 +112,11 @@ class Holding:
         replicas = dict.fromkeys(replica for device in listed for replica in device.replica_ids)
         return cls(tuple(visible), tuple(replicas))
 
+    @property
+    def key(self) -> tuple[frozenset[str], frozenset[str]]:
+        """What the holding is, whatever the order: two containers told the same chips in another order agree."""
+        return frozenset(self.visible), frozenset(self.replicas)
+
     def env(self) -> list[str]:
         """The variables the device plugin sets, with their legacy twins."""
         visible, replicas = ",".join(self.visible), ",".join(self.replicas)
@@ -115,19 +127,63 @@ class Holding:
             f"{LEGACY_REPLICA_DEVICES_ENV}={replicas}",
         ]
 
+    def __str__(self) -> str:
+        return ",".join(self.visible) or "no chip"
 
-def with_container_holdings(spec: Mapping[str, Any], holdings: Mapping[str, Holding]) -> dict[str, Any]:
-    """spec with each device named in holdings (by CDI device name) setting the variables to its containers'
-    whole holding in its own edits; the other devices set none of their own."""
+
+@dataclass(frozen=True)
+class ClaimEnv:
+    """Where a claim's spec sets the GPU variables: its own edits, and each CDI device's (by name; None: nothing)."""
+
+    spec: Holding | None
+    devices: Mapping[str, Holding | None]
+
+
+def claim_env(spec: Mapping[str, Any]) -> ClaimEnv:
+    """What a claim's CDI spec sets now (the record device aside)."""
+    edits = spec.get("containerEdits")
+    devices = {}
+    for entry in spec.get("devices") or []:
+        name = entry.get("name") if isinstance(entry, dict) else None
+        if isinstance(name, str) and not name.endswith(f"-{RECORD_DEVICE}"):
+            devices[name] = _holding(entry.get("containerEdits"))
+    return ClaimEnv(_holding(edits), devices)
+
+
+def _holding(edits: Any) -> Holding | None:
+    """The holding edits set the variables to, None where they set none."""
+    items = edits.get("env") if isinstance(edits, dict) else None
+    if not isinstance(items, list):
+        return None
+    env = dict(str(item).partition("=")[::2] for item in items)
+    if VISIBLE_DEVICES_ENV not in env:
+        return None
+    return Holding(_listed_ids(env[VISIBLE_DEVICES_ENV]), _listed_ids(env.get(REPLICA_DEVICES_ENV, "")))
+
+
+def _listed_ids(value: str) -> tuple[str, ...]:
+    return tuple(item for item in value.split(",") if item)
+
+
+def with_env(spec: Mapping[str, Any], env: ClaimEnv) -> dict[str, Any]:
+    """spec setting the GPU variables where env says, and nowhere else (the record device as it was)."""
     changed = copy.deepcopy(dict(spec))
+    edits = changed.setdefault("containerEdits", {})
+    _set_env(edits, env.spec)
+    if not edits:
+        del changed["containerEdits"]
     for entry in changed.get("devices", []):
-        edits = entry.setdefault("containerEdits", {})
-        holding = holdings.get(entry.get("name"))
-        if holding is None:
-            edits.pop("env", None)
-        else:
-            edits["env"] = holding.env()
+        name = entry.get("name")
+        if not str(name).endswith(f"-{RECORD_DEVICE}"):
+            _set_env(entry.setdefault("containerEdits", {}), env.devices.get(name))
     return changed
+
+
+def _set_env(edits: dict[str, Any], holding: Holding | None) -> None:
+    if holding is None:
+        edits.pop("env", None)
+    else:
+        edits["env"] = holding.env()
 
 
 class SpecError(Exception):
@@ -148,7 +204,12 @@ def claim_from_spec(uid: str, spec: Any, pool: str) -> PreparedClaim:
     entries = spec.get("devices")
     if not isinstance(entries, list) or not entries:
         raise SpecError(f"devices: expected a list of devices, got {kind_of(entries)}")
-    env = _env(spec.get("containerEdits", {}))
+    record = [e for e in entries if isinstance(e, dict) and e.get("name") == record_device_name(uid)]
+    entries = [e for e in entries if not (isinstance(e, dict) and e.get("name") == record_device_name(uid))]
+    if not entries:
+        raise SpecError("devices: expected a device besides the record")
+    where = "devices[record].containerEdits" if record else "containerEdits"  # the spec's own: an earlier driver's
+    env = _env(record[0].get("containerEdits", {}) if record else spec.get("containerEdits", {}), where)
     uuids = [uuid for uuid in env.get(VISIBLE_DEVICES_ENV, "").split(",") if uuid]
     listed = [_listed(uid, entry, f"devices[{index}]") for index, entry in enumerate(entries)]
     by_minor: dict[int, str] = {}
@@ -182,13 +243,13 @@ def claim_from_spec(uid: str, spec: Any, pool: str) -> PreparedClaim:
     return PreparedClaim(ClaimRef("", "", uid), tuple(devices), spec, complete=False)
 
 
-def _env(edits: Any) -> dict[str, str]:
-    """The spec-wide environment, by name; SpecError when it is not a list of strings."""
+def _env(edits: Any, where: str) -> dict[str, str]:
+    """The environment edits set, by name; SpecError naming where when it is not a list of strings."""
     if not isinstance(edits, dict):
-        raise SpecError(f"containerEdits: expected an object, got {kind_of(edits)}")
+        raise SpecError(f"{where}: expected an object, got {kind_of(edits)}")
     items = edits.get("env") or []
     if not isinstance(items, list) or not all(isinstance(item, str) for item in items):
-        raise SpecError("containerEdits.env: expected a list of NAME=value strings")
+        raise SpecError(f"{where}.env: expected a list of NAME=value strings")
     return dict(item.partition("=")[::2] for item in items)
 
 

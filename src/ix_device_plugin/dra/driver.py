@@ -40,7 +40,15 @@ from ix_device_plugin.apiserver.watch import Key, Mirror
 from ix_device_plugin.core.healing import Rules
 from ix_device_plugin.core.inventory import Inventory
 from ix_device_plugin.dra.claimstatus import ClaimStatusWriter
-from ix_device_plugin.dra.containers import PodRef, container_holdings, owner_pod
+from ix_device_plugin.dra.containers import (
+    PodRef,
+    containers_of,
+    pod_ref,
+    reserved_for,
+    runs_containers,
+    solve,
+    used_claims,
+)
 from ix_device_plugin.dra.healguard import ClaimGuard
 from ix_device_plugin.dra.health import DeviceHealthBoard, HealthService
 from ix_device_plugin.dra.metrics import DraMetrics
@@ -84,6 +92,8 @@ from ix_device_plugin.settings.options import DraOptions
 
 log = logging.getLogger(__name__)
 
+MAX_POD_READS = 16  # pods read to learn who uses the claims of one NodePrepareResources
+MAX_CLAIM_READS = 16  # claims made on their own read besides, for the pods their reservedFor lists
 # No settling time before a reset: a claim prepared on the chip meanwhile is refused under the state's lock.
 DRA_HEALING = Rules(settle=0.0)
 
@@ -143,6 +153,7 @@ class DraDriver:
         self.role = PublisherRole(plugin_dir(options.plugins_dir), options.node_name)
         self.claim_status: ClaimStatusWriter | None = None
         self.ready = asyncio.Event()
+        self._telling = asyncio.Lock()  # what the claims' CDI specs tell containers is worked out one call at a time
         self._servers: list[grpc.aio.Server] = []
         self._sockets: dict[Path, Identity] = {}  # the sockets this pod put in place, to remove only those
         self._probes: ProbeServer | None = None
@@ -335,7 +346,7 @@ class DraDriver:
 
     async def prepare_claims(self, refs: Sequence[ClaimRef]) -> list[PreparedClaim | str]:
         """Prepare the claims of one NodePrepareResources (the kubelet asks for all of a pod's claims at once),
-        then have the CDI specs of the pods' own claims name what each of their containers holds; each claim's
+        then have the claims' CDI specs tell each container of the pods using them what it holds; each claim's
         outcome (see prepare_claim)."""
         read: dict[str, Any] = {}  # claim UID -> the ResourceClaim, as read for this call
 
@@ -345,9 +356,10 @@ class DraDriver:
 
         outcomes = list(await asyncio.gather(*(self.prepare_claim(ref, reader) for ref in refs)))
         prepared = {outcome.ref.uid for outcome in outcomes if not isinstance(outcome, str)}
-        pods = {owner_pod(claim) for uid, claim in read.items() if uid in prepared}
-        for pod in sorted((pod for pod in pods if pod is not None), key=str):
-            await self._name_container_holdings(pod)
+        seeds = {uid: claim for uid, claim in read.items() if uid in prepared}
+        if seeds:
+            async with self._telling:  # one at a time, each from the claims as they are then: the last one knows all
+                await self._tell_containers(seeds)
         return outcomes
 
     async def prepare_claim(self, ref: ClaimRef, read: ClaimReader | None = None) -> PreparedClaim | str:
@@ -406,25 +418,66 @@ class DraDriver:
             return None
         return await open_handshake(self.api, self.options.node_name)
 
-    async def _name_container_holdings(self, pod: PodRef) -> None:
-        """Have the CDI specs of pod's own claims name what each of its containers holds (containers.py); where
-        the pod cannot be read, they name their own chips only, which is logged."""
-        try:
-            found = await self._read(POD, pod.name, pod.namespace, f"pod {pod}")
-        except ClaimError as error:
-            log.warning("%s: a container of it with several claims may see only some of its chips", error)
-            return
-        if uid_of(found) != pod.uid:
-            return  # replaced since its claims were made: the kubelet does not start the old one's containers
-        prepared = {
-            claim.ref.name: claim
-            for claim in list(self.state.claims.values())
-            if claim.ref.namespace == pod.namespace and claim.complete
-        }
-        holdings = container_holdings(found, prepared)
-        for warning in holdings.warnings:
-            log.warning("pod %s: %s", pod, warning)
-        await self.state.name_container_holdings(holdings.by_claim)
+    async def _tell_containers(self, seeds: Mapping[str, Any]) -> None:
+        """Have the CDI specs of the claims the pods using seeds (claims just prepared, as read, by UID) use tell
+        each of their containers what it holds (containers.py). Who uses a claim: the pods its reservedFor lists, or
+        the pod it was made for; the pods are read, and the claims made on their own that they use besides, up to
+        MAX_POD_READS and MAX_CLAIM_READS: a claim some of whose pods are not known keeps what it sets."""
+        by_name = {(c.ref.namespace, c.ref.name): c for c in list(self.state.claims.values()) if c.complete}
+        users: dict[str, frozenset[str] | None] = {}  # claim UID -> the UIDs of the pods using it; None: not known
+        pods: dict[str, dict[str, Any] | None] = {}  # pod UID -> the pod (None: gone, or its containers are done)
+        unknown: set[str] = set()  # pods that could not be read
+        queue: list[PodRef] = []
+
+        def learn(uid: str, found: tuple[PodRef, ...] | None) -> None:
+            users[uid] = None if found is None else frozenset(pod.uid for pod in found)
+            queue.extend(found or ())
+
+        for uid, claim in seeds.items():
+            learn(uid, reserved_for(claim))
+        claim_reads = 0
+        while queue:
+            ref = queue.pop(0)
+            if ref.uid in pods or ref.uid in unknown:
+                continue
+            if len(pods) + len(unknown) >= MAX_POD_READS:
+                log.warning("pod %s: more than %d pods share claims with it: not read", ref, MAX_POD_READS)
+                unknown.add(ref.uid)
+                continue
+            try:
+                pod = await self._read_or_none(POD, ref.name, ref.namespace, f"pod {ref}")
+            except ClaimError as error:
+                log.warning("%s: what its containers are told is not changed", error)
+                unknown.add(ref.uid)
+                continue
+            if pod is None or uid_of(pod) != ref.uid or not runs_containers(pod):
+                pods[ref.uid] = None
+                continue
+            pods[ref.uid] = pod
+            for use in used_claims(pod):
+                claim = by_name.get((ref.namespace, use.name))
+                if claim is None or claim.ref.uid in users:
+                    continue
+                if use.own:
+                    users[claim.ref.uid] = frozenset({ref.uid})
+                    continue
+                found = None
+                if claim_reads < MAX_CLAIM_READS:
+                    claim_reads += 1
+                    try:
+                        found = await self._read_claim(claim.ref)
+                    except ClaimError as error:
+                        log.warning("%s: what its containers are told is not changed", error)
+                learn(claim.ref.uid, reserved_for(found) if uid_of(found or {}) == claim.ref.uid else None)
+        known = {uid for uid, using in users.items() if using is not None and not using & unknown}
+        containers = []
+        for pod in pods.values():
+            if pod is not None and (ref := pod_ref(pod)) is not None:
+                containers += containers_of(pod, {name: c for (ns, name), c in by_name.items() if ns == ref.namespace})
+        told = solve(containers, {c.ref.uid: c for c in by_name.values()}, known)
+        for warning in told.warnings:
+            log.warning("%s", warning)
+        await self.state.tell_containers(told.envs)
 
     async def _read_claim(self, ref: ClaimRef) -> dict[str, Any]:
         """The ResourceClaim, retried for claim_read_timeout; ClaimError naming the claim when it cannot be read."""
@@ -432,14 +485,19 @@ class DraDriver:
 
     async def _read(self, kind: ObjectKind, name: str, namespace: str, what: str) -> dict[str, Any]:
         """The object, retried for claim_read_timeout; ClaimError starting with what when it cannot be read."""
+        found = await self._read_or_none(kind, name, namespace, what)
+        if found is None:
+            raise ClaimError(f"{what}: no such {kind.kind}")
+        return found
+
+    async def _read_or_none(self, kind: ObjectKind, name: str, namespace: str, what: str) -> dict[str, Any] | None:
+        """The object, None when there is none, retried for claim_read_timeout; ClaimError starting with what
+        when it cannot be read."""
         assert self.kube is not None
         kube = self.kube
 
-        async def read() -> dict[str, Any]:
-            found = await kube.get_object(kind, name, namespace)
-            if found is None:
-                raise ClaimError(f"{what}: no such {kind.kind}")
-            return found
+        async def read() -> dict[str, Any] | None:
+            return await kube.get_object(kind, name, namespace)
 
         try:
             async with asyncio.timeout(self.options.claim_read_timeout):

@@ -41,12 +41,12 @@ from ix_device_plugin.dra.checkpoint import (
 )
 from ix_device_plugin.dra.claims import NodeView, prepare
 from ix_device_plugin.dra.claimspec import (
-    Holding,
+    ClaimEnv,
     SpecError,
     cdi_spec_file,
     claim_from_spec,
     claim_spec_files,
-    with_container_holdings,
+    with_env,
 )
 from ix_device_plugin.dra.prepared import ClaimError, ClaimRef, PreparedClaim, check_ref, valid_uid
 from ix_device_plugin.dra.slices import SliceDevice
@@ -335,19 +335,19 @@ class DraState:
         log.info("claim %s: GPU reset done and recorded", ref)
         return done
 
-    async def name_container_holdings(self, holdings: Mapping[str, Mapping[str, Holding]]) -> None:
-        """Have each prepared claim's CDI devices name what their containers hold (holdings: by claim UID, then
-        by CDI device name; see containers.py): checkpoint first, then the specs. Never raises: a claim whose
-        spec cannot be written keeps naming its own chips, which is logged."""
+    async def tell_containers(self, envs: Mapping[str, ClaimEnv]) -> None:
+        """Have the prepared claims' CDI specs set the GPU variables where envs says (by claim UID; see
+        containers.py): checkpoint first, then the specs. Never raises: a claim whose spec cannot be written keeps
+        what it set, which is logged."""
         try:
             async with self._locked():
                 self._load()
                 changed = {}
-                for uid, by_device in holdings.items():
+                for uid, env in envs.items():
                     claim = self.claims.get(uid)
                     if claim is None or not claim.complete:
                         continue
-                    spec = with_container_holdings(claim.spec, by_device)
+                    spec = with_env(claim.spec, env)
                     if spec != claim.spec:
                         changed[uid] = dataclasses.replace(claim, spec=spec)
                 if not changed:
@@ -358,9 +358,9 @@ class DraState:
                 for claim in changed.values():
                     self._write_spec(claim)
         except (OutputError, CheckpointError) as error:
-            log.error("cannot name what the containers hold in the claims' CDI specs: %s", error)
+            log.error("cannot write what the containers are told into the claims' CDI specs: %s", error)
             return
-        log.info("CDI specs of claims %s name their containers' whole holdings", ", ".join(sorted(changed)))
+        log.info("CDI specs of claims %s tell each of their containers what it holds", ", ".join(sorted(changed)))
 
     async def unprepare(self, ref: ClaimRef) -> str | None:
         """Forget the claim (checkpoint first, then its CDI spec); the error message, or None. A claim whose reset

@@ -98,15 +98,19 @@ async def test_prepare_and_unprepare_round_trip(node: DraNode, version: str) -> 
     assert list(device.cdi_device_ids) == [f"gpu.iluvatar.com/claim={uid}-gpu-1"]
     spec = yaml.safe_load((node.cdi_dir / cdi_spec_file(uid)).read_text())
     assert spec["kind"] == "gpu.iluvatar.com/claim"
-    assert [d["name"] for d in spec["devices"]] == [f"{uid}-gpu-1"]
+    assert [d["name"] for d in spec["devices"]] == [f"{uid}-gpu-1", f"{uid}-record"]
     assert spec["devices"][0]["containerEdits"]["deviceNodes"][0]["path"] == "/dev/iluvatar1"
-    visible = chip_uuids(node)["gpu-1"]
-    assert spec["containerEdits"]["env"] == [
-        f"IX_VISIBLE_DEVICES={visible}",
-        f"ILUVATAR_COREX_VISIBLE_DEVICES={visible}",
-        f"IX_REPLICA_DEVICES={visible}",
-        f"ILUVATAR_COREX_REPLICA_DEVICES={visible}",
-    ]
+    visible = chip_uuids(node)["gpu-1"]  # no pod uses it (no reservedFor): the spec names its chip
+    assert (
+        spec["containerEdits"]["env"]
+        == spec["devices"][1]["containerEdits"]["env"]
+        == [
+            f"IX_VISIBLE_DEVICES={visible}",
+            f"ILUVATAR_COREX_VISIBLE_DEVICES={visible}",
+            f"IX_REPLICA_DEVICES={visible}",
+            f"ILUVATAR_COREX_REPLICA_DEVICES={visible}",
+        ]
+    )
     checkpoint = json.loads(node.checkpoint_file.read_text())
     assert list(checkpoint["claims"]) == [uid]
 
@@ -268,13 +272,14 @@ async def test_a_chip_that_is_gone_cannot_be_prepared_and_the_error_says_the_kub
 async def test_an_unhealthy_chip_is_tainted_and_still_prepared_for_a_claim_allocated_on_it(node: DraNode) -> None:
     driver = await node.start()
     await node.wait_slice(lambda devices: len(devices) == 6)
-    node.write_boards([{"product": "BI-V150", "chips": [None, {"health": ["ECC"]}]}, {"product": "BI-V150"}])
+    node.write_boards([{"product": "BI-V150", "chips": [None, {"health": ["OverVoltage"]}]}, {"product": "BI-V150"}])
     await node.wait_slice(lambda devices: "taints" in devices.get("gpu-1", {}))
-    assert node.slice_devices()["gpu-1"]["taints"] == [{"key": UNHEALTHY_TAINT, "effect": "NoSchedule", "value": "ECC"}]
+    taint = {"key": UNHEALTHY_TAINT, "effect": "NoSchedule", "value": "OverVoltage"}
+    assert node.slice_devices()["gpu-1"]["taints"] == [taint]
     assert node.slice_devices()["board-0"]["taints"] == [
-        {"key": UNHEALTHY_TAINT, "effect": "NoSchedule", "value": "gpu-1-ECC"}
+        {"key": UNHEALTHY_TAINT, "effect": "NoSchedule", "value": "gpu-1-OverVoltage"}
     ]  # the board of a sick chip is sick too
-    kubelet = await node.kubelet(driver)
+    kubelet = await node.kubelet(driver)  # an operator's error: no reset reserves the chip
     claim = node.claim("sick", ["gpu-1"])  # allocated before it broke, or tolerating the taint
     result = answer(await kubelet.prepare([claim]), claim[2])
     assert result.error == "" and [d.device_name for d in result.devices] == ["gpu-1"]

@@ -58,8 +58,8 @@ def test_a_board_claim_gives_the_container_every_chip_of_the_board() -> None:
     (device,) = board.devices
     chips = [view.devices["gpu-2"].chip.uuid, view.devices["gpu-3"].chip.uuid]
     assert (device.kind, device.chip_uuids, device.uuid) == ("board", tuple(chips), chips[0])
-    (entry,) = board.spec["devices"]
-    assert entry["name"] == "b-board-2"
+    entry, record = board.spec["devices"]
+    assert (entry["name"], record["name"]) == ("b-board-2", "b-record")
     assert [n["path"] for n in entry["containerEdits"]["deviceNodes"]] == ["/dev/iluvatar2", "/dev/iluvatar3"]
     env = board.spec["containerEdits"]["env"]
     assert f"IX_VISIBLE_DEVICES={','.join(chips)}" in env and f"IX_REPLICA_DEVICES={chips[0]}" in env
