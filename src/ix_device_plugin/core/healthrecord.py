@@ -9,10 +9,12 @@ entry, is kept as it was read and written back, so an older agent running beside
 a rollback) loses nothing. A newer version, or anything malformed, is a RecordError naming the file and what is
 wrong: the caller keeps that file aside and starts from the hardware, never trusting a part of it silently.
 
-What a reboot clears (the record names the boot it was written in): a reboot resets every chip, so an XID whose
-policy is `reset` is forgotten, and with it the healing story of a chip that had nothing else; an XID whose policy
-is `operator` stays until an operator returns the chip (`iluvatar.com/gpu.return`), and so does that chip's story.
-Reservations end with the process that held them, or with the boot.
+What a reboot clears (the record names the boot it was written in), by the XID's policy: a reboot resets every
+chip, so an XID whose action is `reset` is forgotten, and so is one whose remedy the table says is a reboot (XID 79,
+fallen off the bus) unless ix-config's `health.operator` names it; with them goes the healing story of a chip that
+had nothing else. Any other XID whose action is `operator` (XID 64: the memory needs service) stays until an
+operator returns the chip (`iluvatar.com/gpu.return`), and so does that chip's story. Reservations end with the
+process that held them, or with the boot.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ix_device_plugin.core.healing import HEALTHY, NEEDS_OPERATOR, PHASES, RESETTING, WAITING, Care
-from ix_device_plugin.settings.health import OPERATOR, HealthPolicy, xid_name
+from ix_device_plugin.settings.health import HealthPolicy, xid_name
 
 VERSION = 1
 KIND = "ix-device-plugin/node-health"
@@ -258,7 +260,7 @@ def restore(record: HealthRecord, boot_id: str, policy: HealthPolicy, *, wall_no
     for uuid, chip in record.chips.items():
         kept = chip.xids
         if rebooted:
-            kept = frozenset(x for x in chip.xids if policy.action(xid_name(x)) == OPERATOR)
+            kept = frozenset(x for x in chip.xids if not policy.cleared_by_reboot(xid_name(x)))
             if kept != chip.xids:
                 forgotten.append(f"{uuid}: {', '.join(map(xid_name, sorted(chip.xids - kept)))}")
         if kept:

@@ -226,7 +226,7 @@ class Healer:
                 elif not self.acting():
                     self._acted = False  # on standby (again): the record is the acting pod's; take it over anew
                 self._look(self.monitor.view)
-                await self._end_reservations()
+                self._end_reservations()
                 self._start_due()
                 self._write_story()
                 self._write_record()
@@ -439,7 +439,7 @@ class Healer:
         self.monitor.ask_hold_out({u: RESERVED for u in self.reserved})
         self._write_record()
 
-    async def _end_reservations(self) -> None:
+    def _end_reservations(self) -> None:
         """A chip reserved by a reset cut short (found in the record) is released once its story leaves the reset:
         back in service, or left to an operator."""
         for uuid in list(self.reserved):

@@ -66,6 +66,7 @@ class PolicyRow:
     name: str
     action: str
     meaning: str
+    reboot_clears: bool = False  # besides what a reset clears: a reboot is the remedy (a chip fallen off the bus)
 
 
 # The defaults follow what the XID or error means (IXML numbers XIDs as NVML does). ignore: a program's fault, not
@@ -90,7 +91,7 @@ HEALTH_POLICY: tuple[PolicyRow, ...] = (
     PolicyRow("XID 119", RESET, "firmware call timed out"),
     PolicyRow("XID 120", RESET, "firmware error"),
     PolicyRow("XID 64", OPERATOR, "a page could not be retired: the memory needs service"),
-    PolicyRow("XID 79", OPERATOR, "the chip fell off the bus: the node needs a reboot"),
+    PolicyRow("XID 79", OPERATOR, "the chip fell off the bus: the node needs a reboot", reboot_clears=True),
     PolicyRow("SYSHUB", RESET, "system hub error"),
     PolicyRow("MC", RESET, "memory controller error"),
     PolicyRow("ECC", RESET, "uncorrectable ECC error"),
@@ -102,6 +103,7 @@ HEALTH_POLICY: tuple[PolicyRow, ...] = (
 OTHER_XIDS = RESET  # an XID the table does not list (IXML reports an unknown one as 999)
 OTHER_ERRORS = OPERATOR  # a health bit the table does not know (`bit0x..`)
 _DEFAULT_ACTIONS = {row.name: row.action for row in HEALTH_POLICY}
+_REBOOT_CLEARS = frozenset(row.name for row in HEALTH_POLICY if row.reboot_clears)
 OTHER_XID_LABEL = "other"
 
 
@@ -134,6 +136,12 @@ class HealthPolicy:
             if name in names:
                 return action
         return _DEFAULT_ACTIONS.get(name, OTHER_XIDS if is_xid(name) else OTHER_ERRORS)
+
+    def cleared_by_reboot(self, name: str) -> bool:
+        """True when a reboot clears it: what a reset clears (a reboot resets every chip), and what the table says a
+        reboot is the remedy for, unless ix-config's health.operator names it (someone wants to look first)."""
+        action = self.action(name)
+        return action != OPERATOR or (name in _REBOOT_CLEARS and name not in self.operator)
 
     def ignores(self, name: str) -> bool:
         """True when name must not make a chip unhealthy: ignored by the policy, or turned off by

@@ -92,3 +92,13 @@ def test_a_reboot_clears_what_a_reset_clears_and_keeps_what_needs_an_operator() 
     assert set(restored.cares) == {A} and restored.cares[A].phase == NEEDS_OPERATOR
     assert restored.reserved == {}  # a reboot ended every reset
     assert restored.forgotten == (f"{B}: XID 48",)
+
+
+def test_a_reboot_clears_a_chip_fallen_off_the_bus_unless_the_config_wants_it_looked_at() -> None:
+    fell = record(GPU_a=ChipRecord(minor=0, xids=frozenset({79}), phase=NEEDS_OPERATOR, causes=("XID 79",)))
+    assert restore(fell, "boot-1", POLICY, wall_now=200.0, mono_now=10.0).xids == {A: frozenset({79})}  # a restart
+    assert restore(fell, "boot-2", POLICY, wall_now=200.0, mono_now=10.0).xids == {}  # its remedy is the reboot
+    careful = HealthPolicy(operator=frozenset({"XID 79", "XID 48"}))
+    assert restore(fell, "boot-2", careful, wall_now=200.0, mono_now=10.0).xids == {A: frozenset({79})}
+    ecc = record(GPU_a=ChipRecord(minor=0, xids=frozenset({48}), phase=NEEDS_OPERATOR, causes=("XID 48",)))
+    assert restore(ecc, "boot-2", careful, wall_now=200.0, mono_now=10.0).xids == {A: frozenset({48})}
