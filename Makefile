@@ -93,7 +93,7 @@ e2e-build: e2e-packages ## build the end-to-end cluster (Kubernetes, etcd, conta
 e2e-root:
 	@[ "$$(id -u)" = 0 ] || { echo "make e2e: the end-to-end suite needs root (kubelet, containerd, mounts, cgroups, device nodes)" >&2; exit 1; }
 
-e2e: e2e-root $(VENV)/.stamp-dev e2e-build ## the end-to-end suite on a real one-node Kubernetes (root, Go; docs/testing.md)
+e2e: e2e-root e2e-build $(VENV)/.stamp-dev ## the end-to-end suite on a real one-node Kubernetes (root, Go; docs/testing.md)
 	$(VENV_PY) -m pytest -p no:cacheprovider -n 0 e2e/tests $(E2E_PYTEST_ARGS)  # one cluster: one process
 
 clean: ## remove build outputs (not the virtualenv)

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from host_tools import missing
 from hypothesis import settings
 
 from ix_device_plugin.deviceplugin.loop import Daemon
@@ -58,7 +59,7 @@ def libs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """The libixml.so test double, compiled with gcc in every variant."""
     compiler = shutil.which("gcc") or shutil.which("cc")
     if compiler is None:
-        pytest.skip("no C compiler (gcc or cc) to build the libixml.so test double")
+        missing("no C compiler (gcc or cc) to build the libixml.so test double: apt-get install gcc")
     out = tmp_path_factory.mktemp("ixml_double")
     built: dict[str, Path] = {}
     for variant, flags in IXML_VARIANTS.items():

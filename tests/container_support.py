@@ -10,6 +10,7 @@ when the host has one.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import shlex
@@ -17,9 +18,13 @@ import shutil
 import stat
 import subprocess
 import tarfile
+import tempfile
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
+
+from host_tools import missing, require
 
 BUSYBOX = Path("/bin/busybox")
 IMAGE = "localhost/ix-device-plugin-busybox:test"
@@ -33,6 +38,25 @@ default_ulimits = []
 [engine]
 events_logger = "none"
 """
+
+
+@contextlib.contextmanager
+def podman_sandbox(prefix: str) -> Iterator[PodmanSandbox]:
+    """A sandbox with IMAGE imported that has run a container; closed afterwards.
+
+    Where podman is not installed or cannot run a container here (no namespaces, no cgroups), the test is
+    skipped saying why, and fails in CI (host_tools)."""
+    require(podman_unavailable())
+    sandbox = PodmanSandbox(Path(tempfile.mkdtemp(prefix=prefix)))
+    try:
+        sandbox.import_busybox()
+        # Before any spec exists: a failure here is the host's, not the spec's.
+        probe = sandbox.run(IMAGE, "ls", "/")
+        if probe.returncode != 0:
+            missing(f"podman cannot run containers here: {probe.stderr.strip().splitlines()[-1:]}")
+        yield sandbox
+    finally:
+        sandbox.close()
 
 
 def podman_unavailable() -> str | None:

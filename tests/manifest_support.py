@@ -18,8 +18,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-import pytest
 import yaml
+from host_tools import require
 from kubernetes import client
 from kubernetes.client import models
 
@@ -59,14 +59,19 @@ def load_render_module() -> ModuleType:
 
 
 _RENDERED: dict[str, list[dict[str, Any]]] = {}
+HELM_MISSING = "helm not found: set HELM, put helm on PATH, or run `make e2e-build`"
+
+
+def needs_helm() -> None:
+    """Skip the test when there is no helm ($HELM, PATH, or `make e2e-build`'s); fail it in CI (host_tools)."""
+    require(HELM_MISSING if load_render_module().find_helm() is None else None)
 
 
 def render_objects(overrides: dict[str, Any] | None = None) -> list[dict[str, Any]]:
-    """The chart's objects as `helm template` renders them with overrides (rendered once per overrides); the
-    test is skipped when there is no helm ($HELM, PATH, or `make e2e-build`'s)."""
+    """The chart's objects as `helm template` renders them with overrides (rendered once per overrides); needs
+    helm (needs_helm)."""
     render = load_render_module()
-    if render.find_helm() is None:
-        pytest.skip("helm not found: set HELM, put helm on PATH, or run `make e2e-build`")
+    needs_helm()
     key = json.dumps(overrides or {}, sort_keys=True)
     if key not in _RENDERED:
         _RENDERED[key] = render.load_objects(render.render_chart(render.CHART_DIR, overrides or {}))

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Makes sure the host packages the tests need are installed: installs the missing ones as root on
 # Debian/Ubuntu (apt-get), otherwise names them and exits 1. `make e2e-build` (so `make e2e`) runs it
-# with the group e2e; CI (.ci/run) with e2e and unit.
+# with the group e2e before it makes the virtual environment; CI (.ci/run) with e2e and unit, first of all.
 #
 #   packages.sh [GROUP...]    GROUP: e2e (default) or unit
 #
@@ -13,6 +13,7 @@ me=${0##*/}
 
 # package | what needs it | probe where there is no dpkg-query
 e2e_packages=(
+    "python3-venv|the tests' virtual environment (Debian's python3 has no ensurepip without it)|python3 -c 'import ensurepip'"
     "gcc|runc (cgo)|command -v gcc"
     "pkg-config|runc: finds libseccomp|command -v pkg-config"
     "libseccomp-dev|runc with seccomp, which every pod's default profile needs|pkg-config --exists libseccomp"

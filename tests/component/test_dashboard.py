@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from dra_support import DraNode
-from manifest_support import CHART_DIR, load_render_module
+from manifest_support import CHART_DIR, load_render_module, needs_helm
 from prometheus_client.parser import text_string_to_metric_families
 
 from ix_device_plugin.dra.slices import DRIVER
@@ -157,6 +157,8 @@ async def test_the_dashboard_works_unchanged_on_a_dra_node(
 
 
 def test_the_chart_ships_the_dashboard_for_grafanas_sidecar_only_when_asked() -> None:
+    needs_helm()
+
     def configmaps(overrides: dict[str, Any]) -> list[dict[str, Any]]:
         objects = render.load_objects(render.render_chart(CHART_DIR, overrides))
         return [obj for obj in objects if obj["kind"] == "ConfigMap" and obj["metadata"]["name"].endswith("dashboard")]

@@ -12,6 +12,7 @@ from datetime import datetime
 from pathlib import Path
 
 import pytest
+from host_tools import missing
 
 from ix_device_plugin.apiserver.client import Kube, connect
 from ix_device_plugin.apiserver.errors import KubeAlreadyExists, KubeConflict, KubeError, KubeInvalid, KubeNotFound
@@ -75,7 +76,7 @@ def certificate(tmp_path) -> tuple[Path, Path]:
     """A self-signed certificate for 127.0.0.1 and its key, made by openssl."""
     openssl = shutil.which("openssl")
     if openssl is None:
-        pytest.skip("no openssl to make a certificate for the https API server")
+        missing("no openssl to make a certificate for the https API server: apt-get install openssl")
     cert, key = tmp_path / "server.crt", tmp_path / "server.key"
     request = ["req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-keyout", str(key), "-out", str(cert)]
     subject = ["-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1"]

@@ -5,34 +5,23 @@ The GPU nodes are stand-ins (character devices with /dev/null's numbers) under t
 
 from __future__ import annotations
 
-import tempfile
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from container_support import IMAGE, PodmanSandbox, make_char_device, podman_unavailable
+from container_support import IMAGE, PodmanSandbox, make_char_device, podman_sandbox
 from dra_support import DraNode
 
 from ix_device_plugin.dra.claimspec import cdi_spec_file
 from ix_device_plugin.settings.config import Config
 from ix_device_plugin.standins.apiserver import ApiServerStandIn
 
-pytestmark = pytest.mark.skipif(podman_unavailable() is not None, reason=str(podman_unavailable()))
-
 
 @pytest.fixture(scope="module")
 def podman() -> Iterator[PodmanSandbox]:
-    directory = Path(tempfile.mkdtemp(prefix="ix-dra-podman-"))
-    sandbox = PodmanSandbox(directory)
-    try:
-        sandbox.import_busybox()
-        probe = sandbox.run(IMAGE, "ls", "/")
-        if probe.returncode != 0:
-            pytest.skip(f"podman cannot run containers here: {probe.stderr.strip().splitlines()[-1:]}")
+    with podman_sandbox("ix-dra-podman-") as sandbox:
         yield sandbox
-    finally:
-        sandbox.close()
 
 
 @pytest.fixture

@@ -22,7 +22,7 @@ E2E_DIR = REPO_ROOT / "e2e"
 PACKAGES = E2E_DIR / "cluster" / "packages.sh"
 BUILD = E2E_DIR / "cluster" / "build.sh"
 BASH = shutil.which("bash") or "/bin/bash"
-E2E_PACKAGES = ("gcc", "pkg-config", "libseccomp-dev", "ca-certificates", "make", "openssl", "iproute2")
+E2E_PACKAGES = ("python3-venv", "gcc", "pkg-config", "libseccomp-dev", "ca-certificates", "make", "openssl", "iproute2")
 E2E_PACKAGES += ("busybox-static", "debootstrap", "buildah")
 
 
@@ -166,6 +166,44 @@ def test_packages_unknown_group_is_an_error(debian: FakeDebian) -> None:
     result = debian.run("everything", uid=0)
     assert result.returncode == 2
     assert "unknown group everything" in result.stderr
+
+
+# ------------------------------------------------------------------ the virtual environment on a fresh Debian
+# Debian's python3 has no ensurepip without python3-venv, so `python3 -m venv` stops there: the README says to
+# install it before its first command, and `make e2e` and .ci/run install it before they make theirs.
+
+
+def test_packages_installs_python3_venv_on_a_debian_without_it(debian: FakeDebian) -> None:
+    debian.install(*(p for p in E2E_PACKAGES if p != "python3-venv"))
+    result = debian.run("e2e", uid=0)
+    assert result.returncode == 0, result.stderr
+    assert [arg for arg in debian.apt_calls()[1].split()[1:] if not arg.startswith("-")] == ["python3-venv"]
+
+
+def test_make_e2e_installs_the_packages_before_it_makes_the_virtual_environment(tmp_path: Path) -> None:
+    make = shutil.which("make")
+    assert make is not None, "make is one of the e2e packages, and the tests run where it is"
+    dry_run = subprocess.run(
+        [make, "-n", "e2e", f"VENV={tmp_path / 'venv'}"],
+        cwd=REPO_ROOT, capture_output=True, text=True, timeout=60, env=clean_env(), check=False,
+    )  # fmt: skip
+    lines = dry_run.stdout.splitlines()
+    packages = next(i for i, line in enumerate(lines) if "packages.sh" in line)
+    venv = next(i for i, line in enumerate(lines) if "-m venv" in line)
+    assert packages < venv, lines
+
+
+def test_ci_installs_the_packages_before_it_makes_the_virtual_environment() -> None:
+    lines = [line.strip() for line in (REPO_ROOT / ".ci" / "run").read_text().splitlines()]
+    packages = next(i for i, line in enumerate(lines) if line.startswith("e2e/cluster/packages.sh"))
+    venv = next(i for i, line in enumerate(lines) if line.startswith("python3 -m venv"))
+    assert packages < venv
+
+
+def test_the_readme_says_to_install_python3_venv_before_its_first_command() -> None:
+    text = (REPO_ROOT / "README.md").read_text()
+    first = text.index("python3 -m venv .venv && .venv/bin/pip install -e '.[test]' && .venv/bin/ix-device-plugin demo")
+    assert "apt-get install python3-venv" in text[text.index("## Try it") : first]
 
 
 # ------------------------------------------------------------------ build.sh: verified binaries

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from host_tools import missing
 
 from support import TESTS_DIR
 
@@ -59,21 +60,26 @@ def _modules_installed(node: str) -> bool:
 
 @pytest.fixture(scope="module")
 def node() -> str:
-    """The node executable, with the stand-in's dependencies installed (npm ci when they are missing)."""
+    """The node executable, with the stand-in's dependencies installed (npm ci when they are missing). .ci/run
+    installs neither Node.js nor the stand-in's modules: without them the test is skipped, in CI too."""
     node, npm = shutil.which("node"), shutil.which("npm")
     if node is None or npm is None:
-        pytest.skip("the Node.js interop test needs `node` and `npm` on PATH")
+        missing("the Node.js interop test needs `node` and `npm` on PATH", ci_provides=False)
     if not _modules_installed(node):
         command = [npm, "ci", "--no-audit", "--no-fund"]
         try:
             result = subprocess.run(command, cwd=NODE_DIR, capture_output=True, text=True, timeout=300, check=False)
         except subprocess.TimeoutExpired:
-            pytest.skip("`npm ci` for the Node.js interop test did not finish within 300 s (registry unreachable?)")
+            missing(
+                "`npm ci` for the Node.js interop test did not finish within 300 s (registry unreachable?)",
+                ci_provides=False,
+            )
         output = result.stdout + result.stderr
         if result.returncode != 0:
             if any(code in output for code in NETWORK_ERRORS):
                 summary = [line for line in output.splitlines() if "error code" in line or "FetchError" in line]
-                pytest.skip(f"`npm ci` could not reach the npm registry: {'; '.join(summary[:2]) or output[-500:]}")
+                reason = f"`npm ci` could not reach the npm registry: {'; '.join(summary[:2]) or output[-500:]}"
+                missing(reason, ci_provides=False)
             pytest.fail(f"`npm ci` in {NODE_DIR} failed with exit code {result.returncode}:\n{output[-4000:]}")
         assert _modules_installed(node), f"`npm ci` succeeded but the modules do not load:\n{output[-2000:]}"
     return node

@@ -14,6 +14,7 @@ from manifest_support import (
     by_kind,
     load_file,
     load_render_module,
+    needs_helm,
     only,
     pod_spec,
     render_objects,
@@ -328,14 +329,12 @@ def test_values_reach_the_rendered_objects() -> None:
 
 
 def test_the_make_manifests_check_passes() -> None:
-    if render.find_helm() is None:
-        pytest.skip("helm not found: set HELM, put helm on PATH, or run `make e2e-build`")
+    needs_helm()
     assert render.main(["check"]) == 0
 
 
 def test_the_chart_has_notes_that_say_how_to_check_it() -> None:
-    if render.find_helm() is None:
-        pytest.skip("helm not found: set HELM, put helm on PATH, or run `make e2e-build`")
+    needs_helm()
     rendered = render.notes()
     assert "kubectl -n kube-system get ds iluvatar-device-plugin" in rendered
     assert "logs ds/iluvatar-device-plugin" in rendered

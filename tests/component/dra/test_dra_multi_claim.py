@@ -24,6 +24,7 @@ import pytest
 import yaml
 from cdi_library import cdi_validate, inject
 from dra_support import NODE, DraNode, store_pod
+from host_tools import missing
 
 from ix_device_plugin.dra.claimspec import cdi_spec_file
 from ix_device_plugin.settings.config import Config
@@ -401,9 +402,9 @@ async def test_a_pod_that_cannot_be_read_leaves_each_claim_naming_its_own_and_sa
 def test_the_real_cdi_library_is_here_or_the_skip_says_why(tmp_path: Path) -> None:
     binary, reason = cdi_validate()
     if binary is None:
-        pytest.skip(f"the CDI library's orders are not applied: {reason}")
+        missing(f"the CDI library's orders are not applied: {reason}")
     if not make_device_nodes(tmp_path):
-        pytest.skip("the CDI library's orders are not applied: making device nodes needs root")
+        missing("the CDI library's orders are not applied: making device nodes needs root")
 
 
 async def test_after_a_reboot_the_specs_written_again_still_tell_each_container(

@@ -23,6 +23,7 @@ import grpc
 import pytest
 import yaml
 from dra_support import DraNode, answer, gpu_config
+from host_tools import tmpfs
 
 from ix_device_plugin.dra.checkpoint import CHECKPOINT_FILE
 from ix_device_plugin.dra.claimspec import cdi_spec_file
@@ -413,15 +414,8 @@ def read_only_plugins(short_dir: Path) -> Iterator[Path]:
     """The kubelet's plugins directory, mounted read-only (root only), unmounted afterwards."""
     mount = short_dir / "plugins"
     mount.mkdir()
-    if os.geteuid() != 0:
-        pytest.skip("mounting a read-only tmpfs needs root")
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=64k", "tmpfs", str(mount)], capture_output=True)
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.decode().strip()}")
-    try:
+    with tmpfs(mount, "ro,size=64k"):
         yield mount
-    finally:
-        subprocess.run(["umount", "-l", str(mount)], check=False)
 
 
 async def test_a_read_only_plugins_directory_is_a_clear_error(read_only_plugins: Path, node: DraNode) -> None:
