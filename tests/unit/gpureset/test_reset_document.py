@@ -35,7 +35,9 @@ def test_a_hostile_document_is_refused_quickly_naming_the_config_map_and_key(tex
     started = time.monotonic()
     with pytest.raises(GpuResetError) as refused:
         ResetInfo.parse(text, NODE, WHERE)
-    assert time.monotonic() - started < 2  # a hang guard: the refusal takes milliseconds
+    # A hang guard, not a speed check (the refusal takes milliseconds; the bench measures it): a bomb that were
+    # expanded would take minutes, while a loaded machine took 2.9 s for the deeply nested one.
+    assert time.monotonic() - started < 15
     message = str(refused.value)
     assert message.startswith(f"{WHERE} key gpuReset") and problem in message, message
     assert "cannot reach" not in message
