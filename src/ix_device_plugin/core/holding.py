@@ -27,6 +27,14 @@ def chip_holder(
     return min(held, key=lambda ref: (ref.namespace, ref.pod, ref.container), default=None)
 
 
+UNKNOWN = "no one can tell"  # how a holder begins that cannot be known (it counts as a holder)
+
+
+def unknown_holder(who: str, error: object) -> str:
+    """A holder that cannot be known, as self-healing says it: `no one can tell whether <who> holds it: <why>`."""
+    return f"{UNKNOWN} whether {who} holds it: {error}"
+
+
 def describe(ref: PodRef) -> str:
     """`namespace/pod (container)`, as Events and logs name a holder."""
     return f"{ref.namespace}/{ref.pod} ({ref.container})"

@@ -22,10 +22,9 @@ import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
-from ix_device_plugin.core.holding import chip_holder, describe
 from ix_device_plugin.deviceplugin.state import Current, State
 from ix_device_plugin.hardware.monitor import HardwareView
-from ix_device_plugin.kubelet.podresources import PodResources, PodResourcesError
+from ix_device_plugin.kubelet.podresources import PodResources
 from ix_device_plugin.runtime.files import OutputError
 from ix_device_plugin.runtime.locks import FileLock
 
@@ -87,12 +86,8 @@ class PodHolders:
 
     async def holder(self, uuid: str) -> str | None:
         """The container holding the chip (`namespace/pod (container)`), why that is not known, or None when free."""
-        try:
-            holdings = await self._pod_resources.read_holdings()
-        except PodResourcesError as error:
-            return f"no one can tell whether a container holds it: {error}"
-        ref = chip_holder(uuid, holdings, self._current.state.inventory, DRA_DRIVER, self._split_only())
-        return None if ref is None else describe(ref)
+        inventory = self._current.state.inventory
+        return await self._pod_resources.chip_holder(uuid, inventory, DRA_DRIVER, split_only=self._split_only())
 
     def saw(self, state: State) -> None:
         """The reconcile loop serves state from now on (remembered: whether it served whole multi-chip boards)."""

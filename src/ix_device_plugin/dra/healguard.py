@@ -12,13 +12,11 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable
 
-from ix_device_plugin.core.holding import chip_holder, describe
 from ix_device_plugin.core.inventory import Inventory
-from ix_device_plugin.core.telemetry import Holdings
 from ix_device_plugin.dra.slices import DRIVER
 from ix_device_plugin.dra.state import DraState
 from ix_device_plugin.hardware.monitor import HardwareView
-from ix_device_plugin.kubelet.podresources import PodResources, PodResourcesError
+from ix_device_plugin.kubelet.podresources import PodResources
 
 
 class ClaimGuard:
@@ -41,10 +39,5 @@ class ClaimGuard:
         claim = await self._state.claim_holding(uuid)
         if claim is not None or self._pod_resources.socket_path is None:
             return claim  # pod-resources turned off: claims are all this driver can know of
-        try:
-            holdings = await self._pod_resources.read_holdings()
-        except PodResourcesError as error:
-            return f"no one can tell whether a container holds it: {error}"
         # the claims are the checkpoint's (above): pod-resources adds the device plugin's devices
-        ref = chip_holder(uuid, Holdings(devices=holdings.devices), self._inventory(), DRIVER)
-        return None if ref is None else describe(ref)
+        return await self._pod_resources.chip_holder(uuid, self._inventory(), DRIVER, claims=False)

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from ix_device_plugin.core.cdi import spec_text
+from ix_device_plugin.core.holding import unknown_holder
 from ix_device_plugin.dra.checkpoint import (
     CHECKPOINT_FILE,
     CheckpointError,
@@ -416,7 +417,7 @@ class DraState:
                 self._load()
                 holder = next((claim for claim in self.claims.values() if uuid in claim.uuids), None)
         except (OutputError, CheckpointError) as error:
-            return f"no one can tell whether a claim holds it: {error}"
+            return unknown_holder("a claim", error)
         return None if holder is None else f"claim {holder.ref}"
 
     def _check_not_reserved(self, prepared: PreparedClaim) -> None:

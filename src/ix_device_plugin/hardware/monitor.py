@@ -141,20 +141,11 @@ class HardwareMonitor:
         self._requests.put_nowait(_ClearXids(uuid, xids, done))
         return await done
 
-    def remember_xids(
-        self, own: Mapping[str, frozenset[int]], *, followed: Mapping[str, frozenset[int]] | None = None
-    ) -> None:
-        """Before start: XIDs the node saw before this process (the node-health record), kept as if seen now (own),
-        or laid over the chips as another pod's until adopt_followed (followed)."""
-        for uuid, found in own.items():
-            if found:
-                self._own_xids[uuid] = self._own_xids.get(uuid, frozenset()) | frozenset(found)
-        if followed is not None:
-            self._set_followed({uuid: frozenset(found) for uuid, found in followed.items() if found})
-
-    def preset_held_out(self, held: Mapping[str, str]) -> None:
-        """Before start: the chips held out of service from the first discovery on (see hold_out)."""
-        self._set_held_out(held)
+    def preset(self, *, followed_xids: Mapping[str, frozenset[int]], held_out: Mapping[str, str]) -> None:
+        """Before start: what the node-health record says, laid over the chips from the first discovery on: another
+        pod's XIDs until adopt_followed (see follow_xids), and the chips held out of service (see hold_out)."""
+        self._set_followed({uuid: frozenset(found) for uuid, found in followed_xids.items() if found})
+        self._set_held_out(held_out)
 
     async def hold_out(self, held: Mapping[str, str]) -> HardwareView:
         """Keep exactly these chips (UUID -> why) out of service, whatever their health reads; the view once every

@@ -48,6 +48,7 @@ from ix_device_plugin.core.healing import (
     diagnose,
 )
 from ix_device_plugin.core.healthrecord import ChipRecord, HealthRecord, Restored, chip_record, restore
+from ix_device_plugin.core.holding import UNKNOWN
 from ix_device_plugin.core.inventory import Chip, Inventory
 from ix_device_plugin.gpureset.sequence import GpuReset, GpuResetError
 from ix_device_plugin.hardware.backend import XidEvent
@@ -66,7 +67,6 @@ log = logging.getLogger(__name__)
 
 FREE_POLL = 1.0  # seconds between looks at whether a waiting chip is free (and, on standby, at the node's role)
 RESERVED = "reserved for a GPU reset"
-UNKNOWN_HOLDER = "no one can tell"  # how a guard's answer begins when whether a container holds the chip is unknown
 _MEANINGS = {row.name: row.meaning for row in HEALTH_POLICY}
 
 
@@ -204,8 +204,7 @@ class Healer:
         if self.record is None:
             return
         restored = self._restored(self.record.read(), policy)
-        self.monitor.remember_xids({}, followed=restored.xids)
-        self.monitor.preset_held_out({uuid: RESERVED for uuid in restored.reserved})
+        self.monitor.preset(followed_xids=restored.xids, held_out={uuid: RESERVED for uuid in restored.reserved})
         self.cares.update(restored.cares)
         for line in restored.forgotten:
             log.info("node-health record: the reboot cleared %s", line)
@@ -359,7 +358,7 @@ class Healer:
     def _wait_for(self, care: Care, holder: str) -> None:
         waiting = rules_of.held(care, holder, time.monotonic() + self.free_poll)
         if waiting.note != care.note:
-            why = holder if holder.startswith(UNKNOWN_HOLDER) else f"held by {holder}"  # unknown counts as held
+            why = holder if holder.startswith(UNKNOWN) else f"held by {holder}"  # unknown counts as held
             self._event(NORMAL, "GPUHealingWaiting", f"{care.name} waits to be reset: {why}")
         self._set(waiting)
 

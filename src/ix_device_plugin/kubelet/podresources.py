@@ -10,6 +10,8 @@ from typing import TypeVar
 import grpc
 
 from ix_device_plugin.api.podresources import api_pb2, api_pb2_grpc
+from ix_device_plugin.core.holding import chip_holder, describe, unknown_holder
+from ix_device_plugin.core.inventory import Inventory
 from ix_device_plugin.core.telemetry import ClaimDevice, Holdings, PodRef
 from ix_device_plugin.kubelet.sockets import CHANNEL_OPTIONS, unix_target
 from ix_device_plugin.runtime.logs import OncePerError
@@ -118,9 +120,19 @@ class PodResources:
         """Device ID -> the container holding it; PodResourcesError when that cannot be known (no socket too)."""
         return await self._reader().allocations(resource_names, timeout=2.0)
 
-    async def read_holdings(self) -> Holdings:
-        """Every device and claim device the node's containers hold; PodResourcesError when that cannot be known."""
-        return await self._reader().holdings(timeout=2.0)
+    async def chip_holder(
+        self, uuid: str, inventory: Inventory, driver: str, *, split_only: bool = False, claims: bool = True
+    ) -> str | None:
+        """The container holding the chip under any resource name (core/holding.py), and through driver's claims
+        unless claims is False; why that cannot be known; or None when no container does."""
+        try:
+            holdings = await self._reader().holdings(timeout=2.0)
+        except PodResourcesError as error:
+            return unknown_holder("a container", error)
+        if not claims:
+            holdings = Holdings(devices=holdings.devices)
+        ref = chip_holder(uuid, holdings, inventory, driver, split_only)
+        return None if ref is None else describe(ref)
 
     async def allocations(self, resource_names: Set[str], errors: OncePerError) -> dict[str, PodRef]:
         """Device ID -> the container holding it (empty when unknown); a failure is said once through errors."""
