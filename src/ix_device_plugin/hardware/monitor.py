@@ -144,7 +144,7 @@ class HardwareMonitor:
     def preset(self, *, followed_xids: Mapping[str, frozenset[int]], held_out: Mapping[str, str]) -> None:
         """Before start: what the node-health record says, laid over the chips from the first discovery on: another
         pod's XIDs until adopt_followed (see follow_xids), and the chips held out of service (see hold_out)."""
-        self._set_followed({uuid: frozenset(found) for uuid, found in followed_xids.items() if found})
+        self._set_followed(followed_xids)
         self._set_held_out(held_out)
 
     async def hold_out(self, held: Mapping[str, str]) -> HardwareView:
@@ -160,7 +160,7 @@ class HardwareMonitor:
     async def follow_xids(self, xids: Mapping[str, frozenset[int]]) -> HardwareView:
         """Lay these XIDs (another pod's, from the node-health record) over the chips' own; replaces the last ones.
         adopt_followed makes them this process's own."""
-        return await self._overlay(lambda: self._set_followed({u: frozenset(x) for u, x in xids.items() if x}))
+        return await self._overlay(lambda: self._set_followed(xids))
 
     async def adopt_followed(self) -> HardwareView:
         """The XIDs followed so far become this process's own (it takes over the node's role)."""
@@ -179,8 +179,8 @@ class HardwareMonitor:
     def _set_held_out(self, held: Mapping[str, str]) -> None:
         self._held_out = dict(held)
 
-    def _set_followed(self, xids: dict[str, frozenset[int]]) -> None:
-        self._followed_xids = xids
+    def _set_followed(self, xids: Mapping[str, frozenset[int]]) -> None:
+        self._followed_xids = {uuid: frozenset(found) for uuid, found in xids.items() if found}
 
     async def start(self, fail_on_init_error: bool) -> HardwareView:
         """Ask for XID events, then discover; StartupError when that fails and fail_on_init_error is set.
