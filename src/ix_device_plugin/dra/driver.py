@@ -56,6 +56,7 @@ from ix_device_plugin.dra.nodeservices import DraNodeServices
 from ix_device_plugin.dra.prepared import ClaimError, ClaimRef, PreparedClaim
 from ix_device_plugin.dra.publisher import SlicePublisher, StoredSlice, stored_slice
 from ix_device_plugin.dra.registration import (
+    ROLE_FILE,
     RegistrationService,
     dra_socket,
     plugin_dir,
@@ -65,7 +66,6 @@ from ix_device_plugin.dra.registration import (
     remove_stale_sockets,
     staging_socket,
 )
-from ix_device_plugin.dra.role import PublisherRole
 from ix_device_plugin.dra.service import DraService
 from ix_device_plugin.dra.slices import BOARD, DRIVER, SliceContent, SlicePolicy, slice_content
 from ix_device_plugin.dra.state import ClaimReader, DraState
@@ -86,6 +86,7 @@ from ix_device_plugin.runtime.backoff import Backoff
 from ix_device_plugin.runtime.errors import StartupError
 from ix_device_plugin.runtime.files import read_boot_id
 from ix_device_plugin.runtime.logs import OncePerError
+from ix_device_plugin.runtime.noderole import NodeRole
 from ix_device_plugin.runtime.probes import ProbeHandlers, ProbeServer, start_probes
 from ix_device_plugin.runtime.service import Service, bounded
 from ix_device_plugin.settings.options import DraOptions
@@ -150,7 +151,9 @@ class DraDriver:
         self._streams_end = asyncio.Event()
         self.registration = RegistrationService(self.endpoint, self._registered)
         self.publisher: SlicePublisher | None = None
-        self.role = PublisherRole(plugin_dir(options.plugins_dir), options.node_name)
+        self.role = NodeRole(
+            plugin_dir(options.plugins_dir) / ROLE_FILE, f"publishing the ResourceSlices of node {options.node_name}"
+        )
         self.claim_status: ClaimStatusWriter | None = None
         self.ready = asyncio.Event()
         self._telling = asyncio.Lock()  # what the claims' CDI specs tell containers is worked out one call at a time

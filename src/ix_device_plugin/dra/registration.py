@@ -24,6 +24,7 @@ log = logging.getLogger(__name__)
 
 REGISTRATION_SOCKET = f"{DRIVER}-reg.sock"
 DRA_SOCKET = "dra.sock"
+ROLE_FILE = "publisher.lock"  # held by the pod publishing the node's ResourceSlices (runtime/noderole.py)
 PLUGIN_TYPE = "DRAPlugin"
 # The kubelet opens the optional DRAResourceHealth stream only for a driver that lists it here (kubelet 1.34+).
 SUPPORTED_VERSIONS = ("v1.DRAPlugin", "v1beta1.DRAPlugin", "v1.DRAResourceHealth", "v1alpha1.DRAResourceHealth")

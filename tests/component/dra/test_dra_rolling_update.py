@@ -105,7 +105,7 @@ def metric(driver: DraDriver, name: str) -> float:
 async def test_two_pods_with_different_config_overlap_with_one_writer_and_hand_over_at_the_stop(
     node: DraNode, api: ApiServerStandIn, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.INFO, logger="ix_device_plugin.dra")
+    caplog.set_level(logging.INFO, logger="ix_device_plugin")
     old = await node.start(pod_uid="pod-old", health_address="127.0.0.1:0")
     await node.wait_slice(unshared)
     kubelets = [await node.kubelet(old)]
@@ -117,7 +117,8 @@ async def test_two_pods_with_different_config_overlap_with_one_writer_and_hand_o
         assert slice_writes(api) == before, "a write while both pods ran"
         assert unshared(node.slice_devices())
         assert (old.role.held, new.role.held) == (True, False)
-        assert "standby: another pod of this driver publishes the ResourceSlices of node node-a" in caplog.text
+        assert "standby: another pod holds" in caplog.text
+        assert "(publishing the ResourceSlices of node node-a)" in caplog.text
         assert new._ready() == (
             True,
             "registered; standby: another pod of this driver publishes the slices of node node-a",
@@ -137,7 +138,7 @@ async def test_two_pods_with_different_config_overlap_with_one_writer_and_hand_o
         assert slice_writes(api) == at_rest, "a write at rest"
     assert sampler.longest_gap == 0 and sampler.samples > 40
     assert took < 1.0
-    assert "took over publishing the ResourceSlices of node node-a" in caplog.text
+    assert "on standby: publishing the ResourceSlices of node node-a" in caplog.text
     assert new.publisher is not None and new.publisher.repairs == 0
     for kubelet in kubelets:
         await kubelet.close()
@@ -210,7 +211,7 @@ async def test_the_standby_process_takes_over_when_the_publisher_is_stopped_or_k
     new = spawn_driver(node, "pod-new", new_log, "--replicas", "2")
     processes.append(new)
     await logged(new_log, "ready in", timeout=30)
-    await logged(new_log, "standby: another pod of this driver publishes", timeout=1)
+    await logged(new_log, "standby: another pod holds", timeout=1)
     before = slice_writes(api)
     async with SliceSampler(node) as sampler:
         await asyncio.sleep(2)
@@ -226,7 +227,7 @@ async def test_the_standby_process_takes_over_when_the_publisher_is_stopped_or_k
     assert await asyncio.to_thread(old.wait, 5) == (0 if how == signal.SIGTERM else -signal.SIGKILL)
     assert sampler.longest_gap == 0
     assert took < 3, f"the standby took {took:.1f}s to publish"
-    await logged(new_log, "took over publishing the ResourceSlices", timeout=1)
+    await logged(new_log, "on standby: publishing the ResourceSlices", timeout=1)
     new.send_signal(signal.SIGTERM)
     assert await asyncio.to_thread(new.wait, 5) == 0
     assert "Traceback" not in old_log.read_text() + new_log.read_text()

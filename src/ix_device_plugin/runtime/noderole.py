@@ -1,14 +1,16 @@
-"""Which pod of the driver publishes the node's ResourceSlices: one at a time, the holder of a file lock,
-`<plugins dir>/gpu.iluvatar.com/publisher.lock`, which every pod of the driver mounts.
+"""A node-wide role held by one pod of the agent at a time: the holder of a file lock on the node, which every pod
+of that front end mounts. The DRA driver's pod holding `<plugins dir>/gpu.iluvatar.com/publisher.lock` publishes the
+node's ResourceSlices; the device plugin's pod holding `<plugins dir>/iluvatar.com/device-plugin.lock` acts for the
+node (resets, the CDI spec, node labels, Events, GPU metrics).
 
-During a rolling update the new pod finds the lock held and waits on standby: it serves the kubelet (prepares,
-unprepares, health) but writes no slice, so the two never take each other's writes for foreign edits. The old
-pod lets go as soon as its publisher has stopped (at SIGTERM), or the kernel lets go when it dies (kill -9, OOM);
-the standby notices within POLL and publishes its own content from then on.
+During a rolling update the new pod finds the lock held and waits on standby: it serves the kubelet but does none of
+the role's work, so the two never take each other's writes for foreign edits. The old pod lets go as soon as its
+role's work has stopped (at SIGTERM), or the kernel lets go when it dies (kill -9, OOM); the standby notices within
+POLL and does the work from then on.
 
 A node-local lock rather than a coordination.k8s.io Lease: it costs the API server nothing (a Lease renewed by
 every node is a write per node every few seconds at fleet scale), it is handed over within POLL instead of a
-lease duration, and it does not depend on the API server (a node that lost it keeps its one publisher). A pod
+lease duration, and it does not depend on the API server (a node that lost it keeps its one holder). A pod
 wedged while holding the lock keeps it, as it would keep renewing a Lease from a live loop; its liveness probe
 and the update's deletion of the old pod end it, and the kernel lets go.
 """
@@ -28,17 +30,17 @@ from ix_device_plugin.runtime.logs import OncePerError
 
 log = logging.getLogger(__name__)
 
-ROLE_FILE = "publisher.lock"
 POLL = 0.1  # seconds between looks at a lock another pod holds: the longest a handover waits
 CHECK = 1.0  # seconds between checks that the lock file is still the one held
 
 
-class PublisherRole:
-    """The role of publishing the node's ResourceSlices, held by one pod of the driver at a time."""
+class NodeRole:
+    """A node-wide role held by one pod at a time: the file lock at path; duty says what the holder does, in the
+    log ("publishing the ResourceSlices of node n")."""
 
-    def __init__(self, directory: Path, node: str) -> None:
-        self.node = node
-        self._lock = FileLock(directory / ROLE_FILE)
+    def __init__(self, path: Path, duty: str) -> None:
+        self.duty = duty
+        self._lock = FileLock(path)
 
     @property
     def path(self) -> Path:
@@ -47,12 +49,21 @@ class PublisherRole:
 
     @property
     def held(self) -> bool:
-        """True while this pod publishes the slices."""
+        """True while this pod holds the role."""
         return self._lock.held
 
-    async def run(self, publish: Callable[[], Coroutine[Any, Any, None]]) -> None:
-        """Run publish() (which publishes until cancelled) whenever this pod holds the role: on standby until it
-        does, stopped when the role is lost; the role is let go only once publish has stopped. Until cancelled."""
+    def try_take(self) -> bool:
+        """Take the role now if no other pod holds it; True when this pod holds it."""
+        if self._lock.held:
+            return True
+        if self._lock.try_take():
+            log.info("%s (holding %s)", self.duty, self.path)
+            return True
+        return False
+
+    async def run(self, work: Callable[[], Coroutine[Any, Any, None]]) -> None:
+        """Run work() (which runs until cancelled) whenever this pod holds the role: on standby until it does,
+        stopped when the role is lost; the role is let go only once work has stopped. Until cancelled."""
         errors = OncePerError(log, logging.ERROR)
         backoff = Backoff(initial=1.0, cap=30.0)
         try:
@@ -60,12 +71,12 @@ class PublisherRole:
                 try:
                     await self.hold()
                 except LockError as error:
-                    errors.failed("cannot publish the ResourceSlices of node %s: %s (trying again)", self.node, error)
+                    errors.failed("cannot take the role of %s: %s (trying again)", self.duty, error)
                     await backoff.sleep()
                     continue
                 errors.succeeded()
                 backoff.reset()
-                await _first_of(publish(), self.until_lost())
+                await _first_of(work(), self.until_lost())
                 self.release()
         finally:
             self.release()
@@ -73,15 +84,13 @@ class PublisherRole:
     async def hold(self) -> None:
         """Until this pod holds the role: at once when no other pod holds it, else when that one stops or dies.
         The wait is said in the log; cancelling it ends it."""
-        if self._lock.try_take():
-            log.info("publishing the ResourceSlices of node %s (holding %s)", self.node, self.path)
+        if self.try_take():
             return
         started = time.monotonic()
         log.info(
-            "standby: another pod of this driver publishes the ResourceSlices of node %s (it holds %s); this pod "
-            "serves the kubelet and takes over when that one stops",
-            self.node,
+            "standby: another pod holds %s (%s); this pod serves the kubelet and takes over when that one stops",
             self.path,
+            self.duty,
         )
         try:
             while not self._lock.try_take():
@@ -90,19 +99,19 @@ class PublisherRole:
             self._lock.release()
             raise
         waited = time.monotonic() - started
-        log.info("took over publishing the ResourceSlices of node %s after %.1fs on standby", self.node, waited)
+        log.info("took over after %.1fs on standby: %s", waited, self.duty)
 
     async def until_lost(self) -> None:
         """Return when the lock file is no longer the one held (removed or replaced on the node): another pod may
-        take the role on the new file, so this one must stop publishing."""
+        take the role on the new file, so this one must stop its work."""
         while self._lock.still_ours():
             await asyncio.sleep(CHECK)
-        log.warning("%s was removed or replaced: no longer publishing until the role is had again", self.path)
+        log.warning("%s was removed or replaced: no longer %s until the role is had again", self.path, self.duty)
 
     def release(self) -> None:
-        """Let the next pod take the role (call only once this pod's publisher has stopped)."""
+        """Let the next pod take the role (call only once this pod's work for it has stopped)."""
         if self._lock.held:
-            log.info("no longer publishing the ResourceSlices of node %s: %s released", self.node, self.path)
+            log.info("%s released: no longer %s", self.path, self.duty)
         self._lock.release()
 
 
