@@ -195,19 +195,48 @@ async def test_kill_9_then_restart_registers(kubelet: KubeletStandIn, plugin_dir
         stop_process(first)
 
 
-async def test_second_instance_does_not_steal_the_socket(
+async def test_a_second_instance_waits_on_standby_and_serves_once_the_first_stops(
+    kubelet: KubeletStandIn, plugin_dir: Path, short_dir: Path
+) -> None:
+    """Without API access (auto cannot read the kubelet's version) a second instance registers nothing while the
+    first serves the node, and takes over when it stops."""
+    first = spawn_plugin(plugin_dir)
+    second = None
+    try:
+        await kubelet.wait_registered(RESOURCE, capacity=2, timeout=10)
+        socket = plugin_dir / SOCKET
+        served = socket.stat().st_ino
+        second = spawn_plugin(plugin_dir, log_file=short_dir / "log")
+        await until(lambda: "standby: another pod of the plugin serves this node" in read(short_dir / "log"), 10)
+        assert second.poll() is None and first.poll() is None
+        assert socket.stat().st_ino == served and len(kubelet.registrations) == 1
+        stop_process(first)
+        await until(lambda: len(kubelet.registrations) == 2, timeout=10)
+        await kubelet.wait_registered(RESOURCE, capacity=2, timeout=5)
+        assert "the pod that served this node has stopped: registering" in read(short_dir / "log")
+    finally:
+        stop_process(first)
+        if second is not None:
+            stop_process(second)
+
+
+async def test_a_second_instance_told_to_serve_beside_does_not_steal_a_shared_socket_name(
     kubelet: KubeletStandIn, plugin_dir: Path, short_dir: Path
 ) -> None:
     first = spawn_plugin(plugin_dir)
     try:
         await kubelet.wait_registered(RESOURCE, capacity=2, timeout=10)
-        second = spawn_plugin(plugin_dir, log_file=short_dir / "log")
+        second = spawn_plugin(plugin_dir, "--zero-downtime-upgrade", "true", log_file=short_dir / "log")
         assert await asyncio.to_thread(second.wait, 10) == 1
-        assert "another plugin is already serving" in (short_dir / "log").read_text()
+        assert "another plugin is already serving" in read(short_dir / "log")
         assert first.poll() is None
         assert kubelet.resources[RESOURCE].connected
     finally:
         stop_process(first)
+
+
+def read(path: Path) -> str:
+    return path.read_text() if path.exists() else ""
 
 
 def test_sigterm_while_kubelet_absent(plugin_dir: Path) -> None:

@@ -16,7 +16,13 @@ from ix_device_plugin.runtime.errors import StartupError
 
 log = logging.getLogger(__name__)
 
-ENDPOINT = "iluvatar-gpu.sock"
+ENDPOINT = "iluvatar-gpu.sock"  # a plugin started by hand, without a pod UID
+
+
+def plugin_socket(plugin_dir: Path, pod_uid: str = "") -> Path:
+    """The plugin's socket in the kubelet's device-plugin directory: one per pod (iluvatar-gpu-<pod UID>.sock), so
+    that during an update the new pod serves beside the old one; ENDPOINT without a pod UID."""
+    return plugin_dir / (f"iluvatar-gpu-{pod_uid}.sock" if pod_uid else ENDPOINT)
 
 
 class Endpoint:

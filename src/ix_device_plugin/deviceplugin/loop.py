@@ -23,7 +23,7 @@ from ix_device_plugin.core.inventory import Inventory
 from ix_device_plugin.core.limits import device_list_problem
 from ix_device_plugin.core.plan import Plan
 from ix_device_plugin.deviceplugin.configsource import ConfigSource
-from ix_device_plugin.deviceplugin.endpoint import ENDPOINT, Endpoint
+from ix_device_plugin.deviceplugin.endpoint import Endpoint, plugin_socket
 from ix_device_plugin.deviceplugin.features.hook import ApiFeatures
 from ix_device_plugin.deviceplugin.holders import PodHolders
 from ix_device_plugin.deviceplugin.metrics import Metrics
@@ -40,11 +40,14 @@ from ix_device_plugin.healing.record import RecordFile, record_path
 from ix_device_plugin.healing.service import NodeHealing
 from ix_device_plugin.healing.story import story_path
 from ix_device_plugin.healing.wayback import return_annotation
+from ix_device_plugin.kubelet.endpoints import register_beside
 from ix_device_plugin.kubelet.podresources import PodResources
 from ix_device_plugin.runtime.errors import StartupError
 from ix_device_plugin.runtime.files import read_boot_id
 from ix_device_plugin.runtime.filewatch import Watcher
+from ix_device_plugin.runtime.locks import LockError
 from ix_device_plugin.runtime.logs import OncePerError
+from ix_device_plugin.runtime.noderole import NodeRole
 from ix_device_plugin.runtime.probes import ProbeHandlers, ProbeServer, start_probes
 from ix_device_plugin.runtime.service import Service, bounded
 from ix_device_plugin.settings.config import Config
@@ -89,7 +92,17 @@ class NodeLabelChanged:
     value: str | None
 
 
-Event = FilesChanged | ReloadRequested | HardwareChanged | NodeLabelChanged
+@dataclass(frozen=True)
+class RoleChanged:
+    """This pod took the node's role (or serves the kubelet from now on): write the node files, serve."""
+
+
+Event = FilesChanged | ReloadRequested | HardwareChanged | NodeLabelChanged | RoleChanged
+
+ROLE_FILE = "device-plugin.lock"  # beside the node-health record: held by the pod acting for the node
+HANDOVER_SETTLE = 1.0  # seconds a pod that waited for the old one to stop waits more before registering: an older
+# kubelet disconnects "the" endpoint of a resource when the old one's stream ends, and must have done so first
+KUBELET_VERSION_WAIT = 5.0  # seconds the Node's read may take when deciding whether to register beside another pod
 
 
 class Daemon:
@@ -141,13 +154,26 @@ class Daemon:
                 lambda: self.inventory,
                 PluginHolders(self.pod_resources, lambda: self.plan),
             )
+        plugins_dir = options.kubelet_plugins_directory_path
+        self.record = RecordFile(record_path(plugins_dir)) if plugins_dir is not None else None
+        # One pod acts for the node (resets, the CDI spec, labels, Events, GPU metrics) while another may serve the
+        # kubelet beside it during an update; without the plugins directory this process is alone.
+        self.role: NodeRole | None = None
+        if self.record is not None:
+            duty = f"acting for node {options.node_name}'s GPUs"
+            self.role = NodeRole(self.record.path.parent / ROLE_FILE, duty, held_through_stop=True)
         self.api = ApiFeatures(
-            options, self.current, self.metrics, self.hardware, self._rediscover_now, self._pod_devices, self.apiserver
+            options,
+            self.current,
+            self.metrics,
+            self.hardware,
+            self._rediscover_now,
+            self._pod_devices,
+            self.apiserver,
+            acting=lambda: self.acting,
         )
         if self.sampler is not None:
             self.api.gpu_reset.quiet_others = self.sampler.paused
-        plugins_dir = options.kubelet_plugins_directory_path
-        self.record = RecordFile(record_path(plugins_dir)) if plugins_dir is not None else None
         self.holders = PodHolders(
             self.pod_resources,
             self.current,
@@ -156,6 +182,7 @@ class Daemon:
             lock_dir=None if self.record is None else self.record.path.parent,
             turn_timeout=options.reset_wait_timeout,
         )
+        self.api.gpu_reset.node_turn = self.holders.turn  # every pod of the plugin resets the node's GPUs in turn
         self.healing = NodeHealing(
             self.monitor,
             self.api.gpu_reset,
@@ -169,19 +196,24 @@ class Daemon:
             node_watched=options.per_node_config,  # the label's watch of the Node brings the operator's annotation
             record=self.record,
             boot_id=read_boot_id(),
-            writer=f"device-plugin {os.getpid()}",
+            writer=f"device-plugin {options.pod_uid or os.getpid()}",
+            acting=lambda: self.acting,
         )
         self.endpoint = Endpoint(
-            options.plugin_dir / ENDPOINT, self.current, self.metrics.observe_call, self.api.before_allocate
+            plugin_socket(options.plugin_dir, options.pod_uid),
+            self.current,
+            self.metrics.observe_call,
+            self.api.before_allocate,
         )
         self.registrar = Registrar(
             options.plugin_dir,
-            ENDPOINT,
+            self.endpoint.path.name,
             lambda: self.current.plan.resource_name,
             self.metrics,
             options.poll_interval,
         )
         self.metrics.read_state_from(lambda: self.current.state, lambda: self.registrar.registered)
+        self.metrics.read_role_from(lambda: self.acting)
         self.config_source = ConfigSource(options, self.apiserver)
         self.files = NodeFiles(options.cdi_spec_dir, options.node_feature_dir, options.dev_root, options.sysfs_root)
         self.socket_path = self.endpoint.path
@@ -193,8 +225,15 @@ class Daemon:
         self._endpoint_errors = OncePerError(log)
         self._limit_errors = OncePerError(log)
         self._volcano_pod_errors = OncePerError(log, logging.WARNING)
+        self.serving_wanted = True  # False while waiting on standby for the pod serving the node to stop
+        self._waiting_why = ""
 
     # ---- what others read ------------------------------------------------------------------
+
+    @property
+    def acting(self) -> bool:
+        """True while this pod acts for the node (always, without the plugins directory: then it is alone)."""
+        return self.role is None or self.role.held
 
     @property
     def gpu_reset(self) -> GpuReset:
@@ -228,6 +267,8 @@ class Daemon:
 
     def live(self) -> tuple[bool, str]:
         """Liveness: serving, registration not failing for long, the GPU library answering, no task down."""
+        if not self.serving_wanted:
+            return True, f"standby: {self._waiting_why}"
         if not self.endpoint.serving:
             return False, f"not serving on {self.socket_path}"
         failing = self.registrar.failing_for()
@@ -241,9 +282,13 @@ class Daemon:
         return True, f"serving {self.plan.capacity()} {self.plan.resource_name} on {self.socket_path}"
 
     def ready(self) -> tuple[bool, str]:
-        """Readiness: registered with the kubelet."""
+        """Readiness: registered with the kubelet, or waiting on standby for the pod serving the node to stop (an
+        update goes on to stop that one)."""
+        if not self.serving_wanted:
+            return True, f"standby: {self._waiting_why}"
         if self.registered:
-            return True, f"registered {self.plan.resource_name}"
+            standby = "" if self.acting else "; standby: another pod acts for the node"
+            return True, f"registered {self.plan.resource_name}{standby}"
         return False, "not registered with the kubelet"
 
     # ---- running and stopping --------------------------------------------------------------
@@ -269,30 +314,94 @@ class Daemon:
             )
         config = self._first_config()
         self.monitor.ignored = config.health_policy
+        acting = self._take_role_at_start()
         self.healing.healer.restore(config.health_policy)  # before the first discovery and ListAndWatch
         await self._start_probes()
-        view = await self.monitor.start(config.fail_on_init_error)
+        view = await self.monitor.start(config.fail_on_init_error, xids=acting)  # on standby: the record's XIDs
         self._applied_version = view.version  # its HardwareChanged event, already queued, changes nothing
         if (problem := device_list_problem(view.inventory, config)) is not None:
             raise StartupError(f"{self.config_path}: {problem}")
         self._swap(State.of(view.inventory, config))
         _log_plan(self.plan)
-        await self.endpoint.start(self.plan.resource_name)
-        self.registrar.request()
-        self.files.apply(self.current.state)
+        if not acting:
+            self.serving_wanted = await self._register_beside()
+        if self.serving_wanted:
+            await self.endpoint.start(self.plan.resource_name)
+            self.registrar.request()
+        if acting:
+            self.files.apply(self.current.state)
         spawn("reconcile", self._reconcile_loop)
         spawn("registrar", self.registrar.run)
         spawn("watch", self._watch_files)
         spawn("hardware", self.monitor.run)
-        if self.sampler is not None:
-            spawn("telemetry", self.sampler.run)
-        if (labels := self.files.labels) is not None:
-            spawn("node-labels", labels.run)  # writes them again when another agent hands the file over
         if self.kube_settings is not None:
             spawn("volcano", self.api.run_volcano)
-            spawn("reset-announce", self.api.announce_reset)
         for name, task in self.healing.tasks().items():
             spawn(name, task)
+        if self.role is None:
+            spawn("node", self._act_for_node)
+        else:
+            role = self.role
+            spawn("node-role", lambda: role.run(self._act_for_node))
+
+    def _take_role_at_start(self) -> bool:
+        """Take the node's role when no other pod of the plugin holds it; whether this pod acts for the node."""
+        if self.role is None:
+            return True
+        try:
+            self.role.path.parent.mkdir(parents=True, exist_ok=True)
+            return self.role.try_take()
+        except (LockError, OSError) as error:
+            raise StartupError(f"cannot act for the node: {error} (see --kubelet-plugins-directory-path)") from None
+
+    async def _register_beside(self) -> bool:
+        """Another pod of the plugin serves the node: whether to register beside it now (--zero-downtime-upgrade,
+        the kubelet's version), else wait on standby until it stops."""
+        version = await self._kubelet_version() if self.options.zero_downtime_upgrade == "auto" else None
+        beside, why = register_beside(self.options.zero_downtime_upgrade, version)
+        if beside:
+            log.info("another pod of the plugin serves this node: registering beside it (%s)", why)
+        else:
+            self._waiting_why = f"another pod of the plugin serves this node; registering once it stops ({why})"
+            log.info("standby: %s", self._waiting_why)
+        return beside
+
+    async def _kubelet_version(self) -> str | None:
+        """The node's kubelet version from its Node (None without API access or when it cannot be read in time)."""
+        if self.apiserver is None:
+            return None
+        from ix_device_plugin.apiserver.errors import KubeError
+        from ix_device_plugin.apiserver.objects import NODE
+        from ix_device_plugin.apiserver.settings import KubeConfigError
+
+        try:
+            async with asyncio.timeout(KUBELET_VERSION_WAIT):
+                node = await (await self.apiserver.kube()).get_object(NODE, self.apiserver.node_name)
+        except (KubeError, KubeConfigError, TimeoutError) as error:
+            log.warning("cannot read the kubelet's version from the Node: %s", error or "no answer in time")
+            return None
+        version = ((node or {}).get("status") or {}).get("nodeInfo", {}).get("kubeletVersion")
+        return version if isinstance(version, str) else None
+
+    async def _act_for_node(self) -> None:
+        """While this pod acts for the node (until cancelled): XIDs, the node files, and the node-wide tasks."""
+        if not self.serving_wanted:
+            await asyncio.sleep(HANDOVER_SETTLE)
+            self.serving_wanted = True
+            log.info("the pod that served this node has stopped: registering")
+        await self.monitor.watch_xids()
+        self._events.put_nowait(RoleChanged())
+        works = []
+        if self.sampler is not None:
+            works.append(self.sampler.run())
+        if (labels := self.files.labels) is not None:
+            works.append(labels.run())  # writes them again when another agent hands the file over
+        if self.kube_settings is not None:
+            works.append(self.api.announce_reset())
+        async with asyncio.TaskGroup() as group:
+            for work in works:
+                group.create_task(work)
+            group.create_task(asyncio.Event().wait())  # until cancelled, even with nothing to run
 
     def _return_requests(self) -> AlsoFollowed | None:
         """The operator's annotation for self-healing, followed by the node label's watch (None without an API)."""
@@ -319,6 +428,8 @@ class Daemon:
             await self.sampler.close(timeout=budget * 0.1)
         # Room for the XID waiter's last bounded wait (EVENT_WAIT_MS), which must end before IXML shuts down.
         await self.hardware.close(timeout=budget * 0.4)
+        if self.role is not None:
+            self.role.release()  # last: the pod that follows acts for the node once this one's work is all over
 
     # ---- the reconcile loop: the only writer of state -----------------------------------------
 
@@ -336,8 +447,13 @@ class Daemon:
                 case NodeLabelChanged(value):
                     self.config_source.label = value
                     self._reload_config(force=False)
-            await self._converge()
-            self.files.apply(self.current.state)
+                case RoleChanged():
+                    self.files.changed()
+                    self.api.wake_volcano()
+            if self.serving_wanted:
+                await self._converge()
+            if self.acting:
+                self.files.apply(self.current.state)
 
     def _hardware_changed(self, view: HardwareView) -> None:
         if view.version > self._applied_version:

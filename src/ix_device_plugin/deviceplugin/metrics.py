@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING
 
 from ix_device_plugin import __version__
 from ix_device_plugin.deviceplugin.state import State
@@ -11,6 +12,9 @@ from ix_device_plugin.gpureset.document import RESET_RESULTS
 from ix_device_plugin.runtime.lazymetrics import Counter, Gauge, Histogram, Info, Registry
 from ix_device_plugin.settings.health import xid_label
 from ix_device_plugin.telemetry.nodestate import PREFIX, Devices, NodeStateCollector
+
+if TYPE_CHECKING:
+    from prometheus_client.metrics_core import Metric
 
 _RESET_BUCKETS = (0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 _LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5, 1.0)
@@ -91,6 +95,10 @@ class Metrics:
 
         self.registry.register(NodeStateCollector(devices, lambda: state().inventory, registered))
 
+    def read_role_from(self, acting: Callable[[], bool]) -> None:
+        """Export whether this pod acts for the node, as it is at each scrape."""
+        self.registry.register(_RoleCollector(acting))
+
     def observe_health_poll(self) -> None:
         """Record a successful health poll."""
         self.last_health_poll.set(time.time())
@@ -98,3 +106,20 @@ class Metrics:
     def render(self) -> bytes:
         """The Prometheus text exposition of every metric."""
         return self.registry.render()
+
+
+class _RoleCollector:
+    """ix_device_plugin_acting_for_node: 1 in the pod acting for the node, 0 in a pod on standby beside it."""
+
+    def __init__(self, acting: Callable[[], bool]) -> None:
+        self._acting = acting
+
+    def collect(self) -> Iterator[Metric]:
+        from prometheus_client.metrics_core import GaugeMetricFamily
+
+        yield GaugeMetricFamily(
+            f"{PREFIX}_acting_for_node",
+            "1 while this pod acts for the node (resets, CDI spec, labels, Events, GPU metrics), 0 on standby beside "
+            "another pod of the plugin during an update",
+            value=float(self._acting()),
+        )

@@ -118,6 +118,7 @@ class HardwareMonitor:
         self._held_out: dict[str, str] = {}  # chip UUID -> why it is kept out of service (reserved for a reset)
         self._followed_xids: dict[str, frozenset[int]] = {}  # XIDs another pod of the agent saw (its record)
         self._own_xids: dict[str, frozenset[int]] = {}  # chip UUID -> the XIDs this process keeps for it
+        self.xids_watched = False
 
     # ---- what the front ends use ------------------------------------------------------------
 
@@ -182,12 +183,14 @@ class HardwareMonitor:
     def _set_followed(self, xids: Mapping[str, frozenset[int]]) -> None:
         self._followed_xids = {uuid: frozenset(found) for uuid, found in xids.items() if found}
 
-    async def start(self, fail_on_init_error: bool) -> HardwareView:
-        """Ask for XID events, then discover; StartupError when that fails and fail_on_init_error is set.
+    async def start(self, fail_on_init_error: bool, xids: bool = True) -> HardwareView:
+        """Ask for XID events (unless xids is false: see watch_xids), then discover; StartupError when that fails
+        and fail_on_init_error is set.
 
         Otherwise a failed first discovery leaves an empty view, retried every rediscover interval.
         """
-        await self._watch_xids()
+        if xids:
+            await self.watch_xids()
         try:
             inventory = await self._discover()
         except BackendError as error:
@@ -411,8 +414,14 @@ class HardwareMonitor:
         inventory = await self.hardware.call("discover", lambda backend: backend.discover())
         return with_control_nodes(inventory, self.settings.dev_root)
 
-    async def _watch_xids(self) -> None:
-        """Ask the backend to hand XID events to the monitor; without them, health comes from polling alone."""
+    async def watch_xids(self) -> None:
+        """Ask the backend to hand XID events to the monitor, once; without them, health comes from polling alone.
+
+        A pod on standby behind another pod of the agent asks for none until it acts for the node: the acting pod
+        sees every XID (the library may hand each to one listener) and the standby learns them from its record."""
+        if self.xids_watched:
+            return
+        self.xids_watched = True
         loop = asyncio.get_running_loop()
 
         def sink(event: XidEvent) -> None:  # runs on the backend's event thread

@@ -38,9 +38,10 @@ class NodeRole:
     """A node-wide role held by one pod at a time: the file lock at path; duty says what the holder does, in the
     log ("publishing the ResourceSlices of node n")."""
 
-    def __init__(self, path: Path, duty: str) -> None:
+    def __init__(self, path: Path, duty: str, *, held_through_stop: bool = False) -> None:
         self.duty = duty
         self._lock = FileLock(path)
+        self._held_through_stop = held_through_stop  # run's cancellation keeps the role: the owner releases it last
 
     @property
     def path(self) -> Path:
@@ -63,7 +64,8 @@ class NodeRole:
 
     async def run(self, work: Callable[[], Coroutine[Any, Any, None]]) -> None:
         """Run work() (which runs until cancelled) whenever this pod holds the role: on standby until it does,
-        stopped when the role is lost; the role is let go only once work has stopped. Until cancelled."""
+        stopped when the role is lost; the role is let go only once work has stopped (held_through_stop: a cancel
+        keeps it, for the owner to release once its stop is over). Until cancelled."""
         errors = OncePerError(log, logging.ERROR)
         backoff = Backoff(initial=1.0, cap=30.0)
         try:
@@ -79,7 +81,8 @@ class NodeRole:
                 await _first_of(work(), self.until_lost())
                 self.release()
         finally:
-            self.release()
+            if not self._held_through_stop:
+                self.release()
 
     async def hold(self) -> None:
         """Until this pod holds the role: at once when no other pod holds it, else when that one stops or dies.

@@ -82,6 +82,8 @@ class Options(NodeOptions):
     node_name: str = ""  # for metric labels: NODE_NAME, else the host name
     per_node_config: bool = False  # the node label NODE_CONFIG_LABEL picks the ConfigMap key
     label_wait: float = 5.0  # at start, how long to wait for the node label before using ix-config
+    pod_uid: str = ""  # POD_UID: names the socket per pod, so that an update overlaps the old pod
+    zero_downtime_upgrade: str = "auto"  # register beside another pod serving the node: auto, true or false
 
 
 @dataclass(frozen=True)
@@ -130,6 +132,8 @@ def options_from(resolved: Resolved) -> Options:
         "plugin_dir": values.get("device_plugin_path", Path(DEFAULT_PLUGIN_DIR)),
         "node_name": values.get("node_name") or socket.gethostname(),
         "per_node_config": values.get("per_node_config", False),
+        "pod_uid": values.get("pod_uid") or "",
+        "zero_downtime_upgrade": values.get("zero_downtime_upgrade", "auto"),
     }
     options = Options(**_node_fields(resolved), **plugin)
     check_given(options)

@@ -154,7 +154,12 @@ SETTINGS: tuple[Setting, ...] = (
              "reset lock; dra: also the DRA socket and the checkpoint", (*DRA_MODES, RUN)),
     _setting("pod_uid", "--pod-uid", "POD_UID", None, v.pod_uid, "UID",
              "this pod's UID (downward API metadata.uid): sockets named per pod, so that an update overlaps the old "
-             "driver (kubelet 1.33+); unset: the fixed names", (DRA,)),
+             "pod (dra: kubelet 1.33+; run: 1.37+); unset: the fixed names", (RUN, DRA)),
+    _setting("zero_downtime_upgrade", "--zero-downtime-upgrade", "ZERO_DOWNTIME_UPGRADE", "auto",
+             v.choice("auto", "true", "false"), "auto|true|false",
+             "a pod started while another pod of the plugin serves the node registers beside it (true), or waits "
+             "until that one stops (false); auto: beside it on a kubelet 1.37+ (the Node's kubeletVersion), else "
+             "waits", (RUN,)),
     _setting("disabled_healthchecks", None, "IX_DISABLE_HEALTHCHECKS", frozenset(), parse_disabled_healthchecks,
              "LIST", "health checks not to act on: `all`, or a comma list of error names, `xids` and XID numbers",
              (RUN, LIST, DEMO, DRA, LIST_DRA)),

@@ -5,6 +5,12 @@ plugin back inside Register, asks for its options, then follows ListAndWatch,
 replacing its whole view of the resource with every message. A restart wipes
 every socket in the directory and serves a fresh kubelet.sock, forgetting all
 plugins, and nothing reconnects on its own.
+
+Several endpoints for one resource (two pods of a plugin during an update), as the kubelet's device manager has
+it (pkg/kubelet/cm/devicemanager): from 1.37 (several_endpoints) it keeps one per socket, every one's messages
+replace the view, the newest registration answers Allocate, and only the last one's disconnect makes the devices
+unusable. Before (several_endpoints=False) a registration replaced "the" endpoint of the resource, and when the
+replaced one's stream ended the kubelet disconnected the endpoint current then: the newer one.
 """
 
 from __future__ import annotations
@@ -30,7 +36,7 @@ DIAL_TIMEOUT = 10.0
 class ResourceView:
     """What the stand-in knows about one registered resource."""
 
-    endpoint: str
+    endpoint: str  # the one answering Allocate: the newest registration
     options: api_pb2.DevicePluginOptions
     devices: dict[str, str] = field(default_factory=dict)  # ID -> health
     numa: dict[str, tuple[int, ...]] = field(default_factory=dict)
@@ -51,13 +57,14 @@ class ResourceView:
 class KubeletStandIn(api_pb2_grpc.RegistrationServicer):
     """The kubelet side of the device plugin API, on a real unix socket."""
 
-    def __init__(self, plugin_dir: Path) -> None:
+    def __init__(self, plugin_dir: Path, several_endpoints: bool = True) -> None:
         self.plugin_dir = Path(plugin_dir)
+        self.several_endpoints = several_endpoints
         self.resources: dict[str, ResourceView] = {}
         self.registrations: list[api_pb2.RegisterRequest] = []
         self._server: grpc.aio.Server | None = None
-        self._channels: dict[str, grpc.aio.Channel] = {}
-        self._streams: dict[str, asyncio.Task[None]] = {}
+        self._endpoints: dict[str, dict[str, _Endpoint]] = {}  # resource -> socket name -> its connection
+        self._replaced: set[asyncio.Task[None]] = set()  # before 1.37: streams of replaced endpoints, still followed
         self._changed = asyncio.Condition()
 
     async def start(self) -> None:
@@ -71,13 +78,14 @@ class KubeletStandIn(api_pb2_grpc.RegistrationServicer):
 
     async def stop(self) -> None:
         """Stop serving and drop every plugin connection."""
-        for task in self._streams.values():
+        for endpoints in self._endpoints.values():
+            for endpoint in endpoints.values():
+                await endpoint.close()
+        self._endpoints.clear()
+        for task in self._replaced:
             task.cancel()
-        await asyncio.gather(*self._streams.values(), return_exceptions=True)
-        self._streams.clear()
-        for channel in self._channels.values():
-            await channel.close()
-        self._channels.clear()
+        await asyncio.gather(*self._replaced, return_exceptions=True)
+        self._replaced.clear()
         if self._server is not None:
             await self._server.stop(0)
             self._server = None
@@ -112,44 +120,63 @@ class KubeletStandIn(api_pb2_grpc.RegistrationServicer):
         except (TimeoutError, grpc.aio.AioRpcError) as error:
             await channel.close()
             await context.abort(grpc.StatusCode.UNAVAILABLE, f"cannot dial plugin at {target}: {error}")
-        await self._replace(request.resource_name, channel, ResourceView(request.endpoint, options), stub)
+        await self._connect(request.resource_name, request.endpoint, channel, stub, options)
         return api_pb2.Empty()
 
-    async def _replace(
+    async def _connect(
         self,
         resource: str,
+        name: str,
         channel: grpc.aio.Channel,
-        view: ResourceView,
         stub: api_pb2_grpc.DevicePluginStub,
+        options: api_pb2.DevicePluginOptions,
     ) -> None:
-        old_task = self._streams.pop(resource, None)
-        old_channel = self._channels.pop(resource, None)
-        if old_task is not None:
-            old_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await old_task
-        if old_channel is not None:
-            await old_channel.close()
+        endpoints = self._endpoints.setdefault(resource, {})
+        same = endpoints.pop(name, None)
+        if same is not None:  # the plugin registered again on the same socket: the old connection is gone
+            await same.close()
+        if not self.several_endpoints:
+            for replaced in endpoints.values():  # still followed: its end disconnects whatever is current then
+                self._replaced.add(replaced.task)
+                replaced.task.add_done_callback(self._replaced.discard)
+            endpoints.clear()
         async with self._changed:
-            self.resources[resource] = view
+            view = self.resources.get(resource)
+            if view is None or not view.connected:
+                view = self.resources[resource] = ResourceView(name, options)
+            view.endpoint, view.options = name, options
             self._changed.notify_all()
-        self._channels[resource] = channel
-        self._streams[resource] = asyncio.create_task(self._follow(resource, view, stub))
+        endpoints[name] = _Endpoint(channel, asyncio.create_task(self._follow(resource, name, stub)))
 
-    async def _follow(self, resource: str, view: ResourceView, stub: api_pb2_grpc.DevicePluginStub) -> None:
+    async def _follow(self, resource: str, name: str, stub: api_pb2_grpc.DevicePluginStub) -> None:
         try:
             async for response in stub.ListAndWatch(api_pb2.Empty()):
                 async with self._changed:
+                    view = self.resources[resource]
                     view.devices = {d.ID: d.health for d in response.devices}
                     view.numa = {d.ID: tuple(n.ID for n in d.topology.nodes) for d in response.devices}
                     view.updates += 1
                     self._changed.notify_all()
         except grpc.aio.AioRpcError:
             pass
+        endpoints = self._endpoints.get(resource, {})
+        if endpoints.get(name) is not None and endpoints[name].task is asyncio.current_task():
+            del endpoints[name]
+        elif self.several_endpoints or asyncio.current_task() not in self._replaced:
+            return  # replaced by a registration on the same socket
+        else:  # before 1.37: a replaced endpoint's end disconnects the current one
+            for current in endpoints.values():
+                current.task.cancel()
+            endpoints.clear()
         async with self._changed:
-            # As the kubelet does when a plugin goes away: its devices stay but are unusable.
-            view.connected = False
-            view.devices = dict.fromkeys(view.devices, UNHEALTHY)
+            view = self.resources.get(resource)
+            if view is None:
+                return
+            if endpoints:  # another endpoint serves on
+                view.endpoint = next(reversed(endpoints))
+            else:  # as the kubelet does when the last plugin goes away: its devices stay but are unusable
+                view.connected = False
+                view.devices = dict.fromkeys(view.devices, UNHEALTHY)
             self._changed.notify_all()
 
     # ---- what a test or the demo asks -----------------------------------------------------
@@ -180,7 +207,12 @@ class KubeletStandIn(api_pb2_grpc.RegistrationServicer):
         return 0 if view is None else view.capacity
 
     def _stub(self, resource: str) -> api_pb2_grpc.DevicePluginStub:
-        return api_pb2_grpc.DevicePluginStub(self._channels[resource])
+        endpoint = self._endpoints[resource][self.resources[resource].endpoint]
+        return api_pb2_grpc.DevicePluginStub(endpoint.channel)
+
+    def endpoints(self, resource: str) -> list[str]:
+        """The socket names connected for resource, oldest first."""
+        return list(self._endpoints.get(resource, {}))
 
     async def allocate(self, resource: str, requests: Sequence[Sequence[str]]) -> api_pb2.AllocateResponse:
         """Call Allocate with one container request per item of requests."""
@@ -212,3 +244,17 @@ class KubeletStandIn(api_pb2_grpc.RegistrationServicer):
         chosen = await self.preferred(resource, available, [], count)
         response = await self.allocate(resource, [chosen])
         return response.container_responses[0]
+
+
+@dataclass
+class _Endpoint:
+    """One plugin socket the stand-in follows."""
+
+    channel: grpc.aio.Channel
+    task: asyncio.Task[None]
+
+    async def close(self) -> None:
+        self.task.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await self.task
+        await self.channel.close()

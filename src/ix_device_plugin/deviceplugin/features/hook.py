@@ -24,6 +24,7 @@ from ix_device_plugin.gpureset.handshake import open_handshake
 from ix_device_plugin.gpureset.purpose import RESET_GPU, reset_feature, resetting_for
 from ix_device_plugin.gpureset.sequence import GpuReset, GpuResetError, ResetHandshake, ResetSettings
 from ix_device_plugin.hardware.worker import Hardware
+from ix_device_plugin.runtime.files import OutputError
 from ix_device_plugin.runtime.logs import OncePerError
 from ix_device_plugin.settings.config import Config
 from ix_device_plugin.settings.options import NodeOptions
@@ -51,8 +52,10 @@ class ApiFeatures:
         rediscover: Callable[[], Awaitable[Inventory]],
         pod_devices: PodDevices,
         api: ApiConnection | None = None,
+        acting: Callable[[], bool] = lambda: True,
     ) -> None:
         self._api = api
+        self._acting = acting  # Volcano's ConfigMap and pod annotations are written by the pod acting for the node
         self._current = current
         self._pod_devices = pod_devices
         self.gpu_reset = GpuReset(hardware, self._reset_handshake, rediscover, metrics, ResetSettings.of(options))
@@ -92,8 +95,9 @@ class ApiFeatures:
             chips = {chip.uuid for req in request.container_requests for chip in _chips(current, req.devices_ids)}
             try:
                 with resetting_for(RESET_GPU):
-                    await self.gpu_reset.reset(sorted(chips))
-            except GpuResetError as error:
+                    async with self.gpu_reset.node_turn():  # another pod of the plugin may answer Allocate too
+                        await self.gpu_reset.reset(sorted(chips))
+            except (GpuResetError, OutputError) as error:
                 raise AllocationError(f"GPU reset before Allocate: {error}", unavailable=True) from None
         return request
 
@@ -175,6 +179,9 @@ class ApiFeatures:
                     _said_why_it_ended(following)
                     following = asyncio.create_task(mode.follow(), name="volcano-watches")
                 wake, wait = self._wake_events(mode), PASS_PERIOD  # taken before the pass: no change is missed
+                if not self._acting():
+                    await self._volcano_wait(CONFIG_POLL, wake)  # the acting pod writes; its stop wakes this one
+                    continue
                 try:
                     await mode.annotate_allocations(self._current.plan.resource_name)
                     await mode.publish()
@@ -186,6 +193,10 @@ class ApiFeatures:
                 await self._volcano_wait(wait, wake)
         finally:
             await _stopped(following)
+
+    def wake_volcano(self) -> None:
+        """Run Volcano mode's pass now (this pod has just taken over acting for the node)."""
+        self._volcano_soon.set()
 
     def _wake_events(self, mode: VolcanoMode | None) -> list[asyncio.Event]:
         """Set when the device view or what Volcano mode's watches see changes, or an Allocate asks for a pass."""
