@@ -42,6 +42,7 @@ class ResourceView:
     numa: dict[str, tuple[int, ...]] = field(default_factory=dict)
     updates: int = 0
     connected: bool = True
+    allocatable_seen: list[int] = field(default_factory=list)  # allocatable after each change, in order
 
     @property
     def capacity(self) -> int:
@@ -156,6 +157,7 @@ class KubeletStandIn(api_pb2_grpc.RegistrationServicer):
                     view.devices = {d.ID: d.health for d in response.devices}
                     view.numa = {d.ID: tuple(n.ID for n in d.topology.nodes) for d in response.devices}
                     view.updates += 1
+                    view.allocatable_seen.append(view.allocatable)
                     self._changed.notify_all()
         except grpc.aio.AioRpcError:
             pass
@@ -177,6 +179,7 @@ class KubeletStandIn(api_pb2_grpc.RegistrationServicer):
             else:  # as the kubelet does when the last plugin goes away: its devices stay but are unusable
                 view.connected = False
                 view.devices = dict.fromkeys(view.devices, UNHEALTHY)
+                view.allocatable_seen.append(0)
             self._changed.notify_all()
 
     # ---- what a test or the demo asks -----------------------------------------------------

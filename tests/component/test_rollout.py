@@ -1,0 +1,190 @@
+"""Two pods of the device plugin on one node during an update (the DaemonSet's surge): each on its own socket,
+one acting for the node, the kubelet stand-in keeping several endpoints per resource as the kubelet does from 1.37,
+or one as before. What the kubelet sees must never drop, and what is node-wide is done by one pod at a time."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+from reset_support import NAMESPACE, NODE, Ixsmi
+
+from ix_device_plugin.api import HEALTHY, UNHEALTHY
+from ix_device_plugin.apiserver.settings import KubeSettings, settings_from
+from ix_device_plugin.deviceplugin.loop import Daemon
+from ix_device_plugin.hardware.ixml import IxmlBackend
+from ix_device_plugin.standins.apiserver import ApiServerStandIn
+from ix_device_plugin.standins.kubelet import KubeletStandIn
+
+from support import RESOURCE, DaemonFactory, inject_xid, make_dev_root, metric, until
+
+OLD, NEW = "0b1d0000-0000-4000-8000-000000000001", "0e2e0000-0000-4000-8000-000000000002"
+
+
+class Allocatable:
+    """What the kubelet stand-in's allocatable for RESOURCE was after every message and disconnect from now on."""
+
+    def __init__(self, kubelet: KubeletStandIn) -> None:
+        self._view = kubelet.resources[RESOURCE]
+        self._start = len(self._view.allocatable_seen)
+
+    @property
+    def seen(self) -> list[int]:
+        return self._view.allocatable_seen[self._start :]
+
+
+def node_files(short_dir: Path) -> dict[str, object]:
+    return {"cdi_spec_dir": short_dir / "cdi", "node_feature_dir": short_dir / "features"}
+
+
+def spec(short_dir: Path) -> Path:
+    [path] = (short_dir / "cdi").iterdir()
+    return path
+
+
+async def test_a_new_pod_registers_beside_the_old_one_and_takes_over_at_its_stop_without_a_drop(
+    kubelet: KubeletStandIn, start_daemon: DaemonFactory, short_dir: Path, plugin_dir: Path
+) -> None:
+    old = await start_daemon(pod_uid=OLD, **node_files(short_dir))
+    await kubelet.wait_registered(RESOURCE, capacity=2)
+    written = spec(short_dir).stat()
+    allocatable = Allocatable(kubelet)
+    new = await start_daemon(pod_uid=NEW, zero_downtime_upgrade="true", **node_files(short_dir))
+    await until(lambda: kubelet.endpoints(RESOURCE) == [f"iluvatar-gpu-{OLD}.sock", f"iluvatar-gpu-{NEW}.sock"])
+    assert (old.acting, new.acting) == (True, False)
+    assert (metric(old, "ix_device_plugin_acting_for_node"), metric(new, "ix_device_plugin_acting_for_node")) == (
+        1,
+        0,
+    )
+    assert new.ready() == (True, f"registered {RESOURCE}; standby: another pod acts for the node")
+    response = await kubelet.admit(RESOURCE, 1)  # the newest registration answers
+    assert response.envs["IX_VISIBLE_DEVICES"]
+    assert metric(new, "ix_device_plugin_calls_total", method="Allocate") == 1
+    assert metric(old, "ix_device_plugin_calls_total", method="Allocate") == 0
+    assert spec(short_dir).stat().st_ino == written.st_ino and new.files.due  # the standby wrote nothing
+    await old.shutdown()
+    await until(lambda: new.acting, timeout=3)
+    await until(lambda: kubelet.endpoints(RESOURCE) == [f"iluvatar-gpu-{NEW}.sock"])
+    await until(lambda: not new.files.due)  # the CDI spec and labels are its own now
+    await kubelet.admit(RESOURCE, 1)
+    assert allocatable.seen and set(allocatable.seen) == {2}
+    assert kubelet.resources[RESOURCE].connected and kubelet.resources[RESOURCE].allocatable == 2
+    assert not (plugin_dir / f"iluvatar-gpu-{OLD}.sock").exists()
+
+
+async def test_the_new_pod_that_stops_first_leaves_the_old_one_serving(
+    kubelet: KubeletStandIn, start_daemon: DaemonFactory
+) -> None:
+    """DP2 changed its mind: it goes away before the old pod, which serves on as the one endpoint."""
+    old = await start_daemon(pod_uid=OLD)
+    await kubelet.wait_registered(RESOURCE, capacity=2)
+    allocatable = Allocatable(kubelet)
+    new = await start_daemon(pod_uid=NEW, zero_downtime_upgrade="true")
+    await until(lambda: len(kubelet.endpoints(RESOURCE)) == 2)
+    await new.shutdown()
+    await until(lambda: kubelet.endpoints(RESOURCE) == [f"iluvatar-gpu-{OLD}.sock"])
+    await kubelet.admit(RESOURCE, 2)  # the old pod answers again
+    assert old.acting
+    assert set(allocatable.seen) == {2}
+
+
+async def test_on_a_kubelet_before_1_37_the_new_pod_waits_ready_and_registers_once_the_old_one_stopped(
+    plugin_dir: Path, start_daemon: DaemonFactory, apiserver: ApiServerStandIn, short_dir: Path
+) -> None:
+    kubelet = KubeletStandIn(plugin_dir, several_endpoints=False)
+    await kubelet.start()
+    try:
+        kube = node_with_kubelet(apiserver, short_dir, "v1.36.4")
+        old = await start_daemon(pod_uid=OLD, kube=kube)
+        await kubelet.wait_registered(RESOURCE, capacity=2)
+        new = await start_daemon(pod_uid=NEW, kube=kube)
+        assert not new.serving_wanted and new.ready()[0] and new.live()[0]
+        assert "kubelet v1.36.4 is older than 1.37" in new.ready()[1]
+        assert not (plugin_dir / f"iluvatar-gpu-{NEW}.sock").exists() and len(kubelet.registrations) == 1
+        await old.shutdown()
+        await until(lambda: len(kubelet.registrations) == 2, timeout=5)
+        view = await kubelet.wait_registered(RESOURCE, capacity=2)
+        await asyncio.sleep(0.3)
+        assert view.connected and view.allocatable == 2 and new.acting
+    finally:
+        await kubelet.stop()
+
+
+async def test_a_kubelet_before_1_37_cuts_off_a_pod_registered_beside_the_old_one(
+    plugin_dir: Path, start_daemon: DaemonFactory
+) -> None:
+    """Why auto waits on an older kubelet: there, the old pod's stop takes the new one's registration with it."""
+    kubelet = KubeletStandIn(plugin_dir, several_endpoints=False)
+    await kubelet.start()
+    try:
+        old = await start_daemon(pod_uid=OLD)
+        await kubelet.wait_registered(RESOURCE, capacity=2)
+        await start_daemon(pod_uid=NEW, zero_downtime_upgrade="true")
+        await until(lambda: len(kubelet.registrations) == 2)
+        await old.shutdown()
+        await kubelet.wait_for(lambda: not kubelet.resources[RESOURCE].connected, timeout=5)
+    finally:
+        await kubelet.stop()
+
+
+async def test_auto_registers_beside_on_a_kubelet_1_37(
+    kubelet: KubeletStandIn, start_daemon: DaemonFactory, apiserver: ApiServerStandIn, short_dir: Path
+) -> None:
+    kube = node_with_kubelet(apiserver, short_dir, "v1.37.2")
+    await start_daemon(pod_uid=OLD, kube=kube)
+    await kubelet.wait_registered(RESOURCE, capacity=2)
+    new = await start_daemon(pod_uid=NEW, kube=kube)
+    assert new.serving_wanted and not new.acting
+    await until(lambda: len(kubelet.endpoints(RESOURCE)) == 2)
+
+
+def node_with_kubelet(apiserver: ApiServerStandIn, short_dir: Path, version: str) -> KubeSettings:
+    """API access for NODE, whose Node says its kubelet is version."""
+    node = apiserver.add_node(NODE)
+    node["status"] = {"nodeInfo": {"kubeletVersion": version}}
+    apiserver.put("nodes", node)
+    kubeconfig = apiserver.write_kubeconfig(short_dir / "kubeconfig", namespace=NAMESPACE)
+    return settings_from({"NODE_NAME": NODE, "POD_NAMESPACE": NAMESPACE}, str(kubeconfig), "test")
+
+
+@pytest.fixture
+def ixsmi(short_dir: Path) -> Ixsmi:
+    return Ixsmi(short_dir)
+
+
+async def test_both_pods_advertise_the_xid_the_acting_one_saw_and_the_chip_stays_out_after_the_handover(
+    kubelet: KubeletStandIn,
+    start_daemon: DaemonFactory,
+    libs: dict[str, Path],
+    conf: Path,
+    short_dir: Path,
+    ixsmi: Ixsmi,
+) -> None:
+    """XID 64 (it needs an operator) while both pods run: the acting pod sees it (the standby listens for none),
+    records it, and the standby advertises it too, so every ListAndWatch message says the same; after the old pod
+    stops the chip is still out."""
+    make_dev_root(short_dir, [0, 1], itrctl=False)
+
+    def backend() -> IxmlBackend:
+        return IxmlBackend(str(libs["full"]), dev_root=short_dir, ixsmi_path=ixsmi.path)
+
+    settings: dict[str, object] = {"backend_factory": backend, "health_interval": 0.1, "dev_root": short_dir}
+    old = await start_daemon(pod_uid=OLD, **settings)
+    view = await kubelet.wait_registered(RESOURCE, capacity=2)
+    new = await start_daemon(pod_uid=NEW, zero_downtime_upgrade="true", **settings)
+    await until(lambda: len(kubelet.endpoints(RESOURCE)) == 2)
+    assert not new.monitor.xids_watched
+    inject_xid(conf, 1, 64)
+    await until(lambda: advertised(old) == advertised(new) == {"GPU-x0": HEALTHY, "GPU-x1": UNHEALTHY}, timeout=5)
+    await kubelet.wait_for(lambda: view.devices.get("GPU-x1") == UNHEALTHY)
+    await old.shutdown()
+    await until(lambda: new.acting and new.monitor.xids_watched, timeout=3)
+    await asyncio.sleep(0.5)
+    assert advertised(new) == {"GPU-x0": HEALTHY, "GPU-x1": UNHEALTHY}
+    assert kubelet.resources[RESOURCE].allocatable == 1
+    assert 64 in {c.uuid: c for c in new.inventory.chips()}["GPU-x1"].status.xids  # its own now: it acts for the node
+
+
+def advertised(daemon: Daemon) -> dict[str, str]:
+    return {device.id: HEALTHY if device.healthy else UNHEALTHY for device in daemon.plan.devices}
