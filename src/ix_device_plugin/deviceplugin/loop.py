@@ -45,6 +45,7 @@ from ix_device_plugin.kubelet.podresources import PodResources
 from ix_device_plugin.runtime.errors import StartupError
 from ix_device_plugin.runtime.files import read_boot_id
 from ix_device_plugin.runtime.filewatch import Watcher
+from ix_device_plugin.runtime.lazymetrics import Gated
 from ix_device_plugin.runtime.locks import LockError
 from ix_device_plugin.runtime.logs import OncePerError
 from ix_device_plugin.runtime.noderole import NodeRole
@@ -146,7 +147,7 @@ class Daemon:
         self.sampler: TelemetrySampler | None = None
         if options.telemetry_interval is not None:
             self.telemetry = TelemetryCollector(options.node_name)
-            self.metrics.registry.register(self.telemetry)
+            self.metrics.registry.register(Gated(self.telemetry, lambda: self.acting))  # one pod per node exports it
             self.sampler = TelemetrySampler(
                 Hardware(factory, options.call_timeout),  # its own worker and backend: a hung read stays its own
                 self.telemetry,
@@ -212,7 +213,7 @@ class Daemon:
             self.metrics,
             options.poll_interval,
         )
-        self.metrics.read_state_from(lambda: self.current.state, lambda: self.registrar.registered)
+        self.metrics.read_state_from(lambda: self.current.state, lambda: self.registrar.registered, lambda: self.acting)
         self.metrics.read_role_from(lambda: self.acting)
         self.config_source = ConfigSource(options, self.apiserver)
         self.files = NodeFiles(options.cdi_spec_dir, options.node_feature_dir, options.dev_root, options.sysfs_root)

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 from ix_device_plugin import __version__
 from ix_device_plugin.deviceplugin.state import State
 from ix_device_plugin.gpureset.document import RESET_RESULTS
-from ix_device_plugin.runtime.lazymetrics import Counter, Gauge, Histogram, Info, Registry
+from ix_device_plugin.runtime.lazymetrics import Counter, Gated, Gauge, Histogram, Info, Registry
 from ix_device_plugin.settings.health import xid_label
 from ix_device_plugin.telemetry.nodestate import PREFIX, Devices, NodeStateCollector
 
@@ -86,14 +86,17 @@ class Metrics:
         if error is not None:
             self.call_errors.labels(method=method, code=error).inc()
 
-    def read_state_from(self, state: Callable[[], State], registered: Callable[[], bool]) -> None:
-        """Export the devices, chips and registration as they are at each scrape."""
+    def read_state_from(
+        self, state: Callable[[], State], registered: Callable[[], bool], acting: Callable[[], bool] = lambda: True
+    ) -> None:
+        """Export the devices, chips and registration as they are at each scrape, while this pod acts for the node
+        (a pod on standby beside it during an update exports none: the dashboard counts each node once)."""
 
         def devices() -> Devices:
             plan = state().plan
             return Devices(plan.resource_name, plan.capacity(), plan.healthy_count())
 
-        self.registry.register(NodeStateCollector(devices, lambda: state().inventory, registered))
+        self.registry.register(Gated(NodeStateCollector(devices, lambda: state().inventory, registered), acting))
 
     def read_role_from(self, acting: Callable[[], bool]) -> None:
         """Export whether this pod acts for the node, as it is at each scrape."""

@@ -159,8 +159,10 @@ class Healer:
     # ---- what others read and ask ---------------------------------------------------------------
 
     def phases(self) -> Mapping[str, int]:
-        """Chips by phase, now."""
+        """Chips by phase, now; none in a pod on standby (the pod acting for the node counts them)."""
         counts: dict[str, int] = {}
+        if not self.acting():
+            return counts
         for care in self.cares.values():
             counts[care.phase] = counts.get(care.phase, 0) + 1
         return counts

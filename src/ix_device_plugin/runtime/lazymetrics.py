@@ -11,7 +11,7 @@ import math
 import os
 import threading
 import time
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
@@ -27,6 +27,17 @@ class Collector(Protocol):
     """Anything that yields metric families at scrape time (prometheus_client's collector interface)."""
 
     def collect(self) -> Iterable[Metric]: ...
+
+
+class Gated:
+    """collector's families while when() holds, none otherwise (a node-wide figure exported by one pod at a time)."""
+
+    def __init__(self, collector: Collector, when: Callable[[], bool]) -> None:
+        self._collector = collector
+        self._when = when
+
+    def collect(self) -> Iterable[Metric]:
+        return self._collector.collect() if self._when() else ()
 
 
 def _created_series() -> bool:
