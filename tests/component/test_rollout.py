@@ -5,6 +5,7 @@ or one as before. What the kubelet sees must never drop, and what is node-wide i
 from __future__ import annotations
 
 import asyncio
+import socket
 from pathlib import Path
 
 import pytest
@@ -58,6 +59,11 @@ async def test_a_new_pod_registers_beside_the_old_one_and_takes_over_at_its_stop
         0,
     )
     assert new.ready() == (True, f"registered {RESOURCE}; standby: another pod acts for the node")
+    devices = {"resource": RESOURCE, "health": "Healthy"}  # node-wide figures: from the acting pod alone
+    assert (metric(old, "ix_device_plugin_devices", **devices), metric(new, "ix_device_plugin_devices", **devices)) == (
+        2,
+        0,
+    )
     response = await kubelet.admit(RESOURCE, 1)  # the newest registration answers
     assert response.envs["IX_VISIBLE_DEVICES"]
     assert metric(new, "ix_device_plugin_calls_total", method="Allocate") == 1
@@ -188,3 +194,28 @@ async def test_both_pods_advertise_the_xid_the_acting_one_saw_and_the_chip_stays
 
 def advertised(daemon: Daemon) -> dict[str, str]:
     return {device.id: HEALTHY if device.healthy else UNHEALTHY for device in daemon.plan.devices}
+
+
+async def test_a_kubelet_restart_during_the_overlap_has_both_pods_register_again(
+    kubelet: KubeletStandIn, start_daemon: DaemonFactory
+) -> None:
+    await start_daemon(pod_uid=OLD)
+    await kubelet.wait_registered(RESOURCE, capacity=2)
+    await start_daemon(pod_uid=NEW, zero_downtime_upgrade="true")
+    await until(lambda: len(kubelet.endpoints(RESOURCE)) == 2)
+    await kubelet.restart()  # wipes both sockets
+    await until(
+        lambda: sorted(kubelet.endpoints(RESOURCE)) == sorted([f"iluvatar-gpu-{OLD}.sock", f"iluvatar-gpu-{NEW}.sock"])
+    )
+    await kubelet.wait_registered(RESOURCE, capacity=2)
+
+
+async def test_the_socket_of_a_pod_that_was_killed_is_removed_by_the_next_pod(
+    kubelet: KubeletStandIn, start_daemon: DaemonFactory, plugin_dir: Path
+) -> None:
+    dead = plugin_dir / f"iluvatar-gpu-{OLD}.sock"
+    with socket.socket(socket.AF_UNIX) as left:
+        left.bind(str(dead))  # bound, never served again: what kill -9 leaves
+    await start_daemon(pod_uid=NEW)
+    await kubelet.wait_registered(RESOURCE, capacity=2)
+    assert not dead.exists() and (plugin_dir / f"iluvatar-gpu-{NEW}.sock").is_socket()

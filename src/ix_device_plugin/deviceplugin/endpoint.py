@@ -11,7 +11,14 @@ import grpc
 from ix_device_plugin.api import api_pb2_grpc
 from ix_device_plugin.deviceplugin.service import BeforeAllocate, CallObserver, DevicePluginService
 from ix_device_plugin.deviceplugin.state import Current
-from ix_device_plugin.kubelet.sockets import Identity, identity, socket_answers, unix_target
+from ix_device_plugin.kubelet.sockets import (
+    Identity,
+    identity,
+    remove_unanswered,
+    socket_answers,
+    unanswered,
+    unix_target,
+)
 from ix_device_plugin.runtime.errors import StartupError
 
 log = logging.getLogger(__name__)
@@ -52,6 +59,7 @@ class Endpoint:
     async def start(self, resource_name: str) -> None:
         """Clear the way, listen on the socket and serve; raises StartupError saying why not."""
         self._clear_the_way()
+        remove_unanswered(unanswered(other_pods_sockets(self.path)))  # left by pods that were killed
         service = DevicePluginService(self._current, self._observer, self._before_allocate)
         server = grpc.aio.server()
         api_pb2_grpc.add_DevicePluginServicer_to_server(service, server)
@@ -127,6 +135,13 @@ class Endpoint:
             pass
         except OSError as error:
             raise StartupError(f"cannot remove {path}: {error.strerror or error}") from error
+
+
+def other_pods_sockets(path: Path) -> list[Path]:
+    """The per-pod sockets of the plugin's other pods beside path (a pod that was killed left its own behind).
+
+    gRPC listens on a socket as it binds it, so one that does not answer is not another pod's just starting."""
+    return [other for other in path.parent.glob("iluvatar-gpu-*.sock") if other != path]
 
 
 def _kind(mode: int) -> str:

@@ -16,7 +16,7 @@ import grpc
 from ix_device_plugin.api.pluginregistration import api_pb2 as registration_pb2
 from ix_device_plugin.api.pluginregistration import api_pb2_grpc as registration_grpc
 from ix_device_plugin.dra.slices import DRIVER
-from ix_device_plugin.kubelet.sockets import Identity, identity, socket_answers
+from ix_device_plugin.kubelet.sockets import Identity, identity, remove_unanswered, socket_answers, unanswered
 from ix_device_plugin.runtime.errors import StartupError
 from ix_device_plugin.runtime.files import TEMPORARY_MAX_AGE, reason
 
@@ -56,18 +56,12 @@ def stale_sockets(registrar_dir: Path, plugins_dir: Path) -> list[tuple[Path, Id
         *plugin_dir(plugins_dir).glob("dra*.sock"),
         *(path for path in staging if _age(path) > TEMPORARY_MAX_AGE),
     ]
-    found = [(path, identity(path)) for path in candidates if path.is_socket()]
-    return [(path, seen) for path, seen in found if seen is not None and not socket_answers(path)]
+    return unanswered(candidates)
 
 
 def remove_stale_sockets(registrar_dir: Path, plugins_dir: Path) -> None:
-    """Remove the sockets stale_sockets finds, each only while it is still the one found unanswered (another pod
-    may have put a socket of its own at that name meanwhile)."""
-    for path, seen in stale_sockets(registrar_dir, plugins_dir):
-        if identity(path) == seen:
-            with contextlib.suppress(OSError):
-                path.unlink()
-            log.info("removed %s: nothing serves it any more", path)
+    """Remove the sockets stale_sockets finds, each only while it is still the one found unanswered."""
+    remove_unanswered(stale_sockets(registrar_dir, plugins_dir))
 
 
 def staging_socket(path: Path) -> Path:

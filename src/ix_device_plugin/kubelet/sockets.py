@@ -3,8 +3,13 @@ and whether anything still serves one."""
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import socket
+from collections.abc import Iterable
 from pathlib import Path
+
+log = logging.getLogger(__name__)
 
 # Newer grpcio percent-encodes a unix socket path into :authority, which the
 # kubelet's HTTP/2 server rejects; name the authority explicitly. A private
@@ -48,3 +53,19 @@ def socket_answers(path: Path) -> bool:
         except OSError:
             return False
     return True
+
+
+def unanswered(candidates: Iterable[Path]) -> list[tuple[Path, Identity]]:
+    """The sockets among candidates that nothing serves any more, with the identity each had when found so."""
+    found = [(path, identity(path)) for path in candidates if path.is_socket()]
+    return [(path, seen) for path, seen in found if seen is not None and not socket_answers(path)]
+
+
+def remove_unanswered(stale: Iterable[tuple[Path, Identity]]) -> None:
+    """Remove each socket found unanswered, only while it is still the one found (another process may have put a
+    socket of its own at that name meanwhile)."""
+    for path, seen in stale:
+        if identity(path) == seen:
+            with contextlib.suppress(OSError):
+                path.unlink()
+            log.info("removed %s: nothing serves it any more", path)
