@@ -9,16 +9,18 @@ import socket
 from pathlib import Path
 
 import pytest
-from reset_support import NAMESPACE, NODE, Ixsmi
+from reset_support import FAST_HEALING, NAMESPACE, NODE, Ixsmi
 
-from ix_device_plugin.api import HEALTHY, UNHEALTHY
+from ix_device_plugin.api import HEALTHY, UNHEALTHY, api_pb2
 from ix_device_plugin.apiserver.settings import KubeSettings, settings_from
+from ix_device_plugin.core.allocation import AllocationError
 from ix_device_plugin.deviceplugin.loop import Daemon
 from ix_device_plugin.hardware.ixml import IxmlBackend
 from ix_device_plugin.standins.apiserver import ApiServerStandIn
 from ix_device_plugin.standins.kubelet import KubeletStandIn
+from ix_device_plugin.standins.podresources import PodResourcesStandIn
 
-from support import RESOURCE, DaemonFactory, inject_xid, make_dev_root, metric, until
+from support import RESOURCE, DaemonFactory, config_flags, inject_xid, make_dev_root, metric, until
 
 OLD, NEW = "0b1d0000-0000-4000-8000-000000000001", "0e2e0000-0000-4000-8000-000000000002"
 
@@ -219,3 +221,40 @@ async def test_the_socket_of_a_pod_that_was_killed_is_removed_by_the_next_pod(
     await start_daemon(pod_uid=NEW)
     await kubelet.wait_registered(RESOURCE, capacity=2)
     assert not dead.exists() and (plugin_dir / f"iluvatar-gpu-{NEW}.sock").is_socket()
+
+
+async def test_during_the_overlap_the_acting_pod_alone_resets_and_the_standby_refuses_the_chip_meanwhile(
+    kubelet: KubeletStandIn,
+    start_daemon: DaemonFactory,
+    pod_resources: PodResourcesStandIn,
+    libs: dict[str, Path],
+    conf: Path,
+    short_dir: Path,
+    ixsmi: Ixsmi,
+) -> None:
+    """The standby answers every Allocate during the overlap: it reads the record, which says a reservation before
+    any ListAndWatch does, so it never hands out the chip the acting pod is resetting; it resets nothing itself."""
+    make_dev_root(short_dir, [0, 1], itrctl=False)
+    settings: dict[str, object] = {
+        "backend_factory": lambda: IxmlBackend(str(libs["full"]), dev_root=short_dir, ixsmi_path=ixsmi.path),
+        "health_interval": 0.1,
+        "dev_root": short_dir,
+        "healing_rules": FAST_HEALING,
+        "given": config_flags(self_healing="true"),
+        "pod_resources_socket": pod_resources.socket_path,
+    }
+    old = await start_daemon(pod_uid=OLD, **settings)
+    view = await kubelet.wait_registered(RESOURCE, capacity=2)
+    new = await start_daemon(pod_uid=NEW, zero_downtime_upgrade="true", **settings)
+    await until(lambda: len(kubelet.endpoints(RESOURCE)) == 2)
+    request = api_pb2.AllocateRequest(container_requests=[api_pb2.ContainerAllocateRequest(devices_ids=["GPU-x1"])])
+    assert await new._before_allocate(new.plan, request) is None  # free: nothing to do
+    ixsmi.delay.write_text("2")
+    inject_xid(conf, 1, 48)
+    await until(lambda: "GPU-x1" in old.healing.healer.reserved, timeout=5)
+    with pytest.raises(AllocationError, match="held out of service for a reset"):
+        await new._before_allocate(new.plan, request)
+    await kubelet.wait_for(lambda: view.devices["GPU-x1"] == HEALTHY, timeout=10)
+    await until(lambda: advertised(new) == {"GPU-x0": HEALTHY, "GPU-x1": HEALTHY})
+    assert ixsmi.runs() == ["-r -i GPU-x1"]  # once, by the acting pod
+    assert await new._before_allocate(new.plan, request) is None

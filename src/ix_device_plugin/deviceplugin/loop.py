@@ -18,13 +18,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ix_device_plugin.api import api_pb2
+from ix_device_plugin.core.allocation import AllocationError
 from ix_device_plugin.core.healing import Rules
 from ix_device_plugin.core.inventory import Inventory
 from ix_device_plugin.core.limits import device_list_problem
 from ix_device_plugin.core.plan import Plan
 from ix_device_plugin.deviceplugin.configsource import ConfigSource
 from ix_device_plugin.deviceplugin.endpoint import Endpoint, plugin_socket
-from ix_device_plugin.deviceplugin.features.hook import ApiFeatures
+from ix_device_plugin.deviceplugin.features.hook import ApiFeatures, chips_of
 from ix_device_plugin.deviceplugin.holders import PodHolders
 from ix_device_plugin.deviceplugin.metrics import Metrics
 from ix_device_plugin.deviceplugin.nodefiles import NodeFiles
@@ -204,7 +206,7 @@ class Daemon:
             plugin_socket(options.plugin_dir, options.pod_uid),
             self.current,
             self.metrics.observe_call,
-            self.api.before_allocate,
+            self._before_allocate,
         )
         self.registrar = Registrar(
             options.plugin_dir,
@@ -530,6 +532,22 @@ class Daemon:
                 self._events.put_nowait(FilesChanged(frozenset(changed)))
         finally:
             watcher.close()
+
+    async def _before_allocate(self, plan: Plan, request: api_pb2.AllocateRequest) -> api_pb2.AllocateRequest | None:
+        """Refuse a chip reserved for a reset (by this pod or the one acting for the node: the record says it the
+        moment it is reserved, before any pod's ListAndWatch does), then the API features' work."""
+        if self.record is not None:
+            record = self.record.read()
+            reserved = {} if record is None else record.reserved()
+            for req in request.container_requests:
+                for chip in chips_of(plan, req.devices_ids):
+                    if chip.uuid in reserved:
+                        raise AllocationError(
+                            f"GPU {chip.uuid} is held out of service for a reset ({reserved[chip.uuid]}); the kubelet "
+                            "tries again",
+                            unavailable=True,
+                        )
+        return await self.api.before_allocate(plan, request)
 
     async def _rediscover_now(self) -> Inventory:
         """Discover again (after a GPU reset) and wait until the reconcile loop serves what was found."""

@@ -92,7 +92,7 @@ class ApiFeatures:
                 raise AllocationError(f"Volcano mode: {error}", unavailable=True) from None
         if config.reset_gpu:
             current = self._current.plan
-            chips = {chip.uuid for req in request.container_requests for chip in _chips(current, req.devices_ids)}
+            chips = {chip.uuid for req in request.container_requests for chip in chips_of(current, req.devices_ids)}
             try:
                 with resetting_for(RESET_GPU):
                     async with self.gpu_reset.node_turn():  # another pod of the plugin may answer Allocate too
@@ -229,6 +229,6 @@ async def _stopped(task: asyncio.Task[None] | None) -> None:
             await task
 
 
-def _chips(plan: Plan, device_ids: Iterable[str]) -> list[Chip]:
+def chips_of(plan: Plan, device_ids: Iterable[str]) -> list[Chip]:
     """The chips behind these device IDs (IDs the plan does not know were refused before)."""
     return [chip for device_id in device_ids if (device := plan.by_id.get(device_id)) for chip in device.chips]
