@@ -461,3 +461,22 @@ def test_the_troubleshooting_guide_quotes_log_lines_the_plugin_really_writes() -
         assert fragment in troubleshooting, fragment
         assert fragment in source.replace('"\n                    "', "").replace('"\n                "', ""), fragment
     assert troubleshooting.count("\n| ") >= 7  # a header, its rule and at least five failures
+
+
+def test_the_daemonset_rolls_with_a_surge_and_each_pod_serves_its_own_socket(objects: list[dict[str, Any]]) -> None:
+    """maxSurge 1, maxUnavailable 0: the new pod starts beside the old one; POD_UID names its socket and
+    ZERO_DOWNTIME_UPGRADE says whether it registers beside the old one."""
+    assert daemonset(objects)["spec"]["updateStrategy"] == {
+        "type": "RollingUpdate",
+        "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0},
+    }
+    plugin = container(objects)
+    (uid,) = [item for item in plugin["env"] if item["name"] == "POD_UID"]
+    assert uid["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.uid"}}
+    assert parse_args([], {**env_of(plugin), "POD_UID": "3f1c"})["pod_uid"] == "3f1c"
+    assert parse_args([], env_of(plugin))["zero_downtime_upgrade"] == "auto"
+
+
+def test_zero_downtime_upgrade_is_a_chart_value() -> None:
+    plugin = container(rendered({"zeroDowntimeUpgrade": "false"}))
+    assert parse_args([], env_of(plugin))["zero_downtime_upgrade"] == "false"
