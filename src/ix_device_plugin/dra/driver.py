@@ -85,6 +85,7 @@ from ix_device_plugin.kubelet.sockets import Identity, path_too_long, unix_targe
 from ix_device_plugin.runtime.backoff import Backoff
 from ix_device_plugin.runtime.errors import StartupError
 from ix_device_plugin.runtime.files import read_boot_id
+from ix_device_plugin.runtime.locks import LockError
 from ix_device_plugin.runtime.logs import OncePerError
 from ix_device_plugin.runtime.noderole import NodeRole
 from ix_device_plugin.runtime.probes import ProbeHandlers, ProbeServer, start_probes
@@ -216,8 +217,9 @@ class DraDriver:
         """Read ix-config, load the checkpoint, discover, serve both sockets, publish; raises StartupError."""
         started = time.perf_counter()
         await self.state.restore()
+        publishing = self._take_role_at_start()  # first: the record's restore says what is wrong only when acting
         self.healing.healer.restore()  # before the first discovery: a chip out of service is so from the start
-        await self.monitor.start(self.options.config.fail_on_init_error)
+        await self.monitor.start(self.options.config.fail_on_init_error, xids=publishing)  # standby: the record's
         if self.kube is None:
             assert self.api is not None
             self.kube = await self.api.kube()
@@ -228,7 +230,7 @@ class DraDriver:
         self.publisher.want(self.content, self.roots)
         self.claim_status = ClaimStatusWriter(self.kube, self.options.node_name)
         publisher = self.publisher  # writes only while this pod holds the role (one pod of the driver at a time)
-        self.service.spawn("publish-slice", lambda: self.role.run(publisher.run))
+        self.service.spawn("publish-slice", lambda: self.role.run(lambda: self._publish(publisher)))
         if self.api is not None:
             self._watch_slices_and_node(self.api)
         self.service.spawn("hardware", self.monitor.run)
@@ -241,6 +243,21 @@ class DraDriver:
         await self._start_probes()
         self.ready.set()
         log.info("DRA driver %s ready in %.0f ms", DRIVER, (time.perf_counter() - started) * 1000)
+
+    def _take_role_at_start(self) -> bool:
+        """Take the node's role when no other pod of the driver holds it (else the publish task waits for it)."""
+        try:
+            self.role.path.parent.mkdir(parents=True, exist_ok=True)
+            return self.role.try_take()
+        except (LockError, OSError) as error:
+            log.warning("cannot take the role of %s yet: %s", self.role.duty, error)  # the publish task retries
+            return False
+
+    async def _publish(self, publisher: SlicePublisher) -> None:
+        """While this pod publishes the node's slices: it listens for XIDs too (a pod on standby learns them from
+        the node-health record, so that the library's XIDs all reach the pod acting for the node)."""
+        await self.monitor.watch_xids()
+        await publisher.run()
 
     async def shutdown(self) -> None:
         """Stop the tasks and servers, remove the sockets, close the hardware (bounded by stop_timeout)."""

@@ -189,6 +189,7 @@ async def test_during_a_rolling_update_no_pod_prepares_a_claim_on_a_chip_being_r
     )
     kubelet = await node.kubelet(new)  # the kubelet serves the newest registration
     assert (old.role.held, new.role.held) == (True, False)
+    assert old.monitor.xids_watched and not new.monitor.xids_watched  # every XID reaches the pod acting for the node
     chip = uuid_of(node, "gpu-1")
     node.write_boards(with_xid(48))  # the old pod's library only
     await until(lambda: ixsmi.runs() != [], timeout=5)  # the reset runs (3 s)
@@ -201,7 +202,7 @@ async def test_during_a_rolling_update_no_pod_prepares_a_claim_on_a_chip_being_r
     error = (await kubelet.prepare([ordinary])).claims[ordinary[2]].error
     assert "device gpu-1" in error and "is reserved for a GPU reset" in error, error  # the record, not the XID
     await node.stop(old)  # the update's stop, in the middle of the reset
-    await until(lambda: new.role.held, timeout=3)
+    await until(lambda: new.role.held and new.monitor.xids_watched, timeout=3)
     await node.wait_slice(lambda devices: tainted(devices, "gpu-1"), timeout=3)  # no reset was confirmed
     await node.wait_slice(lambda devices: not tainted(devices, "gpu-1"), timeout=15)  # the new pod's own reset
     assert ixsmi.runs() == [f"-r -i {chip}"] * 2
