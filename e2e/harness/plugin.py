@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import stat
 import sys
 from collections.abc import Iterator, Sequence
@@ -48,6 +49,12 @@ def bi_v150_chips(boards: int = 2) -> list[Chip]:
         for board in range(boards)
         for index in range(2)
     ]
+
+
+def expected_nodes(chips: Sequence[Chip]) -> dict[str, str]:
+    """What SHOW_DEVICES prints for a container given chips: their nodes and /dev/itrctl, as hex major:minor."""
+    nodes = {f"/dev/iluvatar{chip.minor}": f"{DEVICE_MAJOR:x}:{chip.minor:x}" for chip in chips}
+    return nodes | {f"/dev/{CONTROL_NODE}": f"{DEVICE_MAJOR:x}:{CONTROL_MINOR:x}"}
 
 
 def devices_yaml(chips: Sequence[Chip]) -> str:
@@ -109,6 +116,18 @@ def write_atomically(path: Path, text: str) -> None:
     temporary.rename(path)
 
 
+def metric_value(text: str, name: str, **labels: str) -> float | None:
+    """The value of the metric name with exactly these labels in a Prometheus text exposition (None when absent)."""
+    for line in text.splitlines():
+        if line == name or not line.startswith(name) or line[len(name)] not in " {":
+            continue
+        head, value = line.rsplit(" ", 1)
+        found = dict(re.findall(r'(\w+)="([^"]*)"', head.partition("{")[2]))
+        if found == labels:
+            return float(value)
+    return None
+
+
 @contextlib.contextmanager
 def device_nodes(minors: Sequence[int], dev: Path = Path("/dev")) -> Iterator[list[Path]]:
     """Character devices /dev/iluvatar<minor> and /dev/itrctl (major DEVICE_MAJOR), removed afterwards.
@@ -163,6 +182,10 @@ class PluginRun:
 
     def metrics(self) -> str:
         return http_get(self.url("/metrics"), timeout=5).decode()
+
+    def metric(self, name: str, **labels: str) -> float | None:
+        """The value of the plugin's metric with exactly these labels (None when absent)."""
+        return metric_value(self.metrics(), name, **labels)
 
     def set_config(self, config: dict[str, Any]) -> None:
         """Replace the config file (atomically, as the kubelet swaps a ConfigMap); the plugin reloads it."""

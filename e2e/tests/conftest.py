@@ -31,6 +31,7 @@ from harness.host import mounts_under
 from harness.kube import Kubectl, Obj
 from harness.plugin import bi_v150_chips, device_nodes
 from harness.procs import describe_logs
+from harness.project_image import BuiltImage, build_project_image, missing_tools
 from harness.runs import exclusive_run, leftover_pids
 from harness.skips import register as register_skip_report
 
@@ -122,6 +123,21 @@ def namespace(request: pytest.FixtureRequest, admin: Kubectl) -> Iterator[str]:
         yield name
     finally:
         admin("delete", "namespace", name, "--wait=true", "--timeout=90s", timeout=120)
+
+
+@pytest.fixture(scope="session")
+def project_image(cluster: Cluster) -> BuiltImage:
+    """The image, built the documented offline way and imported into the node's containerd (`ctr import`), once for
+    every DaemonSet scenario."""
+    missing = missing_tools()
+    if missing:
+        needs = ", ".join(missing)
+        pytest.skip(f"building the image offline needs {needs}: run e2e/cluster/packages.sh as root (make e2e does)")
+    built = build_project_image(CACHE)
+    cluster.import_image_file(built.archive)
+    listed = cluster.ctr("images", "ls", "-q").stdout.split()
+    assert built.name in listed, listed
+    return built
 
 
 # ------------------------------------------------------------------ the DRA driver (test_dra*.py)

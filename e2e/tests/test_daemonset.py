@@ -10,33 +10,18 @@ from collections.abc import Iterator
 
 import pytest
 import yaml
-from harness.build import CACHE
 from harness.cluster import Cluster
 from harness.helm import CHART, Helm
 from harness.kube import Kubectl, Obj
 from harness.pods import SHOW_DEVICES, STAY, busybox_pod, node_resource, run_and_read, shown_devices
 from harness.procs import wait_until
-from harness.project_image import BuiltImage, build_project_image, missing_tools
+from harness.project_image import BuiltImage
 
 RESOURCE = "iluvatar.com/gpu"
 NAMESPACE = "kube-system"
 RELEASE = "ix-device-plugin"
 GPU_LABEL = "iluvatar.com/gpu.present"
 SELECTOR = "app.kubernetes.io/name=iluvatar-device-plugin"
-
-
-@pytest.fixture(scope="module")
-def project_image(cluster: Cluster) -> BuiltImage:
-    """The image, built the documented offline way and imported into the node's containerd (`ctr import`)."""
-    missing = missing_tools()
-    if missing:
-        needs = ", ".join(missing)
-        pytest.skip(f"building the image offline needs {needs}: run e2e/cluster/packages.sh as root (make e2e does)")
-    built = build_project_image(CACHE)
-    cluster.import_image_file(built.archive)
-    listed = cluster.ctr("images", "ls", "-q").stdout.split()
-    assert built.name in listed, listed
-    return built
 
 
 @pytest.fixture(scope="module")

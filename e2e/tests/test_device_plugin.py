@@ -14,10 +14,10 @@ import pytest
 from harness.cluster import Cluster
 from harness.kube import Kubectl
 from harness.plugin import (
-    DEVICE_MAJOR,
     Chip,
     PluginRun,
     bi_v150_chips,
+    expected_nodes,
     fake_ixsmi,
     ixsmi_calls,
     node_events,
@@ -69,12 +69,6 @@ def board_of(env: dict[str, str]) -> int:
     visible = env["IX_VISIBLE_DEVICES"].split(",")
     (board,) = [index for index, chips in BOARDS.items() if sorted(c.uuid for c in chips) == sorted(visible)]
     return board
-
-
-def expected_nodes(chips: list[Chip]) -> dict[str, str]:
-    """What SHOW_DEVICES prints for a container given chips: their nodes and /dev/itrctl, as hex major:minor."""
-    nodes = {f"/dev/iluvatar{chip.minor}": f"{DEVICE_MAJOR:x}:{chip.minor:x}" for chip in chips}
-    return nodes | {"/dev/itrctl": f"{DEVICE_MAJOR:x}:ff"}
 
 
 def test_registers_and_advertises_whole_boards_split_boards_and_replicas(cluster: Cluster, plugin: PluginRun) -> None:
@@ -232,20 +226,7 @@ def test_telemetry_labels_a_pods_chips_from_the_pod_resources_api(
 
 def metric(plugin: PluginRun, name: str) -> float:
     """The value of an unlabelled metric of the plugin (0 when absent)."""
-    for line in plugin.metrics().splitlines():
-        if line.startswith(f"{name} "):
-            return float(line.split()[1])
-    return 0.0
-
-
-def labelled(plugin: PluginRun, name: str, **labels: str) -> float | None:
-    """The value of a metric of the plugin with these labels (None when absent)."""
-    for line in plugin.metrics().splitlines():
-        if line.startswith(f"{name}{{"):
-            found = dict(re.findall(r'(\w+)="([^"]*)"', line.split("}", 1)[0]))
-            if found == labels:
-                return float(line.rsplit(" ", 1)[1])
-    return None
+    return plugin.metric(name) or 0.0
 
 
 # ------------------------------------------------------------------ self-healing
@@ -313,7 +294,7 @@ def test_a_chip_held_under_a_resource_name_no_longer_served_is_reset_only_once_i
         admin.delete("pod", "holder", namespace)
         wait_resource(cluster, 4, 4, plugin, resource=SHARED)
         assert ixsmi_calls(ixsmi) == [f"-r -i {broken.uuid}"]
-        assert labelled(plugin, "ix_device_plugin_healing_outcomes_total", outcome="healed") == 1.0
+        assert plugin.metric("ix_device_plugin_healing_outcomes_total", outcome="healed") == 1.0
     finally:
         plugin.stop()
 
@@ -343,7 +324,7 @@ def test_a_chip_that_needs_an_operator_stays_out_across_a_restart_until_an_opera
         first.stop()
     second = healing_plugin(cluster, tmp_path / "plugin", "device-plugin-operator-2", ixsmi, plugins_dir, CHIPS)
     try:
-        assert labelled(second, "ix_device_plugin_devices", resource=RESOURCE, health="Healthy") == 1.0
+        assert second.metric("ix_device_plugin_devices", resource=RESOURCE, health="Healthy") == 1.0
         samples: list[tuple[int, int]] = []
 
         def settled() -> bool:

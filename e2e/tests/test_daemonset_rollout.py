@@ -1,0 +1,239 @@
+"""`helm upgrade` of the device plugin's DaemonSet on the real node, as operators roll out a change: a pod annotation,
+then the image (the same build under another tag). The DaemonSet rolls with the chart's surge (maxSurge 1,
+maxUnavailable 0): the new pod starts beside the old one, registers at once on its own socket (POD_UID), and the
+controller deletes the old pod once the new one is Ready.
+
+Through each rollout the Node's iluvatar.com/gpu (sampled and watched) and the kubelet's allocatable devices
+(pod-resources) are recorded every 0.1 s and never drop; a pod created while both plugin pods run gets its GPU and
+sees exactly that chip; a pod from before keeps running. A chip taken out of service before the rollouts (an XID 64:
+it needs an operator) is out after each: the new pod learns it from the node-health record alone.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import pytest
+from harness.cluster import Cluster
+from harness.helm import CHART, Helm
+from harness.host import http_get
+from harness.kube import Kubectl, Obj
+from harness.nodewatch import ResourceRecorder
+from harness.plugin import bi_v150_chips, devices_yaml, expected_nodes, metric_value, node_health, write_atomically
+from harness.pods import SHOW_DEVICES, STAY, busybox_pod, node_resource, run_and_read, shown_devices
+from harness.procs import wait_until
+from harness.project_image import BuiltImage
+
+RESOURCE = "iluvatar.com/gpu"
+NAMESPACE = "kube-system"
+RELEASE = "ix-device-plugin"
+GPU_LABEL = "iluvatar.com/gpu.present"
+SELECTOR = "app.kubernetes.io/name=iluvatar-device-plugin"
+HEALTH_PORT = 8080
+CHIPS = bi_v150_chips()
+OUT = CHIPS[3]  # out of service before the rollouts
+# The new pod is Ready no sooner than this after its start, so that the overlap (it registers within seconds) is
+# long enough to place a pod in it on a busy machine; the controller deletes the old pod only once it is Ready.
+READY_DELAY = 15
+ROLLOUT = 180  # seconds a rollout may take
+
+
+@dataclass(frozen=True)
+class Release:
+    helm: Helm
+    image: BuiltImage
+    devices: Path  # the simulated devices file, in the CoreX folder the pods mount
+    plugins_dir: Path  # the kubelet plugins directory of the node-health record and the node's role
+
+
+@pytest.fixture(scope="module")
+def release(cluster: Cluster, project_image: BuiltImage, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Release]:
+    """`helm install` on the node over 4 split chips (a device each), with a simulated devices file the tests edit."""
+    workdir = tmp_path_factory.mktemp("rollout")
+    helm = Helm(cluster.binaries["helm"], workdir, cluster.kubeconfig("admin"))
+    corex = workdir / "corex"
+    corex.mkdir()
+    devices = corex / "devices.yaml"
+    devices.write_text(devices_yaml(CHIPS))
+    plugins_dir = workdir / "kubelet-plugins"
+    values = {
+        "backend": "simulated",
+        "devicePluginPath": str(cluster.device_plugin_dir),
+        "kubeletPluginsPath": str(plugins_dir),
+        "corexPath": str(corex),
+        "cdi": {"specDir": str(cluster.cdi_dir)},
+        "nodeFeatures": {"dir": str(workdir / "features.d")},
+        "telemetry": {"interval": 2, "podResources": {"dir": str(cluster.pod_resources_socket.parent)}},
+        "config": {"content": "flags:\n  splitboard: true\n"},
+        # auto reads the kubelet's version from the Node, which a pod cannot reach here (no kube-proxy): it would
+        # wait on standby, as on a kubelet before 1.37.
+        "zeroDowntimeUpgrade": "true",
+        "extraEnv": [
+            {"name": "IX_SIMULATED_DEVICES", "value": str(devices)},
+            {"name": "IX_HEALTH_INTERVAL", "value": "0.5"},
+        ],
+        "readinessProbe": {"initialDelaySeconds": READY_DELAY, "periodSeconds": 2},
+    }
+    cluster.admin("label", "node", cluster.node_name, f"{GPU_LABEL}=true", "--overwrite")
+    helm("install", RELEASE, str(CHART), "--namespace", NAMESPACE, "--values", str(helm.values_file(values)))
+    try:
+        yield Release(helm, project_image, devices, plugins_dir)
+    finally:
+        helm("uninstall", RELEASE, "--namespace", NAMESPACE, "--wait", "--timeout", "90s")
+        cluster.admin("label", "node", cluster.node_name, f"{GPU_LABEL}-")
+
+
+@pytest.fixture(scope="module")
+def out_of_service(cluster: Cluster, release: Release) -> str:
+    """OUT's XID 64 seen by the plugin pod: the chip is out (allocatable 3 of 4) and in the node-health record; then
+    the devices file reports nothing any more, so that only the record keeps it out. Its phase in the record."""
+    pod = wait_until(lambda: one_ready_pod(cluster.admin), 240, "the plugin pod Ready", kubelet_log(cluster))
+    wait_offered(cluster, 4, 4)
+    write_atomically(release.devices, devices_yaml([replace(OUT, xids=(64,)) if c == OUT else c for c in CHIPS]))
+    wait_offered(cluster, 4, 3)
+    wait_until(lambda: recorded(release), 30, "the XID in the node-health record", [])
+    write_atomically(release.devices, devices_yaml(CHIPS))
+    assert acting(pod) == 1.0
+    return str(recorded(release)["phase"])
+
+
+def kubelet_log(cluster: Cluster) -> list[Path]:
+    return [cluster.processes["kubelet"].log]
+
+
+def wait_offered(cluster: Cluster, capacity: int, allocatable: int) -> None:
+    wait_until(
+        lambda: node_resource(cluster.admin, cluster.node_name, RESOURCE) == (capacity, allocatable),
+        60,
+        f"node {RESOURCE} {allocatable} of {capacity}",
+        kubelet_log(cluster),
+    )
+
+
+def recorded(release: Release) -> dict[str, object] | None:
+    """OUT's entry in the node-health record when it has the XID 64, else None."""
+    chip = node_health(release.plugins_dir).get("chips", {}).get(OUT.uuid, {})
+    return chip if 64 in chip.get("xids", []) else None
+
+
+def plugin_pods(admin: Kubectl) -> list[Obj]:
+    return admin.items("pods", NAMESPACE, "-l", SELECTOR)
+
+
+def ready(pod: Obj) -> bool:
+    conditions = {c["type"]: c["status"] for c in pod.get("status", {}).get("conditions", [])}
+    return conditions.get("Ready") == "True" and "deletionTimestamp" not in pod["metadata"]
+
+
+def one_ready_pod(admin: Kubectl) -> Obj | None:
+    pods = plugin_pods(admin)
+    return pods[0] if len(pods) == 1 and ready(pods[0]) else None
+
+
+def pod_metric(pod: Obj, name: str, **labels: str) -> float | None:
+    """A metric of the plugin in pod, from its /metrics on the pod network."""
+    text = http_get(f"http://{pod['status']['podIP']}:{HEALTH_PORT}/metrics").decode()
+    return metric_value(text, name, **labels)
+
+
+def acting(pod: Obj) -> float | None:
+    return pod_metric(pod, "ix_device_plugin_acting_for_node")
+
+
+def gpu_pod(admin: Kubectl, namespace: str, name: str) -> str:
+    """A pod asking for one GPU (a chip), Running: the chip it sees, exactly its device node and variables."""
+    _, output = run_and_read(admin, namespace, busybox_pod(name, SHOW_DEVICES + STAY, gpus=1))
+    nodes, env = shown_devices(output)
+    (chip,) = [chip for chip in CHIPS if chip.uuid == env["IX_VISIBLE_DEVICES"]]
+    assert nodes == expected_nodes([chip]), nodes
+    assert chip != OUT
+    return chip.uuid
+
+
+def upgrade(cluster: Cluster, release: Release, change: str) -> str:
+    """helm upgrade changing the pod annotation or the image tag (the same image tagged anew in containerd); what
+    the new pod must show for it."""
+    if change == "image":
+        tag = release.image.name.rsplit(":", 1)[1] + "-rollout"
+        target = f"{release.image.name.rsplit(':', 1)[0]}:{tag}"
+        cluster.ctr("images", "tag", "--force", release.image.name, target)
+        setting = f"image.tag={tag}"
+        expected = target
+    else:
+        setting, expected = "podAnnotations.ix-e2e-rollout=annotation", "annotation"
+    args = ["upgrade", RELEASE, str(CHART), "--namespace", NAMESPACE, "--reuse-values", "--set-string", setting]
+    release.helm(*args)
+    return expected
+
+
+def shows(pod: Obj, change: str, expected: str) -> bool:
+    if change == "image":
+        return pod["status"]["containerStatuses"][0]["image"] == expected
+    return pod["metadata"].get("annotations", {}).get("ix-e2e-rollout") == expected
+
+
+def registered_beside(admin: Kubectl, old_uid: str) -> tuple[Obj, Obj] | None:
+    """The old pod (still Ready, not terminating) and a new one that has registered beside it, once there is one."""
+    pods = {pod["metadata"]["uid"]: pod for pod in plugin_pods(admin)}
+    old = pods.pop(old_uid, None)
+    if old is None or not ready(old) or len(pods) != 1:
+        return None
+    (new,) = pods.values()
+    if new.get("status", {}).get("phase") != "Running":
+        return None
+    logs = admin("logs", new["metadata"]["name"], "-n", NAMESPACE, timeout=30)
+    return (old, new) if "registering beside it (--zero-downtime-upgrade is true)" in logs else None
+
+
+def rolled_out(admin: Kubectl, old_uid: str) -> Obj | None:
+    """The one plugin pod once the rollout is over: not the old one, Ready, the DaemonSet's status says so."""
+    pod = one_ready_pod(admin)
+    daemonset = admin.get("daemonset", "iluvatar-device-plugin", NAMESPACE)
+    status = daemonset["status"]
+    done = status.get("observedGeneration") == daemonset["metadata"]["generation"] and (
+        status.get("updatedNumberScheduled"),
+        status.get("numberAvailable"),
+        status.get("numberUnavailable", 0),
+    ) == (1, 1, 0)
+    return pod if done and pod is not None and pod["metadata"]["uid"] != old_uid else None
+
+
+@pytest.mark.parametrize("change", ["annotation", "image"])
+def test_a_helm_upgrade_rolls_the_daemonset_without_a_drop_and_keeps_the_chip_out(
+    cluster: Cluster, admin: Kubectl, namespace: str, release: Release, out_of_service: str, change: str
+) -> None:
+    old = wait_until(lambda: one_ready_pod(admin), 120, "one plugin pod Ready", kubelet_log(cluster))
+    wait_offered(cluster, 4, 3)
+    before = gpu_pod(admin, namespace, "before")
+    with ResourceRecorder(cluster, RESOURCE) as recorder:
+        expected = upgrade(cluster, release, change)
+        overlap = wait_until(
+            lambda: registered_beside(admin, old["metadata"]["uid"]),
+            ROLLOUT,
+            "a new plugin pod registered beside the old one",
+            kubelet_log(cluster),
+        )
+        during = gpu_pod(admin, namespace, "during")
+        assert during != before
+        old_now = admin.get_or_none("pod", old["metadata"]["name"], NAMESPACE)
+        assert old_now is not None and ready(old_now), "the old plugin pod went before the pod of the overlap ran"
+        old_pod, new_pod = overlap
+        assert (acting(old_pod), acting(new_pod)) == (1.0, 0.0)
+        calls = pod_metric(new_pod, "ix_device_plugin_calls_total", method="Allocate")
+        assert calls == 1.0, "the new pod, the newest registration, answers the Allocate of the overlap"
+        new = wait_until(
+            lambda: rolled_out(admin, old["metadata"]["uid"]), ROLLOUT, "the rollout", kubelet_log(cluster)
+        )
+        assert new["metadata"]["uid"] == new_pod["metadata"]["uid"] and shows(new, change, expected)
+        wait_until(lambda: acting(new) == 1.0, 10, "the new pod acting for the node", [])
+    summary = {"change": change, "record_phase": out_of_service, **recorder.summary()}
+    (cluster.logdir / f"daemonset-rollout-{change}.json").write_text(json.dumps(summary, indent=2))
+    print(f"daemonset rollout ({change}): {json.dumps(summary)}")
+    recorder.check_steady(4, 3)
+    assert recorded(release) is not None, node_health(release.plugins_dir)
+    for name in ("before", "during"):
+        status = admin.get("pod", name, namespace)["status"]
+        assert status["phase"] == "Running" and status["containerStatuses"][0]["restartCount"] == 0, (name, status)
