@@ -133,10 +133,13 @@ def one_ready_pod(admin: Kubectl) -> Obj | None:
     return pods[0] if len(pods) == 1 and ready(pods[0]) else None
 
 
+def pod_says(pod: Obj, path: str) -> str:
+    """What the plugin in pod answers on path (/readyz, /metrics), on the pod network."""
+    return http_get(f"http://{pod['status']['podIP']}:{HEALTH_PORT}{path}").decode()
+
+
 def pod_metric(pod: Obj, name: str, **labels: str) -> float | None:
-    """A metric of the plugin in pod, from its /metrics on the pod network."""
-    text = http_get(f"http://{pod['status']['podIP']}:{HEALTH_PORT}/metrics").decode()
-    return metric_value(text, name, **labels)
+    return metric_value(pod_says(pod, "/metrics"), name, **labels)
 
 
 def acting(pod: Obj) -> float | None:
@@ -160,8 +163,7 @@ def upgrade(cluster: Cluster, release: Release, change: str) -> str:
         tag = release.image.name.rsplit(":", 1)[1] + "-rollout"
         target = f"{release.image.name.rsplit(':', 1)[0]}:{tag}"
         cluster.ctr("images", "tag", "--force", release.image.name, target)
-        setting = f"image.tag={tag}"
-        expected = target
+        setting, expected = f"image.tag={tag}", f":{tag}"
     else:
         setting, expected = "podAnnotations.ix-e2e-rollout=annotation", "annotation"
     args = ["upgrade", RELEASE, str(CHART), "--namespace", NAMESPACE, "--reuse-values", "--set-string", setting]
@@ -170,8 +172,8 @@ def upgrade(cluster: Cluster, release: Release, change: str) -> str:
 
 
 def shows(pod: Obj, change: str, expected: str) -> bool:
-    if change == "image":
-        return pod["status"]["containerStatuses"][0]["image"] == expected
+    if change == "image":  # the spec's: containerd names the image by its first tag, the one the build gave it
+        return pod["spec"]["containers"][0]["image"].endswith(expected)
     return pod["metadata"].get("annotations", {}).get("ix-e2e-rollout") == expected
 
 
@@ -182,10 +184,11 @@ def registered_beside(admin: Kubectl, old_uid: str) -> tuple[Obj, Obj] | None:
     if old is None or not ready(old) or len(pods) != 1:
         return None
     (new,) = pods.values()
-    if new.get("status", {}).get("phase") != "Running":
+    if new.get("status", {}).get("phase") != "Running" or not pod_says(new, "/readyz").startswith("ok: registered"):
         return None
     logs = admin("logs", new["metadata"]["name"], "-n", NAMESPACE, timeout=30)
-    return (old, new) if "registering beside it (--zero-downtime-upgrade is true)" in logs else None
+    assert "registering beside it (--zero-downtime-upgrade is true)" in logs, logs[-3000:]
+    return old, new
 
 
 def rolled_out(admin: Kubectl, old_uid: str) -> Obj | None:
