@@ -20,6 +20,7 @@ from bench import (
     dra_node,
     fleet,
     footprint,
+    handover,
     healing,
     health,
     hostile,
@@ -69,6 +70,7 @@ RUNNERS: dict[str, Runner] = {
     "dra_node": _single("dra_node", dra_node.run),
     "api_features": _single("api_features", api_features.run),
     "healing": _single("healing", healing.run),
+    "handover": _single("handover", handover.run),
     "fleet": _single("fleet", fleet.run),
 }
 OPT_IN = frozenset({"fleet"})  # run only when named: it needs the end-to-end build and takes tens of minutes

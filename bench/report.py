@@ -213,6 +213,14 @@ def _healing() -> Iterator[Figure]:
     yield Figure("healing", "XID storm: Event writes per XID", ("storm", "writes_per_xid"), "", 0.05)
 
 
+def _handover() -> Iterator[Figure]:
+    yield Figure("handover", "lowest allocatable of 8 GPUs across the updates", ("lowest_allocatable",), "")
+    yield Figure("handover", "new pod registered beside the old, median", ("registered_beside", "median_ms"), "ms")
+    yield Figure("handover", "old pod stopped -> new pod acts, median", ("takeover_after_stop", "median_ms"), "ms")
+    yield Figure("handover", "old pod stopped -> new pod acts, max", ("takeover_after_stop", "max_ms"), "ms", 1000)
+    yield Figure("handover", "Allocate through the pod on standby, p99", ("allocate_on_standby", "p99_ms"), "ms")
+
+
 def figures(sections: Mapping[str, Any]) -> list[Figure]:
     """Every figure of the sections present."""
     groups: dict[str, Any] = {
@@ -233,6 +241,7 @@ def figures(sections: Mapping[str, Any]) -> list[Figure]:
         "dra_node": _dra_node,
         "api_features": _api_features,
         "healing": _healing,
+        "handover": _handover,
     }
     return [figure for name, group in groups.items() if name in sections for figure in group()]
 

@@ -27,6 +27,7 @@ class Settings:
     placement_runs: int
     healing_runs: int = 10
     healing_storm: int = 1000
+    handovers: int = 20  # device plugin updates on one node, one after the other
     fleet_nodes: tuple[int, ...] = (100, 250, 500)  # hollow nodes of each fleet size (`--only fleet`)
     fleet_pods: int = 1000  # pods per shape the scheduler places (fewer where a fleet has less room)
     fleet_rest_seconds: float = 60.0  # the windows at rest, during XIDs and after an API server restart
@@ -66,6 +67,7 @@ SMOKE = Settings(
     placement_runs=20,
     healing_runs=1,
     healing_storm=50,
+    handovers=2,
     fleet_nodes=(5,),
     fleet_pods=20,
     fleet_rest_seconds=3.0,

@@ -28,6 +28,7 @@ SECTIONS = (
     "dra_node",
     "api_features",
     "healing",
+    "handover",
 )
 
 

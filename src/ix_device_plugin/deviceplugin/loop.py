@@ -19,14 +19,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ix_device_plugin.api import api_pb2
-from ix_device_plugin.core.allocation import AllocationError
 from ix_device_plugin.core.healing import Rules
 from ix_device_plugin.core.inventory import Inventory
 from ix_device_plugin.core.limits import device_list_problem
 from ix_device_plugin.core.plan import Plan
 from ix_device_plugin.deviceplugin.configsource import ConfigSource
 from ix_device_plugin.deviceplugin.endpoint import Endpoint, plugin_socket
-from ix_device_plugin.deviceplugin.features.hook import ApiFeatures, chips_of
+from ix_device_plugin.deviceplugin.features.hook import ApiFeatures
+from ix_device_plugin.deviceplugin.handover import HANDOVER_SETTLE, ROLE_FILE, refuse_reserved, registration_beside
 from ix_device_plugin.deviceplugin.holders import PodHolders
 from ix_device_plugin.deviceplugin.metrics import Metrics
 from ix_device_plugin.deviceplugin.nodefiles import NodeFiles
@@ -42,7 +42,6 @@ from ix_device_plugin.healing.record import RecordFile, record_path
 from ix_device_plugin.healing.service import NodeHealing
 from ix_device_plugin.healing.story import story_path
 from ix_device_plugin.healing.wayback import return_annotation
-from ix_device_plugin.kubelet.endpoints import register_beside
 from ix_device_plugin.kubelet.podresources import PodResources
 from ix_device_plugin.runtime.errors import StartupError
 from ix_device_plugin.runtime.files import read_boot_id
@@ -101,11 +100,6 @@ class RoleChanged:
 
 
 Event = FilesChanged | ReloadRequested | HardwareChanged | NodeLabelChanged | RoleChanged
-
-ROLE_FILE = "device-plugin.lock"  # beside the node-health record: held by the pod acting for the node
-HANDOVER_SETTLE = 1.0  # seconds a pod that waited for the old one to stop waits more before registering: an older
-# kubelet disconnects "the" endpoint of a resource when the old one's stream ends, and must have done so first
-KUBELET_VERSION_WAIT = 5.0  # seconds the Node's read may take when deciding whether to register beside another pod
 
 
 class Daemon:
@@ -358,33 +352,14 @@ class Daemon:
             raise StartupError(f"cannot act for the node: {error} (see --kubelet-plugins-directory-path)") from None
 
     async def _register_beside(self) -> bool:
-        """Another pod of the plugin serves the node: whether to register beside it now (--zero-downtime-upgrade,
-        the kubelet's version), else wait on standby until it stops."""
-        version = await self._kubelet_version() if self.options.zero_downtime_upgrade == "auto" else None
-        beside, why = register_beside(self.options.zero_downtime_upgrade, version)
+        """Another pod of the plugin serves the node: whether to register beside it now, else wait on standby."""
+        beside, why = await registration_beside(self.options.zero_downtime_upgrade, self.apiserver)
         if beside:
             log.info("another pod of the plugin serves this node: registering beside it (%s)", why)
         else:
             self._waiting_why = f"another pod of the plugin serves this node; registering once it stops ({why})"
             log.info("standby: %s", self._waiting_why)
         return beside
-
-    async def _kubelet_version(self) -> str | None:
-        """The node's kubelet version from its Node (None without API access or when it cannot be read in time)."""
-        if self.apiserver is None:
-            return None
-        from ix_device_plugin.apiserver.errors import KubeError
-        from ix_device_plugin.apiserver.objects import NODE
-        from ix_device_plugin.apiserver.settings import KubeConfigError
-
-        try:
-            async with asyncio.timeout(KUBELET_VERSION_WAIT):
-                node = await (await self.apiserver.kube()).get_object(NODE, self.apiserver.node_name)
-        except (KubeError, KubeConfigError, TimeoutError) as error:
-            log.warning("cannot read the kubelet's version from the Node: %s", error or "no answer in time")
-            return None
-        version = ((node or {}).get("status") or {}).get("nodeInfo", {}).get("kubeletVersion")
-        return version if isinstance(version, str) else None
 
     async def _act_for_node(self) -> None:
         """While this pod acts for the node (until cancelled): XIDs, the node files, and the node-wide tasks."""
@@ -534,19 +509,9 @@ class Daemon:
             watcher.close()
 
     async def _before_allocate(self, plan: Plan, request: api_pb2.AllocateRequest) -> api_pb2.AllocateRequest | None:
-        """Refuse a chip reserved for a reset (by this pod or the one acting for the node: the record says it the
-        moment it is reserved, before any pod's ListAndWatch does), then the API features' work."""
+        """Refuse a chip reserved for a reset (by whichever pod acts for the node), then the API features' work."""
         if self.record is not None:
-            record = self.record.read()
-            reserved = {} if record is None else record.reserved()
-            for req in request.container_requests:
-                for chip in chips_of(plan, req.devices_ids):
-                    if chip.uuid in reserved:
-                        raise AllocationError(
-                            f"GPU {chip.uuid} is held out of service for a reset ({reserved[chip.uuid]}); the kubelet "
-                            "tries again",
-                            unavailable=True,
-                        )
+            refuse_reserved(self.record, plan, request)
         return await self.api.before_allocate(plan, request)
 
     async def _rediscover_now(self) -> Inventory:
