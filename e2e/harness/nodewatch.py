@@ -131,8 +131,7 @@ class ResourceRecorder:
         self.samples.append(Sample(time.monotonic(), source, capacity, allocatable))
 
     def _record_kubelet(self) -> None:
-        answer = self._lister.GetAllocatableResources(api_pb2.AllocatableResourcesRequest(), timeout=2)
-        devices = sum(len(d.device_ids) for d in answer.devices if d.resource_name == self.resource)
+        devices = allocatable_devices(self._lister, self.resource)
         self.samples.append(Sample(time.monotonic(), KUBELET, None, devices))
 
     def _get(self, path: str, timeout: float, **query: str) -> Any:
@@ -169,3 +168,15 @@ class ResourceRecorder:
                 if not self._stopping.is_set():
                     self.errors.append(f"the Node's watch failed: {error!r}")
                 return
+
+
+def allocatable_devices(lister: api_pb2_grpc.PodResourcesListerStub, resource: str) -> int:
+    """How many devices of resource the kubelet's device manager can allocate now (its healthy ones)."""
+    answer = lister.GetAllocatableResources(api_pb2.AllocatableResourcesRequest(), timeout=2)
+    return sum(len(devices.device_ids) for devices in answer.devices if devices.resource_name == resource)
+
+
+def kubelet_allocatable(cluster: Cluster, resource: str) -> int:
+    """allocatable_devices, through a channel of its own."""
+    with grpc.insecure_channel(f"unix://{cluster.pod_resources_socket}") as channel:
+        return allocatable_devices(api_pb2_grpc.PodResourcesListerStub(channel), resource)

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 from harness.cluster import Cluster
 from harness.kube import Kubectl
-from harness.nodewatch import ResourceRecorder
+from harness.nodewatch import ResourceRecorder, kubelet_allocatable
 from harness.plugin import PluginRun, bi_v150_chips, expected_nodes, start_device_plugin
 from harness.pods import SHOW_DEVICES, STAY, busybox_pod, node_resource, run_and_read, shown_devices
 from harness.procs import wait_until
@@ -178,6 +178,8 @@ def test_basic_rollout_of_two_plugins_with_zero_downtime(
         still_running(admin, namespace, "pod2", "pod3")
     report(cluster, "basic", recorder, handover_seconds=round(handover, 3))
     recorder.check_steady(2, 2)
+    dp2.stop()  # the control: the last plugin gone, the kubelet's view drops at once
+    wait_until(lambda: kubelet_allocatable(cluster, RESOURCE) == 0, 10, "the kubelet's devices unhealthy", [])
 
 
 def test_a_second_plugin_that_takes_long_to_start_working_leaves_the_first_serving(
