@@ -232,6 +232,7 @@ def test_a_helm_upgrade_rolls_the_daemonset_without_a_drop_and_keeps_the_chip_ou
         )
         assert new["metadata"]["uid"] == new_pod["metadata"]["uid"] and shows(new, change, expected)
         wait_until(lambda: acting(new) == 1.0, 10, "the new pod acting for the node", [])
+        assert pod_metric(new, "ix_device_plugin_devices", resource=RESOURCE, health="Unhealthy") == 1.0
     summary = {"change": change, "record_phase": out_of_service, **recorder.summary()}
     (cluster.logdir / f"daemonset-rollout-{change}.json").write_text(json.dumps(summary, indent=2))
     print(f"daemonset rollout ({change}): {json.dumps(summary)}")
