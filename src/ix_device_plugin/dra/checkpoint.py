@@ -51,6 +51,7 @@ def checkpoint_text(claims: Mapping[str, PreparedClaim], boot_id: str = "") -> s
             "spec": claim.spec,
             "complete": claim.complete,
             **({"resetPending": True} if claim.reset_pending else {}),
+            **({"podClaimName": claim.pod_claim} if claim.pod_claim is not None else {}),
         }
         for uid, claim in sorted(claims.items())
     }
@@ -96,7 +97,15 @@ def _claim_from(uid: str, entry: Any, fields: _Fields) -> PreparedClaim:
     ref = ClaimRef(fields.text("namespace"), fields.text("name"), uid)
     if complete and not (ref.namespace and ref.name):
         raise CheckpointError(f"{fields.where}: a complete claim needs its namespace and name")
-    return PreparedClaim(ref, devices, spec, complete=complete, reset_pending=fields.boolean("resetPending", False))
+    pod_claim = fields.get("podClaimName", str, "a string", default=None)
+    return PreparedClaim(
+        ref,
+        devices,
+        spec,
+        complete=complete,
+        reset_pending=fields.boolean("resetPending", False),
+        pod_claim=pod_claim,
+    )
 
 
 def _device_from(fields: _Fields) -> PreparedDevice:
