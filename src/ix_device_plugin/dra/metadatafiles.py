@@ -10,12 +10,12 @@ running containers hold its inode. At unprepare the claim's files and specs go.
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import shutil
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
-from ix_device_plugin.core.cdi import spec_text
 from ix_device_plugin.dra.metadata import (
     HOST_DIR,
     NodeFacts,
@@ -75,7 +75,7 @@ class MetadataFiles:
         if not claim.complete:
             return
         for request in requests_of(claim.devices):
-            spec = spec_text(cdi_spec(claim, request, self.root))
+            spec = json.dumps(cdi_spec(claim, request, self.root), indent=2) + "\n"
             write_if_changed(self.cdi_dir / cdi_spec_file(claim.ref.uid, request), spec)
 
     def remove(self, ref: ClaimRef) -> None:
