@@ -77,14 +77,19 @@ def pod_claim_name(claim: Any, ref: ClaimRef) -> str | None:
     value = annotations.get(POD_CLAIM_ANNOTATION) if isinstance(annotations, dict) else None
     if value is None:
         return None
-    if not isinstance(value, str) or not _DNS_LABEL.match(value):
+    if not isinstance(value, str) or not valid_label(value):
         raise ClaimError(f"claim {ref}: annotation {POD_CLAIM_ANNOTATION} {str(value)[:80]!r} is not a DNS label")
     return value
 
 
+def valid_label(name: str) -> bool:
+    """True for a DNS label: what a request or a pod claim name is, and what may name a directory."""
+    return _DNS_LABEL.match(name) is not None
+
+
 def check_request(ref: ClaimRef, request: str) -> None:
     """ClaimError for a request name that may not name a directory (the API server allows DNS labels only)."""
-    if not _DNS_LABEL.match(request):
+    if not valid_label(request):
         raise ClaimError(f"claim {ref}: request {request[:80]!r} is not a DNS label")
 
 

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from ix_device_plugin.core.inventory import ChipStatus, Inventory
+from ix_device_plugin.dra.checkpoint import CheckpointError, checkpoint_text, parse_checkpoint
 from ix_device_plugin.dra.claims import NodeView, prepare
 from ix_device_plugin.dra.metadata import (
     NodeFacts,
@@ -155,6 +156,15 @@ def test_no_numa_affinity_publishes_no_numa_node() -> None:
 def test_names_that_would_leave_their_directory_fail_the_claim(results: list, annotations: Any, why: str) -> None:
     with pytest.raises(ClaimError, match=why.replace(".", r"\.")):
         prepared(facts(), *results, annotations=annotations)
+
+
+def test_the_checkpoint_keeps_the_pod_claim_name_and_refuses_one_that_is_not_a_label() -> None:
+    node = facts()
+    claimed = prepared(node, {"device": "gpu-0"}, annotations={POD_CLAIM: "gpus"})
+    text = checkpoint_text({REF.uid: claimed})
+    assert parse_checkpoint(text, "cp").claims[REF.uid].pod_claim == "gpus"
+    with pytest.raises(CheckpointError, match=r"podClaimName: '\.\./x' is not a DNS label"):
+        parse_checkpoint(text.replace('"gpus"', '"../x"'), "cp")
 
 
 # ---- the format ---------------------------------------------------------------------------------------------
