@@ -15,6 +15,7 @@ import shlex
 import subprocess
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -176,6 +177,19 @@ def test_a_direct_claim_survives_a_driver_restart_and_is_gone_after_unprepare(
     time.sleep(3)  # the publisher's pod compares what the files say with what the node says now
     assert host.read_text() == before
     assert admin("exec", "direct", "-n", namespace, "-c", "main", "--", "cat", path) == before
+    (held,) = [BY_UUID[uuid] for uuid in env["IX_VISIBLE_DEVICES"].split(",")]
+    driver.set_chips([replace(c, health=("OverTemp",)) if c == held else c for c in CHIPS])
+    try:  # the running container sees the update: the file is rewritten in place, its bind mount kept
+
+        def updated() -> dict[str, Any] | None:
+            text = admin("exec", "direct", "-n", namespace, "-c", "main", "--", "cat", path)
+            first, _ = json.JSONDecoder().raw_decode(text)
+            return first if first["metadata"]["generation"] == 2 else None
+
+        document = wait_until(updated, 60, "the metadata's next generation in the container", [driver.log])
+        assert document["requests"][0]["devices"][0]["attributes"]["healthy"] == {"bool": False}
+    finally:
+        driver.set_chips(CHIPS)
     admin.delete("pod", "direct", namespace)
     wait_until(lambda: gone(cluster, namespace, "direct"), 60, "the claim's metadata removed", [driver.log])
 
