@@ -5,28 +5,18 @@ reference writer makes of what it decoded."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from tests.host_tools import require
-
-REPO_ROOT = Path(__file__).resolve().parents[1]
-BUILD_SCRIPT = REPO_ROOT / "e2e" / "cluster" / "build.sh"
+from host_tools import e2e_tool, require
 
 
 def reference_reader() -> Path:
     """The dra-metadata-check binary ($IX_DRA_METADATA_CHECK names another); skips the test (fails it in CI)
     when it is not built."""
-    if os.environ.get("IX_DRA_METADATA_CHECK"):
-        binary = Path(os.environ["IX_DRA_METADATA_CHECK"])
-    else:
-        found = subprocess.run(
-            ["bash", str(BUILD_SCRIPT), "--print-dir"], capture_output=True, text=True, timeout=60, check=False
-        )
-        binary = Path(found.stdout.strip()) / "bin" / "dra-metadata-check"
+    binary = e2e_tool("dra-metadata-check", "IX_DRA_METADATA_CHECK")
     require(None if binary.is_file() else f"{binary} is not built: run `make e2e-build` (or e2e/cluster/build.sh)")
     return binary
 

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from metadata_reader import read_with_reference, reference_reader
 
 from ix_device_plugin.core.inventory import ChipStatus, Inventory
 from ix_device_plugin.dra.checkpoint import CheckpointError, checkpoint_text, parse_checkpoint
@@ -26,7 +27,6 @@ from ix_device_plugin.dra.metadatafiles import MetadataFiles
 from ix_device_plugin.dra.prepared import ClaimError, ClaimRef, PreparedClaim
 from ix_device_plugin.dra.slices import SlicePolicy, device_body, slice_content
 from ix_device_plugin.hardware.simulated import parse_spec
-from tests.metadata_reader import read_with_reference, reference_reader
 
 REF = ClaimRef("team-a", "train", "0b5e6f1c-4d3a-4b8e-9f21-7c6d5e4f3a2b")
 SHARE = "6d0c1a2b-3c4d-4e5f-8a9b-0c1d2e3f4a5b"
