@@ -43,14 +43,13 @@ def template_path(pod_claim: str, request: str) -> str:
     return f"{CONTAINER_DIR}/resourceclaimtemplates/{pod_claim}/{request}/{DRIVER}-metadata.json"
 
 
-def reading(paths: list[str]) -> str:
-    """A shell script printing each file between markers, and whether the container may write it."""
-    script = SHOW_DEVICES
-    for path in paths:
-        quoted = shlex.quote(path)
-        script += f"echo 'BEGIN-FILE {path}'; cat {quoted}; echo 'END-FILE'; "
-        script += f"if (echo x >> {quoted}) 2>/dev/null; then echo 'WRITABLE {path}'; fi; "
-    return script + STAY
+def reading(paths: list[str], pattern: str = "") -> str:
+    """A shell script printing each file (the paths, and what the shell pattern finds) between markers, and
+    whether the container may write it."""
+    words = " ".join([*map(shlex.quote, paths), pattern])
+    script = f'for f in {words}; do echo "BEGIN-FILE $f"; cat "$f"; echo END-FILE; '
+    script += 'if (echo x >> "$f") 2>/dev/null; then echo "WRITABLE $f"; fi; done; '
+    return SHOW_DEVICES + script + STAY
 
 
 def pod(name: str, containers: list[tuple[str, list[dict[str, str]], list[str]]], claims: list[Obj]) -> Obj:
@@ -258,6 +257,38 @@ def test_a_share_says_its_share_id_and_amount(cluster: Cluster, admin: Kubectl, 
         wait_until(lambda: gone(cluster, namespace, "share"), 60, "the share's metadata removed", [driver.log])
     finally:
         driver.configure()
+
+
+def test_an_admin_access_claim_says_so(cluster: Cluster, admin: Kubectl, namespace: str, driver: Driver) -> None:
+    driver.configure()
+    admin("label", "namespace", namespace, "resource.kubernetes.io/admin-access=true")
+    admin.create(claim("monitor", admin_access=True), "-n", namespace)
+    path = direct_path("monitor", "gpu")
+    claims = [{"name": "gpu", "resourceClaimName": "monitor"}]
+    run(admin, namespace, pod("monitor", [("main", [{"name": "gpu"}], [path])], claims), driver)
+    files, env = container_files(admin, namespace, "monitor", "main")
+    document = check_file(cluster, admin, namespace, files[path], "monitor", "gpu", env)
+    assert document["requests"][0]["devices"][0]["attributes"]["adminAccess"] == {"bool": True}
+
+
+def test_iluvatar_gpu_through_dra_has_its_metadata_under_the_generated_claim(
+    cluster: Cluster, admin: Kubectl, namespace: str, driver: Driver, extended_class: Obj
+) -> None:
+    """The scheduler's claim for `iluvatar.com/gpu: 1` is made from no template: its file is under resourceclaims/,
+    named by the claim the pod's status names."""
+    driver.configure()
+    manifest = pod("extended", [("main", [], [])], [])
+    (main,) = manifest["spec"]["containers"]
+    main["command"] = ["sh", "-c", reading([], f"{CONTAINER_DIR}/resourceclaims/*/*/{DRIVER}-metadata.json")]
+    main["resources"] = {"limits": {"iluvatar.com/gpu": "1"}}
+    del manifest["spec"]["resourceClaims"]
+    current = run(admin, namespace, manifest, driver)
+    made = current["status"]["extendedResourceClaimStatus"]["resourceClaimName"]
+    files, env = container_files(admin, namespace, "extended", "main")
+    (path,) = files
+    request = path.split("/")[-2]
+    assert path == direct_path(made, request)
+    check_file(cluster, admin, namespace, files[path], made, request, env)
 
 
 @pytest.mark.parametrize("selector", ["numaNode", "matchAttribute"])
