@@ -353,7 +353,7 @@ class DraDriver:
 
     def facts(self) -> NodeFacts:
         """What the node publishes of its devices now, as the claims' device metadata says it."""
-        return NodeFacts(self.content, self.roots)
+        return NodeFacts(self.content, self.roots, known=self._facts_seen)
 
     async def _keep_metadata(self) -> None:
         """Bring the prepared claims' device metadata up to date when what the node says of its devices changes

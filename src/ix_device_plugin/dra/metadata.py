@@ -55,10 +55,12 @@ _GO_ESCAPES = str.maketrans({"<": "\\u003c", ">": "\\u003e", "&": "\\u0026", "\u
 
 @dataclass(frozen=True)
 class NodeFacts:
-    """What the node publishes of its devices now: the slice content and the PCIe roots of its chips."""
+    """What the node publishes of its devices now: the slice content and the PCIe roots of its chips; known is
+    False before the first discovery, when they say nothing yet (a file written then keeps what it says)."""
 
     content: SliceContent = field(default_factory=lambda: SliceContent((), None))
     roots: Mapping[str, str] = field(default_factory=dict)
+    known: bool = True
 
 
 @dataclass(frozen=True)

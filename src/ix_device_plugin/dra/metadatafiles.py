@@ -61,6 +61,8 @@ class MetadataFiles:
         for entry in request_files(claim, facts):
             path = host_path(self.root, claim.ref, entry.request)
             before = current_text(path) if path.exists() else None
+            if before is not None and not facts.known:
+                continue
             generation = generation_of(before) if before is not None else None
             if before is not None and generation is not None and before == stream_text(entry.document, generation):
                 continue

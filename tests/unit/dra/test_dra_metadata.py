@@ -241,6 +241,7 @@ def test_files_are_written_kept_when_unchanged_updated_in_place_and_removed(tmp_
     assert files.write(claimed, changed) == 1
     assert generation_of(path.read_text()) == 2 and path.stat().st_ino == inode  # the container's mount sees it
     assert '"bool": false' in path.read_text()
+    assert files.write(claimed, NodeFacts(known=False)) == 0  # before the first discovery: kept as it is
     files.remove(REF)
     assert not path.exists() and not path.parent.parent.exists() and not spec.exists()
 
