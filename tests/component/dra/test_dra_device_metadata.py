@@ -1,6 +1,7 @@
 """Device metadata through the driver (real gRPC, real files): written at prepare with the attributes the slice
 publishes, the same bytes after a restart and a reboot, the next generation when a chip's health changes, gone at
-unprepare."""
+unprepare; during an update the pod on standby leaves the files alone, and the new publisher writes what it
+publishes."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from dra_support import DraNode, answer
 from ix_device_plugin.dra.metadata import generation_of, host_path
 from ix_device_plugin.dra.prepared import ClaimRef
 from ix_device_plugin.dra.slices import DRIVER
+from ix_device_plugin.settings.config import Config
 
 
 def metadata_file(node: DraNode, claim: tuple[str, str, str], request: str = "gpu") -> Path:
@@ -60,3 +62,25 @@ async def test_metadata_follows_a_claim_from_prepare_through_restart_health_and_
 
     assert answer(await kubelet.unprepare([claim]), claim[2]).error == ""
     assert not path.exists() and not path.parent.parent.exists() and not spec.exists()
+
+
+async def test_during_an_update_the_standby_leaves_the_files_and_the_new_publisher_writes_what_it_publishes(
+    node: DraNode,
+) -> None:
+    old = await node.start(pod_uid="pod-old")
+    await node.wait_slice(lambda devices: len(devices) == 6)
+    kubelet = await node.kubelet(old)
+    claim = node.claim("one-gpu", ["gpu-1"])
+    assert answer(await kubelet.prepare([claim]), claim[2]).error == ""
+    path = metadata_file(node, claim)
+    assert devices_of(path)[0]["attributes"]["extendedResource"] == {"bool": False}
+    new = await node.start(pod_uid="pod-new", config=Config(splitboard=True))  # one iluvatar.com/gpu: a chip
+    await asyncio.sleep(1.5)  # the standby publishes nothing, and writes no metadata
+    assert not new.role.held and generation_of(path.read_text()) == 1
+    await node.stop(old)
+    await wait_generation(path, 2)
+    chip_per_gpu = {"bool": True}
+    await node.wait_slice(lambda devices: devices["gpu-1"]["attributes"]["extendedResource"] == chip_per_gpu)
+    published, attributes = node.slice_devices()["gpu-1"]["attributes"], devices_of(path)[0]["attributes"]
+    assert {key: attributes[key] for key in published} == published
+    await kubelet.close()
