@@ -127,13 +127,11 @@ def cdi_spec_file(uid: str, request: str) -> str:
     return f"{_CDI_FILE_PREFIX}{uid}_{request}.json"
 
 
-def cdi_spec_files(directory: Path) -> list[tuple[str, Path]]:
-    """(claim UID, path) of every metadata CDI spec in directory (a UID never holds `_`)."""
-    found = []
-    for path in sorted(directory.glob(f"{_CDI_FILE_PREFIX}*.json")):
-        uid = path.name.removeprefix(_CDI_FILE_PREFIX).partition("_")[0]
-        found.append((uid, path))
-    return found
+def cdi_spec_uid(name: str) -> str | None:
+    """The claim UID a metadata CDI spec's file name holds (a UID never holds `_`); None for another file."""
+    if not (name.startswith(_CDI_FILE_PREFIX) and name.endswith(".json")):
+        return None
+    return name.removeprefix(_CDI_FILE_PREFIX).partition("_")[0]
 
 
 def cdi_spec(claim: PreparedClaim, request: str, root: Path) -> dict[str, Any]:

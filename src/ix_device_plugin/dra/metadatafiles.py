@@ -21,7 +21,7 @@ from ix_device_plugin.dra.metadata import (
     NodeFacts,
     cdi_spec,
     cdi_spec_file,
-    cdi_spec_files,
+    cdi_spec_uid,
     claim_dir,
     generation_of,
     host_path,
@@ -116,6 +116,12 @@ class MetadataFiles:
             else:
                 path.unlink()
             log.info("removed %s: no prepared claim has it", path)
+
+
+def cdi_spec_files(directory: Path) -> list[tuple[str, Path]]:
+    """(claim UID, path) of every metadata CDI spec in directory."""
+    found = [(cdi_spec_uid(path.name), path) for path in sorted(directory.glob(cdi_spec_file("*", "*")))]
+    return [(uid, path) for uid, path in found if uid is not None]
 
 
 def _make_dirs(directory: Path) -> None:
