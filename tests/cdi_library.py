@@ -4,25 +4,17 @@ build's `cdi-validate --inject`: what a container given some CDI devices, in som
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-BUILD_SCRIPT = REPO_ROOT / "e2e" / "cluster" / "build.sh"
+from host_tools import e2e_tool
 
 
 def cdi_validate() -> tuple[Path | None, str]:
     """The cdi-validate binary that knows --inject, or None and why not ($IX_CDI_VALIDATE names another)."""
-    if os.environ.get("IX_CDI_VALIDATE"):
-        binary = Path(os.environ["IX_CDI_VALIDATE"])
-    else:
-        found = subprocess.run(
-            ["bash", str(BUILD_SCRIPT), "--print-dir"], capture_output=True, text=True, timeout=60, check=False
-        )
-        binary = Path(found.stdout.strip()) / "bin" / "cdi-validate"
+    binary = e2e_tool("cdi-validate", "IX_CDI_VALIDATE")
     if not binary.is_file():
         return None, f"{binary} is not built: run `make e2e-build` (or e2e/cluster/build.sh)"
     with tempfile.TemporaryDirectory() as empty:

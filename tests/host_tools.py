@@ -26,6 +26,17 @@ import pytest
 from e2e.harness.skips import in_ci
 
 CI_FAILURE = "CI=true, where .ci/run provides this, so its absence is a failure"
+BUILD_SCRIPT = Path(__file__).resolve().parents[1] / "e2e" / "cluster" / "build.sh"
+
+
+def e2e_tool(name: str, variable: str) -> Path:
+    """Where the end-to-end build keeps its tool name (`$<variable>` names another); it may not be built."""
+    if os.environ.get(variable):
+        return Path(os.environ[variable])
+    found = subprocess.run(
+        ["bash", str(BUILD_SCRIPT), "--print-dir"], capture_output=True, text=True, timeout=60, check=False
+    )
+    return Path(found.stdout.strip()) / "bin" / name
 
 
 def missing(reason: str, *, ci_provides: bool = True) -> NoReturn:

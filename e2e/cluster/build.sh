@@ -3,7 +3,8 @@
 # into $IX_E2E_CACHE/<key>/ (default /var/cache/ix-device-plugin-e2e), so that a machine builds them once:
 #
 #   bin/      etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kubelet, kubectl,
-#             containerd, containerd-shim-runc-v2, ctr, runc, helm, cdi-validate, pause
+#             containerd, containerd-shim-runc-v2, ctr, runc, helm, cdi-validate,
+#             dra-metadata-check, pause
 #   cni/bin/  bridge, host-local, loopback
 #   complete  written last: the harness only uses a folder that has it
 #
@@ -44,7 +45,7 @@ fi
 
 # Each component: its name, the function that builds it and its binaries (relative to $dest), in build order.
 components=(
-    "tools build_tools bin/pause bin/cdi-validate"
+    "tools build_tools bin/pause bin/cdi-validate bin/dra-metadata-check"
     "runc build_runc bin/runc"
     "containerd build_containerd bin/containerd bin/containerd-shim-runc-v2 bin/ctr"
     "cni-plugins build_cni cni/bin/bridge cni/bin/host-local cni/bin/loopback"
@@ -86,6 +87,7 @@ verify() { # verify FILE: the binary at FILE runs and reports what versions.env 
     kubectl) reports "$file" "Client Version: $KUBERNETES_VERSION" version --client ;;
     kubelet | kube-*) reports "$file" "Kubernetes $KUBERNETES_VERSION" --version ;;
     cdi-validate) reports "$file" "usage: cdi-validate [--inject NAME[,NAME...]] SPEC_DIR..." ;;
+    dra-metadata-check) reports "$file" "usage: dra-metadata-check FILE..." ;;
     pause) ;; # runs until signalled; built from this repository's tools, rebuilt when they change (tools.sum)
     *) die "no verification for $name" ;;
     esac
@@ -145,12 +147,13 @@ step() { # step NAME BUILDER FILE...: unless every FILE passes verify (and $rebu
     echo "$name: $((SECONDS - start)) s" | tee -a "$log" >&2
 }
 
-build_tools() { # pause (the sandbox image's process) and cdi-validate, from e2e/cluster/tools
+build_tools() { # pause (the sandbox image's process), cdi-validate and dra-metadata-check (the reference reader
+    # of DRA device metadata, k8s.io/dynamic-resource-allocation), from e2e/cluster/tools
     rm -rf "$dest/src/tools"
     cp -r "$here/tools" "$dest/src/tools"
     cd "$dest/src/tools"
     go get "tags.cncf.io/container-device-interface@$CDI_VERSION"
-    CGO_ENABLED=0 go build -o "$out/" ./pause ./cdi-validate
+    CGO_ENABLED=0 go build -o "$out/" ./pause ./cdi-validate ./dra-metadata-check
 }
 
 build_runc() { # with seccomp, which every pod's default profile needs: refused without libseccomp

@@ -20,6 +20,7 @@ from .pods import STAY, busybox_pod, shown_devices
 DRIVER = "gpu.iluvatar.com"
 OWN_SLICES = "app.kubernetes.io/managed-by=ix-device-plugin"
 DRA_VALUES = {"dra": {"enabled": True}, "devicePlugin": {"enabled": False}}
+EXTENDED_VALUES = {**DRA_VALUES, "dra": {"enabled": True, "extendedResourceName": "iluvatar.com/gpu"}}
 CHIPS = bi_v150_chips()
 BY_UUID = {chip.uuid: chip for chip in CHIPS}
 

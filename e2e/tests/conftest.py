@@ -26,7 +26,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from harness.build import CACHE, E2E_DIR, built_binaries
 from harness.cluster import Cluster
 from harness.components import Binaries
-from harness.dra import OWN_SLICES, Driver, dra_chart_objects, pod_bound_kubeconfig
+from harness.dra import EXTENDED_VALUES, OWN_SLICES, Driver, dra_chart_objects, pod_bound_kubeconfig
+from harness.helm import of_kind
 from harness.host import mounts_under
 from harness.kube import Kubectl, Obj
 from harness.plugin import bi_v150_chips, device_nodes
@@ -182,6 +183,16 @@ def driver(cluster: Cluster, driver_kubeconfig: Path, tmp_path_factory: pytest.T
     finally:
         running.stop()
         cluster.admin("delete", "resourceslice", "-l", OWN_SLICES, "--ignore-not-found")
+
+
+@pytest.fixture(scope="module")
+def extended_class(cluster: Cluster, dra_objects: list[Obj], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Obj]:
+    """The chart's DeviceClass for `iluvatar.com/gpu` (dra.extendedResourceName), applied for the module."""
+    classes = of_kind(dra_chart_objects(cluster, tmp_path_factory.mktemp("helm-ext"), EXTENDED_VALUES), "DeviceClass")
+    (device_class,) = [c for c in classes if c["spec"].get("extendedResourceName")]
+    cluster.admin.apply(device_class)
+    yield device_class
+    cluster.admin.delete("DeviceClass", device_class["metadata"]["name"], wait=False)
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -14,32 +14,19 @@ containers one resource each", "must map configs and devices to the right contai
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from dataclasses import replace
 from typing import Any
 
 import pytest
 from harness.cluster import Cluster
-from harness.dra import CHIPS, DRA_VALUES, DRIVER, Driver, claim, dra_chart_objects, minor_is, node_slice
-from harness.helm import of_kind
+from harness.dra import CHIPS, DRIVER, Driver, claim, minor_is, node_slice
 from harness.images import BUSYBOX_IMAGE
 from harness.kube import Kubectl, Obj
 from harness.pods import SHOW_DEVICES, STAY, shown_devices, wait_pod
 from harness.procs import wait_until
 
-EXTENDED_VALUES = {**DRA_VALUES, "dra": {"enabled": True, "extendedResourceName": "iluvatar.com/gpu"}}
 BY_MINOR = {chip.minor: chip for chip in CHIPS}
 BOARD_MINORS = {"board-0": {0, 1}, "board-2": {2, 3}}
-
-
-@pytest.fixture(scope="module")
-def extended_class(cluster: Cluster, dra_objects: list[Obj], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Obj]:
-    """The chart's DeviceClass for `iluvatar.com/gpu` (dra.extendedResourceName), applied for the module."""
-    classes = of_kind(dra_chart_objects(cluster, tmp_path_factory.mktemp("helm-ext"), EXTENDED_VALUES), "DeviceClass")
-    (device_class,) = [c for c in classes if c["spec"].get("extendedResourceName")]
-    cluster.admin.apply(device_class)
-    yield device_class
-    cluster.admin.delete("DeviceClass", device_class["metadata"]["name"], wait=False)
 
 
 def container(name: str, claims: list[dict[str, str]] | None = None, gpus: int | None = None) -> Obj:

@@ -231,6 +231,7 @@ def version_outputs(*, seccomp: bool = True, containerd: str | None = None) -> d
     outputs = {
         "bin/pause": "",
         "bin/cdi-validate": "usage: cdi-validate [--inject NAME[,NAME...]] SPEC_DIR...\n",
+        "bin/dra-metadata-check": "usage: dra-metadata-check FILE...\n",
         "bin/runc": runc,
         "bin/containerd": f"containerd github.com/containerd/containerd/v2 {containerd} \n",
         "bin/ctr": f"ctr github.com/containerd/containerd/v2 {containerd}\n",

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from ix_device_plugin.dra.config import lenient
+from ix_device_plugin.dra.metadata import valid_label
 from ix_device_plugin.dra.prepared import ClaimRef, PreparedClaim, PreparedDevice, valid_uid
 from ix_device_plugin.dra.slices import BOARD, CHIP, DRIVER
 from ix_device_plugin.settings.documents import DocumentError, Limits, kind_of, load_json, read_file
@@ -51,6 +52,7 @@ def checkpoint_text(claims: Mapping[str, PreparedClaim], boot_id: str = "") -> s
             "spec": claim.spec,
             "complete": claim.complete,
             **({"resetPending": True} if claim.reset_pending else {}),
+            **({"podClaimName": claim.pod_claim} if claim.pod_claim is not None else {}),
         }
         for uid, claim in sorted(claims.items())
     }
@@ -96,7 +98,17 @@ def _claim_from(uid: str, entry: Any, fields: _Fields) -> PreparedClaim:
     ref = ClaimRef(fields.text("namespace"), fields.text("name"), uid)
     if complete and not (ref.namespace and ref.name):
         raise CheckpointError(f"{fields.where}: a complete claim needs its namespace and name")
-    return PreparedClaim(ref, devices, spec, complete=complete, reset_pending=fields.boolean("resetPending", False))
+    pod_claim = fields.get("podClaimName", str, "a string", default=None)
+    if pod_claim is not None and not valid_label(pod_claim):
+        raise CheckpointError(f"{fields.where}.podClaimName: {shown(pod_claim)} is not a DNS label")
+    return PreparedClaim(
+        ref,
+        devices,
+        spec,
+        complete=complete,
+        reset_pending=fields.boolean("resetPending", False),
+        pod_claim=pod_claim,
+    )
 
 
 def _device_from(fields: _Fields) -> PreparedDevice:

@@ -26,6 +26,7 @@ from ix_device_plugin.dra.config import (
     allocation_configs,
     config_for,
 )
+from ix_device_plugin.dra.metadata import check_request, pod_claim_name, requests_of, with_mount_ids
 from ix_device_plugin.dra.pool import quantity
 from ix_device_plugin.dra.prepared import ClaimError, ClaimRef, PreparedClaim, PreparedDevice
 from ix_device_plugin.dra.slices import CHIP, DRIVER, SHARES, SliceDevice
@@ -197,7 +198,11 @@ def prepare(ref: ClaimRef, claim: Any, node: NodeView, others: Mapping[str, Prep
         )
         prepared.append((entry, device))
     spec = claim_spec(ref.uid, prepared, node.control_nodes, node.dev_root)
-    return PreparedClaim(ref, tuple(entry for entry, _ in prepared), spec)
+    devices = tuple(entry for entry, _ in prepared)
+    for request in requests_of(devices):
+        check_request(ref, request)
+    devices = tuple(with_mount_ids(ref, list(devices)))
+    return PreparedClaim(ref, devices, spec, pod_claim=pod_claim_name(claim, ref))
 
 
 def _check_present(ref: ClaimRef, device: SliceDevice) -> None:

@@ -13,6 +13,7 @@ chips from the scheduler, and the kubelet deletes the slices of a driver that st
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import time
@@ -51,6 +52,7 @@ from ix_device_plugin.dra.containers import (
 )
 from ix_device_plugin.dra.healguard import ClaimGuard
 from ix_device_plugin.dra.health import DeviceHealthBoard, HealthService
+from ix_device_plugin.dra.metadata import NodeFacts
 from ix_device_plugin.dra.metrics import DraMetrics
 from ix_device_plugin.dra.nodeservices import DraNodeServices
 from ix_device_plugin.dra.prepared import ClaimError, ClaimRef, PreparedClaim
@@ -96,6 +98,7 @@ log = logging.getLogger(__name__)
 
 MAX_POD_READS = 16  # pods read to learn who uses the claims of one NodePrepareResources
 MAX_CLAIM_READS = 16  # claims made on their own read besides, for the pods their reservedFor lists
+METADATA_POLL = 1.0  # seconds between looks at the publisher role while the device metadata waits for it
 # No settling time before a reset: a claim prepared on the chip meanwhile is refused under the state's lock.
 DRA_HEALING = Rules(settle=0.0)
 
@@ -177,6 +180,9 @@ class DraDriver:
         self.gpu_reset.quiet_others = self.node.paused
         self.record = RecordFile(record_path(options.plugins_dir))
         self.state.reserved = self._reserved
+        self.state.facts = self.facts
+        self._facts_changed = asyncio.Event()  # what the node says of its devices changed since metadata was written
+        self._facts_seen = False  # the monitor has given a view: the facts are the node's, not empty
         self.healing = NodeHealing(
             self.monitor,
             self.gpu_reset,
@@ -236,6 +242,7 @@ class DraDriver:
         self.service.spawn("hardware", self.monitor.run)
         for name, task in {**self.node.tasks(), **self.healing.tasks()}.items():
             self.service.spawn(name, task)
+        self.service.spawn("device-metadata", self._keep_metadata)
         await self._serve()
         if self.api is not None:  # reset: false in ix-gpu-reset-<node>, as the device plugin says at start: a driver
             # killed in the middle of a reset left reset: true, and ix-exporter stays away from the GPUs until then
@@ -358,9 +365,32 @@ class DraDriver:
             if warning not in self.content.warnings:
                 log.warning("%s", warning)
         self.content, self.roots = content, roots
+        self._facts_seen = True
+        self._facts_changed.set()
         self.health.update(content)
         if self.publisher is not None:
             self.publisher.want(content, roots)
+
+    def facts(self) -> NodeFacts:
+        """What the node publishes of its devices now, as the claims' device metadata says it."""
+        return NodeFacts(self.content, self.roots, known=self._facts_seen)
+
+    async def _keep_metadata(self) -> None:
+        """Bring the prepared claims' device metadata up to date when what the node says of its devices changes
+        (health, a reset, a hot-plug), from the pod that publishes the node's slices: one writer at a time, and
+        the new pod of an update writes what it publishes once it takes over."""
+        as_holder = False
+        while True:
+            if not self.role.held or not self._facts_seen:
+                as_holder = False
+                await asyncio.sleep(METADATA_POLL)
+                continue
+            if self._facts_changed.is_set() or not as_holder:
+                self._facts_changed.clear()
+                as_holder = True
+                await self.state.refresh_metadata(self.facts())
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._facts_changed.wait(), METADATA_POLL)
 
     # ---- claims ---------------------------------------------------------------------------------
 

@@ -107,6 +107,8 @@ class PreparedClaim:
     but what the kubelet was told (requests, namespace, name) is not known, so a prepare reads it again.
     reset_pending: its config asks for a reset, which has not ended yet (it is recorded before it starts, so that
     a driver killed in the middle runs it at the kubelet's next try instead of answering without it).
+    pod_claim: the pod-local name of a claim made from a template (None: made on its own), which names where its
+    containers find their device metadata.
     """
 
     ref: ClaimRef
@@ -114,6 +116,7 @@ class PreparedClaim:
     spec: Mapping[str, Any]
     complete: bool = True
     reset_pending: bool = False
+    pod_claim: str | None = None
 
     @property
     def uuids(self) -> tuple[str, ...]:

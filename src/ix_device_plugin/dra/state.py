@@ -12,6 +12,9 @@ missing while claim specs are there) is rebuilt from the claims' CDI specs, at s
 rebuilt one is written before the old one is kept aside, and a spec that cannot be read is skipped with a
 message, never removed and never a reason to forget the others.
 
+Each prepared claim's device metadata files (and the CDI specs mounting them) are written with its CDI spec, kept
+up to date when what the node says of its devices changes (`refresh_metadata`), and removed with it.
+
 A claim configured with `reset: true` is committed with its reset pending (so that no other claim can take its
 chips, and so that a driver killed in the middle of the reset runs it at the kubelet's next try instead of
 answering without it), reset outside the lock, and recorded as reset before the prepare is answered; a reset
@@ -49,6 +52,8 @@ from ix_device_plugin.dra.claimspec import (
     claim_spec_files,
     with_env,
 )
+from ix_device_plugin.dra.metadata import NodeFacts
+from ix_device_plugin.dra.metadatafiles import MetadataFiles
 from ix_device_plugin.dra.prepared import ClaimError, ClaimRef, PreparedClaim, check_ref, valid_uid
 from ix_device_plugin.dra.slices import SliceDevice
 from ix_device_plugin.runtime.errors import StartupError
@@ -107,6 +112,8 @@ class DraState:
         self._work: set[asyncio.Task[PreparedClaim | str]] = set()  # resets going on to their end
         # Chip UUID -> why it is reserved for a reset, by whichever pod of the agent (the node-health record).
         self.reserved: Callable[[], Mapping[str, str]] = dict
+        self.metadata = MetadataFiles(directory, cdi_dir)
+        self.facts: Callable[[], NodeFacts] = NodeFacts  # what the node publishes of its devices now
 
     # ---- start ----------------------------------------------------------------------------------
 
@@ -143,11 +150,13 @@ class DraState:
         self._load(at_start=True)
         for claim in self.claims.values():
             self._write_spec(claim)
+            self.metadata.write_specs(claim)
         earlier = 0
         if self.claims and self._checkpoint_boot != self.boot_id:
             earlier = len(self.claims)
             self._save(self.claims)
         self._remove_orphan_specs()
+        self.metadata.remove_orphans(self.claims)
         return earlier
 
     def _load(self, at_start: bool = False) -> None:
@@ -259,6 +268,7 @@ class DraState:
                     known = self.claims.get(ref.uid)
                     if known is not None and known.complete:
                         self._write_spec(known, only_if_missing=True)  # a reboot emptied the CDI directory
+                        self.metadata.write(known, self.facts())
                         return known
                     if claim is None:
                         continue  # another driver unprepared it meanwhile: read the claim, then decide
@@ -363,6 +373,24 @@ class DraState:
             return
         log.info("CDI specs of claims %s tell each of their containers what it holds", ", ".join(sorted(changed)))
 
+    async def refresh_metadata(self, facts: NodeFacts) -> int:
+        """Bring every prepared claim's device metadata up to date with facts; the files written. Never raises: a
+        file that cannot be written is logged, and the next change tries again."""
+        written = 0
+        try:
+            async with self._locked():
+                self._load()
+                for claim in self.claims.values():
+                    try:
+                        written += self.metadata.write(claim, facts)
+                    except OutputError as error:
+                        log.error("claim %s: cannot bring its device metadata up to date: %s", claim.ref, error)
+        except (OutputError, CheckpointError) as error:
+            log.error("cannot bring the claims' device metadata up to date: %s", error)
+        if written:
+            log.info("device metadata: %d files of prepared claims say what changed (next generation)", written)
+        return written
+
     async def unprepare(self, ref: ClaimRef) -> str | None:
         """Forget the claim (checkpoint first, then its CDI spec); the error message, or None. A claim whose reset
         is pending is forgotten only in the node's reset turn: never while its chips are being reset."""
@@ -392,6 +420,7 @@ class DraState:
                     self._save(remaining)
                     self.claims = remaining
                 self._remove_spec(ref.uid)
+                self.metadata.remove(claim.ref if claim is not None and claim.complete else ref)
         except (ClaimError, OutputError, CheckpointError) as error:
             message = _about(ref, error)
             log.warning("NodeUnprepareResources: %s", message)
@@ -435,14 +464,18 @@ class DraState:
     # ---- files ------------------------------------------------------------------------------------
 
     def _commit_prepared(self, claim: PreparedClaim) -> None:
-        """Write claim's CDI spec, then the checkpoint with it; memory changes only when both are written."""
-        self._write_spec(claim)
+        """Write claim's CDI spec and device metadata, then the checkpoint with it; memory changes only when all
+        are written."""
         claims = {**self.claims, claim.ref.uid: claim}
         try:
+            self._write_spec(claim)
+            self.metadata.write(claim, self.facts())
             self._save(claims)
         except OutputError:
             with contextlib.suppress(OutputError):
                 self._remove_spec(claim.ref.uid)
+            with contextlib.suppress(OutputError):
+                self.metadata.remove(claim.ref)
             raise
         self.claims = claims
 

@@ -1,10 +1,12 @@
-"""Files written for others to read: atomically (temporary file, fsync, rename), so no reader sees half a file."""
+"""Files written for others to read: atomically (temporary file, fsync, rename), so no reader sees half a file;
+in place only where a reader holds the inode (a file bind-mounted into a container)."""
 
 from __future__ import annotations
 
 import contextlib
 import os
 import shutil
+import stat
 import tempfile
 import time
 from pathlib import Path
@@ -44,6 +46,33 @@ def write_atomically(path: Path, text: str) -> None:
         with contextlib.suppress(OSError):
             os.unlink(temp_name)
         raise OutputError(f"cannot write {path}: {reason(exc)}") from exc
+
+
+def overwrite_in_place(path: Path, text: str) -> None:
+    """Write text into the regular file at path, keeping its inode: a file bind-mounted into a running container
+    stays the inode it was when mounted, so a rename over it would never reach the container. Not atomic (a
+    reader may see a part of it); a file that is not there yet is written atomically instead. Raises OutputError.
+    """
+    data = text.encode("utf-8")
+    try:
+        descriptor = os.open(path, os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+    except FileNotFoundError:
+        write_atomically(path, text)
+        return
+    except OSError as exc:
+        raise OutputError(f"cannot write {path}: {reason(exc)}") from exc
+    try:
+        if not stat.S_ISREG(os.fstat(descriptor).st_mode):
+            raise OutputError(f"cannot write {path}: not a regular file")
+        written = 0
+        while written < len(data):
+            written += os.pwrite(descriptor, data[written:], written)
+        os.ftruncate(descriptor, len(data))
+        os.fsync(descriptor)
+    except OSError as exc:
+        raise OutputError(f"cannot write {path}: {reason(exc)}") from exc
+    finally:
+        os.close(descriptor)
 
 
 def read_boot_id(path: Path = BOOT_ID) -> str:

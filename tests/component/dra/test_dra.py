@@ -95,7 +95,8 @@ async def test_prepare_and_unprepare_round_trip(node: DraNode, version: str) -> 
     assert result.error == ""
     [device] = result.devices
     assert (list(device.request_names), device.pool_name, device.device_name) == (["gpu"], node.node, "gpu-1")
-    assert list(device.cdi_device_ids) == [f"gpu.iluvatar.com/claim={uid}-gpu-1"]
+    mount = f"gpu.iluvatar.com/metadata={uid}_gpu"  # the request's device metadata
+    assert list(device.cdi_device_ids) == [f"gpu.iluvatar.com/claim={uid}-gpu-1", mount]
     spec = yaml.safe_load((node.cdi_dir / cdi_spec_file(uid)).read_text())
     assert spec["kind"] == "gpu.iluvatar.com/claim"
     assert [d["name"] for d in spec["devices"]] == [f"{uid}-gpu-1", f"{uid}-record"]

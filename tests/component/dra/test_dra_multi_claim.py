@@ -27,6 +27,7 @@ from dra_support import NODE, DraNode, store_pod
 from host_tools import missing
 
 from ix_device_plugin.dra.claimspec import cdi_spec_file
+from ix_device_plugin.dra.metadata import cdi_spec_file as metadata_spec_file
 from ix_device_plugin.settings.config import Config
 from ix_device_plugin.standins.apiserver import ApiServerStandIn
 
@@ -100,9 +101,10 @@ def kubelet_blocks(pod: Mapping[str, Any], container: str, answers: Answers) -> 
 
 
 def spec_devices(node: DraNode) -> dict[str, tuple[str, dict[str, Any]]]:
-    """Every CDI device of the node's claim specs: (spec file, device), by fully qualified name."""
+    """Every CDI device of the node's claim and device metadata specs: (spec file, device), by fully qualified
+    name."""
     found = {}
-    for path in node.cdi_dir.glob(cdi_spec_file("*")):
+    for path in [*node.cdi_dir.glob(cdi_spec_file("*")), *node.cdi_dir.glob(metadata_spec_file("*", "*"))]:
         spec = yaml.safe_load(path.read_text())
         for device in spec["devices"]:
             found[f"{spec['kind']}={device['name']}"] = (path.name, device)

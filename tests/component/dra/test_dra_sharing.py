@@ -72,7 +72,10 @@ async def test_four_shares_of_one_chip_and_unpreparing_one_leaves_three(node: Dr
         (device,) = answer(response, claim[2]).devices
         share_id = api.get("resourceclaims", claim[1], "default")["status"]["allocation"]["devices"]["results"][0]
         assert device.share_id == share_id["shareID"]
-        assert list(device.cdi_device_ids) == [f"gpu.iluvatar.com/claim={claim[2]}-gpu-0-{device.share_id}"]
+        assert list(device.cdi_device_ids) == [
+            f"gpu.iluvatar.com/claim={claim[2]}-gpu-0-{device.share_id}",
+            f"gpu.iluvatar.com/metadata={claim[2]}_gpu",
+        ]
         env = yaml.safe_load((node.cdi_dir / cdi_spec_file(claim[2])).read_text())["containerEdits"]["env"]
         assert f"IX_VISIBLE_DEVICES={uuid}" in env
         replicas += [item.partition("=")[2] for item in env if item.startswith("IX_REPLICA_DEVICES=")]

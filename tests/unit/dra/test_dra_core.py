@@ -133,7 +133,7 @@ def test_unhealthy_chips_are_tainted_or_left_out() -> None:
 def test_prepare_gives_the_chips_their_cdi_ids_and_the_claim_its_env() -> None:
     prepared = prepare(REF, allocated_claim("gpu-2", "gpu-3"), node_view(control_nodes=("/dev/itrctl",)), {})
     assert [d.cdi_ids for d in prepared.devices] == [
-        ("gpu.iluvatar.com/claim=uid-1-gpu-2",),
+        ("gpu.iluvatar.com/claim=uid-1-gpu-2", "gpu.iluvatar.com/metadata=uid-1_gpu"),  # the request's first
         ("gpu.iluvatar.com/claim=uid-1-gpu-3",),
     ]
     uuids = ",".join(prepared.uuids)
