@@ -125,7 +125,7 @@ def test_a_rolling_update_with_changed_config_has_one_writer_no_gap_and_no_write
         assert at_rest == [], f"{len(at_rest)} slice writes at rest after the handover, the first: {at_rest[:6]}"
         assert recorder.longest_gap() == 0, "the node's slices were missing"
         assert handed_over - overlap_ended < 5
-        assert "took over publishing the ResourceSlices" in new.process.log_text()
+        assert f"on standby: publishing the ResourceSlices of node {cluster.node_name}" in new.process.log_text()
         assert len(recorder.samples) > (rest_ended - overlap_began) / SAMPLE / 2
     finally:
         old.stop()
