@@ -191,9 +191,12 @@ def registered_beside(admin: Kubectl, old_uid: str) -> tuple[Obj, Obj] | None:
     return old, new
 
 
-def rolled_out(admin: Kubectl, old_uid: str) -> Obj | None:
-    """The one plugin pod once the rollout is over: not the old one, Ready, the DaemonSet's status says so."""
+def settled(admin: Kubectl, uid: str | None = None, not_uid: str | None = None) -> Obj | None:
+    """The one plugin pod once the DaemonSet's rollout is over (its status says so), Ready; with uid, that pod, with
+    not_uid, another."""
     pod = one_ready_pod(admin)
+    if pod is None or (uid or pod["metadata"]["uid"]) != pod["metadata"]["uid"] or pod["metadata"]["uid"] == not_uid:
+        return None
     daemonset = admin.get("daemonset", "iluvatar-device-plugin", NAMESPACE)
     status = daemonset["status"]
     done = status.get("observedGeneration") == daemonset["metadata"]["generation"] and (
@@ -201,7 +204,7 @@ def rolled_out(admin: Kubectl, old_uid: str) -> Obj | None:
         status.get("numberAvailable"),
         status.get("numberUnavailable", 0),
     ) == (1, 1, 0)
-    return pod if done and pod is not None and pod["metadata"]["uid"] != old_uid else None
+    return pod if done else None
 
 
 @pytest.mark.parametrize("change", ["annotation", "image"])
@@ -227,9 +230,8 @@ def test_a_helm_upgrade_rolls_the_daemonset_without_a_drop_and_keeps_the_chip_ou
         assert (acting(old_pod), acting(new_pod)) == (1.0, 0.0)
         calls = pod_metric(new_pod, "ix_device_plugin_calls_total", method="Allocate")
         assert calls == 1.0, "the new pod, the newest registration, answers the Allocate of the overlap"
-        new = wait_until(
-            lambda: rolled_out(admin, old["metadata"]["uid"]), ROLLOUT, "the rollout", kubelet_log(cluster)
-        )
+        old_uid = old["metadata"]["uid"]
+        new = wait_until(lambda: settled(admin, not_uid=old_uid), ROLLOUT, "the rollout", kubelet_log(cluster))
         assert new["metadata"]["uid"] == new_pod["metadata"]["uid"] and shows(new, change, expected)
         wait_until(lambda: acting(new) == 1.0, 10, "the new pod acting for the node", [])
         assert pod_metric(new, "ix_device_plugin_devices", resource=RESOURCE, health="Unhealthy") == 1.0
@@ -241,3 +243,37 @@ def test_a_helm_upgrade_rolls_the_daemonset_without_a_drop_and_keeps_the_chip_ou
     for name in ("before", "during"):
         status = admin.get("pod", name, namespace)["status"]
         assert status["phase"] == "Running" and status["containerStatuses"][0]["restartCount"] == 0, (name, status)
+
+
+def test_a_rollout_undone_while_both_pods_run_leaves_the_old_pod_serving(
+    cluster: Cluster, admin: Kubectl, namespace: str, release: Release, out_of_service: str
+) -> None:
+    """The kubelet's "DP2 changed its mind" as the DaemonSet runs it: a helm upgrade starts a new pod beside the old
+    one, and `helm rollback` while both run (the new one registered, not yet Ready) has the controller delete the new
+    one; the old pod acts for the node on and the kubelet turns back to it for the next pod; nothing drops."""
+    old = wait_until(lambda: one_ready_pod(admin), 120, "one plugin pod Ready", kubelet_log(cluster))
+    old_uid = old["metadata"]["uid"]
+    wait_offered(cluster, 4, 3)
+    with ResourceRecorder(cluster, RESOURCE) as recorder:
+        release.helm(
+            "upgrade", RELEASE, str(CHART), "--namespace", NAMESPACE, "--reuse-values",
+            "--set-string", "podAnnotations.ix-e2e-rollout=undone",
+        )  # fmt: skip
+        _, new_pod = wait_until(
+            lambda: registered_beside(admin, old_uid),
+            ROLLOUT,
+            "a new plugin pod beside the old one",
+            kubelet_log(cluster),
+        )
+        allocations = pod_metric(old, "ix_device_plugin_calls_total", method="Allocate") or 0.0
+        release.helm("rollback", RELEASE, "--namespace", NAMESPACE)
+        wait_until(lambda: settled(admin, uid=old_uid), ROLLOUT, "the rollout undone", kubelet_log(cluster))
+        assert admin.get_or_none("pod", new_pod["metadata"]["name"], NAMESPACE) is None
+        after = gpu_pod(admin, namespace, "after")
+        assert pod_metric(old, "ix_device_plugin_calls_total", method="Allocate") == allocations + 1
+        assert acting(old) == 1.0
+    summary = {"change": "undone", "record_phase": out_of_service, "chip": after, **recorder.summary()}
+    (cluster.logdir / "daemonset-rollout-undone.json").write_text(json.dumps(summary, indent=2))
+    print(f"daemonset rollout (undone): {json.dumps(summary)}")
+    recorder.check_steady(4, 3)
+    assert recorded(release) is not None, node_health(release.plugins_dir)
