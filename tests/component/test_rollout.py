@@ -258,3 +258,39 @@ async def test_during_the_overlap_the_acting_pod_alone_resets_and_the_standby_re
     await until(lambda: advertised(new) == {"GPU-x0": HEALTHY, "GPU-x1": HEALTHY})
     assert ixsmi.runs() == ["-r -i GPU-x1"]  # once, by the acting pod
     assert await new._before_allocate(new.plan, request) is None
+
+
+async def test_the_first_update_from_a_release_without_the_role_waits_for_it_on_a_kubelet_before_1_37(
+    plugin_dir: Path, start_daemon: DaemonFactory, apiserver: ApiServerStandIn, short_dir: Path
+) -> None:
+    """The pod of an earlier release serves iluvatar-gpu.sock and holds no role: the new pod takes the role at once,
+    yet it must not register beside that pod on an older kubelet, whose stop would cut the new one off."""
+    kubelet = KubeletStandIn(plugin_dir, several_endpoints=False)
+    await kubelet.start()
+    try:
+        earlier = await start_daemon(kubelet_plugins_directory_path=None)  # the fixed name, no role
+        await kubelet.wait_registered(RESOURCE, capacity=2)
+        new = await start_daemon(pod_uid=NEW, kube=node_with_kubelet(apiserver, short_dir, "v1.36.4"))
+        assert new.acting and not new.serving_wanted
+        assert f"another plugin serves {plugin_dir / 'iluvatar-gpu.sock'}" in new.ready()[1]
+        assert len(kubelet.registrations) == 1
+        await earlier.shutdown()
+        await until(lambda: len(kubelet.registrations) == 2, timeout=5)
+        view = await kubelet.wait_registered(RESOURCE, capacity=2)
+        await asyncio.sleep(0.3)
+        assert view.connected and view.allocatable == 2
+    finally:
+        await kubelet.stop()
+
+
+async def test_the_first_update_from_a_release_without_the_role_registers_beside_it_on_a_kubelet_1_37(
+    kubelet: KubeletStandIn, start_daemon: DaemonFactory
+) -> None:
+    earlier = await start_daemon(kubelet_plugins_directory_path=None)
+    await kubelet.wait_registered(RESOURCE, capacity=2)
+    allocatable = Allocatable(kubelet)
+    new = await start_daemon(pod_uid=NEW, zero_downtime_upgrade="true")
+    await until(lambda: kubelet.endpoints(RESOURCE) == ["iluvatar-gpu.sock", f"iluvatar-gpu-{NEW}.sock"])
+    await earlier.shutdown()
+    await until(lambda: kubelet.endpoints(RESOURCE) == [f"iluvatar-gpu-{NEW}.sock"])
+    assert new.acting and set(allocatable.seen) == {2}

@@ -9,14 +9,17 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ix_device_plugin.api import api_pb2
 from ix_device_plugin.core.allocation import AllocationError
 from ix_device_plugin.core.plan import Plan
+from ix_device_plugin.deviceplugin.endpoint import ENDPOINT
 from ix_device_plugin.deviceplugin.features.hook import chips_of
 from ix_device_plugin.healing.record import RecordFile
 from ix_device_plugin.kubelet.endpoints import register_beside
+from ix_device_plugin.kubelet.sockets import socket_answers
 
 if TYPE_CHECKING:
     from ix_device_plugin.apiserver.connection import ApiConnection
@@ -27,6 +30,20 @@ ROLE_FILE = "device-plugin.lock"  # beside the node-health record: held by the p
 HANDOVER_SETTLE = 1.0  # seconds a pod that waited for the old one to stop waits more before registering: an older
 # kubelet disconnects "the" endpoint of a resource when the old one's stream ends, and must have done so first
 KUBELET_VERSION_WAIT = 5.0  # seconds the Node's read may take
+FIXED_NAME_POLL = 0.2  # seconds between looks at a plugin without the node's role that serves the fixed socket name
+
+
+def fixed_name_served(own: Path) -> Path | None:
+    """The fixed socket name beside own (`iluvatar-gpu.sock`) when another plugin serves it: a pod of an earlier
+    release (it holds no role) or Iluvatar's own plugin. None when nothing else answers there."""
+    fixed = own.with_name(ENDPOINT)
+    return fixed if fixed != own and fixed.is_socket() and socket_answers(fixed) else None
+
+
+async def until_fixed_name_free(own: Path) -> None:
+    """Once no other plugin serves the fixed socket name (cancel to stop waiting)."""
+    while fixed_name_served(own) is not None:
+        await asyncio.sleep(FIXED_NAME_POLL)
 
 
 async def registration_beside(setting: str, api: ApiConnection | None) -> tuple[bool, str]:

@@ -26,7 +26,14 @@ from ix_device_plugin.core.plan import Plan
 from ix_device_plugin.deviceplugin.configsource import ConfigSource
 from ix_device_plugin.deviceplugin.endpoint import Endpoint, plugin_socket
 from ix_device_plugin.deviceplugin.features.hook import ApiFeatures
-from ix_device_plugin.deviceplugin.handover import HANDOVER_SETTLE, ROLE_FILE, refuse_reserved, registration_beside
+from ix_device_plugin.deviceplugin.handover import (
+    HANDOVER_SETTLE,
+    ROLE_FILE,
+    fixed_name_served,
+    refuse_reserved,
+    registration_beside,
+    until_fixed_name_free,
+)
 from ix_device_plugin.deviceplugin.holders import PodHolders
 from ix_device_plugin.deviceplugin.metrics import Metrics
 from ix_device_plugin.deviceplugin.nodefiles import NodeFiles
@@ -320,8 +327,11 @@ class Daemon:
             raise StartupError(f"{self.config_path}: {problem}")
         self._swap(State.of(view.inventory, config))
         _log_plan(self.plan)
-        if not acting:
-            self.serving_wanted = await self._register_beside()
+        # Another pod of the plugin acts for the node, or a plugin that holds no role (an earlier release during the
+        # first update to this one, Iluvatar's own plugin) serves the fixed socket name: the same choice either way.
+        if not acting or (fixed := fixed_name_served(self.endpoint.path)) is not None:
+            who = "another pod of the plugin serves this node" if not acting else f"another plugin serves {fixed}"
+            self.serving_wanted = await self._register_beside(who)
         if self.serving_wanted:
             await self.endpoint.start(self.plan.resource_name)
             self.registrar.request()
@@ -351,19 +361,21 @@ class Daemon:
         except (LockError, OSError) as error:
             raise StartupError(f"cannot act for the node: {error} (see --kubelet-plugins-directory-path)") from None
 
-    async def _register_beside(self) -> bool:
-        """Another pod of the plugin serves the node: whether to register beside it now, else wait on standby."""
+    async def _register_beside(self, who: str) -> bool:
+        """Another plugin serves the node (who says which): whether to register beside it now, else wait on standby
+        until it stops."""
         beside, why = await registration_beside(self.options.zero_downtime_upgrade, self.apiserver)
         if beside:
-            log.info("another pod of the plugin serves this node: registering beside it (%s)", why)
+            log.info("%s: registering beside it (%s)", who, why)
         else:
-            self._waiting_why = f"another pod of the plugin serves this node; registering once it stops ({why})"
+            self._waiting_why = f"{who}; registering once it stops ({why})"
             log.info("standby: %s", self._waiting_why)
         return beside
 
     async def _act_for_node(self) -> None:
         """While this pod acts for the node (until cancelled): XIDs, the node files, and the node-wide tasks."""
         if not self.serving_wanted:
+            await until_fixed_name_free(self.endpoint.path)
             await asyncio.sleep(HANDOVER_SETTLE)
             self.serving_wanted = True
             log.info("the pod that served this node has stopped: registering")
