@@ -19,6 +19,7 @@ import contextlib
 import json
 import os
 import shutil
+import ssl
 import sys
 import tempfile
 import time
@@ -123,6 +124,13 @@ class Cluster:
 
     def kubeconfig(self, user: str) -> Path:
         return self.pki_dir / f"{user}.kubeconfig"
+
+    def admin_tls(self) -> ssl.SSLContext:
+        """A TLS context for the API server as the cluster's admin (for readers that talk HTTPS to it directly)."""
+        assert self.pki is not None
+        context = ssl.create_default_context(cafile=str(self.pki.ca.cert))
+        context.load_cert_chain(str(self.pki.admin.cert), str(self.pki.admin.key))
+        return context
 
     def _write_kubeconfigs(self) -> None:
         assert self.pki is not None

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import ssl
 import threading
 import time
 import urllib.parse
@@ -53,9 +52,7 @@ class ResourceRecorder:
     errors: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        assert self.cluster.pki is not None
-        self._context = ssl.create_default_context(cafile=str(self.cluster.pki.ca.cert))
-        self._context.load_cert_chain(str(self.cluster.pki.admin.cert), str(self.cluster.pki.admin.key))
+        self._context = self.cluster.admin_tls()
         self._channel = grpc.insecure_channel(f"unix://{self.cluster.pod_resources_socket}")
         self._lister = api_pb2_grpc.PodResourcesListerStub(self._channel)
         self._stopping = threading.Event()

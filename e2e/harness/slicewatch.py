@@ -8,7 +8,6 @@ the drivers it measures.
 from __future__ import annotations
 
 import json
-import ssl
 import threading
 import time
 import urllib.parse
@@ -50,9 +49,7 @@ class SliceRecorder:
     errors: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        assert self.cluster.pki is not None
-        self._context = ssl.create_default_context(cafile=str(self.cluster.pki.ca.cert))
-        self._context.load_cert_chain(str(self.cluster.pki.admin.cert), str(self.cluster.pki.admin.key))
+        self._context = self.cluster.admin_tls()
         self._stopping = threading.Event()
         self._threads: list[threading.Thread] = []
 
