@@ -72,9 +72,16 @@ async def run(settings: Settings) -> dict[str, Any]:
         view = await kubelet.wait_registered(RESOURCE, capacity=8)
         seen_from = len(view.allocatable_seen)
         for _ in range(settings.handovers):
+            messages = len(kubelet.resources[RESOURCE].allocatable_seen)
             started = time.perf_counter()
             new = await _start(root)
-            await _until(lambda: len(kubelet.endpoints(RESOURCE)) == 2 and kubelet.resources[RESOURCE].updates > 0)
+            # registered, and its first ListAndWatch message read: the kubelet follows the new pod from then on
+            await _until(
+                lambda: (
+                    len(kubelet.endpoints(RESOURCE)) == 2
+                    and len(kubelet.resources[RESOURCE].allocatable_seen) > messages
+                )  # noqa: B023 (awaited in the round)
+            )
             beside.append(time.perf_counter() - started)
             for _ in range(ALLOCATES):
                 called = time.perf_counter()

@@ -36,6 +36,10 @@ class Allocatable:
     def seen(self) -> list[int]:
         return self._view.allocatable_seen[self._start :]
 
+    async def heard(self) -> None:
+        """Wait for the first ListAndWatch message from now on: a registration's stream is followed only then."""
+        await until(lambda: bool(self.seen))
+
 
 def node_files(short_dir: Path) -> dict[str, object]:
     return {"cdi_spec_dir": short_dir / "cdi", "node_feature_dir": short_dir / "features"}
@@ -55,6 +59,7 @@ async def test_a_new_pod_registers_beside_the_old_one_and_takes_over_at_its_stop
     allocatable = Allocatable(kubelet)
     new = await start_daemon(pod_uid=NEW, zero_downtime_upgrade="true", **node_files(short_dir))
     await until(lambda: kubelet.endpoints(RESOURCE) == [f"iluvatar-gpu-{OLD}.sock", f"iluvatar-gpu-{NEW}.sock"])
+    await allocatable.heard()
     assert (old.acting, new.acting) == (True, False)
     assert (metric(old, "ix_device_plugin_acting_for_node"), metric(new, "ix_device_plugin_acting_for_node")) == (
         1,
@@ -90,6 +95,7 @@ async def test_the_new_pod_that_stops_first_leaves_the_old_one_serving(
     allocatable = Allocatable(kubelet)
     new = await start_daemon(pod_uid=NEW, zero_downtime_upgrade="true")
     await until(lambda: len(kubelet.endpoints(RESOURCE)) == 2)
+    await allocatable.heard()
     await new.shutdown()
     await until(lambda: kubelet.endpoints(RESOURCE) == [f"iluvatar-gpu-{OLD}.sock"])
     await kubelet.admit(RESOURCE, 2)  # the old pod answers again
@@ -291,6 +297,7 @@ async def test_the_first_update_from_a_release_without_the_role_registers_beside
     allocatable = Allocatable(kubelet)
     new = await start_daemon(pod_uid=NEW, zero_downtime_upgrade="true")
     await until(lambda: kubelet.endpoints(RESOURCE) == ["iluvatar-gpu.sock", f"iluvatar-gpu-{NEW}.sock"])
+    await allocatable.heard()
     await earlier.shutdown()
     await until(lambda: kubelet.endpoints(RESOURCE) == [f"iluvatar-gpu-{NEW}.sock"])
     assert new.acting and set(allocatable.seen) == {2}
