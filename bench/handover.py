@@ -57,6 +57,12 @@ async def _until(predicate: Any, timeout: float = 10.0) -> None:
             await asyncio.sleep(0.001)
 
 
+def _beside_and_followed(kubelet: KubeletStandIn, messages_before: int) -> bool:
+    """Two pods registered, and a ListAndWatch message read since messages_before (the new pod's first)."""
+    view = kubelet.resources[RESOURCE]
+    return len(kubelet.endpoints(RESOURCE)) == 2 and len(view.allocatable_seen) > messages_before
+
+
 async def run(settings: Settings) -> dict[str, Any]:
     """Times of settings.handovers rounds of an update on one node."""
     root = short_dir()
@@ -76,12 +82,7 @@ async def run(settings: Settings) -> dict[str, Any]:
             started = time.perf_counter()
             new = await _start(root)
             # registered, and its first ListAndWatch message read: the kubelet follows the new pod from then on
-            await _until(
-                lambda: (
-                    len(kubelet.endpoints(RESOURCE)) == 2
-                    and len(kubelet.resources[RESOURCE].allocatable_seen) > messages
-                )  # noqa: B023 (awaited in the round)
-            )
+            await _until(lambda: _beside_and_followed(kubelet, messages))  # noqa: B023 (awaited in the round)
             beside.append(time.perf_counter() - started)
             for _ in range(ALLOCATES):
                 called = time.perf_counter()
