@@ -1,7 +1,9 @@
 """Simulated devices, from a short spec (`BI-V150:2,BI-V100:1`) or a YAML file.
 
 The YAML file is re-read at every health poll, so editing a chip's `health:`
-or `present:` while the plugin runs changes what the kubelet is told. A chip's
+or `present:` while the plugin runs changes what the kubelet is told. A file
+found empty is read again once, REWRITE_PAUSE later: a file rewritten in place
+is empty for a moment, which is no fault of the simulated chips. A chip's
 `xids: [79]` are critical XID events: each is handed to watch_xids' sink once,
 at the first discovery or poll that reads it. The driver version is what IXML
 reports on a real node (`4.4.0`), or the file's `driver_version:`.
@@ -12,6 +14,7 @@ from __future__ import annotations
 import difflib
 import re
 import threading
+import time
 import uuid as uuidlib
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
@@ -213,6 +216,7 @@ def _default_board(product: str, board_index: int, first_minor: int) -> Board:
 
 
 RESET_BEHAVIOURS = ("fail", "new_uuid")
+REWRITE_PAUSE = 0.05  # seconds before an empty devices file is read again
 
 
 def reset_behaviour(path: Path) -> dict[str, str]:
@@ -269,8 +273,10 @@ def load_file(path: Path) -> tuple[Board, ...]:
 def _read_document(path: Path) -> Any:
     """The file's YAML as plain data, read as strictly as a config file (size, depth, tags, encoding)."""
     try:
-        with path.open("rb") as stream:
-            data = stream.read(yamlsafe.MAX_BYTES + 1)
+        data = _read_bytes(path)
+        if not data.strip():  # rewritten in place (`>`, an editor, Path.write_text): empty until written
+            time.sleep(REWRITE_PAUSE)
+            data = _read_bytes(path)
         text = yamlsafe.decode(data)
         yamlsafe.compose(text)  # refuses anchors, custom tags, deep nesting and huge numbers first
         return yaml.safe_load(text)
@@ -280,6 +286,11 @@ def _read_document(path: Path) -> Any:
         raise BackendError(f"simulated devices file {path}: {error}") from None
     except yaml.YAMLError as error:
         raise BackendError(f"simulated devices file {path}: {yamlsafe.describe(error)}") from None
+
+
+def _read_bytes(path: Path) -> bytes:
+    with path.open("rb") as stream:
+        return stream.read(yamlsafe.MAX_BYTES + 1)
 
 
 def _check_unique(boards: list[Board], path: Path) -> None:

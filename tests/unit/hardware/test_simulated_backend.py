@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 from reset_support import fake_ixsmi
 
+from ix_device_plugin.hardware import simulated
 from ix_device_plugin.hardware.backend import BackendError
-from ix_device_plugin.hardware.simulated import SimulatedBackend
+from ix_device_plugin.hardware.simulated import REWRITE_PAUSE, SimulatedBackend
 
 from support import TESTS_DIR
 
@@ -95,3 +96,33 @@ def test_a_named_ixsmi_is_run_for_each_reset_and_its_failure_fails_it(tmp_path: 
         backend.reset([chip], 5.0)
     SimulatedBackend("BI-V100:2").reset([chip], 5.0)  # without one, nothing is run
     assert len(record.read_text().splitlines()) == 2
+
+
+def test_a_file_being_rewritten_in_place_is_read_once_it_is_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "devices.yaml"
+    path.write_text("boards:\n  - product: BI-V150\n")
+    backend = SimulatedBackend(str(path))
+    inventory = backend.discover()
+    path.write_text("")  # truncated: the writer has not written yet
+    pauses: list[float] = []
+
+    def writer_finishes(seconds: float) -> None:  # the writer writes while the backend waits
+        pauses.append(seconds)
+        path.write_text("boards:\n  - product: BI-V150\n")
+
+    monkeypatch.setattr(simulated.time, "sleep", writer_finishes)
+    statuses = backend.health(inventory)
+    assert pauses == [REWRITE_PAUSE]
+    assert len(statuses) == 2 and all(status.reasons() == () for status in statuses.values())
+
+
+def test_a_file_that_stays_empty_is_an_error(tmp_path: Path) -> None:
+    path = tmp_path / "devices.yaml"
+    path.write_text("boards:\n  - product: BI-V150\n")
+    backend = SimulatedBackend(str(path))
+    inventory = backend.discover()
+    path.write_text("\n")
+    with pytest.raises(BackendError, match="expected a mapping with a `boards:` list"):
+        backend.health(inventory)
