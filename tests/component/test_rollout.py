@@ -41,6 +41,18 @@ class Allocatable:
         await until(lambda: bool(self.seen))
 
 
+async def start_beside(
+    kubelet: KubeletStandIn, start_daemon: DaemonFactory, old_socket: str, **options: object
+) -> tuple[Daemon, Allocatable]:
+    """Start the new pod (NEW, zero downtime on) beside the one registered on old_socket: it is registered and the
+    kubelet has read its first ListAndWatch message; allocatable records from before its start."""
+    allocatable = Allocatable(kubelet)
+    new = await start_daemon(pod_uid=NEW, zero_downtime_upgrade="true", **options)
+    await until(lambda: kubelet.endpoints(RESOURCE) == [old_socket, f"iluvatar-gpu-{NEW}.sock"])
+    await allocatable.heard()
+    return new, allocatable
+
+
 def node_files(short_dir: Path) -> dict[str, object]:
     return {"cdi_spec_dir": short_dir / "cdi", "node_feature_dir": short_dir / "features"}
 
@@ -56,10 +68,7 @@ async def test_a_new_pod_registers_beside_the_old_one_and_takes_over_at_its_stop
     old = await start_daemon(pod_uid=OLD, **node_files(short_dir))
     await kubelet.wait_registered(RESOURCE, capacity=2)
     written = spec(short_dir).stat()
-    allocatable = Allocatable(kubelet)
-    new = await start_daemon(pod_uid=NEW, zero_downtime_upgrade="true", **node_files(short_dir))
-    await until(lambda: kubelet.endpoints(RESOURCE) == [f"iluvatar-gpu-{OLD}.sock", f"iluvatar-gpu-{NEW}.sock"])
-    await allocatable.heard()
+    new, allocatable = await start_beside(kubelet, start_daemon, f"iluvatar-gpu-{OLD}.sock", **node_files(short_dir))
     assert (old.acting, new.acting) == (True, False)
     assert (metric(old, "ix_device_plugin_acting_for_node"), metric(new, "ix_device_plugin_acting_for_node")) == (
         1,
@@ -92,10 +101,7 @@ async def test_the_new_pod_that_stops_first_leaves_the_old_one_serving(
     """DP2 changed its mind: it goes away before the old pod, which serves on as the one endpoint."""
     old = await start_daemon(pod_uid=OLD)
     await kubelet.wait_registered(RESOURCE, capacity=2)
-    allocatable = Allocatable(kubelet)
-    new = await start_daemon(pod_uid=NEW, zero_downtime_upgrade="true")
-    await until(lambda: len(kubelet.endpoints(RESOURCE)) == 2)
-    await allocatable.heard()
+    new, allocatable = await start_beside(kubelet, start_daemon, f"iluvatar-gpu-{OLD}.sock")
     await new.shutdown()
     await until(lambda: kubelet.endpoints(RESOURCE) == [f"iluvatar-gpu-{OLD}.sock"])
     await kubelet.admit(RESOURCE, 2)  # the old pod answers again
@@ -186,8 +192,7 @@ async def test_both_pods_advertise_the_xid_the_acting_one_saw_and_the_chip_stays
     settings: dict[str, object] = {"backend_factory": backend, "health_interval": 0.1, "dev_root": short_dir}
     old = await start_daemon(pod_uid=OLD, **settings)
     view = await kubelet.wait_registered(RESOURCE, capacity=2)
-    new = await start_daemon(pod_uid=NEW, zero_downtime_upgrade="true", **settings)
-    await until(lambda: len(kubelet.endpoints(RESOURCE)) == 2)
+    new, _ = await start_beside(kubelet, start_daemon, f"iluvatar-gpu-{OLD}.sock", **settings)
     assert not new.monitor.xids_watched
     inject_xid(conf, 1, 64)
     await until(lambda: advertised(old) == advertised(new) == {"GPU-x0": HEALTHY, "GPU-x1": UNHEALTHY}, timeout=5)
@@ -209,8 +214,7 @@ async def test_a_kubelet_restart_during_the_overlap_has_both_pods_register_again
 ) -> None:
     await start_daemon(pod_uid=OLD)
     await kubelet.wait_registered(RESOURCE, capacity=2)
-    await start_daemon(pod_uid=NEW, zero_downtime_upgrade="true")
-    await until(lambda: len(kubelet.endpoints(RESOURCE)) == 2)
+    await start_beside(kubelet, start_daemon, f"iluvatar-gpu-{OLD}.sock")
     await kubelet.restart()  # wipes both sockets
     await until(
         lambda: sorted(kubelet.endpoints(RESOURCE)) == sorted([f"iluvatar-gpu-{OLD}.sock", f"iluvatar-gpu-{NEW}.sock"])
@@ -251,8 +255,7 @@ async def test_during_the_overlap_the_acting_pod_alone_resets_and_the_standby_re
     }
     old = await start_daemon(pod_uid=OLD, **settings)
     view = await kubelet.wait_registered(RESOURCE, capacity=2)
-    new = await start_daemon(pod_uid=NEW, zero_downtime_upgrade="true", **settings)
-    await until(lambda: len(kubelet.endpoints(RESOURCE)) == 2)
+    new, _ = await start_beside(kubelet, start_daemon, f"iluvatar-gpu-{OLD}.sock", **settings)
     request = api_pb2.AllocateRequest(container_requests=[api_pb2.ContainerAllocateRequest(devices_ids=["GPU-x1"])])
     assert await new._before_allocate(new.plan, request) is None  # free: nothing to do
     ixsmi.delay.write_text("2")
@@ -294,10 +297,7 @@ async def test_the_first_update_from_a_release_without_the_role_registers_beside
 ) -> None:
     earlier = await start_daemon(kubelet_plugins_directory_path=None)
     await kubelet.wait_registered(RESOURCE, capacity=2)
-    allocatable = Allocatable(kubelet)
-    new = await start_daemon(pod_uid=NEW, zero_downtime_upgrade="true")
-    await until(lambda: kubelet.endpoints(RESOURCE) == ["iluvatar-gpu.sock", f"iluvatar-gpu-{NEW}.sock"])
-    await allocatable.heard()
+    new, allocatable = await start_beside(kubelet, start_daemon, "iluvatar-gpu.sock")
     await earlier.shutdown()
     await until(lambda: kubelet.endpoints(RESOURCE) == [f"iluvatar-gpu-{NEW}.sock"])
     assert new.acting and set(allocatable.seen) == {2}
