@@ -145,6 +145,31 @@ def takes_over(cluster: Cluster, stopped: PluginRun, standby: PluginRun) -> floa
     return time.monotonic() - exited
 
 
+def serving_pod1(cluster: Cluster, admin: Kubectl, namespace: str, node: Node) -> tuple[PluginRun, int]:
+    """DP1 started and offering its GPUs, and Pod1 admitted: DP1 and Pod1's board."""
+    dp1 = node.start("dp1")
+    wait_offered(cluster, dp1)
+    return dp1, gpu_pod(admin, namespace, "pod1")
+
+
+def beside_serving_pod2(admin: Kubectl, namespace: str, node: Node, dp1: PluginRun, first: int) -> PluginRun:
+    """DP2 started, registered beside DP1 and on standby; after HOLD, Pod2 is admitted on another board and DP2, the
+    newest registration, answers its Allocate. DP2."""
+    dp2 = node.start("dp2")
+    on_standby_beside(dp1, dp2)
+    time.sleep(HOLD)
+    assert gpu_pod(admin, namespace, "pod2") != first
+    assert (allocations(dp1), allocations(dp2)) == (1, 1)
+    return dp2
+
+
+def pod3_takes_the_board_pod1_freed(admin: Kubectl, namespace: str, first: int) -> None:
+    """Pod1 deleted: Pod3 gets its board, and Pod2 and Pod3 run without a restart."""
+    admin.delete("pod", "pod1", namespace)
+    assert gpu_pod(admin, namespace, "pod3") == first
+    still_running(admin, namespace, "pod2", "pod3")
+
+
 def report(cluster: Cluster, name: str, recorder: ResourceRecorder, **figures: object) -> None:
     summary = {**figures, **recorder.summary()}
     (cluster.logdir / f"device-plugin-multiple-{name}.json").write_text(json.dumps(summary, indent=2))
@@ -156,26 +181,17 @@ def test_basic_rollout_of_two_plugins_with_zero_downtime(
 ) -> None:
     """DP1 serves Pod1; DP2 starts beside it and registers at once; Pod2 is admitted while both run (DP2 answers its
     Allocate, the newest registration); DP1 stops and DP2 acts for the node; Pod3 takes the board Pod1 freed."""
-    dp1 = node.start("dp1")
-    wait_offered(cluster, dp1)
-    first = gpu_pod(admin, namespace, "pod1")
+    dp1, first = serving_pod1(cluster, admin, namespace, node)
     assert allocations(dp1) == 1
     written = node.written()
     with ResourceRecorder(cluster, RESOURCE) as recorder:
-        dp2 = node.start("dp2")
-        on_standby_beside(dp1, dp2)
-        time.sleep(HOLD)
-        second = gpu_pod(admin, namespace, "pod2")
-        assert second != first
-        assert (allocations(dp1), allocations(dp2)) == (1, 1)
+        dp2 = beside_serving_pod2(admin, namespace, node, dp1, first)
         assert node.written() == written, "a node-wide file was written during the overlap"
         handover = takes_over(cluster, dp1, dp2)
         assert not node.socket("dp1").exists()
         time.sleep(HOLD)
-        admin.delete("pod", "pod1", namespace)
-        assert gpu_pod(admin, namespace, "pod3") == first
+        pod3_takes_the_board_pod1_freed(admin, namespace, first)
         assert allocations(dp2) == 2
-        still_running(admin, namespace, "pod2", "pod3")
     report(cluster, "basic", recorder, handover_seconds=round(handover, 3))
     recorder.check_steady(2, 2)
     dp2.stop()  # the control: the last plugin gone, the kubelet's view drops at once
@@ -188,9 +204,7 @@ def test_a_second_plugin_that_takes_long_to_start_working_leaves_the_first_servi
     """DP2 starts but does not register for a long time (--zero-downtime-upgrade false: ready, waiting on standby
     for DP1 to stop); DP1 keeps serving, Pod2 gets its GPU from DP1. DP2 gives up (stopped: it takes nothing of DP1's
     with it); DP3, its retry, registers beside DP1; DP1 stops, DP3 acts for the node and serves Pod3."""
-    dp1 = node.start("dp1")
-    wait_offered(cluster, dp1)
-    first = gpu_pod(admin, namespace, "pod1")
+    dp1, first = serving_pod1(cluster, admin, namespace, node)
     with ResourceRecorder(cluster, RESOURCE) as recorder:
         dp2 = node.start("dp2", zero_downtime="false")
         assert "standby: another pod of the plugin serves this node; registering once it stops" in (
@@ -209,10 +223,8 @@ def test_a_second_plugin_that_takes_long_to_start_working_leaves_the_first_servi
         time.sleep(HOLD)
         handover = takes_over(cluster, dp1, dp3)
         time.sleep(HOLD)
-        admin.delete("pod", "pod1", namespace)
-        assert gpu_pod(admin, namespace, "pod3") == first
+        pod3_takes_the_board_pod1_freed(admin, namespace, first)
         assert allocations(dp3) == 1
-        still_running(admin, namespace, "pod2", "pod3")
     report(cluster, "late", recorder, handover_seconds=round(handover, 3))
     recorder.check_steady(2, 2)
 
@@ -222,25 +234,16 @@ def test_a_second_plugin_that_changes_its_mind_leaves_the_first_serving(
 ) -> None:
     """DP2 registers beside DP1 and serves Pod2, then stops first (a rollout undone): DP1, still acting for the node,
     serves on and the kubelet turns to it again for Pod3; nothing drops."""
-    dp1 = node.start("dp1")
-    wait_offered(cluster, dp1)
-    first = gpu_pod(admin, namespace, "pod1")
+    dp1, first = serving_pod1(cluster, admin, namespace, node)
     written = node.written()
     with ResourceRecorder(cluster, RESOURCE) as recorder:
-        dp2 = node.start("dp2")
-        on_standby_beside(dp1, dp2)
-        time.sleep(HOLD)
-        second = gpu_pod(admin, namespace, "pod2")
-        assert second != first
-        assert (allocations(dp1), allocations(dp2)) == (1, 1)
+        dp2 = beside_serving_pod2(admin, namespace, node, dp1, first)
         assert dp2.stop() == 0
         assert not node.socket("dp2").exists() and node.socket("dp1").exists()
         time.sleep(HOLD)
         assert acting(dp1) == 1.0
         assert node.written() == written, "a node-wide file was written while the standby ran or stopped"
-        admin.delete("pod", "pod1", namespace)
-        assert gpu_pod(admin, namespace, "pod3") == first
+        pod3_takes_the_board_pod1_freed(admin, namespace, first)
         assert allocations(dp1) == 2
-        still_running(admin, namespace, "pod2", "pod3")
     report(cluster, "changed-mind", recorder)
     recorder.check_steady(2, 2)
