@@ -80,7 +80,14 @@ def text_of(data: bytes, limits: Limits = DEFAULT_LIMITS) -> str:
 
 def load_json(data: bytes, limits: Limits = DEFAULT_LIMITS) -> Any:
     """The JSON document in data as plain Python values; DocumentError when it is not one within limits."""
-    text = text_of(data, limits)
+    return load_json_text(text_of(data, limits), limits)
+
+
+def load_json_text(text: str, limits: Limits = DEFAULT_LIMITS) -> Any:
+    """The JSON document in text (already decoded) as plain Python values; DocumentError when it is not one within
+    limits (a nest too deep for the parser is refused like one deeper than max_depth, never a RecursionError)."""
+    if len(text) > limits.max_bytes:
+        raise DocumentError(f"is {len(text):,} characters, more than the {limits.max_bytes:,} allowed")
     try:
         document = json.loads(text)
     except RecursionError:
