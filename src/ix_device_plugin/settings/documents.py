@@ -51,10 +51,11 @@ def read_file(path: Path, max_bytes: int, *, follow_symlinks: bool = True) -> by
         if error.errno == 40:  # ELOOP: a symlink where none may be
             raise DocumentError("is a symlink; expected a regular file") from None
         raise DocumentError(f"cannot be read: {error.strerror or error}") from None
+    mode = os.fstat(descriptor).st_mode
+    if not stat.S_ISREG(mode):  # before fdopen, which refuses a directory with an OSError of its own
+        os.close(descriptor)
+        raise DocumentError(f"is {_kind(mode)}, not a regular file")
     with os.fdopen(descriptor, "rb") as stream:
-        mode = os.fstat(descriptor).st_mode
-        if not stat.S_ISREG(mode):
-            raise DocumentError(f"is {_kind(mode)}, not a regular file")
         data = stream.read(max_bytes + 1)
     if len(data) > max_bytes:
         raise DocumentError(f"is larger than {max_bytes:,} bytes")
