@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -13,9 +14,11 @@ from pathlib import Path
 import pytest
 from dra_support import DraNode, answer
 
+from ix_device_plugin.dra.claimspec import cdi_spec_file
 from ix_device_plugin.dra.registration import ROLE_FILE
 from ix_device_plugin.dra.slices import DRIVER
 from ix_device_plugin.healing.record import RECORD_FILE, record_path
+from ix_device_plugin.runtime.errors import StartupError
 
 from support import until
 
@@ -77,3 +80,24 @@ async def test_a_publisher_lock_that_cannot_serve_is_said_once_and_the_slices_ar
         await node.wait_slice(lambda devices: len(devices) == 6, timeout=15)
     assert driver.role.held and lock.is_file() and not lock.is_symlink()
     await until(lambda: any("can serve as a lock again" in r.getMessage() for r in caplog.records))
+
+
+async def test_a_directory_in_place_of_the_checkpoint_stops_the_start_with_an_error_naming_it(node: DraNode) -> None:
+    """The driver cannot keep its claims without the file (a rename over a directory fails), so it does not serve
+    claims it could not remember; the error names the path and what is there, never a traceback."""
+    checkpoint = node.checkpoint_file
+    checkpoint.mkdir(parents=True)
+    with pytest.raises(StartupError, match=rf"{re.escape(str(checkpoint))}.*Is a directory"):
+        await node.start()
+
+
+async def test_a_claim_spec_holding_a_nul_is_skipped_by_name_and_the_driver_starts(
+    node: DraNode, caplog: pytest.LogCaptureFixture
+) -> None:
+    node.cdi_dir.mkdir(parents=True, exist_ok=True)
+    spec = node.cdi_dir / cdi_spec_file("0f6c3c5e-0b4e-4a57-9a83-3f2c1d7e9a10")
+    spec.write_bytes(b"kind: gpu.iluvatar.com/claim\x00\n")
+    with caplog.at_level(logging.ERROR):
+        await node.start()
+    await prepared(node, "one-gpu", "gpu-1")
+    assert any(f"{spec}: skipped" in r.getMessage() and "#x0000" in r.getMessage() for r in caplog.records)
