@@ -83,55 +83,74 @@ class PodDoc:
 
 
 def config_map_doc(obj: Mapping[str, Any]) -> ConfigMapDoc:
-    """A ConfigMapDoc from a ConfigMap object."""
-    metadata = obj.get("metadata") or {}
+    """A ConfigMapDoc from a ConfigMap object (a field of another type than the API's reads as absent)."""
+    metadata = _mapping(obj.get("metadata"))
     return ConfigMapDoc(
-        metadata.get("namespace", ""),
-        metadata.get("name", ""),
-        {str(key): str(value) for key, value in (obj.get("data") or {}).items()},
-        str(metadata.get("resourceVersion", "")),
+        _text(metadata.get("namespace")),
+        _text(metadata.get("name")),
+        _texts(obj.get("data")),
+        _text(metadata.get("resourceVersion")),
     )
 
 
 def pod_doc(obj: Mapping[str, Any]) -> PodDoc:
-    """A PodDoc from a Pod object."""
-    metadata = obj.get("metadata") or {}
-    spec = obj.get("spec") or {}
+    """A PodDoc from a Pod object (a field of another type than the API's reads as absent)."""
+    metadata = _mapping(obj.get("metadata"))
+    spec = _mapping(obj.get("spec"))
+    status = _mapping(obj.get("status"))
     containers = tuple(
-        ContainerLimits(
-            container.get("name", ""),
-            {key: str(value) for key, value in ((container.get("resources") or {}).get("limits") or {}).items()},
-        )
-        for container in spec.get("containers") or []
+        ContainerLimits(_text(container.get("name")), _texts(_mapping(container.get("resources")).get("limits")))
+        for container in _list(spec.get("containers"))
+        if isinstance(container, Mapping)
     )
     return PodDoc(
-        namespace=metadata.get("namespace", ""),
-        name=metadata.get("name", ""),
-        uid=metadata.get("uid", ""),
-        annotations=dict(metadata.get("annotations") or {}),
-        phase=(obj.get("status") or {}).get("phase", ""),
-        node_name=spec.get("nodeName", ""),
+        namespace=_text(metadata.get("namespace")),
+        name=_text(metadata.get("name")),
+        uid=_text(metadata.get("uid")),
+        annotations=_texts(metadata.get("annotations")),
+        phase=_text(status.get("phase")),
+        node_name=_text(spec.get("nodeName")),
         created=_timestamp(metadata.get("creationTimestamp")),
         containers=containers,
-        resource_version=str(metadata.get("resourceVersion", "")),
+        resource_version=_text(metadata.get("resourceVersion")),
         deleting=bool(metadata.get("deletionTimestamp")),
-        status_reason=str((obj.get("status") or {}).get("reason", "")),
+        status_reason=_text(status.get("reason")),
     )
 
 
 def labels_of(obj: Mapping[str, Any]) -> dict[str, str]:
     """The object's labels."""
-    return dict((obj.get("metadata") or {}).get("labels") or {})
+    return _texts(_mapping(obj.get("metadata")).get("labels"))
 
 
 def uid_of(obj: Mapping[str, Any]) -> str:
     """The object's UID ("" when it has none)."""
-    return str((obj.get("metadata") or {}).get("uid", ""))
+    return _text(_mapping(obj.get("metadata")).get("uid"))
 
 
 def version_of(obj: Mapping[str, Any]) -> str:
     """The object's resourceVersion ("" when it has none)."""
-    return str((obj.get("metadata") or {}).get("resourceVersion", ""))
+    return _text(_mapping(obj.get("metadata")).get("resourceVersion"))
+
+
+def _mapping(value: Any) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}
+
+
+def _list(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else []
+
+
+def _text(value: Any) -> str:
+    """A string field ("" when absent; a number or a boolean as written, anything else as absent)."""
+    if value is None or isinstance(value, Mapping | list):
+        return ""
+    return value if isinstance(value, str) else str(value)
+
+
+def _texts(value: Any) -> dict[str, str]:
+    """A map of strings (labels, annotations, data, limits): its entries as strings."""
+    return {str(key): _text(item) for key, item in _mapping(value).items()}
 
 
 def _timestamp(value: Any) -> datetime | None:

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ix_device_plugin.core.healing import HEALTHY, NEEDS_OPERATOR, PHASES, RESETTING, WAITING, Care
+from ix_device_plugin.settings.documents import DocumentError, Limits, load_json_text
 from ix_device_plugin.settings.health import HealthPolicy, xid_name
 
 VERSION = 1
@@ -33,6 +34,8 @@ KIND = "ix-device-plugin/node-health"
 MAX_CHIPS = 1024  # more chip entries than any node has: the rest is not read
 MAX_XIDS = 16  # per chip, as the monitor keeps them
 MAX_TEXT = 1024  # a note, a cause or a reservation's reason
+# The bounds of every document another process writes (a nest of `[` 100 KB deep is refused, not a RecursionError).
+LIMITS = Limits(max_bytes=1024 * 1024, max_depth=32, max_values=100_000)
 CUT_SHORT = "its reset was cut short when the agent stopped; it is reset again once free"
 
 
@@ -150,9 +153,9 @@ def chip_record(care: Care, xids: frozenset[int], reserved: str, *, wall_now: fl
 def parse_record(text: str) -> HealthRecord:
     """The record in text; RecordError naming what is wrong (a newer version, malformed JSON, a bad field)."""
     try:
-        document = json.loads(text)
-    except ValueError as error:
-        raise RecordError(f"not JSON: {error}") from None
+        document = load_json_text(text, LIMITS)
+    except DocumentError as error:
+        raise RecordError(f"the document {error}") from None
     if not isinstance(document, dict):
         raise RecordError("not a JSON object")
     if document.get("kind") != KIND:

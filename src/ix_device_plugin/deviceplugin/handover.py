@@ -69,7 +69,13 @@ async def kubelet_version(api: ApiConnection | None) -> str | None:
     except (KubeError, KubeConfigError, TimeoutError) as error:
         log.warning("cannot read the kubelet's version from the Node %s: %s", api.node_name, error or "no answer")
         return None
-    info = ((node or {}).get("status") or {}).get("nodeInfo") or {}
+    return node_kubelet_version(node)
+
+
+def node_kubelet_version(node: object) -> str | None:
+    """The kubelet version a Node object says (status.nodeInfo.kubeletVersion); None where it says none."""
+    status = node.get("status") if isinstance(node, dict) else None
+    info = status.get("nodeInfo") if isinstance(status, dict) else None
     version = info.get("kubeletVersion") if isinstance(info, dict) else None
     return version if isinstance(version, str) else None
 

@@ -54,7 +54,6 @@ from ix_device_plugin.runtime.errors import StartupError
 from ix_device_plugin.runtime.files import read_boot_id
 from ix_device_plugin.runtime.filewatch import Watcher
 from ix_device_plugin.runtime.lazymetrics import Gated
-from ix_device_plugin.runtime.locks import LockError
 from ix_device_plugin.runtime.logs import OncePerError
 from ix_device_plugin.runtime.noderole import NodeRole
 from ix_device_plugin.runtime.probes import ProbeHandlers, ProbeServer, start_probes
@@ -291,7 +290,8 @@ class Daemon:
         if not self.serving_wanted:
             return True, f"standby: {self._waiting_why}"
         if self.registered:
-            standby = "" if self.acting else "; standby: another pod acts for the node"
+            why = (self.role.unusable if self.role is not None else "") or "another pod acts for the node"
+            standby = "" if self.acting else f"; standby: {why}"
             return True, f"registered {self.plan.resource_name}{standby}"
         return False, "not registered with the kubelet"
 
@@ -329,8 +329,9 @@ class Daemon:
         _log_plan(self.plan)
         # Another pod of the plugin acts for the node, or a plugin that holds no role (an earlier release during the
         # first update to this one, Iluvatar's own plugin) serves the fixed socket name: the same choice either way.
-        if not acting or (fixed := fixed_name_served(self.endpoint.path)) is not None:
-            who = "another pod of the plugin serves this node" if not acting else f"another plugin serves {fixed}"
+        other_pod = not acting and not (self.role is not None and self.role.unusable)  # a bad lock: nobody acts
+        if other_pod or (fixed := fixed_name_served(self.endpoint.path)) is not None:
+            who = "another pod of the plugin serves this node" if other_pod else f"another plugin serves {fixed}"
             self.serving_wanted = await self._register_beside(who)
         if self.serving_wanted:
             await self.endpoint.start(self.plan.resource_name)
@@ -353,13 +354,7 @@ class Daemon:
 
     def _take_role_at_start(self) -> bool:
         """Take the node's role when no other pod of the plugin holds it; whether this pod acts for the node."""
-        if self.role is None:
-            return True
-        try:
-            self.role.path.parent.mkdir(parents=True, exist_ok=True)
-            return self.role.try_take()
-        except (LockError, OSError) as error:
-            raise StartupError(f"cannot act for the node: {error} (see --kubelet-plugins-directory-path)") from None
+        return self.role is None or self.role.take_at_start()  # a lock file that cannot serve: standby, said
 
     async def _register_beside(self, who: str) -> bool:
         """Another plugin serves the node (who says which): whether to register beside it now, else wait on standby

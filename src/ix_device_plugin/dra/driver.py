@@ -87,7 +87,6 @@ from ix_device_plugin.kubelet.sockets import Identity, path_too_long, unix_targe
 from ix_device_plugin.runtime.backoff import Backoff
 from ix_device_plugin.runtime.errors import StartupError
 from ix_device_plugin.runtime.files import read_boot_id
-from ix_device_plugin.runtime.locks import LockError
 from ix_device_plugin.runtime.logs import OncePerError
 from ix_device_plugin.runtime.noderole import NodeRole
 from ix_device_plugin.runtime.probes import ProbeHandlers, ProbeServer, start_probes
@@ -253,12 +252,7 @@ class DraDriver:
 
     def _take_role_at_start(self) -> bool:
         """Take the node's role when no other pod of the driver holds it (else the publish task waits for it)."""
-        try:
-            self.role.path.parent.mkdir(parents=True, exist_ok=True)
-            return self.role.try_take()
-        except (LockError, OSError) as error:
-            log.warning("cannot take the role of %s yet: %s", self.role.duty, error)  # the publish task retries
-            return False
+        return self.role.take_at_start()  # a lock file that cannot serve is said; the publish task tries again
 
     async def _publish(self, publisher: SlicePublisher) -> None:
         """While this pod publishes the node's slices: it listens for XIDs too (a pod on standby learns them from

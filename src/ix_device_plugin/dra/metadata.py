@@ -236,7 +236,7 @@ def generation_of(text: str) -> int | None:
     """The generation of the first object of a metadata file's text; None when it has none this driver wrote."""
     try:
         first, _ = json.JSONDecoder().raw_decode(text)
-    except ValueError:
+    except (ValueError, RecursionError):  # whoever can write the driver's directory: any text
         return None
     metadata = first.get("metadata") if isinstance(first, dict) else None
     generation = metadata.get("generation") if isinstance(metadata, dict) else None

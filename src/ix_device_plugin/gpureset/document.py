@@ -52,7 +52,7 @@ class ResetInfo:
             return cls(node)
         what = f"{where} key {DATA_KEY}" if where else DATA_KEY
         try:
-            document = load_yaml(text.encode(), DOCUMENT_LIMITS)
+            document = load_yaml(text.encode("utf-8", "surrogatepass"), DOCUMENT_LIMITS)  # a lone surrogate: not UTF-8
         except DocumentError as error:
             raise GpuResetError(f"{what} is not a reset document: {error}") from None
         if not isinstance(document, dict):

@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 
 SEVERAL_ENDPOINTS_SINCE = (1, 37)
-_VERSION = re.compile(r"^v?(\d+)\.(\d+)(?:\.\d+)?(?:[-+].*)?$")
+_VERSION = re.compile(r"^v?(\d{1,9})\.(\d{1,9})(?:\.\d{1,9})?(?:[-+].*)?$", re.ASCII | re.DOTALL)
 
 
 def keeps_several_endpoints(kubelet_version: str) -> bool | None:

@@ -115,12 +115,12 @@ def _open(path: Path) -> int:
     try:
         descriptor = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK, 0o600)
     except IsADirectoryError:
-        raise LockError(f"the lock file {path} is a directory; remove it (the driver makes a file there)") from None
+        raise LockError(f"the lock file {path} is a directory; remove it (a lock file is made there)") from None
     except OSError as error:
         if error.errno == errno.ELOOP:
             raise LockError(f"the lock file {path} is a symbolic link; not followed: remove it") from None
         raise LockError(f"cannot open the lock file {path}: {reason(error)}") from None
     if not stat.S_ISREG(os.fstat(descriptor).st_mode):
         os.close(descriptor)
-        raise LockError(f"the lock file {path} is not a regular file; remove it (the driver makes a file there)")
+        raise LockError(f"the lock file {path} is not a regular file; remove it (a lock file is made there)")
     return descriptor

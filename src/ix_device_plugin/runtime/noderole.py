@@ -32,6 +32,7 @@ log = logging.getLogger(__name__)
 
 POLL = 0.1  # seconds between looks at a lock another pod holds: the longest a handover waits
 CHECK = 1.0  # seconds between checks that the lock file is still the one held
+RETRY_CAP = 5.0  # seconds at most between tries of a lock file that cannot serve (a symlink, a directory)
 
 
 class NodeRole:
@@ -42,6 +43,8 @@ class NodeRole:
         self.duty = duty
         self._lock = FileLock(path)
         self._held_through_stop = held_through_stop  # run's cancellation keeps the role: the owner releases it last
+        self._errors = OncePerError(log, logging.ERROR)  # a lock file that cannot serve is said once, until fixed
+        self.unusable = ""  # why the lock file cannot serve as one ("" when it can): no pod can hold the role
 
     @property
     def path(self) -> Path:
@@ -54,7 +57,8 @@ class NodeRole:
         return self._lock.held
 
     def try_take(self) -> bool:
-        """Take the role now if no other pod holds it; True when this pod holds it."""
+        """Take the role now if no other pod holds it; True when this pod holds it. Raises LockError for a lock
+        file that cannot serve as one."""
         if self._lock.held:
             return True
         if self._lock.try_take():
@@ -62,21 +66,42 @@ class NodeRole:
             return True
         return False
 
+    def take_at_start(self) -> bool:
+        """Take the role now if no other pod holds it (making the lock's directory); True when this pod holds it.
+
+        A lock file that cannot serve (a symlink, a directory) is said once, naming it and the fix, and this pod
+        stays on standby: run() tries again until the file is fixed. unusable says why meanwhile.
+        """
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            return self.try_take()
+        except (LockError, OSError) as error:
+            self._unusable(error)
+            return False
+
+    def _unusable(self, error: Exception) -> None:
+        self.unusable = str(error)
+        self._errors.failed(
+            "cannot take the role of %s: %s; this pod serves on standby, acting for nothing, and takes the role once "
+            "the file is fixed",
+            self.duty, error,
+        )  # fmt: skip
+
     async def run(self, work: Callable[[], Coroutine[Any, Any, None]]) -> None:
         """Run work() (which runs until cancelled) whenever this pod holds the role: on standby until it does,
         stopped when the role is lost; the role is let go only once work has stopped (held_through_stop: a cancel
         keeps it, for the owner to release once its stop is over). Until cancelled."""
-        errors = OncePerError(log, logging.ERROR)
-        backoff = Backoff(initial=1.0, cap=30.0)
+        backoff = Backoff(initial=1.0, cap=RETRY_CAP)
         try:
             while True:
                 try:
                     await self.hold()
-                except LockError as error:
-                    errors.failed("cannot take the role of %s: %s (trying again)", self.duty, error)
+                except (LockError, OSError) as error:
+                    self._unusable(error)
                     await backoff.sleep()
                     continue
-                errors.succeeded()
+                self._errors.succeeded("%s can serve as a lock again: %s", self.path, self.duty)
+                self.unusable = ""
                 backoff.reset()
                 await _first_of(work(), self.until_lost())
                 self.release()

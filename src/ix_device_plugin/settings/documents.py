@@ -51,10 +51,11 @@ def read_file(path: Path, max_bytes: int, *, follow_symlinks: bool = True) -> by
         if error.errno == 40:  # ELOOP: a symlink where none may be
             raise DocumentError("is a symlink; expected a regular file") from None
         raise DocumentError(f"cannot be read: {error.strerror or error}") from None
+    mode = os.fstat(descriptor).st_mode
+    if not stat.S_ISREG(mode):  # before fdopen, which refuses a directory with an OSError of its own
+        os.close(descriptor)
+        raise DocumentError(f"is {_kind(mode)}, not a regular file")
     with os.fdopen(descriptor, "rb") as stream:
-        mode = os.fstat(descriptor).st_mode
-        if not stat.S_ISREG(mode):
-            raise DocumentError(f"is {_kind(mode)}, not a regular file")
         data = stream.read(max_bytes + 1)
     if len(data) > max_bytes:
         raise DocumentError(f"is larger than {max_bytes:,} bytes")
@@ -80,7 +81,14 @@ def text_of(data: bytes, limits: Limits = DEFAULT_LIMITS) -> str:
 
 def load_json(data: bytes, limits: Limits = DEFAULT_LIMITS) -> Any:
     """The JSON document in data as plain Python values; DocumentError when it is not one within limits."""
-    text = text_of(data, limits)
+    return load_json_text(text_of(data, limits), limits)
+
+
+def load_json_text(text: str, limits: Limits = DEFAULT_LIMITS) -> Any:
+    """The JSON document in text (already decoded) as plain Python values; DocumentError when it is not one within
+    limits (a nest too deep for the parser is refused like one deeper than max_depth, never a RecursionError)."""
+    if len(text) > limits.max_bytes:
+        raise DocumentError(f"is {len(text):,} characters, more than the {limits.max_bytes:,} allowed")
     try:
         document = json.loads(text)
     except RecursionError:

@@ -171,9 +171,17 @@ def config_file_for(options: Options, key: str | None) -> tuple[Path, str]:
     if key is None:
         return base, f"{base} (node label {NODE_CONFIG_LABEL} not set)"
     named = base.parent / key
-    if "/" in key or key.startswith(".") or not named.is_file():
+    if "/" in key or key.startswith(".") or not _is_file(named):
         return base, f"{base} (node label {NODE_CONFIG_LABEL}={key}: no such key in {base.parent})"
     return named, f"{named} (node label {NODE_CONFIG_LABEL}={key})"
+
+
+def _is_file(path: Path) -> bool:
+    """True for a file at path; False for anything else, and for a name no file can have (too long, a NUL)."""
+    try:
+        return path.is_file()
+    except (OSError, ValueError):
+        return False
 
 
 def load_config(options: NodeOptions, path: Path | None = None) -> tuple[Config, tuple[str, ...]]:

@@ -103,7 +103,7 @@ def _refusal(item: yaml.Node | yaml.Event, problem: str) -> yaml.MarkedYAMLError
 
 def compose(text: str) -> yaml.Node | None:
     """The single document in text as a node tree (None when empty); raises YamlError."""
-    composer = _PlainComposer(text)
+    composer = _composer(text)
     try:
         return composer.get_single_node()
     except yaml.YAMLError as error:
@@ -114,9 +114,17 @@ def compose(text: str) -> yaml.Node | None:
         composer.dispose()
 
 
+def _composer(text: str) -> _PlainComposer:
+    """A composer over text; YamlError when its reader refuses a character already (a NUL, a control character)."""
+    try:
+        return _PlainComposer(text)
+    except yaml.YAMLError as error:
+        raise YamlError(describe(error)) from None
+
+
 def compose_all(text: str) -> list[yaml.Node]:
     """Every document in text (a manifest may hold several); raises YamlError."""
-    composer = _PlainComposer(text)
+    composer = _composer(text)
     try:
         documents = []
         while composer.check_node():

@@ -68,6 +68,20 @@ def test_a_malformed_record_is_refused_naming_what_is_wrong(change, named) -> No
         parse_record("{")
 
 
+@pytest.mark.parametrize(
+    "text",
+    [
+        "[" * 100_000,
+        '{"kind": "ix-device-plugin/node-health", "version": 1, "chips": {}, "x": ' + "[" * 100_000,
+        '{"kind": "ix-device-plugin/node-health", "version": 1, "chips": {}, "x": ' + "[" * 40 + "]" * 40 + "}",
+    ],
+)
+def test_a_deeply_nested_record_is_refused_naming_the_nesting(text: str) -> None:
+    """Deeper than the JSON parser goes (a RecursionError before), or merely deeper than any record is."""
+    with pytest.raises(RecordError, match=r"^the document is nested more than 32 levels deep$"):
+        parse_record(text)
+
+
 def test_a_restart_keeps_everything_and_a_reset_cut_short_is_done_again() -> None:
     kept = record(
         GPU_a=ChipRecord(minor=0, xids=frozenset({64}), phase=NEEDS_OPERATOR, causes=("XID 64",), note="operator"),

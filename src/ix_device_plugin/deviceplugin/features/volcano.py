@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from ix_device_plugin.core.allocation import AllocationError
 from ix_device_plugin.core.plan import REPLICA_SEPARATOR, Plan
-from ix_device_plugin.settings.documents import DocumentError, load_json
+from ix_device_plugin.settings.documents import DocumentError, load_json_text
 
 if TYPE_CHECKING:
     from ix_device_plugin.apiserver.connection import ApiConnection
@@ -181,7 +181,7 @@ def stored_content(data: Mapping[str, str]) -> tuple[dict[str, dict[str, Any] | 
     latest = 0
     for key in (DEVICE_INFO_KEY, DEVICE_LIST_KEY):
         try:  # anyone may edit the ConfigMap: read with the limits of every document another process writes
-            document = load_json(data[key].encode())
+            document = load_json_text(data[key])
         except (KeyError, DocumentError):
             document = None
         if not isinstance(document, dict):
