@@ -16,6 +16,12 @@ handshake, still in the turn, immediately before ixsmi. A holder that cannot be 
 What the healer knows outlives it: the XIDs, each chip's story and the reservations are in the node-health record
 (healing/record.py), which the pod acting for the node writes and every other pod follows. A process reads it at
 start, before its first discovery, so that a chip needing an operator is out of service from the first answer.
+The record equals what the acting pod knows: a write that fails is tried again (with backoff) until it lands, and a
+record removed, spoiled or changed by someone else is written again. A pod on standby keeps the last good record
+it followed until the acting pod writes one again, and takes over from it.
+
+A reservation found in the record is a reset cut short (the agent stopped during it): the chip may be half reset,
+so it stays reserved and is reset again before it is back in service, whatever its health reads meanwhile.
 
 Every health change and step is a Node Event (NodeEvents), a metric and a line in the story file `list` shows.
 One task (`run`) owns the stories; at most one reset runs at a time, in a task of its own, so that health changes
@@ -58,6 +64,7 @@ from ix_device_plugin.healing.metrics import HealingMetrics
 from ix_device_plugin.healing.record import RecordFile
 from ix_device_plugin.healing.story import story_text
 from ix_device_plugin.healing.wayback import RETURN_ANNOTATION
+from ix_device_plugin.runtime.backoff import Backoff
 from ix_device_plugin.runtime.files import OutputError, write_atomically
 from ix_device_plugin.runtime.lazymetrics import Registry
 from ix_device_plugin.runtime.logs import OncePerError
@@ -67,6 +74,7 @@ log = logging.getLogger(__name__)
 
 FREE_POLL = 1.0  # seconds between looks at whether a waiting chip is free (and, on standby, at the node's role)
 RESERVED = "reserved for a GPU reset"
+RECORD_RETRY, RECORD_RETRY_CAP = 0.5, 30.0  # seconds: a record write that failed (a full disk) is tried again
 _MEANINGS = {row.name: row.meaning for row in HEALTH_POLICY}
 
 
@@ -146,6 +154,10 @@ class Healer:
         self._acted = False  # this process has taken over what the record says (it acts for the node)
         self._record_written: HealthRecord | None = None
         self._record_errors = OncePerError(log, logging.WARNING)
+        self._record_retry = Backoff(initial=RECORD_RETRY, cap=RECORD_RETRY_CAP)
+        self._record_retry_at: float | None = None  # monotonic time a failed record write is tried again
+        self._followed_reserved: frozenset[str] = frozenset()  # on standby: the chips the followed record reserves
+        self._record_gone_said = False
         self._unreadable_said = ""
         self.metrics = HealingMetrics(registry, self.phases)
         self._wake = asyncio.Event()
@@ -207,6 +219,7 @@ class Healer:
             return
         restored = self._restored(self.record.read(), policy)
         self.monitor.preset(followed_xids=restored.xids, held_out={uuid: RESERVED for uuid in restored.reserved})
+        self._followed_reserved = frozenset(restored.reserved)
         self.cares.update(restored.cares)
         for line in restored.forgotten:
             log.info("node-health record: the reboot cleared %s", line)
@@ -224,8 +237,8 @@ class Healer:
                 self._wake.clear()
                 if self.acting() and not self._acted:
                     await self._take_over()
-                elif not self.acting():
-                    self._acted = False  # on standby (again): the record is the acting pod's; take it over anew
+                elif not self.acting() and self._acted:
+                    self._acted, self.reserved = False, {}  # on standby (again): the record is the acting pod's
                 self._look(self.monitor.view)
                 self._end_reservations()
                 self._start_due()
@@ -249,14 +262,16 @@ class Healer:
                 await self._wake.wait()
 
     def _next_wake(self) -> float | None:
-        """Seconds until a waiting chip is due (or looked at again for being free); None: only news wakes."""
+        """Seconds until a waiting chip is due (or looked at again for being free), or a record write that failed
+        is tried again; None: only news wakes."""
         now = time.monotonic()
         if not self.acting() or not self._acted:
             return self.free_poll  # on standby: look again for taking over
+        waits = [] if self._record_retry_at is None else [max(0.0, self._record_retry_at - now)]
         waiting = [care for care in self.cares.values() if care.phase == WAITING]
-        if not waiting or self.resetting:
-            return None
-        return max(0.0, min(max(care.retry_at - now, 0.0) or self.free_poll for care in waiting))
+        if waiting and not self.resetting:
+            waits.append(max(0.0, min(max(care.retry_at - now, 0.0) or self.free_poll for care in waiting)))
+        return min(waits, default=None)
 
     # ---- seeing ---------------------------------------------------------------------------------
 
@@ -269,9 +284,17 @@ class Healer:
         chips = {chip.uuid: chip for chip in view.inventory.chips()}
         for uuid in [uuid for uuid in self.cares if uuid not in chips]:
             del self.cares[uuid]  # unplugged: nothing left to heal
+        cut_short = self._cut_short()
         for uuid, chip in chips.items():
             care = self.cares.get(uuid) or Care(uuid, chip.minor)
-            self._set(rules_of.observe(care, diagnose(chip.status, policy), now, self.rules, healing))
+            diagnosis = diagnose(chip.status, policy)
+            self._set(rules_of.observe(care, diagnosis, now, self.rules, healing, cut_short=uuid in cut_short))
+
+    def _cut_short(self) -> set[str]:
+        """The chips reserved by a reset that is not running: one cut short by a stop, found in the record."""
+        if self.acting() and self._acted:
+            return set(self.reserved) - {self._healing_now}
+        return set(self._followed_reserved)
 
     def _say_whether_off(self, healing: bool) -> None:
         why = ""
@@ -441,18 +464,21 @@ class Healer:
         self._write_record()
 
     def _end_reservations(self) -> None:
-        """A chip reserved by a reset cut short (found in the record) is released once its story leaves the reset:
-        back in service, or left to an operator."""
+        """A chip reserved by a reset cut short (found in the record) is released once it is reset (the reset ends
+        the reservation), once it needs an operator (whose return resets it), or once it is gone."""
+        if not self.acting() or not self._acted:
+            return  # the acting pod's to end
         for uuid in list(self.reserved):
             care = self.cares.get(uuid)
-            if uuid != self._healing_now and (care is None or care.phase not in (WAITING, RESETTING)):
+            if uuid != self._healing_now and (care is None or care.phase in (HEALTHY, NEEDS_OPERATOR)):
                 log.info("%s: released from the reservation of a reset cut short (%s)", uuid,
                          "back in service" if care is None else care.note)  # fmt: skip
                 self._unreserve(uuid)
 
     async def _take_over(self) -> None:
-        """This process acts for the node from now on: what the record says now becomes its own."""
-        record = self.record.read() if self.record is not None else None
+        """This process acts for the node from now on: what the record says now (or, when it is gone or spoiled,
+        the last good record this process followed) becomes its own, and is written back."""
+        record = self.record.known() if self.record is not None else None
         restored = self._restored(record)
         for uuid, care in restored.cares.items():
             self.cares.setdefault(uuid, care)
@@ -460,15 +486,13 @@ class Healer:
         await self.monitor.adopt_followed()
         self.reserved = {uuid: time.time() for uuid in restored.reserved}
         await self.monitor.hold_out({u: RESERVED for u in self.reserved})
-        self._acted = True
+        self._acted, self._record_written = True, None
         if record is not None:
             log.info("acting for the node: took over the node-health record %s (%d chips in it)",
                      self.record.path if self.record else "", len(record.chips))  # fmt: skip
 
     def _restored(self, record: HealthRecord | None, policy: HealthPolicy | None = None) -> Restored:
-        if self.record is not None and self.record.unreadable and self.record.unreadable != self._unreadable_said:
-            self._unreadable_said = self.record.unreadable
-            self._event(WARNING, "GPUHealthRecordUnreadable", f"{self.record.unreadable}; kept aside, not trusted")
+        self._say_unreadable()
         if record is None:
             return Restored()
         policy = policy or self.policy()
@@ -479,18 +503,50 @@ class Healer:
         await self.record.follow(self._followed)
 
     async def _followed(self, record: HealthRecord | None) -> None:
-        """On standby: the acting pod's record changed; hold out and keep what it says, ready to take over."""
+        """The record's file changed. Acting for the node: write it again unless it holds what this process wrote.
+        On standby: hold out and keep what the acting pod's record says, ready to take over; a record gone or
+        spoiled changes nothing known (the acting pod writes it again)."""
         if self.acting() and self._acted:
-            return  # ours
+            self._check_record(record)
+            return
+        self._say_unreadable()
+        if record is None:
+            self._say_gone(True)
+            return
+        self._say_gone(False)
         restored = self._restored(record)
         self.cares = dict(restored.cares)
+        self._followed_reserved = frozenset(record.reserved())
         await self.monitor.follow_xids(restored.xids)
-        await self.monitor.hold_out({uuid: RESERVED for uuid in (record.reserved() if record else {})})
+        await self.monitor.hold_out({uuid: RESERVED for uuid in record.reserved()})
         self._wake.set()
 
+    def _check_record(self, found: HealthRecord | None) -> None:
+        """Acting for the node: the file should hold what this process wrote last; else it is written again."""
+        assert self.record is not None
+        if self._record_written is None or self.record.holds_written(found):
+            return
+        self._say_unreadable()
+        what = "was removed" if found is None and not self.record.unreadable else "is not what this pod wrote"
+        log.warning("node-health record %s %s: writing it again from what this pod knows", self.record.path, what)
+        self._record_written = None
+        self._wake.set()
+
+    def _say_unreadable(self) -> None:
+        if self.record is not None and self.record.unreadable and self.record.unreadable != self._unreadable_said:
+            self._unreadable_said = self.record.unreadable
+            self._event(WARNING, "GPUHealthRecordUnreadable", f"{self.record.unreadable}; kept aside, not trusted")
+
+    def _say_gone(self, gone: bool) -> None:
+        if gone and not self._record_gone_said and self.record is not None and self.record.last_good is not None:
+            log.warning("node-health record %s is gone or cannot be used: keeping what it said last until the pod "
+                        "acting for the node writes it again", self.record.path)  # fmt: skip
+        self._record_gone_said = gone
+
     def _write_record(self, must: bool = False) -> None:
-        """Write the record when what it says changed (only the pod acting for the node writes it); must: raise
-        OutputError when it cannot be written, else it is said once and tried again at the next change."""
+        """Write the record when what it says changed, or when it is not what the file holds (only the pod acting for
+        the node writes it); must: raise OutputError when it cannot be written, else it is said once and tried again
+        with backoff until it is written."""
         if self.record is None or not self.acting() or not self._acted:
             return
         record = self._record_now()
@@ -499,12 +555,14 @@ class Healer:
         try:
             self.record.write(replace(record, written=time.time()))
         except OutputError as error:
-            self._record_errors.failed("node-health record: %s", error)
+            self._record_retry_at = time.monotonic() + self._record_retry.next_delay()
+            self._record_errors.failed("node-health record: %s; trying again until it is written", error)
             if must:
                 raise
             return
-        self._record_errors.succeeded()
-        self._record_written = record
+        self._record_errors.succeeded("node-health record %s written", self.record.path)
+        self._record_retry.reset()
+        self._record_retry_at, self._record_written = None, record
 
     def _record_now(self) -> HealthRecord:
         """The record as this process knows the node now (written: 0, set when it is written)."""
