@@ -60,11 +60,11 @@ from ix_device_plugin.gpureset.sequence import GpuReset, GpuResetError
 from ix_device_plugin.hardware.backend import XidEvent
 from ix_device_plugin.hardware.monitor import HardwareMonitor, HardwareView
 from ix_device_plugin.healing.events import NORMAL, WARNING, NodeEvents
+from ix_device_plugin.healing.keeper import RecordKeeper
 from ix_device_plugin.healing.metrics import HealingMetrics
 from ix_device_plugin.healing.record import RecordFile
 from ix_device_plugin.healing.story import story_text
 from ix_device_plugin.healing.wayback import RETURN_ANNOTATION
-from ix_device_plugin.runtime.backoff import Backoff
 from ix_device_plugin.runtime.files import OutputError, write_atomically
 from ix_device_plugin.runtime.lazymetrics import Registry
 from ix_device_plugin.runtime.logs import OncePerError
@@ -74,7 +74,6 @@ log = logging.getLogger(__name__)
 
 FREE_POLL = 1.0  # seconds between looks at whether a waiting chip is free (and, on standby, at the node's role)
 RESERVED = "reserved for a GPU reset"
-RECORD_RETRY, RECORD_RETRY_CAP = 0.5, 30.0  # seconds: a record write that failed (a full disk) is tried again
 _MEANINGS = {row.name: row.meaning for row in HEALTH_POLICY}
 
 
@@ -152,13 +151,8 @@ class Healer:
         self.reserved: dict[str, float] = {}  # chip UUID -> when (Unix time) it was reserved for a reset
         self._healing_now = ""  # the chip _heal works on (its reservation is _heal's to end)
         self._acted = False  # this process has taken over what the record says (it acts for the node)
-        self._record_written: HealthRecord | None = None
-        self._record_errors = OncePerError(log, logging.WARNING)
-        self._record_retry = Backoff(initial=RECORD_RETRY, cap=RECORD_RETRY_CAP)
-        self._record_retry_at: float | None = None  # monotonic time a failed record write is tried again
+        self.keeper = None if record is None else RecordKeeper(record, self._say_unreadable)
         self._followed_reserved: frozenset[str] = frozenset()  # on standby: the chips the followed record reserves
-        self._record_gone_said = False
-        self._unreadable_said = ""
         self.metrics = HealingMetrics(registry, self.phases)
         self._wake = asyncio.Event()
         self._work: asyncio.Task[None] | None = None
@@ -267,7 +261,8 @@ class Healer:
         now = time.monotonic()
         if not self.acting() or not self._acted:
             return self.free_poll  # on standby: look again for taking over
-        waits = [] if self._record_retry_at is None else [max(0.0, self._record_retry_at - now)]
+        retry_at = None if self.keeper is None else self.keeper.retry_at
+        waits = [] if retry_at is None else [max(0.0, retry_at - now)]
         waiting = [care for care in self.cares.values() if care.phase == WAITING]
         if waiting and not self.resetting:
             waits.append(max(0.0, min(max(care.retry_at - now, 0.0) or self.free_poll for care in waiting)))
@@ -486,13 +481,16 @@ class Healer:
         await self.monitor.adopt_followed()
         self.reserved = {uuid: time.time() for uuid in restored.reserved}
         await self.monitor.hold_out({u: RESERVED for u in self.reserved})
-        self._acted, self._record_written = True, None
+        self._acted = True
+        if self.keeper is not None:
+            self.keeper.write_anew()
         if record is not None:
             log.info("acting for the node: took over the node-health record %s (%d chips in it)",
                      self.record.path if self.record else "", len(record.chips))  # fmt: skip
 
     def _restored(self, record: HealthRecord | None, policy: HealthPolicy | None = None) -> Restored:
-        self._say_unreadable()
+        if self.keeper is not None:
+            self.keeper.say_unreadable()
         if record is None:
             return Restored()
         policy = policy or self.policy()
@@ -506,14 +504,15 @@ class Healer:
         """The record's file changed. Acting for the node: write it again unless it holds what this process wrote.
         On standby: hold out and keep what the acting pod's record says, ready to take over; a record gone or
         spoiled changes nothing known (the acting pod writes it again)."""
+        assert self.keeper is not None
         if self.acting() and self._acted:
-            self._check_record(record)
+            if self.keeper.check(record):
+                self._wake.set()
             return
-        self._say_unreadable()
+        self.keeper.say_unreadable()
+        self.keeper.say_gone(record is None)
         if record is None:
-            self._say_gone(True)
             return
-        self._say_gone(False)
         restored = self._restored(record)
         self.cares = dict(restored.cares)
         self._followed_reserved = frozenset(record.reserved())
@@ -521,48 +520,15 @@ class Healer:
         await self.monitor.hold_out({uuid: RESERVED for uuid in record.reserved()})
         self._wake.set()
 
-    def _check_record(self, found: HealthRecord | None) -> None:
-        """Acting for the node: the file should hold what this process wrote last; else it is written again."""
-        assert self.record is not None
-        if self._record_written is None or self.record.holds_written(found):
-            return
-        self._say_unreadable()
-        what = "was removed" if found is None and not self.record.unreadable else "is not what this pod wrote"
-        log.warning("node-health record %s %s: writing it again from what this pod knows", self.record.path, what)
-        self._record_written = None
-        self._wake.set()
-
-    def _say_unreadable(self) -> None:
-        if self.record is not None and self.record.unreadable and self.record.unreadable != self._unreadable_said:
-            self._unreadable_said = self.record.unreadable
-            self._event(WARNING, "GPUHealthRecordUnreadable", f"{self.record.unreadable}; kept aside, not trusted")
-
-    def _say_gone(self, gone: bool) -> None:
-        if gone and not self._record_gone_said and self.record is not None and self.record.last_good is not None:
-            log.warning("node-health record %s is gone or cannot be used: keeping what it said last until the pod "
-                        "acting for the node writes it again", self.record.path)  # fmt: skip
-        self._record_gone_said = gone
+    def _say_unreadable(self, why: str) -> None:
+        self._event(WARNING, "GPUHealthRecordUnreadable", why)
 
     def _write_record(self, must: bool = False) -> None:
-        """Write the record when what it says changed, or when it is not what the file holds (only the pod acting for
-        the node writes it); must: raise OutputError when it cannot be written, else it is said once and tried again
-        with backoff until it is written."""
-        if self.record is None or not self.acting() or not self._acted:
-            return
-        record = self._record_now()
-        if record == self._record_written:
-            return
-        try:
-            self.record.write(replace(record, written=time.time()))
-        except OutputError as error:
-            self._record_retry_at = time.monotonic() + self._record_retry.next_delay()
-            self._record_errors.failed("node-health record: %s; trying again until it is written", error)
-            if must:
-                raise
-            return
-        self._record_errors.succeeded("node-health record %s written", self.record.path)
-        self._record_retry.reset()
-        self._record_retry_at, self._record_written = None, record
+        """Write the record when what it says changed, or when the file no longer holds it (only the pod acting for
+        the node writes it); must: raise OutputError when it cannot be written, else it is tried again until it is
+        (RecordKeeper)."""
+        if self.keeper is not None and self.acting() and self._acted:
+            self.keeper.keep(self._record_now(), must)
 
     def _record_now(self) -> HealthRecord:
         """The record as this process knows the node now (written: 0, set when it is written)."""
