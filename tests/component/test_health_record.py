@@ -23,10 +23,11 @@ from test_healing import start_healing
 from test_rollout import OLD, advertised, start_beside
 
 from ix_device_plugin.api import HEALTHY, UNHEALTHY
-from ix_device_plugin.core.healthrecord import KIND, HealthRecord, record_text
+from ix_device_plugin.core.healthrecord import KIND, ChipRecord, HealthRecord, record_text
 from ix_device_plugin.hardware.ixml import IxmlBackend
+from ix_device_plugin.healing.keeper import RecordKeeper
 from ix_device_plugin.healing.record import ASIDE_KEPT, RECORD_FILE, RecordFile, record_path
-from ix_device_plugin.runtime.files import read_boot_id
+from ix_device_plugin.runtime.files import OutputError, read_boot_id
 from ix_device_plugin.standins.apiserver import ApiServerStandIn
 from ix_device_plugin.standins.kubelet import KubeletStandIn
 from ix_device_plugin.standins.podresources import PodResourcesStandIn
@@ -151,6 +152,18 @@ async def test_a_record_removed_or_spoiled_is_written_again_by_the_acting_pod(
         assert record_of(short_dir)["chips"]["GPU-x1"]["phase"] == "operator"
 
 
+def cut_short_record(short_dir: Path) -> None:
+    """The record a stop during the reset of GPU-x1 (for a memory-controller error) leaves, in this boot."""
+    record = record_path(short_dir / "plugins")
+    record.parent.mkdir(parents=True)
+    cut_short = {
+        "minor": 1, "phase": "resetting", "causes": ["MC"], "attempts": 1, "note": "resetting (attempt 1)",
+        "reserved": {"reason": "reserved for a GPU reset", "since": time.time()},
+    }  # fmt: skip
+    document = {"kind": KIND, "version": 1, "bootID": read_boot_id(), "chips": {"GPU-x1": cut_short}}
+    record.write_text(json.dumps(document))
+
+
 async def test_a_reset_cut_short_is_done_again_although_the_chips_error_cleared(
     kubelet: KubeletStandIn,
     start_daemon: DaemonFactory,
@@ -160,17 +173,9 @@ async def test_a_reset_cut_short_is_done_again_although_the_chips_error_cleared(
     conf: Path,
     short_dir: Path,
 ) -> None:
-    """A stop during the reset of GPU-x1 (for a memory-controller error) left it reserved; its error reads cleared at
-    the next start. It may be half reset: it stays out of service until it is reset again."""
-    record = record_path(short_dir / "plugins")
-    record.parent.mkdir(parents=True)
-    cut_short = {
-        "minor": 1, "phase": "resetting", "causes": ["MC"], "attempts": 1, "note": "resetting (attempt 1)",
-        "reserved": {"reason": "reserved for a GPU reset", "since": time.time()},
-    }  # fmt: skip
-    record.write_text(
-        json.dumps({"kind": KIND, "version": 1, "bootID": read_boot_id(), "chips": {"GPU-x1": cut_short}})
-    )
+    """A stop during the reset of GPU-x1 left it reserved; its error reads cleared at the next start. It may be half
+    reset: it stays out of service until it is reset again."""
+    cut_short_record(short_dir)
     ixsmi = Ixsmi(short_dir)
     ixsmi.delay.write_text("1")  # the first ListAndWatch message is read long before the reset is over
     await start_healing(start_daemon, apiserver, pod_resources, libs, short_dir, ixsmi)
@@ -179,6 +184,30 @@ async def test_a_reset_cut_short_is_done_again_although_the_chips_error_cleared(
     await kubelet.wait_for(lambda: view.devices["GPU-x1"] == HEALTHY, timeout=10)
     assert ixsmi.runs() == ["-r -i GPU-x1"]
     await until(lambda: "GPU-x1" not in record_of(short_dir)["chips"])
+
+
+async def test_a_chip_whose_reset_was_cut_short_and_fails_again_stays_reserved_for_an_operator(
+    kubelet: KubeletStandIn,
+    start_daemon: DaemonFactory,
+    apiserver: ApiServerStandIn,
+    pod_resources: PodResourcesStandIn,
+    libs: dict[str, Path],
+    conf: Path,
+    short_dir: Path,
+) -> None:
+    """The same, but ixsmi fails: the resets left (the bound counts the one cut short) fail, and the chip, reading
+    healthy, stays out of service and reserved until an operator returns it."""
+    cut_short_record(short_dir)
+    ixsmi = Ixsmi(short_dir)
+    ixsmi.code.write_text("3")
+    await start_healing(start_daemon, apiserver, pod_resources, libs, short_dir, ixsmi)
+    view = await kubelet.wait_registered(RESOURCE, capacity=2)
+    await until(lambda: recorded(short_dir, "GPU-x1").get("phase") == "operator", timeout=10)
+    assert ixsmi.runs() == ["-r -i GPU-x1"] * 2
+    assert "reserved" in recorded(short_dir, "GPU-x1")
+    await always(lambda: view.devices["GPU-x1"] == UNHEALTHY, 1.0)
+    with pytest.raises(Exception, match="Unhealthy"):
+        await kubelet.allocate(RESOURCE, [["GPU-x1"]])
 
 
 # ---- two pods: the standby keeps what it followed ---------------------------------------------------------------
@@ -276,3 +305,40 @@ def test_the_last_good_record_is_known_while_the_file_is_gone_or_spoiled(tmp_pat
     assert file.read() is None and file.known() == good
     file.write(good)
     assert file.holds_written(file.read())
+
+
+def test_the_keeper_tries_a_failed_write_again_with_a_growing_delay_and_rewrites_a_file_not_its_own(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    file = RecordFile(record_path(tmp_path))
+    said: list[str] = []
+    keeper = RecordKeeper(file, said.append)
+    first = HealthRecord(boot_id="b", writer="w")
+    keeper.keep(first)
+    assert file.read() is not None and keeper.retry_at is None
+    real_write = file.write
+
+    def full_disk(record: HealthRecord) -> None:
+        raise OutputError(f"cannot write {file.path}: No space left on device")
+
+    monkeypatch.setattr(file, "write", full_disk)
+    second = HealthRecord(boot_id="b", writer="w", chips={"GPU-a": ChipRecord(xids=frozenset({64}))})
+    delays = []
+    for _ in range(3):
+        keeper.keep(second)
+        assert keeper.retry_at is not None
+        delays.append(keeper.retry_at - time.monotonic())
+    assert delays[0] < delays[1] < delays[2] <= 30 * 1.2
+    with pytest.raises(OutputError):
+        keeper.keep(second, must=True)
+    keeper.keep(first)  # what the file holds already: nothing left to try
+    assert keeper.retry_at is None
+    monkeypatch.setattr(file, "write", real_write)
+    keeper.keep(second)
+    found = file.read()
+    assert keeper.retry_at is None and found is not None and found.chips["GPU-a"].xids == {64}
+    assert not keeper.check(found)  # its own
+    file.path.write_text("{")
+    assert keeper.check(file.read()) and said and "not JSON" in said[0]
+    keeper.keep(second)  # written again although nothing it knows changed
+    assert file.read() is not None and not keeper.check(file.read())

@@ -347,7 +347,8 @@ class Healer:
         again; the reservation ends with the reset (or with finding the chip held).
 
         A stop in the middle of the reset keeps the turn until ixsmi is over (GpuReset.close bounds it) and leaves the
-        reservation in the record: the next pod to act finds the reset cut short and does it again.
+        reservation in the record: the next pod to act finds the reset cut short and does it again. The reservation
+        of a reset cut short ends only once a reset of the chip is done: found held, or a reset that failed, it stays.
         """
         uuid = care.uuid
         try:
@@ -355,7 +356,7 @@ class Healer:
                 care = self.cares.get(uuid) or care
                 if not rules_of.due(care, time.monotonic()) or not self.acting():
                     return  # it came back by itself, or went to an operator, or another pod acts now
-                self._healing_now, cut_short = uuid, False
+                self._healing_now, ends = uuid, uuid not in self.reserved  # reserved already: a reset cut short
                 try:
                     await self.guard.served(await self._reserve(uuid))
                     holder = await self.guard.holder(uuid)
@@ -363,14 +364,14 @@ class Healer:
                         self._wait_for(care, holder)
                         return
                     try:
-                        await self._reset(care)
+                        ends = await self._reset(care) or ends
                     except asyncio.CancelledError:
-                        cut_short = True
+                        ends = False
                         await self.reset.settled()
                         raise
                 finally:
                     self._healing_now = ""
-                    if not cut_short:
+                    if ends:
                         self._unreserve(uuid)
         except OutputError as error:  # the turn or the record: nothing was reset
             self._set(rules_of.refused(self.cares.get(uuid) or care, str(error), time.monotonic(), self.rules))
@@ -393,7 +394,8 @@ class Healer:
         if holder is not None:
             raise HeldError(holder)
 
-    async def _reset(self, care: Care) -> None:
+    async def _reset(self, care: Care) -> bool:
+        """Reset care's chip and read its health again; True once ixsmi has reset it."""
         chip = self._chip(care.uuid)
         xids = frozenset() if chip is None else chip.status.xids
         care = rules_of.started(care)
@@ -407,10 +409,10 @@ class Healer:
             self.metrics.resets.labels(result="refused").inc()
             log.warning("healing %s: not reset: held by %s since it was found free", care.name, held.holder)
             self._wait_for(replace(care, attempts=care.attempts - 1, phase=WAITING), held.holder)
-            return
+            return False
         except GpuResetError as error:
             self._reset_failed(care, error)
-            return
+            return False
         view = await self.monitor.clear_xids(care.uuid, xids)
         after = self._diagnosis(view.inventory, care.uuid)
         self.metrics.resets.labels(result="ok" if after.healthy else "still_unhealthy").inc()
@@ -418,6 +420,7 @@ class Healer:
         if done.phase != HEALTHY:
             self._event(WARNING, "GPUHealingFailed", f"{care.name}: {done.note}")
         self._set(done)
+        return True
 
     def _reset_failed(self, care: Care, error: GpuResetError) -> None:
         now = time.monotonic()
@@ -442,11 +445,15 @@ class Healer:
     async def _reserve(self, uuid: str) -> HardwareView:
         """Reserve the chip: in the record first (every pod reads it before it gives out a chip), then held out of
         service by the monitor; the view with the hold. OutputError when the record cannot say so."""
+        before = self.reserved.get(uuid)
         self.reserved[uuid] = time.time()
         try:
             self._write_record(must=True)
         except OutputError:
-            del self.reserved[uuid]
+            if before is None:
+                del self.reserved[uuid]
+            else:
+                self.reserved[uuid] = before  # a reset cut short stays reserved
             raise
         return await self.monitor.hold_out({u: RESERVED for u in self.reserved})
 
@@ -459,15 +466,15 @@ class Healer:
         self._write_record()
 
     def _end_reservations(self) -> None:
-        """A chip reserved by a reset cut short (found in the record) is released once it is reset (the reset ends
-        the reservation), once it needs an operator (whose return resets it), or once it is gone."""
+        """A chip reserved by a reset cut short (found in the record) stays reserved until a reset of it is done (the
+        reset ends the reservation), even while it needs an operator (whose return resets it); or until it is gone."""
         if not self.acting() or not self._acted:
             return  # the acting pod's to end
         for uuid in list(self.reserved):
             care = self.cares.get(uuid)
-            if uuid != self._healing_now and (care is None or care.phase in (HEALTHY, NEEDS_OPERATOR)):
+            if uuid != self._healing_now and (care is None or care.phase == HEALTHY):
                 log.info("%s: released from the reservation of a reset cut short (%s)", uuid,
-                         "back in service" if care is None else care.note)  # fmt: skip
+                         "no longer on the node" if care is None else care.note)  # fmt: skip
                 self._unreserve(uuid)
 
     async def _take_over(self) -> None:

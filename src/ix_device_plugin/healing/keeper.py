@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 
-from ix_device_plugin.core.healthrecord import HealthRecord
+from ix_device_plugin.core.healthrecord import HealthRecord, record_text
 from ix_device_plugin.healing.record import RecordFile
 from ix_device_plugin.runtime.backoff import Backoff
 from ix_device_plugin.runtime.files import OutputError
@@ -32,7 +32,7 @@ class RecordKeeper:
         self.file = file
         self.retry_at: float | None = None  # monotonic time a write that failed is tried again
         self._unreadable = unreadable
-        self._written: HealthRecord | None = None  # what was written last (its time left at 0)
+        self._written = ""  # the text of what was written last, its time left at 0 ("": write whatever is there)
         self._errors = OncePerError(log, logging.WARNING)
         self._retry = Backoff(initial=RETRY, cap=RETRY_CAP)
         self._unreadable_said = ""
@@ -41,7 +41,9 @@ class RecordKeeper:
     def keep(self, record: HealthRecord, must: bool = False) -> None:
         """Write record (its time is set here) unless it is what the file holds from the last write; a failure is
         said once and tried again at retry_at, and raised (OutputError) when must is set."""
-        if record == self._written:
+        text = record_text(replace(record, written=0.0))  # as the file says it: times to the millisecond
+        if text == self._written:
+            self.retry_at = None  # what the file holds already (a write that failed meanwhile replaced nothing)
             return
         try:
             self.file.write(replace(record, written=time.time()))
@@ -53,21 +55,21 @@ class RecordKeeper:
             return
         self._errors.succeeded("node-health record %s written", self.file.path)
         self._retry.reset()
-        self.retry_at, self._written = None, record
+        self.retry_at, self._written = None, text
 
     def write_anew(self) -> None:
         """The next keep writes whatever the file holds (this process starts acting for the node)."""
-        self._written = None
+        self._written = ""
 
     def check(self, found: HealthRecord | None) -> bool:
         """Acting for the node: found was read from the file; True (said) when it is not what was written last, and
         the next keep writes it again."""
-        if self._written is None or self.file.holds_written(found):
+        if not self._written or self.file.holds_written(found):
             return False
         self.say_unreadable()
         what = "was removed" if found is None and not self.file.unreadable else "is not what this pod wrote"
         log.warning("node-health record %s %s: writing it again from what this pod knows", self.file.path, what)
-        self._written = None
+        self._written = ""
         return True
 
     def say_unreadable(self) -> None:
