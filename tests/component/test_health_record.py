@@ -119,13 +119,13 @@ async def test_a_record_write_that_fails_as_a_reset_ends_is_tried_again_until_it
     await start_healing(start_daemon, apiserver, pod_resources, libs, short_dir, ixsmi)
     view = await kubelet.wait_registered(RESOURCE, capacity=2)
     inject_xid(conf, 1, 48)
-    await until(lambda: "reserved" in record_of(short_dir)["chips"].get("GPU-x1", {}), timeout=5)
+    await until(lambda: "reserved" in recorded(short_dir, "GPU-x1"), timeout=5)
     full_disk.fill()
     await kubelet.wait_for(lambda: view.devices["GPU-x1"] == HEALTHY, timeout=10)  # reset; the write failed
     with pytest.raises(Exception, match="held out of service for a reset"):
         await kubelet.allocate(RESOURCE, [["GPU-x1"]])
     full_disk.free()
-    await until(lambda: "GPU-x1" not in record_of(short_dir)["chips"], timeout=10)
+    await until(lambda: recorded(short_dir, "GPU-x1") == {} and record_path(short_dir / "plugins").exists(), timeout=10)
     response = await kubelet.allocate(RESOURCE, [["GPU-x1"]])
     assert len(response.container_responses) == 1
     assert ixsmi.runs() == ["-r -i GPU-x1"]
@@ -183,7 +183,7 @@ async def test_a_reset_cut_short_is_done_again_although_the_chips_error_cleared(
     assert view.devices["GPU-x1"] == UNHEALTHY
     await kubelet.wait_for(lambda: view.devices["GPU-x1"] == HEALTHY, timeout=10)
     assert ixsmi.runs() == ["-r -i GPU-x1"]
-    await until(lambda: "GPU-x1" not in record_of(short_dir)["chips"])
+    await until(lambda: recorded(short_dir, "GPU-x1") == {} and record_path(short_dir / "plugins").exists())
 
 
 async def test_a_chip_whose_reset_was_cut_short_and_fails_again_stays_reserved_for_an_operator(
