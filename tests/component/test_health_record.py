@@ -18,11 +18,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from reset_support import Ixsmi
+from reset_support import FAST_HEALING, Ixsmi
 from test_healing import start_healing
 from test_rollout import OLD, advertised, start_beside
 
-from ix_device_plugin.api import HEALTHY, UNHEALTHY
+from ix_device_plugin.api import HEALTHY, UNHEALTHY, api_pb2
+from ix_device_plugin.core.allocation import AllocationError
 from ix_device_plugin.core.healthrecord import KIND, ChipRecord, HealthRecord, record_text
 from ix_device_plugin.hardware.ixml import IxmlBackend
 from ix_device_plugin.healing.keeper import RecordKeeper
@@ -32,7 +33,16 @@ from ix_device_plugin.standins.apiserver import ApiServerStandIn
 from ix_device_plugin.standins.kubelet import KubeletStandIn
 from ix_device_plugin.standins.podresources import PodResourcesStandIn
 
-from support import IXML_DOUBLE_CONFIG, NO_NODE_FILES, RESOURCE, DaemonFactory, inject_xid, make_dev_root, until
+from support import (
+    IXML_DOUBLE_CONFIG,
+    NO_NODE_FILES,
+    RESOURCE,
+    DaemonFactory,
+    config_flags,
+    inject_xid,
+    make_dev_root,
+    until,
+)
 
 
 def record_of(short_dir: Path) -> dict:
@@ -213,7 +223,9 @@ async def test_a_chip_whose_reset_was_cut_short_and_fails_again_stays_reserved_f
 # ---- two pods: the standby keeps what it followed ---------------------------------------------------------------
 
 
-def spawn_old_pod(libs: dict[str, Path], conf: Path, short_dir: Path, plugin_dir: Path) -> subprocess.Popen[bytes]:
+def spawn_old_pod(
+    libs: dict[str, Path], conf: Path, short_dir: Path, plugin_dir: Path, *args: str
+) -> subprocess.Popen[bytes]:
     """The old pod of an update as a process of its own (so that it can be frozen and killed), over the C double."""
     env = {key: value for key, value in os.environ.items() if not key.startswith("IX_")}
     env[IXML_DOUBLE_CONFIG] = str(conf)
@@ -221,7 +233,7 @@ def spawn_old_pod(libs: dict[str, Path], conf: Path, short_dir: Path, plugin_dir
         *(sys.executable, "-m", "ix_device_plugin", "run", "--backend", "ixml", "--ixml-library", str(libs["full"])),
         *("--dev-root", str(short_dir), "--device-plugin-path", str(plugin_dir), *NO_NODE_FILES),
         *("--kubelet-plugins-directory-path", str(short_dir / "plugins"), "--pod-uid", OLD),
-        *("--health-address", "off", "--health-interval", "0.1"),
+        *("--health-address", "off", "--health-interval", "0.1", *args),
     ]
     return subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
@@ -262,6 +274,56 @@ async def test_the_standby_keeps_a_chip_needing_an_operator_out_when_the_record_
         await always(lambda: advertised(new)["GPU-x1"] == UNHEALTHY, 0.5)
         with pytest.raises(Exception, match="Unhealthy"):
             await kubelet.allocate(RESOURCE, [["GPU-x1"]])
+    finally:
+        if old.poll() is None:
+            old.kill()
+            old.wait(10)
+
+
+async def test_the_standby_refuses_a_chip_reserved_by_the_frozen_acting_pod_when_the_record_goes_then_resets_it(
+    kubelet: KubeletStandIn,
+    start_daemon: DaemonFactory,
+    pod_resources: PodResourcesStandIn,
+    libs: dict[str, Path],
+    conf: Path,
+    short_dir: Path,
+    plugin_dir: Path,
+) -> None:
+    """The old pod reserves GPU-x1 for an XID 48 and is frozen in the middle of its reset; the record is removed,
+    then spoiled: the standby still refuses GPU-x1 as reserved. The old pod is killed: the new one takes over the
+    reservation it knew, resets GPU-x1 itself and returns it."""
+    make_dev_root(short_dir, [0, 1], itrctl=False)
+    ixsmi = Ixsmi(short_dir)
+    ixsmi.delay.write_text("10")
+    healing = ("--self-healing", "true", "--ixsmi-path", ixsmi.path)
+    old = spawn_old_pod(libs, conf, short_dir, plugin_dir, *healing, "--pod-resources-socket",
+                        str(pod_resources.socket_path))  # fmt: skip
+    try:
+        await kubelet.wait_registered(RESOURCE, capacity=2, timeout=15)
+        new, _ = await start_beside(
+            kubelet, start_daemon, f"iluvatar-gpu-{OLD}.sock", health_interval=0.1, dev_root=short_dir,
+            backend_factory=lambda: IxmlBackend(str(libs["full"]), dev_root=short_dir, ixsmi_path=ixsmi.path),
+            healing_rules=FAST_HEALING, given=config_flags(self_healing="true"),
+            pod_resources_socket=pod_resources.socket_path,
+        )  # fmt: skip
+        inject_xid(conf, 1, 48)
+        await until(lambda: ixsmi.runs() == ["-r -i GPU-x1"], timeout=10)  # the old pod's reset runs
+        await until(lambda: "reserved" in recorded(short_dir, "GPU-x1"), timeout=5)
+        old.send_signal(signal.SIGSTOP)
+        request = api_pb2.AllocateRequest(container_requests=[api_pb2.ContainerAllocateRequest(devices_ids=["GPU-x1"])])
+        record = record_path(short_dir / "plugins")
+        for spoil in (record.unlink, lambda: record.write_text("{")):
+            spoil()
+            await until(lambda: bool(new.record and new.record.unreadable) or not record.exists())
+            with pytest.raises(AllocationError, match="held out of service for a reset"):
+                await new._before_allocate(new.plan, request)
+        ixsmi.delay.write_text("0")
+        old.kill()
+        await asyncio.to_thread(old.wait, 10)
+        await until(lambda: new.acting, timeout=10)
+        await until(lambda: advertised(new)["GPU-x1"] == HEALTHY, timeout=15)  # after its own reset
+        assert ixsmi.runs() == ["-r -i GPU-x1"] * 2
+        assert await new._before_allocate(new.plan, request) is None
     finally:
         if old.poll() is None:
             old.kill()
