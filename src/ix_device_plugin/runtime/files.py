@@ -143,7 +143,7 @@ def kept_aside(path: Path, label: str) -> list[Path]:
 
 
 def _copies(path: Path, label: str) -> list[tuple[tuple[int, int], Path]]:
-    pattern = re.compile(rf"{re.escape(path.name)}\.{re.escape(label)}-(\d+)(?:-(\d+))?")
+    pattern = re.compile(rf"{re.escape(path.name)}\.{re.escape(label)}-([0-9]+)(?:-([0-9]+))?")
     copies = []
     with contextlib.suppress(OSError):
         for entry in path.parent.iterdir():
