@@ -37,6 +37,7 @@ from support import (
     IXML_DOUBLE_CONFIG,
     NO_NODE_FILES,
     RESOURCE,
+    TWO_CHIPS,
     DaemonFactory,
     config_flags,
     inject_xid,
@@ -310,6 +311,7 @@ async def test_the_standby_refuses_a_chip_reserved_by_the_frozen_acting_pod_when
         await until(lambda: ixsmi.runs() == ["-r -i GPU-x1"], timeout=10)  # the old pod's reset runs
         await until(lambda: "reserved" in recorded(short_dir, "GPU-x1"), timeout=5)
         old.send_signal(signal.SIGSTOP)
+        conf.write_text(TWO_CHIPS)  # the XID was the old pod's library's to tell: the new one learns it from the record
         request = api_pb2.AllocateRequest(container_requests=[api_pb2.ContainerAllocateRequest(devices_ids=["GPU-x1"])])
         record = record_path(short_dir / "plugins")
         for spoil in (record.unlink, lambda: record.write_text("{")):
