@@ -20,6 +20,7 @@ from ix_device_plugin.settings.health import NOT_PRESENT, OPERATOR, RESET, Healt
 
 HEALTHY, OUT, WAITING, RESETTING, NEEDS_OPERATOR, OFF = "healthy", "out", "waiting", "resetting", "operator", "off"
 PHASES = (HEALTHY, OUT, WAITING, RESETTING, NEEDS_OPERATOR, OFF)
+CUT_SHORT_CAUSE = "its last reset was cut short"  # a chip still reserved by a reset that did not finish
 
 
 @dataclass(frozen=True)
@@ -90,11 +91,17 @@ class Care:
         return f"GPU {'?' if self.minor is None else self.minor} ({self.uuid})"
 
 
-def observe(care: Care, diagnosis: Diagnosis, now: float, rules: Rules, healing: bool) -> Care:
+def observe(care: Care, diagnosis: Diagnosis, now: float, rules: Rules, healing: bool, cut_short: bool = False) -> Care:
     """care after the chip was seen with diagnosis (healing: self-healing is on). A reset under way keeps its
-    phase: its outcome decides what follows."""
+    phase: its outcome decides what follows.
+
+    cut_short: the chip is still reserved by a reset that did not finish (the agent stopped during it). It may be
+    half reset, whatever its health reads now, so it is reset again before it is back in service: a reset cut short
+    is a cause a reset clears."""
     if care.phase == RESETTING:
         return care
+    if cut_short and CUT_SHORT_CAUSE not in diagnosis.resettable:
+        diagnosis = replace(diagnosis, resettable=(*diagnosis.resettable, CUT_SHORT_CAUSE))
     if diagnosis.healthy:
         if care.phase == HEALTHY:
             return care

@@ -82,8 +82,9 @@ def node_kubelet_version(node: object) -> str | None:
 
 def refuse_reserved(record: RecordFile, plan: Plan, request: api_pb2.AllocateRequest) -> None:
     """AllocationError when the request names a chip the node-health record says is reserved for a reset: the pod
-    acting for the node writes that before any pod's ListAndWatch says it, and either pod may answer Allocate."""
-    found = record.read()
+    acting for the node writes that before any pod's ListAndWatch says it, and either pod may answer Allocate. A
+    record gone or spoiled counts as the last good one this pod read until the acting pod writes it again."""
+    found = record.known()
     reserved = {} if found is None else found.reserved()
     if not reserved:
         return

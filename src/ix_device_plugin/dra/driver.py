@@ -441,8 +441,9 @@ class DraDriver:
         return None
 
     def _reserved(self) -> dict[str, str]:
-        """Chips reserved for a reset by any pod of the driver: the node-health record, read now."""
-        record = self.record.read()
+        """Chips reserved for a reset by any pod of the driver: the node-health record, read now (the last good one
+        this pod read while it is gone or spoiled, until the pod acting for the node writes it again)."""
+        record = self.record.known()
         return {} if record is None else record.reserved()
 
     async def _keep_reset_record(self) -> None:

@@ -16,6 +16,12 @@ handshake, still in the turn, immediately before ixsmi. A holder that cannot be 
 What the healer knows outlives it: the XIDs, each chip's story and the reservations are in the node-health record
 (healing/record.py), which the pod acting for the node writes and every other pod follows. A process reads it at
 start, before its first discovery, so that a chip needing an operator is out of service from the first answer.
+The record equals what the acting pod knows: a write that fails is tried again (with backoff) until it lands, and a
+record removed, spoiled or changed by someone else is written again. A pod on standby keeps the last good record
+it followed until the acting pod writes one again, and takes over from it.
+
+A reservation found in the record is a reset cut short (the agent stopped during it): the chip may be half reset,
+so it stays reserved and is reset again before it is back in service, whatever its health reads meanwhile.
 
 Every health change and step is a Node Event (NodeEvents), a metric and a line in the story file `list` shows.
 One task (`run`) owns the stories; at most one reset runs at a time, in a task of its own, so that health changes
@@ -54,6 +60,7 @@ from ix_device_plugin.gpureset.sequence import GpuReset, GpuResetError
 from ix_device_plugin.hardware.backend import XidEvent
 from ix_device_plugin.hardware.monitor import HardwareMonitor, HardwareView
 from ix_device_plugin.healing.events import NORMAL, WARNING, NodeEvents
+from ix_device_plugin.healing.keeper import RecordKeeper
 from ix_device_plugin.healing.metrics import HealingMetrics
 from ix_device_plugin.healing.record import RecordFile
 from ix_device_plugin.healing.story import story_text
@@ -144,9 +151,8 @@ class Healer:
         self.reserved: dict[str, float] = {}  # chip UUID -> when (Unix time) it was reserved for a reset
         self._healing_now = ""  # the chip _heal works on (its reservation is _heal's to end)
         self._acted = False  # this process has taken over what the record says (it acts for the node)
-        self._record_written: HealthRecord | None = None
-        self._record_errors = OncePerError(log, logging.WARNING)
-        self._unreadable_said = ""
+        self.keeper = None if record is None else RecordKeeper(record, self._say_unreadable)
+        self._followed_reserved: frozenset[str] = frozenset()  # on standby: the chips the followed record reserves
         self.metrics = HealingMetrics(registry, self.phases)
         self._wake = asyncio.Event()
         self._work: asyncio.Task[None] | None = None
@@ -207,6 +213,7 @@ class Healer:
             return
         restored = self._restored(self.record.read(), policy)
         self.monitor.preset(followed_xids=restored.xids, held_out={uuid: RESERVED for uuid in restored.reserved})
+        self._followed_reserved = frozenset(restored.reserved)
         self.cares.update(restored.cares)
         for line in restored.forgotten:
             log.info("node-health record: the reboot cleared %s", line)
@@ -224,8 +231,8 @@ class Healer:
                 self._wake.clear()
                 if self.acting() and not self._acted:
                     await self._take_over()
-                elif not self.acting():
-                    self._acted = False  # on standby (again): the record is the acting pod's; take it over anew
+                elif not self.acting() and self._acted:
+                    self._acted, self.reserved = False, {}  # on standby (again): the record is the acting pod's
                 self._look(self.monitor.view)
                 self._end_reservations()
                 self._start_due()
@@ -249,14 +256,17 @@ class Healer:
                 await self._wake.wait()
 
     def _next_wake(self) -> float | None:
-        """Seconds until a waiting chip is due (or looked at again for being free); None: only news wakes."""
+        """Seconds until a waiting chip is due (or looked at again for being free), or a record write that failed
+        is tried again; None: only news wakes."""
         now = time.monotonic()
         if not self.acting() or not self._acted:
             return self.free_poll  # on standby: look again for taking over
+        retry_at = None if self.keeper is None else self.keeper.retry_at
+        waits = [] if retry_at is None else [max(0.0, retry_at - now)]
         waiting = [care for care in self.cares.values() if care.phase == WAITING]
-        if not waiting or self.resetting:
-            return None
-        return max(0.0, min(max(care.retry_at - now, 0.0) or self.free_poll for care in waiting))
+        if waiting and not self.resetting:
+            waits.append(max(0.0, min(max(care.retry_at - now, 0.0) or self.free_poll for care in waiting)))
+        return min(waits, default=None)
 
     # ---- seeing ---------------------------------------------------------------------------------
 
@@ -269,9 +279,17 @@ class Healer:
         chips = {chip.uuid: chip for chip in view.inventory.chips()}
         for uuid in [uuid for uuid in self.cares if uuid not in chips]:
             del self.cares[uuid]  # unplugged: nothing left to heal
+        cut_short = self._cut_short()
         for uuid, chip in chips.items():
             care = self.cares.get(uuid) or Care(uuid, chip.minor)
-            self._set(rules_of.observe(care, diagnose(chip.status, policy), now, self.rules, healing))
+            diagnosis = diagnose(chip.status, policy)
+            self._set(rules_of.observe(care, diagnosis, now, self.rules, healing, cut_short=uuid in cut_short))
+
+    def _cut_short(self) -> set[str]:
+        """The chips reserved by a reset that is not running: one cut short by a stop, found in the record."""
+        if self.acting() and self._acted:
+            return set(self.reserved) - {self._healing_now}
+        return set(self._followed_reserved)
 
     def _say_whether_off(self, healing: bool) -> None:
         why = ""
@@ -329,7 +347,8 @@ class Healer:
         again; the reservation ends with the reset (or with finding the chip held).
 
         A stop in the middle of the reset keeps the turn until ixsmi is over (GpuReset.close bounds it) and leaves the
-        reservation in the record: the next pod to act finds the reset cut short and does it again.
+        reservation in the record: the next pod to act finds the reset cut short and does it again. The reservation
+        of a reset cut short ends only once a reset of the chip is done: found held, or a reset that failed, it stays.
         """
         uuid = care.uuid
         try:
@@ -337,7 +356,7 @@ class Healer:
                 care = self.cares.get(uuid) or care
                 if not rules_of.due(care, time.monotonic()) or not self.acting():
                     return  # it came back by itself, or went to an operator, or another pod acts now
-                self._healing_now, cut_short = uuid, False
+                self._healing_now, ends = uuid, uuid not in self.reserved  # reserved already: a reset cut short
                 try:
                     await self.guard.served(await self._reserve(uuid))
                     holder = await self.guard.holder(uuid)
@@ -345,14 +364,14 @@ class Healer:
                         self._wait_for(care, holder)
                         return
                     try:
-                        await self._reset(care)
+                        ends = await self._reset(care) or ends
                     except asyncio.CancelledError:
-                        cut_short = True
+                        ends = False
                         await self.reset.settled()
                         raise
                 finally:
                     self._healing_now = ""
-                    if not cut_short:
+                    if ends:
                         self._unreserve(uuid)
         except OutputError as error:  # the turn or the record: nothing was reset
             self._set(rules_of.refused(self.cares.get(uuid) or care, str(error), time.monotonic(), self.rules))
@@ -375,7 +394,8 @@ class Healer:
         if holder is not None:
             raise HeldError(holder)
 
-    async def _reset(self, care: Care) -> None:
+    async def _reset(self, care: Care) -> bool:
+        """Reset care's chip and read its health again; True once ixsmi has reset it."""
         chip = self._chip(care.uuid)
         xids = frozenset() if chip is None else chip.status.xids
         care = rules_of.started(care)
@@ -389,10 +409,10 @@ class Healer:
             self.metrics.resets.labels(result="refused").inc()
             log.warning("healing %s: not reset: held by %s since it was found free", care.name, held.holder)
             self._wait_for(replace(care, attempts=care.attempts - 1, phase=WAITING), held.holder)
-            return
+            return False
         except GpuResetError as error:
             self._reset_failed(care, error)
-            return
+            return False
         view = await self.monitor.clear_xids(care.uuid, xids)
         after = self._diagnosis(view.inventory, care.uuid)
         self.metrics.resets.labels(result="ok" if after.healthy else "still_unhealthy").inc()
@@ -400,6 +420,7 @@ class Healer:
         if done.phase != HEALTHY:
             self._event(WARNING, "GPUHealingFailed", f"{care.name}: {done.note}")
         self._set(done)
+        return True
 
     def _reset_failed(self, care: Care, error: GpuResetError) -> None:
         now = time.monotonic()
@@ -424,11 +445,15 @@ class Healer:
     async def _reserve(self, uuid: str) -> HardwareView:
         """Reserve the chip: in the record first (every pod reads it before it gives out a chip), then held out of
         service by the monitor; the view with the hold. OutputError when the record cannot say so."""
+        before = self.reserved.get(uuid)
         self.reserved[uuid] = time.time()
         try:
             self._write_record(must=True)
         except OutputError:
-            del self.reserved[uuid]
+            if before is None:
+                del self.reserved[uuid]
+            else:
+                self.reserved[uuid] = before  # a reset cut short stays reserved
             raise
         return await self.monitor.hold_out({u: RESERVED for u in self.reserved})
 
@@ -441,18 +466,21 @@ class Healer:
         self._write_record()
 
     def _end_reservations(self) -> None:
-        """A chip reserved by a reset cut short (found in the record) is released once its story leaves the reset:
-        back in service, or left to an operator."""
+        """A chip reserved by a reset cut short (found in the record) stays reserved until a reset of it is done (the
+        reset ends the reservation), even while it needs an operator (whose return resets it); or until it is gone."""
+        if not self.acting() or not self._acted:
+            return  # the acting pod's to end
         for uuid in list(self.reserved):
             care = self.cares.get(uuid)
-            if uuid != self._healing_now and (care is None or care.phase not in (WAITING, RESETTING)):
+            if uuid != self._healing_now and (care is None or care.phase == HEALTHY):
                 log.info("%s: released from the reservation of a reset cut short (%s)", uuid,
-                         "back in service" if care is None else care.note)  # fmt: skip
+                         "no longer on the node" if care is None else care.note)  # fmt: skip
                 self._unreserve(uuid)
 
     async def _take_over(self) -> None:
-        """This process acts for the node from now on: what the record says now becomes its own."""
-        record = self.record.read() if self.record is not None else None
+        """This process acts for the node from now on: what the record says now (or, when it is gone or spoiled,
+        the last good record this process followed) becomes its own, and is written back."""
+        record = self.record.known() if self.record is not None else None
         restored = self._restored(record)
         for uuid, care in restored.cares.items():
             self.cares.setdefault(uuid, care)
@@ -461,14 +489,15 @@ class Healer:
         self.reserved = {uuid: time.time() for uuid in restored.reserved}
         await self.monitor.hold_out({u: RESERVED for u in self.reserved})
         self._acted = True
+        if self.keeper is not None:
+            self.keeper.write_anew()
         if record is not None:
             log.info("acting for the node: took over the node-health record %s (%d chips in it)",
                      self.record.path if self.record else "", len(record.chips))  # fmt: skip
 
     def _restored(self, record: HealthRecord | None, policy: HealthPolicy | None = None) -> Restored:
-        if self.record is not None and self.record.unreadable and self.record.unreadable != self._unreadable_said:
-            self._unreadable_said = self.record.unreadable
-            self._event(WARNING, "GPUHealthRecordUnreadable", f"{self.record.unreadable}; kept aside, not trusted")
+        if self.keeper is not None:
+            self.keeper.say_unreadable()
         if record is None:
             return Restored()
         policy = policy or self.policy()
@@ -479,32 +508,34 @@ class Healer:
         await self.record.follow(self._followed)
 
     async def _followed(self, record: HealthRecord | None) -> None:
-        """On standby: the acting pod's record changed; hold out and keep what it says, ready to take over."""
+        """The record's file changed. Acting for the node: write it again unless it holds what this process wrote.
+        On standby: hold out and keep what the acting pod's record says, ready to take over; a record gone or
+        spoiled changes nothing known (the acting pod writes it again)."""
+        assert self.keeper is not None
         if self.acting() and self._acted:
-            return  # ours
+            if self.keeper.check(record):
+                self._wake.set()
+            return
+        self.keeper.say_unreadable()
+        self.keeper.say_gone(record is None)
+        if record is None:
+            return
         restored = self._restored(record)
         self.cares = dict(restored.cares)
+        self._followed_reserved = frozenset(record.reserved())
         await self.monitor.follow_xids(restored.xids)
-        await self.monitor.hold_out({uuid: RESERVED for uuid in (record.reserved() if record else {})})
+        await self.monitor.hold_out({uuid: RESERVED for uuid in record.reserved()})
         self._wake.set()
 
+    def _say_unreadable(self, why: str) -> None:
+        self._event(WARNING, "GPUHealthRecordUnreadable", why)
+
     def _write_record(self, must: bool = False) -> None:
-        """Write the record when what it says changed (only the pod acting for the node writes it); must: raise
-        OutputError when it cannot be written, else it is said once and tried again at the next change."""
-        if self.record is None or not self.acting() or not self._acted:
-            return
-        record = self._record_now()
-        if record == self._record_written:
-            return
-        try:
-            self.record.write(replace(record, written=time.time()))
-        except OutputError as error:
-            self._record_errors.failed("node-health record: %s", error)
-            if must:
-                raise
-            return
-        self._record_errors.succeeded()
-        self._record_written = record
+        """Write the record when what it says changed, or when the file no longer holds it (only the pod acting for
+        the node writes it); must: raise OutputError when it cannot be written, else it is tried again until it is
+        (RecordKeeper)."""
+        if self.keeper is not None and self.acting() and self._acted:
+            self.keeper.keep(self._record_now(), must)
 
     def _record_now(self) -> HealthRecord:
         """The record as this process knows the node now (written: 0, set when it is written)."""

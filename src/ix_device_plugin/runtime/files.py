@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 import stat
 import tempfile
@@ -114,10 +115,13 @@ def remove_file(path: Path) -> bool:
 
 
 def keep_aside(path: Path, label: str) -> Path:
-    """A copy of path beside it, `<name>.<label>-<Unix time>`, the original left in place (a hard link where the
-    file system allows); OutputError naming the file."""
+    """A copy of path beside it, `<name>.<label>-<Unix time>` (`-<n>` added after the first of a second), the original
+    left in place (a hard link where the file system allows); OutputError naming the file. A copy is never named
+    before one already there (kept_aside orders them by name)."""
     stamp = int(time.time())
-    for attempt in range(100):
+    taken = [number for (second, number), _ in _copies(path, label) if second == stamp]
+    first = max(taken) + 1 if taken else 0
+    for attempt in range(first, first + 100):
         aside = path.with_name(f"{path.name}.{label}-{stamp}" + (f"-{attempt}" if attempt else ""))
         try:
             os.link(path, aside, follow_symlinks=False)
@@ -131,6 +135,33 @@ def keep_aside(path: Path, label: str) -> Path:
             except OSError as error:
                 raise OutputError(f"cannot keep {path} aside as {aside}: {reason(error)}") from None
     raise OutputError(f"cannot keep {path} aside: too many copies beside it")
+
+
+def kept_aside(path: Path, label: str) -> list[Path]:
+    """The copies keep_aside made of path under label, oldest first."""
+    return [entry for _, entry in sorted(_copies(path, label))]
+
+
+def _copies(path: Path, label: str) -> list[tuple[tuple[int, int], Path]]:
+    pattern = re.compile(rf"{re.escape(path.name)}\.{re.escape(label)}-([0-9]+)(?:-([0-9]+))?")
+    copies = []
+    with contextlib.suppress(OSError):
+        for entry in path.parent.iterdir():
+            if found := pattern.fullmatch(entry.name):
+                copies.append(((int(found[1]), int(found[2] or 0)), entry))
+    return copies
+
+
+def remove_oldest_aside(path: Path, label: str, kept: int) -> list[Path]:
+    """Remove the copies keep_aside made of path under label but the kept newest; the paths removed. A copy that
+    cannot be removed stays, and so does anything else beside path."""
+    copies = kept_aside(path, label)
+    removed = []
+    for entry in copies[: max(0, len(copies) - kept)]:
+        with contextlib.suppress(OSError):
+            entry.unlink()
+            removed.append(entry)
+    return removed
 
 
 def _fsync_directory(directory: Path) -> None:

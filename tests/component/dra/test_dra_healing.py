@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import asyncio
 import fcntl
+import json
 import os
+import time
+from pathlib import Path
 from typing import Any
 
 from dra_support import TWO_BOARDS, DraNode
@@ -15,6 +18,7 @@ from ix_device_plugin.core.inventory import ChipStatus
 from ix_device_plugin.dra.driver import DraDriver
 from ix_device_plugin.dra.slices import UNHEALTHY_TAINT
 from ix_device_plugin.dra.state import RESET_LOCK_FILE
+from ix_device_plugin.healing.record import record_path
 from ix_device_plugin.healing.wayback import RETURN_ANNOTATION
 from ix_device_plugin.standins.apiserver import ApiServerStandIn
 
@@ -212,3 +216,41 @@ async def test_during_a_rolling_update_no_pod_prepares_a_claim_on_a_chip_being_r
 
 def _chip_status(driver: DraDriver, uuid: str) -> ChipStatus:
     return next(chip.status for chip in driver.monitor.view.inventory.chips() if chip.uuid == uuid)
+
+
+async def test_a_record_removed_or_spoiled_during_an_update_makes_no_pod_forget_a_chip_needing_an_operator(
+    node: DraNode,
+) -> None:
+    """XID 64 on gpu-1, told to the old pod only; the record is removed, then spoiled: the new pod, on standby, keeps
+    the XID (the old pod writes the record again), and after the handover gpu-1 is published tainted and the record
+    says it needs an operator."""
+    ixsmi = Ixsmi(node.root)
+    old = await start(node, ixsmi)
+    await node.wait_slice(lambda devices: len(devices) == 6)
+    quiet_file = node.root / "devices-without-xids.yaml"
+    quiet_file.write_text(node.devices_file.read_text())
+    new = await node.start(
+        backend_factory=lambda: IxsmiBackend(quiet_file, ixsmi.path), healing_rules=FAST_HEALING, pod_uid="pod-new"
+    )
+    chip = uuid_of(node, "gpu-1")
+    node.write_boards(with_xid(64))  # the old pod's library only
+    await until(lambda: 64 in _chip_status(new, chip).xids, timeout=5)
+    record = record_path(node.root / "plugins")
+    for spoil in (record.unlink, lambda: record.write_text("[")):
+        spoil()
+        deadline = time.monotonic() + 0.5
+        while time.monotonic() < deadline:  # watched: the standby never forgets it
+            assert 64 in _chip_status(new, chip).xids
+            await asyncio.sleep(0.02)
+    await node.stop(old)
+    await until(lambda: new.role.held, timeout=5)
+    await node.wait_slice(lambda devices: tainted(devices, "gpu-1"), timeout=5)
+    await until(lambda: _recorded(record, chip).get("phase") == "operator", timeout=5)
+    assert 64 in _chip_status(new, chip).xids and ixsmi.runs() == []
+
+
+def _recorded(record: Path, uuid: str) -> dict[str, Any]:
+    try:
+        return dict(json.loads(record.read_text())["chips"].get(uuid, {}))
+    except (OSError, ValueError):
+        return {}

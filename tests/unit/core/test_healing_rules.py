@@ -155,3 +155,17 @@ def test_who_holds_a_chip_follows_boards_replicas_and_any_resource_name() -> Non
     assert chip_holder("GPU-a1", claims, inventory, "gpu.iluvatar.com") == pod  # a DRA claim on the board
     other = Holdings(claims=(ClaimDevice(pod, "ml", "c", "example.com", "node", "gpu-1"),))
     assert chip_holder("GPU-a1", other, inventory, "gpu.iluvatar.com") is None
+
+
+def test_a_chip_whose_reset_was_cut_short_is_reset_again_whatever_its_health_reads() -> None:
+    """Reserved by a reset that did not finish: it may be half reset, so a clear reading does not return it."""
+    cut = Care("GPU-a", 0, phase=WAITING, causes=("MC",), attempts=1, note="its reset was cut short")
+    healthy = Diagnosis()
+    still = healing.observe(cut, healthy, 10.0, RULES, True, cut_short=True)
+    assert (still.phase, still.causes, still.note) == (WAITING, (healing.CUT_SHORT_CAUSE,), cut.note)  # its reset next
+    assert healing.observe(cut, healthy, 10.0, RULES, True).phase == HEALTHY  # no longer reserved: back
+    fresh = healing.observe(Care("GPU-a", 0), healthy, 10.0, RULES, True, cut_short=True)
+    assert (fresh.phase, fresh.causes) == (WAITING, (healing.CUT_SHORT_CAUSE,))
+    assert healing.observe(Care("GPU-a", 0), healthy, 10.0, RULES, False, cut_short=True).phase == OFF
+    operator = Diagnosis(operator=("XID 64",))
+    assert healing.observe(cut, operator, 10.0, RULES, True, cut_short=True).phase == NEEDS_OPERATOR
