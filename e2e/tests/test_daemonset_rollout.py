@@ -23,7 +23,7 @@ from harness.cluster import Cluster
 from harness.helm import CHART, Helm
 from harness.host import http_get
 from harness.kube import Kubectl, Obj
-from harness.nodewatch import ResourceRecorder
+from harness.nodewatch import KUBELET, ResourceRecorder
 from harness.plugin import (
     bi_v150_chips,
     devices_yaml,
@@ -200,6 +200,14 @@ def registered_beside(admin: Kubectl, old_uid: str) -> tuple[Obj, Obj] | None:
     return old, new
 
 
+def beside_without_a_drop(admin: Kubectl, recorder: ResourceRecorder, old_uid: str) -> tuple[Obj, Obj] | None:
+    """registered_beside, failing (named in the wait's timeout) once the kubelet's allocatable has moved: a new pod
+    that waits on standby instead (auto without the Node's kubeletVersion) has the old one deleted once it is Ready,
+    and the node has no GPU until it registers."""
+    assert set(recorder.seen(KUBELET)) <= {(None, 3)}, f"the kubelet's allocatable went {recorder.seen(KUBELET)}"
+    return registered_beside(admin, old_uid)
+
+
 def settled(admin: Kubectl, uid: str | None = None, not_uid: str | None = None) -> Obj | None:
     """The one plugin pod once the DaemonSet's rollout is over (its status says so), Ready; with uid, that pod, with
     not_uid, another."""
@@ -240,7 +248,7 @@ def test_a_helm_upgrade_rolls_the_daemonset_without_a_drop_and_keeps_the_chip_ou
     with ResourceRecorder(cluster, RESOURCE) as recorder:
         expected = upgrade(cluster, release, change)
         overlap = wait_until(
-            lambda: registered_beside(admin, old["metadata"]["uid"]),
+            lambda: beside_without_a_drop(admin, recorder, old["metadata"]["uid"]),
             ROLLOUT,
             "a new plugin pod registered beside the old one",
             kubelet_log(cluster),
@@ -283,7 +291,7 @@ def test_a_rollout_undone_while_both_pods_run_leaves_the_old_pod_serving(
             "--set-string", "podAnnotations.ix-e2e-rollout=undone",
         )  # fmt: skip
         _, new_pod = wait_until(
-            lambda: registered_beside(admin, old_uid),
+            lambda: beside_without_a_drop(admin, recorder, old_uid),
             ROLLOUT,
             "a new plugin pod beside the old one",
             kubelet_log(cluster),
