@@ -2,7 +2,7 @@
 # Builds the end-to-end cluster's components from their Go modules, at the versions of e2e/versions.env,
 # into $IX_E2E_CACHE/<key>/ (default /var/cache/ix-device-plugin-e2e), so that a machine builds them once:
 #
-#   bin/      etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kubelet, kubectl,
+#   bin/      etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kubelet, kubectl, kube-proxy,
 #             containerd, containerd-shim-runc-v2, ctr, runc, helm, cdi-validate,
 #             dra-metadata-check, pause
 #   cni/bin/  bridge, host-local, loopback
@@ -52,6 +52,7 @@ components=(
     "etcd build_etcd bin/etcd"
     "helm build_helm bin/helm"
     "kubernetes build_kubernetes bin/kube-apiserver bin/kube-controller-manager bin/kube-scheduler bin/kubelet bin/kubectl"
+    "kube-proxy build_kube_proxy bin/kube-proxy"
 )
 
 reports() { # reports FILE EXPECTED ARG...: `FILE ARG...` prints EXPECTED (whitespace-separated words, any
@@ -205,13 +206,16 @@ GO
     CGO_ENABLED=0 go build -o "$out/etcd" .
 }
 
-build_kubernetes() {
+kubernetes_commands() { # kubernetes_commands DIR COMMAND...: k8s.io/kubernetes/cmd/COMMAND... into $out, from a
+    # module made in DIR.
     # k8s.io/kubernetes requires its staging modules (k8s.io/api, k8s.io/client-go, ...) at v0.0.0 and
     # replaces them with ./staging/src/..., which is not in the module: a module that builds its commands
     # replaces each one with the release of the same minor version instead.
-    rm -rf "$dest/src/kubernetes"
-    mkdir -p "$dest/src/kubernetes"
-    cd "$dest/src/kubernetes"
+    local dir=$1
+    shift
+    rm -rf "$dir"
+    mkdir -p "$dir"
+    cd "$dir"
     go mod init ix-e2e/kubernetes
     go mod edit -require="k8s.io/kubernetes@$KUBERNETES_VERSION"
     local gomod
@@ -224,9 +228,8 @@ build_kubernetes() {
             go mod edit -replace="$module=$module@$KUBERNETES_STAGING_VERSION"
         fi
     done
-    local commands="kube-apiserver kube-controller-manager kube-scheduler kubelet kubectl"
     local packages=()
-    for module in $commands; do packages+=("k8s.io/kubernetes/cmd/$module"); done
+    for module in "$@"; do packages+=("k8s.io/kubernetes/cmd/$module"); done
     go get "${packages[@]}"
     local minor=${KUBERNETES_VERSION#v1.}
     minor=${minor%%.*}
@@ -236,6 +239,15 @@ build_kubernetes() {
         ldflags+=" -X $pkg.gitTreeState=clean -X $pkg.buildDate=1970-01-01T00:00:00Z"
     done
     CGO_ENABLED=0 go build -ldflags "-s -w $ldflags" -o "$out/" "${packages[@]}"
+}
+
+build_kubernetes() {
+    kubernetes_commands "$dest/src/kubernetes" kube-apiserver kube-controller-manager kube-scheduler kubelet kubectl
+}
+
+build_kube_proxy() { # the service network (the `kubernetes` Service for pods); its own module folder, so that a
+    # cache built before it was added builds only kube-proxy (the packages it shares come from Go's build cache)
+    kubernetes_commands "$dest/src/kube-proxy" kube-proxy
 }
 
 rm -f "$dest/complete"

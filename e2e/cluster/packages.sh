@@ -21,6 +21,7 @@ e2e_packages=(
     "make|the project's image (make base-image, make image)|command -v make"
     "openssl|the cluster's certificates|command -v openssl"
     "iproute2|the pod network's bridge (ip)|command -v ip"
+    "nftables|kube-proxy's service network (nftables mode: the nft command)|command -v nft"
     "busybox-static|the test image (a static busybox)|static_busybox"
     "debootstrap|the project's base image, built offline|command -v debootstrap"
     "buildah|the project's image, built offline|command -v buildah"

@@ -1,6 +1,6 @@
 """The cluster's certificates, made with the openssl command: a CA, the API server's serving certificate and
-one client certificate per identity (admin, controller-manager, scheduler, the kubelet's node identity, the
-API server's kubelet client), plus the service-account signing key. ECDSA P-256, valid two days.
+one client certificate per identity (admin, controller-manager, scheduler, the kubelet's node identity, kube-proxy,
+the API server's kubelet client), plus the service-account signing key. ECDSA P-256, valid two days.
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ class Pki:
     scheduler: KeyPair
     kubelet_client: KeyPair  # the kubelet's node identity, towards the API server
     kubelet_serving: KeyPair
+    kube_proxy: KeyPair  # system:kube-proxy, which the default ClusterRoleBinding system:node-proxier names
     apiserver_kubelet_client: KeyPair  # the API server towards the kubelet (logs, exec)
     front_proxy_client: KeyPair  # the API server towards aggregated API servers (request headers)
     service_account_key: Path
@@ -79,10 +80,11 @@ def make_leaf(ca: KeyPair, directory: Path, name: str, subject: str, server_name
 
 
 def make_pki(directory: Path, node_name: str, node_ip: str, service_ip: str) -> Pki:
-    """All certificates for a one-node cluster whose API server listens on 127.0.0.1."""
+    """All certificates for a one-node cluster. The API server's names: 127.0.0.1 (the harness), the `kubernetes`
+    Service's IP and names (pods, through kube-proxy) and node_ip, the endpoint it advertises behind the Service."""
     directory.mkdir(parents=True, exist_ok=True)
     ca = make_ca(directory)
-    api_names = ["127.0.0.1", service_ip, "localhost", "kubernetes", "kubernetes.default"]
+    api_names = ["127.0.0.1", service_ip, node_ip, "localhost", "kubernetes", "kubernetes.default"]
     api_names += ["kubernetes.default.svc", "kubernetes.default.svc.cluster.local"]
     sa_key = directory / "sa.key"
     sa_pub = directory / "sa.pub"
@@ -98,6 +100,7 @@ def make_pki(directory: Path, node_name: str, node_ip: str, service_ip: str) -> 
         kubelet_serving=make_leaf(
             ca, directory, "kubelet-serving", f"/CN={node_name}", [node_ip, "127.0.0.1", node_name]
         ),
+        kube_proxy=make_leaf(ca, directory, "kube-proxy", "/CN=system:kube-proxy"),
         apiserver_kubelet_client=make_leaf(
             ca, directory, "apiserver-kubelet-client", "/O=system:masters/CN=kube-apiserver-kubelet-client"
         ),

@@ -1,16 +1,18 @@
 """A one-node Kubernetes cluster of real components, started as host processes and torn down completely.
 
 etcd, kube-apiserver (RBAC and Node authorization, NodeRestriction, the DRA feature gates), the
-controller-manager and the scheduler listen on loopback with certificates made for the run; containerd
-(CRI, CDI, overlayfs, runc, a bridge CNI network) and a kubelet (cgroupfs driver, its own cgroup root
-/ix-e2e) run the node. Every directory the kubelet and containerd use is under the run's work directory:
-device-plugin, plugin-registry and plugins directories, the pod-resources socket, the CDI spec directory.
-Images come from `images` (imported, never pulled). The components' command lines and configuration come
-from `components`; the host's mounts, cgroups and processes are reached through `host`.
+controller-manager and the scheduler run with certificates made for the run; containerd (CRI, CDI,
+overlayfs, runc, a bridge CNI network), a kubelet (cgroupfs driver, its own cgroup root /ix-e2e) and
+kube-proxy (nftables) run the node. The API server listens on every address and advertises the node's, so
+that pods reach it through the `kubernetes` Service (SERVICE_IP) with their own tokens, as in any cluster;
+the other components listen on loopback. Every directory the kubelet and containerd use is under the run's
+work directory: device-plugin, plugin-registry and plugins directories, the pod-resources socket, the CDI
+spec directory. Images come from `images` (imported, never pulled). The components' command lines and
+configuration come from `components`; the host's mounts, cgroups and processes are reached through `host`.
 
 `Cluster.stop` kills every process the cluster started (components by process group, containers through
 their cgroups, shims by their address), unmounts everything under the work directory, removes the
-cgroups, the bridge and the log links, and says what it could not.
+cgroups, the bridge, kube-proxy's rules and the log links, and says what it could not.
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ import ssl
 import sys
 import tempfile
 import time
+import urllib.error
+import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -73,7 +77,9 @@ class Cluster:
     def __post_init__(self) -> None:
         self.workdir = self.workdir.resolve()
         self.node_ip = host.primary_ip()
-        self.ports = Ports(*host.free_ports(7))
+        *ports, proxy_healthz, proxy_metrics = host.free_ports(9)
+        self.ports = Ports(*ports)
+        self.proxy_ports = (proxy_healthz, proxy_metrics)
         self.pki_dir = self.workdir / "pki"
         self.kubelet_root = self.workdir / "kubelet"
         self.device_plugin_dir = self.kubelet_root / "device-plugins"
@@ -120,6 +126,7 @@ class Cluster:
         self._mount_device_plugin_dir()
         self.start_kubelet()
         self.wait_node_ready()
+        self._start_kube_proxy()
         self._wait_default_service_account()
 
     def kubeconfig(self, user: str) -> Path:
@@ -164,7 +171,9 @@ class Cluster:
 
     def _start_apiserver(self) -> None:
         assert self.pki is not None
-        argv = components.apiserver_argv(self.binaries, self.ports, self.pki, self.node_ip, SERVICE_CIDR, self._gates())
+        argv = components.apiserver_argv(
+            self.binaries, self.ports, self.pki, self.node_ip, SERVICE_CIDR, self._gates(), bind_address="0.0.0.0"
+        )
         apiserver = self._spawn("kube-apiserver", argv)
         kubectl = self.kubectl
         assert kubectl is not None
@@ -289,6 +298,38 @@ class Cluster:
 
         return wait_until(ready, timeout, f"node {self.node_name} Ready", self.node_logs(), interval=1)
 
+    def _start_kube_proxy(self) -> None:
+        """kube-proxy, once the Node it reads its addresses from is there; ready when the `kubernetes` Service answers
+        from this host as it will from pods: through the Service's IP, with a certificate naming that IP."""
+        assert self.pki is not None
+        kubeconfig = self.kubeconfig("kube-proxy")
+        pair = self.pki.kube_proxy
+        kubeconfig.write_text(kubeconfig_text(self.server, self.pki.ca.cert, "kube-proxy", pair.cert, pair.key))
+        healthz, metrics = self.proxy_ports
+        argv = components.kube_proxy_argv(self.binaries, kubeconfig, self.node_name, POD_CIDR, healthz, metrics)
+        proxy = self._spawn("kube-proxy", argv)
+        wait_until(
+            lambda: self._alive(proxy) and self.service_readyz() == b"ok",
+            START_TIMEOUT,
+            f"the kubernetes Service answering on https://{SERVICE_IP} (kube-proxy)",
+            [proxy.log],
+            interval=1,
+        )
+
+    def service_readyz(self) -> bytes | None:
+        """The API server's /readyz through the `kubernetes` Service (verified against SERVICE_IP), None when nothing
+        answers there yet."""
+        try:
+            with urllib.request.urlopen(f"https://{SERVICE_IP}/readyz", timeout=5, context=self.admin_tls()) as answer:
+                return answer.read()
+        except (OSError, urllib.error.URLError):
+            return None
+
+    def _clean_service_rules(self) -> None:
+        """kube-proxy's rules out of the host's nftables (also those of a run that died: it may never have started)."""
+        if self.binaries["kube-proxy"].exists():
+            run(components.kube_proxy_cleanup_argv(self.binaries), timeout=60)
+
     def _wait_default_service_account(self) -> None:
         wait_until(
             lambda: self.admin.get_or_none("serviceaccount", "default", "default"),
@@ -333,6 +374,7 @@ class Cluster:
         """Tear everything down, also after a failed start; returns (and keeps) what could not be cleaned."""
         steps = [
             ("kubelet", self.stop_kubelet),
+            ("kube-proxy", lambda: self._stop_process("kube-proxy")),
             ("pod processes", lambda: host.kill_cgroup_processes(CGROUP_ROOT)),
             ("containerd shims", lambda: host.kill_shims(str(self.containerd_socket))),
             ("containerd", lambda: self._stop_process("containerd")),
@@ -344,6 +386,7 @@ class Cluster:
             ("device-plugin directory", self._unmount_device_plugin_dir),
             ("cgroups", lambda: host.remove_cgroup_root(CGROUP_ROOT)),
             ("bridge", lambda: host.delete_link(BRIDGE)),
+            ("kube-proxy's rules", self._clean_service_rules),
             ("container log links", lambda: host.remove_links_into(CONTAINER_LOG_LINKS, self.workdir)),
         ]
         for name, step in steps:

@@ -1,6 +1,6 @@
 """The cluster's components as they are run: etcd, kube-apiserver, kube-controller-manager and kube-scheduler
-command lines, containerd's configuration, the kubelet's configuration and command line, and the bridge CNI
-network.
+command lines, containerd's configuration, the kubelet's configuration and command line, kube-proxy's command line
+and the bridge CNI network.
 
 Every function here only builds text or data from what it is given (the built binaries, the ports, the
 certificates, the paths, the feature gates); starting the processes and writing the files is the cluster's.
@@ -73,13 +73,21 @@ def etcd_argv(binaries: Binaries, ports: Ports, data_dir: Path) -> list[str]:
 
 
 def apiserver_argv(
-    binaries: Binaries, ports: Ports, pki: Pki, node_ip: str, service_cidr: str, feature_gates: str
+    binaries: Binaries,
+    ports: Ports,
+    pki: Pki,
+    node_ip: str,
+    service_cidr: str,
+    feature_gates: str,
+    bind_address: str = "127.0.0.1",
 ) -> list[str]:
-    """kube-apiserver on loopback: client certificates, Node and RBAC authorization, NodeRestriction."""
+    """kube-apiserver on bind_address (loopback by default): client certificates, Node and RBAC authorization,
+    NodeRestriction. It advertises node_ip: the `kubernetes` Service's endpoint, which pods reach through kube-proxy
+    only where bind_address covers node_ip."""
     return [
         str(binaries["kube-apiserver"]),
         f"--etcd-servers={etcd_client_url(ports)}",
-        "--bind-address=127.0.0.1",
+        f"--bind-address={bind_address}",
         f"--secure-port={ports.apiserver}",
         f"--advertise-address={node_ip}",
         f"--tls-cert-file={pki.apiserver.cert}",
@@ -147,6 +155,35 @@ def scheduler_argv(binaries: Binaries, ports: Ports, kubeconfig: Path, feature_g
 
 
 # ---------------------------------------------------------------------- the node
+
+# nftables rather than iptables: kube-proxy keeps every rule in tables of its own (ip and ip6 "kube-proxy"), so the
+# host's other rules are untouched and `kube-proxy --cleanup` removes all of it; it needs the nft command (Debian's
+# nftables) and a kernel of 5.13 or later with nf_tables' NAT, conntrack and numgen.
+PROXY_MODE = "nftables"
+
+
+def kube_proxy_argv(
+    binaries: Binaries, kubeconfig: Path, node_name: str, cluster_cidr: str, healthz_port: int, metrics_port: int
+) -> list[str]:
+    """kube-proxy, the node's service network, on loopback; the host's conntrack settings left as they are."""
+    return [
+        str(binaries["kube-proxy"]),
+        f"--kubeconfig={kubeconfig}",
+        f"--proxy-mode={PROXY_MODE}",
+        f"--hostname-override={node_name}",
+        f"--cluster-cidr={cluster_cidr}",
+        f"--healthz-bind-address=127.0.0.1:{healthz_port}",
+        f"--metrics-bind-address=127.0.0.1:{metrics_port}",
+        "--conntrack-max-per-core=0",
+        "--conntrack-tcp-timeout-established=0",
+        "--conntrack-tcp-timeout-close-wait=0",
+        "--v=2",
+    ]
+
+
+def kube_proxy_cleanup_argv(binaries: Binaries) -> list[str]:
+    """kube-proxy removing every rule it made, in any mode."""
+    return [str(binaries["kube-proxy"]), "--cleanup", f"--proxy-mode={PROXY_MODE}"]
 
 
 def containerd_config(binaries: Binaries, containerd_dir: Path, socket: Path, cdi_dir: Path, cni_conf_dir: Path) -> str:

@@ -1,7 +1,8 @@
 """`helm upgrade` of the device plugin's DaemonSet on the real node, as operators roll out a change: a pod annotation,
 then the image (the same build under another tag). The DaemonSet rolls with the chart's surge (maxSurge 1,
-maxUnavailable 0): the new pod starts beside the old one, registers at once on its own socket (POD_UID), and the
-controller deletes the old pod once the new one is Ready.
+maxUnavailable 0): the new pod starts beside the old one and, with the chart's default `zeroDowntimeUpgrade: auto`,
+reads the kubelet's version from the Node (its own token, through the `kubernetes` Service), registers at once on its
+own socket (POD_UID), and the controller deletes the old pod once the new one is Ready.
 
 Through each rollout the Node's iluvatar.com/gpu (sampled and watched) and the kubelet's allocatable devices
 (pod-resources) are recorded every 0.1 s and never drop; a pod created while both plugin pods run gets its GPU and
@@ -17,12 +18,21 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pytest
+from harness.build import versions
 from harness.cluster import Cluster
 from harness.helm import CHART, Helm
 from harness.host import http_get
 from harness.kube import Kubectl, Obj
-from harness.nodewatch import ResourceRecorder
-from harness.plugin import bi_v150_chips, devices_yaml, expected_nodes, metric_value, node_health, write_atomically
+from harness.nodewatch import KUBELET, ResourceRecorder
+from harness.plugin import (
+    bi_v150_chips,
+    devices_yaml,
+    expected_nodes,
+    metric_value,
+    node_events,
+    node_health,
+    write_atomically,
+)
 from harness.pods import SHOW_DEVICES, STAY, busybox_pod, node_resource, run_and_read, shown_devices
 from harness.procs import wait_until
 from harness.project_image import BuiltImage
@@ -39,6 +49,8 @@ OUT = CHIPS[3]  # out of service before the rollouts
 # long enough to place a pod in it on a busy machine; the controller deletes the old pod only once it is Ready.
 READY_DELAY = 15
 ROLLOUT = 180  # seconds a rollout may take
+# What the new pod says once `auto` (the chart's default) has read the Node's kubeletVersion and chosen the surge path.
+SURGE_FROM_THE_NODE = f"registering beside it (kubelet {versions()['KUBERNETES_VERSION']} keeps several endpoints"
 
 
 @dataclass(frozen=True)
@@ -68,9 +80,6 @@ def release(cluster: Cluster, project_image: BuiltImage, tmp_path_factory: pytes
         "nodeFeatures": {"dir": str(workdir / "features.d")},
         "telemetry": {"interval": 2, "podResources": {"dir": str(cluster.pod_resources_socket.parent)}},
         "config": {"content": "flags:\n  splitboard: true\n"},
-        # auto reads the kubelet's version from the Node, which a pod cannot reach here (no kube-proxy): it would
-        # wait on standby, as on a kubelet before 1.37.
-        "zeroDowntimeUpgrade": "true",
         "extraEnv": [
             {"name": "IX_SIMULATED_DEVICES", "value": str(devices)},
             {"name": "IX_HEALTH_INTERVAL", "value": "0.5"},
@@ -187,8 +196,16 @@ def registered_beside(admin: Kubectl, old_uid: str) -> tuple[Obj, Obj] | None:
     if new.get("status", {}).get("phase") != "Running" or not pod_says(new, "/readyz").startswith("ok: registered"):
         return None
     logs = admin("logs", new["metadata"]["name"], "-n", NAMESPACE, timeout=30)
-    assert "registering beside it (--zero-downtime-upgrade is true)" in logs, logs[-3000:]
+    assert SURGE_FROM_THE_NODE in logs, logs[-3000:]
     return old, new
+
+
+def beside_without_a_drop(admin: Kubectl, recorder: ResourceRecorder, old_uid: str) -> tuple[Obj, Obj] | None:
+    """registered_beside, failing (named in the wait's timeout) once the kubelet's allocatable has moved: a new pod
+    that waits on standby instead (auto without the Node's kubeletVersion) has the old one deleted once it is Ready,
+    and the node has no GPU until it registers."""
+    assert set(recorder.seen(KUBELET)) <= {(None, 3)}, f"the kubelet's allocatable went {recorder.seen(KUBELET)}"
+    return registered_beside(admin, old_uid)
 
 
 def settled(admin: Kubectl, uid: str | None = None, not_uid: str | None = None) -> Obj | None:
@@ -207,6 +224,20 @@ def settled(admin: Kubectl, uid: str | None = None, not_uid: str | None = None) 
     return pod if done else None
 
 
+def test_the_plugin_pod_reports_the_chip_out_as_a_node_event_with_its_own_token(
+    cluster: Cluster, admin: Kubectl, out_of_service: str
+) -> None:
+    """The pod has no credential but the chart's ServiceAccount token, and reaches the API server only through the
+    `kubernetes` Service: the XID's Node Events (the chart's default self-healing) are its own calls."""
+
+    def reported() -> set[str]:
+        return {e["reason"] for e in node_events(admin, cluster.node_name) if OUT.uuid in e["message"]}
+
+    wait_until(lambda: {"GPUXidError", "GPUNeedsOperator"} <= reported(), 30, "the XID's Node Events", [])
+    (pod,) = plugin_pods(admin)
+    assert "Forbidden" not in admin("logs", pod["metadata"]["name"], "-n", NAMESPACE, timeout=30)
+
+
 @pytest.mark.parametrize("change", ["annotation", "image"])
 def test_a_helm_upgrade_rolls_the_daemonset_without_a_drop_and_keeps_the_chip_out(
     cluster: Cluster, admin: Kubectl, namespace: str, release: Release, out_of_service: str, change: str
@@ -217,7 +248,7 @@ def test_a_helm_upgrade_rolls_the_daemonset_without_a_drop_and_keeps_the_chip_ou
     with ResourceRecorder(cluster, RESOURCE) as recorder:
         expected = upgrade(cluster, release, change)
         overlap = wait_until(
-            lambda: registered_beside(admin, old["metadata"]["uid"]),
+            lambda: beside_without_a_drop(admin, recorder, old["metadata"]["uid"]),
             ROLLOUT,
             "a new plugin pod registered beside the old one",
             kubelet_log(cluster),
@@ -260,7 +291,7 @@ def test_a_rollout_undone_while_both_pods_run_leaves_the_old_pod_serving(
             "--set-string", "podAnnotations.ix-e2e-rollout=undone",
         )  # fmt: skip
         _, new_pod = wait_until(
-            lambda: registered_beside(admin, old_uid),
+            lambda: beside_without_a_drop(admin, recorder, old_uid),
             ROLLOUT,
             "a new plugin pod beside the old one",
             kubelet_log(cluster),

@@ -23,7 +23,7 @@ PACKAGES = E2E_DIR / "cluster" / "packages.sh"
 BUILD = E2E_DIR / "cluster" / "build.sh"
 BASH = shutil.which("bash") or "/bin/bash"
 E2E_PACKAGES = ("python3-venv", "gcc", "pkg-config", "libseccomp-dev", "ca-certificates", "make", "openssl", "iproute2")
-E2E_PACKAGES += ("busybox-static", "debootstrap", "buildah")
+E2E_PACKAGES += ("nftables", "busybox-static", "debootstrap", "buildah")
 
 
 def write_script(path: Path, text: str) -> Path:
@@ -240,7 +240,7 @@ def version_outputs(*, seccomp: bool = True, containerd: str | None = None) -> d
         "bin/helm": v["HELM_VERSION"],
         "bin/kubectl": f"Client Version: {kube}\nKustomize Version: v5.7.1\n",
     }
-    for name in ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubelet"):
+    for name in ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubelet", "kube-proxy"):
         outputs[f"bin/{name}"] = f"Kubernetes {kube}\n"
     for name in ("bridge", "host-local", "loopback"):
         outputs[f"cni/bin/{name}"] = f"CNI {name} plugin {v['CNI_PLUGINS_VERSION']}\nCNI protocol versions ...\n"
@@ -255,7 +255,8 @@ def fake_binary(path: Path, output: str) -> Path:
 
 FAKE_GO = """#!/bin/bash
 # go install ... PKG@VERSION... copies $FAKE_BUILDS/<last path element of PKG> into $GOBIN;
-# go build -o DIR/ ./NAME... copies $FAKE_BUILDS/NAME into DIR; anything else does nothing
+# go build -o DIR/ ./NAME... or k8s.io/kubernetes/cmd/NAME... copies $FAKE_BUILDS/NAME into DIR;
+# go mod download -json names an empty go.mod; anything else does nothing
 echo "$*" >>"$FAKE_GO_LOG"
 case $1 in
 install)
@@ -266,9 +267,18 @@ install)
 build)
     shift
     while (($#)); do
-        case $1 in -o) out=$2; shift ;; ./*) cp "$FAKE_BUILDS/${1#./}" "$out${1#./}" ;; esac
+        case $1 in
+        -o) out=$2; shift ;;
+        ./* | k8s.io/kubernetes/cmd/*) cp "$FAKE_BUILDS/${1##*/}" "$out${1##*/}" ;;
+        esac
         shift
     done
+    ;;
+mod)
+    if [[ $2 == download ]]; then
+        : >"$FAKE_BUILDS/go.mod"
+        printf '\\t"GoMod": "%s",\\n' "$FAKE_BUILDS/go.mod"
+    fi
     ;;
 esac
 """
@@ -398,6 +408,22 @@ def test_a_cached_binary_of_another_version_is_rebuilt(host: FakeBuildHost) -> N
     assert result.returncode == 0, result.stderr
     assert host.go_installs() == ["containerd", "containerd-shim-runc-v2", "ctr"]
     assert versions()["CONTAINERD_VERSION"] in host.says("bin/ctr")
+
+
+def test_a_cache_from_before_kube_proxy_builds_kube_proxy_alone(host: FakeBuildHost) -> None:
+    """kube-proxy joined the cluster's components later: a cache complete without it builds it and nothing else."""
+    earlier = version_outputs()
+    del earlier["bin/kube-proxy"]
+    host.fill_cache(earlier)
+    host.go_builds(version_outputs())
+    result = host.build()
+    assert result.returncode == 0, result.stderr
+    assert host.go_installs() == []
+    built = [arg for line in host.go_log.read_text().splitlines() if line.startswith("build ") for arg in line.split()]
+    commands = [arg for arg in built if arg.startswith("k8s.io/kubernetes/cmd/")]
+    assert commands == ["k8s.io/kubernetes/cmd/kube-proxy"], built
+    assert host.says("bin/kube-proxy") == f"Kubernetes {versions()['KUBERNETES_VERSION']}\n"
+    assert (host.dest / "complete").exists()
 
 
 HARNESS_LOOKUP = """
