@@ -9,6 +9,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from metadata_reader import read_with_reference, reference_reader
 
 from ix_device_plugin.core.inventory import ChipStatus, Inventory
@@ -24,6 +26,7 @@ from ix_device_plugin.dra.metadata import (
     named_claim_dir,
     request_files,
     stream_text,
+    uid_of,
 )
 from ix_device_plugin.dra.metadatafiles import MetadataFiles, with_generations
 from ix_device_plugin.dra.prepared import ClaimError, ClaimRef, PreparedClaim
@@ -352,3 +355,27 @@ def test_a_torn_file_by_name_goes_to_the_one_claim_of_that_name_and_to_none_of_t
     assert not (root / "dra-device-metadata" / REF.uid).exists()
     files.adopt_named({REF.uid: claimed})
     assert host_path(root, REF.uid, "gpu").stat().st_ino == named.stat().st_ino
+
+
+JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=8),
+    lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=8), children, max_size=4),
+    max_leaves=20,
+)
+
+
+@given(st.binary(max_size=300), JSON, st.integers(min_value=0, max_value=200_000))
+def test_any_text_in_a_metadata_file_has_a_generation_and_a_uid_or_none(data: bytes, value: Any, depth: int) -> None:
+    """What another writer leaves in the file (bytes, any document, in `metadata` or nested past any limit)."""
+    texts = [
+        data.decode("utf-8", "replace"),
+        json.dumps(value),
+        json.dumps({"metadata": value}),
+        json.dumps({"metadata": {"generation": value, "uid": value}}),
+        "[" * depth,
+        '{"metadata": ' * depth,
+    ]
+    for text in texts:
+        generation, uid = generation_of(text), uid_of(text)
+        assert generation is None or (type(generation) is int and 1 <= generation < 2**63 - 1)
+        assert uid is None or isinstance(uid, str)
