@@ -99,13 +99,13 @@ def decoded(cluster: Cluster, texts: list[str]) -> list[dict[str, Any]]:
     return [json.loads(line) for line in done.stdout.splitlines()]
 
 
-def claim_dir(cluster: Cluster, namespace: str, claim_name: str) -> Path:
-    """The driver's directory of the claim's metadata files on the node."""
-    return cluster.plugins_dir / DRIVER / "dra-device-metadata" / f"{namespace}_{claim_name}"
+def claim_dir(cluster: Cluster, uid: str) -> Path:
+    """The driver's directory of the claim's metadata files on the node (by the claim's UID)."""
+    return cluster.plugins_dir / DRIVER / "dra-device-metadata" / uid
 
 
-def host_file(cluster: Cluster, namespace: str, claim_name: str, request: str) -> Path:
-    return claim_dir(cluster, namespace, claim_name) / request / "metadata.json"
+def host_file(cluster: Cluster, uid: str, request: str) -> Path:
+    return claim_dir(cluster, uid) / request / "metadata.json"
 
 
 def check_file(
@@ -138,7 +138,7 @@ def check_file(
             assert attributes["shareID"] == {"string": result["shareID"]}
             assert attributes["shares"] == {"int": int(result["consumedCapacity"]["shares"])}
             assert set(attributes["replicaDevices"]["strings"]) <= set(env["IX_REPLICA_DEVICES"].split(","))
-    assert host_file(cluster, namespace, claim_name, request).read_text() == text  # the mount is the driver's file
+    assert host_file(cluster, made["metadata"]["uid"], request).read_text() == text  # the mount is the driver's file
     return document
 
 
@@ -147,8 +147,8 @@ def container_files(admin: Kubectl, namespace: str, pod_name: str, container: st
     return files_read(output), shown_devices(output)[1]
 
 
-def gone(cluster: Cluster, namespace: str, claim_name: str) -> bool:
-    return not claim_dir(cluster, namespace, claim_name).exists()
+def gone(cluster: Cluster, uid: str) -> bool:
+    return not claim_dir(cluster, uid).exists()
 
 
 def template(name: str, requests: list[Obj]) -> Obj:
@@ -169,7 +169,8 @@ def test_a_direct_claim_survives_a_driver_restart_and_is_gone_after_unprepare(
     run(admin, namespace, manifest, driver)
     files, env = container_files(admin, namespace, "direct", "main")
     check_file(cluster, admin, namespace, files[path], "direct", "gpu", env)
-    host = host_file(cluster, namespace, "direct", "gpu")
+    uid = admin.get("resourceclaim", "direct", namespace)["metadata"]["uid"]
+    host = host_file(cluster, uid, "gpu")
     before = host.read_text()
     driver.stop()
     driver.start()  # the kubelet registers it again and prepares nothing new: the claim is in its checkpoint
@@ -190,7 +191,7 @@ def test_a_direct_claim_survives_a_driver_restart_and_is_gone_after_unprepare(
     finally:
         driver.set_chips(CHIPS)
     admin.delete("pod", "direct", namespace)
-    wait_until(lambda: gone(cluster, namespace, "direct"), 60, "the claim's metadata removed", [driver.log])
+    wait_until(lambda: gone(cluster, uid), 60, "the claim's metadata removed", [driver.log])
 
 
 def test_a_template_claim_is_found_by_its_pod_claim_name(
@@ -254,7 +255,8 @@ def test_a_share_says_its_share_id_and_amount(cluster: Cluster, admin: Kubectl, 
         attributes = document["requests"][0]["devices"][0]["attributes"]
         assert attributes["shares"] == {"int": 2} and len(attributes["replicaDevices"]["strings"]) == 2
         admin.delete("pod", "share", namespace)
-        wait_until(lambda: gone(cluster, namespace, "share"), 60, "the share's metadata removed", [driver.log])
+        uid = document["metadata"]["uid"]
+        wait_until(lambda: gone(cluster, uid), 60, "the share's metadata removed", [driver.log])
     finally:
         driver.configure()
 

@@ -2,8 +2,9 @@
 
 It lives in the driver's directory under the kubelet's plugins directory, which survives a reboot, and records
 the boot it was written in, so that claims from an earlier boot can be told apart. New fields are added
-without a new version (older drivers ignore them); a version this driver does not know is refused, never
-discarded, so that a rollback cannot forget the claims a newer driver prepared.
+without a new version: older drivers ignore them (and drop them when they write it again, so each has a meaning
+when absent: `metadataGenerations`, absent, leaves the generations the files say). A version this driver does
+not know is refused, never discarded, so that a rollback cannot forget the claims a newer driver prepared.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from ix_device_plugin.dra.config import lenient
-from ix_device_plugin.dra.metadata import valid_label
+from ix_device_plugin.dra.metadata import MAX_GENERATION, valid_label
 from ix_device_plugin.dra.prepared import ClaimRef, PreparedClaim, PreparedDevice, valid_uid
 from ix_device_plugin.dra.slices import BOARD, CHIP, DRIVER
 from ix_device_plugin.settings.documents import DocumentError, Limits, kind_of, load_json, read_file
@@ -53,6 +54,11 @@ def checkpoint_text(claims: Mapping[str, PreparedClaim], boot_id: str = "") -> s
             "complete": claim.complete,
             **({"resetPending": True} if claim.reset_pending else {}),
             **({"podClaimName": claim.pod_claim} if claim.pod_claim is not None else {}),
+            **(
+                {"metadataGenerations": dict(sorted(claim.metadata_generations.items()))}
+                if claim.metadata_generations
+                else {}
+            ),
         }
         for uid, claim in sorted(claims.items())
     }
@@ -108,7 +114,22 @@ def _claim_from(uid: str, entry: Any, fields: _Fields) -> PreparedClaim:
         complete=complete,
         reset_pending=fields.boolean("resetPending", False),
         pod_claim=pod_claim,
+        metadata_generations=_generations_from(fields),
     )
+
+
+def _generations_from(fields: _Fields) -> dict[str, int]:
+    """The claim's metadata generations by request (absent in a checkpoint of an older driver: none)."""
+    generations = fields.get("metadataGenerations", dict, "an object", default={})
+    for request, generation in generations.items():
+        if not valid_label(request):
+            raise CheckpointError(f"{fields.where}.metadataGenerations: {shown(request)} is not a request name")
+        if not _integer(generation) or not 1 <= generation <= MAX_GENERATION:
+            raise CheckpointError(
+                f"{fields.where}.metadataGenerations.{request}: expected a generation (1 to {MAX_GENERATION}), "
+                f"got {shown(generation)}"
+            )
+    return dict(generations)
 
 
 def _device_from(fields: _Fields) -> PreparedDevice:

@@ -11,11 +11,13 @@ which this follows:
   for a claim the pod names, `.../resourceclaimtemplates/<pod claim name>/<request>/...` for one made from a
   template (the claim's `resource.kubernetes.io/pod-claim-name` annotation); a request with `firstAvailable`
   is named without its subrequest, which the document names;
-- on the host, `<driver dir>/dra-device-metadata/<namespace>_<claim>/<request>/metadata.json`, bind-mounted
+- on the host, `<driver dir>/dra-device-metadata/<claim UID>/<request>/metadata.json` (the helper files it by
+  `<namespace>_<claim>`, which two claims of one name share and which a long name makes too long), bind-mounted
   read-only by a CDI device `gpu.iluvatar.com/metadata=<claim UID>_<request>` of a spec of its own
   (`gpu.iluvatar.com_metadata_<claim UID>_<request>.json`), given to the kubelet with the request's first device;
 - the file: a `DeviceMetadata` object once per API version, newest first, each as Go's indented JSON encoder
-  writes it and ended by a newline; `metadata.generation` is 1 when written first, one more at each change.
+  writes it and ended by a newline; `metadata.generation` is 1 when written first, one more at each change (the
+  last one given is kept in the checkpoint, so that no number is given twice; see metadatafiles.py).
 
 Each device carries the attributes the node publishes for it in its ResourceSlice (the same names and values),
 and what only the node knows: the device nodes, the chips as IX_VISIBLE_DEVICES names them, the replica IDs of a
@@ -48,6 +50,7 @@ POD_CLAIM_ANNOTATION = "resource.kubernetes.io/pod-claim-name"
 CDI_KIND = f"{DRIVER}/metadata"
 _CDI_FILE_PREFIX = f"{DRIVER}_metadata_"
 MAX_ATTRIBUTES = 32  # per device, as the API's validation allows
+MAX_GENERATION = 2**63 - 1  # what a reader's int64 holds
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 # What Go's encoder escapes beyond what Python's does (HTML-safe output, and the JavaScript line separators).
 _GO_ESCAPES = str.maketrans({"<": "\\u003c", ">": "\\u003e", "&": "\\u0026", "\u2028": "\\u2028", "\u2029": "\\u2029"})
@@ -102,14 +105,26 @@ def container_path(ref: ClaimRef, pod_claim: str | None, request: str) -> str:
     return str(CONTAINER_DIR / CLAIMS_DIR / ref.name / request / FILE_NAME)
 
 
-def claim_dir(root: Path, ref: ClaimRef) -> Path:
-    """The host directory of the claim's files, under the driver's directory root."""
+def claim_dir(root: Path, uid: str) -> Path:
+    """The host directory of the claim's files, under the driver's directory root: named by the claim's UID, which
+    no other claim has (a claim made again with the same name is another claim) and which always fits a name."""
+    return root / HOST_DIR / uid
+
+
+def host_path(root: Path, uid: str, request: str) -> Path:
+    """The host file of the request of the claim uid."""
+    return claim_dir(root, uid) / request / HOST_FILE
+
+
+def named_claim_dir(root: Path, ref: ClaimRef) -> Path:
+    """Where earlier versions of this driver filed a claim's files, by namespace and name (upstream's helper still
+    does): looked at only to carry the file a running container holds over to claim_dir."""
     return root / HOST_DIR / f"{ref.namespace}_{ref.name}"
 
 
-def host_path(root: Path, ref: ClaimRef, request: str) -> Path:
-    """The host file of the claim's request."""
-    return claim_dir(root, ref) / request / HOST_FILE
+def is_named_dir(name: str) -> bool:
+    """True for a directory of the layout by name (`<namespace>_<name>`: a UID never holds `_`)."""
+    return "_" in name
 
 
 def cdi_device(uid: str, request: str) -> str:
@@ -137,7 +152,7 @@ def cdi_spec_uid(name: str) -> str | None:
 def cdi_spec(claim: PreparedClaim, request: str, root: Path) -> dict[str, Any]:
     """The CDI spec that bind-mounts the request's file read-only where its containers look for it."""
     mount = {
-        "hostPath": str(host_path(root, claim.ref, request)),
+        "hostPath": str(host_path(root, claim.ref.uid, request)),
         "containerPath": container_path(claim.ref, claim.pod_claim, request),
         "options": ["ro", "bind"],
     }
@@ -232,14 +247,26 @@ def stream_text(document: Mapping[str, Any], generation: int) -> str:
     return "".join(parts)
 
 
+def uid_of(text: str) -> str | None:
+    """The claim UID the first object of a metadata file's text names; None when it names none."""
+    metadata = _first_metadata(text)
+    uid = metadata.get("uid")
+    return uid if isinstance(uid, str) else None
+
+
 def generation_of(text: str) -> int | None:
     """The generation of the first object of a metadata file's text; None when it has none this driver wrote."""
-    try:
-        first, _ = json.JSONDecoder().raw_decode(text)
-    except (ValueError, RecursionError):  # whoever can write the driver's directory: any text
-        return None
-    metadata = first.get("metadata") if isinstance(first, dict) else None
-    generation = metadata.get("generation") if isinstance(metadata, dict) else None
-    if isinstance(generation, bool) or not isinstance(generation, int) or generation < 1:
+    generation = _first_metadata(text).get("generation")
+    if isinstance(generation, bool) or not isinstance(generation, int) or not 1 <= generation < MAX_GENERATION:
         return None
     return generation
+
+
+def _first_metadata(text: str) -> dict[str, Any]:
+    """The `metadata` object of the first object of a metadata file's text; empty when there is none."""
+    try:
+        first, _ = json.JSONDecoder().raw_decode(text)
+    except (ValueError, RecursionError):
+        return {}
+    metadata = first.get("metadata") if isinstance(first, dict) else None
+    return metadata if isinstance(metadata, dict) else {}

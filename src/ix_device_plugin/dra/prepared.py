@@ -108,7 +108,8 @@ class PreparedClaim:
     reset_pending: its config asks for a reset, which has not ended yet (it is recorded before it starts, so that
     a driver killed in the middle runs it at the kubelet's next try instead of answering without it).
     pod_claim: the pod-local name of a claim made from a template (None: made on its own), which names where its
-    containers find their device metadata.
+    containers find their device metadata. metadata_generations: the last generation each of its metadata files
+    (by request) was given, so that a file found torn after a restart never gets a number already used.
     """
 
     ref: ClaimRef
@@ -117,6 +118,7 @@ class PreparedClaim:
     complete: bool = True
     reset_pending: bool = False
     pod_claim: str | None = None
+    metadata_generations: Mapping[str, int] = field(default_factory=dict)
 
     @property
     def uuids(self) -> tuple[str, ...]:

@@ -53,7 +53,7 @@ from ix_device_plugin.dra.claimspec import (
     with_env,
 )
 from ix_device_plugin.dra.metadata import NodeFacts
-from ix_device_plugin.dra.metadatafiles import MetadataFiles
+from ix_device_plugin.dra.metadatafiles import MetadataFiles, with_generations
 from ix_device_plugin.dra.prepared import ClaimError, ClaimRef, PreparedClaim, check_ref, valid_uid
 from ix_device_plugin.dra.slices import SliceDevice
 from ix_device_plugin.runtime.errors import StartupError
@@ -148,12 +148,12 @@ class DraState:
         """Load, write the specs again, and the checkpoint when it came from an earlier boot; the claims from an
         earlier boot."""
         self._load(at_start=True)
+        earlier = len(self.claims) if self._checkpoint_boot != self.boot_id else 0
+        self.metadata.adopt_named(self.claims)
         for claim in self.claims.values():
             self._write_spec(claim)
-            self.metadata.write_specs(claim)
-        earlier = 0
-        if self.claims and self._checkpoint_boot != self.boot_id:
-            earlier = len(self.claims)
+        self._write_metadata(self.facts())  # the specs mount the files by UID; a file not there is written
+        if earlier:
             self._save(self.claims)
         self._remove_orphan_specs()
         self.metadata.remove_orphans(self.claims)
@@ -268,7 +268,7 @@ class DraState:
                     known = self.claims.get(ref.uid)
                     if known is not None and known.complete:
                         self._write_spec(known, only_if_missing=True)  # a reboot emptied the CDI directory
-                        self.metadata.write(known, self.facts())
+                        self._write_metadata(self.facts(), only=ref.uid)
                         return known
                     if claim is None:
                         continue  # another driver unprepared it meanwhile: read the claim, then decide
@@ -277,7 +277,9 @@ class DraState:
                     self._check_not_reserved(prepared)
                     if resets and prepared.reset_chips:
                         prepared = self._with_reset(prepared, rebuilt=known is not None)
-                    self._commit_prepared(prepared)
+                    if known is not None:  # rebuilt from its CDI spec: its files' generations go on
+                        prepared = replace(prepared, metadata_generations=known.metadata_generations)
+                    prepared = self._commit_prepared(prepared)
                     break
         except (ClaimError, OutputError, CheckpointError) as error:
             message = _about(ref, error)
@@ -380,11 +382,7 @@ class DraState:
         try:
             async with self._locked():
                 self._load()
-                for claim in self.claims.values():
-                    try:
-                        written += self.metadata.write(claim, facts)
-                    except OutputError as error:
-                        log.error("claim %s: cannot bring its device metadata up to date: %s", claim.ref, error)
+                written = self._write_metadata(facts)
         except (OutputError, CheckpointError) as error:
             log.error("cannot bring the claims' device metadata up to date: %s", error)
         if written:
@@ -420,7 +418,7 @@ class DraState:
                     self._save(remaining)
                     self.claims = remaining
                 self._remove_spec(ref.uid)
-                self.metadata.remove(claim.ref if claim is not None and claim.complete else ref)
+                self.metadata.remove(ref.uid)
         except (ClaimError, OutputError, CheckpointError) as error:
             message = _about(ref, error)
             log.warning("NodeUnprepareResources: %s", message)
@@ -463,21 +461,45 @@ class DraState:
 
     # ---- files ------------------------------------------------------------------------------------
 
-    def _commit_prepared(self, claim: PreparedClaim) -> None:
-        """Write claim's CDI spec and device metadata, then the checkpoint with it; memory changes only when all
-        are written."""
+    def _commit_prepared(self, claim: PreparedClaim) -> PreparedClaim:
+        """Write claim's CDI spec and device metadata, then the checkpoint with it (and its files' generations);
+        memory changes only when all are written. The claim as committed."""
+        changes = self.metadata.changes(claim, self.facts())
+        claim = with_generations(claim, changes)
         claims = {**self.claims, claim.ref.uid: claim}
         try:
             self._write_spec(claim)
-            self.metadata.write(claim, self.facts())
+            self.metadata.write(claim, changes)
             self._save(claims)
         except OutputError:
             with contextlib.suppress(OutputError):
                 self._remove_spec(claim.ref.uid)
             with contextlib.suppress(OutputError):
-                self.metadata.remove(claim.ref)
+                self.metadata.remove(claim.ref.uid)
             raise
         self.claims = claims
+        return claim
+
+    def _write_metadata(self, facts: NodeFacts, only: str | None = None) -> int:
+        """Bring the claims' metadata files (only's, when given) up to date with facts: the generations they are
+        given are checkpointed first, so that no file can carry a number the checkpoint has not seen; the files
+        written. A claim whose files cannot be written is logged, and the next change tries again; OutputError
+        when the checkpoint cannot be."""
+        claims = [claim for uid, claim in self.claims.items() if only is None or uid == only]
+        changes = {claim.ref.uid: self.metadata.changes(claim, facts) for claim in claims}
+        if any(changes.values()):
+            updated = {uid: with_generations(self.claims[uid], found) for uid, found in changes.items() if found}
+            saved = {**self.claims, **updated}
+            self._save(saved)
+            self.claims = saved
+        written = 0
+        for uid in changes:
+            claim = self.claims[uid]
+            try:
+                written += self.metadata.write(claim, changes[uid])
+            except OutputError as error:
+                log.error("claim %s: cannot bring its device metadata up to date: %s", claim.ref, error)
+        return written
 
     def _write_spec(self, claim: PreparedClaim, only_if_missing: bool = False) -> None:
         path = self.cdi_dir / cdi_spec_file(claim.ref.uid)

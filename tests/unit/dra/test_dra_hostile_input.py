@@ -113,6 +113,19 @@ def test_a_claim_without_a_name_is_said_to_be_unnamed_and_no_message_has_an_empt
         (lambda d: d.__setitem__("claims", []), r"cp: claims: expected an object, got a list"),
         (lambda d: d.__setitem__("bootID", 1), r"cp: bootID: expected a string, got a number"),
         (lambda d: d.__setitem__("version", True), r"unsupported checkpoint version true"),
+        (
+            lambda d: d["claims"]["uid-1"].__setitem__("metadataGenerations", []),
+            r"metadataGenerations: expected an obj",
+        ),
+        (
+            lambda d: d["claims"]["uid-1"].__setitem__("metadataGenerations", {"gpu": 0}),
+            r"Generations\.gpu: expected a",
+        ),
+        (
+            lambda d: d["claims"]["uid-1"].__setitem__("metadataGenerations", {"gpu": 2**63}),
+            r"Generations\.gpu: expected",
+        ),
+        (lambda d: d["claims"]["uid-1"].__setitem__("metadataGenerations", {"a/b": 1}), r"'a/b' is not a request name"),
     ],
 )
 def test_a_wrong_type_anywhere_in_the_checkpoint_is_an_error_naming_the_field(edit: Any, message: str) -> None:
@@ -142,7 +155,7 @@ JSON = st.recursive(
     lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=8), children, max_size=4),
     max_leaves=20,
 )
-FIELDS = ["namespace", "name", "devices", "spec", "complete", "resetPending"]
+FIELDS = ["namespace", "name", "devices", "spec", "complete", "resetPending", "metadataGenerations"]
 DEVICE_FIELDS = ["requests", "pool", "device", "uuid", "cdi_ids", "admin", "share_id", "shares", "slots", "chips",
                  "kind", "config"]  # fmt: skip
 

@@ -9,6 +9,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from metadata_reader import read_with_reference, reference_reader
 
 from ix_device_plugin.core.inventory import ChipStatus, Inventory
@@ -17,13 +19,16 @@ from ix_device_plugin.dra.claims import NodeView, prepare
 from ix_device_plugin.dra.metadata import (
     NodeFacts,
     cdi_spec,
+    claim_dir,
     container_path,
     generation_of,
     host_path,
+    named_claim_dir,
     request_files,
     stream_text,
+    uid_of,
 )
-from ix_device_plugin.dra.metadatafiles import MetadataFiles
+from ix_device_plugin.dra.metadatafiles import MetadataFiles, with_generations
 from ix_device_plugin.dra.prepared import ClaimError, ClaimRef, PreparedClaim
 from ix_device_plugin.dra.slices import SlicePolicy, device_body, slice_content
 from ix_device_plugin.hardware.simulated import parse_spec
@@ -69,7 +74,7 @@ def test_a_claim_named_by_the_pod_and_one_made_from_a_template_are_found_where_k
     assert container_path(REF, "gpus", "gpu") == (
         "/var/run/kubernetes.io/dra-device-attributes/resourceclaimtemplates/gpus/gpu/gpu.iluvatar.com-metadata.json"
     )
-    assert host_path(Path("/d"), REF, "gpu") == Path("/d/dra-device-metadata/team-a_train/gpu/metadata.json")
+    assert host_path(Path("/d"), REF.uid, "gpu") == Path(f"/d/dra-device-metadata/{REF.uid}/gpu/metadata.json")
 
 
 def test_the_cdi_spec_mounts_the_file_read_only_where_the_container_looks() -> None:
@@ -83,7 +88,7 @@ def test_the_cdi_spec_mounts_the_file_read_only_where_the_container_looks() -> N
         "containerEdits": {
             "mounts": [
                 {
-                    "hostPath": "/d/dra-device-metadata/team-a_train/gpu/metadata.json",
+                    "hostPath": f"/d/dra-device-metadata/{REF.uid}/gpu/metadata.json",
                     "containerPath": container_path(REF, "gpus", "gpu"),
                     "options": ["ro", "bind"],
                 }
@@ -167,6 +172,17 @@ def test_the_checkpoint_keeps_the_pod_claim_name_and_refuses_one_that_is_not_a_l
         parse_checkpoint(text.replace('"gpus"', '"../x"'), "cp")
 
 
+def test_the_checkpoint_keeps_the_generations_in_version_1_and_reads_one_without_them() -> None:
+    claimed = replace(prepared(facts(), {"device": "gpu-0"}), metadata_generations={"gpu": 7})
+    document = json.loads(checkpoint_text({REF.uid: claimed}))
+    assert document["version"] == 1 and document["claims"][REF.uid]["metadataGenerations"] == {"gpu": 7}
+    assert parse_checkpoint(json.dumps(document), "cp").claims[REF.uid].metadata_generations == {"gpu": 7}
+    del document["claims"][REF.uid]["metadataGenerations"]  # as a driver before them wrote it
+    assert parse_checkpoint(json.dumps(document), "cp").claims[REF.uid].metadata_generations == {}
+    document["claims"][REF.uid]["aFieldOfANewerDriver"] = {"any": [1]}  # how an older driver reads ours
+    assert parse_checkpoint(json.dumps(document), "cp").claims[REF.uid] == replace(claimed, metadata_generations={})
+
+
 # ---- the format ---------------------------------------------------------------------------------------------
 
 
@@ -223,37 +239,143 @@ def test_the_reference_reader_decodes_every_kind_of_claim_byte_for_byte(tmp_path
 # ---- the files ----------------------------------------------------------------------------------------------
 
 
+def write(files: MetadataFiles, claim: PreparedClaim, node: NodeFacts) -> tuple[PreparedClaim, int]:
+    """What the state does: the changes, their generations recorded in the claim, then the files."""
+    changes = files.changes(claim, node)
+    claim = with_generations(claim, changes)
+    return claim, files.write(claim, changes)
+
+
 def test_files_are_written_kept_when_unchanged_updated_in_place_and_removed(tmp_path: Path) -> None:
     files = MetadataFiles(tmp_path / "driver", tmp_path / "cdi")
     node = facts()
-    claimed = prepared(node, {"device": "gpu-0"})
-    assert files.write(claimed, node) == 1
-    path = host_path(tmp_path / "driver", REF, "gpu")
+    claimed, written = write(files, prepared(node, {"device": "gpu-0"}), node)
+    assert written == 1 and claimed.metadata_generations == {"gpu": 1}
+    path = host_path(tmp_path / "driver", REF.uid, "gpu")
     spec = tmp_path / "cdi" / f"gpu.iluvatar.com_metadata_{REF.uid}_gpu.json"
     first, inode = path.read_text(), path.stat().st_ino
     assert generation_of(first) == 1 and spec.is_file()
     assert oct(path.stat().st_mode & 0o777) == "0o644"
-    assert files.write(claimed, node) == 0  # a restart, a second prepare: nothing changed
+    assert files.changes(claimed, node) == []  # a restart, a second prepare: nothing changed
     assert path.read_text() == first
     first_chip = next(iter(inventory().chips()))
     sick = inventory().with_statuses({first_chip.uuid: ChipStatus(errors=frozenset({"ECC"}))})
     changed = NodeFacts(slice_content(sick), node.roots)
-    assert files.write(claimed, changed) == 1
+    claimed, written = write(files, claimed, changed)
+    assert written == 1 and claimed.metadata_generations == {"gpu": 2}
     assert generation_of(path.read_text()) == 2 and path.stat().st_ino == inode  # the container's mount sees it
     assert '"bool": false' in path.read_text()
-    assert files.write(claimed, NodeFacts(known=False)) == 0  # before the first discovery: kept as it is
-    files.remove(REF)
+    assert files.changes(claimed, NodeFacts(known=False)) == []  # before the first discovery: kept as it is
+    files.remove(REF.uid)
     assert not path.exists() and not path.parent.parent.exists() and not spec.exists()
 
 
-def test_orphans_go_at_start_and_a_claim_rebuilt_without_its_name_keeps_every_directory(tmp_path: Path) -> None:
+def test_a_file_found_torn_or_behind_gets_the_generation_after_the_last_one_given(tmp_path: Path) -> None:
     files = MetadataFiles(tmp_path / "driver", tmp_path / "cdi")
     node = facts()
-    claimed = prepared(node, {"device": "gpu-0"})
-    files.write(claimed, node)
+    claimed, _ = write(files, replace(prepared(node, {"device": "gpu-0"}), metadata_generations={"gpu": 2}), node)
+    path = host_path(tmp_path / "driver", REF.uid, "gpu")
+    assert generation_of(path.read_text()) == 3  # a claim rebuilt from its spec keeps counting
+    path.write_text(path.read_text()[:100])  # a write cut short
+    claimed, _ = write(files, claimed, node)
+    assert generation_of(path.read_text()) == 4 and claimed.metadata_generations == {"gpu": 4}
+    (change,) = files.changes(replace(claimed, metadata_generations={"gpu": 9}), NodeFacts(known=True))
+    assert change.generation == 10  # the checkpoint says more than the file (a write that failed): after it
+    (change,) = files.changes(replace(claimed, metadata_generations={}), NodeFacts(known=True))
+    assert change.generation == 5  # an older driver's checkpoint, without generations: after the file's
+
+
+def test_two_claims_of_one_name_have_their_own_files_and_either_goes_alone(tmp_path: Path) -> None:
+    files = MetadataFiles(tmp_path / "driver", tmp_path / "cdi")
+    node = facts()
+    write(files, prepared(node, {"device": "gpu-0"}), node)
+    again = ClaimRef(REF.namespace, REF.name, "9f1e2d3c-0000-4000-8000-000000000001")
+    write(files, replace(prepared(node, {"device": "gpu-1"}), ref=again), node)
+    root = tmp_path / "driver"
+    old_path, new_path = host_path(root, REF.uid, "gpu"), host_path(root, again.uid, "gpu")
+    assert mounted(tmp_path, again) == str(new_path) and mounted(tmp_path, REF) == str(old_path)
+    files.remove(REF.uid)
+    assert not old_path.exists() and '"gpu-1"' in new_path.read_text()
+    assert mounted(tmp_path, again) == str(new_path)
+
+
+def mounted(tmp_path: Path, ref: ClaimRef) -> str:
+    """The host file the claim's metadata CDI spec mounts."""
+    spec = json.loads((tmp_path / "cdi" / f"gpu.iluvatar.com_metadata_{ref.uid}_gpu.json").read_text())
+    return str(spec["devices"][0]["containerEdits"]["mounts"][0]["hostPath"])
+
+
+def test_orphans_go_at_start_and_while_a_claim_is_rebuilt_without_its_name_the_files_by_name_stay(
+    tmp_path: Path,
+) -> None:
+    files = MetadataFiles(tmp_path / "driver", tmp_path / "cdi")
+    node = facts()
+    claimed, _ = write(files, prepared(node, {"device": "gpu-0"}), node)
+    named = named_claim_dir(tmp_path / "driver", REF) / "gpu"
+    named.mkdir(parents=True)
+    (named / "metadata.json").write_text("{}")
     incomplete = replace(claimed, ref=ClaimRef("", "", "other-uid"), complete=False)
+    files.remove_orphans({"other-uid": incomplete, REF.uid: claimed})
+    assert host_path(tmp_path / "driver", REF.uid, "gpu").exists() and named.exists()  # its spec may mount it
     files.remove_orphans({"other-uid": incomplete})
-    assert host_path(tmp_path / "driver", REF, "gpu").exists()
+    assert not host_path(tmp_path / "driver", REF.uid, "gpu").exists() and named.exists()
     assert not list((tmp_path / "cdi").iterdir())  # the spec of a claim the checkpoint lacks
     files.remove_orphans({})
     assert not list((tmp_path / "driver" / "dra-device-metadata").iterdir())
+
+
+def test_a_file_by_name_is_carried_over_as_the_same_inode_to_the_claim_it_names(tmp_path: Path) -> None:
+    root = tmp_path / "driver"
+    files = MetadataFiles(root, tmp_path / "cdi")
+    node = facts()
+    claimed = prepared(node, {"device": "gpu-0"})
+    (entry,) = request_files(claimed, node)
+    named = named_claim_dir(root, REF) / "gpu" / "metadata.json"
+    named.parent.mkdir(parents=True)
+    named.write_text(stream_text(entry.document, 4))
+    again = replace(claimed, ref=ClaimRef(REF.namespace, REF.name, "9f1e2d3c-0000-4000-8000-000000000001"))
+    files.adopt_named({REF.uid: claimed, again.ref.uid: again})  # two of that name: the one the file names
+    carried = host_path(root, REF.uid, "gpu")
+    assert carried.stat().st_ino == named.stat().st_ino and not claim_dir(root, again.ref.uid).exists()
+    assert files.changes(claimed, node) == []  # the same text: not written again, its generation goes on
+    files.write_specs(claimed)
+    files.remove_orphans({REF.uid: claimed, again.ref.uid: again})
+    assert not named.parent.parent.exists() and generation_of(carried.read_text()) == 4
+
+
+def test_a_torn_file_by_name_goes_to_the_one_claim_of_that_name_and_to_none_of_two(tmp_path: Path) -> None:
+    root = tmp_path / "driver"
+    files = MetadataFiles(root, tmp_path / "cdi")
+    claimed = prepared(facts(), {"device": "gpu-0"})
+    named = named_claim_dir(root, REF) / "gpu" / "metadata.json"
+    named.parent.mkdir(parents=True)
+    named.write_text('{"kind": "Devi')
+    again = replace(claimed, ref=ClaimRef(REF.namespace, REF.name, "9f1e2d3c-0000-4000-8000-000000000001"))
+    files.adopt_named({REF.uid: claimed, again.ref.uid: again})
+    assert not (root / "dra-device-metadata" / REF.uid).exists()
+    files.adopt_named({REF.uid: claimed})
+    assert host_path(root, REF.uid, "gpu").stat().st_ino == named.stat().st_ino
+
+
+JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=8),
+    lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=8), children, max_size=4),
+    max_leaves=20,
+)
+
+
+@given(st.binary(max_size=300), JSON, st.integers(min_value=0, max_value=200_000))
+def test_any_text_in_a_metadata_file_has_a_generation_and_a_uid_or_none(data: bytes, value: Any, depth: int) -> None:
+    """What another writer leaves in the file (bytes, any document, in `metadata` or nested past any limit)."""
+    texts = [
+        data.decode("utf-8", "replace"),
+        json.dumps(value),
+        json.dumps({"metadata": value}),
+        json.dumps({"metadata": {"generation": value, "uid": value}}),
+        "[" * depth,
+        '{"metadata": ' * depth,
+    ]
+    for text in texts:
+        generation, uid = generation_of(text), uid_of(text)
+        assert generation is None or (type(generation) is int and 1 <= generation < 2**63 - 1)
+        assert uid is None or isinstance(uid, str)
