@@ -28,10 +28,12 @@ async def server():
 
 async def _send(server: ApiServerStandIn, method: str, path: str, body: Any, agent: str, **query: str) -> dict:
     headers = {**(MERGE if method == "PATCH" else HEADERS), "User-Agent": agent}
-    async with aiohttp.ClientSession(server.url, headers=headers) as http:
-        async with http.request(method, path, json=body, params=query) as response:
-            assert response.status in (200, 201), await response.text()
-            return json.loads(await response.read())
+    async with (
+        aiohttp.ClientSession(server.url, headers=headers) as http,
+        http.request(method, path, json=body, params=query) as response,
+    ):
+        assert response.status in (200, 201), await response.text()
+        return json.loads(await response.read())
 
 
 def _owners(obj: dict) -> dict[str, set[tuple[str, ...]]]:

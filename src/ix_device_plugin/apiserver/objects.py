@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from functools import cache
 from typing import Any
+
+from ix_device_plugin.apiserver.managedfields import annotation_managers
 
 Object = dict[str, Any]
 
@@ -59,10 +61,11 @@ class ConfigMapDoc:
 
 @dataclass(frozen=True)
 class ContainerLimits:
-    """One container of a pod and its resource limits (quantities as the API gives them, e.g. "1")."""
+    """One container of a pod and its resource limits and requests (quantities as the API gives them, e.g. "1")."""
 
     name: str
     limits: dict[str, str]
+    requests: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -80,6 +83,8 @@ class PodDoc:
     resource_version: str = ""
     deleting: bool = False  # metadata.deletionTimestamp is set
     status_reason: str = ""  # status.reason, e.g. UnexpectedAdmissionError
+    init_containers: tuple[ContainerLimits, ...] = ()
+    annotation_managers: Mapping[str, frozenset[str]] = field(default_factory=dict)  # key -> who wrote it
 
 
 def config_map_doc(obj: Mapping[str, Any]) -> ConfigMapDoc:
@@ -97,13 +102,6 @@ def pod_doc(obj: Mapping[str, Any]) -> PodDoc:
     """A PodDoc from a Pod object."""
     metadata = obj.get("metadata") or {}
     spec = obj.get("spec") or {}
-    containers = tuple(
-        ContainerLimits(
-            container.get("name", ""),
-            {key: str(value) for key, value in ((container.get("resources") or {}).get("limits") or {}).items()},
-        )
-        for container in spec.get("containers") or []
-    )
     return PodDoc(
         namespace=metadata.get("namespace", ""),
         name=metadata.get("name", ""),
@@ -112,11 +110,25 @@ def pod_doc(obj: Mapping[str, Any]) -> PodDoc:
         phase=(obj.get("status") or {}).get("phase", ""),
         node_name=spec.get("nodeName", ""),
         created=_timestamp(metadata.get("creationTimestamp")),
-        containers=containers,
+        containers=_containers(spec.get("containers")),
         resource_version=str(metadata.get("resourceVersion", "")),
         deleting=bool(metadata.get("deletionTimestamp")),
         status_reason=str((obj.get("status") or {}).get("reason", "")),
+        init_containers=_containers(spec.get("initContainers")),
+        annotation_managers=annotation_managers(metadata),
     )
+
+
+def _containers(containers: Any) -> tuple[ContainerLimits, ...]:
+    """Each container's name, limits and requests."""
+    return tuple(
+        ContainerLimits(container.get("name", ""), _quantities(container, "limits"), _quantities(container, "requests"))
+        for container in containers or []
+    )
+
+
+def _quantities(container: Mapping[str, Any], which: str) -> dict[str, str]:
+    return {key: str(value) for key, value in ((container.get("resources") or {}).get(which) or {}).items()}
 
 
 def labels_of(obj: Mapping[str, Any]) -> dict[str, str]:
