@@ -9,10 +9,11 @@ from typing import Any
 
 import grpc
 import pytest
-from volcano_support import CHIP_A, CHIP_B, NODE, placed, start_volcano
+from volcano_support import CHIP_A, CHIP_B, NODE, SCHEDULER, placed, start_volcano
 
-from ix_device_plugin.deviceplugin.features.volcano import PREDICATE_TIME, TAKEN
+from ix_device_plugin.deviceplugin.features.volcano import DEV_VOLCANO, PREDICATE_TIME, TAKEN
 from ix_device_plugin.standins.apiserver import ApiServerStandIn
+from ix_device_plugin.standins.apiserver.managedfields import Writer
 from ix_device_plugin.standins.kubelet import KubeletStandIn
 from ix_device_plugin.standins.podresources import PodResourcesStandIn
 
@@ -105,3 +106,22 @@ async def test_the_scheduler_is_the_field_manager_the_setting_names(
     response = await kubelet.allocate(RESOURCE, [[CHIP_A]])
     assert response.container_responses[0].envs["IX_VISIBLE_DEVICES"] == CHIP_B
     await until(lambda: refusals(apiserver, "ml", "default-name"), timeout=10)
+
+
+async def test_a_refused_pod_that_the_scheduler_then_writes_is_believed(
+    kubelet: KubeletStandIn,
+    start_daemon: DaemonFactory,
+    apiserver: ApiServerStandIn,
+    pod_resources: PodResourcesStandIn,
+    short_dir: Path,
+    tmp_path: Path,
+) -> None:
+    await start_volcano(start_daemon, apiserver, pod_resources, short_dir, tmp_path)
+    await kubelet.wait_registered(RESOURCE, capacity=2)
+    placed(apiserver, "early", CHIP_A, "0", manager="kubectl-annotate")
+    with pytest.raises(grpc.aio.AioRpcError):
+        await kubelet.allocate(RESOURCE, [[CHIP_A]])
+    notes = {"metadata": {"annotations": {DEV_VOLCANO: CHIP_B, PREDICATE_TIME: "42"}}}
+    apiserver.patch("pods", "early", "ml", notes, Writer(SCHEDULER, "v1"))  # Volcano places it: its writing now
+    response = await kubelet.allocate(RESOURCE, [[CHIP_A]])
+    assert response.container_responses[0].envs["IX_VISIBLE_DEVICES"] == CHIP_B

@@ -39,13 +39,10 @@ class Refusals:
         self._events: asyncio.Queue[tuple[str, dict[str, Any]]] = asyncio.Queue(EVENTS_QUEUED)  # (namespace, Event)
 
     def keep_only(self, pods: Iterable[PodDoc]) -> None:
-        """Forget the pods not among pods (gone, finished); one annotated again is judged again."""
-        current = {pod.uid: pod for pod in pods}
-        self.refused = {
-            uid: (pod, why)
-            for uid, (pod, why) in self.refused.items()
-            if uid in current and current[uid].annotations == pod.annotations
-        }
+        """Forget the pods not among pods (gone, finished); one annotated again, by anyone, is judged again."""
+        current = {pod.uid: _written(pod) for pod in pods}
+        kept = self.refused.items()
+        self.refused = {uid: (pod, why) for uid, (pod, why) in kept if current.get(uid) == _written(pod)}
 
     def refuse(self, pod: PodDoc, why: str) -> None:
         """Say once per pod that its annotations are refused: a log line, and an Event on the pod to write."""
@@ -85,3 +82,8 @@ class Refusals:
                 errors.succeeded("Volcano mode: Events on pods are written again")
             except (KubeError, KubeConfigError) as error:
                 errors.failed("Volcano mode: an Event on a pod: %s; refusals are in this log only meanwhile", error)
+
+
+def _written(pod: PodDoc) -> tuple[object, ...]:
+    """What was written on the pod that its judgement rests on: its annotations and who wrote them."""
+    return pod.annotations, pod.annotation_managers
