@@ -9,9 +9,11 @@ from typing import Any
 
 import aiohttp
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from ix_device_plugin.standins.apiserver import ApiServerStandIn
-from ix_device_plugin.standins.apiserver.managedfields import Writer, decode, encode, manager_of
+from ix_device_plugin.standins.apiserver.managedfields import Writer, decode, encode, manager_of, record_write
 
 HEADERS = {"Authorization": "Bearer standin-token"}
 MERGE = {**HEADERS, "Content-Type": "application/merge-patch+json"}
@@ -115,3 +117,26 @@ def test_tests_write_as_a_named_manager_through_the_same_path() -> None:
     server.patch("pods", "p", "ml", {"metadata": {"annotations": {"x": "1"}}}, Writer("vc-scheduler", "v1"))
     stored = server.get("pods", "p", "ml")
     assert stored is not None and _owners(stored) == {"vc-scheduler": {("metadata", "annotations", "x")}}
+
+
+JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3),
+    max_leaves=20,
+)
+PATHS = st.sets(st.lists(st.text(min_size=1, max_size=6), min_size=1, max_size=4).map(tuple), max_size=8)
+
+
+@given(JSON, JSON, JSON)
+def test_any_request_and_any_record_are_taken_without_error(before: Any, after: Any, given_fields: Any) -> None:
+    """What a client sends (its object, its managedFields) is another process's writing: never a crash."""
+    old = {"metadata": {"managedFields": given_fields}, "spec": before}
+    new: dict[str, Any] = {"metadata": {}, "spec": after}
+    record_write(old, new, Writer("w", "v1"), "2026-01-01T00:00:00Z", given_fields)
+    for entry in new["metadata"].get("managedFields", []):
+        assert isinstance(entry, dict)
+
+
+@given(PATHS)
+def test_fields_v1_says_exactly_the_paths_it_was_made_of(paths: set[tuple[str, ...]]) -> None:
+    assert decode(encode(paths)) == paths
