@@ -12,6 +12,7 @@ from ix_device_plugin.apiserver.settings import settings_from
 from ix_device_plugin.deviceplugin.features.volcano import DEV_VOLCANO, PREDICATE_TIME
 from ix_device_plugin.hardware.simulated import SimulatedBackend
 from ix_device_plugin.standins.apiserver import ApiServerStandIn
+from ix_device_plugin.standins.apiserver.managedfields import Writer
 from ix_device_plugin.standins.podresources import PodResourcesStandIn
 
 from support import RESOURCE, DaemonFactory, config_flags
@@ -19,6 +20,7 @@ from support import RESOURCE, DaemonFactory, config_flags
 NODE = "gpu-node-1"
 NAMESPACE = "kube-system"
 CONFIG_MAP = f"ix-device-info-cm-{NODE}"
+SCHEDULER = "vc-scheduler"  # the field manager Volcano's scheduler writes pod annotations as
 CHIP_A, CHIP_B, CHIP_C = (f"GPU-{letter * 8}-0000-0000-0000-00000000000{i}" for i, letter in enumerate("abc"))
 
 
@@ -31,11 +33,24 @@ def devices(path: Path, unhealthy: tuple[str, ...] = ()) -> str:
     return str(path)
 
 
-def placed(apiserver: ApiServerStandIn, name: str, devices: str, predicate_time: str, node: str = NODE) -> None:
-    """A pending pod asking for one device per ID, that Volcano placed on node with those devices."""
+def placed(
+    apiserver: ApiServerStandIn,
+    name: str,
+    devices: str,
+    predicate_time: str,
+    node: str = NODE,
+    *,
+    manager: str = SCHEDULER,
+    namespace: str = "ml",
+    gpus: int | None = None,
+) -> None:
+    """A pending pod asking for gpus devices (default one per ID; 0: none), that Volcano placed on node with those
+    devices: the annotations are written by manager (default Volcano's scheduler) as an API write records it."""
+    count = len(devices.split(",")) if gpus is None else gpus
+    limits = {"main": {RESOURCE: str(count)}} if count else {}
+    apiserver.add_pod(namespace, name, node, phase="Pending", limits=limits)
     annotations = {DEV_VOLCANO: devices, PREDICATE_TIME: predicate_time}
-    limits = {"main": {RESOURCE: str(len(devices.split(",")))}}
-    apiserver.add_pod("ml", name, node, phase="Pending", annotations=annotations, limits=limits)
+    apiserver.patch("pods", name, namespace, {"metadata": {"annotations": annotations}}, Writer(manager, "v1"))
 
 
 def published(apiserver: ApiServerStandIn) -> dict[str, dict[str, Any]]:
@@ -57,8 +72,10 @@ async def start_volcano(
     pod_resources: PodResourcesStandIn,
     short_dir: Path,
     tmp_path: Path,
+    **options: Any,
 ):  # type: ignore[no-untyped-def]
-    """The daemon on chips A and B with flags.usevolcano, the API server and the pod-resources stand-in."""
+    """The daemon on chips A and B with flags.usevolcano, the API server and the pod-resources stand-in; options:
+    other Options fields."""
     kubeconfig = apiserver.write_kubeconfig(short_dir / "kubeconfig", namespace=NAMESPACE)
     kube = settings_from({"NODE_NAME": NODE, "POD_NAMESPACE": NAMESPACE}, str(kubeconfig), "flags.usevolcano")
     backend = SimulatedBackend(devices(tmp_path / "devices.yaml"))
@@ -67,4 +84,5 @@ async def start_volcano(
         given=config_flags(use_volcano=True),
         kube=kube,
         pod_resources_socket=pod_resources.socket_path,
+        **options,
     )

@@ -97,9 +97,12 @@ def running_and_printed(kubectl: Kubectl, namespace: str) -> Callable[[Obj], boo
     return check
 
 
-def run_and_read(kubectl: Kubectl, namespace: str, pod: Obj, timeout: float = 120) -> tuple[Obj, str]:
-    """Create pod, wait until it has printed SHOW_DEVICES's output; the pod and that output."""
-    kubectl.create(pod, "-n", namespace)
+def run_and_read(
+    kubectl: Kubectl, namespace: str, pod: Obj, timeout: float = 120, create_args: tuple[str, ...] = ()
+) -> tuple[Obj, str]:
+    """Create pod (kubectl create with create_args), wait until it has printed SHOW_DEVICES's output; the pod and
+    that output."""
+    kubectl.create(pod, "-n", namespace, *create_args)
     name = pod["metadata"]["name"]
     current = wait_pod(
         kubectl, namespace, name, running_and_printed(kubectl, namespace), "printed its devices", timeout

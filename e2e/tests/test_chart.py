@@ -20,7 +20,16 @@ from harness.cluster import Cluster
 from harness.helm import Helm, by_key, of_kind, static_objects
 from harness.kube import Kubectl, KubectlError, Obj
 from harness.plugin import PluginRun, bi_v150_chips, fake_ixsmi, ixsmi_calls, node_events, start_device_plugin
-from harness.pods import SHOW_DEVICES, STAY, busybox_pod, node_resource, run_and_read, shown_devices
+from harness.pods import (
+    SHOW_DEVICES,
+    STAY,
+    busybox_pod,
+    node_resource,
+    phase_is,
+    run_and_read,
+    shown_devices,
+    wait_pod,
+)
 from harness.procs import run, wait_until
 
 RESOURCE = "iluvatar.com/gpu"
@@ -211,7 +220,8 @@ def test_volcano_mode_with_the_charts_rbac(
             annotations={"iluvatar.com/DevVolcano": chosen, "predicate-time": "1"},
         )
         pod["spec"]["nodeName"] = cluster.node_name  # bound as Volcano's scheduler binds it
-        _, output = run_and_read(admin, namespace, pod)
+        # Written as Volcano's scheduler writes: the API server records its field manager, vc-scheduler.
+        _, output = run_and_read(admin, namespace, pod, create_args=("--field-manager=vc-scheduler",))
         assert shown_devices(output)[1]["IX_REPLICA_DEVICES"] == chosen
 
         def annotated() -> dict[str, str] | None:
@@ -223,6 +233,35 @@ def test_volcano_mode_with_the_charts_rbac(
         assert notes["predicate-time"] == str(2**64 - 1)
         no_refusals(plugin)
     finally:
+        plugin.stop()
+
+
+def test_a_tenants_forged_volcano_annotations_are_refused(
+    cluster: Cluster, admin: Kubectl, namespace: str, chart_account: Path, tmp_path: Path
+) -> None:
+    """A pod whose Volcano annotations its owner wrote (kubectl create records kubectl-create as their field manager,
+    not Volcano's scheduler) is refused: the kubelet's Allocate fails naming the pod and why, and its predicate-time
+    is not taken."""
+    chips = bi_v150_chips()
+    plugin = start_with_account(
+        cluster, tmp_path / "p", "chart-volcano-forged", chart_account, {"flags": {"usevolcano": True}}, []
+    )
+    try:
+        info_name = f"ix-device-info-cm-{cluster.node_name}"
+        wait_until(lambda: admin.get_or_none("configmap", info_name, NAMESPACE), 30, info_name, [plugin.process.log])
+        notes = {"iluvatar.com/DevVolcano": chips[2].uuid, "predicate-time": "0"}
+        pod = busybox_pod("forged", SHOW_DEVICES + STAY, gpus=1, annotations=notes)
+        pod["spec"]["nodeName"] = cluster.node_name
+        admin.create(pod, "-n", namespace)
+        logs = [plugin.process.log]
+        failed = wait_pod(admin, namespace, "forged", phase_is("Failed"), "refused at admission", 60, logs)
+        assert failed["status"].get("reason") == "UnexpectedAdmissionError", failed["status"]
+        message = failed["status"].get("message", "")
+        assert f"pod {namespace}/forged" in message and '"kubectl-create"' in message, message
+        assert failed["metadata"]["annotations"]["predicate-time"] == "0"
+        assert f"pod {namespace}/forged's choice of devices is not believed" in plugin.process.log_text()
+    finally:
+        admin.delete("pod", "forged", namespace, wait=False)
         plugin.stop()
 
 

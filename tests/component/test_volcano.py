@@ -11,9 +11,9 @@ from pathlib import Path
 
 import grpc
 import pytest
-from volcano_support import CHIP_A, CHIP_B, CHIP_C, NODE, devices, placed, published, start_volcano
+from volcano_support import CHIP_A, CHIP_B, CHIP_C, NODE, SCHEDULER, devices, placed, published, start_volcano
 
-from ix_device_plugin.apiserver.objects import PodDoc
+from ix_device_plugin.apiserver.objects import ContainerLimits, PodDoc
 from ix_device_plugin.core.plan import plan
 from ix_device_plugin.deviceplugin.features.volcano import (
     DEV_KUBELET,
@@ -30,6 +30,7 @@ from ix_device_plugin.deviceplugin.features.volcano import (
     oldest_waiting,
     predicate_time,
 )
+from ix_device_plugin.deviceplugin.features.volcanotrust import Trust
 from ix_device_plugin.hardware.simulated import SimulatedBackend
 from ix_device_plugin.settings.config import Config
 from ix_device_plugin.standins.apiserver import ApiServerStandIn
@@ -38,9 +39,14 @@ from ix_device_plugin.standins.podresources import PodResourcesStandIn
 
 from support import RESOURCE, DaemonFactory, config_flags, until
 
+TRUST = Trust(NODE, RESOURCE, SCHEDULER)
+ASKS = (ContainerLimits("main", {RESOURCE: "1"}),)
+
 
 def pod(name: str, annotations: dict[str, str], **fields: object) -> PodDoc:
-    base = PodDoc("ml", name, f"uid-{name}", annotations, "Pending", NODE, None, ())
+    """A pod asking for a GPU on NODE whose annotations Volcano's scheduler wrote."""
+    managers = {key: frozenset({SCHEDULER}) for key in annotations}
+    base = PodDoc("ml", name, f"uid-{name}", annotations, "Pending", NODE, None, ASKS, annotation_managers=managers)
     return replace(base, **fields)  # type: ignore[arg-type]
 
 
@@ -81,10 +87,10 @@ def test_the_oldest_pod_waiting_for_that_many_devices_is_chosen() -> None:
         pod("no-time", {DEV_VOLCANO: CHIP_C}),
         pod("not-volcano", {PREDICATE_TIME: "0"}),
     ]
-    assert oldest_waiting(pods, 1).name == "older"  # type: ignore[union-attr]
-    assert oldest_waiting(pods, 2).name == "two"  # type: ignore[union-attr]
-    assert oldest_waiting(pods, 3) is None
-    assert oldest_waiting([pod("no-time", {DEV_VOLCANO: CHIP_C})], 1) is not None, "no time: last, not never"
+    assert oldest_waiting(pods, 1, TRUST).name == "older"  # type: ignore[union-attr]
+    assert oldest_waiting(pods, 2, TRUST).name == "two"  # type: ignore[union-attr]
+    assert oldest_waiting(pods, 3, TRUST) is None
+    assert oldest_waiting([pod("no-time", {DEV_VOLCANO: CHIP_C})], 1, TRUST) is not None, "no time: last, not never"
 
 
 @pytest.mark.parametrize(
@@ -96,8 +102,8 @@ def test_a_predicate_time_that_is_not_an_unsigned_decimal_never_wins(stamp: str)
         pod("odd", {DEV_VOLCANO: CHIP_B, PREDICATE_TIME: stamp}),
     ]
     assert predicate_time(pods[1]) == int(TAKEN), "read as upstream reads it: the largest uint64"
-    assert oldest_waiting(pods, 1).name == "stamped"  # type: ignore[union-attr]
-    assert oldest_waiting(pods[1:], 1).name == "odd", "last, not never"  # type: ignore[union-attr]
+    assert oldest_waiting(pods, 1, TRUST).name == "stamped"  # type: ignore[union-attr]
+    assert oldest_waiting(pods[1:], 1, TRUST).name == "odd", "last, not never"  # type: ignore[union-attr]
 
 
 def test_a_pod_placed_on_a_device_another_pod_holds_is_passed_over() -> None:
@@ -108,18 +114,20 @@ def test_a_pod_placed_on_a_device_another_pod_holds_is_passed_over() -> None:
         pod("clashing-too", {DEV_VOLCANO: CHIP_C, PREDICATE_TIME: "2"}),
         pod("fine", {DEV_VOLCANO: CHIP_B, PREDICATE_TIME: "5"}),
     ]
-    held = held_devices(pods)
+    held = held_devices(pods, TRUST)
     assert {device: holder.name for device, holder in held.items()} == {CHIP_A: "holder", CHIP_C: "handed"}
-    assert oldest_waiting(pods, 1, held).name == "fine"  # type: ignore[union-attr]
-    assert oldest_waiting(pods[:4], 1, held) is None
+    assert oldest_waiting(pods, 1, TRUST, held).name == "fine"  # type: ignore[union-attr]
+    assert oldest_waiting(pods[:4], 1, TRUST, held) is None
 
 
 def test_allocated_pods_get_upstreams_two_annotations_once() -> None:
     chosen = pod("p", {DEV_VOLCANO: CHIP_B})
-    assert allocation_annotations(chosen, [CHIP_A]) == {DEV_KUBELET: CHIP_A, DEV_REAL_ALLOC: CHIP_B}
-    assert allocation_annotations(pod("plain", {}), [CHIP_A]) == {DEV_KUBELET: CHIP_A, DEV_REAL_ALLOC: CHIP_A}
-    assert allocation_annotations(pod("done", {DEV_REAL_ALLOC: CHIP_B}), [CHIP_A]) is None
-    assert allocation_annotations(chosen, []) is None
+    assert allocation_annotations(chosen, [CHIP_A], TRUST) == {DEV_KUBELET: CHIP_A, DEV_REAL_ALLOC: CHIP_B}
+    assert allocation_annotations(pod("plain", {}), [CHIP_A], TRUST) == {DEV_KUBELET: CHIP_A, DEV_REAL_ALLOC: CHIP_A}
+    assert allocation_annotations(pod("done", {DEV_REAL_ALLOC: CHIP_B}), [CHIP_A], TRUST) is None
+    assert allocation_annotations(chosen, [], TRUST) is None
+    forged = replace(chosen, annotation_managers={DEV_VOLCANO: frozenset({"kubectl-annotate"})})
+    assert allocation_annotations(forged, [CHIP_A], TRUST) == {DEV_KUBELET: CHIP_A, DEV_REAL_ALLOC: CHIP_A}, "not it"
 
 
 # ---- end to end ------------------------------------------------------------------------------------

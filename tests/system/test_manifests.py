@@ -480,3 +480,12 @@ def test_the_daemonset_rolls_with_a_surge_and_each_pod_serves_its_own_socket(obj
 def test_zero_downtime_upgrade_is_a_chart_value() -> None:
     plugin = container(rendered({"zeroDowntimeUpgrade": "false"}))
     assert parse_args([], env_of(plugin))["zero_downtime_upgrade"] == "false"
+
+
+def test_volcano_modes_scheduler_field_manager_is_a_chart_value() -> None:
+    """With features.volcano the plugin is told whose Volcano annotations to believe (default Volcano's scheduler)."""
+    assert parse_args([], env_of(container(rendered({"features": {"volcano": True}}))))["volcano_field_manager"] == (
+        "vc-scheduler"
+    )
+    custom = rendered({"features": {"volcano": True}, "volcanoFieldManager": "my-scheduler"})
+    assert parse_args([], env_of(container(custom)))["volcano_field_manager"] == "my-scheduler"

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from functools import cache
 from typing import Any
+
+from ix_device_plugin.apiserver.managedfields import annotation_managers
 
 Object = dict[str, Any]
 
@@ -59,10 +61,11 @@ class ConfigMapDoc:
 
 @dataclass(frozen=True)
 class ContainerLimits:
-    """One container of a pod and its resource limits (quantities as the API gives them, e.g. "1")."""
+    """One container of a pod and its resource limits and requests (quantities as the API gives them, e.g. "1")."""
 
     name: str
     limits: dict[str, str]
+    requests: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -80,6 +83,8 @@ class PodDoc:
     resource_version: str = ""
     deleting: bool = False  # metadata.deletionTimestamp is set
     status_reason: str = ""  # status.reason, e.g. UnexpectedAdmissionError
+    init_containers: tuple[ContainerLimits, ...] = ()
+    annotation_managers: Mapping[str, frozenset[str]] = field(default_factory=dict)  # key -> who wrote it
 
 
 def config_map_doc(obj: Mapping[str, Any]) -> ConfigMapDoc:
@@ -98,11 +103,6 @@ def pod_doc(obj: Mapping[str, Any]) -> PodDoc:
     metadata = _mapping(obj.get("metadata"))
     spec = _mapping(obj.get("spec"))
     status = _mapping(obj.get("status"))
-    containers = tuple(
-        ContainerLimits(_text(container.get("name")), _texts(_mapping(container.get("resources")).get("limits")))
-        for container in _list(spec.get("containers"))
-        if isinstance(container, Mapping)
-    )
     return PodDoc(
         namespace=_text(metadata.get("namespace")),
         name=_text(metadata.get("name")),
@@ -111,11 +111,28 @@ def pod_doc(obj: Mapping[str, Any]) -> PodDoc:
         phase=_text(status.get("phase")),
         node_name=_text(spec.get("nodeName")),
         created=_timestamp(metadata.get("creationTimestamp")),
-        containers=containers,
+        containers=_containers(spec.get("containers")),
         resource_version=_text(metadata.get("resourceVersion")),
         deleting=bool(metadata.get("deletionTimestamp")),
         status_reason=_text(status.get("reason")),
+        init_containers=_containers(spec.get("initContainers")),
+        annotation_managers=annotation_managers(metadata),
     )
+
+
+def _containers(containers: Any) -> tuple[ContainerLimits, ...]:
+    """Each container's name, limits and requests."""
+    return tuple(
+        ContainerLimits(
+            _text(container.get("name")), _quantities(container, "limits"), _quantities(container, "requests")
+        )
+        for container in _list(containers)
+        if isinstance(container, Mapping)
+    )
+
+
+def _quantities(container: Mapping[str, Any], which: str) -> dict[str, str]:
+    return _texts(_mapping(container.get("resources")).get(which))
 
 
 def labels_of(obj: Mapping[str, Any]) -> dict[str, str]:

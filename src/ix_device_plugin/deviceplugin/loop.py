@@ -174,6 +174,7 @@ class Daemon:
             self._pod_devices,
             self.apiserver,
             acting=lambda: self.acting,
+            volcano_field_manager=options.volcano_field_manager,
         )
         if self.sampler is not None:
             self.api.gpu_reset.quiet_others = self.sampler.paused

@@ -19,6 +19,7 @@ from ix_device_plugin.settings.table import (
     DEFAULT_PLUGIN_DIR,
     DEFAULT_REGISTRAR_DIR,
     DEFAULT_SYSFS_ROOT,
+    DEFAULT_VOLCANO_FIELD_MANAGER,
     DRA,
     NODE_CONFIG_LABEL,
     RUN,
@@ -84,6 +85,7 @@ class Options(NodeOptions):
     label_wait: float = 5.0  # at start, how long to wait for the node label before using ix-config
     pod_uid: str = ""  # POD_UID: names the socket per pod, so that an update overlaps the old pod
     zero_downtime_upgrade: str = "auto"  # register beside another pod serving the node: auto, true or false
+    volcano_field_manager: str = DEFAULT_VOLCANO_FIELD_MANAGER  # whose Volcano annotations are believed
 
 
 @dataclass(frozen=True)
@@ -134,6 +136,7 @@ def options_from(resolved: Resolved) -> Options:
         "per_node_config": values.get("per_node_config", False),
         "pod_uid": values.get("pod_uid") or "",
         "zero_downtime_upgrade": values.get("zero_downtime_upgrade", "auto"),
+        "volcano_field_manager": values.get("volcano_field_manager", DEFAULT_VOLCANO_FIELD_MANAGER),
     }
     options = Options(**_node_fields(resolved), **plugin)
     check_given(options)

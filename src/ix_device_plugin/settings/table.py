@@ -27,6 +27,9 @@ DEFAULT_SIMULATED_DEVICES = "BI-V150:2"
 DEFAULT_DEV_ROOT, DEFAULT_SYSFS_ROOT = "/", "/sys"
 DEFAULT_IXSMI = "/usr/local/corex/bin/ixsmi"  # CoreX's tool; resets chips for flags.reset_gpu
 NODE_CONFIG_LABEL = "iluvatar.com/device-plugin.config"
+# Volcano's scheduler (the vc-scheduler binary) patches pod annotations naming no field manager: the API server
+# records the program name its client-go user agent starts with.
+DEFAULT_VOLCANO_FIELD_MANAGER = "vc-scheduler"
 LOG_LEVELS = ("debug", "info", "warning", "error")
 # Variables the platform or a shell sets for other programs too: not reported when a mode does not use them.
 AMBIENT_ENV = frozenset({"NODE_NAME", "KUBECONFIG"})
@@ -160,6 +163,11 @@ SETTINGS: tuple[Setting, ...] = (
              "a pod started while another pod of the plugin serves the node registers beside it (true), or waits "
              "until that one stops (false); auto: beside it on a kubelet 1.37+ (the Node's kubeletVersion), else "
              "waits", (RUN,)),
+    _setting("volcano_field_manager", "--volcano-field-manager", "IX_VOLCANO_FIELD_MANAGER",
+             DEFAULT_VOLCANO_FIELD_MANAGER, v.field_manager, "NAME",
+             "flags.usevolcano: the field manager Volcano's scheduler writes pod annotations as (the API server's "
+             "metadata.managedFields); a pod whose iluvatar.com/DevVolcano or predicate-time another wrote is refused",
+             (RUN,)),
     _setting("disabled_healthchecks", None, "IX_DISABLE_HEALTHCHECKS", frozenset(), parse_disabled_healthchecks,
              "LIST", "health checks not to act on: `all`, or a comma list of error names, `xids` and XID numbers",
              (RUN, LIST, DEMO, DRA, LIST_DRA)),

@@ -147,3 +147,13 @@ def pod_uid(value: Any, from_text: bool = True) -> str:
     if not isinstance(value, str) or not _POD_UID.match(value.strip()):
         raise ValueError("expected a pod UID such as 3f9a2c1e-7b4d-4c6e-9a1b-2d3e4f5a6b7c")
     return value.strip()
+
+
+FIELD_MANAGER_LIMIT = 128  # the API server's limit on a field manager's name
+
+
+def field_manager(value: Any, from_text: bool = True) -> str:
+    """A field manager's name as the API server takes it: 1 to 128 printable characters."""
+    if not isinstance(value, str) or not value or not value.isprintable() or len(value) > FIELD_MANAGER_LIMIT:
+        raise ValueError(f"expected a field manager's name: 1 to {FIELD_MANAGER_LIMIT} printable characters")
+    return value

@@ -28,6 +28,7 @@ from ix_device_plugin.runtime.files import OutputError
 from ix_device_plugin.runtime.logs import OncePerError
 from ix_device_plugin.settings.config import Config
 from ix_device_plugin.settings.options import NodeOptions
+from ix_device_plugin.settings.table import DEFAULT_VOLCANO_FIELD_MANAGER
 
 if TYPE_CHECKING:
     from ix_device_plugin.apiserver.connection import ApiConnection
@@ -53,8 +54,10 @@ class ApiFeatures:
         pod_devices: PodDevices,
         api: ApiConnection | None = None,
         acting: Callable[[], bool] = lambda: True,
+        volcano_field_manager: str = DEFAULT_VOLCANO_FIELD_MANAGER,
     ) -> None:
         self._api = api
+        self._volcano_field_manager = volcano_field_manager  # whose Volcano annotations are believed
         self._acting = acting  # Volcano's ConfigMap and pod annotations are written by the pod acting for the node
         self._current = current
         self._pod_devices = pod_devices
@@ -154,7 +157,9 @@ class ApiFeatures:
                 "features.volcano=true) or --kubeconfig",
                 unavailable=True,
             )
-        self._volcano = VolcanoMode(self._api, lambda: self._current.plan, self._pod_devices)
+        self._volcano = VolcanoMode(
+            self._api, lambda: self._current.plan, self._pod_devices, self._volcano_field_manager
+        )
         return self._volcano
 
     async def run_volcano(self) -> None:

@@ -7,7 +7,10 @@ them into the pod's `iluvatar.com/DevVolcano` annotation with a `predicate-time`
 kubelet's choice is replaced by those of the oldest such pod whose request size matches, and that pod's
 `predicate-time` is set to the largest uint64 so that it is not picked twice. Once the kubelet reports
 the pod's devices, the pod is annotated with `iluvatar.com/DevKubelet` (the kubelet's IDs) and
-`iluvatar.com/DevRealAlloc` (the IDs really given).
+`iluvatar.com/DevRealAlloc` (the IDs really given). Volcano's annotations are believed only where the pod asks for
+the resource on this node and the API server records Volcano's scheduler as their writer (volcanotrust.py): a pod
+that does not pass is passed over, said once in the log and in an Event on it, and named when an Allocate finds no
+other pod.
 
 What the API server is asked, and when: the node's pods and the ConfigMap are each followed by a watch
 (one LIST, then a WATCH from its resourceVersion; a LIST again only when a watch fails or ends early), so
@@ -29,7 +32,12 @@ from typing import TYPE_CHECKING, Any
 
 from ix_device_plugin.core.allocation import AllocationError
 from ix_device_plugin.core.plan import REPLICA_SEPARATOR, Plan
+<<<<<<< HEAD
 from ix_device_plugin.settings.documents import DocumentError, load_json_text
+=======
+from ix_device_plugin.deviceplugin.features.volcanotrust import Trust
+from ix_device_plugin.settings.documents import DocumentError, load_json
+>>>>>>> volcano
 
 if TYPE_CHECKING:
     from ix_device_plugin.apiserver.connection import ApiConnection
@@ -51,6 +59,7 @@ PASS_PERIOD = 5.0  # seconds between looks at the kubelet's allocations (local),
 MATCH_WAIT = 2.0  # a pod annotated just now may not have reached the watch yet: wait this long for it
 UPDATE_TIME = "UpdateTime"
 FINISHED_PHASES = ("Succeeded", "Failed")
+CHOICE_KEYS = (DEV_VOLCANO, PREDICATE_TIME)  # the annotations by which Volcano's scheduler steers Allocate
 
 # NVML topology level -> (Iluvatar's P2PLinkType index, its name)
 LINK_TYPES: dict[int, tuple[int, str]] = {
@@ -118,7 +127,8 @@ def predicate_time(pod: PodDoc) -> int:
 
 
 def waiting_for(pod: PodDoc, size: int) -> bool:
-    """True when Volcano chose `size` devices for the pod and they were not handed out yet."""
+    """True when the pod's annotations say that Volcano chose `size` devices for it, not handed out yet (whether
+    they are believed is Trust's to say)."""
     if pod.deleting or pod.status_reason == "UnexpectedAdmissionError":
         return False
     if pod.annotations.get(PREDICATE_TIME) == TAKEN or DEV_VOLCANO not in pod.annotations:
@@ -126,13 +136,13 @@ def waiting_for(pod: PodDoc, size: int) -> bool:
     return len(pod.annotations[DEV_VOLCANO].split(",")) == size
 
 
-def held_devices(pods: Iterable[PodDoc], taken: Set[str] = frozenset()) -> dict[str, PodDoc]:
-    """Device ID -> the pod holding it: its DevRealAlloc, or the devices Volcano chose for a pod that was handed
-    them (predicate-time taken, or uid in taken) and is not annotated yet."""
+def held_devices(pods: Iterable[PodDoc], trust: Trust, taken: Set[str] = frozenset()) -> dict[str, PodDoc]:
+    """Device ID -> the pod holding it: its DevRealAlloc, or the devices Volcano chose (believed) for a pod that was
+    handed them (predicate-time taken, or uid in taken) and is not annotated yet."""
     held: dict[str, PodDoc] = {}
     for pod in pods:
         ids = _ids(pod.annotations.get(DEV_REAL_ALLOC, ""))
-        if not ids and (pod.uid in taken or pod.annotations.get(PREDICATE_TIME) == TAKEN):
+        if not ids and (pod.uid in taken or pod.annotations.get(PREDICATE_TIME) == TAKEN) and _chose(pod, trust):
             ids = _ids(pod.annotations.get(DEV_VOLCANO, ""))
         for device in ids:
             held.setdefault(device, pod)
@@ -145,17 +155,25 @@ def clashes(pod: PodDoc, held: Mapping[str, PodDoc]) -> list[tuple[str, PodDoc]]
     return [(device, held[device]) for device in chosen if device in held and held[device].uid != pod.uid]
 
 
-def oldest_waiting(pods: Iterable[PodDoc], size: int, held: Mapping[str, PodDoc] | None = None) -> PodDoc | None:
-    """The pod Volcano placed first among those waiting for `size` devices, none of which another pod holds."""
-    candidates = [pod for pod in active(pods) if waiting_for(pod, size) and not clashes(pod, held or {})]
+def oldest_waiting(
+    pods: Iterable[PodDoc], size: int, trust: Trust, held: Mapping[str, PodDoc] | None = None
+) -> PodDoc | None:
+    """The pod Volcano placed first among those waiting for `size` devices whose annotations trust believes, none of
+    which another pod holds."""
+    candidates = [
+        pod
+        for pod in active(pods)
+        if waiting_for(pod, size) and trust.why_not(pod, CHOICE_KEYS) is None and not clashes(pod, held or {})
+    ]
     return min(candidates, key=lambda pod: (predicate_time(pod), pod.namespace, pod.name), default=None)
 
 
-def allocation_annotations(pod: PodDoc, kubelet_ids: Sequence[str]) -> dict[str, str] | None:
-    """DevKubelet and DevRealAlloc for a pod the kubelet gave kubelet_ids, unless it has them already."""
+def allocation_annotations(pod: PodDoc, kubelet_ids: Sequence[str], trust: Trust) -> dict[str, str] | None:
+    """DevKubelet and DevRealAlloc for a pod the kubelet gave kubelet_ids, unless it has them already: the real IDs
+    are those Volcano chose for it (where believed), else the kubelet's."""
     if DEV_REAL_ALLOC in pod.annotations or not kubelet_ids:
         return None
-    real = _ids(pod.annotations.get(DEV_VOLCANO, "")) or list(kubelet_ids)
+    real = (_ids(pod.annotations.get(DEV_VOLCANO, "")) if _chose(pod, trust) else []) or list(kubelet_ids)
     return {DEV_KUBELET: ",".join(kubelet_ids), DEV_REAL_ALLOC: ",".join(real)}
 
 
@@ -207,6 +225,11 @@ def _ids(text: str) -> list[str]:
     return [part for part in text.split(",") if part]
 
 
+def _chose(pod: PodDoc, trust: Trust) -> bool:
+    """True when the pod's DevVolcano is believed (its predicate-time is ours once the devices are handed out)."""
+    return trust.why_not(pod, (DEV_VOLCANO,)) is None
+
+
 # ---- the shell: the watches, the ConfigMap, the Allocate substitution --------------------------------
 
 PodDevices = Callable[[], Awaitable[Mapping[tuple[str, str], list[str]]]]  # (namespace, pod) -> device IDs
@@ -215,9 +238,10 @@ PodDevices = Callable[[], Awaitable[Mapping[tuple[str, str], list[str]]]]  # (na
 class VolcanoMode:
     """Keeps `ix-device-info-cm-<node>` current and answers which devices Volcano chose for a request."""
 
-    def __init__(self, api: ApiConnection, plan: Callable[[], Plan], pod_devices: PodDevices) -> None:
+    def __init__(self, api: ApiConnection, plan: Callable[[], Plan], pod_devices: PodDevices, scheduler: str) -> None:
         from ix_device_plugin.apiserver.objects import CONFIG_MAP, POD, config_map_doc, pod_doc
         from ix_device_plugin.apiserver.watch import Mirror
+        from ix_device_plugin.deviceplugin.features.volcanorefusals import Refusals
 
         self.api = api
         self.namespace = api.namespace
@@ -240,6 +264,8 @@ class VolcanoMode:
         self._taken: set[str] = set()  # pods given their devices here, until the watch shows them taken
         self._annotated: set[str] = set()  # pods annotated here, until the watch shows the annotations
         self._clash_said: set[str] = set()  # pods placed on devices others hold, said once
+        self._scheduler = scheduler  # the field manager whose Volcano annotations are believed
+        self.refusals = Refusals(api, self.node)  # pods whose annotations are not believed, said once each
         self._written: tuple[Content, int] | None = None  # what was last written, at which generation of the watch
         self._stamp = 0  # the last UpdateTime written
 
@@ -248,6 +274,11 @@ class VolcanoMode:
         async with asyncio.TaskGroup() as watches:
             watches.create_task(self.pods.run(), name="volcano-pods")
             watches.create_task(self.config_map.run(), name="volcano-config-map")
+            watches.create_task(self.refusals.write_events(), name="volcano-pod-events")
+
+    def trust(self) -> Trust:
+        """Whose Volcano annotations are believed now (the resource name follows the config)."""
+        return Trust(self.node, self._plan().resource_name, self._scheduler)
 
     def active_pods(self) -> list[PodDoc]:
         """The node's pods that have not finished, as the watch has them now."""
@@ -305,7 +336,7 @@ class VolcanoMode:
         held = await self._pod_devices()
         kube = await self.api.kube()
         for pod in waiting:
-            annotations = allocation_annotations(pod, held.get((pod.namespace, pod.name), []))
+            annotations = allocation_annotations(pod, held.get((pod.namespace, pod.name), []), self.trust())
             if annotations is not None:
                 await kube.patch_pod_annotations(pod.namespace, pod.name, annotations)
                 self._annotated.add(pod.uid)
@@ -331,23 +362,29 @@ class VolcanoMode:
             raise AllocationError(message, unavailable=True)
         raise AllocationError(
             f"Volcano mode: no pod on node {self.node} waits for {len(kubelet_ids)} device(s) "
-            f"(a {DEV_VOLCANO} annotation with that many IDs and a {PREDICATE_TIME} not yet taken)",
+            f"(a {DEV_VOLCANO} annotation with that many IDs and a {PREDICATE_TIME} not yet taken)"
+            + self.refusals.named(lambda pod: waiting_for(pod, len(kubelet_ids))),
             unavailable=True,
         )
 
     def _waiting_pod(self, size: int) -> PodDoc | None:
-        pods = self.active_pods()
+        pods, trust = self.active_pods(), self.trust()
         self._taken &= {pod.uid for pod in pods if pod.annotations.get(PREDICATE_TIME) != TAKEN}
-        held = held_devices(pods, self._taken)
-        for pod in pods:  # a device is never handed out twice: a pod placed on a held one is passed over
-            if waiting_for(pod, size) and pod.uid not in self._clash_said and (clash := clashes(pod, held)):
+        self.refusals.keep_only(pods)
+        held = held_devices(pods, trust, self._taken)
+        for pod in pods:
+            if not waiting_for(pod, size):
+                continue
+            if (why := trust.why_not(pod, CHOICE_KEYS)) is not None:
+                self.refusals.refuse(pod, why)
+            elif pod.uid not in self._clash_said and (clash := clashes(pod, held)):  # a device goes to one pod only
                 device, holder = clash[0]
                 log.warning(
                     "Volcano mode: pod %s/%s was placed on %s, which pod %s/%s holds; it is passed over",
                     *(pod.namespace, pod.name, device, holder.namespace, holder.name),
                 )
                 self._clash_said.add(pod.uid)
-        return oldest_waiting((pod for pod in pods if pod.uid not in self._taken), size, held)
+        return oldest_waiting((pod for pod in pods if pod.uid not in self._taken), size, trust, held)
 
     async def _take(self, pod: PodDoc, kubelet_ids: Sequence[str]) -> list[str]:
         kube = await self.api.kube()

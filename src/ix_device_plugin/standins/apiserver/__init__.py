@@ -16,6 +16,9 @@ It answers the paths and semantics the plugin's features use, as kube-apiserver 
   `{"type": "ADDED|MODIFIED|DELETED|BOOKMARK|ERROR", "object": ...}` resuming after `resourceVersion`, an
   ERROR event with a 410 Expired status when that version is older than the history kept, `timeoutSeconds`;
 - errors as `kind: Status` objects with `reason` and `code`; one global resourceVersion counter;
+- `metadata.managedFields` for every create, replace and patch, as kube-apiserver records writes that are not
+  server-side apply (managedfields.py): the writer is the `fieldManager` parameter, else the user agent's program
+  name; `patch()` writes as a named manager through the same path (a test playing another client);
 - a bearer token (401 without it).
 
 Switches for tests: `unavailable` (every request answered 503), `delay` (seconds before every answer),

@@ -16,6 +16,7 @@ from typing import Any, Self
 from aiohttp import web
 
 from ix_device_plugin.standins.apiserver import bodies
+from ix_device_plugin.standins.apiserver.managedfields import Writer, manager_of
 from ix_device_plugin.standins.apiserver.protocol import (
     CORE,
     RESOURCE_GROUP,
@@ -202,7 +203,8 @@ class ApiServerStandIn(Store):
                 raise StatusError(400, "BadRequest", "the patch is not a JSON object")
             only_status = {"status": body.get("status"), "metadata": body.get("metadata") or {}}
             only_status["metadata"] = {k: v for k, v in only_status["metadata"].items() if k == "resourceVersion"}
-            patched = self._patch(kind, namespace or "", name, only_status, request.content_type)
+            writer = _writer(request, subresource)
+            patched = self._patch(kind, namespace or "", name, only_status, request.content_type, writer)
             return _json(_as_version(patched, request))
         if request.method == "GET" and request.query.get("watch") in ("true", "1"):
             if self.bodies == bodies.ENDLESS_EVENT:
@@ -210,18 +212,18 @@ class ApiServerStandIn(Store):
             return await self._watch(request, kind, namespace, name)
         if request.method == "GET" and self.bodies in (bodies.ENDLESS, bodies.DECLARED, bodies.COMPRESSED):
             return await bodies.answer(request, self.bodies)
-        dry_run = request.query.get("dryRun") == "All"
+        dry_run, writer = request.query.get("dryRun") == "All", _writer(request)
         if name is None:
             if request.method == "GET":
                 return _json(self._list(request, kind, namespace))
             if request.method == "POST":
-                return _json(_as_version(self._create(kind, namespace, body, dry_run), request), status=201)
+                return _json(_as_version(self._create(kind, namespace, body, dry_run, writer), request), status=201)
         else:
             ns = namespace or ""
             handlers: dict[str, Callable[[], Object]] = {
                 "GET": lambda: self._read(kind, ns, name),
-                "PUT": lambda: self._replace(kind, ns, name, body, dry_run),
-                "PATCH": lambda: self._patch(kind, ns, name, body, request.content_type),
+                "PUT": lambda: self._replace(kind, ns, name, body, dry_run, writer),
+                "PATCH": lambda: self._patch(kind, ns, name, body, request.content_type, writer),
                 "DELETE": lambda: self._remove(kind, ns, name),
             }
             if request.method in handlers:
@@ -306,6 +308,12 @@ def _selectors(request: web.Request) -> Callable[[Object], bool]:
     fields = field_matcher(request.query.get("fieldSelector", ""))
     labels = label_matcher(request.query.get("labelSelector", ""))
     return lambda obj: fields(obj) and labels(obj)
+
+
+def _writer(request: web.Request, subresource: str = "") -> Writer:
+    """Who the request writes as: its fieldManager, else its user agent's program name (kube-apiserver's rule)."""
+    manager = manager_of(request.query.get("fieldManager"), request.headers.get("User-Agent", ""))
+    return Writer(manager, _api_version(request), subresource)
 
 
 def _api_version(request: web.Request) -> str:

@@ -17,6 +17,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from ix_device_plugin.standins.apiserver.managedfields import Writer, record_write
 from ix_device_plugin.standins.apiserver.protocol import (
     KINDS,
     MERGE_PATCH,
@@ -256,7 +257,9 @@ class Store:
             raise not_found(kind, name)
         return copy.deepcopy(obj)
 
-    def _create(self, kind: Kind, namespace: str | None, body: Any, dry_run: bool = False) -> Object:
+    def _create(
+        self, kind: Kind, namespace: str | None, body: Any, dry_run: bool = False, writer: Writer | None = None
+    ) -> Object:
         obj = object_body(body)
         metadata = obj.setdefault("metadata", {})
         if "name" not in metadata and "generateName" in metadata:
@@ -277,11 +280,15 @@ class Store:
             )
         for server_field in ("resourceVersion", "uid", "creationTimestamp"):
             metadata.pop(server_field, None)
+        if writer is not None:
+            record_write(None, obj, writer, now(), metadata.get("managedFields"))
         if dry_run:
             return self._preview(kind, self._admitted(kind, obj))
         return self._store(kind, self._admitted(kind, obj), "ADDED")
 
-    def _replace(self, kind: Kind, namespace: str, name: str, body: Any, dry_run: bool = False) -> Object:
+    def _replace(
+        self, kind: Kind, namespace: str, name: str, body: Any, dry_run: bool = False, writer: Writer | None = None
+    ) -> Object:
         current = self._read(kind, namespace, name)
         obj = object_body(body)
         metadata = obj.setdefault("metadata", {})
@@ -306,6 +313,8 @@ class Store:
         if kind.namespaced:
             metadata["namespace"] = namespace
         self._validate(kind, obj)
+        if writer is not None:
+            record_write(current, obj, writer, now(), metadata.get("managedFields"))
         if dry_run:
             return self._preview(kind, self._admitted(kind, obj), current["metadata"]["resourceVersion"])
         return self._store(kind, self._admitted(kind, obj), "MODIFIED")
@@ -362,7 +371,16 @@ class Store:
                     capacity.pop("requestPolicy", None)
         return obj
 
-    def _patch(self, kind: Kind, namespace: str, name: str, body: Any, content_type: str) -> Object:
+    def patch(
+        self, plural: str, name: str, namespace: str, patch: Object, writer: Writer, content_type: str = MERGE_PATCH
+    ) -> Object:
+        """Patch a stored object as writer would over HTTP (its managedFields recorded); the object as stored."""
+        kind = next(kind for kind in KINDS if kind.plural == plural)
+        return self._patch(kind, namespace if kind.namespaced else "", name, patch, content_type, writer)
+
+    def _patch(
+        self, kind: Kind, namespace: str, name: str, body: Any, content_type: str, writer: Writer | None = None
+    ) -> Object:
         current = self._read(kind, namespace, name)
         if content_type not in (MERGE_PATCH, STRATEGIC_PATCH):
             raise StatusError(
@@ -381,6 +399,9 @@ class Store:
                 "Conflict",
                 f'Operation cannot be fulfilled on {kind.plural} "{name}": the object has been modified',
             )
+        if writer is not None:
+            given = body["metadata"].get("managedFields") if isinstance(body.get("metadata"), dict) else None
+            record_write(current, patched, writer, now(), given)
         return self._store(kind, patched, "MODIFIED")
 
     def _remove(self, kind: Kind, namespace: str, name: str) -> Object:
