@@ -32,12 +32,8 @@ from typing import TYPE_CHECKING, Any
 
 from ix_device_plugin.core.allocation import AllocationError
 from ix_device_plugin.core.plan import REPLICA_SEPARATOR, Plan
-<<<<<<< HEAD
-from ix_device_plugin.settings.documents import DocumentError, load_json_text
-=======
 from ix_device_plugin.deviceplugin.features.volcanotrust import Trust
-from ix_device_plugin.settings.documents import DocumentError, load_json
->>>>>>> volcano
+from ix_device_plugin.settings.documents import DocumentError, load_json_text
 
 if TYPE_CHECKING:
     from ix_device_plugin.apiserver.connection import ApiConnection
