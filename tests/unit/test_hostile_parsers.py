@@ -38,6 +38,7 @@ from ix_device_plugin.deviceplugin.features.volcano import (
     stored_content,
     waiting_for,
 )
+from ix_device_plugin.deviceplugin.features.volcanotrust import Trust
 from ix_device_plugin.deviceplugin.handover import node_kubelet_version
 from ix_device_plugin.dra.checkpoint import CheckpointError, parse_checkpoint, read_checkpoint
 from ix_device_plugin.dra.claimspec import SpecError, claim_from_spec
@@ -289,22 +290,47 @@ ANNOTATIONS = st.dictionaries(
 )
 
 
-@given(st.lists(ANNOTATIONS, min_size=1, max_size=4), st.integers(0, 4))
+TRUST = Trust(node="node-a", resource_name="iluvatar.com/gpu", manager="vc-scheduler")
+
+
+def _volcano_pod(index: int, annotations: dict[str, str], writer: str) -> dict[str, Any]:
+    """A pod of this node asking for the resource, whose annotations writer wrote (as managedFields say)."""
+    fields = {"f:metadata": {"f:annotations": {f"f:{key}": {} for key in annotations}}}
+    return {
+        "metadata": {
+            "name": f"p{index}",
+            "uid": f"u{index}",
+            "annotations": annotations,
+            "managedFields": [{"manager": writer, "operation": "Update", "fieldsType": "FieldsV1", "fieldsV1": fields}],
+        },
+        "spec": {
+            "nodeName": "node-a",
+            "containers": [{"name": "c", "resources": {"limits": {"iluvatar.com/gpu": "1"}}}],
+        },
+    }
+
+
+@given(
+    st.lists(ANNOTATIONS, min_size=1, max_size=4),
+    st.integers(0, 4),
+    st.sampled_from(["vc-scheduler", "kubectl-annotate"]),
+)
 def test_volcanos_pod_annotations_are_read_as_device_ids_and_times(
-    annotations: list[dict[str, str]], size: int
+    annotations: list[dict[str, str]], size: int, writer: str
 ) -> None:
-    pods = [
-        pod_doc({"metadata": {"name": f"p{i}", "uid": f"u{i}", "annotations": a}}) for i, a in enumerate(annotations)
-    ]
-    held = held_devices(pods, frozenset({"u0"}))
+    pods = [pod_doc(_volcano_pod(i, a, writer)) for i, a in enumerate(annotations)]
+    held = held_devices(pods, TRUST, frozenset({"u0"}))
     assert all(isinstance(device, str) for device in allocated_devices(pods))
     for pod in pods:
         assert 0 <= predicate_time(pod) <= 2**64 - 1
         assert isinstance(waiting_for(pod, size), bool)
         assert all(isinstance(device, str) for device, _ in clashes(pod, held))
-        found = allocation_annotations(pod, ["GPU-1"])
+        found = allocation_annotations(pod, ["GPU-1"], TRUST)
         assert found is None or all(isinstance(value, str) for value in found.values())
-    assert oldest_waiting(pods, size, held) in (None, *pods)
+    chosen = oldest_waiting(pods, size, TRUST, held)
+    assert chosen in (None, *pods)
+    if writer != "vc-scheduler":  # a choice its owner wrote is never believed
+        assert chosen is None
 
 
 # ---- what the host says -------------------------------------------------------------------------------------------
