@@ -9,14 +9,18 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
+from dra_support import DraNode, answer
 
 from ix_device_plugin.deviceplugin.endpoint import plugin_socket
+from ix_device_plugin.dra.registration import dra_socket, registration_socket
 from ix_device_plugin.kubelet.sockets import PATH_LIMIT
+from ix_device_plugin.standins.apiserver import ApiServerStandIn
 from ix_device_plugin.standins.kubelet import KubeletStandIn
 
 from support import RESOURCE, DaemonFactory, spawn_plugin, stop_process, until
 
-MICROK8S_DEVICE_PLUGINS = "/var/snap/microk8s/common/var/lib/kubelet/device-plugins"
+MICROK8S_ROOT = "/var/snap/microk8s/common/var/lib/kubelet"
+MICROK8S_DEVICE_PLUGINS = f"{MICROK8S_ROOT}/device-plugins"
 POD_UID = "7c4b2e1a-93f0-4d2b-8a6e-1f0c9d3b5e27"  # as the downward API gives it
 EARLIER_POD_UID = "0b1d0000-0000-4000-8000-000000000001"
 
@@ -102,3 +106,28 @@ async def test_a_live_socket_named_by_an_earlier_release_is_left_to_its_pod(
         await kubelet.wait_registered(RESOURCE, capacity=2)
         await until(lambda: daemon.endpoint.path.name in kubelet.endpoints(RESOURCE))
         assert live.is_socket()
+
+
+@pytest.fixture
+async def api() -> AsyncIterator[ApiServerStandIn]:
+    async with ApiServerStandIn() as server:
+        yield server
+
+
+async def test_a_dra_driver_with_a_pod_uid_serves_a_kubelet_root_as_long_as_microk8s(
+    short_dir: Path, api: ApiServerStandIn
+) -> None:
+    node = DraNode(dir_of_length(short_dir, len(MICROK8S_ROOT)), api)
+    try:
+        driver = await node.start(pod_uid=POD_UID)
+        assert driver.registrar_socket == registration_socket(node.root / "plugins_registry", POD_UID)
+        assert driver.endpoint == dra_socket(node.root / "plugins", POD_UID)
+        assert len(str(driver.registrar_socket)) <= PATH_LIMIT and len(str(driver.endpoint)) <= PATH_LIMIT
+        await node.wait_slice(lambda devices: len(devices) == 6)
+        kubelet = await node.kubelet(driver)  # dials the registration socket, then the endpoint GetInfo names
+        assert kubelet.info is not None and kubelet.info.endpoint == str(driver.endpoint)
+        claim = node.claim("one-gpu", ["gpu-1"])
+        assert answer(await kubelet.prepare([claim]), claim[2]).error == ""
+        await kubelet.close()
+    finally:
+        await node.stop_all()
