@@ -48,6 +48,10 @@ CONTAINER_LOG_LINKS = Path("/var/log/containers")
 # The kubelet's device manager serves kubelet.sock at this fixed path whatever --root-dir says
 # (pluginapi.KubeletSocket): the cluster bind-mounts its own device-plugin folder here while it runs.
 KUBELET_DEVICE_PLUGIN_DIR = Path("/var/lib/kubelet/device-plugins")
+# The longest kubelet root of a supported distribution (MicroK8s's --root-dir). The cluster's is at least as long,
+# so that every scenario shows the agent's sockets fit there: the DRA driver's, which the kubelet dials in its root,
+# and the device plugin's, served from the cluster's device-plugin folder (the kubelet dials the bind mount above).
+MICROK8S_KUBELET_ROOT = "/var/snap/microk8s/common/var/lib/kubelet"
 # The DRA features the tests use, on explicitly (all are on by default in 1.37; GA ones are locked on).
 FEATURE_GATES = {
     "DRAAdminAccess": True,
@@ -58,6 +62,12 @@ FEATURE_GATES = {
     "ResourceHealthStatus": True,
 }
 START_TIMEOUT = 120.0
+
+
+def kubelet_root(workdir: Path) -> Path:
+    """The kubelet's root directory in workdir: `kubelet`, padded to the length of MICROK8S_KUBELET_ROOT."""
+    short = len(MICROK8S_KUBELET_ROOT.encode()) - len(str(workdir / "kubelet").encode())
+    return workdir / ("kubelet" + "_" * max(short, 0))
 
 
 @dataclass
@@ -81,7 +91,7 @@ class Cluster:
         self.ports = Ports(*ports)
         self.proxy_ports = (proxy_healthz, proxy_metrics)
         self.pki_dir = self.workdir / "pki"
-        self.kubelet_root = self.workdir / "kubelet"
+        self.kubelet_root = kubelet_root(self.workdir)
         self.device_plugin_dir = self.kubelet_root / "device-plugins"
         self.plugins_registry_dir = self.kubelet_root / "plugins_registry"
         self.plugins_dir = self.kubelet_root / "plugins"

@@ -10,7 +10,7 @@ import json
 
 import pytest
 from harness.build import versions
-from harness.cluster import POD_CIDR, SERVICE_IP, Cluster
+from harness.cluster import MICROK8S_KUBELET_ROOT, POD_CIDR, SERVICE_IP, Cluster
 from harness.kube import Kubectl
 from harness.pods import busybox_pod, phase_is, wait_pod
 from harness.project_image import BuiltImage
@@ -25,6 +25,13 @@ def test_the_components_are_the_pinned_releases(cluster: Cluster, admin: Kubectl
     info = node["status"]["nodeInfo"]
     assert info["kubeletVersion"] == pinned["KUBERNETES_VERSION"]
     assert info["containerRuntimeVersion"] == f"containerd://{pinned['CONTAINERD_VERSION'].removeprefix('v')}"
+
+
+def test_the_kubelet_root_is_as_long_as_microk8s(cluster: Cluster) -> None:
+    """The kubelet's root is at least as long as MicroK8s's, so every scenario's sockets are as long as there."""
+    assert len(str(cluster.kubelet_root).encode()) >= len(MICROK8S_KUBELET_ROOT.encode())
+    served = cluster.pod_resources_socket  # made by the kubelet in its root
+    assert served.is_socket() and served.is_relative_to(cluster.kubelet_root)
 
 
 def test_a_pod_runs_on_the_pod_network(cluster: Cluster, admin: Kubectl, namespace: str) -> None:

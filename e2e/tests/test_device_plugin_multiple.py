@@ -27,6 +27,8 @@ from harness.plugin import PluginRun, bi_v150_chips, expected_nodes, start_devic
 from harness.pods import SHOW_DEVICES, STAY, busybox_pod, node_resource, run_and_read, shown_devices
 from harness.procs import wait_until
 
+from ix_device_plugin.deviceplugin.endpoint import plugin_socket
+
 RESOURCE = "iluvatar.com/gpu"
 CHIPS = bi_v150_chips()
 BOARDS = (CHIPS[0:2], CHIPS[2:4])
@@ -71,7 +73,7 @@ class Node:
         return started
 
     def socket(self, which: str) -> Path:
-        return self.cluster.device_plugin_dir / f"iluvatar-gpu-{self.uids[which]}.sock"
+        return plugin_socket(self.cluster.device_plugin_dir, self.uids[which])
 
     def written(self) -> dict[str, tuple[int, int]]:
         """The node-wide files an acting plugin writes, as (inode, mtime): the CDI spec and the NFD feature file."""

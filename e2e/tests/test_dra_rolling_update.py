@@ -25,9 +25,8 @@ from harness.pods import SHOW_DEVICES, STAY, busybox_pod, phase_is, run_and_read
 from harness.procs import wait_until
 from harness.slicewatch import SAMPLE, SliceRecorder
 
-# POD_UID of each pod: shorter than a real pod's UID, because the node's kubelet directory is deeper here than
-# /var/lib/kubelet and a unix socket's path is at most 107 bytes.
-OLD_POD, NEW_POD = "pod-old", "pod-new"
+# POD_UID of each pod, as the downward API gives it (the cluster's kubelet root is as long as MicroK8s's).
+OLD_POD, NEW_POD = "5f0c3a9e-2b71-4d6e-9a3f-0c8b7e1d2a40", "a9e41b07-6c2d-4f85-b3e0-7d1c9f2a6b18"
 REST = 20.0  # seconds each pod is watched at rest
 RESET_SECONDS = 16  # the fake ixsmi's reset: long enough for the kubelet to ask both drivers while it runs
 

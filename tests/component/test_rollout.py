@@ -14,6 +14,7 @@ from reset_support import FAST_HEALING, NAMESPACE, NODE, Ixsmi
 from ix_device_plugin.api import HEALTHY, UNHEALTHY, api_pb2
 from ix_device_plugin.apiserver.settings import KubeSettings, settings_from
 from ix_device_plugin.core.allocation import AllocationError
+from ix_device_plugin.deviceplugin.endpoint import plugin_socket
 from ix_device_plugin.deviceplugin.loop import Daemon
 from ix_device_plugin.hardware.ixml import IxmlBackend
 from ix_device_plugin.standins.apiserver import ApiServerStandIn
@@ -23,6 +24,7 @@ from ix_device_plugin.standins.podresources import PodResourcesStandIn
 from support import RESOURCE, DaemonFactory, config_flags, inject_xid, make_dev_root, metric, until
 
 OLD, NEW = "0b1d0000-0000-4000-8000-000000000001", "0e2e0000-0000-4000-8000-000000000002"
+OLD_SOCKET, NEW_SOCKET = plugin_socket(Path(), OLD).name, plugin_socket(Path(), NEW).name
 
 
 class Allocatable:
@@ -48,7 +50,7 @@ async def start_beside(
     kubelet has read its first ListAndWatch message; allocatable records from before its start."""
     allocatable = Allocatable(kubelet)
     new = await start_daemon(pod_uid=NEW, zero_downtime_upgrade="true", **options)
-    await until(lambda: kubelet.endpoints(RESOURCE) == [old_socket, f"iluvatar-gpu-{NEW}.sock"])
+    await until(lambda: kubelet.endpoints(RESOURCE) == [old_socket, NEW_SOCKET])
     await allocatable.heard()
     return new, allocatable
 
@@ -68,7 +70,7 @@ async def test_a_new_pod_registers_beside_the_old_one_and_takes_over_at_its_stop
     old = await start_daemon(pod_uid=OLD, **node_files(short_dir))
     await kubelet.wait_registered(RESOURCE, capacity=2)
     written = spec(short_dir).stat()
-    new, allocatable = await start_beside(kubelet, start_daemon, f"iluvatar-gpu-{OLD}.sock", **node_files(short_dir))
+    new, allocatable = await start_beside(kubelet, start_daemon, OLD_SOCKET, **node_files(short_dir))
     assert (old.acting, new.acting) == (True, False)
     assert (metric(old, "ix_device_plugin_acting_for_node"), metric(new, "ix_device_plugin_acting_for_node")) == (
         1,
@@ -87,12 +89,12 @@ async def test_a_new_pod_registers_beside_the_old_one_and_takes_over_at_its_stop
     assert spec(short_dir).stat().st_ino == written.st_ino and new.files.due  # the standby wrote nothing
     await old.shutdown()
     await until(lambda: new.acting, timeout=3)
-    await until(lambda: kubelet.endpoints(RESOURCE) == [f"iluvatar-gpu-{NEW}.sock"])
+    await until(lambda: kubelet.endpoints(RESOURCE) == [NEW_SOCKET])
     await until(lambda: not new.files.due)  # the CDI spec and labels are its own now
     await kubelet.admit(RESOURCE, 1)
     assert allocatable.seen and set(allocatable.seen) == {2}
     assert kubelet.resources[RESOURCE].connected and kubelet.resources[RESOURCE].allocatable == 2
-    assert not (plugin_dir / f"iluvatar-gpu-{OLD}.sock").exists()
+    assert not (plugin_dir / OLD_SOCKET).exists()
 
 
 async def test_the_new_pod_that_stops_first_leaves_the_old_one_serving(
@@ -101,9 +103,9 @@ async def test_the_new_pod_that_stops_first_leaves_the_old_one_serving(
     """DP2 changed its mind: it goes away before the old pod, which serves on as the one endpoint."""
     old = await start_daemon(pod_uid=OLD)
     await kubelet.wait_registered(RESOURCE, capacity=2)
-    new, allocatable = await start_beside(kubelet, start_daemon, f"iluvatar-gpu-{OLD}.sock")
+    new, allocatable = await start_beside(kubelet, start_daemon, OLD_SOCKET)
     await new.shutdown()
-    await until(lambda: kubelet.endpoints(RESOURCE) == [f"iluvatar-gpu-{OLD}.sock"])
+    await until(lambda: kubelet.endpoints(RESOURCE) == [OLD_SOCKET])
     await kubelet.admit(RESOURCE, 2)  # the old pod answers again
     assert old.acting
     assert set(allocatable.seen) == {2}
@@ -121,7 +123,7 @@ async def test_on_a_kubelet_before_1_37_the_new_pod_waits_ready_and_registers_on
         new = await start_daemon(pod_uid=NEW, kube=kube)
         assert not new.serving_wanted and new.ready()[0] and new.live()[0]
         assert "kubelet v1.36.4 is older than 1.37" in new.ready()[1]
-        assert not (plugin_dir / f"iluvatar-gpu-{NEW}.sock").exists() and len(kubelet.registrations) == 1
+        assert not (plugin_dir / NEW_SOCKET).exists() and len(kubelet.registrations) == 1
         await old.shutdown()
         await until(lambda: len(kubelet.registrations) == 2, timeout=5)
         view = await kubelet.wait_registered(RESOURCE, capacity=2)
@@ -192,7 +194,7 @@ async def test_both_pods_advertise_the_xid_the_acting_one_saw_and_the_chip_stays
     settings: dict[str, object] = {"backend_factory": backend, "health_interval": 0.1, "dev_root": short_dir}
     old = await start_daemon(pod_uid=OLD, **settings)
     view = await kubelet.wait_registered(RESOURCE, capacity=2)
-    new, _ = await start_beside(kubelet, start_daemon, f"iluvatar-gpu-{OLD}.sock", **settings)
+    new, _ = await start_beside(kubelet, start_daemon, OLD_SOCKET, **settings)
     assert not new.monitor.xids_watched
     inject_xid(conf, 1, 64)
     await until(lambda: advertised(old) == advertised(new) == {"GPU-x0": HEALTHY, "GPU-x1": UNHEALTHY}, timeout=5)
@@ -214,23 +216,21 @@ async def test_a_kubelet_restart_during_the_overlap_has_both_pods_register_again
 ) -> None:
     await start_daemon(pod_uid=OLD)
     await kubelet.wait_registered(RESOURCE, capacity=2)
-    await start_beside(kubelet, start_daemon, f"iluvatar-gpu-{OLD}.sock")
+    await start_beside(kubelet, start_daemon, OLD_SOCKET)
     await kubelet.restart()  # wipes both sockets
-    await until(
-        lambda: sorted(kubelet.endpoints(RESOURCE)) == sorted([f"iluvatar-gpu-{OLD}.sock", f"iluvatar-gpu-{NEW}.sock"])
-    )
+    await until(lambda: sorted(kubelet.endpoints(RESOURCE)) == sorted([OLD_SOCKET, NEW_SOCKET]))
     await kubelet.wait_registered(RESOURCE, capacity=2)
 
 
 async def test_the_socket_of_a_pod_that_was_killed_is_removed_by_the_next_pod(
     kubelet: KubeletStandIn, start_daemon: DaemonFactory, plugin_dir: Path
 ) -> None:
-    dead = plugin_dir / f"iluvatar-gpu-{OLD}.sock"
+    dead = plugin_dir / OLD_SOCKET
     with socket.socket(socket.AF_UNIX) as left:
         left.bind(str(dead))  # bound, never served again: what kill -9 leaves
     await start_daemon(pod_uid=NEW)
     await kubelet.wait_registered(RESOURCE, capacity=2)
-    assert not dead.exists() and (plugin_dir / f"iluvatar-gpu-{NEW}.sock").is_socket()
+    assert not dead.exists() and (plugin_dir / NEW_SOCKET).is_socket()
 
 
 async def test_during_the_overlap_the_acting_pod_alone_resets_and_the_standby_refuses_the_chip_meanwhile(
@@ -255,7 +255,7 @@ async def test_during_the_overlap_the_acting_pod_alone_resets_and_the_standby_re
     }
     old = await start_daemon(pod_uid=OLD, **settings)
     view = await kubelet.wait_registered(RESOURCE, capacity=2)
-    new, _ = await start_beside(kubelet, start_daemon, f"iluvatar-gpu-{OLD}.sock", **settings)
+    new, _ = await start_beside(kubelet, start_daemon, OLD_SOCKET, **settings)
     request = api_pb2.AllocateRequest(container_requests=[api_pb2.ContainerAllocateRequest(devices_ids=["GPU-x1"])])
     assert await new._before_allocate(new.plan, request) is None  # free: nothing to do
     ixsmi.delay.write_text("2")
@@ -299,5 +299,5 @@ async def test_the_first_update_from_a_release_without_the_role_registers_beside
     await kubelet.wait_registered(RESOURCE, capacity=2)
     new, allocatable = await start_beside(kubelet, start_daemon, "iluvatar-gpu.sock")
     await earlier.shutdown()
-    await until(lambda: kubelet.endpoints(RESOURCE) == [f"iluvatar-gpu-{NEW}.sock"])
+    await until(lambda: kubelet.endpoints(RESOURCE) == [NEW_SOCKET])
     assert new.acting and set(allocatable.seen) == {2}

@@ -14,6 +14,8 @@ from ix_device_plugin.deviceplugin.state import Current
 from ix_device_plugin.kubelet.sockets import (
     Identity,
     identity,
+    path_too_long,
+    pod_tag,
     remove_unanswered,
     socket_answers,
     unanswered,
@@ -24,12 +26,20 @@ from ix_device_plugin.runtime.errors import StartupError
 log = logging.getLogger(__name__)
 
 ENDPOINT = "iluvatar-gpu.sock"  # a plugin started by hand, without a pod UID
+# What to do about a socket path too long to serve: the kubelet dials its own fixed directory, so only the path the
+# plugin sees needs to be shorter.
+SHORTER_PATH = (
+    "mount the kubelet's device-plugin directory (/var/lib/kubelet/device-plugins on the host) at a shorter path "
+    "and name it with --device-plugin-path (IX_DEVICE_PLUGIN_PATH; the chart's devicePluginPath)"
+)
 
 
 def plugin_socket(plugin_dir: Path, pod_uid: str = "") -> Path:
-    """The plugin's socket in the kubelet's device-plugin directory: one per pod (iluvatar-gpu-<pod UID>.sock), so
-    that during an update the new pod serves beside the old one; ENDPOINT without a pod UID."""
-    return plugin_dir / (f"iluvatar-gpu-{pod_uid}.sock" if pod_uid else ENDPOINT)
+    """The plugin's socket in the kubelet's device-plugin directory: one per pod (iluvatar-gpu-<pod tag>.sock, see
+    pod_tag), so that during an update the new pod serves beside the old one; ENDPOINT without a pod UID.
+
+    The prefix is the one earlier releases used with the whole pod UID: other_pods_sockets finds theirs too."""
+    return plugin_dir / (f"iluvatar-gpu-{pod_tag(pod_uid)}.sock" if pod_uid else ENDPOINT)
 
 
 class Endpoint:
@@ -107,8 +117,14 @@ class Endpoint:
         if self._identity is not None and identity(self.path) == self._identity:
             self.path.unlink(missing_ok=True)
 
+    def check_path(self) -> None:
+        """StartupError when the socket's path is too long for a unix socket (before anything else starts)."""
+        if problem := path_too_long(self.path, SHORTER_PATH):
+            raise StartupError(problem)
+
     def _clear_the_way(self) -> None:
         path = self.path
+        self.check_path()
         if not path.parent.is_dir():
             raise StartupError(
                 f"device plugin directory {path.parent} does not exist (is the kubelet's "
@@ -138,7 +154,8 @@ class Endpoint:
 
 
 def other_pods_sockets(path: Path) -> list[Path]:
-    """The per-pod sockets of the plugin's other pods beside path (a pod that was killed left its own behind).
+    """The per-pod sockets of the plugin's other pods beside path (a pod that was killed left its own behind),
+    named by the pod tag or, by an earlier release, by the whole pod UID.
 
     gRPC listens on a socket as it binds it, so one that does not answer is not another pod's just starting."""
     return [other for other in path.parent.glob("iluvatar-gpu-*.sock") if other != path]

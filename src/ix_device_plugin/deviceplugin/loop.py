@@ -312,6 +312,7 @@ class Daemon:
 
     async def start(self) -> None:
         """Load config, discover, serve and ask for registration; raises StartupError."""
+        self.endpoint.check_path()
         spawn = self.service.spawn
         if self.options.per_node_config:
             await self.config_source.follow_label(

@@ -66,6 +66,7 @@ from ix_device_plugin.dra.registration import (
     registration_socket,
     remove_own_socket,
     remove_stale_sockets,
+    socket_paths_problem,
     staging_socket,
 )
 from ix_device_plugin.dra.service import DraService
@@ -83,7 +84,7 @@ from ix_device_plugin.healing.record import RecordFile, record_path
 from ix_device_plugin.healing.service import NodeHealing
 from ix_device_plugin.healing.story import story_path
 from ix_device_plugin.healing.wayback import return_annotation
-from ix_device_plugin.kubelet.sockets import Identity, path_too_long, unix_target
+from ix_device_plugin.kubelet.sockets import Identity, unix_target
 from ix_device_plugin.runtime.backoff import Backoff
 from ix_device_plugin.runtime.errors import StartupError
 from ix_device_plugin.runtime.files import read_boot_id
@@ -220,6 +221,8 @@ class DraDriver:
 
     async def start(self) -> None:
         """Read ix-config, load the checkpoint, discover, serve both sockets, publish; raises StartupError."""
+        if problem := socket_paths_problem((self.registrar_socket, self.endpoint)):
+            raise StartupError(problem)
         started = time.perf_counter()
         await self.state.restore()
         publishing = self._take_role_at_start()  # first: the record's restore says what is wrong only when acting
@@ -288,8 +291,6 @@ class DraDriver:
     async def _serve(self) -> None:
         endpoint, registrar = self.endpoint, self.registrar_socket
         for path in (registrar, endpoint):
-            if problem := path_too_long(path):
-                raise StartupError(f"cannot serve the kubelet at {problem} (shorter kubelet directories, or POD_UID)")
             path.parent.mkdir(parents=True, exist_ok=True)
         remove_stale_sockets(self.options.registrar_dir, self.options.plugins_dir)  # left by a pod that was killed
         dra = grpc.aio.server()

@@ -8,7 +8,7 @@ import logging
 import os
 import secrets
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import grpc
@@ -16,7 +16,15 @@ import grpc
 from ix_device_plugin.api.pluginregistration import api_pb2 as registration_pb2
 from ix_device_plugin.api.pluginregistration import api_pb2_grpc as registration_grpc
 from ix_device_plugin.dra.slices import DRIVER
-from ix_device_plugin.kubelet.sockets import Identity, identity, remove_unanswered, socket_answers, unanswered
+from ix_device_plugin.kubelet.sockets import (
+    Identity,
+    identity,
+    path_too_long,
+    pod_tag,
+    remove_unanswered,
+    socket_answers,
+    unanswered,
+)
 from ix_device_plugin.runtime.errors import StartupError
 from ix_device_plugin.runtime.files import TEMPORARY_MAX_AGE, reason
 
@@ -35,21 +43,41 @@ def plugin_dir(plugins_dir: Path) -> Path:
     return plugins_dir / DRIVER
 
 
+# What to do about a socket path too long to serve: the kubelet dials these paths itself.
+SHORTER_PATH = (
+    "the kubelet dials this path itself, so it must be shorter on the host too: a kubelet with a shorter root "
+    "directory (--root-dir), named here by --kubelet-registrar-directory-path and --kubelet-plugins-directory-path "
+    "(the chart's dra.kubeletRegistrarDirectoryPath and dra.kubeletPluginsDirectoryPath)"
+)
+
+
 def registration_socket(registrar_dir: Path, pod_uid: str = "") -> Path:
-    """Where the plugin watcher finds the driver: `gpu.iluvatar.com-reg.sock`, or `gpu.iluvatar.com-<pod>-reg.sock`
-    per pod, so that the next pod of an update registers beside this one (the kubelet allows it since 1.33)."""
-    return registrar_dir / (f"{DRIVER}-{pod_uid}-reg.sock" if pod_uid else REGISTRATION_SOCKET)
+    """Where the plugin watcher finds the driver: `gpu.iluvatar.com-reg.sock`, or `gpu.iluvatar.com-<pod tag>-reg.sock`
+    per pod (see pod_tag), so that the next pod of an update registers beside this one (the kubelet allows it since
+    1.33)."""
+    return registrar_dir / (f"{DRIVER}-{pod_tag(pod_uid)}-reg.sock" if pod_uid else REGISTRATION_SOCKET)
 
 
 def dra_socket(plugins_dir: Path, pod_uid: str = "") -> Path:
-    """The DRAPlugin service's socket, the endpoint GetInfo names: `dra.sock`, or `dra-<pod>.sock` per pod."""
-    return plugin_dir(plugins_dir) / (f"dra-{pod_uid}.sock" if pod_uid else DRA_SOCKET)
+    """The DRAPlugin service's socket, the endpoint GetInfo names: `dra.sock`, or `dra-<pod tag>.sock` per pod."""
+    return plugin_dir(plugins_dir) / (f"dra-{pod_tag(pod_uid)}.sock" if pod_uid else DRA_SOCKET)
+
+
+def socket_paths_problem(sockets: Iterable[Path]) -> str | None:
+    """Why the driver cannot serve the kubelet at one of sockets, or at the staging name it binds first (see
+    staging_socket): a path over a unix socket's limit. None when all fit."""
+    for path in sockets:
+        for bound in (path, staging_socket(path)):
+            if problem := path_too_long(bound, SHORTER_PATH):
+                return problem
+    return None
 
 
 def stale_sockets(registrar_dir: Path, plugins_dir: Path) -> list[tuple[Path, Identity]]:
     """This driver's sockets that nothing serves any more (left by a pod that was killed), with the identity each
-    had when found so: at the names the kubelet knows, and at staging names (see staging_socket) once they are
-    older than a start takes."""
+    had when found so: at the names the kubelet knows (named by the pod tag, or by the whole pod UID by an earlier
+    release: the same prefixes), and at staging names (see staging_socket) once they are older than a start
+    takes."""
     staging = [*registrar_dir.glob(f".{DRIVER}-*.sock"), *plugin_dir(plugins_dir).glob(".dra-*.sock")]
     candidates = [
         *registrar_dir.glob(f"{DRIVER}*-reg.sock"),

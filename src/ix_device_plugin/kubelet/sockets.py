@@ -4,6 +4,7 @@ and whether anything still serves one."""
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import logging
 import socket
 from collections.abc import Iterable
@@ -25,14 +26,29 @@ def unix_target(path: str | Path) -> str:
 
 Identity = tuple[int, int]
 PATH_LIMIT = 107  # bytes of a unix socket's path: sun_path holds 108 with the closing NUL
+POD_TAG_DIGITS = 8  # hex digits of the per-pod part of a socket's name
 
 
-def path_too_long(path: Path) -> str | None:
-    """Why no one could connect to a unix socket at path (too long a path), None when one can."""
+def pod_tag(pod_uid: str) -> str:
+    """The per-pod part of a socket's name: the first 8 hex digits of the SHA-256 of the pod's UID.
+
+    The kubelet dials `<its directory>/<name>`, and a pod's UID (36 bytes) in the name leaves too little of the
+    107 bytes for a kubelet root such as MicroK8s's. 32 bits tell apart the two or three pods of one DaemonSet that
+    overlap on a node (a clash has odds of about 1 in 1.4 billion per update), whatever form the UID has.
+    """
+    return hashlib.sha256(pod_uid.encode()).hexdigest()[:POD_TAG_DIGITS]
+
+
+def path_too_long(path: Path, fix: str) -> str | None:
+    """Why a unix socket cannot be served at path (its path is over PATH_LIMIT bytes), fix saying what to do about
+    it; None when it fits."""
     size = len(str(path.absolute()).encode())
     if size <= PATH_LIMIT:
         return None
-    return f"{path}: a unix socket's path is at most {PATH_LIMIT} bytes, this one has {size}"
+    return (
+        f"cannot serve the kubelet at {path}: the path has {size} bytes, and a unix socket's path is at most "
+        f"{PATH_LIMIT}; {fix}"
+    )
 
 
 def identity(path: Path) -> Identity | None:

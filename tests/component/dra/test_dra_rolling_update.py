@@ -25,6 +25,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from ix_device_plugin.dra.claimspec import cdi_spec_file
 from ix_device_plugin.dra.driver import DraDriver
+from ix_device_plugin.dra.registration import registration_socket
 from ix_device_plugin.dra.slices import DRIVER
 from ix_device_plugin.dra.state import LOCK_FILE
 from ix_device_plugin.runtime.errors import StartupError
@@ -265,9 +266,11 @@ async def test_a_socket_nothing_answers_is_removed_at_start_and_a_live_one_kept(
 
 
 async def test_a_socket_path_too_long_to_connect_to_is_a_clear_error_at_start(node: DraNode) -> None:
-    pod_uid = "p" * 63  # as long as a POD_UID may be: with these directories, more than a unix socket's path takes
-    registrar = node.root / "plugins_registry" / f"{DRIVER}-{pod_uid}-reg.sock"
-    driver = DraDriver(node.options(pod_uid=pod_uid), kube_settings=node.kube_settings())
+    registrar_dir = node.root / ("r" * 80) / "plugins_registry"  # a kubelet root too long for any socket name
+    registrar = registration_socket(registrar_dir, "pod-long")
+    driver = DraDriver(
+        node.options(pod_uid="pod-long", registrar_dir=registrar_dir), kube_settings=node.kube_settings()
+    )
     try:
         with pytest.raises(StartupError) as raised:
             await driver.start()
@@ -275,9 +278,12 @@ async def test_a_socket_path_too_long_to_connect_to_is_a_clear_error_at_start(no
         await driver.shutdown()
     size = len(str(registrar).encode())
     assert str(raised.value) == (
-        f"cannot serve the kubelet at {registrar}: a unix socket's path is at most 107 bytes, this one has {size} "
-        "(shorter kubelet directories, or POD_UID)"
+        f"cannot serve the kubelet at {registrar}: the path has {size} bytes, and a unix socket's path is at most 107; "
+        "the kubelet dials this path itself, so it must be shorter on the host too: a kubelet with a shorter root "
+        "directory (--root-dir), named here by --kubelet-registrar-directory-path and --kubelet-plugins-directory-path "
+        "(the chart's dra.kubeletRegistrarDirectoryPath and dra.kubeletPluginsDirectoryPath)"
     )
+    assert not registrar_dir.exists()  # refused before anything was made
 
 
 # ------------------------------------------------------------------ serialize.lock held by a wedged pod

@@ -9,6 +9,7 @@ import pytest
 
 from ix_device_plugin.deviceplugin.endpoint import ENDPOINT, plugin_socket
 from ix_device_plugin.kubelet.endpoints import keeps_several_endpoints, register_beside
+from ix_device_plugin.kubelet.sockets import pod_tag
 
 
 @pytest.mark.parametrize(
@@ -49,4 +50,4 @@ def test_each_pod_has_a_socket_of_its_own_and_a_hand_started_plugin_the_fixed_na
     directory = Path("/var/lib/kubelet/device-plugins")
     assert plugin_socket(directory) == directory / ENDPOINT == directory / "iluvatar-gpu.sock"
     uid = "0b1d0000-0000-4000-8000-000000000001"
-    assert plugin_socket(directory, uid) == directory / f"iluvatar-gpu-{uid}.sock"
+    assert plugin_socket(directory, uid) == directory / f"iluvatar-gpu-{pod_tag(uid)}.sock"
