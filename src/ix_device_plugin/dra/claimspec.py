@@ -10,13 +10,17 @@ spec's own edits, in a device's, or nowhere, so that each container is told what
 claim no known container uses) the spec's own edits name the claim's chips.
 
 One more CDI device, `<claim UID>-record`, which no container is given, sets the claim's own chips: the record a
-claim is read back from when the checkpoint is lost. Its own kind keeps the spec apart from the device plugin's
+claim is read back from when the checkpoint is lost. Where containers.py places one, `<claim UID>-relay_env` (env
+only) is answered with two of the claim's devices, before the first's own ID and after the other's: a container
+given both keeps its first occurrence (containerd drops a repeated ID), one given only the second gets its value
+last (see `Relay`). Its own kind keeps the spec apart from the device plugin's
 node-wide `iluvatar.com/gpu` spec, so both modes can share a node while it moves from one to the other.
 """
 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -46,6 +50,7 @@ _NODE = re.compile(rf"^{re.escape(DEVICE_NODE_PREFIX)}(\d{{1,{_MAX_DIGITS}}})$")
 
 _SPEC_FILE_PREFIX = f"{CLAIM_CDI_VENDOR}-{CLAIM_CDI_CLASS}_"
 RECORD_DEVICE = "record"  # <claim UID>-record: the claim's own chips, for the driver alone
+RELAY_DEVICE = "relay_env"  # <claim UID>-relay_env: no request name (a DNS label) or device name can be it
 
 
 def cdi_spec_file(uid: str) -> str:
@@ -97,6 +102,16 @@ def record_device_name(uid: str) -> str:
     return f"{uid}-{RECORD_DEVICE}"
 
 
+def relay_device_name(uid: str) -> str:
+    """The claim's relay device (see Relay)."""
+    return f"{uid}-{RELAY_DEVICE}"
+
+
+def _driver_only(name: Any) -> bool:
+    """A device of the spec that is none of the claim's allocated devices (the record, the relay)."""
+    return isinstance(name, str) and name.endswith((f"-{RECORD_DEVICE}", f"-{RELAY_DEVICE}"))
+
+
 @dataclass(frozen=True)
 class Holding:
     """What a container holds, as the GPU variables name it: chip UUIDs, and the devices as replica IDs."""
@@ -132,11 +147,26 @@ class Holding:
 
 
 @dataclass(frozen=True)
+class Relay:
+    """An env-only CDI device of the claim answered among the CDI IDs of two of its devices: first in lead's, last
+    in tail's (CDI device names). The kubelet hands a container the IDs of its devices in order and containerd
+    keeps the first of a repeated ID, so a container given lead then tail gets the relay before lead's own edits,
+    and one given tail without lead gets it after tail's: value is what the latter hold."""
+
+    name: str
+    lead: str
+    tail: str
+    value: Holding
+
+
+@dataclass(frozen=True)
 class ClaimEnv:
-    """Where a claim's spec sets the GPU variables: its own edits, and each CDI device's (by name; None: nothing)."""
+    """Where a claim's spec sets the GPU variables: its own edits, each CDI device's (by name; None: nothing), and
+    its relay where it has one."""
 
     spec: Holding | None
     devices: Mapping[str, Holding | None]
+    relay: Relay | None = None
 
 
 def claim_env(spec: Mapping[str, Any]) -> ClaimEnv:
@@ -145,9 +175,44 @@ def claim_env(spec: Mapping[str, Any]) -> ClaimEnv:
     devices = {}
     for entry in spec.get("devices") or []:
         name = entry.get("name") if isinstance(entry, dict) else None
-        if isinstance(name, str) and not name.endswith(f"-{RECORD_DEVICE}"):
+        if isinstance(name, str) and not _driver_only(name):
             devices[name] = _holding(entry.get("containerEdits"))
     return ClaimEnv(_holding(edits), devices)
+
+
+def claim_relay(claim: PreparedClaim) -> Relay | None:
+    """The claim's relay as answered (its CDI ID before one device's own ID and after another's), with the value its
+    spec sets; None where it has none."""
+    uid = claim.ref.uid
+    relay_id, name = cdi_id(uid, RELAY_DEVICE), relay_device_name(uid)
+    lead = tail = None
+    for device in claim.devices:
+        own = cdi_id(uid, device.device, device.share_id)
+        if relay_id in device.cdi_ids and own in device.cdi_ids:
+            before = device.cdi_ids.index(relay_id) < device.cdi_ids.index(own)
+            lead, tail = (own, tail) if before else (lead, own)
+    entries = [e for e in claim.spec.get("devices") or [] if isinstance(e, dict) and e.get("name") == name]
+    value = _holding(entries[0].get("containerEdits")) if entries else None
+    if lead is None or tail is None or value is None:
+        return None
+    return Relay(name, lead.partition("=")[2], tail.partition("=")[2], value)
+
+
+def with_relay_ids(claim: PreparedClaim, relay: Relay | None) -> PreparedClaim:
+    """claim with the relay's CDI ID answered first among lead's CDI IDs and last among tail's (once placed, it
+    stays: the kubelet keeps what it was answered)."""
+    if relay is None:
+        return claim
+    relay_id = f"{CLAIM_CDI_KIND}={relay.name}"
+    devices = []
+    for device in claim.devices:
+        name, ids = cdi_device_name(claim.ref.uid, device.device, device.share_id), device.cdi_ids
+        if name == relay.lead and relay_id not in ids:
+            ids = (relay_id, *ids)
+        if name == relay.tail and relay_id not in ids:
+            ids = (*ids, relay_id)
+        devices.append(device if ids == device.cdi_ids else dataclasses.replace(device, cdi_ids=ids))
+    return dataclasses.replace(claim, devices=tuple(devices))
 
 
 def _holding(edits: Any) -> Holding | None:
@@ -172,10 +237,16 @@ def with_env(spec: Mapping[str, Any], env: ClaimEnv) -> dict[str, Any]:
     _set_env(edits, env.spec)
     if not edits:
         del changed["containerEdits"]
-    for entry in changed.get("devices", []):
+    entries = changed.get("devices", [])
+    for entry in entries:
         name = entry.get("name")
-        if not str(name).endswith(f"-{RECORD_DEVICE}"):
+        if not _driver_only(name):
             _set_env(entry.setdefault("containerEdits", {}), env.devices.get(name))
+        elif env.relay is not None and name == env.relay.name:
+            _set_env(entry.setdefault("containerEdits", {}), env.relay.value)
+    if env.relay is not None and not any(entry.get("name") == env.relay.name for entry in entries):
+        changed["devices"] = entries = [*entries]
+        entries.append({"name": env.relay.name, "containerEdits": {"env": env.relay.value.env()}})
     return changed
 
 
@@ -205,7 +276,7 @@ def claim_from_spec(uid: str, spec: Any, pool: str) -> PreparedClaim:
     if not isinstance(entries, list) or not entries:
         raise SpecError(f"devices: expected a list of devices, got {kind_of(entries)}")
     record = [e for e in entries if isinstance(e, dict) and e.get("name") == record_device_name(uid)]
-    entries = [e for e in entries if not (isinstance(e, dict) and e.get("name") == record_device_name(uid))]
+    entries = [e for e in entries if not (isinstance(e, dict) and e.get("name") in _own_devices(uid))]
     if not entries:
         raise SpecError("devices: expected a device besides the record")
     where = "devices[record].containerEdits" if record else "containerEdits"  # the spec's own: an earlier driver's
@@ -241,6 +312,10 @@ def claim_from_spec(uid: str, spec: Any, pool: str) -> PreparedClaim:
             )
         )
     return PreparedClaim(ClaimRef("", "", uid), tuple(devices), spec, complete=False)
+
+
+def _own_devices(uid: str) -> tuple[str, str]:
+    return record_device_name(uid), relay_device_name(uid)
 
 
 def _env(edits: Any, where: str) -> dict[str, str]:

@@ -40,11 +40,19 @@ already prepared claim later is told what the claim's CDI devices were written f
 from __future__ import annotations
 
 import itertools
-from collections.abc import Collection, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any
 
-from ix_device_plugin.dra.claimspec import ClaimEnv, Holding, cdi_device_name, claim_env
+from ix_device_plugin.dra.claimspec import (
+    ClaimEnv,
+    Holding,
+    Relay,
+    cdi_device_name,
+    claim_env,
+    claim_relay,
+    relay_device_name,
+)
 from ix_device_plugin.dra.pool import quantity
 from ix_device_plugin.dra.prepared import PreparedClaim
 
@@ -247,44 +255,75 @@ def _entries(pod: Any) -> tuple[dict[str, tuple[str | None, bool]], tuple[str, l
 SEARCH_LIMIT = 4096  # assignments tried when the rules leave a container told wrongly or nothing
 
 
-def solve(containers: Iterable[Container], claims: Mapping[str, PreparedClaim], open_claims: Collection[str]) -> Told:
+def solve(
+    containers: Iterable[Container],
+    claims: Mapping[str, PreparedClaim],
+    open_claims: Collection[str],
+    placeable: Collection[str] = (),
+) -> Told:
     """Where each claim's spec sets the variables: open_claims (by UID) are chosen for the containers that use
-    them (they are all of their users); the other claims keep what their specs set now. Warnings name every
-    container that is not told exactly what it holds, and every claim made on its own whose lone users would
-    not be."""
+    them (they are all of their users); the other claims keep what their specs set now. A claim in placeable (its
+    CDI IDs not yet answered) made for its pod may get a relay (see relayed). Warnings name every container that is
+    not told exactly what it holds, and every claim made on its own whose lone users would not be."""
     listed = list(containers)
     users: dict[str, list[tuple[Container, tuple[str, ...]]]] = {}
     for container in listed:
         for use in container.uses:
             users.setdefault(use.claim, []).append((container, use.devices))
-    envs = {uid: claim_env(claim.spec) for uid, claim in claims.items()}
-    problems = {uid: _Problem(claims[uid], users.get(uid, [])) for uid in open_claims if uid in claims}
+    envs = {uid: replace(claim_env(claim.spec), relay=claim_relay(claim)) for uid, claim in claims.items()}
+    problems = {uid: _Problem(claims[uid], users.get(uid, []), envs[uid].relay) for uid in open_claims if uid in claims}
     envs.update({uid: problem.rules() for uid, problem in problems.items()})
     if any(_not_exact(container, envs) for container in listed):
         envs.update(_searched(listed, envs, problems))
-    warnings = [warning for container in listed if (warning := _not_exact(container, envs)) is not None]
     standalone = {use.claim for container in listed for use in container.uses if not use.own}
+    if any(_not_exact(container, envs) for container in listed):
+        envs.update(_relayed(listed, envs, problems, set(placeable) - standalone))
+    warnings = [warning for container in listed if (warning := _not_exact(container, envs)) is not None]
     for uid in sorted(standalone & set(problems)):
         if (warning := _later_pods(claims[uid], envs[uid])) is not None:
             warnings.append(warning)
     return Told({uid: envs[uid] for uid in problems}, tuple(warnings))
 
 
-def told(env: ClaimEnv, block: Iterable[str]) -> Holding | None:
-    """What a claim's block of devices tells a container: the last value set in it (the spec's own first)."""
-    value = env.spec
+def told(env: ClaimEnv, block: Iterable[str], repeats_dropped: bool = True) -> Holding | None:
+    """What a claim's block of devices tells a container: the last value set in it (the spec's own first), the
+    relay before its lead's and after its tail's, where it comes first when the runtime drops a repeated ID (as
+    containerd does), else where it comes last."""
+    relay, names = env.relay, []
     for name in block:
-        device = env.devices.get(name)
+        names += [relay.name, name] if relay is not None and name == relay.lead else [name]
+        names += [relay.name] if relay is not None and name == relay.tail else []
+    value = env.spec
+    for name in dict.fromkeys(names) if repeats_dropped else names:
+        device = relay.value if relay is not None and name == relay.name else env.devices.get(name)
         value = device if device is not None else value
     return value
+
+
+def _relayed(
+    containers: list[Container], envs: Mapping[str, ClaimEnv], problems: Mapping[str, _Problem], placeable: set[str]
+) -> dict[str, ClaimEnv]:
+    """Where a container is still not told exactly: a claim's relay, placed where none is (a claim in placeable),
+    or its value chosen again, when that tells more containers exactly (see the module's doc)."""
+    best = dict(envs)
+    for uid, problem in problems.items():
+        if best[uid].relay is None and uid not in placeable:
+            continue
+        for trial in problem.relay_trials(best[uid]):
+            trials = {**best, uid: trial}
+            if _score(containers, trials) > _score(containers, best) and _kept_repeats_safe(containers, trials):
+                best[uid] = trial
+    return {uid: best[uid] for uid in problems}
 
 
 class _Problem:
     """One claim's choice: the value of each of its CDI devices and of its spec's own edits, for its containers
     (users: each container with the block of the claim it gets)."""
 
-    def __init__(self, claim: PreparedClaim, users: list[tuple[Container, tuple[str, ...]]]) -> None:
-        self.claim = claim
+    def __init__(
+        self, claim: PreparedClaim, users: list[tuple[Container, tuple[str, ...]]], relay: Relay | None = None
+    ) -> None:
+        self.claim, self.relay = claim, relay
         self.names = [cdi_device_name(claim.ref.uid, d.device, d.share_id) for d in claim.devices]
         self.targets: dict[tuple[str, ...], Holding | None] = {}  # a block -> what its containers hold (None: differ)
         self.holdings: dict[tuple[str, ...], list[Holding]] = {}
@@ -318,7 +357,19 @@ class _Problem:
                     if all(self._overridden(other, name, target, values) for other in others):
                         values[name], changed = target, True
                         break
-        return ClaimEnv(self._spec(values), values)
+        return ClaimEnv(self._spec(values), values, self.relay)
+
+    def relay_trials(self, env: ClaimEnv) -> Iterator[ClaimEnv]:
+        """env with a relay (where it has one, the same lead and tail) and a value for it and for its tail: a
+        container whose block runs from lead to tail is told tail's value, one given tail without lead the
+        relay's."""
+        placements = [(env.relay.lead, env.relay.tail)] if env.relay is not None else []
+        placements += [(b[0], b[-1]) for b in self.targets if env.relay is None and len(b) > 1 and b[0] != b[-1]]
+        for lead, tail in dict.fromkeys(placements):
+            held = self._distinct(h for block, found in self.holdings.items() if tail in block for h in found)
+            for tail_value, value in itertools.product(held, held):
+                relay = Relay(relay_device_name(self.claim.ref.uid), lead, tail, value)
+                yield ClaimEnv(env.spec, {**env.devices, tail: tail_value}, relay)
 
     def choices(self) -> list[list[Holding | None]]:
         """The values worth trying for the spec's own edits, then for each open device."""
@@ -333,7 +384,7 @@ class _Problem:
         """The claim's values with the spec's and the open devices' chosen."""
         values: dict[str, Holding | None] = {name: self.fixed.get(name) for name in self.names}
         values.update(zip(self.open, chosen[1:], strict=True))
-        return ClaimEnv(chosen[0], values)
+        return ClaimEnv(chosen[0], values, self.relay)
 
     def _overridden(self, block: tuple[str, ...], name: str, target: Holding, values: Mapping[str, Any]) -> bool:
         """Setting name to target leaves what block tells its containers right."""
@@ -386,6 +437,17 @@ def _score(containers: list[Container], envs: Mapping[str, ClaimEnv]) -> tuple[i
         nothing += not values
         false += any(not set(v.visible) <= set(container.holding.visible) for v in values.values())
     return exact, -nothing, -false
+
+
+def _kept_repeats_safe(containers: list[Container], envs: Mapping[str, ClaimEnv]) -> bool:
+    """Under a runtime that keeps a repeated CDI ID, every container is still told something and no chip it does
+    not hold."""
+    for container in containers:
+        values = [told(envs[use.claim], use.devices, repeats_dropped=False) for use in container.uses]
+        held = set(container.holding.visible)
+        if all(v is None for v in values) or any(v is not None and not set(v.visible) <= held for v in values):
+            return False
+    return True
 
 
 def _lone(claim: PreparedClaim, name: str) -> Holding:

@@ -410,7 +410,8 @@ class DraDriver:
         if seeds:
             async with self._telling:  # one at a time, each from the claims as they are then: the last one knows all
                 await self._tell_containers(seeds)
-        return outcomes
+        # answered as told: a claim of this call may now have a relay among its devices' CDI IDs (containers.py)
+        return [o if isinstance(o, str) else self.state.claims.get(o.ref.uid, o) for o in outcomes]
 
     async def prepare_claim(self, ref: ClaimRef, read: ClaimReader | None = None) -> PreparedClaim | str:
         """The prepared claim, or the per-claim error message; never raises. read: how to read the claim."""
@@ -524,7 +525,7 @@ class DraDriver:
         for pod in pods.values():
             if pod is not None and (ref := pod_ref(pod)) is not None:
                 containers += containers_of(pod, {name: c for (ns, name), c in by_name.items() if ns == ref.namespace})
-        told = solve(containers, {c.ref.uid: c for c in by_name.values()}, known)
+        told = solve(containers, {c.ref.uid: c for c in by_name.values()}, known, placeable=seeds)
         for warning in told.warnings:
             log.warning("%s", warning)
         await self.state.tell_containers(told.envs)
