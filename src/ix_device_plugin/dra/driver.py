@@ -41,15 +41,8 @@ from ix_device_plugin.apiserver.watch import Key, Mirror
 from ix_device_plugin.core.healing import Rules
 from ix_device_plugin.core.inventory import Inventory
 from ix_device_plugin.dra.claimstatus import ClaimStatusWriter
-from ix_device_plugin.dra.containers import (
-    PodRef,
-    containers_of,
-    pod_ref,
-    reserved_for,
-    runs_containers,
-    solve,
-    used_claims,
-)
+from ix_device_plugin.dra.claimusers import PodRef, containers_of, pod_ref, reserved_for, runs_containers, used_claims
+from ix_device_plugin.dra.containers import solve
 from ix_device_plugin.dra.healguard import ClaimGuard
 from ix_device_plugin.dra.health import DeviceHealthBoard, HealthService
 from ix_device_plugin.dra.metadata import NodeFacts

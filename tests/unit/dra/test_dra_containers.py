@@ -29,16 +29,16 @@ from ix_device_plugin.dra.claimspec import (
     with_env,
     with_relay_ids,
 )
-from ix_device_plugin.dra.containers import (
+from ix_device_plugin.dra.claimusers import (
     ClaimUse,
     Container,
     PodRef,
     containers_of,
     reserved_for,
     runs_containers,
-    solve,
     used_claims,
 )
+from ix_device_plugin.dra.containers import solve
 from ix_device_plugin.dra.prepared import ClaimRef, PreparedClaim, PreparedDevice
 from ix_device_plugin.dra.slices import slice_content
 from ix_device_plugin.hardware.simulated import parse_spec
