@@ -191,7 +191,8 @@ def claim_relay(claim: PreparedClaim) -> Relay | None:
         if relay_id in device.cdi_ids and own in device.cdi_ids:
             before = device.cdi_ids.index(relay_id) < device.cdi_ids.index(own)
             lead, tail = (own, tail) if before else (lead, own)
-    entries = [e for e in claim.spec.get("devices") or [] if isinstance(e, dict) and e.get("name") == name]
+    listed = claim.spec.get("devices") if isinstance(claim.spec, Mapping) else None
+    entries = [e for e in listed if isinstance(e, dict) and e.get("name") == name] if isinstance(listed, list) else []
     value = _holding(entries[0].get("containerEdits")) if entries else None
     if lead is None or tail is None or value is None:
         return None

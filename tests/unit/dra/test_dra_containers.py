@@ -16,14 +16,18 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from ix_device_plugin.core.inventory import Inventory
 from ix_device_plugin.dra.claimspec import (
     ClaimEnv,
     Holding,
+    Relay,
     cdi_device_name,
     claim_env,
     claim_from_spec,
+    claim_relay,
     claim_spec,
     record_device_name,
     with_env,
@@ -439,6 +443,41 @@ def test_init_containers_reusing_later_requests_are_told_exactly_with_a_relay(se
         assert (runtime_told(container, claims) == held) == (name not in warned), (mappings, told)
         kept = runtime_told(container, claims, drops_repeats=False)
         assert kept <= held or not runtime_told(container, plain) <= held, (name, mappings, told)
+
+
+JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(max_size=8),
+    lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=8), children, max_size=4),
+    max_leaves=20,
+)
+RELAY_ID = "gpu.iluvatar.com/claim=uid-ext-relay_env"
+
+
+@given(JSON, st.lists(st.sampled_from([RELAY_ID, "gpu.iluvatar.com/claim=uid-ext-gpu-0", "x"]), max_size=4), JSON)
+def test_a_relay_is_read_back_from_any_spec_and_cdi_ids_or_is_none(devices: Any, ids: list[str], env: Any) -> None:
+    """What the checkpoint holds is read back whatever another writer put there: a relay names devices of the
+    claim and sets a value, or there is none."""
+    ext = claim("ext", ("gpu-0", "U0", "r0"), ("gpu-1", "U1", "r1"))
+    first, second = ext.devices
+    spec = {"devices": [devices, {"name": "uid-ext-relay_env", "containerEdits": {"env": env}}]}
+    for edited in (dataclasses.replace(ext, spec=spec), dataclasses.replace(ext, spec={"devices": devices})):
+        found = claim_relay(
+            dataclasses.replace(edited, devices=(dataclasses.replace(first, cdi_ids=tuple(ids)), second))
+        )
+        assert found is None or {found.lead, found.tail} <= {"uid-ext-gpu-0", "uid-ext-gpu-1"}
+
+
+def test_a_spec_with_a_relay_is_read_back_as_its_claim_and_keeps_the_relay() -> None:
+    chip = slice_content(Inventory(boards=parse_spec("BI-V150:1"))).by_name()
+    devices = [
+        (PreparedDevice((f"r{n}",), POOL, f"gpu-{n}", chip[f"gpu-{n}"].uuid, ("x",)), chip[f"gpu-{n}"]) for n in (0, 1)
+    ]
+    spec = claim_spec("uid-a", devices, (), Path("/"))
+    relay = Relay("uid-a-relay_env", "uid-a-gpu-0", "uid-a-gpu-1", Holding((devices[1][0].uuid,), ()))
+    told = with_env(spec, ClaimEnv(None, {}, relay))
+    assert with_env(told, ClaimEnv(None, {})) == told  # once written, it stays: the kubelet may hold its ID
+    back = claim_from_spec("uid-a", told, POOL)
+    assert [d.device for d in back.devices] == ["gpu-0", "gpu-1"]
 
 
 # ------------------------------------------------------------------ the spec
