@@ -10,11 +10,10 @@ spec's own edits, in a device's, or nowhere, so that each container is told what
 claim no known container uses) the spec's own edits name the claim's chips.
 
 One more CDI device, `<claim UID>-record`, which no container is given, sets the claim's own chips: the record a
-claim is read back from when the checkpoint is lost. Where containers.py places one, `<claim UID>-relay_env` (env
-only) is answered with two of the claim's devices, before the first's own ID and after the other's: a container
-given both keeps its first occurrence (containerd drops a repeated ID), one given only the second gets its value
-last (see `Relay`). Its own kind keeps the spec apart from the device plugin's
-node-wide `iluvatar.com/gpu` spec, so both modes can share a node while it moves from one to the other.
+claim is read back from when the checkpoint is lost. Where containers.py places one, a relay (`Relay`): two
+env-only devices answered among the CDI IDs of two of the claim's devices. Its own kind keeps the spec apart from
+the device plugin's node-wide `iluvatar.com/gpu` spec, so both modes can share a node while it moves from one to
+the other.
 """
 
 from __future__ import annotations
@@ -51,6 +50,7 @@ _NODE = re.compile(rf"^{re.escape(DEVICE_NODE_PREFIX)}(\d{{1,{_MAX_DIGITS}}})$")
 _SPEC_FILE_PREFIX = f"{CLAIM_CDI_VENDOR}-{CLAIM_CDI_CLASS}_"
 RECORD_DEVICE = "record"  # <claim UID>-record: the claim's own chips, for the driver alone
 RELAY_DEVICE = "relay_env"  # <claim UID>-relay_env: no request name (a DNS label) or device name can be it
+RELAY_FIRST_DEVICE = "relay_first"  # <claim UID>-relay_first, likewise
 
 
 def cdi_spec_file(uid: str) -> str:
@@ -102,14 +102,16 @@ def record_device_name(uid: str) -> str:
     return f"{uid}-{RECORD_DEVICE}"
 
 
-def relay_device_name(uid: str) -> str:
-    """The claim's relay device (see Relay)."""
-    return f"{uid}-{RELAY_DEVICE}"
+def relay_device_names(uid: str) -> tuple[str, str]:
+    """The claim's relay devices (see Relay): the relay, and the one after it in lead's CDI IDs."""
+    return f"{uid}-{RELAY_DEVICE}", f"{uid}-{RELAY_FIRST_DEVICE}"
 
 
 def _driver_only(name: Any) -> bool:
-    """A device of the spec that is none of the claim's allocated devices (the record, the relay)."""
-    return isinstance(name, str) and name.endswith((f"-{RECORD_DEVICE}", f"-{RELAY_DEVICE}"))
+    """A device of the spec that is none of the claim's allocated devices (the record, the relay's)."""
+    return isinstance(name, str) and name.endswith(
+        tuple(f"-{d}" for d in (RECORD_DEVICE, RELAY_DEVICE, RELAY_FIRST_DEVICE))
+    )
 
 
 @dataclass(frozen=True)
@@ -148,15 +150,19 @@ class Holding:
 
 @dataclass(frozen=True)
 class Relay:
-    """An env-only CDI device of the claim answered among the CDI IDs of two of its devices: first in lead's, last
-    in tail's (CDI device names). The kubelet hands a container the IDs of its devices in order and containerd
-    keeps the first of a repeated ID, so a container given lead then tail gets the relay before lead's own edits,
-    and one given tail without lead gets it after tail's: value is what the latter hold."""
+    """Two env-only CDI devices of the claim, answered among the CDI IDs of two of its devices (CDI device names):
+    `name` and `first` right after lead's own ID, `name` again after tail's. The kubelet hands a container the IDs
+    of its devices in order and containerd keeps the first of a repeated ID, so a container given lead and later
+    tail is told tail's value (`name` came before it, with lead), one given tail without lead is told `value`
+    (after tail's), and one given lead is told `first_value` (after `name`). Lead's own ID stays first among its
+    IDs: the kubelet names a device's health in the pod's status by its first CDI ID."""
 
     name: str
+    first: str
     lead: str
     tail: str
     value: Holding
+    first_value: Holding
 
 
 @dataclass(frozen=True)
@@ -181,35 +187,35 @@ def claim_env(spec: Mapping[str, Any]) -> ClaimEnv:
 
 
 def claim_relay(claim: PreparedClaim) -> Relay | None:
-    """The claim's relay as answered (its CDI ID before one device's own ID and after another's), with the value its
-    spec sets; None where it has none."""
+    """The claim's relay as answered (its devices' IDs after one device's own ID, the relay's alone after another's),
+    with the values its spec sets; None where it has none."""
     uid = claim.ref.uid
-    relay_id, name = cdi_id(uid, RELAY_DEVICE), relay_device_name(uid)
+    name, first = relay_device_names(uid)
     lead = tail = None
     for device in claim.devices:
-        own = cdi_id(uid, device.device, device.share_id)
-        if relay_id in device.cdi_ids and own in device.cdi_ids:
-            before = device.cdi_ids.index(relay_id) < device.cdi_ids.index(own)
-            lead, tail = (own, tail) if before else (lead, own)
+        own = cdi_device_name(uid, device.device, device.share_id)
+        names = [i.partition("=")[2] for i in device.cdi_ids]
+        if own in names and name in names and names.index(name) > names.index(own):
+            lead, tail = (own, tail) if first in names else (lead, own)
     listed = claim.spec.get("devices") if isinstance(claim.spec, Mapping) else None
-    entries = [e for e in listed if isinstance(e, dict) and e.get("name") == name] if isinstance(listed, list) else []
-    value = _holding(entries[0].get("containerEdits")) if entries else None
-    if lead is None or tail is None or value is None:
+    entries = {e.get("name"): e for e in listed if isinstance(e, dict)} if isinstance(listed, list) else {}
+    value, first_value = (_holding(entries.get(n, {}).get("containerEdits")) for n in (name, first))
+    if lead is None or tail is None or value is None or first_value is None:
         return None
-    return Relay(name, lead.partition("=")[2], tail.partition("=")[2], value)
+    return Relay(name, first, lead, tail, value, first_value)
 
 
 def with_relay_ids(claim: PreparedClaim, relay: Relay | None) -> PreparedClaim:
-    """claim with the relay's CDI ID answered first among lead's CDI IDs and last among tail's (once placed, it
-    stays: the kubelet keeps what it was answered)."""
+    """claim with the relay's CDI IDs answered right after lead's own ID and after tail's (once placed, they stay:
+    the kubelet keeps what it was answered)."""
     if relay is None:
         return claim
-    relay_id = f"{CLAIM_CDI_KIND}={relay.name}"
+    relay_id, first_id = (f"{CLAIM_CDI_KIND}={n}" for n in (relay.name, relay.first))
     devices = []
     for device in claim.devices:
         name, ids = cdi_device_name(claim.ref.uid, device.device, device.share_id), device.cdi_ids
         if name == relay.lead and relay_id not in ids:
-            ids = (relay_id, *ids)
+            ids = (ids[0], relay_id, first_id, *ids[1:])
         if name == relay.tail and relay_id not in ids:
             ids = (*ids, relay_id)
         devices.append(device if ids == device.cdi_ids else dataclasses.replace(device, cdi_ids=ids))
@@ -239,15 +245,15 @@ def with_env(spec: Mapping[str, Any], env: ClaimEnv) -> dict[str, Any]:
     if not edits:
         del changed["containerEdits"]
     entries = changed.get("devices", [])
+    relayed = {env.relay.name: env.relay.value, env.relay.first: env.relay.first_value} if env.relay else {}
     for entry in entries:
         name = entry.get("name")
         if not _driver_only(name):
             _set_env(entry.setdefault("containerEdits", {}), env.devices.get(name))
-        elif env.relay is not None and name == env.relay.name:
-            _set_env(entry.setdefault("containerEdits", {}), env.relay.value)
-    if env.relay is not None and not any(entry.get("name") == env.relay.name for entry in entries):
-        changed["devices"] = entries = [*entries]
-        entries.append({"name": env.relay.name, "containerEdits": {"env": env.relay.value.env()}})
+        elif name in relayed:
+            _set_env(entry.setdefault("containerEdits", {}), relayed.pop(name))
+    if relayed:  # written once placed, never removed: the kubelet may hold their IDs
+        changed["devices"] = [*entries, *({"name": n, "containerEdits": {"env": h.env()}} for n, h in relayed.items())]
     return changed
 
 
@@ -315,8 +321,8 @@ def claim_from_spec(uid: str, spec: Any, pool: str) -> PreparedClaim:
     return PreparedClaim(ClaimRef("", "", uid), tuple(devices), spec, complete=False)
 
 
-def _own_devices(uid: str) -> tuple[str, str]:
-    return record_device_name(uid), relay_device_name(uid)
+def _own_devices(uid: str) -> tuple[str, ...]:
+    return record_device_name(uid), *relay_device_names(uid)
 
 
 def _env(edits: Any, where: str) -> dict[str, str]:

@@ -23,13 +23,13 @@ every container that gets them; `solve` chooses them claim by claim:
 Where that leaves a container told the wrong chips or nothing, the values still open are searched. One shape no
 values can tell: an init container reusing the requests of the containers after it (iluvatar.com/gpu through DRA)
 gets their devices one block after the other, so it ends on the last one's devices and is told what that one
-holds. A claim whose CDI IDs are being answered may then get a relay (claimspec.Relay): an env-only device answered
-first among the first reused device's IDs and last among the last's; the init container keeps its first place
-and is told the last device's value (all it holds), the last container gets it after its device and is told the
-relay's (its own chips). A relay is placed only where, under a runtime that keeps a repeated ID, every container is
-still told something and no chip it does not hold. What no choice tells exactly (a container that references a
-claim whole beside containers that each reference one of its requests, for one) the log names: which container,
-what it holds and what it is told.
+holds. A claim whose CDI IDs are being answered may then get a relay (claimspec.Relay): env-only devices answered
+after the first reused device's own ID and after the last's; the init container keeps the relay's first place and
+is told the last device's value (all it holds), the last container gets the relay after its device and is told its
+value (its own chips), the first container the value of the relay's second device (its own chips). A relay is
+placed only where, under a runtime that keeps a repeated ID, every container is still told something and no chip
+it does not hold. What no choice tells exactly (a container that references a claim whole beside containers that
+each reference one of its requests, for one) the log names: which container, what it holds and what it is told.
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ from ix_device_plugin.dra.claimspec import (
     cdi_device_name,
     claim_env,
     claim_relay,
-    relay_device_name,
+    relay_device_names,
 )
 from ix_device_plugin.dra.claimusers import Container
 from ix_device_plugin.dra.prepared import PreparedClaim
@@ -98,15 +98,17 @@ def solve(
 
 def told(env: ClaimEnv, block: Iterable[str], repeats_dropped: bool = True) -> Holding | None:
     """What a claim's block of devices tells a container: the last value set in it (the spec's own first), the
-    relay before its lead's and after its tail's, where it comes first when the runtime drops a repeated ID (as
-    containerd does), else where it comes last."""
+    relay's devices after its lead's and its tail's (claimspec.Relay), where they come first when the runtime drops
+    a repeated ID (as containerd does), else where they come last."""
     relay, names = env.relay, []
     for name in block:
-        names += [relay.name, name] if relay is not None and name == relay.lead else [name]
+        names.append(name)
+        names += [relay.name, relay.first] if relay is not None and name == relay.lead else []
         names += [relay.name] if relay is not None and name == relay.tail else []
+    relayed = {relay.name: relay.value, relay.first: relay.first_value} if relay is not None else {}
     value = env.spec
     for name in dict.fromkeys(names) if repeats_dropped else names:
-        device = relay.value if relay is not None and name == relay.name else env.devices.get(name)
+        device = relayed.get(name) or env.devices.get(name)
         value = device if device is not None else value
     return value
 
@@ -171,15 +173,17 @@ class _Problem:
         return ClaimEnv(self._spec(values), values, self.relay)
 
     def relay_trials(self, env: ClaimEnv) -> Iterator[ClaimEnv]:
-        """env with a relay (where it has one, the same lead and tail) and a value for it and for its tail: a
+        """env with a relay (where it has one, the same lead and tail) and values for its devices and for tail: a
         container whose block runs from lead to tail is told tail's value, one given tail without lead the
-        relay's."""
+        relay's, one given lead the relay's first."""
         placements = [(env.relay.lead, env.relay.tail)] if env.relay is not None else []
         placements += [(b[0], b[-1]) for b in self.targets if env.relay is None and len(b) > 1 and b[0] != b[-1]]
+        name, first = relay_device_names(self.claim.ref.uid)
         for lead, tail in dict.fromkeys(placements):
-            held = self._distinct(h for block, found in self.holdings.items() if tail in block for h in found)
-            for tail_value, value in itertools.product(held, held):
-                relay = Relay(relay_device_name(self.claim.ref.uid), lead, tail, value)
+            at_tail = self._distinct(h for block, found in self.holdings.items() if tail in block for h in found)
+            at_lead = self._distinct(h for block, found in self.holdings.items() if lead in block for h in found)
+            for tail_value, value, first_value in itertools.product(at_tail, at_tail, at_lead):
+                relay = Relay(name, first, lead, tail, value, first_value)
                 yield ClaimEnv(env.spec, {**env.devices, tail: tail_value}, relay)
 
     def choices(self) -> list[list[Holding | None]]:

@@ -386,9 +386,9 @@ async def test_an_init_container_reusing_the_later_containers_chips_is_told_both
 ) -> None:
     """Upstream's shape, `iluvatar.com/gpu` through DRA: an init container of 2 and two containers of 1 each. The
     scheduler's claim has a request per later container, and the init container reuses both (it runs before
-    them). The driver answers a relay among the two devices' CDI IDs: the init container is told both chips, each
-    later container its own, through the real CDI library, with the IDs the kubelet lists as containerd keeps
-    them."""
+    them). The driver answers a relay among the two devices' CDI IDs, each device's own ID still first (the kubelet
+    names its health by it): the init container is told both chips, each later container its own, through the real
+    CDI library, with the IDs the kubelet lists as containerd keeps them."""
     kubelet = await started(node)
     pod = ("reused", str(uuid.uuid4()))
     ext = node.claim("extended-resources-r1", ["gpu-0"], request="container-1-request-0", pod=pod)
@@ -419,6 +419,7 @@ async def test_an_init_container_reusing_the_later_containers_chips_is_told_both
         },
     )
     answers = await prepared(kubelet, [ext])
+    assert all(ids[0].endswith(device) for (_, ids), device in zip(answers[ext[1]], ("-gpu-0", "-gpu-1"), strict=True))
     chip = uuids(node)
     assert check(node, cdi_library, stored, answers, "init", {chip["gpu-0"], chip["gpu-1"]}) == 1
     assert check(node, cdi_library, stored, answers, "c1", {chip["gpu-0"]}) == 1

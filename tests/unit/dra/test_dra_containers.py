@@ -384,7 +384,12 @@ def test_an_init_container_reusing_the_later_containers_requests_is_told_all_it_
     assert [runtime_told(found[name], claims) for name in ("init", "c1", "c2")] == [{"U0", "U1"}, {"U0"}, {"U1"}]
     assert runtime_told(found["init"], claims, drops_repeats=False) == {"U1"}
     again = solve(found.values(), claims, [ext.ref.uid])  # a later call keeps the relay it was answered with
-    assert again.envs == told.envs and answered(list(claims.values()), again.envs) == claims
+    retold = answered(list(claims.values()), again.envs)
+    assert [d.cdi_ids for d in retold[ext.ref.uid].devices] == [d.cdi_ids for d in claims[ext.ref.uid].devices]
+    assert [runtime_told(found[name], retold) for name in ("init", "c1", "c2")] == [{"U0", "U1"}, {"U0"}, {"U1"}]
+    assert [d.cdi_ids[0] for d in retold[ext.ref.uid].devices] == [
+        f"gpu.iluvatar.com/claim={ext.ref.uid}-gpu-{n}" for n in (0, 1)
+    ]
 
 
 def test_without_a_relay_the_init_container_is_told_part_of_what_it_holds_and_named() -> None:
@@ -450,16 +455,17 @@ JSON = st.recursive(
     lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=8), children, max_size=4),
     max_leaves=20,
 )
-RELAY_ID = "gpu.iluvatar.com/claim=uid-ext-relay_env"
+RELAY_IDS = ["gpu.iluvatar.com/claim=uid-ext-relay_env", "gpu.iluvatar.com/claim=uid-ext-relay_first"]
 
 
-@given(JSON, st.lists(st.sampled_from([RELAY_ID, "gpu.iluvatar.com/claim=uid-ext-gpu-0", "x"]), max_size=4), JSON)
+@given(JSON, st.lists(st.sampled_from([*RELAY_IDS, "gpu.iluvatar.com/claim=uid-ext-gpu-0", "x"]), max_size=5), JSON)
 def test_a_relay_is_read_back_from_any_spec_and_cdi_ids_or_is_none(devices: Any, ids: list[str], env: Any) -> None:
     """What the checkpoint holds is read back whatever another writer put there: a relay names devices of the
     claim and sets a value, or there is none."""
     ext = claim("ext", ("gpu-0", "U0", "r0"), ("gpu-1", "U1", "r1"))
     first, second = ext.devices
-    spec = {"devices": [devices, {"name": "uid-ext-relay_env", "containerEdits": {"env": env}}]}
+    relays = [{"name": n.partition("=")[2], "containerEdits": {"env": env}} for n in RELAY_IDS]
+    spec = {"devices": [devices, *relays]}
     for edited in (dataclasses.replace(ext, spec=spec), dataclasses.replace(ext, spec={"devices": devices})):
         found = claim_relay(
             dataclasses.replace(edited, devices=(dataclasses.replace(first, cdi_ids=tuple(ids)), second))
@@ -473,7 +479,8 @@ def test_a_spec_with_a_relay_is_read_back_as_its_claim_and_keeps_the_relay() -> 
         (PreparedDevice((f"r{n}",), POOL, f"gpu-{n}", chip[f"gpu-{n}"].uuid, ("x",)), chip[f"gpu-{n}"]) for n in (0, 1)
     ]
     spec = claim_spec("uid-a", devices, (), Path("/"))
-    relay = Relay("uid-a-relay_env", "uid-a-gpu-0", "uid-a-gpu-1", Holding((devices[1][0].uuid,), ()))
+    one, two = (Holding((d.uuid,), ()) for d, _ in devices)
+    relay = Relay("uid-a-relay_env", "uid-a-relay_first", "uid-a-gpu-0", "uid-a-gpu-1", two, one)
     told = with_env(spec, ClaimEnv(None, {}, relay))
     assert with_env(told, ClaimEnv(None, {})) == told  # once written, it stays: the kubelet may hold its ID
     back = claim_from_spec("uid-a", told, POOL)
