@@ -9,7 +9,8 @@ scenario whose shape the driver could only get right by that order would pass or
 checked in every container, and the scenarios with several claims per container run their pod twice.
 These are ports to this driver of upstream v1.37.2 scenarios (test/e2e/dra/dra.go): "selects the first subrequest
 that can be satisfied", "NoSchedule can be tolerated", "must run a pod with explicit extended resource with three
-containers one resource each", "must map configs and devices to the right containers".
+containers one resource each", "must map configs and devices to the right containers", and the extended-resource
+pods whose init container reuses the chips of the containers after it.
 """
 
 from __future__ import annotations
@@ -29,14 +30,21 @@ BY_MINOR = {chip.minor: chip for chip in CHIPS}
 BOARD_MINORS = {"board-0": {0, 1}, "board-2": {2, 3}}
 
 
-def container(name: str, claims: list[dict[str, str]] | None = None, gpus: int | None = None) -> Obj:
-    """A busybox container printing what it was given, referencing claims or asking for iluvatar.com/gpu."""
+def container(
+    name: str,
+    claims: list[dict[str, str]] | None = None,
+    gpus: int | None = None,
+    resource: str = "iluvatar.com/gpu",
+    stays: bool = True,
+) -> Obj:
+    """A busybox container printing what it was given (then staying, or ending), referencing claims or asking
+    for a number of GPUs as resource."""
     spec: Obj = {"name": name, "image": BUSYBOX_IMAGE, "imagePullPolicy": "Never"}
-    spec["command"] = ["sh", "-c", SHOW_DEVICES + STAY]
+    spec["command"] = ["sh", "-c", SHOW_DEVICES + (STAY if stays else "")]
     if claims is not None:
         spec["resources"] = {"claims": claims}
     if gpus is not None:
-        spec["resources"] = {"limits": {"iluvatar.com/gpu": str(gpus)}}
+        spec["resources"] = {"limits": {resource: str(gpus)}}
     return spec
 
 
@@ -174,6 +182,44 @@ def test_iluvatar_gpu_in_a_sidecar_and_the_main_container_each_see_their_own_boa
     for each in ("sidecar", "main"):
         assert told(admin, namespace, "extended", each) == minors_of(admin, namespace, name, by_request[each])
     assert told(admin, namespace, "extended", "sidecar").isdisjoint(told(admin, namespace, "extended", "main"))
+
+
+IMPLICIT = f"deviceclass.resource.kubernetes.io/{DRIVER}"  # the extended resource every DeviceClass gives
+
+
+@pytest.mark.parametrize(
+    ("resource", "sidecar"),
+    [("iluvatar.com/gpu", False), (IMPLICIT, False), ("iluvatar.com/gpu", True)],
+    ids=["explicit", "implicit", "with-a-sidecar"],
+)
+def test_an_init_container_reusing_the_later_containers_gpus_sees_them_all_and_each_of_those_its_own(
+    cluster: Cluster, admin: Kubectl, namespace: str, driver: Driver, extended_class: Obj, resource: str, sidecar: bool
+) -> None:
+    """Upstream's extended-resource pods with an init container of 2 and two containers of 1 after it (the first a
+    sidecar, or both regular), explicitly `iluvatar.com/gpu` or the class's implicit name: the scheduler's claim
+    has a request per later container and the init container reuses both (it runs before them). Each container
+    sees exactly its chips: the init container all of them (it used to be told the second container's only), each
+    later container its own (a board through `iluvatar.com/gpu`, a board or a chip through the implicit name)."""
+    first = container("first", gpus=1, resource=resource)
+    init = [container("init", gpus=2, resource=resource, stays=False)]
+    if sidecar:
+        init.append({**first, "restartPolicy": "Always"})
+    later = [container("second", gpus=1, resource=resource)]
+    name = "reused-sidecar" if sidecar else "reused"
+    current = run(admin, namespace, pod(name, later if sidecar else [first, *later], init=init), driver)
+    status = current["status"]["extendedResourceClaimStatus"]
+    mapped: dict[str, set[str]] = {}
+    for mapping in status["requestMappings"]:
+        mapped.setdefault(mapping["containerName"], set()).add(mapping["requestName"])
+    assert mapped["init"] == mapped["first"] | mapped["second"] and len(mapped["init"]) == 2, mapped
+    claim_name = status["resourceClaimName"]
+    later_minors = []
+    for each in ("first", "second"):
+        (request,) = mapped[each]
+        later_minors.append(told(admin, namespace, name, each))
+        assert later_minors[-1] == minors_of(admin, namespace, claim_name, request)
+    assert later_minors[0].isdisjoint(later_minors[1])
+    assert told(admin, namespace, name, "init") == minors_of(admin, namespace, claim_name) == set.union(*later_minors)
 
 
 @pytest.mark.parametrize("attempt", [1, 2])

@@ -10,13 +10,16 @@ spec's own edits, in a device's, or nowhere, so that each container is told what
 claim no known container uses) the spec's own edits name the claim's chips.
 
 One more CDI device, `<claim UID>-record`, which no container is given, sets the claim's own chips: the record a
-claim is read back from when the checkpoint is lost. Its own kind keeps the spec apart from the device plugin's
-node-wide `iluvatar.com/gpu` spec, so both modes can share a node while it moves from one to the other.
+claim is read back from when the checkpoint is lost. Where containers.py places one, a relay (`Relay`): two
+env-only devices answered among the CDI IDs of two of the claim's devices. Its own kind keeps the spec apart from
+the device plugin's node-wide `iluvatar.com/gpu` spec, so both modes can share a node while it moves from one to
+the other.
 """
 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -46,6 +49,8 @@ _NODE = re.compile(rf"^{re.escape(DEVICE_NODE_PREFIX)}(\d{{1,{_MAX_DIGITS}}})$")
 
 _SPEC_FILE_PREFIX = f"{CLAIM_CDI_VENDOR}-{CLAIM_CDI_CLASS}_"
 RECORD_DEVICE = "record"  # <claim UID>-record: the claim's own chips, for the driver alone
+RELAY_DEVICE = "relay_env"  # <claim UID>-relay_env: no request name (a DNS label) or device name can be it
+RELAY_FIRST_DEVICE = "relay_first"  # <claim UID>-relay_first, likewise
 
 
 def cdi_spec_file(uid: str) -> str:
@@ -97,6 +102,18 @@ def record_device_name(uid: str) -> str:
     return f"{uid}-{RECORD_DEVICE}"
 
 
+def relay_device_names(uid: str) -> tuple[str, str]:
+    """The claim's relay devices (see Relay): the relay, and the one after it in lead's CDI IDs."""
+    return f"{uid}-{RELAY_DEVICE}", f"{uid}-{RELAY_FIRST_DEVICE}"
+
+
+def _driver_only(name: Any) -> bool:
+    """A device of the spec that is none of the claim's allocated devices (the record, the relay's)."""
+    return isinstance(name, str) and name.endswith(
+        tuple(f"-{d}" for d in (RECORD_DEVICE, RELAY_DEVICE, RELAY_FIRST_DEVICE))
+    )
+
+
 @dataclass(frozen=True)
 class Holding:
     """What a container holds, as the GPU variables name it: chip UUIDs, and the devices as replica IDs."""
@@ -132,11 +149,30 @@ class Holding:
 
 
 @dataclass(frozen=True)
+class Relay:
+    """Two env-only CDI devices of the claim, answered among the CDI IDs of two of its devices (CDI device names):
+    `name` and `first` right after lead's own ID, `name` again after tail's. The kubelet hands a container the IDs
+    of its devices in order and containerd keeps the first of a repeated ID, so a container given lead and later
+    tail is told tail's value (`name` came before it, with lead), one given tail without lead is told `value`
+    (after tail's), and one given lead is told `first_value` (after `name`). Lead's own ID stays first among its
+    IDs: the kubelet names a device's health in the pod's status by its first CDI ID."""
+
+    name: str
+    first: str
+    lead: str
+    tail: str
+    value: Holding
+    first_value: Holding
+
+
+@dataclass(frozen=True)
 class ClaimEnv:
-    """Where a claim's spec sets the GPU variables: its own edits, and each CDI device's (by name; None: nothing)."""
+    """Where a claim's spec sets the GPU variables: its own edits, each CDI device's (by name; None: nothing), and
+    its relay where it has one."""
 
     spec: Holding | None
     devices: Mapping[str, Holding | None]
+    relay: Relay | None = None
 
 
 def claim_env(spec: Mapping[str, Any]) -> ClaimEnv:
@@ -145,9 +181,45 @@ def claim_env(spec: Mapping[str, Any]) -> ClaimEnv:
     devices = {}
     for entry in spec.get("devices") or []:
         name = entry.get("name") if isinstance(entry, dict) else None
-        if isinstance(name, str) and not name.endswith(f"-{RECORD_DEVICE}"):
+        if isinstance(name, str) and not _driver_only(name):
             devices[name] = _holding(entry.get("containerEdits"))
     return ClaimEnv(_holding(edits), devices)
+
+
+def claim_relay(claim: PreparedClaim) -> Relay | None:
+    """The claim's relay as answered (its devices' IDs after one device's own ID, the relay's alone after another's),
+    with the values its spec sets; None where it has none."""
+    uid = claim.ref.uid
+    name, first = relay_device_names(uid)
+    lead = tail = None
+    for device in claim.devices:
+        own = cdi_device_name(uid, device.device, device.share_id)
+        names = [i.partition("=")[2] for i in device.cdi_ids]
+        if own in names and name in names and names.index(name) > names.index(own):
+            lead, tail = (own, tail) if first in names else (lead, own)
+    listed = claim.spec.get("devices") if isinstance(claim.spec, Mapping) else None
+    entries = {e.get("name"): e for e in listed if isinstance(e, dict)} if isinstance(listed, list) else {}
+    value, first_value = (_holding(entries.get(n, {}).get("containerEdits")) for n in (name, first))
+    if lead is None or tail is None or value is None or first_value is None:
+        return None
+    return Relay(name, first, lead, tail, value, first_value)
+
+
+def with_relay_ids(claim: PreparedClaim, relay: Relay | None) -> PreparedClaim:
+    """claim with the relay's CDI IDs answered right after lead's own ID and after tail's (once placed, they stay:
+    the kubelet keeps what it was answered)."""
+    if relay is None:
+        return claim
+    relay_id, first_id = (f"{CLAIM_CDI_KIND}={n}" for n in (relay.name, relay.first))
+    devices = []
+    for device in claim.devices:
+        name, ids = cdi_device_name(claim.ref.uid, device.device, device.share_id), device.cdi_ids
+        if name == relay.lead and relay_id not in ids:
+            ids = (ids[0], relay_id, first_id, *ids[1:])
+        if name == relay.tail and relay_id not in ids:
+            ids = (*ids, relay_id)
+        devices.append(device if ids == device.cdi_ids else dataclasses.replace(device, cdi_ids=ids))
+    return dataclasses.replace(claim, devices=tuple(devices))
 
 
 def _holding(edits: Any) -> Holding | None:
@@ -172,10 +244,16 @@ def with_env(spec: Mapping[str, Any], env: ClaimEnv) -> dict[str, Any]:
     _set_env(edits, env.spec)
     if not edits:
         del changed["containerEdits"]
-    for entry in changed.get("devices", []):
+    entries = changed.get("devices", [])
+    relayed = {env.relay.name: env.relay.value, env.relay.first: env.relay.first_value} if env.relay else {}
+    for entry in entries:
         name = entry.get("name")
-        if not str(name).endswith(f"-{RECORD_DEVICE}"):
+        if not _driver_only(name):
             _set_env(entry.setdefault("containerEdits", {}), env.devices.get(name))
+        elif name in relayed:
+            _set_env(entry.setdefault("containerEdits", {}), relayed.pop(name))
+    if relayed:  # written once placed, never removed: the kubelet may hold their IDs
+        changed["devices"] = [*entries, *({"name": n, "containerEdits": {"env": h.env()}} for n, h in relayed.items())]
     return changed
 
 
@@ -205,7 +283,7 @@ def claim_from_spec(uid: str, spec: Any, pool: str) -> PreparedClaim:
     if not isinstance(entries, list) or not entries:
         raise SpecError(f"devices: expected a list of devices, got {kind_of(entries)}")
     record = [e for e in entries if isinstance(e, dict) and e.get("name") == record_device_name(uid)]
-    entries = [e for e in entries if not (isinstance(e, dict) and e.get("name") == record_device_name(uid))]
+    entries = [e for e in entries if not (isinstance(e, dict) and e.get("name") in _own_devices(uid))]
     if not entries:
         raise SpecError("devices: expected a device besides the record")
     where = "devices[record].containerEdits" if record else "containerEdits"  # the spec's own: an earlier driver's
@@ -241,6 +319,10 @@ def claim_from_spec(uid: str, spec: Any, pool: str) -> PreparedClaim:
             )
         )
     return PreparedClaim(ClaimRef("", "", uid), tuple(devices), spec, complete=False)
+
+
+def _own_devices(uid: str) -> tuple[str, ...]:
+    return record_device_name(uid), *relay_device_names(uid)
 
 
 def _env(edits: Any, where: str) -> dict[str, str]:

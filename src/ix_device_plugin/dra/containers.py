@@ -1,18 +1,11 @@
 """What each container is told: where the claims' CDI specs set the GPU variables, worked out from what every
-container using the claims holds, so that each is told exactly its chips whatever order its claims come in.
+container using the claims holds (claimusers.py), so that each is told exactly its chips whatever order its claims
+come in.
 
-Pure: Pods and ResourceClaims (dicts, as the API server returns them) and the prepared claims in, plain data out.
+Pure: the containers and the prepared claims in, plain data out. Besides the kubelet's lists (claimusers.py):
 
-How a container gets the variables (Kubernetes 1.37, containerd 2.4, the CDI library 1.1):
-
-- the kubelet (`pkg/kubelet/cm/dra/manager.go`, GetResources) collects, claim by claim, the requests a container
-  uses: its references (`resources.claims`: a claim whole, or some of its requests, in the container's order) and,
-  for the pod's extended-resource claim, the requests `status.extendedResourceClaimStatus.requestMappings` maps to
-  it (where the container asks for that resource); then, for each claim in the order of a Go map, that is in no
-  fixed order, and each of its requests, the CDI IDs of the devices answered for the request (a whole reference:
-  every device), in the order the driver answered them (`claiminfo.go`, cdiDevicesAsList: request names matched
-  exactly, which is why a subrequest is answered as its request);
-- containerd (`internal/cri/opts/spec_linux.go`, WithCDI) keeps that order and drops an ID named twice;
+- containerd (`internal/cri/opts/spec_linux.go`, WithCDI) keeps the kubelet's order and drops an ID named twice
+  (its first place stays);
 - the CDI library (`pkg/cdi/cache.go`, InjectDevices) applies a spec's own edits before its first device's, then
   each device's, and a variable set again replaces the earlier value.
 
@@ -27,72 +20,36 @@ every container that gets them; `solve` chooses them claim by claim:
    it has a later device of the claim override sets its holding (the order inside a claim is fixed);
 3. the spec's own edits set what every container still told nothing by the claim holds, when they all agree.
 
-Where that leaves a container told the wrong chips or nothing, no values can do better (a container that
-references a claim whole beside containers that each reference one of its requests, for one): the log says
-which container, what it holds and what it is told.
-
-Who uses a claim: one made from a template of the pod, or the pod's extended-resource claim, the pod's containers
-(they never change); one made on its own (`resourceClaimName`), the containers of the pods its
-`status.reservedFor` lists when the driver looks. The kubelet prepares a claim once: a pod that starts using an
-already prepared claim later is told what the claim's CDI devices were written for.
+Where that leaves a container told the wrong chips or nothing, the values still open are searched. One shape no
+values can tell: an init container reusing the requests of the containers after it (iluvatar.com/gpu through DRA)
+gets their devices one block after the other, so it ends on the last one's devices and is told what that one
+holds. A claim whose CDI IDs are being answered may then get a relay (claimspec.Relay): env-only devices answered
+after the first reused device's own ID and after the last's; the init container keeps the relay's first place and
+is told the last device's value (all it holds), the last container gets the relay after its device and is told its
+value (its own chips), the first container the value of the relay's second device (its own chips). A relay is
+placed only where, under a runtime that keeps a repeated ID, every container is still told something and no chip
+it does not hold. What no choice tells exactly (a container that references a claim whole beside containers that
+each reference one of its requests, for one) the log names: which container, what it holds and what it is told.
 """
 
 from __future__ import annotations
 
 import itertools
-from collections.abc import Collection, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any
 
-from ix_device_plugin.dra.claimspec import ClaimEnv, Holding, cdi_device_name, claim_env
-from ix_device_plugin.dra.pool import quantity
+from ix_device_plugin.dra.claimspec import (
+    ClaimEnv,
+    Holding,
+    Relay,
+    cdi_device_name,
+    claim_env,
+    claim_relay,
+    relay_device_names,
+)
+from ix_device_plugin.dra.claimusers import Container
 from ix_device_plugin.dra.prepared import PreparedClaim
-
-# What the kubelet counts as an extended resource a DRA claim may serve (IsDRAExtendedResourceName).
-_NATIVE = "kubernetes.io/"
-_IMPLICIT_CLASS = "deviceclass.resource.kubernetes.io/"
-
-
-@dataclass(frozen=True)
-class PodRef:
-    """A pod, as a claim's reservedFor or owner names it."""
-
-    namespace: str
-    name: str
-    uid: str
-
-    def __str__(self) -> str:
-        return f"{self.namespace}/{self.name}"
-
-
-@dataclass(frozen=True)
-class ClaimUse:
-    """A claim a pod uses, by name; own: made for the pod (from its template, or its extended-resource claim)."""
-
-    name: str
-    own: bool
-
-
-@dataclass(frozen=True)
-class Use:
-    """One claim of a container: the CDI devices of it the container gets, in the kubelet's order, each once."""
-
-    claim: str  # the claim's UID
-    devices: tuple[str, ...]
-    own: bool = True  # made for the container's pod
-
-
-@dataclass(frozen=True)
-class Container:
-    """A container of a pod, the claims of this driver it uses and what it holds through them."""
-
-    pod: PodRef
-    name: str
-    uses: tuple[Use, ...]
-    holding: Holding
-
-    def __str__(self) -> str:
-        return f"container {self.name} of pod {self.pod}"
 
 
 @dataclass(frozen=True)
@@ -103,188 +60,83 @@ class Told:
     warnings: tuple[str, ...] = field(default=())
 
 
-def pod_ref(pod: Any) -> PodRef | None:
-    """The pod's namespace, name and UID (None when one is missing)."""
-    metadata = pod.get("metadata") if isinstance(pod, dict) else None
-    if not isinstance(metadata, dict):
-        return None
-    found = [metadata.get(key) for key in ("namespace", "name", "uid")]
-    return PodRef(*found) if all(isinstance(v, str) and v for v in found) else None
-
-
-def runs_containers(pod: Any) -> bool:
-    """The pod may still create containers: not Succeeded or Failed, not being deleted."""
-    if not isinstance(pod, dict):
-        return False
-    metadata, status = _dict(pod.get("metadata")), _dict(pod.get("status"))
-    return not metadata.get("deletionTimestamp") and status.get("phase") not in ("Succeeded", "Failed")
-
-
-def reserved_for(claim: Any) -> tuple[PodRef, ...] | None:
-    """The pods a ResourceClaim's status.reservedFor lists; None where it lists none, or anything else (then who
-    uses the claim is not known)."""
-    metadata, status = _dict(_dict(claim).get("metadata")), _dict(_dict(claim).get("status"))
-    namespace = metadata.get("namespace")
-    pods = []
-    for consumer in _dicts(status.get("reservedFor")):
-        name, uid = consumer.get("name"), consumer.get("uid")
-        if consumer.get("resource") != "pods" or consumer.get("apiGroup") or not isinstance(namespace, str):
-            return None
-        if not (isinstance(name, str) and isinstance(uid, str) and name and uid):
-            return None
-        pods.append(PodRef(namespace, name, uid))
-    return tuple(pods) or None  # the kubelet prepares a claim only for a pod it is reserved for
-
-
-def used_claims(pod: Any) -> list[ClaimUse]:
-    """The claims the pod uses, by name (those it makes from templates once they are made)."""
-    entries, extended = _entries(pod)
-    uses = {name: ClaimUse(name, own) for name, own in entries.values() if name is not None}
-    if extended is not None:
-        uses[extended[0]] = ClaimUse(extended[0], True)
-    return list(uses.values())
-
-
-def containers_of(pod: Any, prepared: Mapping[str, PreparedClaim]) -> list[Container]:
-    """The pod's containers (init containers too) that use claims of this driver, as the kubelet hands them the
-    claims' CDI devices. prepared: the claims this driver prepared in the pod's namespace, by name."""
-    ref = pod_ref(pod)
-    spec = _dict(_dict(pod).get("spec"))
-    if ref is None:
-        return []
-    entries, extended = _entries(pod)
-    found = []
-    for container in [*_dicts(spec.get("initContainers")), *_dicts(spec.get("containers"))]:
-        requests: dict[str, list[str]] = {}  # claim name -> the requests used ("" whole), as the kubelet collects
-        by_entry: dict[str, list[str]] = {}
-        for reference in _dicts(_dict(container.get("resources")).get("claims")):
-            request = reference.get("request")
-            by_entry.setdefault(str(reference.get("name")), []).append(request if isinstance(request, str) else "")
-        for entry, (name, _) in entries.items():
-            if entry in by_entry and name is not None:
-                requests.setdefault(name, []).extend(by_entry[entry])
-        if extended is not None:
-            asked = _extended_requests(container)
-            mapped = [str(m.get("requestName")) for m in extended[1] if _maps(m, container, asked)]
-            if mapped:
-                requests.setdefault(extended[0], []).extend(mapped)
-        uses = []
-        for name, asked_for in requests.items():
-            claim = prepared.get(name)
-            own = next((o for n, o in entries.values() if n == name), True)
-            if claim is not None and asked_for:
-                uses.append(Use(claim.ref.uid, _block(claim, asked_for), own))
-        uses = [use for use in uses if use.devices]
-        if uses:
-            devices = [d for use in uses for d in _devices(prepared, use)]
-            found.append(Container(ref, str(container.get("name")), tuple(uses), Holding.of(devices)))
-    return found
-
-
-def _maps(mapping: dict[str, Any], container: dict[str, Any], asked: Collection[str]) -> bool:
-    return mapping.get("containerName") == container.get("name") and mapping.get("resourceName") in asked
-
-
-def _extended_requests(container: dict[str, Any]) -> set[str]:
-    """The extended resources the container asks for (a quantity other than zero)."""
-    requests = _dict(_dict(container.get("resources")).get("requests"))
-    asked = set()
-    for name, value in requests.items():
-        number = quantity(value) if isinstance(value, str) else None
-        if number is not None and number != 0 and _extended_resource(str(name)):
-            asked.add(str(name))
-    return asked
-
-
-def _extended_resource(name: str) -> bool:
-    """IsDRAExtendedResourceName: an extended resource (a domain of its own) or a DeviceClass's implicit name."""
-    if name.startswith(_IMPLICIT_CLASS):
-        return True
-    return "/" in name and _NATIVE not in name and not name.startswith("requests.")
-
-
-def _block(claim: PreparedClaim, requests: list[str]) -> tuple[str, ...]:
-    """The claim's CDI devices for these requests ("" whole), in the kubelet's order, each once."""
-    names = []
-    for request in requests:
-        for device in claim.devices:
-            if not request or request in device.request_refs:
-                names.append(cdi_device_name(claim.ref.uid, device.device, device.share_id))
-    return tuple(dict.fromkeys(names))
-
-
-def _devices(prepared: Mapping[str, PreparedClaim], use: Use) -> Iterable[Any]:
-    claim = next(c for c in prepared.values() if c.ref.uid == use.claim)
-    by_name = {cdi_device_name(claim.ref.uid, d.device, d.share_id): d for d in claim.devices}
-    return (by_name[name] for name in use.devices)
-
-
-def _entries(pod: Any) -> tuple[dict[str, tuple[str | None, bool]], tuple[str, list[dict[str, Any]]] | None]:
-    """The pod's claim entries (entry name -> (claim name, made for the pod)) and its extended-resource claim
-    (name, request mappings)."""
-    spec, status = _dict(_dict(pod).get("spec")), _dict(_dict(pod).get("status"))
-    generated = {
-        str(entry.get("name")): entry["resourceClaimName"]
-        for entry in _dicts(status.get("resourceClaimStatuses"))
-        if isinstance(entry.get("resourceClaimName"), str)
-    }
-    entries: dict[str, tuple[str | None, bool]] = {}
-    for entry in _dicts(spec.get("resourceClaims")):
-        name = str(entry.get("name"))
-        if isinstance(entry.get("resourceClaimName"), str):
-            entries[name] = (entry["resourceClaimName"], False)
-        elif isinstance(entry.get("resourceClaimTemplateName"), str):
-            entries[name] = (generated.get(name), True)
-    extended_status = _dict(status.get("extendedResourceClaimStatus"))
-    claim = extended_status.get("resourceClaimName")
-    extended = (claim, _dicts(extended_status.get("requestMappings"))) if isinstance(claim, str) and claim else None
-    return entries, extended
-
-
 # ---- choosing the values --------------------------------------------------------------------------------
 
 
 SEARCH_LIMIT = 4096  # assignments tried when the rules leave a container told wrongly or nothing
 
 
-def solve(containers: Iterable[Container], claims: Mapping[str, PreparedClaim], open_claims: Collection[str]) -> Told:
+def solve(
+    containers: Iterable[Container],
+    claims: Mapping[str, PreparedClaim],
+    open_claims: Collection[str],
+    placeable: Collection[str] = (),
+) -> Told:
     """Where each claim's spec sets the variables: open_claims (by UID) are chosen for the containers that use
-    them (they are all of their users); the other claims keep what their specs set now. Warnings name every
-    container that is not told exactly what it holds, and every claim made on its own whose lone users would
-    not be."""
+    them (they are all of their users); the other claims keep what their specs set now. A claim in placeable (its
+    CDI IDs not yet answered) made for its pod may get a relay (see relayed). Warnings name every container that is
+    not told exactly what it holds, and every claim made on its own whose lone users would not be."""
     listed = list(containers)
     users: dict[str, list[tuple[Container, tuple[str, ...]]]] = {}
     for container in listed:
         for use in container.uses:
             users.setdefault(use.claim, []).append((container, use.devices))
-    envs = {uid: claim_env(claim.spec) for uid, claim in claims.items()}
-    problems = {uid: _Problem(claims[uid], users.get(uid, [])) for uid in open_claims if uid in claims}
+    envs = {uid: replace(claim_env(claim.spec), relay=claim_relay(claim)) for uid, claim in claims.items()}
+    problems = {uid: _Problem(claims[uid], users.get(uid, []), envs[uid].relay) for uid in open_claims if uid in claims}
     envs.update({uid: problem.rules() for uid, problem in problems.items()})
     if any(_not_exact(container, envs) for container in listed):
         envs.update(_searched(listed, envs, problems))
-    warnings = [warning for container in listed if (warning := _not_exact(container, envs)) is not None]
     standalone = {use.claim for container in listed for use in container.uses if not use.own}
+    if any(_not_exact(container, envs) for container in listed):
+        envs.update(_relayed(listed, envs, problems, set(placeable) - standalone))
+    warnings = [warning for container in listed if (warning := _not_exact(container, envs)) is not None]
     for uid in sorted(standalone & set(problems)):
         if (warning := _later_pods(claims[uid], envs[uid])) is not None:
             warnings.append(warning)
     return Told({uid: envs[uid] for uid in problems}, tuple(warnings))
 
 
-def told(env: ClaimEnv, block: Iterable[str]) -> Holding | None:
-    """What a claim's block of devices tells a container: the last value set in it (the spec's own first)."""
-    value = env.spec
+def told(env: ClaimEnv, block: Iterable[str], repeats_dropped: bool = True) -> Holding | None:
+    """What a claim's block of devices tells a container: the last value set in it (the spec's own first), the
+    relay's devices after its lead's and its tail's (claimspec.Relay), where they come first when the runtime drops
+    a repeated ID (as containerd does), else where they come last."""
+    relay, names = env.relay, []
     for name in block:
-        device = env.devices.get(name)
+        names.append(name)
+        names += [relay.name, relay.first] if relay is not None and name == relay.lead else []
+        names += [relay.name] if relay is not None and name == relay.tail else []
+    relayed = {relay.name: relay.value, relay.first: relay.first_value} if relay is not None else {}
+    value = env.spec
+    for name in dict.fromkeys(names) if repeats_dropped else names:
+        device = relayed.get(name) or env.devices.get(name)
         value = device if device is not None else value
     return value
+
+
+def _relayed(
+    containers: list[Container], envs: Mapping[str, ClaimEnv], problems: Mapping[str, _Problem], placeable: set[str]
+) -> dict[str, ClaimEnv]:
+    """Where a container is still not told exactly: a claim's relay, placed where none is (a claim in placeable),
+    or its value chosen again, when that tells more containers exactly (see the module's doc)."""
+    best = dict(envs)
+    for uid, problem in problems.items():
+        if best[uid].relay is None and uid not in placeable:
+            continue
+        for trial in problem.relay_trials(best[uid]):
+            trials = {**best, uid: trial}
+            if _score(containers, trials) > _score(containers, best) and _kept_repeats_safe(containers, trials):
+                best[uid] = trial
+    return {uid: best[uid] for uid in problems}
 
 
 class _Problem:
     """One claim's choice: the value of each of its CDI devices and of its spec's own edits, for its containers
     (users: each container with the block of the claim it gets)."""
 
-    def __init__(self, claim: PreparedClaim, users: list[tuple[Container, tuple[str, ...]]]) -> None:
-        self.claim = claim
+    def __init__(
+        self, claim: PreparedClaim, users: list[tuple[Container, tuple[str, ...]]], relay: Relay | None = None
+    ) -> None:
+        self.claim, self.relay = claim, relay
         self.names = [cdi_device_name(claim.ref.uid, d.device, d.share_id) for d in claim.devices]
         self.targets: dict[tuple[str, ...], Holding | None] = {}  # a block -> what its containers hold (None: differ)
         self.holdings: dict[tuple[str, ...], list[Holding]] = {}
@@ -318,7 +170,21 @@ class _Problem:
                     if all(self._overridden(other, name, target, values) for other in others):
                         values[name], changed = target, True
                         break
-        return ClaimEnv(self._spec(values), values)
+        return ClaimEnv(self._spec(values), values, self.relay)
+
+    def relay_trials(self, env: ClaimEnv) -> Iterator[ClaimEnv]:
+        """env with a relay (where it has one, the same lead and tail) and values for its devices and for tail: a
+        container whose block runs from lead to tail is told tail's value, one given tail without lead the
+        relay's, one given lead the relay's first."""
+        placements = [(env.relay.lead, env.relay.tail)] if env.relay is not None else []
+        placements += [(b[0], b[-1]) for b in self.targets if env.relay is None and len(b) > 1 and b[0] != b[-1]]
+        name, first = relay_device_names(self.claim.ref.uid)
+        for lead, tail in dict.fromkeys(placements):
+            at_tail = self._distinct(h for block, found in self.holdings.items() if tail in block for h in found)
+            at_lead = self._distinct(h for block, found in self.holdings.items() if lead in block for h in found)
+            for tail_value, value, first_value in itertools.product(at_tail, at_tail, at_lead):
+                relay = Relay(name, first, lead, tail, value, first_value)
+                yield ClaimEnv(env.spec, {**env.devices, tail: tail_value}, relay)
 
     def choices(self) -> list[list[Holding | None]]:
         """The values worth trying for the spec's own edits, then for each open device."""
@@ -333,7 +199,7 @@ class _Problem:
         """The claim's values with the spec's and the open devices' chosen."""
         values: dict[str, Holding | None] = {name: self.fixed.get(name) for name in self.names}
         values.update(zip(self.open, chosen[1:], strict=True))
-        return ClaimEnv(chosen[0], values)
+        return ClaimEnv(chosen[0], values, self.relay)
 
     def _overridden(self, block: tuple[str, ...], name: str, target: Holding, values: Mapping[str, Any]) -> bool:
         """Setting name to target leaves what block tells its containers right."""
@@ -388,6 +254,17 @@ def _score(containers: list[Container], envs: Mapping[str, ClaimEnv]) -> tuple[i
     return exact, -nothing, -false
 
 
+def _kept_repeats_safe(containers: list[Container], envs: Mapping[str, ClaimEnv]) -> bool:
+    """Under a runtime that keeps a repeated CDI ID, every container is still told something and no chip it does
+    not hold."""
+    for container in containers:
+        values = [told(envs[use.claim], use.devices, repeats_dropped=False) for use in container.uses]
+        held = set(container.holding.visible)
+        if all(v is None for v in values) or any(v is not None and not set(v.visible) <= held for v in values):
+            return False
+    return True
+
+
 def _lone(claim: PreparedClaim, name: str) -> Holding:
     """What a container referencing the requests of the device alone holds."""
     device = next(d for d in claim.devices if cdi_device_name(claim.ref.uid, d.device, d.share_id) == name)
@@ -424,11 +301,3 @@ def _later_pods(claim: PreparedClaim, env: ClaimEnv) -> str | None:
         f"a pod that starts using it later on this node, alone and whole, is told {value or 'nothing'} instead of "
         f"{own} (the kubelet prepares a claim once)"
     )
-
-
-def _dict(value: Any) -> dict[str, Any]:
-    return value if isinstance(value, dict) else {}
-
-
-def _dicts(value: Any) -> list[dict[str, Any]]:
-    return [item for item in value if isinstance(item, dict)] if isinstance(value, list) else []

@@ -41,15 +41,8 @@ from ix_device_plugin.apiserver.watch import Key, Mirror
 from ix_device_plugin.core.healing import Rules
 from ix_device_plugin.core.inventory import Inventory
 from ix_device_plugin.dra.claimstatus import ClaimStatusWriter
-from ix_device_plugin.dra.containers import (
-    PodRef,
-    containers_of,
-    pod_ref,
-    reserved_for,
-    runs_containers,
-    solve,
-    used_claims,
-)
+from ix_device_plugin.dra.claimusers import PodRef, containers_of, pod_ref, reserved_for, runs_containers, used_claims
+from ix_device_plugin.dra.containers import solve
 from ix_device_plugin.dra.healguard import ClaimGuard
 from ix_device_plugin.dra.health import DeviceHealthBoard, HealthService
 from ix_device_plugin.dra.metadata import NodeFacts
@@ -405,7 +398,8 @@ class DraDriver:
         if seeds:
             async with self._telling:  # one at a time, each from the claims as they are then: the last one knows all
                 await self._tell_containers(seeds)
-        return outcomes
+        # answered as told: a claim of this call may now have a relay among its devices' CDI IDs (containers.py)
+        return [o if isinstance(o, str) else self.state.claims.get(o.ref.uid, o) for o in outcomes]
 
     async def prepare_claim(self, ref: ClaimRef, read: ClaimReader | None = None) -> PreparedClaim | str:
         """The prepared claim, or the per-claim error message; never raises. read: how to read the claim."""
@@ -520,7 +514,7 @@ class DraDriver:
         for pod in pods.values():
             if pod is not None and (ref := pod_ref(pod)) is not None:
                 containers += containers_of(pod, {name: c for (ns, name), c in by_name.items() if ns == ref.namespace})
-        told = solve(containers, {c.ref.uid: c for c in by_name.values()}, known)
+        told = solve(containers, {c.ref.uid: c for c in by_name.values()}, known, placeable=seeds)
         for warning in told.warnings:
             log.warning("%s", warning)
         await self.state.tell_containers(told.envs)

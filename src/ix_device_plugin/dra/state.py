@@ -51,6 +51,7 @@ from ix_device_plugin.dra.claimspec import (
     claim_from_spec,
     claim_spec_files,
     with_env,
+    with_relay_ids,
 )
 from ix_device_plugin.dra.metadata import NodeFacts
 from ix_device_plugin.dra.metadatafiles import MetadataFiles, with_generations
@@ -360,9 +361,9 @@ class DraState:
                     claim = self.claims.get(uid)
                     if claim is None or not claim.complete:
                         continue
-                    spec = with_env(claim.spec, env)
-                    if spec != claim.spec:
-                        changed[uid] = dataclasses.replace(claim, spec=spec)
+                    told = with_relay_ids(dataclasses.replace(claim, spec=with_env(claim.spec, env)), env.relay)
+                    if told != claim:
+                        changed[uid] = told
                 if not changed:
                     return
                 claims = {**self.claims, **changed}

@@ -381,6 +381,52 @@ async def test_the_extended_resource_claim_tells_each_container_the_devices_mapp
     await kubelet.close()
 
 
+async def test_an_init_container_reusing_the_later_containers_chips_is_told_both_and_each_of_them_its_own(
+    node: DraNode, api: ApiServerStandIn, cdi_library: Path | None
+) -> None:
+    """Upstream's shape, `iluvatar.com/gpu` through DRA: an init container of 2 and two containers of 1 each. The
+    scheduler's claim has a request per later container, and the init container reuses both (it runs before
+    them). The driver answers a relay among the two devices' CDI IDs, each device's own ID still first (the kubelet
+    names its health by it): the init container is told both chips, each later container its own, through the real
+    CDI library, with the IDs the kubelet lists as containerd keeps them."""
+    kubelet = await started(node)
+    pod = ("reused", str(uuid.uuid4()))
+    ext = node.claim("extended-resources-r1", ["gpu-0"], request="container-1-request-0", pod=pod)
+    api.put(
+        "resourceclaims", with_request(api.get("resourceclaims", ext[1], "default"), "container-2-request-0", "gpu-1")
+    )
+    gpu = "iluvatar.com/gpu"
+    mapped = [("c1", "container-1-request-0"), ("c2", "container-2-request-0")]
+    mapped += [("init", "container-1-request-0"), ("init", "container-2-request-0")]
+    mappings = [{"containerName": c, "resourceName": gpu, "requestName": r} for c, r in mapped]
+
+    def container(name: str, count: int) -> dict[str, Any]:
+        asked = {gpu: str(count)}
+        return {"name": name, "image": "busybox", "resources": {"requests": asked, "limits": asked}}
+
+    stored = api.put(
+        "pods",
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": pod[0], "namespace": "default", "uid": pod[1]},
+            "spec": {
+                "nodeName": NODE,
+                "initContainers": [container("init", 2)],
+                "containers": [container("c1", 1), container("c2", 1)],
+            },
+            "status": {"extendedResourceClaimStatus": {"resourceClaimName": ext[1], "requestMappings": mappings}},
+        },
+    )
+    answers = await prepared(kubelet, [ext])
+    assert all(ids[0].endswith(device) for (_, ids), device in zip(answers[ext[1]], ("-gpu-0", "-gpu-1"), strict=True))
+    chip = uuids(node)
+    assert check(node, cdi_library, stored, answers, "init", {chip["gpu-0"], chip["gpu-1"]}) == 1
+    assert check(node, cdi_library, stored, answers, "c1", {chip["gpu-0"]}) == 1
+    assert check(node, cdi_library, stored, answers, "c2", {chip["gpu-1"]}) == 1
+    await kubelet.close()
+
+
 # ------------------------------------------------------------------ what cannot be known
 
 

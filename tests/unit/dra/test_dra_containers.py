@@ -8,6 +8,7 @@ device's, the last value set winning.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import random
 from collections.abc import Mapping, Sequence
@@ -15,28 +16,33 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from ix_device_plugin.core.inventory import Inventory
 from ix_device_plugin.dra.claimspec import (
     ClaimEnv,
     Holding,
+    Relay,
     cdi_device_name,
     claim_env,
     claim_from_spec,
+    claim_relay,
     claim_spec,
     record_device_name,
     with_env,
+    with_relay_ids,
 )
-from ix_device_plugin.dra.containers import (
+from ix_device_plugin.dra.claimusers import (
     ClaimUse,
     Container,
     PodRef,
     containers_of,
     reserved_for,
     runs_containers,
-    solve,
     used_claims,
 )
+from ix_device_plugin.dra.containers import solve
 from ix_device_plugin.dra.prepared import ClaimRef, PreparedClaim, PreparedDevice
 from ix_device_plugin.dra.slices import slice_content
 from ix_device_plugin.hardware.simulated import parse_spec
@@ -307,6 +313,178 @@ def test_whatever_the_shape_a_container_not_named_in_a_warning_is_told_exactly_i
     warned = {w.split()[1] for w in told.warnings if " holds " in w}
     for container in containers:
         assert exact(container, told.envs) == (container.name not in warned), (shape, told)
+
+
+# ------------------------------------------------------------------ init containers reusing the later containers' chips
+
+GPU = "iluvatar.com/gpu"
+
+
+def answered(claims: Sequence[PreparedClaim], envs: Mapping[str, ClaimEnv]) -> dict[str, PreparedClaim]:
+    """The claims as the driver writes their specs and answers their CDI IDs once told envs, by UID."""
+    found = {}
+    for claim in claims:
+        env = envs.get(claim.ref.uid)
+        if env is not None:
+            claim = with_relay_ids(dataclasses.replace(claim, spec=with_env(claim.spec, env)), env.relay)
+        found[claim.ref.uid] = claim
+    return found
+
+
+def runtime_told(container: Container, claims: Mapping[str, PreparedClaim], drops_repeats: bool = True) -> set[str]:
+    """The chips the container's IX_VISIBLE_DEVICES names, built here from the answers and specs alone: the kubelet
+    lists the CDI IDs answered for each device the container gets (its claims in the order they come), containerd
+    keeps the first of a repeated ID (drops_repeats), the CDI library applies a spec's own edits at its first
+    device, then each device's, the last value winning. Every order of the container's claims must agree."""
+    found = set()
+    for order in itertools.permutations(container.uses):
+        ids: list[str] = []
+        for use in order:
+            by_name = {cdi_device_name(use.claim, d.device, d.share_id): d for d in claims[use.claim].devices}
+            ids += [i.partition("=")[2] for name in use.devices for i in by_name[name].cdi_ids]
+        if drops_repeats:
+            ids = list(dict.fromkeys(ids))
+        env: dict[str, str] = {}
+        seen: set[str] = set()
+        for name in ids:
+            uid = next(uid for uid in claims if name.startswith(f"{uid}-"))
+            spec = claims[uid].spec
+            if uid not in seen:
+                seen.add(uid)
+                env.update(item.partition("=")[::2] for item in spec.get("containerEdits", {}).get("env", []))
+            (entry,) = [d for d in spec["devices"] if d["name"] == name]
+            env.update(item.partition("=")[::2] for item in entry.get("containerEdits", {}).get("env", []))
+        found.add(env.get("IX_VISIBLE_DEVICES", "(unset)"))
+    assert len(found) == 1, found
+    return set(found.pop().split(","))
+
+
+def extended_pod(init: Mapping[str, int], containers: Mapping[str, int], mappings: list[tuple[str, str]]) -> Any:
+    """A pod asking for iluvatar.com/gpu in each container (a count), served by the scheduler's claim `ext`."""
+    listed = [{"containerName": c, "resourceName": GPU, "requestName": r} for c, r in mappings]
+    counts = {name: {GPU: str(count)} for name, count in [*init.items(), *containers.items()]}
+    return pod({name: [] for name in containers}, init={name: [] for name in init}, extended=("ext", listed),
+               requests=counts)  # fmt: skip
+
+
+def test_an_init_container_reusing_the_later_containers_requests_is_told_all_it_holds_and_they_theirs() -> None:
+    """Upstream's shape: an init container of 2 and two containers of 1 each. The scheduler's claim has a request per
+    later container and the init container reuses both (it runs before them), so its block is theirs one after the
+    other and no value of a device can tell it and the second container apart. The relay can: answered before the
+    first request's device and after the second's, the init container keeps it first and is told the second
+    device's value (all it holds), the second container gets it last and is told its own chip. Where the runtime
+    keeps a repeated ID, the init container is told the second container's chip, as without the relay."""
+    ext = claim("ext", ("gpu-0", "U0", "container-1-request-0"), ("gpu-1", "U1", "container-2-request-0"))
+    mappings = [("c1", "container-1-request-0"), ("c2", "container-2-request-0")]
+    mappings += [("init", "container-1-request-0"), ("init", "container-2-request-0")]
+    found = by_name(containers_of(extended_pod({"init": 2}, {"c1": 1, "c2": 1}, mappings), {"ext": ext}))
+    told = solve(found.values(), {ext.ref.uid: ext}, [ext.ref.uid], placeable=[ext.ref.uid])
+    claims = answered([ext], told.envs)
+    assert told.warnings == ()
+    assert [runtime_told(found[name], claims) for name in ("init", "c1", "c2")] == [{"U0", "U1"}, {"U0"}, {"U1"}]
+    assert runtime_told(found["init"], claims, drops_repeats=False) == {"U1"}
+    again = solve(found.values(), claims, [ext.ref.uid])  # a later call keeps the relay it was answered with
+    retold = answered(list(claims.values()), again.envs)
+    assert [d.cdi_ids for d in retold[ext.ref.uid].devices] == [d.cdi_ids for d in claims[ext.ref.uid].devices]
+    assert [runtime_told(found[name], retold) for name in ("init", "c1", "c2")] == [{"U0", "U1"}, {"U0"}, {"U1"}]
+    assert [d.cdi_ids[0] for d in retold[ext.ref.uid].devices] == [
+        f"gpu.iluvatar.com/claim={ext.ref.uid}-gpu-{n}" for n in (0, 1)
+    ]
+
+
+def test_without_a_relay_the_init_container_is_told_part_of_what_it_holds_and_named() -> None:
+    """A claim whose CDI IDs were answered already gets no relay: the init container is told the last request's
+    chip (never nothing, never a chip it does not hold) and the warning names it."""
+    ext = claim("ext", ("gpu-0", "U0", "container-1-request-0"), ("gpu-1", "U1", "container-2-request-0"))
+    mappings = [("c1", "container-1-request-0"), ("c2", "container-2-request-0")]
+    mappings += [("init", "container-1-request-0"), ("init", "container-2-request-0")]
+    found = by_name(containers_of(extended_pod({"init": 2}, {"c1": 1, "c2": 1}, mappings), {"ext": ext}))
+    told = solve(found.values(), {ext.ref.uid: ext}, [ext.ref.uid])
+    claims = answered([ext], told.envs)
+    assert [runtime_told(found[name], claims) for name in ("init", "c1", "c2")] == [{"U1"}, {"U0"}, {"U1"}]
+    assert [w.split()[1] for w in told.warnings] == ["init"]
+
+
+@pytest.mark.parametrize("seed", range(200))
+def test_init_containers_reusing_later_requests_are_told_exactly_with_a_relay(seed: int) -> None:
+    """Random pods asking for iluvatar.com/gpu, shaped as the scheduler maps them (createRequestsAndMappings: a
+    request per later container and sidecar, an init container reusing the requests of the containers after it
+    until it has its count, then one of its own): with a relay, every container not named in a warning is told
+    exactly what it holds; where the runtime keeps a repeated ID, still something and no chip it does not hold."""
+    rng = random.Random(seed)
+    later = {f"c{i}": rng.randint(1, 2) for i in range(rng.randint(2, 3))}
+    inits = {f"i{i}": rng.randint(1, sum(later.values()) + 1) for i in range(rng.randint(1, 2))}
+    chips = iter(range(100))
+    devices, mappings, requests = [], [], []
+    for index, (name, count) in enumerate(later.items(), start=len(inits)):
+        request = f"container-{index}-request-0"
+        requests.append((request, count))
+        mappings.append((name, request))
+        devices += [(f"gpu-{n}", f"U{n}", request) for n in itertools.islice(chips, count)]
+    own = None
+    for name, count in inits.items():
+        reused, total = [], 0
+        for request, size in requests:
+            if total >= count:
+                break
+            reused.append(request)
+            total += size
+        mappings += [(name, request) for request in reused]
+        if total < count:
+            own = own or ("container-0-request-0", count - total)
+            own = max(own, ("container-0-request-0", count - total), key=lambda o: o[1])
+            mappings.append((name, "container-0-request-0"))
+    if own is not None:
+        devices += [(f"gpu-{n}", f"U{n}", own[0]) for n in itertools.islice(chips, own[1])]
+    ext = claim("ext", *devices)
+    found = by_name(containers_of(extended_pod(inits, later, mappings), {"ext": ext}))
+    told = solve(found.values(), {ext.ref.uid: ext}, [ext.ref.uid], placeable=[ext.ref.uid])
+    before = solve(found.values(), {ext.ref.uid: ext}, [ext.ref.uid])
+    claims, plain = answered([ext], told.envs), answered([ext], before.envs)
+    warned = {w.split()[1] for w in told.warnings}
+    assert len(warned) <= len({w.split()[1] for w in before.warnings}), (mappings, told)
+    for name, container in found.items():
+        held = set(container.holding.visible)
+        assert (runtime_told(container, claims) == held) == (name not in warned), (mappings, told)
+        kept = runtime_told(container, claims, drops_repeats=False)
+        assert kept <= held or not runtime_told(container, plain) <= held, (name, mappings, told)
+
+
+JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(max_size=8),
+    lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=8), children, max_size=4),
+    max_leaves=20,
+)
+RELAY_IDS = ["gpu.iluvatar.com/claim=uid-ext-relay_env", "gpu.iluvatar.com/claim=uid-ext-relay_first"]
+
+
+@given(JSON, st.lists(st.sampled_from([*RELAY_IDS, "gpu.iluvatar.com/claim=uid-ext-gpu-0", "x"]), max_size=5), JSON)
+def test_a_relay_is_read_back_from_any_spec_and_cdi_ids_or_is_none(devices: Any, ids: list[str], env: Any) -> None:
+    """What the checkpoint holds is read back whatever another writer put there: a relay names devices of the
+    claim and sets a value, or there is none."""
+    ext = claim("ext", ("gpu-0", "U0", "r0"), ("gpu-1", "U1", "r1"))
+    first, second = ext.devices
+    relays = [{"name": n.partition("=")[2], "containerEdits": {"env": env}} for n in RELAY_IDS]
+    spec = {"devices": [devices, *relays]}
+    for edited in (dataclasses.replace(ext, spec=spec), dataclasses.replace(ext, spec={"devices": devices})):
+        found = claim_relay(
+            dataclasses.replace(edited, devices=(dataclasses.replace(first, cdi_ids=tuple(ids)), second))
+        )
+        assert found is None or {found.lead, found.tail} <= {"uid-ext-gpu-0", "uid-ext-gpu-1"}
+
+
+def test_a_spec_with_a_relay_is_read_back_as_its_claim_and_keeps_the_relay() -> None:
+    chip = slice_content(Inventory(boards=parse_spec("BI-V150:1"))).by_name()
+    devices = [
+        (PreparedDevice((f"r{n}",), POOL, f"gpu-{n}", chip[f"gpu-{n}"].uuid, ("x",)), chip[f"gpu-{n}"]) for n in (0, 1)
+    ]
+    spec = claim_spec("uid-a", devices, (), Path("/"))
+    one, two = (Holding((d.uuid,), ()) for d, _ in devices)
+    relay = Relay("uid-a-relay_env", "uid-a-relay_first", "uid-a-gpu-0", "uid-a-gpu-1", two, one)
+    told = with_env(spec, ClaimEnv(None, {}, relay))
+    assert with_env(told, ClaimEnv(None, {})) == told  # once written, it stays: the kubelet may hold its ID
+    back = claim_from_spec("uid-a", told, POOL)
+    assert [d.device for d in back.devices] == ["gpu-0", "gpu-1"]
 
 
 # ------------------------------------------------------------------ the spec
