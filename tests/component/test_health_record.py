@@ -18,9 +18,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from host_tools import missing
 from reset_support import FAST_HEALING, Ixsmi
 from test_healing import start_healing
-from test_rollout import OLD, advertised, start_beside
+from test_rollout import OLD, OLD_SOCKET, advertised, start_beside
 
 from ix_device_plugin.api import HEALTHY, UNHEALTHY, api_pb2
 from ix_device_plugin.core.allocation import AllocationError
@@ -79,7 +80,7 @@ class FullDisk:
         if os.geteuid() == 0:
             done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(directory)], check=False)
             if done.returncode != 0:
-                pytest.skip("root without the right to mount a small tmpfs: the disk cannot be filled for real")
+                missing("root without the right to mount a small tmpfs: the disk cannot be filled for real")
             self.mounted = True
 
     def fill(self) -> None:
@@ -255,7 +256,7 @@ async def test_the_standby_keeps_a_chip_needing_an_operator_out_when_the_record_
     try:
         await kubelet.wait_registered(RESOURCE, capacity=2, timeout=15)
         backend = {"backend_factory": lambda: IxmlBackend(str(libs["full"]), dev_root=short_dir)}
-        new, _ = await start_beside(kubelet, start_daemon, f"iluvatar-gpu-{OLD}.sock", health_interval=0.1,
+        new, _ = await start_beside(kubelet, start_daemon, OLD_SOCKET, health_interval=0.1,
                                     dev_root=short_dir, **backend)  # fmt: skip
         assert not new.acting
         inject_xid(conf, 1, 64)
@@ -302,7 +303,7 @@ async def test_the_standby_refuses_a_chip_reserved_by_the_frozen_acting_pod_when
     try:
         await kubelet.wait_registered(RESOURCE, capacity=2, timeout=15)
         new, _ = await start_beside(
-            kubelet, start_daemon, f"iluvatar-gpu-{OLD}.sock", health_interval=0.1, dev_root=short_dir,
+            kubelet, start_daemon, OLD_SOCKET, health_interval=0.1, dev_root=short_dir,
             backend_factory=lambda: IxmlBackend(str(libs["full"]), dev_root=short_dir, ixsmi_path=ixsmi.path),
             healing_rules=FAST_HEALING, given=config_flags(self_healing="true"),
             pod_resources_socket=pod_resources.socket_path,
