@@ -376,3 +376,47 @@ def _token_kubeconfig(cluster: Cluster, token: str, path: Path) -> Path:
     assert cluster.pki is not None
     path.write_text(kubeconfig_text(cluster.server, cluster.pki.ca.cert, f"{NAMESPACE}-{PLUGIN}", token=token))
     return path
+
+
+# ------------------------------------------------------------------ ResourceClaims' device status
+
+
+def test_the_driver_writes_only_its_own_entries_of_a_claims_device_status(
+    cluster: Cluster, admin: Kubectl, dra: Kubectl, cleanup: list[tuple[str, str, str | None]]
+) -> None:
+    """A claim allocated on the node a device of this node's pool and one of another pool (as the scheduler would
+    write it, here by the admin): the driver writes its own entry; another pool's is refused by the policy, and the
+    claim's consumers by the API server itself (they need resourceclaims/binding)."""
+    node = cluster.node_name
+    requests = [{"name": name, "exactly": {"deviceClassName": DRIVER}} for name in ("own", "theirs")]
+    claim = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": "admission-claim", "namespace": "default"},
+        "spec": {"devices": {"requests": requests}},
+    }
+    admin.create(claim)
+    cleanup.append(("resourceclaim", "admission-claim", "default"))
+    results = [
+        {"request": "own", "driver": DRIVER, "pool": node, "device": "gpu-0"},
+        {"request": "theirs", "driver": DRIVER, "pool": OTHER_NODE, "device": "gpu-0"},
+    ]
+    term = {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]}
+    allocation = {"devices": {"results": results}, "nodeSelector": {"nodeSelectorTerms": [term]}}
+    admin(
+        *("patch", "resourceclaim", "admission-claim", "-n", "default", "--subresource=status", "--type=merge"),
+        *("-p", json.dumps({"status": {"allocation": allocation}})),
+    )
+    status = "/apis/resource.k8s.io/v1/namespaces/default/resourceclaims/admission-claim/status"
+    own = {"driver": DRIVER, "pool": node, "device": "gpu-0", "data": {"uuid": "admission"}}
+    patch(dra, status, {"status": {"devices": [own]}})
+    stored = admin.get("resourceclaim", "admission-claim", "default")["status"]["devices"]
+    assert [(entry["pool"], entry["device"]) for entry in stored] == [(node, "gpu-0")]
+    policy = f"{DRA}-claim-status"
+    theirs = {"driver": DRIVER, "pool": OTHER_NODE, "device": "gpu-0"}
+    message = refused(lambda: patch(dra, status, {"status": {"devices": [own, theirs]}}), policy)
+    assert f"changes only the device status of {DRIVER} in pool {node}" in message
+    consumer = {"resource": "pods", "name": "someone", "uid": "00000000-0000-0000-0000-000000000001"}
+    with pytest.raises(KubectlError) as raised:  # the API server's own check (1.37) comes before the policy's
+        patch(dra, status, {"status": {"reservedFor": [consumer]}})
+    assert 'requires resource=\\"resourceclaims/binding\\"' in raised.value.stderr, raised.value.stderr
