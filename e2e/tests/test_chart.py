@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 import yaml
 from harness.cluster import Cluster
+from harness.dra import pod_bound_kubeconfig
 from harness.helm import Helm, by_key, of_kind, static_objects
 from harness.kube import Kubectl, KubectlError, Obj
 from harness.plugin import PluginRun, bi_v150_chips, fake_ixsmi, ixsmi_calls, node_events, start_device_plugin
@@ -113,14 +114,18 @@ def test_the_server_rejects_what_the_schema_forbids(helm: Helm, admin: Kubectl) 
 
 @pytest.fixture(scope="module")
 def chart_account(cluster: Cluster, helm: Helm, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    """The chart's ServiceAccount and RBAC for every API feature, applied; a kubeconfig with its token."""
+    """The chart's ServiceAccount, RBAC and admission policies for every API feature, applied; a kubeconfig with
+    its token bound to a pod on the node, as the DaemonSet's pod has one (the policies refuse a token without a node).
+    """
     objects = [obj for obj in helm.template(FEATURES) if obj["kind"] not in {"DaemonSet", "ConfigMap"}]
-    assert {obj["kind"] for obj in objects} >= {"ServiceAccount", "ClusterRole", "Role"}
+    assert {obj["kind"] for obj in objects} >= {"ServiceAccount", "ClusterRole", "Role", "ValidatingAdmissionPolicy"}
     cluster.admin.apply(objects)
-    path = tmp_path_factory.mktemp("chart-token") / "kubeconfig"
+    directory = tmp_path_factory.mktemp("chart-token")
+    pod = f"{SERVICE_ACCOUNT}-{directory.name}"
     try:
-        yield cluster.service_account_kubeconfig(NAMESPACE, SERVICE_ACCOUNT, path)
+        yield pod_bound_kubeconfig(cluster, NAMESPACE, SERVICE_ACCOUNT, pod, directory / "kubeconfig")
     finally:
+        cluster.admin.delete("pod", pod, NAMESPACE, wait=False)
         for obj in reversed(objects):
             cluster.admin.delete(obj["kind"], obj["metadata"]["name"], obj["metadata"].get("namespace"), wait=False)
         for name in (f"ix-gpu-reset-{cluster.node_name}", f"ix-device-info-cm-{cluster.node_name}"):
@@ -341,6 +346,8 @@ def test_the_chart_grants_node_events_where_a_nodes_events_go(admin: Kubectl, ch
         ("create", "configmaps", "default"),
         ("delete", "configmaps", NAMESPACE),
         ("create", "pods", NAMESPACE),
+        ("get", "pods", NAMESPACE),  # Volcano mode lists and watches its node's pods, never reads one by name
+        ("patch", "configmaps", "default"),
     ],
 )
 def test_what_the_chart_does_not_grant_is_refused(

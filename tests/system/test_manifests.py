@@ -367,7 +367,7 @@ def test_self_healing_adds_node_reads_the_handshake_and_events_where_a_nodes_go(
     }
     assert roles == {
         ("kube-system", "iluvatar-device-plugin-gpu-reset"): [
-            {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get", "create", "update", "patch"]}
+            {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get", "create", "update"]}
         ],
         ("default", "iluvatar-device-plugin-events"): [
             {"apiGroups": [""], "resources": ["events"], "verbs": ["create", "patch"]}
@@ -387,19 +387,13 @@ def test_per_node_config_adds_a_service_account_and_only_node_reads() -> None:
     assert not by_kind(objects, "Role")
 
 
-def test_volcano_adds_pod_reads_watches_and_patches_and_its_watched_configmap() -> None:
+def test_volcano_adds_pod_lists_watches_and_patches_and_its_watched_configmap() -> None:
     objects = rendered({"features": {**NO_API, "volcano": True}})
     (cluster_role,) = by_kind(objects, "ClusterRole")
-    assert cluster_role["rules"] == [
-        {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch", "patch"]}
-    ]
+    assert cluster_role["rules"] == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "watch", "patch"]}]
     (role,) = by_kind(objects, "Role")
     assert role["rules"] == [
-        {
-            "apiGroups": [""],
-            "resources": ["configmaps"],
-            "verbs": ["get", "list", "watch", "create", "update", "patch"],
-        }
+        {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["list", "watch", "create", "patch"]}
     ]
 
 
@@ -409,9 +403,7 @@ def test_gpu_reset_adds_only_configmap_access_in_the_plugins_namespace() -> None
     assert not by_kind(objects, "ClusterRole")
     (role,) = by_kind(objects, "Role")
     assert role["metadata"]["namespace"] == "kube-system"
-    assert role["rules"] == [
-        {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get", "create", "update", "patch"]}
-    ]
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get", "create", "update"]}]
     (binding,) = by_kind(objects, "RoleBinding")
     assert binding["roleRef"]["name"] == role["metadata"]["name"]
 

@@ -1,0 +1,128 @@
+"""The chart's and the static manifests' API grants: only what the code uses, and every write bound to the node by
+an admission policy the API server enforces (its behaviour on a real API server: e2e/tests/test_admission.py)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from grant_support import WRITE_OPERATIONS, grant_table, grants, uncovered, write_grants
+from manifest_support import STATIC_DIR, by_kind, load_file, load_render_module, render_objects, schema_errors
+
+from ix_device_plugin.deviceplugin.features import volcano
+from ix_device_plugin.dra.slices import DRIVER
+from ix_device_plugin.gpureset.document import CONFIG_MAP_PREFIX as RESET_PREFIX
+
+render = load_render_module()
+
+FEATURES = ("perNodeConfig", "gpuReset", "volcano", "selfHealing")
+NONE_ON = dict.fromkeys(FEATURES, False)
+RENDERS: dict[str, dict[str, Any]] = {
+    "defaults": {},
+    **{f"only-{feature}": {"features": {**NONE_ON, feature: True}} for feature in FEATURES},
+    "all-features": {"features": dict.fromkeys(FEATURES, True)},
+    "dra": render.DRA_VALUES,
+    "dra-and-plugin": {"dra": {"enabled": True}, "features": dict.fromkeys(FEATURES, True)},
+}
+STATIC_FILES = ("ix-device-plugin.yaml", "ix-dra-driver.yaml")
+PLUGIN, DRA = "iluvatar-device-plugin", "iluvatar-dra-driver"
+
+
+@pytest.fixture(params=[*RENDERS, *STATIC_FILES])
+def objects(request: pytest.FixtureRequest) -> list[dict[str, Any]]:
+    if request.param in STATIC_FILES:
+        return load_file(STATIC_DIR / request.param)
+    return render_objects(RENDERS[request.param])
+
+
+def policy(objects: list[dict[str, Any]], name: str) -> dict[str, Any]:
+    (found,) = [obj for obj in by_kind(objects, "ValidatingAdmissionPolicy") if obj["metadata"]["name"] == name]
+    return found
+
+
+def test_every_write_grant_is_bound_to_the_node_by_an_enforced_policy(objects: list[dict[str, Any]]) -> None:
+    assert uncovered(objects) == []
+
+
+def test_the_policies_and_their_bindings_are_valid_api_objects(objects: list[dict[str, Any]]) -> None:
+    kinds = ("ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding")
+    assert [error for kind in kinds for obj in by_kind(objects, kind) for error in schema_errors(obj)] == []
+
+
+def test_the_check_finds_a_write_no_policy_binds() -> None:
+    objects = render_objects({"features": dict.fromkeys(FEATURES, True)})
+    assert write_grants(objects)
+    without = [obj for obj in objects if obj["kind"] != "ValidatingAdmissionPolicyBinding"]
+    assert len(uncovered(without)) == sum(len(WRITE_OPERATIONS[grant.verb]) for grant in write_grants(objects))
+    for binding in by_kind(objects, "ValidatingAdmissionPolicyBinding"):
+        binding["spec"]["validationActions"] = ["Warn"]  # warned, not refused: not enforced
+    assert uncovered(objects)
+
+
+def test_the_check_finds_a_policy_that_lets_a_token_without_a_node_through() -> None:
+    objects = render_objects({"features": {**NONE_ON, "gpuReset": True}})
+    policy(objects, f"{PLUGIN}-configmaps")["spec"]["validations"].pop(0)
+    assert uncovered(objects) == [
+        f"create configmaps.core for system:serviceaccount:kube-system:{PLUGIN} "
+        f"(Role/kube-system/{PLUGIN}-gpu-reset): CREATE is bound by no policy",
+        f"update configmaps.core for system:serviceaccount:kube-system:{PLUGIN} "
+        f"(Role/kube-system/{PLUGIN}-gpu-reset): UPDATE is bound by no policy",
+    ]
+
+
+def test_the_plugin_by_default_holds_what_self_healing_and_the_handshake_use() -> None:
+    assert grant_table(render_objects({})) == {
+        ("nodes.core", "get", PLUGIN),  # deviceplugin/handover.py: the Node's kubelet version (auto)
+        ("nodes.core", "list", PLUGIN),  # healing/wayback.py: the node annotation iluvatar.com/gpu.return
+        ("nodes.core", "watch", PLUGIN),
+        ("configmaps.core", "get", PLUGIN),  # gpureset/handshake.py: ix-gpu-reset-<node>
+        ("configmaps.core", "create", PLUGIN),
+        ("configmaps.core", "update", PLUGIN),
+        ("events.core", "create", PLUGIN),  # healing/events.py: Node Events, repeats counted
+        ("events.core", "patch", PLUGIN),
+    }
+
+
+def test_volcano_mode_adds_its_pods_and_device_list_and_no_pod_reads_by_name() -> None:
+    table = grant_table(render_objects({"features": {**NONE_ON, "volcano": True}}))
+    assert table == {
+        ("pods.core", "list", PLUGIN),  # the node's pods (spec.nodeName), listed and watched
+        ("pods.core", "watch", PLUGIN),
+        ("pods.core", "patch", PLUGIN),  # three annotations
+        ("configmaps.core", "list", PLUGIN),  # ix-device-info-cm-<node>, followed by name
+        ("configmaps.core", "watch", PLUGIN),
+        ("configmaps.core", "create", PLUGIN),
+        ("configmaps.core", "patch", PLUGIN),
+    }
+
+
+def test_the_dra_driver_holds_what_it_uses() -> None:
+    assert grant_table(render_objects(render.DRA_VALUES)) == {
+        *{("resourceslices.resource.k8s.io", verb, DRA) for verb in ("get", "list", "watch", "create", "update")},
+        ("resourceslices.resource.k8s.io", "delete", DRA),
+        ("resourceclaims.resource.k8s.io", "get", DRA),
+        ("resourceclaims/status.resource.k8s.io", "patch", DRA),
+        ("resourceclaims/driver.resource.k8s.io", "associated-node:patch", DRA),
+        *{("nodes.core", verb, DRA) for verb in ("get", "list", "watch")},
+        ("pods.core", "get", DRA),
+        *{("configmaps.core", verb, DRA) for verb in ("get", "create", "update")},
+        ("events.core", "create", DRA),
+        ("events.core", "patch", DRA),
+    }
+
+
+def test_the_policies_name_what_the_code_writes() -> None:
+    objects = render_objects({"dra": {"enabled": True}, "features": dict.fromkeys(FEATURES, True)})
+    configmaps = str(policy(objects, f"{PLUGIN}-configmaps")["spec"]["validations"])
+    assert f'"{RESET_PREFIX}" + variables.node' in configmaps
+    assert f'"{volcano.CONFIG_MAP_PREFIX}" + variables.node' in configmaps
+    keys = next(v for v in policy(objects, f"{PLUGIN}-pods")["spec"]["variables"] if v["name"] == "volcanoKeys")
+    written = {volcano.DEV_KUBELET, volcano.DEV_REAL_ALLOC, volcano.PREDICATE_TIME}
+    assert keys["expression"] == str(sorted(written)).replace("'", '"')
+    assert f'"{DRIVER}"' in str(policy(objects, f"{DRA}-resourceslices")["spec"]["validations"])
+    assert f'"{RESET_PREFIX}" + variables.node' in str(policy(objects, f"{DRA}-configmaps")["spec"]["validations"])
+
+
+def test_without_api_features_the_plugin_holds_no_grant_and_no_policy() -> None:
+    objects = render_objects({"features": NONE_ON})
+    assert grants(objects) == [] and by_kind(objects, "ValidatingAdmissionPolicy") == []
