@@ -19,7 +19,8 @@ from manifest_support import (
 
 from ix_device_plugin import __version__
 from ix_device_plugin.dra.config import GpuConfig, decode
-from ix_device_plugin.dra.registration import REGISTRATION_SOCKET
+from ix_device_plugin.dra.registration import REGISTRATION_SOCKET, plugin_dir
+from ix_device_plugin.healing.record import record_path
 from ix_device_plugin.settings.argv import parse_command_line
 from ix_device_plugin.settings.resolve import resolve
 from ix_device_plugin.settings.table import DRA, settings_of
@@ -167,11 +168,14 @@ def test_the_daemonset_runs_dra_mode_with_the_kubelets_directories_mounted() -> 
     settings = resolve(command.mode, command.flags, {k: v for k, v in env.items() if v is not None})
     assert (command.mode, settings.unused_env) == (DRA, ())
     mounts = {m["mountPath"] for m in container["volumeMounts"]}
+    plugins = settings["kubelet_plugins_directory_path"]
     assert {
         str(settings["kubelet_registrar_directory_path"]),
-        str(settings["kubelet_plugins_directory_path"]),
+        str(plugin_dir(plugins)),  # the driver's own directory, not the kubelet's whole plugins directory
+        str(record_path(plugins).parent),
         str(settings["cdi_spec_dir"]),
     } <= mounts
+    assert str(plugins) not in mounts
     assert REGISTRATION_SOCKET == "gpu.iluvatar.com-reg.sock"
     pod_uid = next(item for item in container["env"] if item["name"] == "POD_UID")
     assert pod_uid["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.uid"  # sockets named per pod

@@ -11,7 +11,7 @@ from pathlib import Path
 from ix_device_plugin.core.inventory import ChipStatus, Inventory
 from ix_device_plugin.core.telemetry import ChipSample
 from ix_device_plugin.hardware.backend import DEFAULT_IXSMI, BackendError, XidSink
-from ix_device_plugin.hardware.devnodes import check_device_nodes, node_checked_status
+from ix_device_plugin.hardware.devnodes import check_device_nodes, device_access_problem, node_checked_status
 from ix_device_plugin.hardware.ixml.boards import boards, links
 from ix_device_plugin.hardware.ixml.devices import DeviceReader, unidentified_at
 from ix_device_plugin.hardware.ixml.events import XidWatch
@@ -129,6 +129,9 @@ class IxmlBackend:
             path = find_library(self._library_path)
             self._library = Library(load_library(path), path)
         if not self._initialized:
+            problem = device_access_problem(self._dev_root)
+            if problem is not None:
+                raise BackendError(problem)
             try:
                 self._library.call("init")
             except CallError as exc:
