@@ -24,7 +24,9 @@ from bench.settings import Settings
 from ix_device_plugin.deviceplugin.features.volcano import DEV_VOLCANO, PREDICATE_TIME
 from ix_device_plugin.hardware.simulated import default_uuid
 from ix_device_plugin.standins.apiserver import ApiServerStandIn, bodies
+from ix_device_plugin.standins.apiserver.managedfields import Writer
 
+SCHEDULER = Writer("vc-scheduler", "v1")  # the annotations as Volcano's scheduler writes them
 FEATURES = ("--per-node-config", "true", "--reset-gpu", "true", "--use-volcano", "true", "--telemetry-interval", "1")
 
 
@@ -40,7 +42,8 @@ async def run(settings: Settings) -> dict[str, Any]:
             # written only once that view is read), then asks for a reset.
             annotations = {DEV_VOLCANO: default_uuid(0, 0), PREDICATE_TIME: "100"}
             limits = {"main": {RESOURCE: "1"}}
-            api.add_pod("bench", "placed", NODE, phase="Pending", annotations=annotations, limits=limits)
+            api.add_pod("bench", "placed", NODE, phase="Pending", limits=limits)
+            api.patch("pods", "placed", "bench", {"metadata": {"annotations": annotations}}, SCHEDULER)
             async with PluginProcess(ONE_GPU, extra_args=FEATURES, extra_env=env) as plugin:
                 await plugin.launch()
                 await _until(lambda: api.get("configmaps", f"ix-device-info-cm-{NODE}", NAMESPACE) is not None)
