@@ -54,7 +54,8 @@ async def _fresh_streams(stub: api_pb2_grpc.DevicePluginStub, runs: int, capacit
     for _ in range(runs):
         started = time.perf_counter()
         call = stub.ListAndWatch(api_pb2.Empty())
-        message = await asyncio.wait_for(call.read(), READ_TIMEOUT)
+        async with asyncio.timeout(READ_TIMEOUT):
+            message = await call.read()
         samples.append(time.perf_counter() - started)
         call.cancel()
         assert len(message.devices) == capacity, len(message.devices)
@@ -64,14 +65,16 @@ async def _fresh_streams(stub: api_pb2_grpc.DevicePluginStub, runs: int, capacit
 async def _pushes(plugin: PluginProcess, stub: api_pb2_grpc.DevicePluginStub, runs: int) -> list[float]:
     node = plugin.node
     call = stub.ListAndWatch(api_pb2.Empty())
-    await asyncio.wait_for(call.read(), READ_TIMEOUT)
+    async with asyncio.timeout(READ_TIMEOUT):
+        await call.read()
     samples: list[float] = []
     try:
         for run in range(runs):
             replicas = node.replicas - 1 if run % 2 == 0 else node.replicas
             write_atomically(plugin.config_path, node.config_yaml(replicas))
             written = time.perf_counter()
-            message = await asyncio.wait_for(call.read(), READ_TIMEOUT)
+            async with asyncio.timeout(READ_TIMEOUT):
+                message = await call.read()
             samples.append(time.perf_counter() - written)
             assert len(message.devices) == node.capacity // node.replicas * replicas, len(message.devices)
             await asyncio.sleep(0.05)  # let the stand-in take the message too before the next change
@@ -86,7 +89,8 @@ async def run(settings: Settings) -> dict[str, Any]:
     async with PluginProcess(LARGE) as plugin:
         await plugin.launch()
         async with grpc.aio.insecure_channel(plugin.target, options=CHANNEL_OPTIONS) as channel:
-            await asyncio.wait_for(channel.channel_ready(), READ_TIMEOUT)
+            async with asyncio.timeout(READ_TIMEOUT):
+                await channel.channel_ready()
             stub = api_pb2_grpc.DevicePluginStub(channel)
             result["fresh_stream"] = summary_ms(await _fresh_streams(stub, settings.listwatch_runs, LARGE.capacity))
             result["config_edit_push"] = summary_ms(await _pushes(plugin, stub, settings.listwatch_runs))

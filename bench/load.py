@@ -74,7 +74,8 @@ async def run_concurrent(
 ) -> tuple[list[float], float]:
     """Latencies (s) of count calls shared by callers concurrent callers on one channel, and the wall time."""
     async with grpc.aio.insecure_channel(target, options=CHANNEL_OPTIONS) as channel:
-        await asyncio.wait_for(channel.channel_ready(), CALL_TIMEOUT)
+        async with asyncio.timeout(CALL_TIMEOUT):
+            await channel.channel_ready()
         stub = api_pb2_grpc.DevicePluginStub(channel)
         methods = [(getattr(stub, method), request) for method, request in calls]
         latencies: list[float] = []

@@ -311,7 +311,8 @@ async def test_a_failing_task_is_restarted_and_said_by_the_probe_while_down(
         assert any("task hardware failed: RuntimeError: bug in a backend" in r.getMessage() for r in caplog.records)
     finally:
         daemon.stop()
-        assert await asyncio.wait_for(running, 5) == 0
+        async with asyncio.timeout(5):
+            assert await running == 0
     assert not (plugin_dir / SOCKET).exists()
 
 
@@ -333,7 +334,8 @@ async def test_registration_answered_after_a_restart_is_not_taken_for_the_new_on
     await kubelet.start()
     try:
         daemon = await start_daemon("BI-V100:1")
-        await asyncio.wait_for(first_registered.wait(), 5)
+        async with asyncio.timeout(5):
+            await first_registered.wait()
         (plugin_dir / SOCKET).unlink()  # as a kubelet restart does, while that answer is in flight
         await until(lambda: len(kubelet.registrations) >= 2, timeout=5)
         await until(lambda: daemon.registered, timeout=5)

@@ -378,7 +378,8 @@ class DraDriver:
                 as_holder = True
                 await self.state.refresh_metadata(self.facts())
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._facts_changed.wait(), METADATA_POLL)
+                async with asyncio.timeout(METADATA_POLL):
+                    await self._facts_changed.wait()
 
     # ---- claims ---------------------------------------------------------------------------------
 

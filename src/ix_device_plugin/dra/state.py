@@ -63,6 +63,7 @@ from ix_device_plugin.runtime.files import (
     keep_aside,
     reason,
     remove_file,
+    remove_oldest_aside,
     remove_stale_temporaries,
     write_atomically,
 )
@@ -78,6 +79,8 @@ START_LOCK_TIMEOUT = 30.0  # a start that cannot have the lock fails, saying so,
 LOCK_POLL = 0.005  # another driver holds the lock for milliseconds (one prepare's writes)
 RESET_WAIT = 60.0  # how long a reset, or the unprepare of a claim whose reset is pending, waits for another reset
 SPEC_LIMIT = 1024 * 1024
+ASIDE_LABEL = "corrupt"  # checkpoint.json.corrupt-<Unix time>: unreadable checkpoints kept for the operator
+ASIDE_KEPT = 5  # the newest kept: enough to see what spoiled it; a loop of bad writes fills no disk
 ClaimReader = Callable[[ClaimRef], Awaitable[Any]]  # the ResourceClaim object; ClaimError when it cannot
 Resetter = Callable[[PreparedClaim], Awaitable[str | None]]  # resets the claim's reset_chips; None, or why not
 
@@ -194,10 +197,12 @@ class DraState:
         self.claims = rebuilt
         kept = f"; kept as {aside}" if aside is not None else ""
         log.error("%s%s; %d claims rebuilt from their CDI specs in %s", why, kept, len(rebuilt), self.cdi_dir)
+        for removed in remove_oldest_aside(self.path, ASIDE_LABEL, ASIDE_KEPT):
+            log.info("removed %s, older than the %d unreadable checkpoints kept", removed, ASIDE_KEPT)
 
     def _keep_aside(self) -> Path | None:
         """A copy of the checkpoint beside it, for the operator (None when there is none); OutputError."""
-        return keep_aside(self.path, "corrupt") if self.path.exists() else None
+        return keep_aside(self.path, ASIDE_LABEL) if self.path.exists() else None
 
     def _claims_from_specs(self) -> dict[str, PreparedClaim]:
         claims = {}

@@ -115,7 +115,8 @@ class KubeletStandIn(api_pb2_grpc.RegistrationServicer):
         target = unix_target(self.plugin_dir / request.endpoint)
         channel = grpc.aio.insecure_channel(target, options=CHANNEL_OPTIONS)
         try:
-            await asyncio.wait_for(channel.channel_ready(), DIAL_TIMEOUT)
+            async with asyncio.timeout(DIAL_TIMEOUT):
+                await channel.channel_ready()
             stub = api_pb2_grpc.DevicePluginStub(channel)
             options = await stub.GetDevicePluginOptions(api_pb2.Empty(), timeout=DIAL_TIMEOUT)
         except (TimeoutError, grpc.aio.AioRpcError) as error:

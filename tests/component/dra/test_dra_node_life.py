@@ -83,6 +83,25 @@ async def test_a_corrupt_checkpoint_is_moved_aside_and_its_claims_rebuilt_from_t
     await kubelet.close()
 
 
+async def test_only_the_newest_unreadable_checkpoints_are_kept_aside(node: DraNode) -> None:
+    path = node.checkpoint_file
+    path.parent.mkdir(parents=True)
+    older = [path.with_name(f"{path.name}.corrupt-{1_700_000_000 + n}") for n in range(8)]
+    for n, copy in enumerate(older):
+        copy.write_text(f"spoiled {n}")
+    other = path.with_name(f"{path.name}.operator-note")  # not one of the driver's copies: never touched
+    other.write_text("mine")
+    path.write_bytes(b"[" * 100)
+    driver = await node.start()
+    kept = sorted(path.parent.glob(f"{path.name}.corrupt-*"))
+    assert len(kept) == 5
+    assert kept[:4] == older[-4:]  # the oldest went first
+    assert kept[4].read_bytes() == b"[" * 100  # the copy of what was spoiled now
+    assert other.read_text() == "mine"
+    assert json.loads(path.read_text())["claims"] == {}  # the rebuilt one is in place
+    await node.stop(driver)
+
+
 async def test_a_checkpoint_of_a_newer_driver_stops_the_start_and_is_kept(node: DraNode) -> None:
     path = node.checkpoint_file
     path.parent.mkdir(parents=True)
