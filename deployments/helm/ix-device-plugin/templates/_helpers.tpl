@@ -25,3 +25,13 @@ app.kubernetes.io/name: {{ include "ix-device-plugin.name" . }}
 {{- define "ix-device-plugin.draName" -}}
 iluvatar-dra-driver
 {{- end -}}
+
+{{/* The agent's container securityContext: .Values.securityContext, or privileged when .Values.privileged (a
+privileged container gets every capability and no seccomp filter, so the lines saying otherwise are left out). */}}
+{{- define "ix-device-plugin.securityContext" -}}
+{{- if .Values.privileged -}}
+{{- toYaml (merge (dict "privileged" true) (omit .Values.securityContext "allowPrivilegeEscalation" "capabilities" "seccompProfile")) }}
+{{- else -}}
+{{- toYaml .Values.securityContext }}
+{{- end -}}
+{{- end -}}
