@@ -1,4 +1,5 @@
-"""Every host path the DaemonSets mount is one the code uses, at the narrowest directory, read-only unless written.
+"""The DaemonSets run without privilege by default, and every host path they mount is one the code uses, at the
+narrowest directory, read-only unless written.
 
 The allow-list is built from the code's own defaults, so a path the agent stops using, or a mount wider than the
 directories it touches (all of the kubelet's plugins directory, /sys, /run/udev), fails here. It covers every render
@@ -11,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from manifest_support import STATIC_DIR, by_kind, load_file, pod_spec, render_objects
+from manifest_support import STATIC_DIR, by_kind, load_file, load_render_module, needs_helm, pod_spec, render_objects
 
 from ix_device_plugin.deviceplugin.outputs import DEFAULT_CDI_DIR
 from ix_device_plugin.dra.registration import DRIVER
@@ -91,3 +92,38 @@ def test_no_host_path_is_mounted_twice(source: str) -> None:
     for daemonset in daemonsets(source):
         paths = [host_path for host_path, _, _ in host_mounts(daemonset)]
         assert len(paths) == len(set(paths)), daemonset["metadata"]["name"]
+
+
+def containers(daemonset: dict[str, Any]) -> list[dict[str, Any]]:
+    spec = pod_spec(daemonset)
+    return [*spec.get("initContainers", []), *spec["containers"]]
+
+
+@pytest.mark.parametrize("source", [*STATIC_FILES, *sorted(RENDERS)])
+def test_no_container_is_privileged_by_default(source: str) -> None:
+    for daemonset in daemonsets(source):
+        spec = pod_spec(daemonset)
+        assert not spec.get("hostPID") and not spec.get("hostIPC") and not spec.get("hostNetwork")
+        for container in containers(daemonset):
+            context = container["securityContext"]
+            name = f"{source}: {daemonset['metadata']['name']}"
+            assert context.get("privileged", False) is False, name
+            assert context["allowPrivilegeEscalation"] is False, name
+            assert context["capabilities"] == {"drop": ["ALL"]}, name  # and none added
+            assert context["seccompProfile"] == {"type": "RuntimeDefault"}, name
+            assert context["readOnlyRootFilesystem"] is True, name
+
+
+@pytest.mark.parametrize("mode", [{}, {"dra": {"enabled": True}, "devicePlugin": {"enabled": False}}])
+def test_privileged_is_a_named_opt_in_without_contradicting_lines(mode: dict[str, Any]) -> None:
+    (daemonset,) = by_kind(render_objects({**mode, "privileged": True}), "DaemonSet")
+    (container,) = pod_spec(daemonset)["containers"]
+    # A privileged container gets every capability and no seccomp filter: a drop list or a profile would mislead.
+    assert container["securityContext"] == {"privileged": True, "readOnlyRootFilesystem": True, "runAsUser": 0}
+
+
+def test_the_notes_say_how_to_opt_in_while_the_agent_is_unprivileged() -> None:
+    needs_helm()
+    render = load_render_module()
+    assert "--set privileged=true" in render.notes()
+    assert "privileged" not in render.notes(overrides={"privileged": True})

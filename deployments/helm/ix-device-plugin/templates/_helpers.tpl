@@ -102,3 +102,13 @@ labels, user, who (the agent, in the message).
     "Event " + request.namespace + "/" + request.name + ": %s on node " + variables.node +
     " writes only Events about Node " + variables.node` .who)) }}
 {{- end -}}
+
+{{/* The agent's container securityContext: .Values.securityContext, or privileged when .Values.privileged (a
+privileged container gets every capability and no seccomp filter, so the lines saying otherwise are left out). */}}
+{{- define "ix-device-plugin.securityContext" -}}
+{{- if .Values.privileged -}}
+{{- toYaml (merge (dict "privileged" true) (omit .Values.securityContext "allowPrivilegeEscalation" "capabilities" "seccompProfile")) }}
+{{- else -}}
+{{- toYaml .Values.securityContext }}
+{{- end -}}
+{{- end -}}
