@@ -65,7 +65,7 @@ nri-image: ## the NRI device injector's image $(NRI_IMAGE) (nri-injector/Dockerf
 		scripts/container.sh engine-build "$$engine" -f nri-injector/Dockerfile -t $(NRI_IMAGE) nri-injector
 
 nri-test: ## the NRI device injector's Go tests (as root they make real device nodes; otherwise those skip)
-	cd nri-injector && go vet ./... && go test -count=1 ./...
+	cd nri-injector && export PATH="$$PATH:/usr/local/go/bin" && go vet ./... && go test -count=1 ./...
 
 base-image: ## a python:3.11-slim stand-in, $(LOCAL_BASE_IMAGE), from Debian packages (root, debootstrap, buildah)
 	scripts/build-base-image.sh $(LOCAL_BASE_IMAGE)
@@ -102,7 +102,10 @@ e2e-build: e2e-packages ## build the end-to-end cluster (Kubernetes, etcd, conta
 e2e-root:
 	@[ "$$(id -u)" = 0 ] || { echo "make e2e: the end-to-end suite needs root (kubelet, containerd, mounts, cgroups, device nodes)" >&2; exit 1; }
 
-e2e: e2e-root e2e-build nri-test $(VENV)/.stamp-dev ## the end-to-end suite on a real one-node Kubernetes (root, Go; docs/testing.md)
+# The injector's tests run first, in the end-to-end build's Go caches (its image is built from them too).
+E2E_CACHE ?= $(or $(IX_E2E_CACHE),/var/cache/ix-device-plugin-e2e)
+e2e: e2e-root e2e-build $(VENV)/.stamp-dev ## the end-to-end suite on a real one-node Kubernetes (root, Go; docs/testing.md)
+	$(MAKE) --no-print-directory nri-test GOMODCACHE=$(E2E_CACHE)/go/mod GOCACHE=$(E2E_CACHE)/go/build
 	$(VENV_PY) -m pytest -p no:cacheprovider -n 0 e2e/tests $(E2E_PYTEST_ARGS)  # one cluster: one process
 
 clean: ## remove build outputs (not the virtualenv)
