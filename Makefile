@@ -17,8 +17,10 @@ SOURCES := pyproject.toml README.md $(shell find src -name '*.py' -o -name '*.pr
 export VERSION BASE_IMAGE SOURCE_URL
 
 IMAGE_ARCHIVE := dist/ix-device-plugin-$(VERSION)-image.tar
+# The NRI device injector, the DaemonSets' sidecar (nri-injector/, Go).
+NRI_IMAGE ?= ix-nri-injector:$(VERSION)
 
-.PHONY: all dist pyz image image-smoke image-archive base-image test lint format manifests bench bench-fleet clean help \
+.PHONY: all dist pyz image image-smoke image-archive nri-image nri-test base-image test lint format manifests bench bench-fleet clean help \
 	e2e e2e-build e2e-packages e2e-root
 
 all: dist pyz image ## wheel, sdist, single-file executable and (when an engine is usable) the image
@@ -58,6 +60,13 @@ image-smoke: ## run --version and demo inside $(IMAGE)
 image-archive: ## $(IMAGE) as a docker archive in dist/, for `ctr -n k8s.io images import` on registry-less nodes
 	scripts/container.sh save $(IMAGE) $(IMAGE_ARCHIVE)
 
+nri-image: ## the NRI device injector's image $(NRI_IMAGE) (nri-injector/Dockerfile: static Go binary on scratch)
+	@engine="$$(scripts/container.sh engine)"; [ -n "$$engine" ] || { echo "make nri-image: no usable container engine" >&2; exit 1; }; \
+		scripts/container.sh engine-build "$$engine" -f nri-injector/Dockerfile -t $(NRI_IMAGE) nri-injector
+
+nri-test: ## the NRI device injector's Go tests (as root they make real device nodes; otherwise those skip)
+	cd nri-injector && export PATH="$$PATH:/usr/local/go/bin" && go vet ./... && go test -count=1 ./...
+
 base-image: ## a python:3.11-slim stand-in, $(LOCAL_BASE_IMAGE), from Debian packages (root, debootstrap, buildah)
 	scripts/build-base-image.sh $(LOCAL_BASE_IMAGE)
 
@@ -93,7 +102,10 @@ e2e-build: e2e-packages ## build the end-to-end cluster (Kubernetes, etcd, conta
 e2e-root:
 	@[ "$$(id -u)" = 0 ] || { echo "make e2e: the end-to-end suite needs root (kubelet, containerd, mounts, cgroups, device nodes)" >&2; exit 1; }
 
+# The injector's tests run first, in the end-to-end build's Go caches (its image is built from them too).
+E2E_CACHE ?= $(or $(IX_E2E_CACHE),/var/cache/ix-device-plugin-e2e)
 e2e: e2e-root e2e-build $(VENV)/.stamp-dev ## the end-to-end suite on a real one-node Kubernetes (root, Go; docs/testing.md)
+	$(MAKE) --no-print-directory nri-test GOMODCACHE=$(E2E_CACHE)/go/mod GOCACHE=$(E2E_CACHE)/go/build
 	$(VENV_PY) -m pytest -p no:cacheprovider -n 0 e2e/tests $(E2E_PYTEST_ARGS)  # one cluster: one process
 
 clean: ## remove build outputs (not the virtualenv)

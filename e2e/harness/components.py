@@ -186,6 +186,9 @@ def kube_proxy_cleanup_argv(binaries: Binaries) -> list[str]:
     return [str(binaries["kube-proxy"]), "--cleanup", f"--proxy-mode={PROXY_MODE}"]
 
 
+NRI_SOCKET = "/var/run/nri/nri.sock"
+
+
 def containerd_config(binaries: Binaries, containerd_dir: Path, socket: Path, cdi_dir: Path, cni_conf_dir: Path) -> str:
     """containerd's config (version 4): its own root, state and sockets, CDI from cdi_dir, runc, CNI."""
     cri_runtime = "plugins.'io.containerd.cri.v1.runtime'"
@@ -221,6 +224,10 @@ def containerd_config(binaries: Binaries, containerd_dir: Path, socket: Path, cd
         f"[{cri_runtime}.cni]",
         f'  bin_dirs = ["{binaries.cni_bin_dir}"]',
         f'  conf_dir = "{cni_conf_dir}"',
+        # NRI as containerd 2.x ships it (on, at its default socket): the chart's injector sidecar registers there.
+        "[plugins.'io.containerd.nri.v1.nri']",
+        "  disable = false",
+        f'  socket_path = "{NRI_SOCKET}"',
     ]
     return "\n".join(lines) + "\n"
 

@@ -29,10 +29,13 @@ from harness.components import Binaries
 from harness.dra import EXTENDED_VALUES, OWN_SLICES, Driver, dra_chart_objects, pod_bound_kubeconfig
 from harness.helm import of_kind
 from harness.host import mounts_under
+from harness.injector import build_binary as build_injector_binary
+from harness.injector import image_name as injector_image_name
+from harness.injector import injector_image
 from harness.kube import Kubectl, Obj
 from harness.plugin import bi_v150_chips, device_nodes
 from harness.procs import describe_logs
-from harness.project_image import BuiltImage, build_project_image, missing_tools
+from harness.project_image import BuiltImage, build_project_image, missing_tools, package_version
 from harness.runs import exclusive_run, leftover_pids
 from harness.skips import register as register_skip_report
 
@@ -127,7 +130,18 @@ def namespace(request: pytest.FixtureRequest, admin: Kubectl) -> Iterator[str]:
 
 
 @pytest.fixture(scope="session")
-def project_image(cluster: Cluster) -> BuiltImage:
+def nri_injector_image(cluster: Cluster) -> str:
+    """The NRI device injector's image (the chart's default sidecar), built from nri-injector/ and imported."""
+    binary, seconds = build_injector_binary(CACHE)
+    name = injector_image_name(package_version())
+    cluster.import_image(injector_image(binary, package_version()), "nri-injector")
+    assert name in cluster.ctr("images", "ls", "-q").stdout.split()
+    sys.stderr.write(f"\ne2e: nri-injector built in {seconds:.1f} s (0: cached)\n")
+    return name
+
+
+@pytest.fixture(scope="session")
+def project_image(cluster: Cluster, nri_injector_image: str) -> BuiltImage:
     """The image, built the documented offline way and imported into the node's containerd (`ctr import`), once for
     every DaemonSet scenario."""
     missing = missing_tools()

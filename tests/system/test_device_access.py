@@ -60,13 +60,15 @@ def double_config(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
-def run_list(podman: list[str], library: Path, config: Path, nodes: dict[str, tuple[int, int]]) -> tuple[int, str, str]:
-    """`ix-device-plugin list` on the IXML backend (the double reporting one chip) in an unprivileged container:
+def run_list(
+    podman: list[str], library: Path, config: Path, nodes: dict[str, tuple[int, int]], backend: str = "ixml"
+) -> tuple[int, str, str]:
+    """`ix-device-plugin list` on the backend (IXML: the double reporting one chip) in an unprivileged container:
     exit code, stdout, stderr."""
     command = [
         *podman, "run", "--rm", "--network=none", "--cap-drop=ALL", "--cap-add=MKNOD",
         "--tmpfs", "/host:rw,dev,exec",
-        "-e", "IX_DEV_ROOT=/host", "-e", "IX_BACKEND=ixml", "-e", f"IX_IXML_LIBRARY={library}",
+        "-e", "IX_DEV_ROOT=/host", "-e", f"IX_BACKEND={backend}", "-e", f"IX_IXML_LIBRARY={library}",
         "-e", f"{IXML_DOUBLE_CONFIG}={config}",
         "-e", f"PYTHONPATH={Path(__file__).resolve().parents[2] / 'src'}",
         "--rootfs", "/:O", sys.executable, "-c", SCRIPT.format(nodes=nodes),
@@ -102,3 +104,22 @@ def test_with_the_nodes_given_the_gpus_are_listed(podman, libs, double_config) -
     assert code == 0, stderr
     assert "cannot open" not in stderr
     assert "GPU-0" in stdout
+
+
+# The simulated backend (the end-to-end cluster's) opens the nodes as IXML does, so that a pod without device access
+# is the same negative control there.
+def test_the_simulated_backend_too_says_so_in_one_line_and_lists_no_gpu(podman, libs, double_config) -> None:
+    nodes = {"iluvatar0": DENIED, "itrctl": ALLOWED}
+    code, stdout, stderr = run_list(podman, libs["full"], double_config, nodes, backend="simulated")
+    assert code != 0
+    assert stdout == ""
+    (line,) = [line for line in stderr.splitlines() if "/dev/iluvatar0" in line]
+    assert "cannot open /dev/iluvatar0 (Operation not permitted)" in line and DEVICE_ACCESS_FIX in line
+    assert "Traceback" not in stderr
+
+
+def test_the_simulated_backend_with_the_nodes_given_lists_its_gpus(podman, libs, double_config) -> None:
+    nodes = {"iluvatar0": ALLOWED, "itrctl": ALLOWED}
+    code, stdout, stderr = run_list(podman, libs["full"], double_config, nodes, backend="simulated")
+    assert code == 0, stderr
+    assert "cannot open" not in stderr and "GPU-" in stdout

@@ -1,4 +1,5 @@
-"""Every host path the DaemonSets mount is one the code uses, at the narrowest directory, read-only unless written.
+"""The DaemonSets run without privilege by default, and every host path they mount is one the code uses, at the
+narrowest directory, read-only unless written.
 
 The allow-list is built from the code's own defaults, so a path the agent stops using, or a mount wider than the
 directories it touches (all of the kubelet's plugins directory, /sys, /run/udev), fails here. It covers every render
@@ -11,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from manifest_support import STATIC_DIR, by_kind, load_file, pod_spec, render_objects
+from manifest_support import STATIC_DIR, by_kind, load_file, load_render_module, needs_helm, pod_spec, render_objects
 
 from ix_device_plugin.deviceplugin.outputs import DEFAULT_CDI_DIR
 from ix_device_plugin.dra.registration import DRIVER
@@ -22,6 +23,11 @@ from ix_device_plugin.nodelabels.featurefile import DEFAULT_FEATURES_DIR
 from ix_device_plugin.settings.table import DEFAULT_KUBELET_PLUGINS_DIR, DEFAULT_PLUGIN_DIR, DEFAULT_REGISTRAR_DIR
 
 KUBELET_PLUGINS = Path(DEFAULT_KUBELET_PLUGINS_DIR)
+# nri-injector/main.go's default socket, /var/run/nri/nri.sock: containerd's and CRI-O's.
+NRI_SOCKET_DIR = "/var/run/nri"
+INJECTOR = "nri-injector"
+# The injector reads the host's /dev where it cannot hide the container's own /dev (its HOST_DEV).
+INJECTOR_HOST_DEV = "/host/dev"
 COREX = Path(DEFAULT_LIBRARY_PATHS[0]).parent.parent
 # The host path, and whether the agent writes there (False: the mount must be read-only).
 WRITES = True
@@ -35,6 +41,7 @@ ALLOWED: dict[str, bool] = {
     str(DEFAULT_SOCKET.parent): not WRITES,  # the kubelet's pod-resources socket (connecting needs no write)
     "/dev": not WRITES,  # which /dev/iluvatar* nodes exist, and their coming and going
     str(COREX): not WRITES,  # libixml.so
+    NRI_SOCKET_DIR: not WRITES,  # the NRI injector's runtime socket (connecting needs no write)
 }
 
 RENDERS: dict[str, dict[str, Any]] = {
@@ -60,34 +67,115 @@ def daemonsets(source: str) -> list[dict[str, Any]]:
     return found
 
 
-def host_mounts(daemonset: dict[str, Any]) -> list[tuple[str, str, bool]]:
-    """(host path, path in the container, read-only) of every hostPath the DaemonSet's containers mount."""
+def host_mounts(daemonset: dict[str, Any], only: str | None = None) -> list[tuple[str, str, bool]]:
+    """(host path, path in the container, read-only) of every hostPath the DaemonSet's containers (or container
+    `only`) mount."""
     spec = pod_spec(daemonset)
     host = {v["name"]: v["hostPath"]["path"] for v in spec["volumes"] if "hostPath" in v}
     return [
         (host[mount["name"]], mount["mountPath"], mount.get("readOnly", False) is True)
         for container in [*spec.get("initContainers", []), *spec["containers"]]
+        if only is None or container["name"] == only
         for mount in container.get("volumeMounts", [])
         if mount["name"] in host
     ]
+
+
+def in_container_path(host_path: str, container: str | None) -> str:
+    """Where host_path is mounted: the same path (sockets are named to the kubelet, and CDI specs name nodes, by
+    host path), but the injector's view of the host's /dev."""
+    return INJECTOR_HOST_DEV if container == INJECTOR and host_path == "/dev" else host_path
 
 
 @pytest.mark.parametrize("source", [*STATIC_FILES, *sorted(RENDERS)])
 def test_every_host_path_is_on_the_allow_list_and_read_only_unless_written(source: str) -> None:
     for daemonset in daemonsets(source):
         name = daemonset["metadata"]["name"]
-        mounts = host_mounts(daemonset)
-        assert mounts, name
-        for host_path, container_path, read_only in mounts:
-            assert host_path in ALLOWED, f"{source}: {name} mounts {host_path}, not a path the code uses"
-            # The same path inside: sockets are named to the kubelet, and CDI specs name nodes, by host path.
-            assert container_path == host_path, f"{source}: {name} mounts {host_path} at {container_path}"
-            if not ALLOWED[host_path]:
-                assert read_only, f"{source}: {name} mounts {host_path} writable; the code only reads it"
+        assert host_mounts(daemonset), name
+        for container in containers(daemonset):
+            for host_path, container_path, read_only in host_mounts(daemonset, container["name"]):
+                assert host_path in ALLOWED, f"{source}: {name} mounts {host_path}, not a path the code uses"
+                where = in_container_path(host_path, container["name"])
+                assert container_path == where, f"{source}: {name} mounts {host_path} at {container_path}"
+                if not ALLOWED[host_path]:
+                    assert read_only, f"{source}: {name} mounts {host_path} writable; the code only reads it"
 
 
 @pytest.mark.parametrize("source", [*STATIC_FILES, *sorted(RENDERS)])
 def test_no_host_path_is_mounted_twice(source: str) -> None:
     for daemonset in daemonsets(source):
-        paths = [host_path for host_path, _, _ in host_mounts(daemonset)]
-        assert len(paths) == len(set(paths)), daemonset["metadata"]["name"]
+        for container in containers(daemonset):
+            paths = [host_path for host_path, _, _ in host_mounts(daemonset, container["name"])]
+            assert len(paths) == len(set(paths)), (daemonset["metadata"]["name"], container["name"])
+
+
+def containers(daemonset: dict[str, Any]) -> list[dict[str, Any]]:
+    spec = pod_spec(daemonset)
+    return [*spec.get("initContainers", []), *spec["containers"]]
+
+
+@pytest.mark.parametrize("source", [*STATIC_FILES, *sorted(RENDERS)])
+def test_no_container_is_privileged_by_default(source: str) -> None:
+    for daemonset in daemonsets(source):
+        spec = pod_spec(daemonset)
+        assert not spec.get("hostPID") and not spec.get("hostIPC") and not spec.get("hostNetwork")
+        for container in containers(daemonset):
+            context = container["securityContext"]
+            name = f"{source}: {daemonset['metadata']['name']}"
+            assert context.get("privileged", False) is False, name
+            assert context["allowPrivilegeEscalation"] is False, name
+            assert context["capabilities"] == {"drop": ["ALL"]}, name  # and none added
+            assert context["seccompProfile"] == {"type": "RuntimeDefault"}, name
+            assert context["readOnlyRootFilesystem"] is True, name
+
+
+MODES = [{}, {"dra": {"enabled": True}, "devicePlugin": {"enabled": False}}]
+
+
+@pytest.mark.parametrize("opt_in", [{"privileged": True}, {"deviceInjection": "privileged"}])
+@pytest.mark.parametrize("mode", MODES)
+def test_privileged_is_a_named_opt_in_without_contradicting_lines(mode: dict[str, Any], opt_in: dict[str, Any]) -> None:
+    (daemonset,) = by_kind(render_objects({**mode, **opt_in}), "DaemonSet")
+    (container,) = pod_spec(daemonset)["containers"]
+    # A privileged container gets every capability and no seccomp filter: a drop list or a profile would mislead.
+    assert container["securityContext"] == {"privileged": True, "readOnlyRootFilesystem": True, "runAsUser": 0}
+    assert "initContainers" not in pod_spec(daemonset)  # nothing to inject: no sidecar holding the NRI socket
+
+
+@pytest.mark.parametrize("source", [*STATIC_FILES, *sorted(RENDERS)])
+def test_by_default_the_nri_injector_gives_the_agent_its_devices_and_mounts_only_the_socket_and_dev(
+    source: str,
+) -> None:
+    for daemonset in daemonsets(source):
+        spec = pod_spec(daemonset)
+        (agent,) = spec["containers"]
+        (injector,) = spec["initContainers"]
+        assert injector["name"] == INJECTOR and injector["restartPolicy"] == "Always"  # a native sidecar
+        assert injector["startupProbe"]["exec"]["command"] == ["/ix-nri-injector", "ready"]  # ready once registered
+        env = {e["name"]: e.get("value", e.get("valueFrom")) for e in injector["env"]}
+        assert env["POD_UID"] == {"fieldRef": {"fieldPath": "metadata.uid"}}  # its own pod, from the downward API
+        assert env["AGENT_CONTAINER"] == agent["name"]
+        assert env["HOST_DEV"] == INJECTOR_HOST_DEV and env["NRI_SOCKET"] == f"{NRI_SOCKET_DIR}/nri.sock"
+        mounts = sorted(host_mounts(daemonset, INJECTOR))
+        assert mounts == [("/dev", INJECTOR_HOST_DEV, True), (NRI_SOCKET_DIR, NRI_SOCKET_DIR, True)], source
+        # The agent keeps the host's /dev, so it sees the nodes come and go; the injected ones its cgroup allows.
+        assert ("/dev", "/dev", True) in host_mounts(daemonset, agent["name"])
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_runtime_that_injects_the_nodes_itself_gets_no_sidecar_and_no_privilege(mode: dict[str, Any]) -> None:
+    (daemonset,) = by_kind(render_objects({**mode, "deviceInjection": "runtime"}), "DaemonSet")
+    assert "initContainers" not in pod_spec(daemonset)
+    assert not any(v.get("hostPath", {}).get("path") == NRI_SOCKET_DIR for v in pod_spec(daemonset)["volumes"])
+    (container,) = pod_spec(daemonset)["containers"]
+    assert container["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+
+
+def test_the_notes_say_how_devices_reach_the_agent_and_what_the_reset_needs() -> None:
+    needs_helm()
+    render = load_render_module()
+    default = render.notes()
+    assert "nri-injector" in default and "--set deviceInjection=privileged" in default
+    assert "--set privileged=true" in default  # for the GPU reset
+    assert "--set deviceInjection=nri" in render.notes(overrides={"deviceInjection": "runtime"})
+    assert "privileged" not in render.notes(overrides={"privileged": True})

@@ -209,7 +209,8 @@ def test_the_host_paths_the_plugin_needs_are_mounted_read_only(objects: list[dic
 
 
 def test_every_volume_is_mounted_and_every_mount_has_a_volume(objects: list[dict[str, Any]]) -> None:
-    mounted = {m["name"] for m in container(objects)["volumeMounts"]}
+    spec = pod_spec(daemonset(objects))
+    mounted = {m["name"] for c in [*spec.get("initContainers", []), *spec["containers"]] for m in c["volumeMounts"]}
     volumes = {v["name"] for v in pod_spec(daemonset(objects))["volumes"]}
     assert mounted == volumes
 

@@ -18,8 +18,9 @@ CONTROL_NODE = "/dev/itrctl"
 _GPU_NODE_NAME = re.compile(r"iluvatar\d+|itrctl")
 # How the agent's container gets the nodes it opens (the chart's value, and the docs' section).
 DEVICE_ACCESS_FIX = (
-    "give the agent's container the GPU device nodes: the chart's value privileged=true, or a runtime that "
-    'injects them (docs/deployment.md, "Device access without privileged")'
+    "give the agent's container the GPU device nodes: the chart's NRI injector (deviceInjection=nri, the default, "
+    "with NRI on in the node's runtime), privileged=true, or a runtime that injects them "
+    '(docs/deployment.md, "Device access without privileged")'
 )
 
 

@@ -19,7 +19,7 @@ def backend_factory(options: NodeOptions) -> BackendFactory:
         def simulated() -> Backend:
             from ix_device_plugin.hardware.simulated import SimulatedBackend
 
-            return SimulatedBackend(spec, ixsmi)
+            return SimulatedBackend(spec, ixsmi, dev_root=options.dev_root)
 
         return simulated
 

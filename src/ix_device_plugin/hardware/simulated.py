@@ -27,6 +27,7 @@ from ix_device_plugin.core.inventory import Board, Chip, ChipStatus, Inventory
 from ix_device_plugin.core.products import PRODUCTS, Product, lookup
 from ix_device_plugin.core.telemetry import ChipSample
 from ix_device_plugin.hardware.backend import BackendError, XidEvent, XidSink
+from ix_device_plugin.hardware.devnodes import device_access_problem
 from ix_device_plugin.settings import yamlsafe
 from ix_device_plugin.settings.health import HEALTH_ERROR_NAMES
 from ix_device_plugin.settings.table import DEFAULT_SIMULATED_DEVICES
@@ -48,8 +49,9 @@ class SimulatedBackend:
 
     name = "simulated"
 
-    def __init__(self, source: str = DEFAULT_SPEC, ixsmi_path: str | None = None) -> None:
+    def __init__(self, source: str = DEFAULT_SPEC, ixsmi_path: str | None = None, dev_root: str | Path = "/") -> None:
         self.source = source
+        self.dev_root = Path(dev_root)  # where the host's /dev is mounted: its GPU nodes must open, as for IXML
         self.ixsmi_path = ixsmi_path  # run for each reset, as the IXML backend runs ixsmi, when given
         self._path = _as_existing_file(source)
         self.resets: list[tuple[str, ...]] = []  # every reset asked for, in order
@@ -58,7 +60,11 @@ class SimulatedBackend:
         self._xids_sent: set[tuple[str, int]] = set()
 
     def discover(self) -> Inventory:
-        """Boards and chips as the spec or file describes them now."""
+        """Boards and chips as the spec or file describes them now; BackendError, as the IXML backend raises it, when
+        a GPU device node under dev_root may not be opened here (the container's device cgroup refuses it)."""
+        problem = device_access_problem(self.dev_root)
+        if problem is not None:
+            raise BackendError(problem)
         boards = self._boards()  # first: a file that is no boards mapping is reported as such
         version = DEFAULT_DRIVER_VERSION if self._path is None else load_driver_version(self._path)
         return Inventory(boards=boards, driver_version=version)

@@ -102,3 +102,96 @@ labels, user, who (the agent, in the message).
     "Event " + request.namespace + "/" + request.name + ": %s on node " + variables.node +
     " writes only Events about Node " + variables.node` .who)) }}
 {{- end -}}
+
+{{/* "true" when the agent's container runs privileged: privileged=true or deviceInjection=privileged. */}}
+{{- define "ix-device-plugin.privileged" -}}
+{{- if not (has .Values.deviceInjection (list "nri" "runtime" "privileged")) -}}
+{{- fail (printf "deviceInjection is %q: one of nri, runtime, privileged" .Values.deviceInjection) -}}
+{{- end -}}
+{{- if or .Values.privileged (eq .Values.deviceInjection "privileged") }}true{{ end -}}
+{{- end -}}
+
+{{/* "true" when the NRI injector sidecar gives the agent its device nodes (deviceInjection=nri, not privileged). */}}
+{{- define "ix-device-plugin.nriInjection" -}}
+{{- if and (eq .Values.deviceInjection "nri") (not (include "ix-device-plugin.privileged" .)) }}true{{ end -}}
+{{- end -}}
+
+{{/* The agent's container securityContext: .Values.securityContext, or privileged (a privileged container gets
+every capability and no seccomp filter, so the lines saying otherwise are left out). */}}
+{{- define "ix-device-plugin.securityContext" -}}
+{{- if include "ix-device-plugin.privileged" . -}}
+{{- toYaml (merge (dict "privileged" true) (omit .Values.securityContext "allowPrivilegeEscalation" "capabilities" "seccompProfile")) }}
+{{- else -}}
+{{- toYaml .Values.securityContext }}
+{{- end -}}
+{{- end -}}
+
+{{/*
+The NRI injector: a native sidecar (restartPolicy Always), ready once registered with the runtime's NRI socket, so
+the kubelet creates the agent's container only after it. It gives the host's GPU device nodes to the container
+named .container of its own pod, and nothing to any other. Arguments (a dict): root (the chart's context),
+container (the agent container's name).
+*/}}
+{{- define "ix-device-plugin.nriInjectorContainer" -}}
+{{- $values := .root.Values.nriInjector -}}
+- name: nri-injector
+  image: "{{ $values.image.repository }}:{{ $values.image.tag | default .root.Chart.AppVersion }}"
+  imagePullPolicy: {{ $values.image.pullPolicy }}
+  restartPolicy: Always
+  env:
+    - name: POD_UID
+      valueFrom:
+        fieldRef:
+          fieldPath: metadata.uid
+    - name: AGENT_CONTAINER
+      value: {{ .container | quote }}
+    - name: NRI_SOCKET
+      value: {{ $values.socketDir }}/nri.sock
+    - name: NRI_PLUGIN_INDEX
+      value: {{ $values.pluginIndex | quote }}
+    - name: HOST_DEV
+      value: /host/dev
+    - name: READY_FILE
+      value: /run/ix-nri-injector/ready
+  # Root: the NRI socket is root's. Nothing else: it stats device nodes and talks over one unix socket.
+  securityContext:
+    runAsUser: 0
+    allowPrivilegeEscalation: false
+    capabilities:
+      drop: [ALL]
+    seccompProfile:
+      type: RuntimeDefault
+    readOnlyRootFilesystem: true
+  # The image has no shell: the binary's own `ready` checks the file it writes once registered.
+  startupProbe:
+    exec:
+      command: ["/ix-nri-injector", "ready"]
+    periodSeconds: 1
+    failureThreshold: 120
+  {{- with $values.resources }}
+  resources:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+  volumeMounts:
+    - name: nri
+      mountPath: {{ $values.socketDir }}
+      readOnly: true
+    - name: dev
+      mountPath: /host/dev
+      readOnly: true
+    - name: nri-injector-state
+      mountPath: /run/ix-nri-injector
+{{- end -}}
+
+{{/* The injector's volumes: the NRI socket's directory (DirectoryOrCreate: where NRI is off the sidecar starts and
+says so in its log, instead of the pod waiting in ContainerCreating) and its ready file. */}}
+{{- define "ix-device-plugin.nriInjectorVolumes" -}}
+- name: nri
+  hostPath:
+    path: {{ .Values.nriInjector.socketDir }}
+    type: DirectoryOrCreate
+- name: nri-injector-state
+  emptyDir:
+    medium: Memory
+    sizeLimit: 1Mi
+{{- end -}}
