@@ -3,13 +3,16 @@ an admission policy the API server enforces (its behaviour on a real API server:
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
 from grant_support import WRITE_OPERATIONS, grant_table, grants, uncovered, write_grants
 from manifest_support import STATIC_DIR, by_kind, load_file, load_render_module, render_objects, schema_errors
 
+from ix_device_plugin.apiserver.objects import PodDoc
 from ix_device_plugin.deviceplugin.features import volcano
+from ix_device_plugin.deviceplugin.features.volcanotrust import REFUSED_REASON, refusal_event
 from ix_device_plugin.dra.slices import DRIVER
 from ix_device_plugin.gpureset.document import CONFIG_MAP_PREFIX as RESET_PREFIX
 
@@ -93,7 +96,41 @@ def test_volcano_mode_adds_its_pods_and_device_list_and_no_pod_reads_by_name() -
         ("configmaps.core", "watch", PLUGIN),
         ("configmaps.core", "create", PLUGIN),
         ("configmaps.core", "patch", PLUGIN),
+        ("events.core", "create", PLUGIN),  # volcanorefusals.py: a Warning Event on each refused pod
     }
+
+
+def test_volcano_mode_writes_its_refusal_events_in_every_namespace_bound_by_the_events_policy() -> None:
+    """The refused pod may be in any namespace, so the grant is cluster-wide; the policy leaves it only the refusal
+    Events the code writes (created, reported by the caller's node) and, with self-healing, Node Events."""
+    objects = render_objects({"features": {**NONE_ON, "volcano": True}})
+    (events,) = [grant for grant in grants(objects) if grant.resource == "events"]
+    assert (events.role, events.verb) == (f"ClusterRole//{PLUGIN}", "create")
+    alone = policy(objects, f"{PLUGIN}-events")["spec"]
+    assert [check["expression"] for check in alone["validations"][1:]] == ["variables.podRefusal"]
+    both = render_objects({"features": {**NONE_ON, "volcano": True, "selfHealing": True}})
+    (checked,) = policy(both, f"{PLUGIN}-events")["spec"]["validations"][1:]
+    assert '"Node"' in checked["expression"] and checked["expression"].endswith("|| variables.podRefusal")
+    assert "podRefusal" not in str(policy(render_objects({}), f"{PLUGIN}-events"))
+
+
+def test_the_refusal_event_the_code_writes_carries_what_the_policy_checks() -> None:
+    """What the policy reads of a refusal Event (type, reason, the Pod, the reporting host) is what the code
+    writes; the API server's run of the same policy: e2e/tests/test_admission.py."""
+    objects = render_objects({"features": {**NONE_ON, "volcano": True}})
+    rules = {v["name"]: v["expression"] for v in policy(objects, f"{PLUGIN}-events")["spec"]["variables"]}
+    pod = PodDoc("ml", "p", "uid-p", {}, "Pending", "node-a", None, ())
+    event = refusal_event(pod, "node-a", "refused", "p.1", datetime(2026, 1, 2, tzinfo=UTC))
+    assert f'object.?type.orValue("") == "{event["type"]}"' in rules["podRefusal"]
+    assert f'object.?reason.orValue("") == "{REFUSED_REASON}"' in rules["podRefusal"] and event["reason"] == (
+        REFUSED_REASON
+    )
+    assert f'o.?kind.orValue("") == "{event["involvedObject"]["kind"]}"' in rules["podRefusal"]
+    assert 'o.?namespace.orValue("") == request.namespace' in rules["podRefusal"]  # created in the pod's namespace
+    assert event["involvedObject"]["namespace"] == pod.namespace
+    assert '[object.?source.?host.orValue(""), object.?reportingInstance.orValue("")]' in rules["reporters"]
+    assert event["source"]["host"] == event["reportingInstance"] == "node-a"
+    assert 'request.operation == "CREATE"' in rules["podRefusal"]
 
 
 def test_the_dra_driver_holds_what_it_uses() -> None:
