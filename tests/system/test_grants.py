@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 from grant_support import WRITE_OPERATIONS, grant_table, grants, uncovered, write_grants
-from manifest_support import STATIC_DIR, by_kind, load_file, load_render_module, render_objects, schema_errors
+from manifest_support import ROOT, STATIC_DIR, by_kind, load_file, load_render_module, render_objects, schema_errors
 
 from ix_device_plugin.apiserver.objects import PodDoc
 from ix_device_plugin.deviceplugin.features import volcano
@@ -163,3 +163,43 @@ def test_the_policies_name_what_the_code_writes() -> None:
 def test_without_api_features_the_plugin_holds_no_grant_and_no_policy() -> None:
     objects = render_objects({"features": NONE_ON})
     assert grants(objects) == [] and by_kind(objects, "ValidatingAdmissionPolicy") == []
+
+
+# docs/deployment.md's table of grants before the admission policies and now: its mode, each with the values it is
+# rendered with, and where a row's grant applies.
+TABLE_MODES: dict[str, dict[str, Any]] = {
+    "plugin, `selfHealing` (default)": {},
+    "plugin, `perNodeConfig`": {"features": {**NONE_ON, "perNodeConfig": True}},
+    "plugin, `gpuReset`": {"features": {**NONE_ON, "gpuReset": True}},
+    "plugin, `volcano`": {"features": {**NONE_ON, "volcano": True}},
+    "DRA driver": {"dra": {"enabled": True}, "devicePlugin": {"enabled": False}},
+}
+TABLE_WHERE = {"cluster": "", "every namespace": "", "release namespace": "kube-system", "`default`": "default"}
+
+
+def documented_grants() -> dict[str, set[tuple[str, str, tuple[str, ...]]]]:
+    """Each mode of the table: its rows' (resource, namespace or "" for the cluster, verbs now)."""
+    guide = (ROOT / "docs" / "deployment.md").read_text()
+    table = guide.split("| Mode (values) | Resource (where) |", 1)[1].split("\n\n", 1)[0]
+    found: dict[str, set[tuple[str, str, tuple[str, ...]]]] = {}
+    mode = ""
+    for line in table.splitlines()[2:]:
+        cells = [cell.strip() for cell in line.strip("|").split("|")]
+        mode = cells[0] or mode
+        resource, where = cells[1].removesuffix(")").split(" (", 1) if "(" in cells[1] else (cells[1], "")
+        verbs = cells[2] if cells[3] == "the same" else cells[3]
+        if mode in TABLE_MODES:
+            namespace = TABLE_WHERE[where.split(";")[0]]
+            found.setdefault(mode, set()).add((resource, namespace, tuple(verbs.split(", "))))
+    return found
+
+
+def test_the_deployment_guides_table_of_grants_now_is_what_the_chart_renders() -> None:
+    documented = documented_grants()
+    assert sorted(documented) == sorted(TABLE_MODES)
+    for mode, values in TABLE_MODES.items():
+        rendered: dict[tuple[str, str], list[str]] = {}
+        for grant in grants(render_objects(values)):
+            kind, namespace, _ = grant.role.split("/")
+            rendered.setdefault((grant.resource, namespace if kind == "Role" else ""), []).append(grant.verb)
+        assert documented[mode] == {(r, n, tuple(verbs)) for (r, n), verbs in rendered.items()}, mode
