@@ -15,6 +15,12 @@ from pathlib import Path
 from . import images
 from .certs import Pki
 
+# The beta versions of resource.k8s.io that Kubernetes 1.37 still serves, off by default there
+# (pkg/controlplane/instance.go betaAPIGroupVersionsDisabledByDefault): on, so that the agents' admission policies
+# are checked at every version a real cluster may serve. v1alpha3 has no ResourceSlices in 1.37
+# (pkg/registry/resource/rest/storage_resource.go v1alpha3Storage: devicetaintrules, resourcepoolstatusrequests).
+RUNTIME_CONFIG = "resource.k8s.io/v1beta1=true,resource.k8s.io/v1beta2=true"
+
 
 @dataclass(frozen=True)
 class Binaries:
@@ -82,8 +88,8 @@ def apiserver_argv(
     bind_address: str = "127.0.0.1",
 ) -> list[str]:
     """kube-apiserver on bind_address (loopback by default): client certificates, Node and RBAC authorization,
-    NodeRestriction. It advertises node_ip: the `kubernetes` Service's endpoint, which pods reach through kube-proxy
-    only where bind_address covers node_ip."""
+    NodeRestriction, the beta versions of resource.k8s.io served. It advertises node_ip: the `kubernetes` Service's
+    endpoint, which pods reach through kube-proxy only where bind_address covers node_ip."""
     return [
         str(binaries["kube-apiserver"]),
         f"--etcd-servers={etcd_client_url(ports)}",
@@ -113,6 +119,7 @@ def apiserver_argv(
         "--profiling=false",
         "--v=1",
         f"--feature-gates={feature_gates}",
+        f"--runtime-config={RUNTIME_CONFIG}",
     ]
 
 

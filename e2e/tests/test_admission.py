@@ -1,6 +1,7 @@
 """The chart's admission policies on the real API server, with the agents' own pod-bound tokens: each write the
 RBAC grants is allowed on the caller's own node's objects and refused on anything else (another node's ConfigMap,
-slice, pod or Event; coredns; a pod's image; another driver's slice), and a token bound to no node writes nothing.
+slice, pod or Event; coredns; a pod's image; another driver's slice; a Volcano refusal Event from another node), and
+a token bound to no node writes nothing.
 The refusals are the policies' (the RBAC alone would allow every one of them).
 """
 
@@ -40,6 +41,7 @@ GRANT_KINDS = {
     "ValidatingAdmissionPolicy",
     "ValidatingAdmissionPolicyBinding",
 }
+REFUSED_REASON = "VolcanoAnnotationRefused"  # deviceplugin/features/volcanotrust.py
 NO_NODE = "a token bound to no node (not the agent pod's own token) writes nothing"
 SLICE_VERSIONS = ("resource.k8s.io/v1", "resource.k8s.io/v1beta2", "resource.k8s.io/v1beta1")
 
@@ -296,6 +298,64 @@ def test_the_agents_write_events_only_about_their_own_node(
         refused(lambda a=account: a.create(events_event("pod", "Pod", node), "--dry-run=server"), policy)
 
 
+def test_the_plugin_writes_volcano_refusal_events_only_as_reported_by_its_own_node(
+    cluster: Cluster, admin: Kubectl, plugin: Kubectl, dra: Kubectl, cleanup: list[tuple[str, str, str | None]]
+) -> None:
+    """Volcano mode: a Warning Event VolcanoAnnotationRefused about a pod, in the pod's namespace (any: here
+    kube-system, which no Role of the chart names), reported by its own node, as volcanorefusals.py writes it.
+    Another node's host, another reason, a Normal type, a pod of another namespace, a change to it and the driver's
+    token are refused."""
+    node = cluster.node_name
+    admin.create(_events_k8s_io_grant())
+    cleanup += [("rolebinding", "ix-admission-events", "default"), ("role", "ix-admission-events", "default")]
+    wait_until(lambda: plugin.can_i("create", "events.events.k8s.io", "default"), 30, "the Role in force")
+    own = refusal(f"{node}.refusal", NAMESPACE, node)
+    cleanup.append(("event", own["metadata"]["name"], NAMESPACE))
+    plugin.create(own)
+    assert admin.get("event", own["metadata"]["name"], NAMESPACE)["reason"] == REFUSED_REASON
+    policy = f"{PLUGIN}-events"
+    in_default = refusal(f"{node}.refusal-default", "default", node)
+    cleanup.append(("event", in_default["metadata"]["name"], "default"))
+    plugin.create(in_default)
+    message = refused(
+        lambda: patch(plugin, f"/api/v1/namespaces/default/events/{in_default['metadata']['name']}", {"count": 2}),
+        policy,
+    )
+    assert f"new Warning Events {REFUSED_REASON} about a pod, reported by node {node}" in message
+    forged: list[Obj] = [
+        refusal("other-host", NAMESPACE, node, host=OTHER_NODE),
+        refusal("other-instance", NAMESPACE, node, instance=OTHER_NODE),
+        refusal("no-host", NAMESPACE, node, host=""),
+        {**refusal("other-reason", NAMESPACE, node), "reason": "AdmissionCheck"},
+        {**refusal("normal", NAMESPACE, node), "type": "Normal"},
+        refusal("about-a-node", "default", node, kind="Node"),
+    ]
+    for event in forged:
+        refused(lambda e=event: plugin.create(e, "--dry-run=server"), policy)
+    new_api = {**events_event("new-api", "Pod", node), "type": "Warning", "reason": REFUSED_REASON}
+    new_api["regarding"]["namespace"] = "default"
+    plugin.create(new_api, "--dry-run=server")
+    new_api_other = {**new_api, "reportingInstance": OTHER_NODE, "metadata": {"name": "o", "namespace": "default"}}
+    refused(lambda: plugin.create(new_api_other, "--dry-run=server"), policy)
+    elsewhere = {**new_api, "metadata": {"name": "e", "namespace": "default"}}
+    elsewhere["regarding"] = {**new_api["regarding"], "namespace": NAMESPACE}  # events.k8s.io/v1 lets this through
+    refused(lambda: plugin.create(elsewhere, "--dry-run=server"), policy)
+    refused(lambda: dra.create(refusal("driver", "default", node), "--dry-run=server"), f"{DRA}-events")
+
+
+def refusal(
+    name: str, namespace: str, node: str, host: str | None = None, instance: str | None = None, kind: str = "Pod"
+) -> Obj:
+    """A core/v1 Warning Event that a pod's Volcano annotations are refused, as volcanorefusals.py writes it."""
+    event = core_event(name, kind, "tenant-pod")
+    event["metadata"]["namespace"] = namespace
+    event["involvedObject"] |= {"namespace": namespace} if kind == "Pod" else {}
+    event |= {"type": "Warning", "reason": REFUSED_REASON, "message": "its predicate-time annotation was forged"}
+    event["source"] = {"component": "ix-device-plugin", "host": node if host is None else host}
+    event["reportingInstance"] = node if instance is None else instance
+    return event
+
+
 def _events_k8s_io_grant() -> list[Obj]:
     meta = {"name": "ix-admission-events", "namespace": "default"}
     rules = [{"apiGroups": ["events.k8s.io"], "resources": ["events"], "verbs": ["create"]}]
@@ -319,10 +379,12 @@ def _events_k8s_io_grant() -> list[Obj]:
 def test_the_driver_writes_its_own_nodes_slices_at_every_served_version(
     cluster: Cluster, admin: Kubectl, dra: Kubectl
 ) -> None:
-    served = [version for version in SLICE_VERSIONS if version in admin("api-versions").split()]
-    assert SLICE_VERSIONS[0] in served
+    """At v1 and at both beta versions, which the cluster serves (--runtime-config) as a cluster may: the policy
+    reads the same fields at each, and the API server checks each write at the version it was made."""
+    served = admin("api-versions").split()
+    assert [version for version in SLICE_VERSIONS if version not in served] == []  # every version 1.37 has
     policy = f"{DRA}-resourceslices"
-    for version in served:
+    for version in SLICE_VERSIONS:
         name = f"admission-own-{version.rpartition('/')[2]}"
         dra.create(resource_slice(name, cluster.node_name, api_version=version))
         stored = dra.get(f"resourceslices.{version.rpartition('/')[2]}.resource.k8s.io", name)

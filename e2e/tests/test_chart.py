@@ -37,6 +37,7 @@ RESOURCE = "iluvatar.com/gpu"
 NAMESPACE = "kube-system"
 SERVICE_ACCOUNT = "iluvatar-device-plugin"
 FEATURES = {"features": {"perNodeConfig": True, "gpuReset": True, "volcano": True, "selfHealing": True}}
+REFUSED_REASON = "VolcanoAnnotationRefused"  # deviceplugin/features/volcanotrust.py
 HEALING_STEPS = ("GPUXidError", "GPUUnhealthy", "GPUHealingWaiting", "GPUHealingReset", "GPUHealthy")
 # Value sets the chart is rendered with; every object of each must be accepted by the API server.
 VALUE_SETS: dict[str, dict[str, Any]] = {
@@ -265,6 +266,15 @@ def test_a_tenants_forged_volcano_annotations_are_refused(
         assert f"pod {namespace}/forged" in message and '"kubectl-create"' in message, message
         assert failed["metadata"]["annotations"]["predicate-time"] == "0"
         assert f"pod {namespace}/forged's choice of devices is not believed" in plugin.process.log_text()
+        # The refusal is an Event on the pod too, written with the chart's grant and allowed by its Events policy.
+        selector = f"involvedObject.name=forged,reason={REFUSED_REASON}"
+        events = wait_until(
+            lambda: admin.items("events", namespace, "--field-selector", selector), 30, "the refusal Event", logs
+        )
+        (event,) = events
+        assert (event["type"], event["involvedObject"]["kind"]) == ("Warning", "Pod"), event
+        assert event["source"]["host"] == cluster.node_name and '"kubectl-create"' in event["message"], event
+        no_refusals(plugin)
     finally:
         admin.delete("pod", "forged", namespace, wait=False)
         plugin.stop()
@@ -335,7 +345,7 @@ def test_the_chart_grants_node_events_where_a_nodes_events_go(admin: Kubectl, ch
 @pytest.mark.parametrize(
     ("verb", "resource", "namespace"),
     [
-        ("create", "events", NAMESPACE),
+        ("patch", "events", NAMESPACE),  # Volcano mode creates Events anywhere (on pods), patches none
         ("delete", "events", "default"),
         ("update", "events", "default"),
         ("get", "secrets", NAMESPACE),

@@ -3,13 +3,16 @@ an admission policy the API server enforces (its behaviour on a real API server:
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
 from grant_support import WRITE_OPERATIONS, grant_table, grants, uncovered, write_grants
-from manifest_support import STATIC_DIR, by_kind, load_file, load_render_module, render_objects, schema_errors
+from manifest_support import ROOT, STATIC_DIR, by_kind, load_file, load_render_module, render_objects, schema_errors
 
+from ix_device_plugin.apiserver.objects import PodDoc
 from ix_device_plugin.deviceplugin.features import volcano
+from ix_device_plugin.deviceplugin.features.volcanotrust import REFUSED_REASON, refusal_event
 from ix_device_plugin.dra.slices import DRIVER
 from ix_device_plugin.gpureset.document import CONFIG_MAP_PREFIX as RESET_PREFIX
 
@@ -93,7 +96,41 @@ def test_volcano_mode_adds_its_pods_and_device_list_and_no_pod_reads_by_name() -
         ("configmaps.core", "watch", PLUGIN),
         ("configmaps.core", "create", PLUGIN),
         ("configmaps.core", "patch", PLUGIN),
+        ("events.core", "create", PLUGIN),  # volcanorefusals.py: a Warning Event on each refused pod
     }
+
+
+def test_volcano_mode_writes_its_refusal_events_in_every_namespace_bound_by_the_events_policy() -> None:
+    """The refused pod may be in any namespace, so the grant is cluster-wide; the policy leaves it only the refusal
+    Events the code writes (created, reported by the caller's node) and, with self-healing, Node Events."""
+    objects = render_objects({"features": {**NONE_ON, "volcano": True}})
+    (events,) = [grant for grant in grants(objects) if grant.resource == "events"]
+    assert (events.role, events.verb) == (f"ClusterRole//{PLUGIN}", "create")
+    alone = policy(objects, f"{PLUGIN}-events")["spec"]
+    assert [check["expression"] for check in alone["validations"][1:]] == ["variables.podRefusal"]
+    both = render_objects({"features": {**NONE_ON, "volcano": True, "selfHealing": True}})
+    (checked,) = policy(both, f"{PLUGIN}-events")["spec"]["validations"][1:]
+    assert '"Node"' in checked["expression"] and checked["expression"].endswith("|| variables.podRefusal")
+    assert "podRefusal" not in str(policy(render_objects({}), f"{PLUGIN}-events"))
+
+
+def test_the_refusal_event_the_code_writes_carries_what_the_policy_checks() -> None:
+    """What the policy reads of a refusal Event (type, reason, the Pod, the reporting host) is what the code
+    writes; the API server's run of the same policy: e2e/tests/test_admission.py."""
+    objects = render_objects({"features": {**NONE_ON, "volcano": True}})
+    rules = {v["name"]: v["expression"] for v in policy(objects, f"{PLUGIN}-events")["spec"]["variables"]}
+    pod = PodDoc("ml", "p", "uid-p", {}, "Pending", "node-a", None, ())
+    event = refusal_event(pod, "node-a", "refused", "p.1", datetime(2026, 1, 2, tzinfo=UTC))
+    assert f'object.?type.orValue("") == "{event["type"]}"' in rules["podRefusal"]
+    assert f'object.?reason.orValue("") == "{REFUSED_REASON}"' in rules["podRefusal"] and event["reason"] == (
+        REFUSED_REASON
+    )
+    assert f'o.?kind.orValue("") == "{event["involvedObject"]["kind"]}"' in rules["podRefusal"]
+    assert 'o.?namespace.orValue("") == request.namespace' in rules["podRefusal"]  # created in the pod's namespace
+    assert event["involvedObject"]["namespace"] == pod.namespace
+    assert '[object.?source.?host.orValue(""), object.?reportingInstance.orValue("")]' in rules["reporters"]
+    assert event["source"]["host"] == event["reportingInstance"] == "node-a"
+    assert 'request.operation == "CREATE"' in rules["podRefusal"]
 
 
 def test_the_dra_driver_holds_what_it_uses() -> None:
@@ -126,3 +163,43 @@ def test_the_policies_name_what_the_code_writes() -> None:
 def test_without_api_features_the_plugin_holds_no_grant_and_no_policy() -> None:
     objects = render_objects({"features": NONE_ON})
     assert grants(objects) == [] and by_kind(objects, "ValidatingAdmissionPolicy") == []
+
+
+# docs/deployment.md's table of grants before the admission policies and now: its mode, each with the values it is
+# rendered with, and where a row's grant applies.
+TABLE_MODES: dict[str, dict[str, Any]] = {
+    "plugin, `selfHealing` (default)": {},
+    "plugin, `perNodeConfig`": {"features": {**NONE_ON, "perNodeConfig": True}},
+    "plugin, `gpuReset`": {"features": {**NONE_ON, "gpuReset": True}},
+    "plugin, `volcano`": {"features": {**NONE_ON, "volcano": True}},
+    "DRA driver": {"dra": {"enabled": True}, "devicePlugin": {"enabled": False}},
+}
+TABLE_WHERE = {"cluster": "", "every namespace": "", "release namespace": "kube-system", "`default`": "default"}
+
+
+def documented_grants() -> dict[str, set[tuple[str, str, tuple[str, ...]]]]:
+    """Each mode of the table: its rows' (resource, namespace or "" for the cluster, verbs now)."""
+    guide = (ROOT / "docs" / "deployment.md").read_text()
+    table = guide.split("| Mode (values) | Resource (where) |", 1)[1].split("\n\n", 1)[0]
+    found: dict[str, set[tuple[str, str, tuple[str, ...]]]] = {}
+    mode = ""
+    for line in table.splitlines()[2:]:
+        cells = [cell.strip() for cell in line.strip("|").split("|")]
+        mode = cells[0] or mode
+        resource, where = cells[1].removesuffix(")").split(" (", 1) if "(" in cells[1] else (cells[1], "")
+        verbs = cells[2] if cells[3] == "the same" else cells[3]
+        if mode in TABLE_MODES:
+            namespace = TABLE_WHERE[where.split(";")[0]]
+            found.setdefault(mode, set()).add((resource, namespace, tuple(verbs.split(", "))))
+    return found
+
+
+def test_the_deployment_guides_table_of_grants_now_is_what_the_chart_renders() -> None:
+    documented = documented_grants()
+    assert sorted(documented) == sorted(TABLE_MODES)
+    for mode, values in TABLE_MODES.items():
+        rendered: dict[tuple[str, str], list[str]] = {}
+        for grant in grants(render_objects(values)):
+            kind, namespace, _ = grant.role.split("/")
+            rendered.setdefault((grant.resource, namespace if kind == "Role" else ""), []).append(grant.verb)
+        assert documented[mode] == {(r, n, tuple(verbs)) for (r, n), verbs in rendered.items()}, mode

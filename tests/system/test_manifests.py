@@ -391,7 +391,10 @@ def test_per_node_config_adds_a_service_account_and_only_node_reads() -> None:
 def test_volcano_adds_pod_lists_watches_and_patches_and_its_watched_configmap() -> None:
     objects = rendered({"features": {**NO_API, "volcano": True}})
     (cluster_role,) = by_kind(objects, "ClusterRole")
-    assert cluster_role["rules"] == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "watch", "patch"]}]
+    assert cluster_role["rules"] == [
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "watch", "patch"]},
+        {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},  # a refusal Event on the pod
+    ]
     (role,) = by_kind(objects, "Role")
     assert role["rules"] == [
         {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["list", "watch", "create", "patch"]}

@@ -77,10 +77,42 @@ spec:
 {{- end -}}
 
 {{/*
-Events (core/v1 and events.k8s.io/v1, the same objects): only about the caller's own Node. Arguments (a dict): name,
-labels, user, who (the agent, in the message).
+Events (core/v1 and events.k8s.io/v1, the same objects). Arguments (a dict): name, labels, user, who (the agent, in
+the message); nodeEvents (bool): Events about the caller's own Node; podRefusals (bool): created Warning Events
+VolcanoAnnotationRefused about a Pod, reported by the caller's node (deviceplugin/features/volcanorefusals.py). A
+policy cannot read the pod, so that it is bound to the node is not checked.
 */}}
 {{- define "ix-device-plugin.nodeEventsPolicy" -}}
+{{- $variables := `# What each Event is about: core/v1's involvedObject, events.k8s.io/v1's regarding.
+- name: about
+  expression: >-
+    variables.objects.map(e, request.resource.group == "events.k8s.io" ?
+    e.?regarding.orValue({}) : e.?involvedObject.orValue({}))` }}
+{{- $allowed := list }}
+{{- $written := list }}
+{{- if .nodeEvents }}
+{{- $allowed = append $allowed `variables.about.all(o, o.?kind.orValue("") == "Node" && o.?name.orValue("") == variables.node)` }}
+{{- $written = append $written `Events about Node " + variables.node` }}
+{{- end }}
+{{- if .podRefusals }}
+{{- $variables = printf "%s\n%s" $variables `# Who reports the Event: the host, then the reporting instance (core/v1); the reporting instance, then the
+# deprecated source's host (events.k8s.io/v1). The first is the node's name, the second that or unset.
+- name: reporters
+  expression: >-
+    request.resource.group == "events.k8s.io" ?
+    [object.?reportingInstance.orValue(""), object.?deprecatedSource.?host.orValue("")] :
+    [object.?source.?host.orValue(""), object.?reportingInstance.orValue("")]
+# Volcano mode: a Warning Event that a pod's Volcano annotations are refused, created (never changed), in the pod's
+# namespace, reported by this node.
+- name: podRefusal
+  expression: >-
+    request.operation == "CREATE" && object.?type.orValue("") == "Warning" &&
+    object.?reason.orValue("") == "VolcanoAnnotationRefused" &&
+    variables.about.all(o, o.?kind.orValue("") == "Pod" && o.?namespace.orValue("") == request.namespace) &&
+    variables.reporters[0] == variables.node && variables.reporters[1] in ["", variables.node]` }}
+{{- $allowed = append $allowed "variables.podRefusal" }}
+{{- $written = append $written `new Warning Events VolcanoAnnotationRefused about a pod, reported by node " + variables.node` }}
+{{- end }}
 {{ include "ix-device-plugin.nodeBoundPolicy" (dict "name" .name "labels" .labels "user" .user
   "rules" `- apiGroups: [""]
   apiVersions: ["*"]
@@ -90,17 +122,13 @@ labels, user, who (the agent, in the message).
   apiVersions: ["*"]
   operations: ["CREATE", "UPDATE", "DELETE"]
   resources: ["events"]`
-  "variables" `# What each Event is about: core/v1's involvedObject, events.k8s.io/v1's regarding.
-- name: about
-  expression: >-
-    variables.objects.map(e, request.resource.group == "events.k8s.io" ?
-    e.?regarding.orValue({}) : e.?involvedObject.orValue({}))`
+  "variables" $variables
   "validations" (printf `- expression: >-
-    variables.about.all(o, o.?kind.orValue("") == "Node" && o.?name.orValue("") == variables.node)
+    %s
   reason: Forbidden
   messageExpression: >-
     "Event " + request.namespace + "/" + request.name + ": %s on node " + variables.node +
-    " writes only Events about Node " + variables.node` .who)) }}
+    " writes only %s` (join " ||\n    " $allowed) .who (join ` + " and ` $written))) }}
 {{- end -}}
 
 {{/* "true" when the agent's container runs privileged: privileged=true or deviceInjection=privileged. */}}
