@@ -30,8 +30,9 @@ class FaultActions:
     # ------------------------------------------------------------------ windows
 
     def broken(self, chip: int, heals_by: str, why: str) -> None:
-        self.open.append((chip, self.soak.now(), heals_by, why))
-        self.soak.broken.append(c.Broken(chip, self.soak.now(), None, why))
+        since = self.soak.now()
+        self.open.append((chip, since, heals_by, why))
+        self.soak.broken.append(c.Broken(chip, since, None, why))
 
     def close(self, match: Callable[[int, float, str, str], bool], at: float, how: str) -> None:
         for window in [w for w in self.open if match(*w)]:
@@ -51,9 +52,7 @@ class FaultActions:
         ended = reset.ended
 
         def heals(chip: int, since: float, by: str, why: str) -> bool:
-            if chip not in reset.chips or since >= ended:
-                return False
-            return by == "reset" or (by == "return" and self.returned.get(chip, ended + 1) <= ended)
+            return chip in reset.chips and since < ended and by == "reset"
 
         self.close(heals, ended, f"healed by the reset ending at {ended:.1f}")
 
@@ -138,6 +137,9 @@ class FaultActions:
         """The operator's `kubectl annotate node ... iluvatar.com/gpu.return=<uuid>`."""
         uuid = self.soak.hardware.uuids[chip]
         self.returned[chip] = self.soak.now()
+        self.close(
+            lambda ch, since, by, why: ch == chip and by == "return", self.soak.now(), "returned by the operator"
+        )
         with contextlib.suppress(KubectlError, AssertionError):
             self.soak.admin(
                 "annotate", "node", self.soak.cluster.node_name, f"{RETURN_ANNOTATION}={uuid}", "--overwrite"

@@ -82,6 +82,7 @@ class Soak:
         self.start = time.time()
         self.agent.set_config(DEVICE_PLUGIN_CONFIGS[1])
         self.agent.start()
+        self.quiet.append((0.0, self.now()))
         self.note(f"agent started (pid {self.agent.pid})")
         pending = list(self.steps)
         while pending or self.actions.undo:
@@ -94,7 +95,9 @@ class Soak:
         self.wind_down()
 
     def do(self, step: Step) -> None:
-        self.note(step.describe())
+        self.note(
+            step.what() if step.is_fault else f"{step.kind} {step.detail.get('pod')} {step.detail.get('shape', '')}"
+        )
         if step.kind == "pod-create":
             self.create_pod(str(step.detail["pod"]), str(step.detail["shape"]))
         elif step.kind == "pod-delete":

@@ -65,10 +65,13 @@ class Step:
         return not self.kind.startswith("pod-")
 
     def describe(self) -> str:
+        return f"t+{self.at:6.1f}s {self.what()}"
+
+    def what(self) -> str:
         chips = f" chips {','.join(map(str, self.chips))}" if self.chips else ""
         detail = "".join(f" {key}={value}" for key, value in sorted(self.detail.items()))
         lasting = f" for {self.duration:.1f}s" if self.duration else ""
-        return f"t+{self.at:6.1f}s {self.kind}{chips}{detail}{lasting}"
+        return f"{self.kind}{chips}{detail}{lasting}"
 
 
 def kinds_of(mode: str) -> dict[str, int]:
