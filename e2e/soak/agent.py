@@ -22,6 +22,7 @@ class Agent:
             kubeconfig,
         )
         self.config: dict[str, Any] = {}
+        self.base_config: dict[str, Any] = {}  # under every config the soak sets (a self-test: `health: {ignore}`)
         self.run: PluginRun | None = None
         self.starts = 0
 
@@ -54,6 +55,7 @@ class Agent:
             self.run.stop()
 
     def set_config(self, config: dict[str, Any]) -> None:
+        config = self.base_config | config
         self.config = config
         if self.run is not None:
             self.run.set_config(config)

@@ -55,6 +55,7 @@ class Soak:
     service: list[tuple[float, int]] = field(default_factory=list)  # (t, units in service) for the report
     faults_done: list[Step] = field(default_factory=list)
     invariants: dict[str, c.Invariant] = field(default_factory=dict)
+    settle_s: float = SETTLE_S + 60  # at the end, how long everything may take to heal and come back
 
     def __post_init__(self) -> None:
         names = ("devices match", "no reset under a holder", "broken not given", "back in service", "bounded")
@@ -113,7 +114,7 @@ class Soak:
         self.actions.heal_all()
         for pod in list(self.held) + self.actions.created:
             self.delete_pod(pod)
-        deadline = self.now() + SETTLE_S + 60
+        deadline = self.now() + self.settle_s
         while self.now() < deadline:
             self.tick()
             if self.settled():
@@ -296,6 +297,9 @@ class Soak:
     # ------------------------------------------------------------------ judging
 
     def judge_afterwards(self) -> None:
+        for directory in (self.cluster.cdi_dir, self.cluster.plugins_dir, self.cluster.device_plugin_dir):
+            files = sorted(str(p.relative_to(directory)) for p in directory.rglob("*") if not p.is_dir())
+            self.note(f"files in {directory}: {', '.join(files) or 'none'}")
         resets = read_resets(self.hardware.reset_log, self.chip_of, self.start)
         c.no_reset_under_holder(self.invariants["no reset under a holder"], resets, self.samples)
         c.broken_not_given(self.invariants["broken not given"], self.allocations, self.broken)

@@ -19,7 +19,7 @@ from soak.agent import Agent
 from soak.faults import RETURN_ANNOTATION
 from soak.hardware import Hardware
 from soak.runner import Soak
-from soak.schedule import MODES, draw
+from soak.schedule import MODES, Step, draw
 
 DEFAULT_SEED = 1
 REGRESSION_SEEDS = Path(__file__).resolve().parents[1] / "soak" / "regression-seeds.txt"
@@ -88,3 +88,23 @@ def test_soak(
         report.SUMMARIES.append(line)
     violations = [(name, v) for name, i in soak.invariants.items() for v in i.violations]
     assert not violations, f"{line}\nreport: {path}\n" + "\n".join(f"{n}: t+{t:.1f}s {w}" for n, (t, w) in violations)
+
+
+def test_the_soak_catches_an_agent_that_hands_out_a_broken_chip(
+    cluster: Cluster, namespace: str, log_dir: Path, tmp_path: Path, clean_node: None
+) -> None:
+    """The checker's own test on the real node: the agent is told to ignore XID 48 (`health.ignore`), so the board of
+    a chip that reported it stays in service and new pods get it: "broken not given" must report it."""
+    hardware = Hardware(tmp_path / "hardware")
+    agent = Agent(cluster, "device-plugin", tmp_path / "agent", hardware, cluster.kubeconfig("admin"))
+    agent.base_config = {"health": {"ignore": [48]}}
+    steps = [Step(2.0, "xid-reset", (0,), 0.0, {"xid": 48})]
+    steps += [Step(8.0 + i, "pod-create", (), 0.0, {"pod": f"selftest-{i}", "shape": "gpus-1"}) for i in range(2)]
+    soak = Soak(cluster, namespace, "device-plugin", 0, steps, agent, hardware, settle_s=5)
+    try:
+        soak.run()
+    finally:
+        agent.stop()
+        path = report.write(soak, log_dir, 0.2)
+    caught = soak.invariants["broken not given"].violations
+    assert caught and "chip 0" in caught[0][1] and "XID 48" in caught[0][1], path
