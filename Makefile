@@ -104,4 +104,4 @@ SOAK_SEED ?= random
 SOAK_MODE ?=
 soak: e2e-root e2e-build $(VENV)/.stamp-dev ## the chaos soak on the end-to-end cluster (SOAK_MINUTES, SOAK_SEED, SOAK_MODE; docs/testing.md)
 	SOAK_MINUTES=$(SOAK_MINUTES) SOAK_SEED=$(SOAK_SEED) SOAK_MODE=$(SOAK_MODE) \
-		$(VENV_PY) -m pytest -p no:cacheprovider -n 0 e2e/tests/test_soak.py -q -rxXs $(E2E_PYTEST_ARGS)
+		$(VENV_PY) -m pytest -p no:cacheprovider -n 0 e2e/tests/test_soak.py::test_soak -q -rxXs $(E2E_PYTEST_ARGS)
