@@ -11,6 +11,8 @@ from harness.plugin import PluginRun, start_device_plugin, start_dra_driver
 
 from .hardware import Hardware
 
+RESET_TIMEOUT_S = 10
+
 
 class Agent:
     def __init__(self, cluster: Cluster, mode: str, workdir: Path, hardware: Hardware, kubeconfig: Path) -> None:
@@ -31,6 +33,7 @@ class Agent:
         name = f"soak-{self.mode}-{self.starts}"
         # The last --simulated-devices wins: the soak's file, with presence and health bits per chip.
         extra = ["--ixsmi-path", str(self.hardware.ixsmi), "--simulated-devices", str(self.hardware.devices)]
+        extra += ["--reset-timeout", str(RESET_TIMEOUT_S)]  # a hanging ixsmi is given up on within the soak
         if self.mode == "device-plugin":
             extra += ["--kubeconfig", str(self.kubeconfig)]
             self.run = start_device_plugin(self.cluster, self.workdir, name, config=self.config, extra=extra)

@@ -93,6 +93,9 @@ class FaultActions:
         elif kind == "ixsmi-failing":
             hardware.set_ixsmi("fail")
             self.later(step.duration, lambda: hardware.set_ixsmi("ok"))
+        elif kind == "ixsmi-hanging":
+            hardware.set_ixsmi("hang")
+            self.later(step.duration, lambda: hardware.set_ixsmi("ok"))
         elif kind == "ixsmi-slow":
             hardware.set_ixsmi(f"slow {step.detail['seconds']}")
             self.later(step.duration, lambda: hardware.set_ixsmi("ok"))
@@ -156,7 +159,11 @@ class FaultActions:
         soak = self.soak
         began = soak.now()
         soak.agent.kill() if kill else soak.agent.stop()
-        soak.hardware.agent_restarted()
+        still_broken: dict[int, list[int]] = {}
+        for chip, _, _, why in self.open:
+            if why.startswith("XID "):
+                still_broken.setdefault(chip, []).append(int(why.split()[1]))
+        soak.hardware.agent_restarted(still_broken)
         soak.agent.start()
         soak.quiet.append((began, soak.now()))
         soak.note(f"agent {'killed' if kill else 'stopped'} and started again (pid {soak.agent.pid})")

@@ -12,13 +12,14 @@ import yaml
 from harness.plugin import Chip, bi_v150_chips
 
 IXSMI = """#!/bin/sh
-# The soak's ixsmi: every run is logged, start and end; {mode} says how it behaves (ok, fail, slow <seconds>).
+# The soak's ixsmi: every run is logged, start and end; {mode} says how it behaves (ok, fail, slow <seconds>, hang).
 log={log}
 echo "$(date +%s.%N) start $$ $*" >> "$log"
 mode=$(cat {mode} 2>/dev/null)
 case "$mode" in
   fail) echo "$(date +%s.%N) end $$ 1 $*" >> "$log"; echo "ixsmi: simulated failure" >&2; exit 1 ;;
   slow*) sleep "${{mode#slow }}" ;;
+  hang) exec sleep 3600 ;;
 esac
 echo "$(date +%s.%N) end $$ 0 $*" >> "$log"
 """
@@ -64,10 +65,11 @@ class Hardware:
         self.write()
         return True
 
-    def agent_restarted(self) -> None:
-        """A new agent process: the XIDs the last one was sent are events of the past, not sent again."""
-        self.xids.clear()
-        self.sent.clear()
+    def agent_restarted(self, still_broken: dict[int, list[int]]) -> None:
+        """A new agent process: the XIDs the last one was sent are events of the past, not sent again, but those of
+        chips still broken (not reset since) are reported again, as a broken chip goes on reporting."""
+        self.xids = {chip: list(xids) for chip, xids in still_broken.items() if xids}
+        self.sent = {(chip, xid) for chip, xids in self.xids.items() for xid in xids}
         self.write()
 
     def set_bit(self, chip: int, bit: str, on: bool) -> None:

@@ -121,6 +121,9 @@ class Soak:
                 break
             self.actions.return_open()
             time.sleep(TICK_S)
+        for window in [w for w in self.broken if w.until is None]:
+            what = f"chip {window.chip} ({window.why} at {window.since:.1f}) not healed within {self.settle_s:.0f} s"
+            self.invariants["back in service"].check(False, self.now(), what + " of the end, the workload gone")
         self.judge_afterwards()
 
     def settled(self) -> bool:

@@ -31,6 +31,7 @@ COMMON_KINDS = {
     "kubelet-restart": 1,
     "ixsmi-failing": 1,
     "ixsmi-slow": 1,
+    "ixsmi-hanging": 1,
     "node-health-unreadable": 1,
 }
 MODE_KINDS = {
@@ -119,7 +120,7 @@ def _fault(rng: random.Random, kind: str, at: float, total: float) -> Step:
         return Step(at, kind, (chip,), duration, {"bit": COOLING_HEALTH_BIT})
     if kind == "off-bus":
         return Step(at, kind, (chip,), duration)
-    if kind in ("ixsmi-failing", "ixsmi-slow"):
+    if kind in ("ixsmi-failing", "ixsmi-slow", "ixsmi-hanging"):
         return Step(at, kind, (), duration, {"seconds": rng.choice((2, 5))} if kind == "ixsmi-slow" else {})
     if kind == "config-change":
         return Step(at, kind, (), 0.0, {"config": rng.randrange(len(DEVICE_PLUGIN_CONFIGS))})
