@@ -56,9 +56,12 @@ def write(soak: Soak, directory: Path, minutes: float) -> Path:
     ]
     lines += ["```", "", "## Schedule", "", "```", *[step.describe() for step in soak.steps], "```"]
     lines += ["", "## Timeline", "", "```", *[f"t+{t:6.1f}s {text}" for t, text in soak.events], "```", ""]
-    plot = plot_service(soak, directory)
-    if plot is not None:
-        lines.insert(3, f"Plot: {plot.name}\n")
+    try:
+        plot = plot_service(soak, directory)
+    except Exception as error:  # a plot is a plus: a matplotlib that cannot draw it costs the report nothing
+        lines.insert(3, f"No plot: {type(error).__name__}: {error}\n")
+    else:
+        lines.insert(3, f"Plot: {plot.name}\n" if plot is not None else "No plot: matplotlib is not installed\n")
     path.write_text("\n".join(lines))
     return path
 
