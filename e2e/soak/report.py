@@ -39,6 +39,8 @@ def write(soak: Soak, directory: Path, minutes: float) -> Path:
     ]
     lines += ["## Invariants", "", "| invariant | checks | violations |", "|---|---|---|"]
     lines += [f"| {i.name} | {i.checks} | {len(i.violations)} |" for i in soak.invariants.values()]
+    lines += ["", f"## Pods that failed ({len(soak.failed)})", ""]
+    lines += [f"- {pod}: {why}" for pod, why in sorted(soak.failed.items())]
     lines += ["", "## Faults by kind", ""]
     counts: dict[str, int] = {}
     for step in soak.faults_done:

@@ -69,6 +69,7 @@ class Soak:
         self.last_service: object = None
         self.resets_seen = 0
         self.pods_created = 0
+        self.failed: dict[str, str] = {}  # pod -> why it failed (admission refused, ...): reported, not yet judged
         self.actions = FaultActions(self)
 
     # ------------------------------------------------------------------ the run
@@ -208,6 +209,10 @@ class Soak:
         holdings = []
         for pod in pods:
             name = pod["metadata"]["name"]
+            status = pod.get("status") or {}
+            if status.get("phase") == "Failed" and name not in self.failed:
+                self.failed[name] = f"{status.get('reason', '')}: {status.get('message', '')}"[:300]
+                self.note(f"{name} failed: {self.failed[name]}")
             if name not in allocated:
                 continue
             chips = allocated[name][1]
