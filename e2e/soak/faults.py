@@ -137,9 +137,12 @@ class FaultActions:
         self.operator_returns(chip)
 
     def operator_returns(self, chip: int) -> None:
-        """The operator's `kubectl annotate node ... iluvatar.com/gpu.return=<uuid>`."""
+        """The operator's `kubectl annotate node ... iluvatar.com/gpu.return=<uuid>`, removed first: only a chip newly
+        named there is a request (README, "The operator's way back"), and the last return may have named this one."""
         uuid = self.soak.hardware.uuids[chip]
         self.returned[chip] = self.soak.now()
+        with contextlib.suppress(KubectlError, AssertionError):
+            self.soak.admin("annotate", "node", self.soak.cluster.node_name, f"{RETURN_ANNOTATION}-")
         self.close(
             lambda ch, since, by, why: ch == chip and by == "return", self.soak.now(), "returned by the operator"
         )
