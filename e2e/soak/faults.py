@@ -153,8 +153,9 @@ class FaultActions:
             self.soak.note(f"operator returned chip {chip}")
 
     def return_open(self) -> None:
-        """At the end: return (once more, one at a time) every chip still waiting for an operator."""
-        waiting = sorted({chip for chip, _, by, _ in self.open if by == "return"})
+        """At the end: return (once more, one at a time) every chip still broken, as an operator returns what stays
+        out: a chip broken with a reset-class XID needs one too when the reset an operator asked for failed."""
+        waiting = sorted({chip for chip, _, _, _ in self.open})
         if waiting and self.soak.now() - max(self.returned.values(), default=0) > 10:
             self.operator_returns(waiting[0])
 
