@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 from harness.kube import KubectlError
 
 from . import checker as c
+from .observe import read_resets
 from .schedule import DEVICE_PLUGIN_CONFIGS, Step
 
 if TYPE_CHECKING:
@@ -153,9 +154,19 @@ class FaultActions:
             self.soak.note(f"operator returned chip {chip}")
 
     def return_open(self) -> None:
-        """At the end: return (once more, one at a time) every chip still broken, as an operator returns what stays
-        out: a chip broken with a reset-class XID needs one too when the reset an operator asked for failed."""
-        waiting = sorted({chip for chip, _, _, _ in self.open})
+        """At the end: return (once more, one at a time) every chip still waiting for an operator, and every chip
+        still broken whose reset failed or hung since (a failed reset an operator asked for needs an operator again);
+        a chip the agent simply never reset is not returned: the end's check reports it."""
+        soak = self.soak
+        resets = read_resets(soak.hardware.reset_log, soak.chip_of, soak.start)
+        failed = [(chip, r.started) for r in resets if not r.ok for chip in r.chips]
+        waiting = sorted(
+            {
+                chip
+                for chip, since, by, _ in self.open
+                if by == "return" or any(c == chip and started >= since for c, started in failed)
+            }
+        )
         if waiting and self.soak.now() - max(self.returned.values(), default=0) > 10:
             self.operator_returns(waiting[0])
 
