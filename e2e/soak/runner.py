@@ -69,6 +69,7 @@ class Soak:
         self.last_service: object = None
         self.resets_seen = 0
         self.pods_created = 0
+        self.last_up: frozenset[int] = frozenset()  # DRA: the chips in service at the last tick
         self.failed: dict[str, str] = {}  # pod -> why it failed (admission refused, ...): reported, not yet judged
         self.actions = FaultActions(self)
 
@@ -122,10 +123,25 @@ class Soak:
                 break
             self.actions.return_open()
             time.sleep(TICK_S)
+        self.all_back()
         for window in [w for w in self.broken if w.until is None]:
             what = f"chip {window.chip} ({window.why} at {window.since:.1f}) not healed within {self.settle_s:.0f} s"
             self.invariants["back in service"].check(False, self.now(), what + " of the end, the workload gone")
         self.judge_afterwards()
+
+    def all_back(self) -> None:
+        """The end: every chip in service again (each chip one check), the workload gone and everything healed."""
+        invariant, at = self.invariants["back in service"], self.now()
+        if self.mode == "dra":
+            for chip in range(CHIPS):
+                invariant.check(
+                    chip in self.last_up,
+                    at,
+                    f"chip {chip} not in service at the end (in service: {sorted(self.last_up)})",
+                )
+        else:
+            units, full = self.in_service_units(), self.full_units()
+            invariant.check(units == full, at, f"allocatable {units} at the end, not {full}")
 
     def settled(self) -> bool:
         open_windows = [w for w in self.broken if w.until is None]
@@ -274,6 +290,7 @@ class Soak:
             slices = self.api.items("/apis/resource.k8s.io/v1/resourceslices")
             devices = [d for s in slices if s["spec"].get("driver") == DRIVER for d in s["spec"].get("devices") or []]
             up = frozenset(int(d["name"][4:]) for d in devices if d["name"][4:].isdigit() and not d.get("taints"))
+            self.last_up = up
             sample = c.ServiceSample(at, in_service=up)
             c.back_in_service(invariant, sample, CHIPS, self.broken, self.quiet)
             units = len(up)
