@@ -21,7 +21,7 @@ IMAGE_ARCHIVE := dist/ix-device-plugin-$(VERSION)-image.tar
 NRI_IMAGE ?= ix-nri-injector:$(VERSION)
 
 .PHONY: all dist pyz image image-smoke image-archive nri-image nri-test base-image test lint format manifests bench bench-fleet clean help \
-	e2e e2e-build e2e-packages e2e-root
+	e2e e2e-build e2e-packages e2e-root soak
 
 all: dist pyz image ## wheel, sdist, single-file executable and (when an engine is usable) the image
 
@@ -110,3 +110,10 @@ e2e: e2e-root e2e-build $(VENV)/.stamp-dev ## the end-to-end suite on a real one
 
 clean: ## remove build outputs (not the virtualenv)
 	rm -rf build dist src/*.egg-info
+
+SOAK_MINUTES ?= 3
+SOAK_SEED ?= random
+SOAK_MODE ?=
+soak: e2e-root e2e-build $(VENV)/.stamp-dev ## the chaos soak on the end-to-end cluster (SOAK_MINUTES, SOAK_SEED, SOAK_MODE; docs/testing.md)
+	SOAK_MINUTES=$(SOAK_MINUTES) SOAK_SEED=$(SOAK_SEED) SOAK_MODE=$(SOAK_MODE) \
+		$(VENV_PY) -m pytest -p no:cacheprovider -n 0 e2e/tests/test_soak.py::test_soak -q -rxXs $(E2E_PYTEST_ARGS)

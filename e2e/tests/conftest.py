@@ -47,6 +47,14 @@ def pytest_configure(config: pytest.Config) -> None:
     register_skip_report(config)
 
 
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """The soak's lines last, one per run, for tools to read (e2e/soak/report.py)."""
+    from soak.report import REPORTS, SUMMARIES
+
+    for line in REPORTS + SUMMARIES:
+        terminalreporter.write_line(line)
+
+
 @pytest.fixture(scope="session")
 def binaries() -> Binaries:
     """The built components. Not root ends the run with an error (a run of nothing but skips would read as a pass),

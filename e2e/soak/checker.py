@@ -1,0 +1,199 @@
+"""The soak's invariants, judged from outside the agent: from what the kubelet, the API server, the containers and
+the simulated hardware said, as the observer (observe.py) recorded it. Pure functions over that record.
+
+This module imports nothing of the agent (tests/unit/test_soak_schedule.py parses its imports), so a defect in the
+agent's own model of the node cannot hide one here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+BOUND_S = 30.0  # a chip healthy (healed, returned or never broken) is back in service within this
+GRACE_S = 3.0  # after a fault, the agent's health poll (0.5 s) and the kubelet's update may still hand the chip out
+MAX_RSS_KIB = 300 * 1024
+MAX_OPEN_FILES = 200
+
+
+@dataclass(frozen=True)
+class Holding:
+    """A container that certainly holds chips at `at`: its pod is Running, not being deleted, and its allocation
+    (the kubelet's device checkpoint or the pod's claims) names them."""
+
+    pod: str
+    chips: frozenset[int]
+
+
+@dataclass(frozen=True)
+class HoldSample:
+    at: float
+    holdings: tuple[Holding, ...]
+
+    def holders(self, chip: int) -> set[str]:
+        return {holding.pod for holding in self.holdings if chip in holding.chips}
+
+
+@dataclass(frozen=True)
+class Reset:
+    """One run of the ixsmi stand-in: the chips it reset, when it started and (None while running) ended."""
+
+    started: float
+    ended: float | None
+    chips: frozenset[int]
+    ok: bool = False
+
+
+@dataclass(frozen=True)
+class Broken:
+    """A chip the simulated hardware reported broken from `since` until `until` (None: not healed yet)."""
+
+    chip: int
+    since: float
+    until: float | None
+    why: str
+
+
+@dataclass(frozen=True)
+class NewAllocation:
+    """A pod first seen holding chips at `seen`, not seen holding them at the sample before, `after`."""
+
+    pod: str
+    chips: frozenset[int]
+    after: float
+    seen: float
+
+
+@dataclass(frozen=True)
+class ServiceSample:
+    """At `at`: for DRA, the chips the node's ResourceSlice offers untainted (in_service); for the device plugin, the
+    allocatable count and the count the healthy units would give (the runner computes it from the config)."""
+
+    at: float
+    in_service: frozenset[int] | None = None
+    allocatable: int | None = None
+
+
+@dataclass(frozen=True)
+class Seen:
+    """What a container showed from the inside (device nodes, CoreX variables) against what its allocation names."""
+
+    at: float
+    pod: str
+    nodes: dict[str, str]
+    env: dict[str, str]
+    expected: tuple[frozenset[int], ...]  # the chip sets its allocation may mean (one unless the config changed)
+
+
+@dataclass
+class Invariant:
+    name: str
+    checks: int = 0
+    violations: list[tuple[float, str]] = field(default_factory=list)
+
+    def check(self, ok: bool, at: float, what: str) -> None:
+        self.checks += 1
+        if not ok:
+            self.violations.append((at, what))
+
+
+def devices_match(invariant: Invariant, seen: Seen, uuids: Sequence[str], device_major: int, control: int) -> None:
+    """Every running container sees exactly the devices its allocation names: /dev/iluvatar<minor> of each chip and
+    /dev/itrctl, and IX_VISIBLE_DEVICES (and ILUVATAR_COREX_VISIBLE_DEVICES) naming exactly those chips."""
+    visible = seen.env.get("IX_VISIBLE_DEVICES", "")
+    corex = seen.env.get("ILUVATAR_COREX_VISIBLE_DEVICES", "")
+    for chips in seen.expected:
+        nodes = {f"/dev/iluvatar{chip}": f"{device_major:x}:{chip:x}" for chip in chips}
+        nodes["/dev/itrctl"] = f"{device_major:x}:{control:x}"
+        want = {uuids[chip] for chip in chips}
+        if seen.nodes == nodes and set(visible.split(",")) == want and corex == visible:
+            invariant.check(True, seen.at, seen.pod)
+            return
+    shown = f"nodes {sorted(seen.nodes)} IX_VISIBLE_DEVICES={visible} ILUVATAR_COREX_VISIBLE_DEVICES={corex}"
+    options = " or ".join(str(sorted(chips)) for chips in seen.expected)
+    invariant.check(False, seen.at, f"{seen.pod}: allocation names chips {options}, the container shows {shown}")
+
+
+def no_reset_under_holder(invariant: Invariant, resets: Iterable[Reset], samples: Sequence[HoldSample]) -> None:
+    """No chip is reset while a container holds it: a container that held a chip before the reset started and still
+    holds it after the reset ended held it throughout."""
+    for reset in resets:
+        if reset.ended is None:
+            continue
+        before = [s for s in samples if s.at <= reset.started]
+        after = [s for s in samples if s.at >= reset.ended]
+        if not before or not after:
+            continue
+        for chip in sorted(reset.chips):
+            held = before[-1].holders(chip) & after[0].holders(chip)
+            invariant.check(
+                not held, reset.started, f"chip {chip} reset at {reset.started:.1f}-{reset.ended:.1f} held by {held}"
+            )
+
+
+def broken_not_given(invariant: Invariant, allocations: Iterable[NewAllocation], broken: Sequence[Broken]) -> None:
+    """A chip reported broken is not given to a new container until it is healed or returned: a new allocation
+    made wholly inside a broken window (after the grace) is a violation."""
+    for allocation in allocations:
+        for chip in sorted(allocation.chips):
+            bad = [
+                window
+                for window in broken
+                if window.chip == chip
+                and allocation.after >= window.since + GRACE_S
+                and (window.until is None or allocation.seen <= window.until)
+            ]
+            what = f"{allocation.pod} got chip {chip} between {allocation.after:.1f} and {allocation.seen:.1f}"
+            invariant.check(not bad, allocation.seen, what + "".join(f"; broken: {w.why}" for w in bad))
+
+
+def healthy_since(chip: int, at: float, broken: Sequence[Broken], quiet: Sequence[tuple[float, float]]) -> bool:
+    """The chip has been healthy for BOUND_S at `at`, and nothing that may take everything out a while (an agent or
+    kubelet restart, a config change) happened in that time."""
+    start = at - BOUND_S
+    for window in broken:
+        if window.chip == chip and window.since <= at and (window.until is None or window.until > start):
+            return False
+    return not any(begin <= at and end > start for begin, end in quiet)
+
+
+def back_in_service(
+    invariant: Invariant,
+    sample: ServiceSample,
+    chips: int,
+    broken: Sequence[Broken],
+    quiet: Sequence[tuple[float, float]],
+    expected_allocatable: int | None = None,
+) -> None:
+    """Every chip healthy for BOUND_S is in service (DRA: untainted in the slice; device plugin: allocatable at
+    least what the long-healthy units give)."""
+    settled = [chip for chip in range(chips) if healthy_since(chip, sample.at, broken, quiet)]
+    if sample.in_service is not None:
+        for chip in settled:
+            invariant.check(
+                chip in sample.in_service,
+                sample.at,
+                f"chip {chip} healthy since {BOUND_S:.0f} s+ and "
+                f"not in service (in service: {sorted(sample.in_service)})",
+            )
+    elif sample.allocatable is not None and expected_allocatable is not None:
+        invariant.check(
+            sample.allocatable >= expected_allocatable,
+            sample.at,
+            f"allocatable {sample.allocatable} < {expected_allocatable} for the chips healthy since {BOUND_S:.0f} s+",
+        )
+
+
+def bounded(invariant: Invariant, at: float, rss_kib: int, open_files: int) -> None:
+    """The agent's resident memory and open files stay under their bounds."""
+    invariant.check(
+        rss_kib <= MAX_RSS_KIB and open_files <= MAX_OPEN_FILES,
+        at,
+        f"agent RSS {rss_kib} KiB (max {MAX_RSS_KIB}), open files {open_files} (max {MAX_OPEN_FILES})",
+    )
+
+
+def nothing_left(invariant: Invariant, at: float, leftovers: Iterable[str]) -> None:
+    """After the soak: nothing of the workload or the agent is left (each leftover is one violation)."""
+    found = list(leftovers)
+    invariant.check(not found, at, "left behind: " + ", ".join(found))

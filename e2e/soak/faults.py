@@ -1,0 +1,208 @@
+"""How each kind of fault of the schedule is caused on the node, undone when its time is up, and when the chips it
+broke count as healed (the windows the checker's "broken not given" and "back in service" judge by)."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from harness.kube import KubectlError
+
+from . import checker as c
+from .observe import read_resets
+from .schedule import DEVICE_PLUGIN_CONFIGS, Step
+
+if TYPE_CHECKING:
+    from .runner import Soak
+
+RETURN_ANNOTATION = "iluvatar.com/gpu.return"
+UNREADABLE = b"\x00{not json \xff"
+
+
+class FaultActions:
+    def __init__(self, soak: Soak) -> None:
+        self.soak = soak
+        self.undo: list[tuple[float, Callable[[], None]]] = []
+        self.created: list[str] = []
+        self.open: list[tuple[int, float, str, str]] = []  # (chip, since, heals by: reset|return|clear, why)
+        self.returned: dict[int, float] = {}  # chip -> when an operator returned it
+
+    # ------------------------------------------------------------------ windows
+
+    def broken(self, chip: int, heals_by: str, why: str) -> None:
+        since = self.soak.now()
+        self.open.append((chip, since, heals_by, why))
+        self.soak.broken.append(c.Broken(chip, since, None, why))
+
+    def close(self, match: Callable[[int, float, str, str], bool], at: float, how: str) -> None:
+        for window in [w for w in self.open if match(*w)]:
+            self.open.remove(window)
+            chip, since = window[0], window[1]
+            index = next(i for i, b in enumerate(self.soak.broken) if b.chip == chip and b.since == since)
+            self.soak.broken[index] = c.Broken(chip, since, at, f"{window[3]}, {how}")
+
+    def healed_by_reset(self, reset: c.Reset) -> None:
+        """A reset that succeeded heals what a reset heals on the simulated chips, and returns what an operator
+        returned before it."""
+        assert reset.ended is not None
+        for chip in reset.chips:
+            for bit in list(self.soak.hardware.bits.get(chip, ())):
+                if bit != "OverTemp":
+                    self.soak.hardware.set_bit(chip, bit, False)
+        ended = reset.ended
+
+        def heals(chip: int, since: float, by: str, why: str) -> bool:
+            return chip in reset.chips and since < ended and by == "reset"
+
+        self.close(heals, ended, f"healed by the reset ending at {ended:.1f}")
+
+    def forget_all(self, why: str) -> None:
+        """The agent's memory of broken chips made unreadable: what only it knew (an XID, an event of the past) is
+        no longer a fault anyone can hold it to; what the hardware still says (bits, absence) is."""
+        self.close(lambda chip, since, by, w: w.startswith("XID"), self.soak.now(), why)
+
+    # ------------------------------------------------------------------ faults
+
+    def do(self, step: Step) -> None:
+        soak, hardware = self.soak, self.soak.hardware
+        kind, chips = step.kind, step.chips
+        if kind in ("xid-reset", "xid-ignored", "xid-operator", "xid-storm"):
+            xids = list(step.detail.get("xids") or [step.detail["xid"]])  # type: ignore[arg-type]
+            for index, chip in enumerate(chips):
+                self.xid(chip, int(xids[index % len(xids)]), kind)
+            if kind == "xid-operator":
+                self.later(step.duration, lambda: self.operator_returns(chips[0]))
+        elif kind == "health-reset-bit":
+            hardware.set_bit(chips[0], str(step.detail["bit"]), True)
+            self.broken(chips[0], "reset", f"health {step.detail['bit']}")
+        elif kind == "health-overtemp":
+            hardware.set_bit(chips[0], "OverTemp", True)
+            self.broken(chips[0], "clear", "health OverTemp")
+            self.later(step.duration, lambda: self.cooled(chips[0]))
+        elif kind == "off-bus":
+            hardware.set_present(chips[0], False)
+            self.broken(chips[0], "return", "fell off the bus")
+            self.later(step.duration, lambda: self.back_on_bus(chips[0]))
+        elif kind in ("agent-kill", "agent-restart"):
+            self.restart_agent(kill=kind == "agent-kill")
+        elif kind == "kubelet-restart":
+            began = soak.now()
+            soak.cluster.stop_kubelet()
+            soak.cluster.start_kubelet()
+            soak.quiet.append((began, soak.now() + 10))
+        elif kind == "ixsmi-failing":
+            hardware.set_ixsmi("fail")
+            self.later(step.duration, lambda: hardware.set_ixsmi("ok"))
+        elif kind == "ixsmi-hanging":
+            hardware.set_ixsmi("hang")
+            self.later(step.duration, lambda: hardware.set_ixsmi("ok"))
+        elif kind == "ixsmi-slow":
+            hardware.set_ixsmi(f"slow {step.detail['seconds']}")
+            self.later(step.duration, lambda: hardware.set_ixsmi("ok"))
+        elif kind == "config-change":
+            index = int(step.detail["config"])  # type: ignore[arg-type]
+            soak.agent.set_config(DEVICE_PLUGIN_CONFIGS[index])
+            soak.configs.append((soak.now(), index))
+            soak.quiet.append((soak.now(), soak.now() + 5))
+        elif kind in ("node-health-unreadable", "checkpoint-unreadable"):
+            self.unreadable(kind)
+        else:
+            raise AssertionError(f"no way to cause {kind}")
+
+    def xid(self, chip: int, xid: int, kind: str) -> None:
+        if not self.soak.hardware.raise_xid(chip, xid):
+            self.soak.note(f"XID {xid} on chip {chip} not sent: this agent process was sent it already")
+            return
+        if kind in ("xid-reset", "xid-storm"):
+            self.broken(chip, "reset", f"XID {xid}")
+        elif kind == "xid-operator":
+            self.broken(chip, "return", f"XID {xid}")
+
+    def later(self, seconds: float, action: Callable[[], None]) -> None:
+        self.undo.append((self.soak.now() + seconds, action))
+
+    def undo_due(self, now: float) -> None:
+        for due in [u for u in self.undo if u[0] <= now]:
+            self.undo.remove(due)
+            due[1]()
+
+    def cooled(self, chip: int) -> None:
+        self.soak.hardware.set_bit(chip, "OverTemp", False)
+        self.soak.note(f"chip {chip} cooled")
+        self.close(lambda ch, since, by, why: ch == chip and by == "clear", self.soak.now(), "cooled")
+
+    def back_on_bus(self, chip: int) -> None:
+        self.soak.hardware.set_present(chip, True)
+        self.soak.note(f"chip {chip} back on the bus")
+        self.operator_returns(chip)
+
+    def operator_returns(self, chip: int) -> None:
+        """The operator's `kubectl annotate node ... iluvatar.com/gpu.return=<uuid>`, removed first: only a chip newly
+        named there is a request (README, "The operator's way back"), and the last return may have named this one."""
+        uuid = self.soak.hardware.uuids[chip]
+        self.returned[chip] = self.soak.now()
+        with contextlib.suppress(KubectlError, AssertionError):
+            self.soak.admin("annotate", "node", self.soak.cluster.node_name, f"{RETURN_ANNOTATION}-")
+        self.close(
+            lambda ch, since, by, why: ch == chip and by == "return", self.soak.now(), "returned by the operator"
+        )
+        with contextlib.suppress(KubectlError, AssertionError):
+            self.soak.admin(
+                "annotate", "node", self.soak.cluster.node_name, f"{RETURN_ANNOTATION}={uuid}", "--overwrite"
+            )
+            self.soak.note(f"operator returned chip {chip}")
+
+    def return_open(self) -> None:
+        """At the end: return (once more, one at a time) every chip still waiting for an operator, and every chip
+        still broken whose reset failed or hung since (a failed reset an operator asked for needs an operator again);
+        a chip the agent simply never reset is not returned: the end's check reports it."""
+        soak = self.soak
+        resets = read_resets(soak.hardware.reset_log, soak.chip_of, soak.start)
+        failed = [(chip, r.started) for r in resets if not r.ok for chip in r.chips]
+        waiting = sorted(
+            {
+                chip
+                for chip, since, by, _ in self.open
+                if by == "return" or any(c == chip and started >= since for c, started in failed)
+            }
+        )
+        if waiting and self.soak.now() - max(self.returned.values(), default=0) > 10:
+            self.operator_returns(waiting[0])
+
+    def restart_agent(self, kill: bool) -> None:
+        soak = self.soak
+        began = soak.now()
+        soak.agent.kill() if kill else soak.agent.stop()
+        still_broken: dict[int, list[int]] = {}
+        for chip, _, _, why in self.open:
+            if why.startswith("XID "):
+                still_broken.setdefault(chip, []).append(int(why.split()[1]))
+        soak.hardware.agent_restarted(still_broken)
+        soak.agent.start()
+        soak.quiet.append((began, soak.now()))
+        soak.note(f"agent {'killed' if kill else 'stopped'} and started again (pid {soak.agent.pid})")
+
+    def unreadable(self, kind: str) -> None:
+        plugins = self.soak.cluster.plugins_dir
+        pattern = "**/node-health.json" if kind == "node-health-unreadable" else "gpu.iluvatar.com/**/checkpoint*.json"
+        targets = [p for p in plugins.glob(pattern) if p.is_file()]
+        for path in targets:
+            path.write_bytes(UNREADABLE)
+        self.soak.note(f"made unreadable: {', '.join(map(str, targets)) or 'nothing there yet'}")
+        if kind == "node-health-unreadable":
+            self.forget_all("the node-health record made unreadable")
+        self.restart_agent(kill=True)
+
+    def heal_all(self) -> None:
+        """The end of the soak: the hardware as good as new, ixsmi working, every chip that needs it returned."""
+        hardware = self.soak.hardware
+        for _, action in sorted(self.undo, key=lambda u: u[0]):
+            action()
+        self.undo.clear()
+        hardware.set_ixsmi("ok")
+        for chip in range(len(hardware.chips)):
+            if "OverTemp" in hardware.bits.get(chip, ()):
+                self.cooled(chip)
+            if chip in hardware.absent:
+                self.back_on_bus(chip)

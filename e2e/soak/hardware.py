@@ -1,0 +1,104 @@
+"""The soak's simulated hardware: the simulated backend's devices file (health bits, XIDs, presence per chip), and
+an ixsmi stand-in that keeps an append-only log of every reset (start and end, with its exit status), which can be
+made to fail or to be slow."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+from harness.plugin import Chip, bi_v150_chips
+
+IXSMI = """#!/bin/sh
+# The soak's ixsmi: every run is logged, start and end; {mode} says how it behaves (ok, fail, slow <seconds>, hang).
+log={log}
+echo "$(date +%s.%N) start $$ $*" >> "$log"
+mode=$(cat {mode} 2>/dev/null)
+case "$mode" in
+  fail) echo "$(date +%s.%N) end $$ 1 $*" >> "$log"; echo "ixsmi: simulated failure" >&2; exit 1 ;;
+  slow*) sleep "${{mode#slow }}" ;;
+  hang) exec sleep 3600 ;;
+esac
+echo "$(date +%s.%N) end $$ 0 $*" >> "$log"
+"""
+
+
+@dataclass
+class Hardware:
+    """The node's 2 x BI-V150 as the simulated backend reads them; write() after each change."""
+
+    directory: Path
+    chips: list[Chip] = field(default_factory=bi_v150_chips)
+    bits: dict[int, set[str]] = field(default_factory=dict)
+    absent: set[int] = field(default_factory=set)
+    xids: dict[int, list[int]] = field(default_factory=dict)  # sent to the running agent process, kept in the file
+    sent: set[tuple[int, int]] = field(default_factory=set)
+
+    def __post_init__(self) -> None:
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self.devices = self.directory / "soak-devices.yaml"
+        self.ixsmi = self.directory / "ixsmi"
+        self.reset_log = self.directory / "resets.log"
+        self.ixsmi_mode = self.directory / "ixsmi.mode"
+        self.ixsmi.write_text(IXSMI.format(log=self.reset_log, mode=self.ixsmi_mode))
+        self.ixsmi.chmod(0o755)
+        self.reset_log.touch()
+        self.set_ixsmi("ok")
+        self.write()
+
+    @property
+    def uuids(self) -> list[str]:
+        return [chip.uuid for chip in self.chips]
+
+    def board_of(self, chip: int) -> set[int]:
+        board = self.chips[chip].board
+        return {c.minor for c in self.chips if c.board == board}
+
+    def raise_xid(self, chip: int, xid: int) -> bool:
+        """Report the XID (False: the running agent process was already sent it; the backend sends each once)."""
+        if (chip, xid) in self.sent:
+            return False
+        self.sent.add((chip, xid))
+        self.xids.setdefault(chip, []).append(xid)
+        self.write()
+        return True
+
+    def agent_restarted(self, still_broken: dict[int, list[int]]) -> None:
+        """A new agent process: the XIDs the last one was sent are events of the past, not sent again, but those of
+        chips still broken (not reset since) are reported again, as a broken chip goes on reporting."""
+        self.xids = {chip: list(xids) for chip, xids in still_broken.items() if xids}
+        self.sent = {(chip, xid) for chip, xids in self.xids.items() for xid in xids}
+        self.write()
+
+    def set_bit(self, chip: int, bit: str, on: bool) -> None:
+        (self.bits.setdefault(chip, set()).add if on else self.bits.setdefault(chip, set()).discard)(bit)
+        self.write()
+
+    def set_present(self, chip: int, present: bool) -> None:
+        (self.absent.discard if present else self.absent.add)(chip)
+        self.write()
+
+    def set_ixsmi(self, mode: str) -> None:
+        self.ixsmi_mode.write_text(mode + "\n")
+
+    def write(self) -> None:
+        boards: dict[int, list[dict[str, object]]] = {}
+        for chip in self.chips:
+            entry: dict[str, object] = {
+                "uuid": chip.uuid,
+                "minor": chip.minor,
+                "bus_id": f"0000:{0x8A + chip.minor:02x}:00.0",
+                "numa_node": 0,
+                "health": sorted(self.bits.get(chip.minor, ())),
+            }
+            if self.xids.get(chip.minor):
+                entry["xids"] = list(self.xids[chip.minor])
+            if chip.minor in self.absent:
+                entry["present"] = False
+            boards.setdefault(chip.board, []).append(entry)
+        document = {"boards": [{"product": "BI-V150", "chips": boards[b]} for b in sorted(boards)]}
+        temporary = self.devices.with_name(f".{self.devices.name}.tmp")
+        temporary.write_text(yaml.safe_dump(document, sort_keys=False))
+        os.replace(temporary, self.devices)

@@ -1,0 +1,350 @@
+"""The soak: carries out a schedule (schedule.py) on the e2e cluster against the agent, observes the node every
+second from outside, and judges the invariants (checker.py) as it goes and at the end."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from harness.cluster import Cluster
+from harness.dra import DRIVER, claim
+from harness.kube import Kubectl, KubectlError
+from harness.plugin import CONTROL_MINOR, DEVICE_MAJOR
+from harness.pods import STAY, busybox_pod
+
+from . import checker as c
+from .agent import Agent
+from .faults import FaultActions
+from .hardware import Hardware
+from .observe import (
+    SHOW,
+    Api,
+    certainly_running,
+    checkpoint_devices,
+    claim_devices,
+    leftovers,
+    process_usage,
+    read_resets,
+    shown,
+)
+from .schedule import CHIPS, DEVICE_PLUGIN_CONFIGS, Step
+
+TICK_S = 1.0
+RESOURCE = "iluvatar.com/gpu"
+SETTLE_S = c.BOUND_S + 30
+
+
+@dataclass
+class Soak:
+    cluster: Cluster
+    namespace: str
+    mode: str
+    seed: int
+    steps: list[Step]
+    agent: Agent
+    hardware: Hardware
+    start: float = 0.0
+    events: list[tuple[float, str]] = field(default_factory=list)
+    broken: list[c.Broken] = field(default_factory=list)
+    quiet: list[tuple[float, float]] = field(default_factory=list)
+    configs: list[tuple[float, int]] = field(default_factory=lambda: [(0.0, 1)])
+    samples: list[c.HoldSample] = field(default_factory=list)
+    allocations: list[c.NewAllocation] = field(default_factory=list)
+    service: list[tuple[float, int]] = field(default_factory=list)  # (t, units in service) for the report
+    faults_done: list[Step] = field(default_factory=list)
+    invariants: dict[str, c.Invariant] = field(default_factory=dict)
+    settle_s: float = SETTLE_S + 60  # at the end, how long everything may take to heal and come back
+
+    def __post_init__(self) -> None:
+        names = ("devices match", "no reset under a holder", "broken not given", "back in service", "bounded")
+        self.invariants = {name: c.Invariant(name) for name in (*names, "nothing left")}
+        self.api = Api(self.cluster.server, self.cluster.admin_tls())
+        self.admin: Kubectl = self.cluster.admin
+        self.chip_of = {uuid: index for index, uuid in enumerate(self.hardware.uuids)}
+        self.held: dict[str, frozenset[int]] = {}  # pod -> chips last seen allocated
+        self.verified: dict[str, frozenset[int]] = {}  # pod -> chips its container showed, matching its allocation
+        self.last_tick = 0.0
+        self.last_service: object = None
+        self.resets_seen = 0
+        self.pods_created = 0
+        self.last_up: frozenset[int] = frozenset()  # DRA: the chips in service at the last tick
+        self.failed: dict[str, str] = {}  # pod -> why it failed (admission refused, ...): reported, not yet judged
+        self.actions = FaultActions(self)
+
+    # ------------------------------------------------------------------ the run
+
+    def now(self) -> float:
+        return time.time() - self.start
+
+    def note(self, text: str) -> None:
+        self.events.append((self.now(), text))
+
+    def run(self) -> None:
+        self.start = time.time()
+        self.agent.set_config(DEVICE_PLUGIN_CONFIGS[1])
+        self.agent.start()
+        self.quiet.append((0.0, self.now()))
+        self.note(f"agent started (pid {self.agent.pid})")
+        pending = list(self.steps)
+        while pending or self.actions.undo:
+            due = self.now()
+            while pending and pending[0].at <= due:
+                self.do(pending.pop(0))
+            self.actions.undo_due(due)
+            self.tick()
+            time.sleep(max(0.0, TICK_S - (self.now() - due)))
+        self.wind_down()
+
+    def do(self, step: Step) -> None:
+        self.note(
+            step.what() if step.is_fault else f"{step.kind} {step.detail.get('pod')} {step.detail.get('shape', '')}"
+        )
+        if step.kind == "pod-create":
+            self.create_pod(str(step.detail["pod"]), str(step.detail["shape"]))
+        elif step.kind == "pod-delete":
+            self.delete_pod(str(step.detail["pod"]))
+        else:
+            self.faults_done.append(step)
+            self.actions.do(step)
+
+    def wind_down(self) -> None:
+        """Faults over: everything healed, returned and deleted; then every chip must come back within the bound
+        and nothing may be left behind."""
+        self.note("soak over: healing everything, deleting the workload")
+        self.actions.heal_all()
+        for pod in list(self.held) + self.actions.created:
+            self.delete_pod(pod)
+        deadline = self.now() + self.settle_s
+        while self.now() < deadline:
+            self.tick()
+            if self.settled():
+                break
+            self.actions.return_open()
+            time.sleep(TICK_S)
+        self.all_back()
+        for window in [w for w in self.broken if w.until is None]:
+            what = f"chip {window.chip} ({window.why} at {window.since:.1f}) not healed within {self.settle_s:.0f} s"
+            self.invariants["back in service"].check(False, self.now(), what + " of the end, the workload gone")
+        self.judge_afterwards()
+
+    def all_back(self) -> None:
+        """The end: every chip in service again (each chip one check), the workload gone and everything healed."""
+        invariant, at = self.invariants["back in service"], self.now()
+        if self.mode == "dra":
+            for chip in range(CHIPS):
+                invariant.check(
+                    chip in self.last_up,
+                    at,
+                    f"chip {chip} not in service at the end (in service: {sorted(self.last_up)})",
+                )
+        else:
+            units, full = self.in_service_units(), self.full_units()
+            invariant.check(units == full, at, f"allocatable {units} at the end, not {full}")
+
+    def settled(self) -> bool:
+        open_windows = [w for w in self.broken if w.until is None]
+        full = self.in_service_units() == self.full_units()
+        return not open_windows and not self.held and full and self.now() - self.quiet_end() > c.BOUND_S
+
+    def quiet_end(self) -> float:
+        return max((end for _, end in self.quiet), default=0.0)
+
+    # ------------------------------------------------------------------ workload
+
+    def create_pod(self, name: str, shape: str) -> None:
+        try:
+            if self.mode == "device-plugin":
+                self.admin.create(busybox_pod(name, STAY, gpus=int(shape.split("-")[1])), "-n", self.namespace)
+            else:
+                count, claims = (2, 1) if shape == "claim-2" else (1, 2 if shape == "claims-2" else 1)
+                names = [f"{name}-c{index}" for index in range(claims)]
+                self.admin.create([claim(n, count=count) for n in names], "-n", self.namespace)
+                refs = [{"name": f"c{index}", "resourceClaimName": n} for index, n in enumerate(names)]
+                self.admin.create(busybox_pod(name, STAY, claims=refs), "-n", self.namespace)
+            self.actions.created.append(name)
+            self.pods_created += 1
+        except (KubectlError, AssertionError) as error:
+            self.note(f"pod {name} not created: {str(error)[:200]}")
+
+    def delete_pod(self, name: str) -> None:
+        try:
+            self.admin.delete("pod", name, self.namespace, wait=False)
+            if self.mode == "dra":
+                for index in range(2):
+                    self.admin.delete("resourceclaim", f"{name}-c{index}", self.namespace, wait=False)
+        except (KubectlError, AssertionError) as error:
+            self.note(f"pod {name} not deleted: {str(error)[:200]}")
+        if name in self.actions.created:
+            self.actions.created.remove(name)
+
+    # ------------------------------------------------------------------ observing
+
+    def tick(self) -> None:
+        at = self.now()
+        try:
+            pods = self.api.items(f"/api/v1/namespaces/{self.namespace}/pods")
+            allocated = self.allocated(pods)
+        except OSError as error:  # the API server restarting: next tick
+            self.note(f"API not readable: {error}")
+            return
+        self.observe_holdings(at, pods, allocated)
+        self.observe_resets()
+        self.observe_service(at)
+        usage = process_usage(self.agent.pid) if self.agent.pid else None
+        if usage is not None:
+            c.bounded(self.invariants["bounded"], at, *usage)
+        self.last_tick = at
+
+    def allocated(self, pods: list[dict[str, Any]]) -> dict[str, tuple[str, frozenset[int]]]:
+        """Pod name -> (its uid, the chips its allocation names), from the kubelet (device plugin: its checkpoint)
+        or the API server (DRA: the pod's claims' allocations)."""
+        found: dict[str, tuple[str, frozenset[int]]] = {}
+        if self.mode == "device-plugin":
+            by_uid = checkpoint_devices(self.cluster.device_plugin_dir / "kubelet_internal_checkpoint")
+            for pod in pods:
+                ids = by_uid.get(pod["metadata"]["uid"], [])
+                chips = frozenset(self.chip_of[i.split("::")[0]] for i in ids if i.split("::")[0] in self.chip_of)
+                if chips:
+                    found[pod["metadata"]["name"]] = (pod["metadata"]["uid"], chips)
+            return found
+        claims = {
+            x["metadata"]["name"]: x
+            for x in self.api.items(f"/apis/resource.k8s.io/v1/namespaces/{self.namespace}/resourceclaims")
+        }
+        for pod in pods:
+            names = [ref.get("resourceClaimName") for ref in pod["spec"].get("resourceClaims") or []]
+            devices = [d for n in names if n in claims for d in claim_devices(claims[n], DRIVER)]
+            chips = frozenset(int(d.removeprefix("gpu-")) for d in devices if d.removeprefix("gpu-").isdigit())
+            if chips:
+                found[pod["metadata"]["name"]] = (pod["metadata"]["uid"], chips)
+        return found
+
+    def observe_holdings(self, at: float, pods: list[dict[str, Any]], allocated: dict[str, Any]) -> None:
+        holdings = []
+        for pod in pods:
+            name = pod["metadata"]["name"]
+            status = pod.get("status") or {}
+            if status.get("phase") == "Failed" and name not in self.failed:
+                self.failed[name] = f"{status.get('reason', '')}: {status.get('message', '')}"[:300]
+                self.note(f"{name} failed: {self.failed[name]}")
+            if name not in allocated:
+                continue
+            chips = allocated[name][1]
+            if name not in self.held:
+                self.allocations.append(c.NewAllocation(name, chips, self.last_tick, at))
+                self.note(f"{name} allocated chips {sorted(chips)}")
+            if certainly_running(pod):
+                if name not in self.verified:
+                    self.verify(at, name, chips)
+                holdings.append(c.Holding(name, self.verified.get(name, chips)))
+        for gone in set(self.held) - set(allocated):
+            self.note(f"{gone} no longer holds chips {sorted(self.held[gone])}")
+            self.verified.pop(gone, None)
+        self.held = {name: chips for name, (_, chips) in allocated.items()}
+        self.samples.append(c.HoldSample(at, tuple(holdings)))
+
+    def verify(self, at: float, name: str, chips: frozenset[int]) -> None:
+        """Exec into the container: its device nodes and CoreX variables against its allocation."""
+        try:
+            output = self.admin("exec", name, "-n", self.namespace, "-c", "main", "--", "sh", "-c", SHOW, timeout=30)
+        except (KubectlError, AssertionError) as error:
+            self.note(f"exec into {name} failed (checked at its next tick): {str(error)[:160]}")
+            return
+        nodes, env = shown(output)
+        seen = c.Seen(at, name, nodes, env, self.expected_sets(name, chips))
+        invariant = self.invariants["devices match"]
+        before = len(invariant.violations)
+        c.devices_match(invariant, seen, self.hardware.uuids, DEVICE_MAJOR, CONTROL_MINOR)
+        if len(invariant.violations) == before:
+            self.verified[name] = frozenset(self.chip_of[u] for u in env.get("IX_VISIBLE_DEVICES", "").split(","))
+
+    def expected_sets(self, name: str, named: frozenset[int]) -> tuple[frozenset[int], ...]:
+        """The chips an allocation naming these chips means: a whole board's unless the board was split when it was
+        made; both when the config changed around then."""
+        if self.mode == "dra":
+            return (named,)
+        boards = frozenset(chip for n in named for chip in self.hardware.board_of(n))
+        allocation = next(a for a in reversed(self.allocations) if a.pod == name)
+        configs = {index for t, index in self.configs if allocation.after - 3 <= t <= allocation.seen}
+        configs.add(self.config_at(allocation.after - 3))
+        split = {bool(DEVICE_PLUGIN_CONFIGS[i].get("flags", {}).get("splitboard")) for i in configs}
+        return tuple(named if s else boards for s in sorted(split, reverse=True))
+
+    def config_at(self, at: float) -> int:
+        return [index for t, index in self.configs if t <= at][-1] if self.configs[0][0] <= at else self.configs[0][1]
+
+    def observe_resets(self) -> None:
+        resets = [r for r in read_resets(self.hardware.reset_log, self.chip_of, self.start) if r.ended is not None]
+        for reset in resets[self.resets_seen :]:
+            outcome = "ok" if reset.ok else "failed"
+            self.note(f"agent reset chips {sorted(reset.chips)} ({reset.started:.1f}-{reset.ended:.1f} s, {outcome})")
+            if reset.ok:
+                self.actions.healed_by_reset(reset)
+        self.resets_seen = len(resets)
+
+    def observe_service(self, at: float) -> None:
+        invariant = self.invariants["back in service"]
+        if self.mode == "dra":
+            slices = self.api.items("/apis/resource.k8s.io/v1/resourceslices")
+            devices = [d for s in slices if s["spec"].get("driver") == DRIVER for d in s["spec"].get("devices") or []]
+            up = frozenset(int(d["name"][4:]) for d in devices if d["name"][4:].isdigit() and not d.get("taints"))
+            self.last_up = up
+            sample = c.ServiceSample(at, in_service=up)
+            c.back_in_service(invariant, sample, CHIPS, self.broken, self.quiet)
+            units = len(up)
+        else:
+            node = self.api.get(f"/api/v1/nodes/{self.cluster.node_name}")
+            units = int(node["status"].get("allocatable", {}).get(RESOURCE, "0"))
+            expected = self.units_of(lambda chip: c.healthy_since(chip, at, self.broken, self.quiet))
+            c.back_in_service(invariant, c.ServiceSample(at, allocatable=units), CHIPS, [], [], expected)
+        if units != self.last_service:
+            self.note(f"in service: {units}")
+            self.last_service = units
+        self.service.append((at, units))
+
+    def units_of(self, healthy: Any) -> int:
+        """Allocatable of the device plugin's config now when exactly the chips healthy(chip) are healthy."""
+        config = DEVICE_PLUGIN_CONFIGS[self.config_at(self.now())]
+        replicas = max(1, int(config.get("sharing", {}).get("timeSlicing", {}).get("replicas", 1)))
+        if config.get("flags", {}).get("splitboard"):
+            return replicas * sum(1 for chip in range(CHIPS) if healthy(chip))
+        boards = {frozenset(self.hardware.board_of(chip)) for chip in range(CHIPS)}
+        return replicas * sum(1 for board in boards if all(healthy(chip) for chip in board))
+
+    def full_units(self) -> int:
+        return CHIPS if self.mode == "dra" else self.units_of(lambda chip: True)
+
+    def in_service_units(self) -> int:
+        return self.service[-1][1] if self.service else -1
+
+    # ------------------------------------------------------------------ judging
+
+    def judge_afterwards(self) -> None:
+        for directory in (self.cluster.cdi_dir, self.cluster.plugins_dir, self.cluster.device_plugin_dir):
+            files = sorted(str(p.relative_to(directory)) for p in directory.rglob("*") if not p.is_dir())
+            self.note(f"files in {directory}: {', '.join(files) or 'none'}")
+        resets = read_resets(self.hardware.reset_log, self.chip_of, self.start)
+        c.no_reset_under_holder(self.invariants["no reset under a holder"], resets, self.samples)
+        c.broken_not_given(self.invariants["broken not given"], self.allocations, self.broken)
+        agent_files: list[Path] = []
+        found = leftovers(
+            self.cluster.device_plugin_dir,
+            self.cluster.cdi_dir,
+            self.cluster.plugins_dir,
+            agent_files,
+            agent_running=True,
+        )
+        c.nothing_left(self.invariants["nothing left"], self.now(), found)
+        self.agent.stop()
+        self.note("agent stopped")
+        time.sleep(1)
+        found = leftovers(
+            self.cluster.device_plugin_dir,
+            self.cluster.cdi_dir,
+            self.cluster.plugins_dir,
+            agent_files,
+            agent_running=False,
+        )
+        c.nothing_left(self.invariants["nothing left"], self.now(), found)

@@ -1,0 +1,153 @@
+"""The soak's fault and workload schedule: a pure function of (seed, minutes, mode), so a seed replays exactly.
+
+Nothing here touches the cluster; the runner (runner.py) carries the steps out in order, at their times.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+
+MODES = ("device-plugin", "dra")
+CHIPS = 4  # the e2e node's 2 x BI-V150, chips 0..3 (minors)
+
+RESET_XIDS = (46, 48, 61, 62, 63, 74, 94, 95, 119, 120)  # policy reset: healed by a reset once no container holds it
+OPERATOR_XID = 64  # policy operator: out until an operator returns it (the Node annotation)
+IGNORED_XIDS = (13, 31, 43)  # a program's fault: the chip stays in service
+RESET_HEALTH_BITS = ("SYSHUB", "MC", "ECC", "Memory", "PCIE")  # cleared by the chip's next reset
+COOLING_HEALTH_BIT = "OverTemp"  # policy operator, clears by itself once the chip cools
+
+# kind -> weight; every kind has a duration (how long the fault lasts before the runner undoes or resolves it)
+COMMON_KINDS = {
+    "xid-reset": 5,
+    "xid-ignored": 2,
+    "xid-operator": 2,
+    "xid-storm": 1,
+    "health-reset-bit": 3,
+    "health-overtemp": 2,
+    "off-bus": 2,
+    "agent-kill": 2,
+    "agent-restart": 1,
+    "kubelet-restart": 1,
+    "ixsmi-failing": 1,
+    "ixsmi-slow": 1,
+    "ixsmi-hanging": 1,
+    "node-health-unreadable": 1,
+}
+MODE_KINDS = {
+    "device-plugin": {"config-change": 2},
+    "dra": {"checkpoint-unreadable": 1},
+}
+DEVICE_PLUGIN_CONFIGS = (
+    {"flags": {"splitboard": True}},
+    {},
+    {"sharing": {"timeSlicing": {"replicas": 2}}},
+    {"flags": {"splitboard": True}, "sharing": {"timeSlicing": {"replicas": 2}}},
+)
+FIRST_FAULT_S = 5.0
+MEAN_GAP_S = 6.0  # between fault starts: faults overlap, since most last longer
+MEAN_WORKLOAD_GAP_S = 4.0
+MAX_PODS = 3
+
+
+@dataclass(frozen=True)
+class Step:
+    """One thing to do at `at` seconds into the soak: a fault (kind in the kinds above) or a workload change
+    (`pod-create`, `pod-delete`). `chips` are the chips it targets, `detail` the rest (XIDs, a config, a shape)."""
+
+    at: float
+    kind: str
+    chips: tuple[int, ...] = ()
+    duration: float = 0.0
+    detail: dict[str, object] = field(default_factory=dict, compare=True, hash=False)
+
+    @property
+    def is_fault(self) -> bool:
+        return not self.kind.startswith("pod-")
+
+    def describe(self) -> str:
+        return f"t+{self.at:6.1f}s {self.what()}"
+
+    def what(self) -> str:
+        chips = f" chips {','.join(map(str, self.chips))}" if self.chips else ""
+        detail = "".join(f" {key}={value}" for key, value in sorted(self.detail.items()))
+        lasting = f" for {self.duration:.1f}s" if self.duration else ""
+        return f"{self.kind}{chips}{detail}{lasting}"
+
+
+def kinds_of(mode: str) -> dict[str, int]:
+    if mode not in MODES:
+        raise ValueError(f"soak mode {mode!r}: expected one of {', '.join(MODES)}")
+    return COMMON_KINDS | MODE_KINDS[mode]
+
+
+def draw(seed: int, minutes: float, mode: str) -> list[Step]:
+    """The steps of a soak of `minutes` in `mode` for `seed`, in time order (faults end before the soak does)."""
+    kinds = kinds_of(mode)
+    rng = random.Random(f"{seed}:{mode}")
+    total = minutes * 60.0
+    steps = _faults(rng, kinds, total) + _workload(random.Random(f"{seed}:{mode}:workload"), mode, total)
+    return sorted(steps, key=lambda step: (step.at, step.kind, step.chips))
+
+
+def _faults(rng: random.Random, kinds: dict[str, int], total: float) -> list[Step]:
+    names, weights = list(kinds), list(kinds.values())
+    steps, at = [], FIRST_FAULT_S
+    unused = list(names)  # every kind once before any twice, where time allows
+    rng.shuffle(unused)
+    while at < total - 15:
+        kind = unused.pop() if unused else rng.choices(names, weights)[0]
+        steps.append(_fault(rng, kind, round(at, 1), total))
+        at += rng.expovariate(1 / MEAN_GAP_S) + 1.0
+    return steps
+
+
+def _fault(rng: random.Random, kind: str, at: float, total: float) -> Step:
+    chip = rng.randrange(CHIPS)
+    duration = round(min(rng.uniform(3, 15), max(1.0, total - at - 10)), 1)
+    if kind == "xid-reset":
+        return Step(at, kind, (chip,), 0.0, {"xid": rng.choice(RESET_XIDS)})
+    if kind == "xid-ignored":
+        return Step(at, kind, (chip,), 0.0, {"xid": rng.choice(IGNORED_XIDS)})
+    if kind == "xid-operator":
+        return Step(at, kind, (chip,), duration, {"xid": OPERATOR_XID})
+    if kind == "xid-storm":
+        chips = tuple(sorted(rng.sample(range(CHIPS), rng.randint(2, CHIPS))))
+        return Step(at, kind, chips, 0.0, {"xids": tuple(rng.sample(RESET_XIDS, 3))})
+    if kind == "health-reset-bit":
+        return Step(at, kind, (chip,), 0.0, {"bit": rng.choice(RESET_HEALTH_BITS)})
+    if kind == "health-overtemp":
+        return Step(at, kind, (chip,), duration, {"bit": COOLING_HEALTH_BIT})
+    if kind == "off-bus":
+        return Step(at, kind, (chip,), duration)
+    if kind in ("ixsmi-failing", "ixsmi-slow", "ixsmi-hanging"):
+        return Step(at, kind, (), duration, {"seconds": rng.choice((2, 5))} if kind == "ixsmi-slow" else {})
+    if kind == "config-change":
+        return Step(at, kind, (), 0.0, {"config": rng.randrange(len(DEVICE_PLUGIN_CONFIGS))})
+    return Step(at, kind)  # agent-kill, agent-restart, kubelet-restart, node-health/checkpoint-unreadable
+
+
+def _workload(rng: random.Random, mode: str, total: float) -> list[Step]:
+    """Pods created and deleted at random: up to MAX_PODS at once, each of a shape the mode supports."""
+    steps, at, alive, serial = [], 1.0, [], 0
+    while at < total - 10:
+        if alive and (len(alive) >= MAX_PODS or rng.random() < 0.4):
+            victim = alive.pop(rng.randrange(len(alive)))
+            steps.append(Step(round(at, 1), "pod-delete", (), 0.0, {"pod": victim}))
+        else:
+            serial += 1
+            name = f"soak-{serial}"
+            alive.append(name)
+            steps.append(Step(round(at, 1), "pod-create", (), 0.0, {"pod": name, "shape": _shape(rng, mode)}))
+        at += rng.expovariate(1 / MEAN_WORKLOAD_GAP_S) + 0.5
+    return steps
+
+
+def _shape(rng: random.Random, mode: str) -> str:
+    if mode == "device-plugin":
+        return rng.choice(("gpus-1", "gpus-1", "gpus-2"))
+    return rng.choice(("claim-1", "claim-1", "claim-2", "claims-2"))  # chips in one claim, or two claims
+
+
+def kinds_used(steps: list[Step]) -> set[str]:
+    return {step.kind for step in steps if step.is_fault}

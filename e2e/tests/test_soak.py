@@ -1,0 +1,110 @@
+"""The chaos soak (e2e/soak/): a seeded schedule of faults and workload against the agent on the real node, the
+invariants judged from outside. `make soak` runs it alone (SOAK_MINUTES, SOAK_SEED, SOAK_MODE); `make e2e` runs a
+short one per mode on the session's cluster, with the seed 1 and every seed of e2e/soak/regression-seeds.txt.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from harness.cluster import Cluster
+from harness.dra import delete_slices
+from soak import report
+from soak.agent import Agent
+from soak.faults import RETURN_ANNOTATION
+from soak.hardware import Hardware
+from soak.runner import Soak
+from soak.schedule import MODES, Step, draw
+
+DEFAULT_SEED = 1
+REGRESSION_SEEDS = Path(__file__).resolve().parents[1] / "soak" / "regression-seeds.txt"
+
+
+def regression_seeds() -> list[tuple[str | None, int]]:
+    """(mode or None for both, seed) of each line `<seed> [mode]  # what it found` of the regression seeds file."""
+    found = []
+    for line in REGRESSION_SEEDS.read_text().splitlines():
+        words = line.split("#", 1)[0].split()
+        if words:
+            found.append((words[1] if len(words) > 1 else None, int(words[0])))
+    return found
+
+
+def soak_runs() -> list[tuple[str, int]]:
+    modes = [os.environ["SOAK_MODE"]] if os.environ.get("SOAK_MODE") else list(MODES)
+    seed = os.environ.get("SOAK_SEED", "")
+    if seed == "random":
+        drawn = random.SystemRandom().randrange(1, 1_000_000)
+        return [(mode, drawn) for mode in modes]
+    if seed:
+        return [(mode, int(seed)) for mode in modes]
+    extra = [(mode, s) for mode in modes for m, s in regression_seeds() if m in (None, mode) and s != DEFAULT_SEED]
+    return [(mode, DEFAULT_SEED) for mode in modes] + extra
+
+
+@pytest.fixture
+def clean_node(cluster: Cluster) -> Iterator[None]:
+    """No operator's return annotation and no stale slices before and after."""
+    cluster.admin("annotate", "node", cluster.node_name, f"{RETURN_ANNOTATION}-")
+    delete_slices(cluster.admin)
+    yield
+    cluster.admin("annotate", "node", cluster.node_name, f"{RETURN_ANNOTATION}-")
+    delete_slices(cluster.admin)
+
+
+@pytest.mark.parametrize(("mode", "seed"), soak_runs(), ids=[f"{m}-seed{s}" for m, s in soak_runs()])
+def test_soak(
+    mode: str,
+    seed: int,
+    cluster: Cluster,
+    namespace: str,
+    log_dir: Path,
+    tmp_path: Path,
+    clean_node: None,
+    request: pytest.FixtureRequest,
+) -> None:
+    minutes = float(os.environ.get("SOAK_MINUTES") or 1)
+    if mode == "dra":
+        request.getfixturevalue("dra_objects")
+        kubeconfig = request.getfixturevalue("driver_kubeconfig")
+    else:
+        kubeconfig = cluster.kubeconfig("admin")
+    hardware = Hardware(tmp_path / "hardware")
+    agent = Agent(cluster, mode, tmp_path / "agent", hardware, kubeconfig)
+    soak = Soak(cluster, namespace, mode, seed, draw(seed, minutes, mode), agent, hardware)
+    began = time.monotonic()
+    try:
+        soak.run()
+    finally:
+        agent.stop()
+        path = report.write(soak, log_dir, minutes)
+        line = report.summary(soak)
+        report.REPORTS.append(f"soak {mode} seed {seed}: {time.monotonic() - began:.0f} s, report {path}")
+        report.SUMMARIES.append(line)
+    violations = [(name, v) for name, i in soak.invariants.items() for v in i.violations]
+    assert not violations, f"{line}\nreport: {path}\n" + "\n".join(f"{n}: t+{t:.1f}s {w}" for n, (t, w) in violations)
+
+
+def test_the_soak_catches_an_agent_that_hands_out_a_broken_chip(
+    cluster: Cluster, namespace: str, log_dir: Path, tmp_path: Path, clean_node: None
+) -> None:
+    """The checker's own test on the real node: the agent is told to ignore XID 48 (`health.ignore`), so the board of
+    a chip that reported it stays in service and new pods get it: "broken not given" must report it."""
+    hardware = Hardware(tmp_path / "hardware")
+    agent = Agent(cluster, "device-plugin", tmp_path / "agent", hardware, cluster.kubeconfig("admin"))
+    agent.base_config = {"health": {"ignore": [48]}}
+    steps = [Step(2.0, "xid-reset", (0,), 0.0, {"xid": 48})]
+    steps += [Step(8.0 + i, "pod-create", (), 0.0, {"pod": f"selftest-{i}", "shape": "gpus-1"}) for i in range(2)]
+    soak = Soak(cluster, namespace, "device-plugin", 0, steps, agent, hardware, settle_s=5)
+    try:
+        soak.run()
+    finally:
+        agent.stop()
+        path = report.write(soak, log_dir, 0.2)
+    caught = soak.invariants["broken not given"].violations
+    assert caught and "chip 0" in caught[0][1] and "XID 48" in caught[0][1], path

@@ -1,0 +1,131 @@
+"""The chaos soak's pure parts (e2e/soak/): its schedule is a function of the seed, its checker reads nothing of the
+agent, and each invariant reports a violation when the history shows one."""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+
+SOAK = Path(__file__).resolve().parents[2] / "e2e" / "soak"
+
+
+def load(name: str) -> ModuleType:
+    """e2e/soak/<name>.py alone, as soak.<name> (nothing of the e2e harness is imported)."""
+    if "soak" not in sys.modules:
+        package = importlib.util.spec_from_file_location("soak", SOAK / "__init__.py", submodule_search_locations=[])
+        assert package is not None and package.loader is not None
+        sys.modules["soak"] = importlib.util.module_from_spec(package)
+    spec = importlib.util.spec_from_file_location(f"soak.{name}", SOAK / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[f"soak.{name}"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+schedule = load("schedule")
+checker = load("checker")
+
+
+def describe(steps: list) -> list[str]:
+    return [step.describe() for step in steps]
+
+
+def test_the_same_seed_gives_the_same_schedule_and_another_seed_another() -> None:
+    for mode in schedule.MODES:
+        first = schedule.draw(7, 3, mode)
+        assert describe(first) == describe(schedule.draw(7, 3, mode))
+        assert describe(first) != describe(schedule.draw(8, 3, mode))
+
+
+def test_a_schedule_draws_every_kind_of_its_mode_in_three_minutes_and_ends_before_the_soak() -> None:
+    for mode in schedule.MODES:
+        steps = schedule.draw(3, 3, mode)
+        assert schedule.kinds_used(steps) == set(schedule.kinds_of(mode))
+        assert all(step.at + step.duration < 3 * 60 for step in steps)
+        assert [s.at for s in steps] == sorted(s.at for s in steps)
+
+
+def imported_modules(path: Path) -> set[str]:
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            found.add("." * node.level + (node.module or ""))
+    return found
+
+
+def test_the_checker_and_what_it_reads_import_nothing_of_the_agent() -> None:
+    """checker.py, observe.py and schedule.py: the standard library and each other only (no ix_device_plugin, not
+    even through the e2e harness)."""
+    allowed = {"__future__", "ast", "json", "os", "re", "ssl", "random", "urllib.request", "collections.abc"}
+    allowed |= {"dataclasses", "pathlib", "typing", ".checker"}
+    for name in ("checker", "observe", "schedule"):
+        imports = imported_modules(SOAK / f"{name}.py")
+        assert imports <= allowed, (name, imports - allowed)
+
+
+def test_devices_match_reports_a_container_that_sees_another_chip() -> None:
+    invariant = checker.Invariant("devices match")
+    uuids = ["GPU-a", "GPU-b", "GPU-c", "GPU-d"]
+    right = {"/dev/iluvatar1": "1fc:1", "/dev/itrctl": "1fc:ff"}
+    env = {"IX_VISIBLE_DEVICES": "GPU-b", "ILUVATAR_COREX_VISIBLE_DEVICES": "GPU-b"}
+    checker.devices_match(invariant, checker.Seen(1, "p", right, env, (frozenset({1}),)), uuids, 0x1FC, 0xFF)
+    assert (invariant.checks, invariant.violations) == (1, [])
+    wrong = right | {"/dev/iluvatar2": "1fc:2"}
+    checker.devices_match(invariant, checker.Seen(2, "q", wrong, env, (frozenset({1}),)), uuids, 0x1FC, 0xFF)
+    env_wrong = env | {"ILUVATAR_COREX_VISIBLE_DEVICES": "GPU-c"}
+    checker.devices_match(invariant, checker.Seen(3, "r", right, env_wrong, (frozenset({1}),)), uuids, 0x1FC, 0xFF)
+    assert invariant.checks == 3 and [v[0] for v in invariant.violations] == [2, 3]
+
+
+def test_a_reset_of_a_chip_held_before_and_after_it_is_a_violation() -> None:
+    invariant = checker.Invariant("no reset under a holder")
+    samples = [
+        checker.HoldSample(1.0, (checker.Holding("p", frozenset({0, 1})),)),
+        checker.HoldSample(5.0, (checker.Holding("p", frozenset({0, 1})),)),
+        checker.HoldSample(9.0, ()),
+    ]
+    resets = [checker.Reset(2.0, 3.0, frozenset({1}), ok=True), checker.Reset(6.0, 7.0, frozenset({0}), ok=True)]
+    checker.no_reset_under_holder(invariant, resets, samples)
+    assert invariant.checks == 2 and len(invariant.violations) == 1 and "chip 1" in invariant.violations[0][1]
+
+
+def test_a_broken_chip_given_to_a_new_container_before_it_healed_is_a_violation() -> None:
+    invariant = checker.Invariant("broken not given")
+    broken = [checker.Broken(2, 10.0, 30.0, "XID 48")]
+    allocations = [
+        checker.NewAllocation("early", frozenset({2}), 10.0, 11.0),  # within the grace: the agent had not seen it
+        checker.NewAllocation("bad", frozenset({2}), 20.0, 21.0),
+        checker.NewAllocation("after", frozenset({2}), 30.5, 31.0),
+        checker.NewAllocation("other", frozenset({3}), 20.0, 21.0),
+    ]
+    checker.broken_not_given(invariant, allocations, broken)
+    assert invariant.checks == 4 and [v[1].split()[0] for v in invariant.violations] == ["bad"]
+
+
+def test_a_chip_long_healthy_and_not_in_service_is_a_violation() -> None:
+    invariant = checker.Invariant("back in service")
+    broken = [checker.Broken(0, 0.0, 10.0, "XID 48")]
+    at = 10.0 + checker.BOUND_S + 1
+    checker.back_in_service(invariant, checker.ServiceSample(at, in_service=frozenset({1, 2, 3})), 4, broken, [])
+    assert invariant.checks == 4 and len(invariant.violations) == 1 and "chip 0" in invariant.violations[0][1]
+    soon = checker.Invariant("back in service")
+    checker.back_in_service(soon, checker.ServiceSample(15.0, in_service=frozenset({1, 2, 3})), 4, broken, [])
+    assert soon.checks == 3 and soon.violations == []  # chip 0 is within its bound
+
+
+def test_memory_or_files_over_their_bound_and_leftovers_are_violations() -> None:
+    invariant = checker.Invariant("bounded")
+    checker.bounded(invariant, 1, 100_000, 40)
+    checker.bounded(invariant, 2, checker.MAX_RSS_KIB + 1, 40)
+    checker.bounded(invariant, 3, 100_000, checker.MAX_OPEN_FILES + 1)
+    assert [v[0] for v in invariant.violations] == [2, 3]
+    left = checker.Invariant("nothing left")
+    checker.nothing_left(left, 1, [])
+    checker.nothing_left(left, 2, ["/cdi/claim-x.yaml"])
+    assert left.checks == 2 and len(left.violations) == 1
