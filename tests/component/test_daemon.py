@@ -12,6 +12,8 @@ from pathlib import Path
 
 import grpc
 import pytest
+from helpers.support import RESOURCE, DaemonFactory, metric
+from helpers.waits import until
 
 from ix_device_plugin.deviceplugin.loop import Daemon
 from ix_device_plugin.deviceplugin.registrar import Registrar
@@ -20,8 +22,6 @@ from ix_device_plugin.runtime.filewatch import Watcher
 from ix_device_plugin.settings.options import Options
 from ix_device_plugin.standins.kubelet import KubeletStandIn
 from ix_device_plugin.tools.demo import ConfigMapDir
-
-from support import RESOURCE, DaemonFactory, metric, until
 
 SHARED = "sharing:\n  timeSlicing:\n    replicas: 2\n"
 SHARED_STRICT = SHARED + "    failRequestsGreaterThanOne: true\n"

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import grpc
 import pytest
-from reset_support import (
+from helpers.reset_support import (
     CHIP_A,
     CHIP_B,
     EXPORTER,
@@ -22,6 +22,7 @@ from reset_support import (
     start_with_api,
     write_document,
 )
+from helpers.support import RESOURCE, DaemonFactory, metric
 
 from ix_device_plugin.gpureset.sequence import OUR_NAME, GpuResetError, ResetInfo, ResetSettings
 from ix_device_plugin.hardware.backend import BackendError
@@ -29,8 +30,6 @@ from ix_device_plugin.hardware.ixml import IxmlBackend
 from ix_device_plugin.hardware.simulated import SimulatedBackend
 from ix_device_plugin.standins.apiserver import ApiServerStandIn
 from ix_device_plugin.standins.kubelet import KubeletStandIn
-
-from support import RESOURCE, DaemonFactory, metric
 
 # ---- the document, as upstream reads and writes it -----------------------------------------
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import grpc
 import pytest
-from reset_support import (
+from helpers.reset_support import (
     CHIP_A,
     CONFIG_MAP,
     EXPORTER,
@@ -29,6 +29,8 @@ from reset_support import (
     start_with_api,
     write_document,
 )
+from helpers.support import RESOURCE, DaemonFactory, metric
+from helpers.waits import until
 
 from ix_device_plugin.deviceplugin import loop
 from ix_device_plugin.gpureset import sequence
@@ -38,8 +40,6 @@ from ix_device_plugin.hardware.ixml import IxmlBackend
 from ix_device_plugin.hardware.simulated import SimulatedBackend
 from ix_device_plugin.standins.apiserver import ApiServerStandIn
 from ix_device_plugin.standins.kubelet import KubeletStandIn
-
-from support import RESOURCE, DaemonFactory, metric, until
 
 WHERE = f"ConfigMap {NAMESPACE}/{CONFIG_MAP} key gpuReset"
 

@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
-from reset_support import (
+from helpers.reset_support import (
     EXPORTER,
     FAST_HEALING,
     NAMESPACE,
@@ -21,6 +21,8 @@ from reset_support import (
     reset_document,
     write_document,
 )
+from helpers.support import RESOURCE, TWO_CHIPS, DaemonFactory, config_flags, inject_xid, make_dev_root, metric
+from helpers.waits import until
 
 from ix_device_plugin.api import HEALTHY, UNHEALTHY
 from ix_device_plugin.apiserver.settings import settings_from
@@ -35,8 +37,6 @@ from ix_device_plugin.healing.wayback import RETURN_ANNOTATION
 from ix_device_plugin.standins.apiserver import ApiServerStandIn
 from ix_device_plugin.standins.kubelet import KubeletStandIn
 from ix_device_plugin.standins.podresources import PodResourcesStandIn
-
-from support import RESOURCE, TWO_CHIPS, DaemonFactory, config_flags, inject_xid, make_dev_root, metric, until
 
 
 def over_double(libs: dict[str, Path], short_dir: Path, ixsmi: Ixsmi) -> dict[str, object]:

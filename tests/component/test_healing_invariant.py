@@ -9,7 +9,9 @@ import json
 from pathlib import Path
 
 import pytest
-from reset_support import EXPORTER, FAST_HEALING, NODE, Ixsmi, node_events, reset_document, write_document
+from helpers.reset_support import EXPORTER, FAST_HEALING, NODE, Ixsmi, node_events, reset_document, write_document
+from helpers.support import RESOURCE, TWO_CHIPS, DaemonFactory, config_flags, inject_xid
+from helpers.waits import until
 from test_healing import start_healing
 
 from ix_device_plugin.api import HEALTHY, UNHEALTHY
@@ -21,8 +23,6 @@ from ix_device_plugin.healing.wayback import RETURN_ANNOTATION
 from ix_device_plugin.standins.apiserver import ApiServerStandIn
 from ix_device_plugin.standins.kubelet import KubeletStandIn, ResourceView
 from ix_device_plugin.standins.podresources import PodResourcesStandIn
-
-from support import RESOURCE, TWO_CHIPS, DaemonFactory, config_flags, inject_xid, until
 
 HELD_LONG_ENOUGH = FAST_HEALING.settle + 1.0  # the settling time and several looks at pod-resources
 

@@ -18,8 +18,19 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from host_tools import missing
-from reset_support import FAST_HEALING, Ixsmi
+from helpers.host_tools import missing
+from helpers.reset_support import FAST_HEALING, Ixsmi
+from helpers.support import (
+    IXML_DOUBLE_CONFIG,
+    NO_NODE_FILES,
+    RESOURCE,
+    TWO_CHIPS,
+    DaemonFactory,
+    config_flags,
+    inject_xid,
+    make_dev_root,
+)
+from helpers.waits import until
 from test_healing import start_healing
 from test_rollout import OLD, OLD_SOCKET, advertised, start_beside
 
@@ -33,18 +44,6 @@ from ix_device_plugin.runtime.files import OutputError, read_boot_id
 from ix_device_plugin.standins.apiserver import ApiServerStandIn
 from ix_device_plugin.standins.kubelet import KubeletStandIn
 from ix_device_plugin.standins.podresources import PodResourcesStandIn
-
-from support import (
-    IXML_DOUBLE_CONFIG,
-    NO_NODE_FILES,
-    RESOURCE,
-    TWO_CHIPS,
-    DaemonFactory,
-    config_flags,
-    inject_xid,
-    make_dev_root,
-    until,
-)
 
 
 def record_of(short_dir: Path) -> dict:

@@ -8,12 +8,12 @@ from pathlib import Path
 
 import grpc
 import pytest
+from helpers.support import RESOURCE, DaemonFactory, config_flags
+from helpers.waits import until
 
 from ix_device_plugin.runtime.errors import StartupError
 from ix_device_plugin.standins.kubelet import KubeletStandIn
 from ix_device_plugin.tools.demo import ConfigMapDir
-
-from support import RESOURCE, DaemonFactory, config_flags, until
 
 SOCKET = "iluvatar-gpu.sock"
 

@@ -12,14 +12,14 @@ from pathlib import Path
 
 import grpc
 import pytest
+from helpers.support import RESOURCE, DaemonFactory, config_flags, metric, spawn_plugin, stop_process
+from helpers.waits import WaitFailed, until
 
 from ix_device_plugin.api import HEALTHY, UNHEALTHY
 from ix_device_plugin.deviceplugin.loop import Daemon
 from ix_device_plugin.hardware.simulated import SimulatedBackend
 from ix_device_plugin.settings.options import Options
 from ix_device_plugin.standins.kubelet import KubeletStandIn
-
-from support import RESOURCE, DaemonFactory, config_flags, metric, spawn_plugin, stop_process, until
 
 SOCKET = "iluvatar-gpu.sock"
 
@@ -112,7 +112,7 @@ async def test_stream_end_leaves_no_tasks(kubelet: KubeletStandIn, start_daemon:
     # Counted by kind, once the calls in flight are answered: a task a stream left behind is never gone.
     try:
         await until(lambda: plugin_tasks() == before)
-    except TimeoutError:
+    except WaitFailed:
         now = plugin_tasks()
         pytest.fail(f"after 5 streams ended: more {dict(now - before)}, fewer {dict(before - now)}", pytrace=False)
 

@@ -9,13 +9,13 @@ from pathlib import Path
 
 import grpc
 import pytest
+from helpers.support import RESOURCE, DaemonFactory, config_flags, metric
+from helpers.waits import until
 from prometheus_client.parser import text_string_to_metric_families
 
 from ix_device_plugin import __version__
 from ix_device_plugin.deviceplugin.loop import Daemon
 from ix_device_plugin.standins.kubelet import KubeletStandIn
-
-from support import RESOURCE, DaemonFactory, config_flags, metric, until
 
 
 def get(daemon: Daemon, path: str) -> tuple[int, str]:

@@ -9,7 +9,9 @@ import socket
 from pathlib import Path
 
 import pytest
-from reset_support import FAST_HEALING, NAMESPACE, NODE, Ixsmi
+from helpers.reset_support import FAST_HEALING, NAMESPACE, NODE, Ixsmi
+from helpers.support import RESOURCE, DaemonFactory, config_flags, inject_xid, make_dev_root, metric
+from helpers.waits import until
 
 from ix_device_plugin.api import HEALTHY, UNHEALTHY, api_pb2
 from ix_device_plugin.apiserver.settings import KubeSettings, settings_from
@@ -20,8 +22,6 @@ from ix_device_plugin.hardware.ixml import IxmlBackend
 from ix_device_plugin.standins.apiserver import ApiServerStandIn
 from ix_device_plugin.standins.kubelet import KubeletStandIn
 from ix_device_plugin.standins.podresources import PodResourcesStandIn
-
-from support import RESOURCE, DaemonFactory, config_flags, inject_xid, make_dev_root, metric, until
 
 OLD, NEW = "0b1d0000-0000-4000-8000-000000000001", "0e2e0000-0000-4000-8000-000000000002"
 OLD_SOCKET, NEW_SOCKET = plugin_socket(Path(), OLD).name, plugin_socket(Path(), NEW).name

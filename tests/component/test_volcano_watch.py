@@ -9,7 +9,19 @@ from pathlib import Path
 
 import grpc
 import pytest
-from volcano_support import CHIP_A, CHIP_B, CONFIG_MAP, NAMESPACE, NODE, devices, placed, published, start_volcano
+from helpers.support import RESOURCE, DaemonFactory
+from helpers.volcano_support import (
+    CHIP_A,
+    CHIP_B,
+    CONFIG_MAP,
+    NAMESPACE,
+    NODE,
+    devices,
+    placed,
+    published,
+    start_volcano,
+)
+from helpers.waits import until
 
 from ix_device_plugin.deviceplugin.features import hook
 from ix_device_plugin.deviceplugin.features.volcano import (
@@ -24,8 +36,6 @@ from ix_device_plugin.deviceplugin.features.volcano import (
 from ix_device_plugin.standins.apiserver import ApiServerStandIn, Recorded
 from ix_device_plugin.standins.kubelet import KubeletStandIn
 from ix_device_plugin.standins.podresources import PodResourcesStandIn
-
-from support import RESOURCE, DaemonFactory, until
 
 
 @pytest.fixture

@@ -9,10 +9,11 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from helpers.support import RESOURCE, TWO_CHIPS, DaemonFactory, inject_xid, metric
+from helpers.waits import until
 
 from ix_device_plugin.api import HEALTHY, UNHEALTHY
 from ix_device_plugin.core.inventory import ChipStatus
@@ -23,8 +24,6 @@ from ix_device_plugin.settings.errors import SettingsError
 from ix_device_plugin.settings.resolve import resolve
 from ix_device_plugin.settings.table import RUN
 from ix_device_plugin.standins.kubelet import KubeletStandIn
-
-from support import RESOURCE, TWO_CHIPS, DaemonFactory, inject_xid, metric
 
 XID_EVENTS = "ix_device_plugin_xid_events_total"
 LAST_POLL = "ix_device_plugin_last_health_poll_timestamp_seconds"
@@ -48,13 +47,6 @@ class Sink:
         with self._arrived:
             self._arrived.wait_for(lambda: len(self.events) >= count, timeout)
             return list(self.events)
-
-
-async def eventually(predicate: Callable[[], bool], timeout: float = 3.0) -> None:
-    """Wait until predicate() holds, checking every 20 ms; raises TimeoutError."""
-    async with asyncio.timeout(timeout):
-        while not predicate():
-            await asyncio.sleep(0.02)
 
 
 def waiting_backend(library: Path, sink: Sink) -> IxmlBackend:
@@ -248,11 +240,11 @@ async def test_xid_while_a_container_runs_turns_its_device_unhealthy(
     assert view.devices["GPU-x0"] == HEALTHY
     device = daemon.plan.by_id["GPU-x1"]
     assert device.reasons == ("GPU-x1: XID 79",)
-    await eventually(lambda: metric(daemon, XID_EVENTS, xid="13") == 1)
+    await until(lambda: metric(daemon, XID_EVENTS, xid="13") == 1, timeout=3.0)
     assert metric(daemon, XID_EVENTS, xid="79") == 1
 
     polls = metric(daemon, LAST_POLL)
-    await eventually(lambda: metric(daemon, LAST_POLL) > polls)
+    await until(lambda: metric(daemon, LAST_POLL) > polls, timeout=3.0)
     await asyncio.sleep(0.05)  # the reconcile loop applies that poll
     assert view.devices["GPU-x1"] == UNHEALTHY  # later polls do not clear it
     assert daemon.plan.by_id["GPU-x1"].reasons == ("GPU-x1: XID 79",)
@@ -276,7 +268,7 @@ async def test_an_xid_listed_in_disable_healthchecks_leaves_the_device_healthy(
     )
     view = await kubelet.wait_registered(RESOURCE, capacity=2)
     inject_xid(conf, 0, 79)
-    await eventually(lambda: metric(daemon, XID_EVENTS, xid="79") == 1)
+    await until(lambda: metric(daemon, XID_EVENTS, xid="79") == 1, timeout=3.0)
     assert view.devices["GPU-x0"] == HEALTHY
     assert daemon.plan.by_id["GPU-x0"].healthy
     assert "XID 79 on GPU-x0 ignored" in caplog.text
@@ -305,7 +297,7 @@ async def test_simulated_xids_reach_the_kubelet_once_each(
     assert view.devices["GPU-s1"] == HEALTHY
     devices.write_text(SIMULATED.format(xids=""))  # the file no longer says so; the XID stays
     polls = metric(daemon, LAST_POLL)
-    await eventually(lambda: metric(daemon, LAST_POLL) > polls + 0.1)
+    await until(lambda: metric(daemon, LAST_POLL) > polls + 0.1, timeout=3.0)
     assert view.devices["GPU-s0"] == UNHEALTHY
     assert metric(daemon, XID_EVENTS, xid="62") == 1
 

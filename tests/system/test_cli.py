@@ -11,13 +11,12 @@ import time
 from pathlib import Path
 
 import pytest
+from helpers.support import spawn_plugin, stop_process
 
 from ix_device_plugin import __version__
 from ix_device_plugin.settings.table import BY_FLAG, LIST, SETTINGS
 from ix_device_plugin.standins.apiserver import ApiServerStandIn
 from ix_device_plugin.standins.podresources import PodResourcesStandIn
-
-from support import spawn_plugin, stop_process
 
 
 def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from helpers.support import REPO_ROOT, RESOURCE, TESTS_DIR, spawn_plugin, stop_process
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -25,8 +26,6 @@ from ix_device_plugin.settings.errors import SettingsError
 from ix_device_plugin.settings.resolve import config_from
 from ix_device_plugin.standins.kubelet import KubeletStandIn
 from ix_device_plugin.tools.demo import ConfigMapDir
-
-from support import REPO_ROOT, RESOURCE, TESTS_DIR, spawn_plugin, stop_process
 
 CORPUS = TESTS_DIR / "hostile" / "configs"
 CHECK_TIMEOUT = 20  # seconds; a hang shows up as a timeout, far above the real figures (see bench/hostile.py)

@@ -9,8 +9,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-
-from support import spawn_plugin, stop_process
+from helpers.support import spawn_plugin, stop_process
 
 SPEC = "iluvatar.com-gpu.yaml"
 

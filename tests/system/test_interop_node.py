@@ -20,9 +20,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from host_tools import missing
-
-from support import TESTS_DIR
+from helpers.host_tools import missing
+from helpers.support import TESTS_DIR
 
 NODE_DIR = TESTS_DIR / "interop" / "node"
 SIMULATED = ["--backend", "simulated", "--simulated-devices", "BI-V150:2"]

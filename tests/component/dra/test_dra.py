@@ -8,7 +8,7 @@ import logging
 
 import pytest
 import yaml
-from dra_support import DraNode, answer
+from helpers.dra_support import DraNode, answer
 
 from ix_device_plugin.dra.checkpoint import CHECKPOINT_FILE
 from ix_device_plugin.dra.claimspec import cdi_spec_file

@@ -8,15 +8,14 @@ import logging
 from typing import Any
 
 import pytest
-from dra_support import TWO_BOARDS, DraNode, answer
+from helpers.dra_support import TWO_BOARDS, DraNode, answer
+from helpers.waits import until
 
 from ix_device_plugin.dra import publisher
 from ix_device_plugin.dra.pool import MANAGED_BY, slice_base_name
 from ix_device_plugin.dra.slices import DRIVER
 from ix_device_plugin.settings.config import Config
 from ix_device_plugin.standins.apiserver import ApiServerStandIn
-
-from support import until
 
 CHIPS = ["gpu-0", "gpu-1", "gpu-2", "gpu-3"]
 BROKEN_CHIP = [{"product": "BI-V150"}, {"product": "BI-V150", "chips": [None, {"health": ["ECC"]}]}]

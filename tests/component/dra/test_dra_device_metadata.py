@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from dra_support import DraNode, answer
+from helpers.dra_support import DraNode, answer
 
 from ix_device_plugin.dra.metadata import generation_of, host_path
 from ix_device_plugin.dra.slices import DRIVER

@@ -11,8 +11,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from dra_support import TWO_BOARDS, DraNode
-from reset_support import FAST_HEALING, Ixsmi, IxsmiBackend, node_events
+from helpers.dra_support import TWO_BOARDS, DraNode
+from helpers.reset_support import FAST_HEALING, Ixsmi, IxsmiBackend, node_events
+from helpers.waits import until
 
 from ix_device_plugin.core.inventory import ChipStatus
 from ix_device_plugin.dra.driver import DraDriver
@@ -21,8 +22,6 @@ from ix_device_plugin.dra.state import RESET_LOCK_FILE
 from ix_device_plugin.healing.record import record_path
 from ix_device_plugin.healing.wayback import RETURN_ANNOTATION
 from ix_device_plugin.standins.apiserver import ApiServerStandIn
-
-from support import until
 
 STEPS = ("GPUXidError", "GPUUnhealthy", "GPUHealingReset", "GPUHealthy")
 

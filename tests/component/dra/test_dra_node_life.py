@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from dra_support import DraNode, answer
-from host_tools import tmpfs
+from helpers.dra_support import DraNode, answer
+from helpers.host_tools import tmpfs
 
 from ix_device_plugin.dra.checkpoint import CHECKPOINT_FILE
 from ix_device_plugin.dra.claimspec import cdi_spec_file

@@ -22,8 +22,9 @@ from typing import Any
 import grpc
 import pytest
 import yaml
-from dra_support import DraNode, answer, gpu_config
-from host_tools import tmpfs
+from helpers.dra_support import DraNode, answer, gpu_config
+from helpers.host_tools import tmpfs
+from helpers.waits import until
 
 from ix_device_plugin.dra.checkpoint import CHECKPOINT_FILE
 from ix_device_plugin.dra.claimspec import cdi_spec_file
@@ -35,8 +36,6 @@ from ix_device_plugin.runtime.errors import StartupError
 from ix_device_plugin.runtime.files import read_boot_id
 from ix_device_plugin.standins.apiserver import ApiServerStandIn
 from ix_device_plugin.standins.dra_kubelet import DraKubeletStandIn
-
-from support import until
 
 EXPORTER = "ix-exporter"
 

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from dra_support import DraNode
+from helpers.dra_support import DraNode
 from prometheus_client.parser import text_string_to_metric_families
 
 from ix_device_plugin.dra.claimspec import cdi_spec_file

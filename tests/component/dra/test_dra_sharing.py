@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 import yaml
-from dra_support import DraNode, answer, gpu_config
+from helpers.dra_support import DraNode, answer, gpu_config
 from prometheus_client.parser import text_string_to_metric_families
 
 from ix_device_plugin.core.inventory import Inventory
