@@ -123,9 +123,10 @@ async def test_a_control_node_appearing_after_start_reaches_allocate(
         response = await kubelet.allocate(RESOURCE, [[device]])
         return [spec.host_path for spec in response.container_responses[0].devices]
 
-    async with asyncio.timeout(5):
-        while await nodes() != ["/dev/iluvatar0", "/dev/itrctl"]:
-            await asyncio.sleep(0.05)
+    async def both() -> bool:
+        return await nodes() == ["/dev/iluvatar0", "/dev/itrctl"]
+
+    await until(both, timeout=5, interval=0.05, message="Allocate answering the chip and its control node")
 
 
 async def test_a_new_minor_under_the_same_uuid_reaches_allocate(
@@ -142,9 +143,10 @@ async def test_a_new_minor_under_the_same_uuid_reaches_allocate(
         response = await kubelet.allocate(RESOURCE, [[device]])
         return [spec.host_path for spec in response.container_responses[0].devices]
 
-    async with asyncio.timeout(5):
-        while await nodes() != ["/dev/iluvatar5"]:
-            await asyncio.sleep(0.05)
+    async def the_new_minor() -> bool:
+        return await nodes() == ["/dev/iluvatar5"]
+
+    await until(the_new_minor, timeout=5, interval=0.05, message="Allocate answering the new minor")
 
 
 # ---- 3. a failed apply keeps running and is retried -----------------------------------------

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from helpers.reset_support import EXPORTER, FAST_HEALING, NODE, Ixsmi, node_events, reset_document, write_document
 from helpers.support import RESOURCE, TWO_CHIPS, DaemonFactory, config_flags, inject_xid
-from helpers.waits import until
+from helpers.waits import stays, until
 from test_healing import start_healing
 
 from ix_device_plugin.api import HEALTHY, UNHEALTHY
@@ -33,10 +33,7 @@ def record_of(daemon: Daemon) -> dict:
 
 
 async def never_healthy(view: ResourceView, device: str, seconds: float) -> None:
-    async with asyncio.timeout(seconds + 1):
-        for _ in range(int(seconds / 0.02)):
-            assert view.devices[device] == UNHEALTHY
-            await asyncio.sleep(0.02)
+    await stays(lambda: view.devices[device] == UNHEALTHY, for_=seconds, message=f"{device} advertised Unhealthy")
 
 
 async def test_a_chip_held_under_a_resource_name_no_longer_served_is_not_reset(

@@ -30,7 +30,7 @@ from helpers.support import (
     inject_xid,
     make_dev_root,
 )
-from helpers.waits import until
+from helpers.waits import stays, until
 from test_healing import start_healing
 from test_rollout import OLD, OLD_SOCKET, advertised, start_beside
 
@@ -61,10 +61,7 @@ def recorded(short_dir: Path, uuid: str) -> dict:
 async def always(predicate: object, seconds: float) -> None:
     """predicate() holds at every look for seconds (an invariant watched, not a sleep)."""
     assert callable(predicate)
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        assert predicate()
-        await asyncio.sleep(0.02)
+    await stays(predicate, for_=seconds)
 
 
 class FullDisk:

@@ -13,7 +13,7 @@ from pathlib import Path
 import grpc
 import pytest
 from helpers.support import RESOURCE, DaemonFactory, config_flags, metric, spawn_plugin, stop_process
-from helpers.waits import WaitFailed, until
+from helpers.waits import WaitFailed, until, until_sync
 
 from ix_device_plugin.api import HEALTHY, UNHEALTHY
 from ix_device_plugin.deviceplugin.loop import Daemon
@@ -163,10 +163,7 @@ def test_sigterm_cleans_up(plugin_dir: Path, short_dir: Path) -> None:
     process = spawn_plugin(plugin_dir, log_file=short_dir / "log")
     try:
         sock = plugin_dir / SOCKET
-        deadline = time.monotonic() + 10
-        while not sock.exists() and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert sock.exists(), (short_dir / "log").read_text()
+        until_sync(sock.exists, timeout=10, interval=0.05, message=f"the plugin's socket {sock}")
         started = time.monotonic()
         process.send_signal(signal.SIGTERM)
         assert process.wait(5) == 0
@@ -242,9 +239,7 @@ def read(path: Path) -> str:
 def test_sigterm_while_kubelet_absent(plugin_dir: Path) -> None:
     process = spawn_plugin(plugin_dir)
     try:
-        deadline = time.monotonic() + 10
-        while not (plugin_dir / SOCKET).exists() and time.monotonic() < deadline:
-            time.sleep(0.05)
+        until_sync((plugin_dir / SOCKET).exists, timeout=10, interval=0.05, message="the plugin's socket")
         os.kill(process.pid, signal.SIGINT)
         assert process.wait(5) == 0
         assert not (plugin_dir / SOCKET).exists()

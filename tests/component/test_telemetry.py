@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from helpers.support import IXML_DOUBLE_CONFIG as CONFIG_ENV
 from helpers.support import NO_NODE_FILES, RESOURCE, DaemonFactory, config_flags, make_dev_root, stop_process
-from helpers.waits import until_sync
+from helpers.waits import stays, until_sync
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -180,18 +180,21 @@ async def test_a_hung_telemetry_read_leaves_its_figure_out_and_health_and_livene
     plugin = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
         view = await kubelet.wait_registered(RESOURCE, capacity=2, timeout=15)
-        series: dict[tuple[str, str], tuple[dict[str, str], float]] = {}
-        deadline = time.monotonic() + 15
-        while time.monotonic() < deadline and ("ix_gpu_temperature", "GPU-b0-c1") not in series:
-            await asyncio.sleep(0.1)
-            series = await asyncio.to_thread(scrape, port)
+
+        def with_the_hung_chip() -> dict[tuple[str, str], tuple[dict[str, str], float]] | None:
+            series = scrape(port)
+            return series if ("ix_gpu_temperature", "GPU-b0-c1") in series else None
+
+        series = await asyncio.to_thread(until_sync, with_the_hung_chip, 15, 0.1, "the hung chip's temperature")
         assert series[("ix_gpu_utilization", "GPU-b0-c0")][1] == 87
         assert ("ix_gpu_utilization", "GPU-b0-c1") not in series, "the hung read's figure is left out"
         assert series[("ix_gpu_temperature", "GPU-b0-c1")][1] == 44, "the chip's other figures are read"
-        for _ in range(5):  # health polls and liveness go on, every pass after the hang too
-            status, body = await asyncio.to_thread(probe, port, "/healthz")
-            assert status == 200, body
-            await asyncio.sleep(0.2)
+
+        # health polls and liveness go on, every pass after the hang too
+        async def live() -> bool:
+            return (await asyncio.to_thread(probe, port, "/healthz"))[0] == 200
+
+        await stays(live, for_=1.0, interval=0.2, message="/healthz answering 200")
         assert set(view.devices.values()) == {HEALTHY} and len(view.devices) == 2
         stopping = time.monotonic()
         plugin.terminate()

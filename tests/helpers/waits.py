@@ -8,6 +8,7 @@ last value seen, so a flake says what it saw instead of only that time ran out.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import time
 from collections.abc import Callable
 from typing import Any
@@ -39,16 +40,22 @@ async def until(
     interval: float = DEFAULT_INTERVAL,
     message: str | None = None,
 ) -> Any:
-    """Wait until predicate() is truthy, looking every interval seconds; return that value.
+    """Wait until predicate() is truthy, looking every interval seconds; return that value. predicate may return an
+    awaitable (a coroutine asking a stand-in, a to_thread call): its result is what is looked at.
 
     Raises WaitFailed (an AssertionError) after timeout seconds, naming message and the last value seen.
     """
     deadline = time.monotonic() + timeout
-    while not (last := predicate()):
+    while not (last := await _value(predicate)):
         if time.monotonic() >= deadline:
             raise _timed_out(predicate, message, timeout, last)
         await asyncio.sleep(interval)
     return last
+
+
+async def _value(predicate: Callable[[], Any]) -> Any:
+    value = predicate()
+    return await value if inspect.isawaitable(value) else value
 
 
 async def stays(
@@ -57,10 +64,11 @@ async def stays(
     interval: float = DEFAULT_INTERVAL,
     message: str | None = None,
 ) -> None:
-    """Check that predicate() is truthy now and at every look for for_ seconds; fail at the first look it is not."""
+    """Check that predicate() (or the awaitable it returns) is truthy now and at every look for for_ seconds; fail at
+    the first look it is not."""
     start = time.monotonic()
     while True:
-        if not (last := predicate()):
+        if not (last := await _value(predicate)):
             raise _broke(predicate, message, for_, time.monotonic() - start, last)
         if time.monotonic() - start >= for_:
             return

@@ -69,3 +69,14 @@ def test_a_failure_without_a_message_names_the_condition_by_its_code() -> None:
 
     with pytest.raises(WaitFailed, match="chip_is_healthy"):
         until_sync(chip_is_healthy, timeout=0.02)
+
+
+async def test_the_async_forms_await_what_the_condition_returns() -> None:
+    answers = iter([[], [], ["GPU-0"]])
+
+    async def ask() -> list[str]:
+        return next(answers)
+
+    assert await until(ask, timeout=2.0, interval=0.01) == ["GPU-0"]
+    with pytest.raises(WaitFailed, match="value then: 0"):
+        await stays(lambda: asyncio.sleep(0, result=0), for_=1.0, message="an awaited zero")

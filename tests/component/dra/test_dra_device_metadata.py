@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from helpers.dra_support import DraNode, answer
+from helpers.waits import until
 
 from ix_device_plugin.dra.metadata import generation_of, host_path
 from ix_device_plugin.dra.slices import DRIVER
@@ -27,9 +28,7 @@ def devices_of(path: Path) -> list[dict[str, Any]]:
 
 
 async def wait_generation(path: Path, generation: int, timeout: float = 10.0) -> None:
-    async with asyncio.timeout(timeout):
-        while generation_of(path.read_text()) != generation:
-            await asyncio.sleep(0.05)
+    await until(lambda: generation_of(path.read_text()) == generation, timeout=timeout, interval=0.05)
 
 
 async def test_metadata_follows_a_claim_from_prepare_through_restart_health_and_unprepare(node: DraNode) -> None:

@@ -7,13 +7,12 @@ import asyncio
 import fcntl
 import json
 import os
-import time
 from pathlib import Path
 from typing import Any
 
 from helpers.dra_support import TWO_BOARDS, DraNode
 from helpers.reset_support import FAST_HEALING, Ixsmi, IxsmiBackend, node_events
-from helpers.waits import until
+from helpers.waits import stays, until
 
 from ix_device_plugin.core.inventory import ChipStatus
 from ix_device_plugin.dra.driver import DraDriver
@@ -237,10 +236,8 @@ async def test_a_record_removed_or_spoiled_during_an_update_makes_no_pod_forget_
     record = record_path(node.root / "plugins")
     for spoil in (record.unlink, lambda: record.write_text("[")):
         spoil()
-        deadline = time.monotonic() + 0.5
-        while time.monotonic() < deadline:  # watched: the standby never forgets it
-            assert 64 in _chip_status(new, chip).xids
-            await asyncio.sleep(0.02)
+        # watched: the standby never forgets it
+        await stays(lambda: 64 in _chip_status(new, chip).xids, for_=0.5, message="the standby remembering XID 64")
     await node.stop(old)
     await until(lambda: new.role.held, timeout=5)
     await node.wait_slice(lambda devices: tainted(devices, "gpu-1"), timeout=5)

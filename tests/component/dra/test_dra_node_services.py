@@ -139,12 +139,11 @@ def holders_of(series: list[dict[str, str]], device: str, driver: DraDriver) -> 
 
 
 async def series_where(driver: DraDriver, predicate: Callable[[list[dict[str, str]]], bool]) -> list[dict[str, str]]:
-    async with asyncio.timeout(5):
-        while True:
-            series = await asyncio.to_thread(scrape, driver.probe_port)
-            if predicate(series):
-                return series
-            await asyncio.sleep(0.05)
+    async def matching() -> list[dict[str, str]] | None:
+        series = await asyncio.to_thread(scrape, driver.probe_port)
+        return series if predicate(series) else None
+
+    return await until(matching, timeout=5, interval=0.05, message="metrics series matching the predicate")
 
 
 def claim(name: str, *devices: str, shares: tuple[str, ...] = ()) -> PodClaim:

@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 from helpers.dra_support import DraNode
+from helpers.waits import until
 from prometheus_client.parser import text_string_to_metric_families
 
 from ix_device_plugin.dra.claimspec import cdi_spec_file
@@ -196,9 +197,7 @@ def spawn_driver(node: DraNode, pod_uid: str, log: Path, *flags: str) -> subproc
 
 
 async def logged(log: Path, text: str, timeout: float) -> None:
-    async with asyncio.timeout(timeout):
-        while text not in log.read_text():
-            await asyncio.sleep(0.05)
+    await until(lambda: text in log.read_text(), timeout=timeout, interval=0.05)
 
 
 @pytest.mark.parametrize("how", [signal.SIGTERM, signal.SIGKILL], ids=["stopped", "killed"])
