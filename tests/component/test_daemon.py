@@ -13,7 +13,7 @@ from pathlib import Path
 import grpc
 import pytest
 from helpers.support import RESOURCE, DaemonFactory, metric
-from helpers.waits import until
+from helpers.waits import stays, until
 
 from ix_device_plugin.deviceplugin.loop import Daemon
 from ix_device_plugin.deviceplugin.registrar import Registrar
@@ -182,8 +182,7 @@ async def test_a_directory_where_the_socket_goes_is_retried_not_fatal(
     socket_path = daemon.socket_path
     socket_path.unlink()
     socket_path.mkdir()  # someone puts a directory there
-    await asyncio.sleep(0.8)
-    assert not daemon.endpoint.serving
+    await stays(lambda: not daemon.endpoint.serving, for_=0.8, message="not daemon.endpoint.serving")
     socket_path.rmdir()
     await kubelet.wait_for(lambda: daemon.endpoint.serving and daemon.registered, timeout=5)
 

@@ -23,7 +23,7 @@ from helpers.reset_support import (
     write_document,
 )
 from helpers.support import RESOURCE, DaemonFactory, metric
-from helpers.waits import until
+from helpers.waits import stays, until
 
 from ix_device_plugin.gpureset.sequence import OUR_NAME, GpuResetError, ResetInfo, ResetSettings
 from ix_device_plugin.hardware.backend import BackendError
@@ -199,8 +199,11 @@ async def test_a_restart_whose_record_already_says_so_writes_nothing(
     await kubelet.wait_registered(RESOURCE, capacity=2)
     record = "/configmaps/ix-gpu-reset-"
     await until(lambda: any(record in r.path and r.method == "GET" for r in apiserver.requests), timeout=5)
-    await asyncio.sleep(0.3)  # a write would follow its read at once
-    assert [r.method for r in apiserver.requests if record in r.path] == ["GET"]
+    await stays(
+        lambda: [r.method for r in apiserver.requests if record in r.path] == ["GET"],
+        for_=0.3,
+        message="a write would follow its read at once",
+    )
     assert reset_document(apiserver) == ResetInfo(NODE, False, {EXPORTER: True, OUR_NAME: True})
 
 

@@ -30,7 +30,7 @@ from helpers.reset_support import (
     write_document,
 )
 from helpers.support import RESOURCE, DaemonFactory, metric
-from helpers.waits import until
+from helpers.waits import stays, until
 
 from ix_device_plugin.deviceplugin import loop
 from ix_device_plugin.gpureset import sequence
@@ -304,8 +304,11 @@ async def test_the_handshakes_background_task_runs_on_and_is_never_taken_for_dow
     daemon = await start_with_api(start_daemon, apiserver, short_dir, backend)
     await kubelet.wait_registered(RESOURCE, capacity=2)
     await until(lambda: (info := reset_document(apiserver)) is not None and OUR_NAME in info.occupy)
-    await asyncio.sleep(0.8)  # past the supervisor's first restart delay
-    assert daemon.service.down() == [] and daemon.live()[0]
+    await stays(
+        lambda: daemon.service.down() == [] and daemon.live()[0],
+        for_=0.8,
+        message="past the supervisor's first restart delay",
+    )
     assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
 
 

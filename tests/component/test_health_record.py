@@ -58,12 +58,6 @@ def recorded(short_dir: Path, uuid: str) -> dict:
         return {}
 
 
-async def always(predicate: object, seconds: float) -> None:
-    """predicate() holds at every look for seconds (an invariant watched, not a sleep)."""
-    assert callable(predicate)
-    await stays(predicate, for_=seconds)
-
-
 class FullDisk:
     """Makes the record's directory refuse writes for real: a small tmpfs there, filled (ENOSPC), where this test
     may mount one (root); else a directory without write permission (EACCES)."""
@@ -213,7 +207,7 @@ async def test_a_chip_whose_reset_was_cut_short_and_fails_again_stays_reserved_f
     await until(lambda: recorded(short_dir, "GPU-x1").get("phase") == "operator", timeout=10)
     assert ixsmi.runs() == ["-r -i GPU-x1"] * 2
     assert "reserved" in recorded(short_dir, "GPU-x1")
-    await always(lambda: view.devices["GPU-x1"] == UNHEALTHY, 1.0)
+    await stays(lambda: view.devices["GPU-x1"] == UNHEALTHY, for_=1.0, message="GPU-x1 advertised Unhealthy")
     with pytest.raises(Exception, match="Unhealthy"):
         await kubelet.allocate(RESOURCE, [["GPU-x1"]])
 
@@ -261,7 +255,7 @@ async def test_the_standby_keeps_a_chip_needing_an_operator_out_when_the_record_
         record = record_path(short_dir / "plugins")
         for spoil in (record.unlink, lambda: record.write_text("{")):
             spoil()
-            await always(lambda: advertised(new)["GPU-x1"] == UNHEALTHY, 1.0)
+            await stays(lambda: advertised(new)["GPU-x1"] == UNHEALTHY, for_=1.0, message="GPU-x1 advertised Unhealthy")
             with pytest.raises(Exception, match="Unhealthy"):
                 await kubelet.allocate(RESOURCE, [["GPU-x1"]])  # the newest registration answers: the standby
         old.kill()
@@ -269,7 +263,7 @@ async def test_the_standby_keeps_a_chip_needing_an_operator_out_when_the_record_
         await until(lambda: new.acting, timeout=10)
         await until(lambda: recorded(short_dir, "GPU-x1").get("xids") == [64], timeout=5)
         assert recorded(short_dir, "GPU-x1")["phase"] == "operator"
-        await always(lambda: advertised(new)["GPU-x1"] == UNHEALTHY, 0.5)
+        await stays(lambda: advertised(new)["GPU-x1"] == UNHEALTHY, for_=0.5, message="GPU-x1 advertised Unhealthy")
         with pytest.raises(Exception, match="Unhealthy"):
             await kubelet.allocate(RESOURCE, [["GPU-x1"]])
     finally:

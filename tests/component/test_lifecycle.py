@@ -13,7 +13,7 @@ from pathlib import Path
 import grpc
 import pytest
 from helpers.support import RESOURCE, DaemonFactory, config_flags, metric, spawn_plugin, stop_process
-from helpers.waits import WaitFailed, until, until_sync
+from helpers.waits import WaitFailed, stays, until, until_sync
 
 from ix_device_plugin.api import HEALTHY, UNHEALTHY
 from ix_device_plugin.deviceplugin.loop import Daemon
@@ -44,8 +44,7 @@ async def test_fifty_kubelet_restarts(kubelet: KubeletStandIn, start_daemon: Dae
 
 async def test_kubelet_absent_at_start_then_appears(plugin_dir: Path, start_daemon: DaemonFactory) -> None:
     daemon = await start_daemon("BI-V100:3")
-    await asyncio.sleep(3)
-    assert not daemon.registered
+    await stays(lambda: not daemon.registered, for_=3, message="not daemon.registered")
     assert not daemon.ready()[0]
     kubelet = KubeletStandIn(plugin_dir)
     await kubelet.start()

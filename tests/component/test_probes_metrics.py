@@ -10,7 +10,7 @@ from pathlib import Path
 import grpc
 import pytest
 from helpers.support import RESOURCE, DaemonFactory, config_flags, metric
-from helpers.waits import until
+from helpers.waits import stays, until
 from prometheus_client.parser import text_string_to_metric_families
 
 from ix_device_plugin import __version__
@@ -43,9 +43,12 @@ async def test_probes_follow_registration(plugin_dir: Path, start_daemon: Daemon
     daemon = await start_daemon("BI-V100:2", health_address="127.0.0.1:0", registration_grace=0.5)
     status, body = await fetch(daemon, "/readyz")
     assert (status, body) == (503, "not ok: not registered with the kubelet\n")
-    await asyncio.sleep(0.8)
+
     # No kubelet.sock yet: waiting for the kubelet is not a failure, restarting the plugin would not help.
-    assert (await fetch(daemon, "/healthz"))[0] == 200
+    async def live() -> bool:
+        return (await fetch(daemon, "/healthz"))[0] == 200
+
+    await stays(live, for_=0.8, message="/healthz answering 200 while the kubelet is absent")
     kubelet = KubeletStandIn(plugin_dir)
     original = kubelet.Register
     refusing = True

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import ctypes
 import logging
 import subprocess
@@ -13,7 +12,7 @@ from pathlib import Path
 
 import pytest
 from helpers.support import RESOURCE, TWO_CHIPS, DaemonFactory, inject_xid, metric
-from helpers.waits import until
+from helpers.waits import stays, until
 
 from ix_device_plugin.api import HEALTHY, UNHEALTHY
 from ix_device_plugin.core.inventory import ChipStatus
@@ -245,8 +244,8 @@ async def test_xid_while_a_container_runs_turns_its_device_unhealthy(
 
     polls = metric(daemon, LAST_POLL)
     await until(lambda: metric(daemon, LAST_POLL) > polls, timeout=3.0)
-    await asyncio.sleep(0.05)  # the reconcile loop applies that poll
-    assert view.devices["GPU-x1"] == UNHEALTHY  # later polls do not clear it
+    # the reconcile loop applies that poll
+    await stays(lambda: view.devices["GPU-x1"] == UNHEALTHY, for_=0.05, message="later polls do not clear it")
     assert daemon.plan.by_id["GPU-x1"].reasons == ("GPU-x1: XID 79",)
 
 

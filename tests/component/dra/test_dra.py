@@ -9,7 +9,7 @@ import logging
 import pytest
 import yaml
 from helpers.dra_support import DraNode, answer
-from helpers.waits import until
+from helpers.waits import stays, until
 
 from ix_device_plugin.dra.checkpoint import CHECKPOINT_FILE
 from ix_device_plugin.dra.claimspec import cdi_spec_file
@@ -319,8 +319,7 @@ async def test_the_api_server_down_at_start_and_mid_run(node: DraNode, api: ApiS
     driver = await node.start()  # starts and serves without the API server
     kubelet = await node.kubelet(driver)
     assert dra_socket(driver.options.plugins_dir).is_socket()
-    await asyncio.sleep(0.3)
-    assert node.slice() is None
+    await stays(lambda: node.slice() is None, for_=0.3, message="node.slice() is None")
     await api.accept()
     await node.wait_slice(lambda devices: len(devices) == 6)
     await api.refuse()

@@ -3,7 +3,6 @@ is reset (a fake ixsmi), the taint goes, the kubelet's health stream says HEALTH
 
 from __future__ import annotations
 
-import asyncio
 import fcntl
 import json
 import os
@@ -83,8 +82,11 @@ async def test_a_chip_held_by_a_prepared_claim_waits_until_it_is_unprepared(
     node.write_boards(with_xid(63))
     await node.wait_slice(lambda devices: tainted(devices, "gpu-1"))
     await until(lambda: bool(node_events(api, "GPUHealingWaiting")))
-    await asyncio.sleep(0.8)
-    assert ixsmi.runs() == [] and tainted(node.slice_devices(), "gpu-1")
+    await stays(
+        lambda: ixsmi.runs() == [] and tainted(node.slice_devices(), "gpu-1"),
+        for_=0.8,
+        message='ixsmi.runs() == [] and tainted(node.slice_devices(), "gpu-1")',
+    )
     assert f"held by claim default/whole-board (uid {board[2]})" in node_events(api, "GPUHealingWaiting")[0]["message"]
     assert (await kubelet.unprepare([board])).claims[board[2]].error == ""
     await node.wait_slice(lambda devices: not tainted(devices, "gpu-1"), timeout=10)
@@ -120,8 +122,7 @@ async def test_the_reset_waits_for_the_nodes_reset_turn_held_by_another_pod(node
         fcntl.flock(turn, fcntl.LOCK_EX)
         node.write_boards(with_xid(48))
         await node.wait_slice(lambda devices: tainted(devices, "gpu-1"))
-        await asyncio.sleep(0.8)
-        assert ixsmi.runs() == []  # nothing reset under the other pod's turn
+        await stays(lambda: ixsmi.runs() == [], for_=0.8, message="nothing reset under the other pod's turn")
     finally:
         os.close(turn)
     await node.wait_slice(lambda devices: not tainted(devices, "gpu-1"), timeout=10)
@@ -140,8 +141,7 @@ async def test_an_operator_returns_a_chip_through_the_node_the_driver_watches_al
     node.write_boards(with_xid(79))
     await node.wait_slice(lambda devices: tainted(devices, "gpu-1"))
     await until(lambda: bool(node_events(api, "GPUNeedsOperator")))
-    await asyncio.sleep(0.5)
-    assert ixsmi.runs() == []
+    await stays(lambda: ixsmi.runs() == [], for_=0.5, message="ixsmi.runs() == []")
     stored = api.get("nodes", node.node)
     assert stored is not None
     stored["metadata"].setdefault("annotations", {})[RETURN_ANNOTATION] = "1"  # its index
@@ -168,8 +168,7 @@ async def test_only_the_pod_holding_the_nodes_role_heals(node: DraNode, api: Api
     node.write_boards(with_xid(48))
     await until(lambda: bool(second.healing.healer.cares) and "XID 48" in str(second.healing.healer.cares))
     await node.wait_slice(lambda devices: not tainted(devices, "gpu-1") and bool(ixsmi.runs()), timeout=10)
-    await asyncio.sleep(0.8)
-    assert len(ixsmi.runs()) == 1  # the acting pod's reset only
+    await stays(lambda: len(ixsmi.runs()) == 1, for_=0.8, message="the acting pod's reset only")
     assert len(node_events(api, "GPUUnhealthy")) == 1 and len(node_events(api, "GPUHealingReset")) == 1
 
 

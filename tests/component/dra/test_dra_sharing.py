@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import yaml
 from helpers.dra_support import DraNode, answer, gpu_config
-from helpers.waits import until
+from helpers.waits import stays, until
 from prometheus_client.parser import text_string_to_metric_families
 
 from ix_device_plugin.core.inventory import Inventory
@@ -197,8 +197,11 @@ async def test_a_prepare_or_unprepare_of_a_claim_being_reset_waits_for_the_reset
     await started.wait()
     second = asyncio.create_task(state.prepare(ref, read, devices, (), reset))
     undo = asyncio.create_task(state.unprepare(ref))
-    await asyncio.sleep(0.1)
-    assert not second.done() and not undo.done()  # no container starts before its chips are reset
+    await stays(
+        lambda: not second.done() and not undo.done(),
+        for_=0.1,
+        message="no container starts before its chips are reset",
+    )
     release.set()
     assert await first == await second and await undo is None
     assert set(resets) == {(devices["gpu-0"].chip.uuid,)}
@@ -269,5 +272,8 @@ async def test_a_server_without_consumable_capacity_gets_each_device_once(node: 
     node.write_boards([{"product": "BI-V150"}, {"product": "BI-V150"}])
     await node.wait_slice(lambda devices: "taints" not in devices["gpu-3"])
     stored = node.slice()["metadata"]["resourceVersion"]
-    await asyncio.sleep(0.3)
-    assert node.slice()["metadata"]["resourceVersion"] == stored != version  # written for changes only
+    await stays(
+        lambda: node.slice()["metadata"]["resourceVersion"] == stored != version,
+        for_=0.3,
+        message="written for changes only",
+    )

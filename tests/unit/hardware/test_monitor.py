@@ -7,7 +7,7 @@ import logging
 from pathlib import Path
 
 import pytest
-from helpers.waits import until
+from helpers.waits import stays, until
 
 from ix_device_plugin.core.inventory import Inventory
 from ix_device_plugin.hardware.backend import XidEvent, XidSink
@@ -51,8 +51,12 @@ async def test_a_chip_that_stays_absent_is_looked_for_once_then_at_the_rediscove
     try:
         devices.write_text(BOARDS % "false")
         await until(lambda: backend.discoveries >= 2, timeout=10, interval=0.01)
-        await asyncio.sleep(1.0)  # about 50 more polls, each finding the chip still absent
-        assert backend.discoveries == 2, "the first discovery and one for the loss, not one per poll"
+        # about 50 more polls, each finding the chip still absent
+        await stays(
+            lambda: backend.discoveries == 2,
+            for_=1.0,
+            message="the first discovery and one for the loss, not one per poll",
+        )
         assert [chip.status.present for chip in monitor.inventory.chips()] == [False, True]
     finally:
         running.cancel()
