@@ -60,9 +60,12 @@ async def test_probes_follow_registration(plugin_dir: Path, start_daemon: Daemon
 
     kubelet.Register = refuse_at_first  # type: ignore[method-assign]
     await kubelet.start()
-    await asyncio.sleep(1.2)
-    status, body = await fetch(daemon, "/healthz")
-    assert status == 503 and "registration failing" in body
+
+    async def failing() -> bool:
+        status, body = await fetch(daemon, "/healthz")
+        return status == 503 and "registration failing" in body
+
+    await until(failing, timeout=5, message="/healthz failing on the refused registrations")
     refusing = False
     try:
         await kubelet.wait_registered(RESOURCE, timeout=10)  # after a backoff of up to 5 s

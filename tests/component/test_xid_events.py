@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 from helpers.support import RESOURCE, TWO_CHIPS, DaemonFactory, inject_xid, metric
-from helpers.waits import stays, until
+from helpers.waits import stays, stays_sync, until, until_sync
 
 from ix_device_plugin.api import HEALTHY, UNHEALTHY
 from ix_device_plugin.core.inventory import ChipStatus
@@ -149,10 +149,14 @@ def test_without_the_event_calls_health_is_polled_only_said_once(
     backend = waiting_backend(libs["no_events"], sink)
     backend.discover()
     inject_xid(conf, 0, 79)
-    time.sleep(0.2)
+
+    def notes() -> list[str]:
+        return [r.getMessage() for r in caplog.records if "no IXML XID events" in r.getMessage()]
+
+    until_sync(notes, timeout=3, message="the note that XID events are polled")
+    stays_sync(lambda: len(notes()) == 1, for_=0.2, message="the note said once")
     backend.close()
-    said = [r.getMessage() for r in caplog.records if "no IXML XID events" in r.getMessage()]
-    assert len(said) == 1
+    said = notes()
     assert "lacks nvmlEventSetCreate" in said[0] and "polling alone" in said[0]
     assert sink.events == []
 
