@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from host_tools import missing
+from helpers.host_tools import missing
 from hypothesis import settings
 
 from ix_device_plugin.deviceplugin.loop import Daemon

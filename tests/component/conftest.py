@@ -6,11 +6,10 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
+from helpers.support import IXML_DOUBLE_CONFIG, TWO_CHIPS
 
 from ix_device_plugin.standins.apiserver import ApiServerStandIn
 from ix_device_plugin.standins.podresources import PodResourcesStandIn
-
-from support import IXML_DOUBLE_CONFIG, TWO_CHIPS
 
 NODE = "gpu-node-1"
 

@@ -9,8 +9,10 @@ from pathlib import Path
 
 import grpc
 import pytest
-from dra_support import NODE as DRA_NODE
-from dra_support import DraNode
+from helpers.dra_support import NODE as DRA_NODE
+from helpers.dra_support import DraNode
+from helpers.support import RESOURCE, DaemonFactory, config_flags
+from helpers.waits import until
 
 from ix_device_plugin.apiserver import connection as connection_module
 from ix_device_plugin.apiserver.connection import ApiConnection, ConnectionClosed
@@ -20,8 +22,6 @@ from ix_device_plugin.hardware.simulated import SimulatedBackend, default_uuid
 from ix_device_plugin.runtime.backoff import Backoff
 from ix_device_plugin.standins.apiserver import ApiServerStandIn
 from ix_device_plugin.standins.kubelet import KubeletStandIn
-
-from support import RESOURCE, DaemonFactory, config_flags, until
 
 NODE = "gpu-node-1"
 NAMESPACE = "kube-system"

@@ -8,6 +8,7 @@ import tracemalloc
 from pathlib import Path
 
 import pytest
+from helpers.waits import until
 
 from ix_device_plugin.apiserver import limits
 from ix_device_plugin.apiserver.client import Kube, connect
@@ -119,9 +120,7 @@ async def test_a_watch_that_brings_more_objects_than_a_node_has_keeps_none_and_s
         await mirror.changed(timeout=5)
         for index in range(4):  # one at a time, through the watch
             apiserver.add_pod("ml", f"p{index}", NODE)
-        async with asyncio.timeout(5):
-            while not mirror.problem:
-                await asyncio.sleep(0.02)
+        await until(lambda: mirror.problem, timeout=5)
         assert mirror.problem == "the API server sent more than 3 objects; none kept"
         assert len(mirror.items) == 3
     finally:

@@ -7,6 +7,7 @@ import json
 
 import aiohttp
 import pytest
+from helpers.waits import stays, until
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -385,20 +386,29 @@ async def test_the_garbage_collector_deletes_what_a_gone_owner_owned(server):
     for name, owners in (("owned", [owner]), ("shared", [owner, other]), ("foreign", [elsewhere])):
         server.put("configmaps", _config_map(name, namespace="ns", ownerReferences=owners))
     server.put("configmaps", _config_map("stale", namespace="ns", ownerReferences=[{**owner, "uid": "not-it"}]))
-    await asyncio.sleep(server.gc_delay * 4)
-    assert server.get("configmaps", "stale", "ns") is None  # an owner of that name, but another UID
+    await until(
+        lambda: server.get("configmaps", "stale", "ns") is None,
+        timeout=5,
+        message="an owner of that name, but another UID",
+    )
     assert server.get("configmaps", "owned", "ns") is not None
     server.delete("nodes", "n1")
     server.add_node("n1")  # the same name, a new UID
-    await asyncio.sleep(server.gc_delay * 4)
-    assert server.get("configmaps", "owned", "ns") is None
+    await until(
+        lambda: server.get("configmaps", "owned", "ns") is None,
+        timeout=5,
+        message='server.get("configmaps", "owned", "ns") is None',
+    )
     shared = server.get("configmaps", "shared", "ns")
     assert shared is not None and shared["metadata"]["ownerReferences"] == [other]  # the gone owner taken out
     assert server.get("configmaps", "foreign", "ns") is not None  # a kind it does not know: left alone
     server.garbage_collector = False
     server.delete("nodes", "n2")
-    await asyncio.sleep(server.gc_delay * 4)
-    assert server.get("configmaps", "shared", "ns") is not None
+    await stays(
+        lambda: server.get("configmaps", "shared", "ns") is not None,
+        for_=server.gc_delay * 4,
+        message='server.get("configmaps", "shared", "ns") is not None',
+    )
 
 
 async def test_slow_down_holds_the_next_matching_requests_only(http, server):

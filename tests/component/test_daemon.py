@@ -12,6 +12,8 @@ from pathlib import Path
 
 import grpc
 import pytest
+from helpers.support import RESOURCE, DaemonFactory, metric
+from helpers.waits import stays, until
 
 from ix_device_plugin.deviceplugin.loop import Daemon
 from ix_device_plugin.deviceplugin.registrar import Registrar
@@ -20,8 +22,6 @@ from ix_device_plugin.runtime.filewatch import Watcher
 from ix_device_plugin.settings.options import Options
 from ix_device_plugin.standins.kubelet import KubeletStandIn
 from ix_device_plugin.tools.demo import ConfigMapDir
-
-from support import RESOURCE, DaemonFactory, metric, until
 
 SHARED = "sharing:\n  timeSlicing:\n    replicas: 2\n"
 SHARED_STRICT = SHARED + "    failRequestsGreaterThanOne: true\n"
@@ -123,9 +123,10 @@ async def test_a_control_node_appearing_after_start_reaches_allocate(
         response = await kubelet.allocate(RESOURCE, [[device]])
         return [spec.host_path for spec in response.container_responses[0].devices]
 
-    async with asyncio.timeout(5):
-        while await nodes() != ["/dev/iluvatar0", "/dev/itrctl"]:
-            await asyncio.sleep(0.05)
+    async def both() -> bool:
+        return await nodes() == ["/dev/iluvatar0", "/dev/itrctl"]
+
+    await until(both, timeout=5, interval=0.05, message="Allocate answering the chip and its control node")
 
 
 async def test_a_new_minor_under_the_same_uuid_reaches_allocate(
@@ -142,9 +143,10 @@ async def test_a_new_minor_under_the_same_uuid_reaches_allocate(
         response = await kubelet.allocate(RESOURCE, [[device]])
         return [spec.host_path for spec in response.container_responses[0].devices]
 
-    async with asyncio.timeout(5):
-        while await nodes() != ["/dev/iluvatar5"]:
-            await asyncio.sleep(0.05)
+    async def the_new_minor() -> bool:
+        return await nodes() == ["/dev/iluvatar5"]
+
+    await until(the_new_minor, timeout=5, interval=0.05, message="Allocate answering the new minor")
 
 
 # ---- 3. a failed apply keeps running and is retried -----------------------------------------
@@ -162,9 +164,13 @@ async def test_a_resource_name_change_while_the_plugin_directory_is_missing_is_r
     caplog.set_level(logging.ERROR, logger="ix_device_plugin.deviceplugin.loop")
     configmap.write("resourceName: iluvatar.com/vgpu\n")
     await until(lambda: daemon.plan.resource_name == "iluvatar.com/vgpu", timeout=3)
-    await asyncio.sleep(1.0)  # several reconcile ticks while the directory is gone
-    not_there = [r for r in caplog.records if "device plugin directory" in r.getMessage()]
-    assert len(not_there) == 1  # logged once, not at every retry
+
+    def not_there() -> int:
+        return len([r for r in caplog.records if "device plugin directory" in r.getMessage()])
+
+    await until(lambda: not_there() >= 1, timeout=3, message="the missing directory logged")
+    # several reconcile ticks while the directory is gone: logged once, not at every retry
+    await stays(lambda: not_there() == 1, for_=1.0, message="the missing directory logged once")
     plugin_dir.mkdir()
     await kubelet.start()
     kubelet.resources.clear()
@@ -180,8 +186,7 @@ async def test_a_directory_where_the_socket_goes_is_retried_not_fatal(
     socket_path = daemon.socket_path
     socket_path.unlink()
     socket_path.mkdir()  # someone puts a directory there
-    await asyncio.sleep(0.8)
-    assert not daemon.endpoint.serving
+    await stays(lambda: not daemon.endpoint.serving, for_=0.8, message="not daemon.endpoint.serving")
     socket_path.rmdir()
     await kubelet.wait_for(lambda: daemon.endpoint.serving and daemon.registered, timeout=5)
 

@@ -9,8 +9,10 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from dra_support import DraNode
-from manifest_support import CHART_DIR, load_render_module, needs_helm
+from helpers.dra_support import DraNode
+from helpers.manifest_support import CHART_DIR, load_render_module, needs_helm
+from helpers.support import REPO_ROOT, RESOURCE, DaemonFactory
+from helpers.waits import until
 from prometheus_client.parser import text_string_to_metric_families
 
 from ix_device_plugin.dra.slices import DRIVER
@@ -18,8 +20,6 @@ from ix_device_plugin.settings.config import Config
 from ix_device_plugin.standins.apiserver import ApiServerStandIn
 from ix_device_plugin.standins.kubelet import KubeletStandIn
 from ix_device_plugin.standins.podresources import ClaimResource, PodClaim, PodResourcesStandIn
-
-from support import REPO_ROOT, RESOURCE, DaemonFactory, until
 
 DASHBOARD = REPO_ROOT / "deployments" / "grafana" / "ix-device-plugin.json"
 # Series names Prometheus derives from a family, by its type.

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import grpc
 import pytest
+from helpers.support import config_flags
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -20,8 +21,6 @@ from ix_device_plugin.deviceplugin.loop import Daemon
 from ix_device_plugin.hardware.simulated import SimulatedBackend
 from ix_device_plugin.kubelet.sockets import CHANNEL_OPTIONS, unix_target
 from ix_device_plugin.settings.options import Options
-
-from support import config_flags
 
 BATCH = 10
 ALLOWED_CODES = {grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.FAILED_PRECONDITION}

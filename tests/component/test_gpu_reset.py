@@ -9,7 +9,7 @@ from pathlib import Path
 
 import grpc
 import pytest
-from reset_support import (
+from helpers.reset_support import (
     CHIP_A,
     CHIP_B,
     EXPORTER,
@@ -22,6 +22,8 @@ from reset_support import (
     start_with_api,
     write_document,
 )
+from helpers.support import RESOURCE, DaemonFactory, metric
+from helpers.waits import stays, until
 
 from ix_device_plugin.gpureset.sequence import OUR_NAME, GpuResetError, ResetInfo, ResetSettings
 from ix_device_plugin.hardware.backend import BackendError
@@ -29,8 +31,6 @@ from ix_device_plugin.hardware.ixml import IxmlBackend
 from ix_device_plugin.hardware.simulated import SimulatedBackend
 from ix_device_plugin.standins.apiserver import ApiServerStandIn
 from ix_device_plugin.standins.kubelet import KubeletStandIn
-
-from support import RESOURCE, DaemonFactory, metric
 
 # ---- the document, as upstream reads and writes it -----------------------------------------
 
@@ -179,9 +179,11 @@ async def test_the_plugin_says_it_holds_the_gpus_at_start_and_keeps_the_others_e
     backend = SimulatedBackend(str(devices_file(tmp_path / "d.yaml")))
     await start_with_api(start_daemon, apiserver, short_dir, backend)
     await kubelet.wait_registered(RESOURCE, capacity=2)
-    async with asyncio.timeout(5):
-        while (info := reset_document(apiserver)) is None or OUR_NAME not in info.occupy:
-            await asyncio.sleep(0.02)
+    info = await until(
+        lambda: (doc := reset_document(apiserver)) is not None and OUR_NAME in doc.occupy and doc,
+        timeout=5,
+        message="the reset document naming us",
+    )
     assert info == ResetInfo(NODE, False, {EXPORTER: True, OUR_NAME: True})
     assert backend.resets == []
 
@@ -196,11 +198,12 @@ async def test_a_restart_whose_record_already_says_so_writes_nothing(
     await start_with_api(start_daemon, apiserver, short_dir, backend)
     await kubelet.wait_registered(RESOURCE, capacity=2)
     record = "/configmaps/ix-gpu-reset-"
-    async with asyncio.timeout(5):
-        while not any(record in r.path and r.method == "GET" for r in apiserver.requests):
-            await asyncio.sleep(0.02)
-    await asyncio.sleep(0.3)  # a write would follow its read at once
-    assert [r.method for r in apiserver.requests if record in r.path] == ["GET"]
+    await until(lambda: any(record in r.path and r.method == "GET" for r in apiserver.requests), timeout=5)
+    await stays(
+        lambda: [r.method for r in apiserver.requests if record in r.path] == ["GET"],
+        for_=0.3,
+        message="a write would follow its read at once",
+    )
     assert reset_document(apiserver) == ResetInfo(NODE, False, {EXPORTER: True, OUR_NAME: True})
 
 
@@ -253,9 +256,7 @@ async def test_a_stop_in_the_middle_of_a_reset_leaves_reset_false(
         daemon = await start_with_api(start_daemon, apiserver, short_dir, backend, reset=ResetSettings(60.0, 5.0))
         await kubelet.wait_registered(RESOURCE, capacity=2)
         pending = asyncio.create_task(kubelet.allocate(RESOURCE, [[CHIP_A]]))
-        async with asyncio.timeout(5):
-            while (info := reset_document(apiserver)) is None or not info.reset:
-                await asyncio.sleep(0.02)
+        await until(lambda: (doc := reset_document(apiserver)) is not None and doc.reset, timeout=5)
         await daemon.shutdown()
         with pytest.raises(grpc.aio.AioRpcError):
             await pending

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import grpc
 import pytest
-from reset_support import (
+from helpers.reset_support import (
     CHIP_A,
     CONFIG_MAP,
     EXPORTER,
@@ -29,6 +29,8 @@ from reset_support import (
     start_with_api,
     write_document,
 )
+from helpers.support import RESOURCE, DaemonFactory, metric
+from helpers.waits import stays, until
 
 from ix_device_plugin.deviceplugin import loop
 from ix_device_plugin.gpureset import sequence
@@ -38,8 +40,6 @@ from ix_device_plugin.hardware.ixml import IxmlBackend
 from ix_device_plugin.hardware.simulated import SimulatedBackend
 from ix_device_plugin.standins.apiserver import ApiServerStandIn
 from ix_device_plugin.standins.kubelet import KubeletStandIn
-
-from support import RESOURCE, DaemonFactory, metric, until
 
 WHERE = f"ConfigMap {NAMESPACE}/{CONFIG_MAP} key gpuReset"
 
@@ -304,8 +304,11 @@ async def test_the_handshakes_background_task_runs_on_and_is_never_taken_for_dow
     daemon = await start_with_api(start_daemon, apiserver, short_dir, backend)
     await kubelet.wait_registered(RESOURCE, capacity=2)
     await until(lambda: (info := reset_document(apiserver)) is not None and OUR_NAME in info.occupy)
-    await asyncio.sleep(0.8)  # past the supervisor's first restart delay
-    assert daemon.service.down() == [] and daemon.live()[0]
+    await stays(
+        lambda: daemon.service.down() == [] and daemon.live()[0],
+        for_=0.8,
+        message="past the supervisor's first restart delay",
+    )
     assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
 
 

@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
-from reset_support import (
+from helpers.reset_support import (
     EXPORTER,
     FAST_HEALING,
     NAMESPACE,
@@ -21,6 +21,8 @@ from reset_support import (
     reset_document,
     write_document,
 )
+from helpers.support import RESOURCE, TWO_CHIPS, DaemonFactory, config_flags, inject_xid, make_dev_root, metric
+from helpers.waits import stays, until
 
 from ix_device_plugin.api import HEALTHY, UNHEALTHY
 from ix_device_plugin.apiserver.settings import settings_from
@@ -35,8 +37,6 @@ from ix_device_plugin.healing.wayback import RETURN_ANNOTATION
 from ix_device_plugin.standins.apiserver import ApiServerStandIn
 from ix_device_plugin.standins.kubelet import KubeletStandIn
 from ix_device_plugin.standins.podresources import PodResourcesStandIn
-
-from support import RESOURCE, TWO_CHIPS, DaemonFactory, config_flags, inject_xid, make_dev_root, metric, until
 
 
 def over_double(libs: dict[str, Path], short_dir: Path, ixsmi: Ixsmi) -> dict[str, object]:
@@ -131,8 +131,7 @@ async def test_a_chip_held_by_a_pod_waits_until_it_is_released(
     inject_xid(conf, 1, 63)
     await kubelet.wait_for(lambda: view.devices["GPU-x1"] == UNHEALTHY, timeout=3)
     await until(lambda: bool(node_events(apiserver, "GPUHealingWaiting")))
-    await asyncio.sleep(1.0)  # settle time and several looks at pod-resources
-    assert ixsmi.runs() == []
+    await stays(lambda: ixsmi.runs() == [], for_=1.0, message="settle time and several looks at pod-resources")
     assert view.devices["GPU-x1"] == UNHEALTHY
     [waiting] = node_events(apiserver, "GPUHealingWaiting")
     assert "held by ml/trainer-0 (main)" in waiting["message"]
@@ -166,8 +165,11 @@ async def test_a_failing_reset_is_retried_within_the_bound_then_needs_an_operato
     assert set(seen) == {UNHEALTHY}  # never Healthy in between
     assert ixsmi.runs() == ["-r -i GPU-x0"] * 3
     assert metric(daemon, "ix_device_plugin_healing_resets_total", result="failed") == 3
-    await asyncio.sleep(FAST_HEALING.backoff_cap + 0.3)
-    assert len(ixsmi.runs()) == 3 and view.devices["GPU-x0"] == UNHEALTHY  # no fourth attempt
+    await stays(
+        lambda: len(ixsmi.runs()) == 3 and view.devices["GPU-x0"] == UNHEALTHY,
+        for_=FAST_HEALING.backoff_cap + 0.3,
+        message="no fourth attempt",
+    )
     await until(lambda: bool(node_events(apiserver, "GPUNeedsOperator")))
     [needs] = node_events(apiserver, "GPUNeedsOperator")
     assert "3 resets failed" in needs["message"] and "exited with code 3" in needs["message"]
@@ -345,8 +347,7 @@ async def test_without_api_access_auto_leaves_the_chip_out_and_says_why(
     view = await kubelet.wait_registered(RESOURCE, capacity=2)
     inject_xid(conf, 1, 48)
     await kubelet.wait_for(lambda: view.devices["GPU-x1"] == UNHEALTHY, timeout=3)
-    await asyncio.sleep(0.6)
-    assert ixsmi.runs() == []
+    await stays(lambda: ixsmi.runs() == [], for_=0.6, message="ixsmi.runs() == []")
     story = read_story(story_path(daemon.options.plugin_dir))
     assert story is not None and story["self_healing"].startswith("off (no API access")
     assert story["chips"][1]["phase"] == "off" and story["chips"][1]["causes"] == ["XID 48"]

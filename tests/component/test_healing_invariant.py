@@ -4,12 +4,13 @@ ixsmi, the node-health record across a restart, and the handshake repaired at st
 
 from __future__ import annotations
 
-import asyncio
 import json
 from pathlib import Path
 
 import pytest
-from reset_support import EXPORTER, FAST_HEALING, NODE, Ixsmi, node_events, reset_document, write_document
+from helpers.reset_support import EXPORTER, FAST_HEALING, NODE, Ixsmi, node_events, reset_document, write_document
+from helpers.support import RESOURCE, TWO_CHIPS, DaemonFactory, config_flags, inject_xid
+from helpers.waits import stays, until
 from test_healing import start_healing
 
 from ix_device_plugin.api import HEALTHY, UNHEALTHY
@@ -22,8 +23,6 @@ from ix_device_plugin.standins.apiserver import ApiServerStandIn
 from ix_device_plugin.standins.kubelet import KubeletStandIn, ResourceView
 from ix_device_plugin.standins.podresources import PodResourcesStandIn
 
-from support import RESOURCE, TWO_CHIPS, DaemonFactory, config_flags, inject_xid, until
-
 HELD_LONG_ENOUGH = FAST_HEALING.settle + 1.0  # the settling time and several looks at pod-resources
 
 
@@ -33,10 +32,7 @@ def record_of(daemon: Daemon) -> dict:
 
 
 async def never_healthy(view: ResourceView, device: str, seconds: float) -> None:
-    async with asyncio.timeout(seconds + 1):
-        for _ in range(int(seconds / 0.02)):
-            assert view.devices[device] == UNHEALTHY
-            await asyncio.sleep(0.02)
+    await stays(lambda: view.devices[device] == UNHEALTHY, for_=seconds, message=f"{device} advertised Unhealthy")
 
 
 async def test_a_chip_held_under_a_resource_name_no_longer_served_is_not_reset(
@@ -58,8 +54,7 @@ async def test_a_chip_held_under_a_resource_name_no_longer_served_is_not_reset(
     pod_resources.pods = {("ml", "trainer-0"): {"main": {RESOURCE: ["GPU-x1"]}}}
     inject_xid(conf, 1, 48)
     await kubelet.wait_for(lambda: view.devices["GPU-x1"] == UNHEALTHY, timeout=3)
-    await asyncio.sleep(HELD_LONG_ENOUGH)
-    assert ixsmi.runs() == []
+    await stays(lambda: ixsmi.runs() == [], for_=HELD_LONG_ENOUGH, message="ixsmi.runs() == []")
     await until(lambda: bool(node_events(apiserver, "GPUHealingWaiting")))
     assert "held by ml/trainer-0 (main)" in node_events(apiserver, "GPUHealingWaiting")[0]["message"]
     pod_resources.pods = {}  # the pod was deleted
@@ -85,8 +80,7 @@ async def test_a_reserved_chip_stays_out_of_service_when_its_error_clears_during
     conf.write_text(TWO_CHIPS.replace("minor=1 ", "minor=1 health=0x2 "))
     await until(lambda: (reset_document(apiserver) or ResetInfo(NODE)).reset, timeout=5)  # asking it to let go
     conf.write_text(TWO_CHIPS)  # the error cleared by itself
-    await asyncio.sleep(0.5)  # several health polls
-    assert view.devices["GPU-x1"] == UNHEALTHY
+    await stays(lambda: view.devices["GPU-x1"] == UNHEALTHY, for_=0.5, message="several health polls")
     with pytest.raises(Exception, match="Unhealthy"):
         await kubelet.allocate(RESOURCE, [["GPU-x1"]])
     assert record_of(daemon)["chips"]["GPU-x1"]["reserved"]["reason"] == "reserved for a GPU reset"
@@ -122,8 +116,7 @@ async def test_a_chip_found_held_after_the_handshake_is_not_reset(
     await until(lambda: not (reset_document(apiserver) or ResetInfo(NODE, True)).reset, timeout=5)  # handed back
     healer = daemon.healing.healer
     await until(lambda: "held by ml/late (main)" in healer.cares["GPU-x1"].note, timeout=5)  # after the hand-back
-    await asyncio.sleep(HELD_LONG_ENOUGH)
-    assert ixsmi.runs() == []
+    await stays(lambda: ixsmi.runs() == [], for_=HELD_LONG_ENOUGH, message="ixsmi.runs() == []")
     assert view.devices["GPU-x1"] == UNHEALTHY
 
 
@@ -244,8 +237,7 @@ async def test_a_chip_whose_holders_cannot_be_known_is_not_reset_and_the_event_s
     inject_xid(conf, 1, 48)
     await kubelet.wait_for(lambda: view.devices["GPU-x1"] == UNHEALTHY, timeout=3)
     await until(lambda: bool(node_events(apiserver, "GPUHealingWaiting")))
-    await asyncio.sleep(HELD_LONG_ENOUGH)
-    assert ixsmi.runs() == []
+    await stays(lambda: ixsmi.runs() == [], for_=HELD_LONG_ENOUGH, message="ixsmi.runs() == []")
     [waiting] = node_events(apiserver, "GPUHealingWaiting")
     assert "waits to be reset: no one can tell whether a container holds it: " in waiting["message"]
     assert "pod-resources socket is turned off" in waiting["message"]

@@ -18,8 +18,19 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from host_tools import missing
-from reset_support import FAST_HEALING, Ixsmi
+from helpers.host_tools import missing
+from helpers.reset_support import FAST_HEALING, Ixsmi
+from helpers.support import (
+    IXML_DOUBLE_CONFIG,
+    NO_NODE_FILES,
+    RESOURCE,
+    TWO_CHIPS,
+    DaemonFactory,
+    config_flags,
+    inject_xid,
+    make_dev_root,
+)
+from helpers.waits import stays, until
 from test_healing import start_healing
 from test_rollout import OLD, OLD_SOCKET, advertised, start_beside
 
@@ -34,18 +45,6 @@ from ix_device_plugin.standins.apiserver import ApiServerStandIn
 from ix_device_plugin.standins.kubelet import KubeletStandIn
 from ix_device_plugin.standins.podresources import PodResourcesStandIn
 
-from support import (
-    IXML_DOUBLE_CONFIG,
-    NO_NODE_FILES,
-    RESOURCE,
-    TWO_CHIPS,
-    DaemonFactory,
-    config_flags,
-    inject_xid,
-    make_dev_root,
-    until,
-)
-
 
 def record_of(short_dir: Path) -> dict:
     return json.loads(record_path(short_dir / "plugins").read_text())
@@ -57,15 +56,6 @@ def recorded(short_dir: Path, uuid: str) -> dict:
         return dict(record_of(short_dir)["chips"].get(uuid, {}))
     except (OSError, ValueError):
         return {}
-
-
-async def always(predicate: object, seconds: float) -> None:
-    """predicate() holds at every look for seconds (an invariant watched, not a sleep)."""
-    assert callable(predicate)
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        assert predicate()
-        await asyncio.sleep(0.02)
 
 
 class FullDisk:
@@ -217,7 +207,7 @@ async def test_a_chip_whose_reset_was_cut_short_and_fails_again_stays_reserved_f
     await until(lambda: recorded(short_dir, "GPU-x1").get("phase") == "operator", timeout=10)
     assert ixsmi.runs() == ["-r -i GPU-x1"] * 2
     assert "reserved" in recorded(short_dir, "GPU-x1")
-    await always(lambda: view.devices["GPU-x1"] == UNHEALTHY, 1.0)
+    await stays(lambda: view.devices["GPU-x1"] == UNHEALTHY, for_=1.0, message="GPU-x1 advertised Unhealthy")
     with pytest.raises(Exception, match="Unhealthy"):
         await kubelet.allocate(RESOURCE, [["GPU-x1"]])
 
@@ -265,7 +255,7 @@ async def test_the_standby_keeps_a_chip_needing_an_operator_out_when_the_record_
         record = record_path(short_dir / "plugins")
         for spoil in (record.unlink, lambda: record.write_text("{")):
             spoil()
-            await always(lambda: advertised(new)["GPU-x1"] == UNHEALTHY, 1.0)
+            await stays(lambda: advertised(new)["GPU-x1"] == UNHEALTHY, for_=1.0, message="GPU-x1 advertised Unhealthy")
             with pytest.raises(Exception, match="Unhealthy"):
                 await kubelet.allocate(RESOURCE, [["GPU-x1"]])  # the newest registration answers: the standby
         old.kill()
@@ -273,7 +263,7 @@ async def test_the_standby_keeps_a_chip_needing_an_operator_out_when_the_record_
         await until(lambda: new.acting, timeout=10)
         await until(lambda: recorded(short_dir, "GPU-x1").get("xids") == [64], timeout=5)
         assert recorded(short_dir, "GPU-x1")["phase"] == "operator"
-        await always(lambda: advertised(new)["GPU-x1"] == UNHEALTHY, 0.5)
+        await stays(lambda: advertised(new)["GPU-x1"] == UNHEALTHY, for_=0.5, message="GPU-x1 advertised Unhealthy")
         with pytest.raises(Exception, match="Unhealthy"):
             await kubelet.allocate(RESOURCE, [["GPU-x1"]])
     finally:

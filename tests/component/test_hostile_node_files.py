@@ -11,12 +11,12 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from helpers.support import RESOURCE, spawn_plugin, stop_process
+from helpers.waits import until
 
 from ix_device_plugin.deviceplugin.handover import ROLE_FILE
 from ix_device_plugin.healing.record import NODE_DIR, RECORD_FILE, record_path
 from ix_device_plugin.standins.kubelet import KubeletStandIn
-
-from support import RESOURCE, spawn_plugin, stop_process, until
 
 
 @pytest.fixture

@@ -8,12 +8,12 @@ from pathlib import Path
 
 import grpc
 import pytest
+from helpers.support import RESOURCE, DaemonFactory, config_flags
+from helpers.waits import stays, until
 
 from ix_device_plugin.runtime.errors import StartupError
 from ix_device_plugin.standins.kubelet import KubeletStandIn
 from ix_device_plugin.tools.demo import ConfigMapDir
-
-from support import RESOURCE, DaemonFactory, config_flags, until
 
 SOCKET = "iluvatar-gpu.sock"
 
@@ -69,8 +69,11 @@ async def test_a_chip_gone_from_enumeration_keeps_its_board_unhealthy(
     view = await kubelet.wait_registered(RESOURCE, capacity=1)
     devices.write_text("boards:\n  - product: BI-V150\n    chips:\n      - uuid: GPU-a\n")  # GPU-b not listed
     await kubelet.wait_for(lambda: view.allocatable == 0, timeout=5)
-    await asyncio.sleep(1.0)  # several rediscoveries later: still Unhealthy, still one device
-    assert (view.capacity, view.allocatable) == (1, 0)
+    await stays(
+        lambda: (view.capacity, view.allocatable) == (1, 0),
+        for_=1.0,
+        message="several rediscoveries later: still Unhealthy, still one device",
+    )
     with pytest.raises(grpc.aio.AioRpcError) as refused:
         await kubelet.allocate(RESOURCE, [["GPU-a"]])
     assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION

@@ -11,13 +11,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers.support import RESOURCE, DaemonFactory, config_flags
 
 from ix_device_plugin.api import HEALTHY, UNHEALTHY
 from ix_device_plugin.hardware.ixml import IxmlBackend
 from ix_device_plugin.runtime.errors import StartupError
 from ix_device_plugin.standins.kubelet import KubeletStandIn
-
-from support import RESOURCE, DaemonFactory, config_flags
 
 CHIPS = [  # uuid, minor, bus, numa, board
     ("GPU-b0-c0", 0, "8A", 0, "B0"),

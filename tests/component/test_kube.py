@@ -12,7 +12,7 @@ from datetime import datetime
 from pathlib import Path
 
 import pytest
-from host_tools import missing
+from helpers.host_tools import missing
 
 from ix_device_plugin.apiserver.client import Kube, connect
 from ix_device_plugin.apiserver.errors import KubeAlreadyExists, KubeConflict, KubeError, KubeInvalid, KubeNotFound
@@ -43,12 +43,6 @@ async def kube(kubeconfig):
 async def _kube_with_timeout(kubeconfig: Path, timeout: float) -> Kube:
     settings = settings_from({"NODE_NAME": NODE}, str(kubeconfig), FEATURE)
     return await connect(KubeSettings(settings.node_name, settings.namespace, settings.kubeconfig, timeout=timeout))
-
-
-async def _eventually(predicate, timeout: float = 10.0) -> None:
-    async with asyncio.timeout(timeout):
-        while not predicate():
-            await asyncio.sleep(0.02)
 
 
 # ---- connecting ---------------------------------------------------------------------------

@@ -6,11 +6,10 @@ from pathlib import Path
 
 import grpc
 import pytest
+from helpers.support import RESOURCE, DaemonFactory, config_flags
 
 from ix_device_plugin.api import HEALTHY, UNHEALTHY, api_pb2
 from ix_device_plugin.standins.kubelet import KubeletStandIn
-
-from support import RESOURCE, DaemonFactory, config_flags
 
 BOARDS_YAML = """
 boards:

@@ -12,14 +12,14 @@ from pathlib import Path
 
 import grpc
 import pytest
+from helpers.support import RESOURCE, DaemonFactory, config_flags, metric, spawn_plugin, stop_process
+from helpers.waits import WaitFailed, stays, until, until_sync
 
 from ix_device_plugin.api import HEALTHY, UNHEALTHY
 from ix_device_plugin.deviceplugin.loop import Daemon
 from ix_device_plugin.hardware.simulated import SimulatedBackend
 from ix_device_plugin.settings.options import Options
 from ix_device_plugin.standins.kubelet import KubeletStandIn
-
-from support import RESOURCE, DaemonFactory, config_flags, metric, spawn_plugin, stop_process, until
 
 SOCKET = "iluvatar-gpu.sock"
 
@@ -44,8 +44,7 @@ async def test_fifty_kubelet_restarts(kubelet: KubeletStandIn, start_daemon: Dae
 
 async def test_kubelet_absent_at_start_then_appears(plugin_dir: Path, start_daemon: DaemonFactory) -> None:
     daemon = await start_daemon("BI-V100:3")
-    await asyncio.sleep(3)
-    assert not daemon.registered
+    await stays(lambda: not daemon.registered, for_=3, message="not daemon.registered")
     assert not daemon.ready()[0]
     kubelet = KubeletStandIn(plugin_dir)
     await kubelet.start()
@@ -112,7 +111,7 @@ async def test_stream_end_leaves_no_tasks(kubelet: KubeletStandIn, start_daemon:
     # Counted by kind, once the calls in flight are answered: a task a stream left behind is never gone.
     try:
         await until(lambda: plugin_tasks() == before)
-    except TimeoutError:
+    except WaitFailed:
         now = plugin_tasks()
         pytest.fail(f"after 5 streams ended: more {dict(now - before)}, fewer {dict(before - now)}", pytrace=False)
 
@@ -163,10 +162,7 @@ def test_sigterm_cleans_up(plugin_dir: Path, short_dir: Path) -> None:
     process = spawn_plugin(plugin_dir, log_file=short_dir / "log")
     try:
         sock = plugin_dir / SOCKET
-        deadline = time.monotonic() + 10
-        while not sock.exists() and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert sock.exists(), (short_dir / "log").read_text()
+        until_sync(sock.exists, timeout=10, interval=0.05, message=f"the plugin's socket {sock}")
         started = time.monotonic()
         process.send_signal(signal.SIGTERM)
         assert process.wait(5) == 0
@@ -242,9 +238,7 @@ def read(path: Path) -> str:
 def test_sigterm_while_kubelet_absent(plugin_dir: Path) -> None:
     process = spawn_plugin(plugin_dir)
     try:
-        deadline = time.monotonic() + 10
-        while not (plugin_dir / SOCKET).exists() and time.monotonic() < deadline:
-            time.sleep(0.05)
+        until_sync((plugin_dir / SOCKET).exists, timeout=10, interval=0.05, message="the plugin's socket")
         os.kill(process.pid, signal.SIGINT)
         assert process.wait(5) == 0
         assert not (plugin_dir / SOCKET).exists()

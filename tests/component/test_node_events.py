@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-from reset_support import node_events
+from helpers.reset_support import node_events
 
 from ix_device_plugin.apiserver.connection import ApiConnection
 from ix_device_plugin.apiserver.settings import settings_from

@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 import yaml
+from helpers.support import RESOURCE, DaemonFactory
+from helpers.waits import until
 
 from ix_device_plugin.standins.kubelet import KubeletStandIn
 from ix_device_plugin.tools.demo import ConfigMapDir
-
-from support import RESOURCE, DaemonFactory, until
 
 SPEC = "iluvatar.com-gpu.yaml"
 FEATURES = "ix-device-plugin"

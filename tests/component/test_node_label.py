@@ -7,6 +7,7 @@ import logging
 from pathlib import Path
 
 import pytest
+from helpers.waits import until
 
 from ix_device_plugin.apiserver.connection import ApiConnection
 from ix_device_plugin.apiserver.nodelabel import NodeLabelWatcher
@@ -27,12 +28,6 @@ async def api(apiserver: ApiServerStandIn, tmp_path: Path):
     await connection.close()
 
 
-async def _eventually(predicate, timeout: float = 10.0) -> None:
-    async with asyncio.timeout(timeout):
-        while not predicate():
-            await asyncio.sleep(0.02)
-
-
 class _Puts:
     def __init__(self) -> None:
         self.values: list[str | None] = []
@@ -41,7 +36,7 @@ class _Puts:
         self.values.append(value)
 
     async def wait(self, *expected: str | None) -> None:
-        await _eventually(lambda: tuple(self.values) == expected)
+        await until(lambda: tuple(self.values) == expected, timeout=10.0)
 
 
 async def _run_watcher(api: ApiConnection, puts: _Puts) -> asyncio.Task[None]:
@@ -58,7 +53,7 @@ async def test_node_label_watcher_puts_the_value_and_each_change(api, apiserver)
     puts = _Puts()
     task = await _run_watcher(api, puts)
     await puts.wait(None)
-    await _eventually(lambda: any(r.query.get("watch") == "true" for r in apiserver.requests))
+    await until(lambda: any(r.query.get("watch") == "true" for r in apiserver.requests), timeout=10.0)
     apiserver.set_node_labels(NODE, {LABEL: "small"})
     await puts.wait(None, "small")
     apiserver.set_node_labels(NODE, {LABEL: "small", "other": "x"})  # another label: nothing to put
@@ -76,10 +71,10 @@ async def test_node_label_watcher_survives_the_api_server_down(api, apiserver, c
     with caplog.at_level(logging.WARNING, logger="ix_device_plugin.apiserver.watch"):
         task = asyncio.create_task(watcher.run(puts))
         await puts.wait("before")
-        await _eventually(lambda: any(r.query.get("watch") == "true" for r in apiserver.requests))
+        await until(lambda: any(r.query.get("watch") == "true" for r in apiserver.requests), timeout=10.0)
         await apiserver.refuse()
         apiserver.set_node_labels(NODE, {LABEL: "during"})
-        await _eventually(lambda: watcher.mirror.backoff.attempt >= 4)  # several retries against a closed port
+        await until(lambda: watcher.mirror.backoff.attempt >= 4, timeout=10.0)  # several retries against a closed port
         assert not task.done()
         await apiserver.accept()
         await puts.wait("before", "during")
@@ -97,14 +92,14 @@ async def test_node_label_watcher_waits_out_503_and_a_missing_node(api, apiserve
     puts = _Puts()
     with caplog.at_level(logging.WARNING, logger="ix_device_plugin.apiserver.watch"):
         task = await _run_watcher(api, puts)
-        await _eventually(lambda: len(apiserver.requests) >= 3)
+        await until(lambda: len(apiserver.requests) >= 3, timeout=10.0)
         apiserver.unavailable = False
         await puts.wait(None)
         await _stop(task)
         apiserver._objects.clear()
         puts = _Puts()
         task = await _run_watcher(api, puts)
-        await _eventually(lambda: any("404" in r.getMessage() for r in caplog.records))
+        await until(lambda: any("404" in r.getMessage() for r in caplog.records), timeout=10.0)
         apiserver.add_node(NODE, {LABEL: "new-node"})
         await puts.wait("new-node")
     messages = [r.getMessage() for r in caplog.records]
@@ -120,7 +115,7 @@ async def test_an_unusable_kubeconfig_is_named_and_waited_out(apiserver, tmp_pat
     puts = _Puts()
     with caplog.at_level(logging.WARNING, logger="ix_device_plugin.apiserver.watch"):
         task = await _run_watcher(api, puts)
-        await _eventually(lambda: any(str(kubeconfig) in r.getMessage() for r in caplog.records))
+        await until(lambda: any(str(kubeconfig) in r.getMessage() for r in caplog.records), timeout=10.0)
         assert not task.done() and puts.values == []
         await _stop(task)
     message = next(r.getMessage() for r in caplog.records)

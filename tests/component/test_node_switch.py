@@ -9,15 +9,15 @@ import urllib.request
 from collections.abc import AsyncIterator
 from pathlib import Path
 
-from dra_support import DraNode
+from helpers.dra_support import DraNode
+from helpers.support import DaemonFactory
+from helpers.waits import until
 from prometheus_client.parser import text_string_to_metric_families
 
 from ix_device_plugin.deviceplugin.loop import Daemon
 from ix_device_plugin.dra.driver import DraDriver
 from ix_device_plugin.standins.apiserver import ApiServerStandIn
 from ix_device_plugin.standins.kubelet import KubeletStandIn
-
-from support import DaemonFactory, until
 
 FEATURES = "ix-device-plugin"
 EXPIRY = "# +expiry-time="

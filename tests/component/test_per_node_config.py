@@ -11,6 +11,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers.support import RESOURCE, DaemonFactory
+from helpers.waits import until
 
 from ix_device_plugin.apiserver.settings import settings_from
 from ix_device_plugin.deviceplugin.loop import Daemon
@@ -18,8 +20,6 @@ from ix_device_plugin.healing.wayback import RETURN_ANNOTATION
 from ix_device_plugin.standins.apiserver import ApiServerStandIn
 from ix_device_plugin.standins.kubelet import KubeletStandIn
 from ix_device_plugin.tools.demo import ConfigMapDir
-
-from support import RESOURCE, DaemonFactory, until
 
 NODE = "gpu-node-1"
 LABEL = "iluvatar.com/device-plugin.config"

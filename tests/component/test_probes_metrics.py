@@ -9,13 +9,13 @@ from pathlib import Path
 
 import grpc
 import pytest
+from helpers.support import RESOURCE, DaemonFactory, config_flags, metric
+from helpers.waits import stays, until
 from prometheus_client.parser import text_string_to_metric_families
 
 from ix_device_plugin import __version__
 from ix_device_plugin.deviceplugin.loop import Daemon
 from ix_device_plugin.standins.kubelet import KubeletStandIn
-
-from support import RESOURCE, DaemonFactory, config_flags, metric, until
 
 
 def get(daemon: Daemon, path: str) -> tuple[int, str]:
@@ -43,9 +43,12 @@ async def test_probes_follow_registration(plugin_dir: Path, start_daemon: Daemon
     daemon = await start_daemon("BI-V100:2", health_address="127.0.0.1:0", registration_grace=0.5)
     status, body = await fetch(daemon, "/readyz")
     assert (status, body) == (503, "not ok: not registered with the kubelet\n")
-    await asyncio.sleep(0.8)
+
     # No kubelet.sock yet: waiting for the kubelet is not a failure, restarting the plugin would not help.
-    assert (await fetch(daemon, "/healthz"))[0] == 200
+    async def live() -> bool:
+        return (await fetch(daemon, "/healthz"))[0] == 200
+
+    await stays(live, for_=0.8, message="/healthz answering 200 while the kubelet is absent")
     kubelet = KubeletStandIn(plugin_dir)
     original = kubelet.Register
     refusing = True
@@ -57,9 +60,12 @@ async def test_probes_follow_registration(plugin_dir: Path, start_daemon: Daemon
 
     kubelet.Register = refuse_at_first  # type: ignore[method-assign]
     await kubelet.start()
-    await asyncio.sleep(1.2)
-    status, body = await fetch(daemon, "/healthz")
-    assert status == 503 and "registration failing" in body
+
+    async def failing() -> bool:
+        status, body = await fetch(daemon, "/healthz")
+        return status == 503 and "registration failing" in body
+
+    await until(failing, timeout=5, message="/healthz failing on the refused registrations")
     refusing = False
     try:
         await kubelet.wait_registered(RESOURCE, timeout=10)  # after a backoff of up to 5 s

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import grpc
 import yaml
+from helpers.support import metric
+from helpers.waits import until
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
@@ -28,8 +30,6 @@ from ix_device_plugin.settings.options import Options
 from ix_device_plugin.settings.resolve import config_from
 from ix_device_plugin.standins.kubelet import KubeletStandIn
 from ix_device_plugin.tools.demo import ConfigMapDir
-
-from support import metric
 
 SETTLE_TIMEOUT = 8.0
 VALID_CONFIGS = (
@@ -133,7 +133,7 @@ class ReconcileMachine(RuleBasedStateMachine):
         self.on_disk = text
         self.configmap.write(text)
         self.config = _expected_config(text)
-        self._run(self._until(lambda: self.daemon.config == self.config))
+        self._run(until(lambda: self.daemon.config == self.config, timeout=SETTLE_TIMEOUT))
 
     @rule(text=st.sampled_from(INVALID_CONFIGS))
     def edit_config_badly(self, text: str) -> None:
@@ -142,7 +142,12 @@ class ReconcileMachine(RuleBasedStateMachine):
         self.configmap.write(text)
         if unchanged:
             return  # the same bytes again: nothing to re-read
-        self._run(self._until(lambda: metric(self.daemon, "ix_device_plugin_config_reload_failures_total") > failures))
+        self._run(
+            until(
+                lambda: metric(self.daemon, "ix_device_plugin_config_reload_failures_total") > failures,
+                timeout=SETTLE_TIMEOUT,
+            )
+        )
 
     @rule()
     def sighup(self) -> None:
@@ -197,15 +202,10 @@ class ReconcileMachine(RuleBasedStateMachine):
         numa = {d.id: d.numa_nodes for d in expected.devices}
         return view.devices == wanted and view.numa == numa
 
-    async def _until(self, predicate, timeout: float = SETTLE_TIMEOUT) -> None:  # type: ignore[no-untyped-def]
-        async with asyncio.timeout(timeout):
-            while not predicate():
-                await asyncio.sleep(0.02)
-
     @invariant()
     def kubelet_sees_the_plan_and_allocate_follows_it(self) -> None:
         expected = self._expected_plan()
-        self._run(self._until(lambda: self._kubelet_agrees(expected)))
+        self._run(until(lambda: self._kubelet_agrees(expected), timeout=SETTLE_TIMEOUT))
         assert self.daemon.config == self.config
         healthy = [d.id for d in expected.devices if d.healthy]
         for count in (1, 2):

@@ -8,11 +8,11 @@ import time
 from pathlib import Path
 
 import pytest
+from helpers.support import RESOURCE, DaemonFactory, metric, spawn_plugin, stop_process
+from helpers.waits import until
 
 from ix_device_plugin.standins.kubelet import KubeletStandIn
 from ix_device_plugin.tools.demo import ConfigMapDir
-
-from support import RESOURCE, DaemonFactory, metric, spawn_plugin, stop_process, until
 
 SEED = "flags:\n  splitboard: false\nsharing:\n  timeSlicing:\n    replicas: {replicas}\n"
 

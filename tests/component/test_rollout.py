@@ -4,12 +4,13 @@ or one as before. What the kubelet sees must never drop, and what is node-wide i
 
 from __future__ import annotations
 
-import asyncio
 import socket
 from pathlib import Path
 
 import pytest
-from reset_support import FAST_HEALING, NAMESPACE, NODE, Ixsmi
+from helpers.reset_support import FAST_HEALING, NAMESPACE, NODE, Ixsmi
+from helpers.support import RESOURCE, DaemonFactory, config_flags, inject_xid, make_dev_root, metric
+from helpers.waits import stays, until
 
 from ix_device_plugin.api import HEALTHY, UNHEALTHY, api_pb2
 from ix_device_plugin.apiserver.settings import KubeSettings, settings_from
@@ -20,8 +21,6 @@ from ix_device_plugin.hardware.ixml import IxmlBackend
 from ix_device_plugin.standins.apiserver import ApiServerStandIn
 from ix_device_plugin.standins.kubelet import KubeletStandIn
 from ix_device_plugin.standins.podresources import PodResourcesStandIn
-
-from support import RESOURCE, DaemonFactory, config_flags, inject_xid, make_dev_root, metric, until
 
 OLD, NEW = "0b1d0000-0000-4000-8000-000000000001", "0e2e0000-0000-4000-8000-000000000002"
 OLD_SOCKET, NEW_SOCKET = plugin_socket(Path(), OLD).name, plugin_socket(Path(), NEW).name
@@ -127,8 +126,11 @@ async def test_on_a_kubelet_before_1_37_the_new_pod_waits_ready_and_registers_on
         await old.shutdown()
         await until(lambda: len(kubelet.registrations) == 2, timeout=5)
         view = await kubelet.wait_registered(RESOURCE, capacity=2)
-        await asyncio.sleep(0.3)
-        assert view.connected and view.allocatable == 2 and new.acting
+        await stays(
+            lambda: view.connected and view.allocatable == 2 and new.acting,
+            for_=0.3,
+            message="view.connected and view.allocatable == 2 and new.acting",
+        )
     finally:
         await kubelet.stop()
 
@@ -201,8 +203,11 @@ async def test_both_pods_advertise_the_xid_the_acting_one_saw_and_the_chip_stays
     await kubelet.wait_for(lambda: view.devices.get("GPU-x1") == UNHEALTHY)
     await old.shutdown()
     await until(lambda: new.acting and new.monitor.xids_watched, timeout=3)
-    await asyncio.sleep(0.5)
-    assert advertised(new) == {"GPU-x0": HEALTHY, "GPU-x1": UNHEALTHY}
+    await stays(
+        lambda: advertised(new) == {"GPU-x0": HEALTHY, "GPU-x1": UNHEALTHY},
+        for_=0.5,
+        message='advertised(new) == {"GPU-x0": HEALTHY, "GPU-x1": UNHEALTHY}',
+    )
     assert kubelet.resources[RESOURCE].allocatable == 1
     assert 64 in {c.uuid: c for c in new.inventory.chips()}["GPU-x1"].status.xids  # its own now: it acts for the node
 
@@ -286,8 +291,11 @@ async def test_the_first_update_from_a_release_without_the_role_waits_for_it_on_
         await earlier.shutdown()
         await until(lambda: len(kubelet.registrations) == 2, timeout=5)
         view = await kubelet.wait_registered(RESOURCE, capacity=2)
-        await asyncio.sleep(0.3)
-        assert view.connected and view.allocatable == 2
+        await stays(
+            lambda: view.connected and view.allocatable == 2,
+            for_=0.3,
+            message="view.connected and view.allocatable == 2",
+        )
     finally:
         await kubelet.stop()
 

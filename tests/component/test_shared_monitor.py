@@ -14,15 +14,14 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-from dra_support import DraNode
+from helpers.dra_support import DraNode
+from helpers.support import IXML_DOUBLE_CONFIG, RESOURCE, DaemonFactory, make_dev_root
 
 from ix_device_plugin.api import HEALTHY, UNHEALTHY
 from ix_device_plugin.dra.slices import UNHEALTHY_TAINT
 from ix_device_plugin.hardware.ixml import IxmlBackend
 from ix_device_plugin.standins.apiserver import ApiServerStandIn
 from ix_device_plugin.standins.kubelet import KubeletStandIn
-
-from support import IXML_DOUBLE_CONFIG, RESOURCE, DaemonFactory, make_dev_root
 
 TWO_CHIPS = (
     'device uuid=GPU-s0 name="Iluvatar BI-V100" minor=0 bus=00000000:8A:00.0\n'

@@ -9,15 +9,15 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-from dra_support import DraNode, answer
+from helpers.dra_support import DraNode, answer
+from helpers.support import RESOURCE, DaemonFactory, spawn_plugin, stop_process
+from helpers.waits import until
 
 from ix_device_plugin.deviceplugin.endpoint import plugin_socket
 from ix_device_plugin.dra.registration import dra_socket, registration_socket
 from ix_device_plugin.kubelet.sockets import PATH_LIMIT
 from ix_device_plugin.standins.apiserver import ApiServerStandIn
 from ix_device_plugin.standins.kubelet import KubeletStandIn
-
-from support import RESOURCE, DaemonFactory, spawn_plugin, stop_process, until
 
 MICROK8S_ROOT = "/var/snap/microk8s/common/var/lib/kubelet"
 MICROK8S_DEVICE_PLUGINS = f"{MICROK8S_ROOT}/device-plugins"

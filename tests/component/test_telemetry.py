@@ -14,6 +14,9 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from helpers.support import IXML_DOUBLE_CONFIG as CONFIG_ENV
+from helpers.support import NO_NODE_FILES, RESOURCE, DaemonFactory, config_flags, make_dev_root, stop_process
+from helpers.waits import stays, until_sync
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -26,9 +29,6 @@ from ix_device_plugin.hardware.simulated import SimulatedBackend
 from ix_device_plugin.standins.kubelet import KubeletStandIn
 from ix_device_plugin.standins.podresources import PodResourcesStandIn
 from ix_device_plugin.telemetry.collector import METRIC_NAMES, TelemetryCollector
-
-from support import IXML_DOUBLE_CONFIG as CONFIG_ENV
-from support import NO_NODE_FILES, RESOURCE, DaemonFactory, config_flags, make_dev_root, stop_process
 
 TELEMETRY_DEVICES = """
 driver=4.1.0
@@ -180,18 +180,21 @@ async def test_a_hung_telemetry_read_leaves_its_figure_out_and_health_and_livene
     plugin = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
         view = await kubelet.wait_registered(RESOURCE, capacity=2, timeout=15)
-        series: dict[tuple[str, str], tuple[dict[str, str], float]] = {}
-        deadline = time.monotonic() + 15
-        while time.monotonic() < deadline and ("ix_gpu_temperature", "GPU-b0-c1") not in series:
-            await asyncio.sleep(0.1)
-            series = await asyncio.to_thread(scrape, port)
+
+        def with_the_hung_chip() -> dict[tuple[str, str], tuple[dict[str, str], float]] | None:
+            series = scrape(port)
+            return series if ("ix_gpu_temperature", "GPU-b0-c1") in series else None
+
+        series = await asyncio.to_thread(until_sync, with_the_hung_chip, 15, 0.1, "the hung chip's temperature")
         assert series[("ix_gpu_utilization", "GPU-b0-c0")][1] == 87
         assert ("ix_gpu_utilization", "GPU-b0-c1") not in series, "the hung read's figure is left out"
         assert series[("ix_gpu_temperature", "GPU-b0-c1")][1] == 44, "the chip's other figures are read"
-        for _ in range(5):  # health polls and liveness go on, every pass after the hang too
-            status, body = await asyncio.to_thread(probe, port, "/healthz")
-            assert status == 200, body
-            await asyncio.sleep(0.2)
+
+        # health polls and liveness go on, every pass after the hang too
+        async def live() -> bool:
+            return (await asyncio.to_thread(probe, port, "/healthz"))[0] == 200
+
+        await stays(live, for_=1.0, interval=0.2, message="/healthz answering 200")
         assert set(view.devices.values()) == {HEALTHY} and len(view.devices) == 2
         stopping = time.monotonic()
         plugin.terminate()
@@ -284,7 +287,7 @@ async def test_chips_allocated_to_a_pod_carry_its_labels(
             series = scrape(daemon.probe_port)
             return {uuid for (name, uuid), (labels, _) in series.items() if labels["pod"] == "trainer-0"} == held
 
-        await poll(attributed)
+        await asyncio.to_thread(until_sync, attributed, 10.0)
         series = await asyncio.to_thread(scrape, daemon.probe_port)
         for (_name, uuid), (labels, _) in series.items():
             assert labels["node_name"] == "gpu-node-1"
@@ -296,9 +299,11 @@ async def test_chips_allocated_to_a_pod_carry_its_labels(
 
         # The kubelet's socket goes away: figures go on, without pod labels, and come back with them.
         await pod_resources.stop()
-        await poll(lambda: all(labels["pod"] == "" for labels, _ in scrape(daemon.probe_port).values()))
+        await asyncio.to_thread(
+            until_sync, lambda: all(labels["pod"] == "" for labels, _ in scrape(daemon.probe_port).values()), 10.0
+        )
         await pod_resources.start()
-        await poll(attributed)
+        await asyncio.to_thread(until_sync, attributed, 10.0)
     finally:
         await pod_resources.stop()
 
@@ -307,13 +312,6 @@ async def test_no_telemetry_metrics_when_it_is_off(kubelet: KubeletStandIn, star
     daemon = await start_daemon("BI-V150:1", health_address="127.0.0.1:0")
     await kubelet.wait_registered(RESOURCE)
     assert await asyncio.to_thread(scrape, daemon.probe_port) == {}
-
-
-async def poll(predicate, timeout: float = 10.0) -> None:  # type: ignore[no-untyped-def]
-    """Wait until predicate() (run off the loop: it makes HTTP requests) holds."""
-    async with asyncio.timeout(timeout):
-        while not await asyncio.to_thread(predicate):
-            await asyncio.sleep(0.05)
 
 
 def test_the_name_label_says_iluvatar_once_whatever_the_library_calls_the_product() -> None:

@@ -11,7 +11,9 @@ from pathlib import Path
 
 import grpc
 import pytest
-from volcano_support import CHIP_A, CHIP_B, CHIP_C, NODE, SCHEDULER, devices, placed, published, start_volcano
+from helpers.support import RESOURCE, DaemonFactory, config_flags
+from helpers.volcano_support import CHIP_A, CHIP_B, CHIP_C, NODE, SCHEDULER, devices, placed, published, start_volcano
+from helpers.waits import until
 
 from ix_device_plugin.apiserver.objects import ContainerLimits, PodDoc
 from ix_device_plugin.core.plan import plan
@@ -36,8 +38,6 @@ from ix_device_plugin.settings.config import Config
 from ix_device_plugin.standins.apiserver import ApiServerStandIn
 from ix_device_plugin.standins.kubelet import KubeletStandIn
 from ix_device_plugin.standins.podresources import PodResourcesStandIn
-
-from support import RESOURCE, DaemonFactory, config_flags, until
 
 TRUST = Trust(NODE, RESOURCE, SCHEDULER)
 ASKS = (ContainerLimits("main", {RESOURCE: "1"}),)

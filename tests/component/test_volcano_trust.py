@@ -9,15 +9,15 @@ from typing import Any
 
 import grpc
 import pytest
-from volcano_support import CHIP_A, CHIP_B, NODE, SCHEDULER, placed, start_volcano
+from helpers.support import RESOURCE, DaemonFactory
+from helpers.volcano_support import CHIP_A, CHIP_B, NODE, SCHEDULER, placed, start_volcano
+from helpers.waits import until
 
 from ix_device_plugin.deviceplugin.features.volcano import DEV_VOLCANO, PREDICATE_TIME, TAKEN
 from ix_device_plugin.standins.apiserver import ApiServerStandIn
 from ix_device_plugin.standins.apiserver.managedfields import Writer
 from ix_device_plugin.standins.kubelet import KubeletStandIn
 from ix_device_plugin.standins.podresources import PodResourcesStandIn
-
-from support import RESOURCE, DaemonFactory, until
 
 REFUSED = "VolcanoAnnotationRefused"
 

@@ -9,7 +9,19 @@ from pathlib import Path
 
 import grpc
 import pytest
-from volcano_support import CHIP_A, CHIP_B, CONFIG_MAP, NAMESPACE, NODE, devices, placed, published, start_volcano
+from helpers.support import RESOURCE, DaemonFactory
+from helpers.volcano_support import (
+    CHIP_A,
+    CHIP_B,
+    CONFIG_MAP,
+    NAMESPACE,
+    NODE,
+    devices,
+    placed,
+    published,
+    start_volcano,
+)
+from helpers.waits import stays, until
 
 from ix_device_plugin.deviceplugin.features import hook
 from ix_device_plugin.deviceplugin.features.volcano import (
@@ -24,8 +36,6 @@ from ix_device_plugin.deviceplugin.features.volcano import (
 from ix_device_plugin.standins.apiserver import ApiServerStandIn, Recorded
 from ix_device_plugin.standins.kubelet import KubeletStandIn
 from ix_device_plugin.standins.podresources import PodResourcesStandIn
-
-from support import RESOURCE, DaemonFactory, until
 
 
 @pytest.fixture
@@ -78,8 +88,9 @@ async def test_at_rest_volcano_mode_asks_the_api_server_and_the_kubelet_nothing(
     await _started(kubelet, apiserver)
     await asyncio.sleep(0.3)
     first, calls = len(apiserver.requests), pod_resources.calls
-    await asyncio.sleep(1.0)  # about 20 passes
-    assert [(r.method, r.path) for r in apiserver.requests[first:]] == []
+    await stays(
+        lambda: [(r.method, r.path) for r in apiserver.requests[first:]] == [], for_=1.0, message="about 20 passes"
+    )
     assert pod_resources.calls == calls  # every pod that needs devices has its annotations
     assert published(apiserver)[DEVICE_LIST_KEY]["DeviceList"] == [CHIP_B]  # A is held by the running pod
     assert len(_pod_lists(apiserver.requests)) == 1 and len(_writes(apiserver.requests)) == 1
@@ -142,8 +153,9 @@ async def test_a_restart_finding_the_config_map_current_writes_nothing(
     first = len(apiserver.requests)
     await start_volcano(start_daemon, apiserver, pod_resources, short_dir, tmp_path)
     await until(lambda: sum(_is_watch(r) for r in apiserver.requests[first:]) >= 2, timeout=10)
-    await asyncio.sleep(0.5)
-    assert _writes(apiserver.requests[first:]) == []
+    await stays(
+        lambda: _writes(apiserver.requests[first:]) == [], for_=0.5, message="_writes(apiserver.requests[first:]) == []"
+    )
 
 
 async def test_allocate_reads_the_watch_and_waits_for_a_pod_placed_just_now(

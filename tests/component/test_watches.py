@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
 
 import pytest
+from helpers.waits import until
 
 from ix_device_plugin.apiserver.connection import ApiConnection
 from ix_device_plugin.apiserver.objects import NODE, POD, labels_of, pod_doc
@@ -39,12 +40,6 @@ async def api(apiserver: ApiServerStandIn, tmp_path: Path):
     connection = ApiConnection(settings_from({"NODE_NAME": NODE_NAME}, str(kubeconfig), "test"))
     yield connection
     await connection.close()
-
-
-async def _eventually(predicate, timeout: float = 10.0) -> None:
-    async with asyncio.timeout(timeout):
-        while not predicate():
-            await asyncio.sleep(0.02)
 
 
 RUNNING: list[Following] = []  # stopped after each test, whatever its outcome (see the autouse fixture)
@@ -82,7 +77,7 @@ class Following:
         self.seen.append(next(iter(nodes.values()), {}))
 
     async def label(self, value: str | None) -> None:
-        await _eventually(lambda: bool(self.seen) and self.seen[-1].get(LABEL) == value)
+        await until(lambda: bool(self.seen) and self.seen[-1].get(LABEL) == value, timeout=10.0)
 
     async def stop(self) -> None:
         RUNNING.remove(self)
@@ -105,7 +100,7 @@ def _shape(request: Recorded) -> tuple[str, str | None]:
 async def test_a_read_then_a_watch_from_its_version_delivers_each_change(api, apiserver):
     following = Following(api, Backoff(0.05, 0.2))
     await following.label("first")
-    await _eventually(lambda: len(_node_requests(apiserver)) == 2)
+    await until(lambda: len(_node_requests(apiserver)) == 2, timeout=10.0)
     apiserver.set_node_labels(NODE_NAME, {LABEL: "second", "other": "x"})
     await following.label("second")
     apiserver.set_node_labels(NODE_NAME, {LABEL: "second", "other": "x"})  # the same labels: nothing delivered
@@ -127,7 +122,7 @@ async def test_a_watch_that_lived_is_resumed_from_its_last_version_without_a_rea
     seen_version = apiserver.resource_version
     await asyncio.sleep(0.4)  # the watch has lived: its end is the server's timeout
     apiserver.drop_watches()
-    await _eventually(lambda: len(_node_requests(apiserver)) == 3)
+    await until(lambda: len(_node_requests(apiserver)) == 3, timeout=10.0)
     apiserver.set_node_labels(NODE_NAME, {LABEL: "third"})
     await following.label("third")
     assert [_shape(r) for r in _node_requests(apiserver)] == [
@@ -151,7 +146,7 @@ async def test_410_on_resume_reads_again_and_says_so(api, apiserver, caplog):
         await following.label("after-gone")
     shapes = [_shape(r) for r in _node_requests(apiserver)]
     assert shapes[:4] == [("read", None), ("watch", "1"), ("watch", "1"), ("read", None)]
-    await _eventually(lambda: len(_node_requests(apiserver)) >= 5)
+    await until(lambda: len(_node_requests(apiserver)) >= 5, timeout=10.0)
     assert _shape(_node_requests(apiserver)[4]) == ("watch", str(apiserver.resource_version))
     assert [r.getMessage() for r in caplog.records if r.name == LOGGER] == [
         f"node {NODE_NAME}: the API server no longer keeps the history to resume the watch (410 Expired); "
@@ -163,9 +158,9 @@ async def test_410_on_resume_reads_again_and_says_so(api, apiserver, caplog):
 async def test_a_deleted_node_is_delivered_as_gone(api, apiserver):
     following = Following(api, Backoff(0.05, 0.2))
     await following.label("first")
-    await _eventually(lambda: len(_node_requests(apiserver)) == 2)
+    await until(lambda: len(_node_requests(apiserver)) == 2, timeout=10.0)
     apiserver.remove("nodes", NODE_NAME)
-    await _eventually(lambda: following.seen[-1] == {})
+    await until(lambda: following.seen[-1] == {}, timeout=10.0)
     assert following.mirror.items == {}
     await following.stop()
 
@@ -176,7 +171,9 @@ async def test_an_outage_is_waited_out_and_what_changed_meanwhile_is_delivered(a
     with caplog.at_level(logging.WARNING, logger=LOGGER):
         await apiserver.refuse()
         apiserver.set_node_labels(NODE_NAME, {LABEL: "during"})
-        await _eventually(lambda: following.mirror.backoff.attempt >= 4)  # several retries against a closed port
+        await until(
+            lambda: following.mirror.backoff.attempt >= 4, timeout=10.0
+        )  # several retries against a closed port
         assert "cannot reach the API server" in following.mirror.problem
         await apiserver.accept()
         await following.label("during")
@@ -223,15 +220,15 @@ async def test_the_backoff_starts_again_only_after_a_watch_lived(api, apiserver)
     await following.label("first")
     apiserver.watches_end = "at once"
     apiserver.drop_watches()
-    await _eventually(lambda: following.mirror.backoff.attempt >= 7)  # the next delay has grown past 1 s
+    await until(lambda: following.mirror.backoff.attempt >= 7, timeout=10.0)  # the next delay has grown past 1 s
     apiserver.watches_end = None
-    await _eventually(lambda: len(apiserver._watches) == 1)
+    await until(lambda: len(apiserver._watches) == 1, timeout=10.0)
     assert following.mirror.backoff.attempt >= 7  # a watch open, not yet lived: no reset
     await asyncio.sleep(0.7)  # now it has lived
     apiserver.watches_end = "expired"
     ended, before = time.monotonic(), len(apiserver.requests)
     apiserver.drop_watches()
-    await _eventually(lambda: len(apiserver.requests) > before)
+    await until(lambda: len(apiserver.requests) > before, timeout=10.0)
     assert time.monotonic() - ended < 0.6  # the first delay again (0.01 s), not the grown one (over 1 s)
     apiserver.watches_end = None
     await following.stop()
@@ -245,7 +242,7 @@ async def test_the_pods_of_a_node_in_every_namespace(api, apiserver):
     assert await mirror.changed(timeout=10)
     assert list(mirror.items) == [("team-a", "train")]
     apiserver.add_pod("team-b", "serve", NODE_NAME, annotations={"a": "1"})
-    await _eventually(lambda: ("team-b", "serve") in mirror.items)
+    await until(lambda: ("team-b", "serve") in mirror.items, timeout=10.0)
     assert mirror.items[("team-b", "serve")].annotations == {"a": "1"}
     list_request, watch = [r for r in apiserver.requests if r.path == "/api/v1/pods"]
     assert list_request.query["fieldSelector"] == watch.query["fieldSelector"] == f"spec.nodeName={NODE_NAME}"

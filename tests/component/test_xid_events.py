@@ -2,17 +2,17 @@
 
 from __future__ import annotations
 
-import asyncio
 import ctypes
 import logging
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from helpers.support import RESOURCE, TWO_CHIPS, DaemonFactory, inject_xid, metric
+from helpers.waits import stays, stays_sync, until, until_sync
 
 from ix_device_plugin.api import HEALTHY, UNHEALTHY
 from ix_device_plugin.core.inventory import ChipStatus
@@ -23,8 +23,6 @@ from ix_device_plugin.settings.errors import SettingsError
 from ix_device_plugin.settings.resolve import resolve
 from ix_device_plugin.settings.table import RUN
 from ix_device_plugin.standins.kubelet import KubeletStandIn
-
-from support import RESOURCE, TWO_CHIPS, DaemonFactory, inject_xid, metric
 
 XID_EVENTS = "ix_device_plugin_xid_events_total"
 LAST_POLL = "ix_device_plugin_last_health_poll_timestamp_seconds"
@@ -48,13 +46,6 @@ class Sink:
         with self._arrived:
             self._arrived.wait_for(lambda: len(self.events) >= count, timeout)
             return list(self.events)
-
-
-async def eventually(predicate: Callable[[], bool], timeout: float = 3.0) -> None:
-    """Wait until predicate() holds, checking every 20 ms; raises TimeoutError."""
-    async with asyncio.timeout(timeout):
-        while not predicate():
-            await asyncio.sleep(0.02)
 
 
 def waiting_backend(library: Path, sink: Sink) -> IxmlBackend:
@@ -158,10 +149,14 @@ def test_without_the_event_calls_health_is_polled_only_said_once(
     backend = waiting_backend(libs["no_events"], sink)
     backend.discover()
     inject_xid(conf, 0, 79)
-    time.sleep(0.2)
+
+    def notes() -> list[str]:
+        return [r.getMessage() for r in caplog.records if "no IXML XID events" in r.getMessage()]
+
+    until_sync(notes, timeout=3, message="the note that XID events are polled")
+    stays_sync(lambda: len(notes()) == 1, for_=0.2, message="the note said once")
     backend.close()
-    said = [r.getMessage() for r in caplog.records if "no IXML XID events" in r.getMessage()]
-    assert len(said) == 1
+    said = notes()
     assert "lacks nvmlEventSetCreate" in said[0] and "polling alone" in said[0]
     assert sink.events == []
 
@@ -248,13 +243,13 @@ async def test_xid_while_a_container_runs_turns_its_device_unhealthy(
     assert view.devices["GPU-x0"] == HEALTHY
     device = daemon.plan.by_id["GPU-x1"]
     assert device.reasons == ("GPU-x1: XID 79",)
-    await eventually(lambda: metric(daemon, XID_EVENTS, xid="13") == 1)
+    await until(lambda: metric(daemon, XID_EVENTS, xid="13") == 1, timeout=3.0)
     assert metric(daemon, XID_EVENTS, xid="79") == 1
 
     polls = metric(daemon, LAST_POLL)
-    await eventually(lambda: metric(daemon, LAST_POLL) > polls)
-    await asyncio.sleep(0.05)  # the reconcile loop applies that poll
-    assert view.devices["GPU-x1"] == UNHEALTHY  # later polls do not clear it
+    await until(lambda: metric(daemon, LAST_POLL) > polls, timeout=3.0)
+    # the reconcile loop applies that poll
+    await stays(lambda: view.devices["GPU-x1"] == UNHEALTHY, for_=0.05, message="later polls do not clear it")
     assert daemon.plan.by_id["GPU-x1"].reasons == ("GPU-x1: XID 79",)
 
 
@@ -276,7 +271,7 @@ async def test_an_xid_listed_in_disable_healthchecks_leaves_the_device_healthy(
     )
     view = await kubelet.wait_registered(RESOURCE, capacity=2)
     inject_xid(conf, 0, 79)
-    await eventually(lambda: metric(daemon, XID_EVENTS, xid="79") == 1)
+    await until(lambda: metric(daemon, XID_EVENTS, xid="79") == 1, timeout=3.0)
     assert view.devices["GPU-x0"] == HEALTHY
     assert daemon.plan.by_id["GPU-x0"].healthy
     assert "XID 79 on GPU-x0 ignored" in caplog.text
@@ -305,7 +300,7 @@ async def test_simulated_xids_reach_the_kubelet_once_each(
     assert view.devices["GPU-s1"] == HEALTHY
     devices.write_text(SIMULATED.format(xids=""))  # the file no longer says so; the XID stays
     polls = metric(daemon, LAST_POLL)
-    await eventually(lambda: metric(daemon, LAST_POLL) > polls + 0.1)
+    await until(lambda: metric(daemon, LAST_POLL) > polls + 0.1, timeout=3.0)
     assert view.devices["GPU-s0"] == UNHEALTHY
     assert metric(daemon, XID_EVENTS, xid="62") == 1
 

@@ -7,7 +7,7 @@ import math
 import subprocess
 import sys
 
-from support import REPO_ROOT
+from helpers.support import REPO_ROOT
 
 ROOT = REPO_ROOT
 SECTIONS = (

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from container_support import IMAGE, PodmanSandbox, make_char_device, podman_sandbox
+from helpers.container_support import IMAGE, PodmanSandbox, make_char_device, podman_sandbox
 
 from ix_device_plugin.core.cdi import qualified_name, qualified_names
 from ix_device_plugin.core.inventory import Inventory
@@ -86,7 +86,7 @@ async def test_a_container_started_with_the_names_allocate_returned_sees_exactly
     node: Node, kubelet, start_daemon
 ) -> None:
     """The daemon writes the spec, the kubelet asks for one GPU, the runtime injects what Allocate named."""
-    from support import RESOURCE, config_flags
+    from helpers.support import RESOURCE, config_flags
 
     daemon = await start_daemon(
         "BI-V150:2",

@@ -7,17 +7,16 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
+from helpers.support import spawn_plugin, stop_process
+from helpers.waits import until_sync
 
 from ix_device_plugin import __version__
 from ix_device_plugin.settings.table import BY_FLAG, LIST, SETTINGS
 from ix_device_plugin.standins.apiserver import ApiServerStandIn
 from ix_device_plugin.standins.podresources import PodResourcesStandIn
-
-from support import spawn_plugin, stop_process
 
 
 def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -111,10 +110,12 @@ def test_list_shows_each_chips_health_story_as_the_running_plugin_tells_it(tmp_p
     )
     try:
         args = ("list", "--backend", "simulated", "--simulated-devices", str(devices))
-        deadline = time.monotonic() + 20
-        while "held by no one can tell" not in (shown := cli(*args, "--device-plugin-path", str(plugin_dir)).stdout):
-            assert time.monotonic() < deadline, shown
-            time.sleep(0.2)
+
+        def the_story() -> str | None:
+            shown = cli(*args, "--device-plugin-path", str(plugin_dir)).stdout
+            return shown if "held by no one can tell" in shown else None
+
+        shown = until_sync(the_story, timeout=20, interval=0.2, message="`list` telling the health story")
     finally:
         stop_process(plugin)
     assert "Self-healing: on (as of " in shown

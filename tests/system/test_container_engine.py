@@ -14,8 +14,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-
-from support import REPO_ROOT
+from helpers.support import REPO_ROOT
 
 SCRIPT = REPO_ROOT / "scripts" / "container.sh"
 ENGINES = ("docker", "podman", "buildah")

@@ -15,12 +15,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from container_support import COMMAND_TIMEOUT_S, CONTAINERS_CONF, podman_unavailable
-from host_tools import require
+from helpers.container_support import COMMAND_TIMEOUT_S, CONTAINERS_CONF, podman_unavailable
+from helpers.host_tools import require
+from helpers.support import IXML_DOUBLE_CONFIG
 
 from ix_device_plugin.hardware.devnodes import DEVICE_ACCESS_FIX
-
-from support import IXML_DOUBLE_CONFIG
 
 DENIED, ALLOWED = (1, 1), (1, 3)
 ONE_CHIP = 'device uuid=GPU-0 name="Iluvatar BI-V150" minor=0 bus=00000000:8A:00.0 memory=32768\n'

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-import manifest_support
+import helpers.manifest_support as manifest_support
 import pytest
-from manifest_support import (
+from helpers.manifest_support import (
     STATIC_DIR,
     by_kind,
     load_file,

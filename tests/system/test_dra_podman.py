@@ -10,8 +10,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from container_support import IMAGE, PodmanSandbox, make_char_device, podman_sandbox
-from dra_support import DraNode
+from helpers.container_support import IMAGE, PodmanSandbox, make_char_device, podman_sandbox
+from helpers.dra_support import DraNode
 
 from ix_device_plugin.dra.claimspec import cdi_spec_file
 from ix_device_plugin.settings.config import Config

@@ -12,10 +12,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+from helpers.support import RESOURCE, UPSTREAM_ENV, spawn_plugin, stop_process
+
 from ix_device_plugin.hardware.simulated import default_uuid
 from ix_device_plugin.standins.kubelet import KubeletStandIn
-
-from support import RESOURCE, UPSTREAM_ENV, spawn_plugin, stop_process
 
 # The chips of the simulated node BI-V150:2: two boards of two chips; a board is named by its first chip.
 CHIPS = [default_uuid(board, chip) for board in (0, 1) for chip in (0, 1)]

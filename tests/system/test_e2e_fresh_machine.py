@@ -15,8 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from support import REPO_ROOT
+from helpers.support import REPO_ROOT
 
 E2E_DIR = REPO_ROOT / "e2e"
 PACKAGES = E2E_DIR / "cluster" / "packages.sh"

@@ -12,10 +12,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from helpers.support import REPO_ROOT
+
 from bench.fleet import agents, deviceplugin, report, traffic
 from ix_device_plugin.settings.options import config_file_for, load_config
-
-from support import REPO_ROOT
 
 T0 = 1_800_000_000.0
 

@@ -7,8 +7,16 @@ from datetime import UTC, datetime
 from typing import Any
 
 import pytest
-from grant_support import WRITE_OPERATIONS, grant_table, grants, uncovered, write_grants
-from manifest_support import ROOT, STATIC_DIR, by_kind, load_file, load_render_module, render_objects, schema_errors
+from helpers.grant_support import WRITE_OPERATIONS, grant_table, grants, uncovered, write_grants
+from helpers.manifest_support import (
+    ROOT,
+    STATIC_DIR,
+    by_kind,
+    load_file,
+    load_render_module,
+    render_objects,
+    schema_errors,
+)
 
 from ix_device_plugin.apiserver.objects import PodDoc
 from ix_device_plugin.deviceplugin.features import volcano

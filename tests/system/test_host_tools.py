@@ -1,7 +1,7 @@
 """The README's second command on a machine with only what its first installed: a test that needs more (helm,
 podman, root, ...) is skipped saying why; in CI, where .ci/run provides it, its absence fails the test.
 
-Every such test goes through tests/host_tools.py, so the rule is checked once here on the real suite (the chart
+Every such test goes through tests/helpers/host_tools.py, so the rule is checked once here on the real suite (the chart
 test of the dashboard, which needs helm) and on the source: no test skips by itself.
 """
 
@@ -14,12 +14,12 @@ import subprocess
 import sys
 from pathlib import Path
 
-from support import REPO_ROOT, TESTS_DIR
+from helpers.support import REPO_ROOT, TESTS_DIR
 
 CHART_TEST = (
     "tests/component/test_dashboard.py::test_the_chart_ships_the_dashboard_for_grafanas_sidecar_only_when_asked"
 )
-HELPER = TESTS_DIR / "host_tools.py"
+HELPER = TESTS_DIR / "helpers" / "host_tools.py"
 # What the chart test runs besides helm: e2e/cluster/build.sh --print-dir, which finds a built helm.
 BASE_TOOLS = ("bash", "dirname", "sha256sum", "cut")
 
@@ -69,4 +69,4 @@ def skips_outside_the_helper(path: Path) -> list[str]:
 def test_every_skip_of_the_suite_goes_through_the_one_rule() -> None:
     paths = [path for path in sorted(TESTS_DIR.rglob("*.py")) if path != HELPER]
     found = [hit for path in paths for hit in skips_outside_the_helper(path)]
-    assert found == [], f"skip through tests/host_tools.py (missing, require), not by hand: {found}"
+    assert found == [], f"skip through tests/helpers/host_tools.py (missing, require), not by hand: {found}"

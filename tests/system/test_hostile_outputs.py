@@ -9,19 +9,15 @@ from pathlib import Path
 
 import pytest
 import yaml
-
-from support import spawn_plugin, stop_process
+from helpers.support import spawn_plugin, stop_process
+from helpers.waits import until_sync
 
 SPEC = "iluvatar.com-gpu.yaml"
 
 
 def wait_for_spec(path: Path, timeout: float = 20.0) -> dict:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if path.is_file() and not path.is_symlink():
-            return yaml.safe_load(path.read_text())
-        time.sleep(0.05)
-    raise AssertionError(f"{path} was not written within {timeout}s")
+    until_sync(lambda: path.is_file() and not path.is_symlink(), timeout, 0.05, f"{path} written as a file")
+    return yaml.safe_load(path.read_text())
 
 
 @pytest.mark.parametrize("kind", ["fifo", "symlink-to-dev-zero"])

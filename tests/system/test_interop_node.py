@@ -14,15 +14,14 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from host_tools import missing
-
-from support import TESTS_DIR
+from helpers.host_tools import missing
+from helpers.support import TESTS_DIR
+from helpers.waits import until_sync
 
 NODE_DIR = TESTS_DIR / "interop" / "node"
 SIMULATED = ["--backend", "simulated", "--simulated-devices", "BI-V150:2"]
@@ -105,14 +104,10 @@ def _stop(process: subprocess.Popen[Any]) -> None:
 
 
 def _wait_for_socket(path: Path, process: subprocess.Popen[str], timeout: float = 10.0) -> None:
-    end = time.monotonic() + timeout
-    while not path.exists():
-        if process.poll() is not None:
-            stderr = process.stderr.read() if process.stderr else ""
-            pytest.fail(f"the Node.js stand-in exited with {process.returncode} before listening:\n{stderr}")
-        if time.monotonic() > end:
-            pytest.fail(f"the Node.js stand-in did not create {path} within {timeout} s")
-        time.sleep(0.02)
+    until_sync(lambda: path.exists() or process.poll() is not None, timeout, message=f"the Node.js stand-in's {path}")
+    if not path.exists():
+        stderr = process.stderr.read() if process.stderr else ""
+        pytest.fail(f"the Node.js stand-in exited with {process.returncode} before listening:\n{stderr}")
 
 
 def _run_round_trip(node: str, directory: Path, flags: list[str]) -> tuple[dict[str, Any], dict[str, Any]]:

@@ -12,7 +12,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from manifest_support import STATIC_DIR, by_kind, load_file, load_render_module, needs_helm, pod_spec, render_objects
+from helpers.manifest_support import (
+    STATIC_DIR,
+    by_kind,
+    load_file,
+    load_render_module,
+    needs_helm,
+    pod_spec,
+    render_objects,
+)
 
 from ix_device_plugin.deviceplugin.outputs import DEFAULT_CDI_DIR
 from ix_device_plugin.dra.registration import DRIVER

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 import yaml
-from manifest_support import (
+from helpers.manifest_support import (
     CHART_DIR,
     STATIC_DIR,
     by_kind,

@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
-from dra_support import DraNode
+from helpers.dra_support import DraNode
 
 from ix_device_plugin.standins.apiserver import ApiServerStandIn
 

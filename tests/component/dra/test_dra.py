@@ -8,7 +8,8 @@ import logging
 
 import pytest
 import yaml
-from dra_support import DraNode, answer
+from helpers.dra_support import DraNode, answer
+from helpers.waits import stays, until
 
 from ix_device_plugin.dra.checkpoint import CHECKPOINT_FILE
 from ix_device_plugin.dra.claimspec import cdi_spec_file
@@ -262,9 +263,7 @@ async def test_a_chip_that_is_gone_cannot_be_prepared_and_the_error_says_the_kub
         assert "device gpu-1" in result.error and "not present" in result.error, result.error
         assert "the kubelet tries again" in result.error and list(result.devices) == []
     node.write_boards([{"product": "BI-V150"}, {"product": "BI-V150"}])  # back (tainted until an operator acts)
-    async with asyncio.timeout(5):
-        while any(c.uuid == uuid and not c.status.present for c in driver.inventory.chips()):
-            await asyncio.sleep(0.02)
+    await until(lambda: not any(c.uuid == uuid and not c.status.present for c in driver.inventory.chips()), timeout=5)
     for claim in claims:
         assert answer(await kubelet.prepare([claim]), claim[2]).error == ""
     await kubelet.close()
@@ -296,9 +295,7 @@ async def test_without_device_taints_an_unhealthy_chip_is_left_out(
         await node.start()
         await node.wait_slice(lambda devices: sorted(devices) == ["board-2", "gpu-0", "gpu-2", "gpu-3"])
         # The driver logs what it published once the API server has answered, just after the slice is stored.
-        async with asyncio.timeout(5):
-            while not any("left out: gpu-1" in r.message for r in caplog.records):
-                await asyncio.sleep(0.02)
+        await until(lambda: any("left out: gpu-1" in r.message for r in caplog.records), timeout=5)
     assert any("drops device taints" in r.message for r in caplog.records)
 
 
@@ -322,8 +319,7 @@ async def test_the_api_server_down_at_start_and_mid_run(node: DraNode, api: ApiS
     driver = await node.start()  # starts and serves without the API server
     kubelet = await node.kubelet(driver)
     assert dra_socket(driver.options.plugins_dir).is_socket()
-    await asyncio.sleep(0.3)
-    assert node.slice() is None
+    await stays(lambda: node.slice() is None, for_=0.3, message="node.slice() is None")
     await api.accept()
     await node.wait_slice(lambda devices: len(devices) == 6)
     await api.refuse()
@@ -369,9 +365,7 @@ async def test_probes_and_metrics_follow_registration_and_the_slice(node: DraNod
     status, body = await asyncio.to_thread(get, "/readyz")
     assert (status, body) == (503, "not ok: not registered with the kubelet's plugin watcher\n")
     await DraKubeletStandIn(DRIVER).register(registration_socket(driver.options.registrar_dir))
-    async with asyncio.timeout(5):
-        while driver.publisher is None or driver.publisher.published is None:
-            await asyncio.sleep(0.02)
+    await until(lambda: driver.publisher is not None and driver.publisher.published is not None, timeout=5)
     assert (await asyncio.to_thread(get, "/readyz"))[0] == 200
     text = (await asyncio.to_thread(get, "/metrics"))[1]
     values = {s.name: s.value for f in text_string_to_metric_families(text) for s in f.samples}

@@ -8,15 +8,14 @@ import logging
 from typing import Any
 
 import pytest
-from dra_support import TWO_BOARDS, DraNode, answer
+from helpers.dra_support import TWO_BOARDS, DraNode, answer
+from helpers.waits import stays, until
 
 from ix_device_plugin.dra import publisher
 from ix_device_plugin.dra.pool import MANAGED_BY, slice_base_name
 from ix_device_plugin.dra.slices import DRIVER
 from ix_device_plugin.settings.config import Config
 from ix_device_plugin.standins.apiserver import ApiServerStandIn
-
-from support import until
 
 CHIPS = ["gpu-0", "gpu-1", "gpu-2", "gpu-3"]
 BROKEN_CHIP = [{"product": "BI-V150"}, {"product": "BI-V150", "chips": [None, {"health": ["ECC"]}]}]
@@ -84,15 +83,21 @@ async def test_a_server_without_counters_is_asked_again_and_gets_the_boards_when
     await until(lambda: len(api.objects("resourceslices")) == 1)  # no counter slice
     await node.wait_slice(lambda devices: sorted(devices) == CHIPS)
     writes = len(slice_writes(api))
-    await asyncio.sleep(1.0)  # asked again, by dry runs only: no write while the answer is the same
-    assert len(slice_writes(api)) == writes
+    await stays(
+        lambda: len(slice_writes(api)) == writes,
+        for_=1.0,
+        message="asked again, by dry runs only: no write while the answer is the same",
+    )
     assert any(r.query.get("dryRun") == "All" for r in api.requests)
     written = len(written_devices(api))
     api.counters_refused, api.shared_counters = False, True  # the server upgraded (or its feature gate on)
     await node.wait_slice(lambda devices: len(devices) == 6, timeout=5)
     assert driver.publisher is not None and driver.publisher.counters is True
-    await asyncio.sleep(0.3)
-    assert written_devices(api)[written:] == [sorted([*CHIPS, "board-0", "board-2"])]  # the boards with the counters
+    await until(
+        lambda: written_devices(api)[written:] == [sorted([*CHIPS, "board-0", "board-2"])],
+        timeout=5,
+        message="the boards with the counters",
+    )
     said = "refuses shared counters (spec." if server == "refuses" else "drops shared counters"
     assert said in caplog.text and "keeps shared counters now" in caplog.text
 
@@ -129,8 +134,7 @@ async def test_a_new_node_writes_each_slice_once_and_its_first_write_is_the_righ
     node.write_boards(boards)
     await node.start()
     await node.wait_slice(lambda stored: sorted(stored) == sorted(devices))
-    await asyncio.sleep(0.5)  # anything written again would be by now
-    assert slice_writes(api) == writes
+    await stays(lambda: slice_writes(api) == writes, for_=0.5, message="anything written again would be by now")
     assert written_devices(api) == [sorted(devices)]
 
 
@@ -140,8 +144,11 @@ async def test_a_new_node_with_shared_chips_asks_nothing_before_its_write(node: 
     api.consumable_capacity = False
     driver = await node.start(config=Config(splitboard=True, replicas=4))
     await node.wait_slice(lambda devices: sorted(devices) == CHIPS)
-    await asyncio.sleep(0.3)
-    assert not [r for r in api.requests if r.query.get("dryRun") == "All"]
+    await stays(
+        lambda: not [r for r in api.requests if r.query.get("dryRun") == "All"],
+        for_=0.3,
+        message='not [r for r in api.requests if r.query.get("dryRun") == "All"]',
+    )
     assert slice_writes(api) == CREATES[:1] and driver.publisher is not None and driver.publisher.sharing is False
 
 
@@ -162,8 +169,7 @@ async def test_a_restart_on_a_server_that_drops_a_field_writes_nothing(
     writes = len(slice_writes(api))
     driver = await node.start(**config)
     await until(lambda: driver.publisher is not None and driver.publisher.published is not None)
-    await asyncio.sleep(0.3)
-    assert slice_writes(api)[writes:] == []
+    await stays(lambda: slice_writes(api)[writes:] == [], for_=0.3, message="slice_writes(api)[writes:] == []")
 
 
 # ---- the Node that owns the slices ---------------------------------------------------------------------------
@@ -183,8 +189,7 @@ async def test_a_node_re_created_owns_its_slices_again_without_a_write_loop(
     await until(lambda: owners(api) == [[new], [new]])
     await asyncio.sleep(0.5)
     writes = len(slice_writes(api))
-    await asyncio.sleep(2.0)
-    assert slice_writes(api)[writes:] == []  # settled: no create, delete, create...
+    await stays(lambda: slice_writes(api)[writes:] == [], for_=2.0, message="settled: no create, delete, create...")
     assert owners(api) == [[new], [new]] and len(node.slice_devices()) == 6
     assert f"was re-created (UID {new}, was {old})" in caplog.text
 
@@ -200,8 +205,9 @@ async def test_a_node_missing_at_start_owns_the_slices_once_it_appears(
     assert f"node {node.node} not found" in caplog.text
     uid = api.add_node(node.node)["metadata"]["uid"]
     await until(lambda: owners(api) == [[uid], [uid]])
-    await asyncio.sleep(0.3)
-    assert owners(api) == [[uid], [uid]]  # and kept: the garbage collector finds the owner there
+    await stays(
+        lambda: owners(api) == [[uid], [uid]], for_=0.3, message="and kept: the garbage collector finds the owner there"
+    )
 
 
 # ---- slices another writer changed ---------------------------------------------------------------------------
@@ -310,9 +316,13 @@ async def test_the_unprepare_has_the_last_word_on_the_claim_status_after_a_slow_
     await until(lambda: status_patches(api, "slow") == 1, timeout=2)  # sent, held up in the server
     assert driver.claim_status is not None and driver.claim_status.under_way == 1
     assert answer(await kubelet.unprepare([claim]), claim[2]).error == ""
-    await asyncio.sleep(1.2)  # the prepare's write has landed
+    # the unprepare's write, after the prepare's late one, leaves the claim with no devices
+    await until(
+        lambda: status_patches(api, "slow") == 2 and driver.claim_status.under_way == 0,
+        timeout=5,
+        message="the unprepare's status write after the prepare's",
+    )
     assert claim_devices(api, "slow") == []
-    assert status_patches(api, "slow") == 2  # the unprepare's, after the prepare's
     assert driver.claim_status.under_way == 0
     await kubelet.close()
 
@@ -330,8 +340,11 @@ async def test_a_claim_status_write_overtaken_before_it_is_sent_is_dropped(
     assert answer(await kubelet.prepare([claim]), claim[2]).error == ""  # the kubelet asks again: a second wish
     assert answer(await kubelet.unprepare([claim]), claim[2]).error == ""  # ... overtaken before it is sent
     await until(lambda: status_patches(api, "again") == 2, timeout=3)
-    await asyncio.sleep(0.5)
-    assert status_patches(api, "again") == 2 and claim_devices(api, "again") == []
+    await stays(
+        lambda: status_patches(api, "again") == 2 and claim_devices(api, "again") == [],
+        for_=0.5,
+        message='status_patches(api, "again") == 2 and claim_devices(api, "again") == []',
+    )
     await kubelet.close()
 
 

@@ -5,12 +5,12 @@ publishes."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 from pathlib import Path
 from typing import Any
 
-from dra_support import DraNode, answer
+from helpers.dra_support import DraNode, answer
+from helpers.waits import stays, until
 
 from ix_device_plugin.dra.metadata import generation_of, host_path
 from ix_device_plugin.dra.slices import DRIVER
@@ -27,9 +27,7 @@ def devices_of(path: Path) -> list[dict[str, Any]]:
 
 
 async def wait_generation(path: Path, generation: int, timeout: float = 10.0) -> None:
-    async with asyncio.timeout(timeout):
-        while generation_of(path.read_text()) != generation:
-            await asyncio.sleep(0.05)
+    await until(lambda: generation_of(path.read_text()) == generation, timeout=timeout, interval=0.05)
 
 
 async def test_metadata_follows_a_claim_from_prepare_through_restart_health_and_unprepare(node: DraNode) -> None:
@@ -52,8 +50,11 @@ async def test_metadata_follows_a_claim_from_prepare_through_restart_health_and_
     driver = await node.start()
     kubelet = await node.kubelet(driver)
     assert answer(await kubelet.prepare([claim]), claim[2]).error == ""  # the kubelet prepares again
-    await asyncio.sleep(1.5)  # the publisher's pod has compared what it says with what the node says now
-    assert path.read_text() == written and spec.is_file()
+    await stays(
+        lambda: path.read_text() == written and spec.is_file(),
+        for_=1.5,
+        message="the publisher's pod has compared what it says with what the node says now",
+    )
 
     node.write_boards([{"product": "BI-V150", "chips": [None, {"health": ["ECC"]}]}, {"product": "BI-V150"}])
     await wait_generation(path, 2)
@@ -74,8 +75,11 @@ async def test_during_an_update_the_standby_leaves_the_files_and_the_new_publish
     path = metadata_file(node, claim)
     assert devices_of(path)[0]["attributes"]["extendedResource"] == {"bool": False}
     new = await node.start(pod_uid="pod-new", config=Config(splitboard=True))  # one iluvatar.com/gpu: a chip
-    await asyncio.sleep(1.5)  # the standby publishes nothing, and writes no metadata
-    assert not new.role.held and generation_of(path.read_text()) == 1
+    await stays(
+        lambda: not new.role.held and generation_of(path.read_text()) == 1,
+        for_=1.5,
+        message="the standby publishes nothing, and writes no metadata",
+    )
     await node.stop(old)
     await wait_generation(path, 2)
     chip_per_gpu = {"bool": True}

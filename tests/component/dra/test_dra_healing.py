@@ -3,16 +3,15 @@ is reset (a fake ixsmi), the taint goes, the kubelet's health stream says HEALTH
 
 from __future__ import annotations
 
-import asyncio
 import fcntl
 import json
 import os
-import time
 from pathlib import Path
 from typing import Any
 
-from dra_support import TWO_BOARDS, DraNode
-from reset_support import FAST_HEALING, Ixsmi, IxsmiBackend, node_events
+from helpers.dra_support import TWO_BOARDS, DraNode
+from helpers.reset_support import FAST_HEALING, Ixsmi, IxsmiBackend, node_events
+from helpers.waits import stays, until
 
 from ix_device_plugin.core.inventory import ChipStatus
 from ix_device_plugin.dra.driver import DraDriver
@@ -21,8 +20,6 @@ from ix_device_plugin.dra.state import RESET_LOCK_FILE
 from ix_device_plugin.healing.record import record_path
 from ix_device_plugin.healing.wayback import RETURN_ANNOTATION
 from ix_device_plugin.standins.apiserver import ApiServerStandIn
-
-from support import until
 
 STEPS = ("GPUXidError", "GPUUnhealthy", "GPUHealingReset", "GPUHealthy")
 
@@ -85,8 +82,11 @@ async def test_a_chip_held_by_a_prepared_claim_waits_until_it_is_unprepared(
     node.write_boards(with_xid(63))
     await node.wait_slice(lambda devices: tainted(devices, "gpu-1"))
     await until(lambda: bool(node_events(api, "GPUHealingWaiting")))
-    await asyncio.sleep(0.8)
-    assert ixsmi.runs() == [] and tainted(node.slice_devices(), "gpu-1")
+    await stays(
+        lambda: ixsmi.runs() == [] and tainted(node.slice_devices(), "gpu-1"),
+        for_=0.8,
+        message='ixsmi.runs() == [] and tainted(node.slice_devices(), "gpu-1")',
+    )
     assert f"held by claim default/whole-board (uid {board[2]})" in node_events(api, "GPUHealingWaiting")[0]["message"]
     assert (await kubelet.unprepare([board])).claims[board[2]].error == ""
     await node.wait_slice(lambda devices: not tainted(devices, "gpu-1"), timeout=10)
@@ -122,8 +122,7 @@ async def test_the_reset_waits_for_the_nodes_reset_turn_held_by_another_pod(node
         fcntl.flock(turn, fcntl.LOCK_EX)
         node.write_boards(with_xid(48))
         await node.wait_slice(lambda devices: tainted(devices, "gpu-1"))
-        await asyncio.sleep(0.8)
-        assert ixsmi.runs() == []  # nothing reset under the other pod's turn
+        await stays(lambda: ixsmi.runs() == [], for_=0.8, message="nothing reset under the other pod's turn")
     finally:
         os.close(turn)
     await node.wait_slice(lambda devices: not tainted(devices, "gpu-1"), timeout=10)
@@ -142,8 +141,7 @@ async def test_an_operator_returns_a_chip_through_the_node_the_driver_watches_al
     node.write_boards(with_xid(79))
     await node.wait_slice(lambda devices: tainted(devices, "gpu-1"))
     await until(lambda: bool(node_events(api, "GPUNeedsOperator")))
-    await asyncio.sleep(0.5)
-    assert ixsmi.runs() == []
+    await stays(lambda: ixsmi.runs() == [], for_=0.5, message="ixsmi.runs() == []")
     stored = api.get("nodes", node.node)
     assert stored is not None
     stored["metadata"].setdefault("annotations", {})[RETURN_ANNOTATION] = "1"  # its index
@@ -170,8 +168,7 @@ async def test_only_the_pod_holding_the_nodes_role_heals(node: DraNode, api: Api
     node.write_boards(with_xid(48))
     await until(lambda: bool(second.healing.healer.cares) and "XID 48" in str(second.healing.healer.cares))
     await node.wait_slice(lambda devices: not tainted(devices, "gpu-1") and bool(ixsmi.runs()), timeout=10)
-    await asyncio.sleep(0.8)
-    assert len(ixsmi.runs()) == 1  # the acting pod's reset only
+    await stays(lambda: len(ixsmi.runs()) == 1, for_=0.8, message="the acting pod's reset only")
     assert len(node_events(api, "GPUUnhealthy")) == 1 and len(node_events(api, "GPUHealingReset")) == 1
 
 
@@ -238,10 +235,8 @@ async def test_a_record_removed_or_spoiled_during_an_update_makes_no_pod_forget_
     record = record_path(node.root / "plugins")
     for spoil in (record.unlink, lambda: record.write_text("[")):
         spoil()
-        deadline = time.monotonic() + 0.5
-        while time.monotonic() < deadline:  # watched: the standby never forgets it
-            assert 64 in _chip_status(new, chip).xids
-            await asyncio.sleep(0.02)
+        # watched: the standby never forgets it
+        await stays(lambda: 64 in _chip_status(new, chip).xids, for_=0.5, message="the standby remembering XID 64")
     await node.stop(old)
     await until(lambda: new.role.held, timeout=5)
     await node.wait_slice(lambda devices: tainted(devices, "gpu-1"), timeout=5)

@@ -12,15 +12,14 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from dra_support import DraNode, answer
+from helpers.dra_support import DraNode, answer
+from helpers.waits import until
 
 from ix_device_plugin.dra.claimspec import cdi_spec_file
 from ix_device_plugin.dra.registration import ROLE_FILE
 from ix_device_plugin.dra.slices import DRIVER
 from ix_device_plugin.healing.record import RECORD_FILE, record_path
 from ix_device_plugin.runtime.errors import StartupError
-
-from support import until
 
 
 async def prepared(node: DraNode, name: str, device: str) -> None:

@@ -22,9 +22,9 @@ from typing import Any
 
 import pytest
 import yaml
-from cdi_library import cdi_validate, inject
-from dra_support import NODE, DraNode, store_pod
-from host_tools import missing
+from helpers.cdi_library import cdi_validate, inject
+from helpers.dra_support import NODE, DraNode, store_pod
+from helpers.host_tools import missing
 
 from ix_device_plugin.dra.claimspec import cdi_spec_file
 from ix_device_plugin.dra.metadata import cdi_spec_file as metadata_spec_file

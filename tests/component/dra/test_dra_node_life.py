@@ -12,8 +12,9 @@ from pathlib import Path
 
 import pytest
 import yaml
-from dra_support import DraNode, answer
-from host_tools import tmpfs
+from helpers.dra_support import DraNode, answer
+from helpers.host_tools import tmpfs
+from helpers.waits import until
 
 from ix_device_plugin.dra.checkpoint import CHECKPOINT_FILE
 from ix_device_plugin.dra.claimspec import cdi_spec_file
@@ -258,17 +259,13 @@ async def test_the_claim_status_says_the_chips_and_keeps_other_drivers_entries(
         found = api.get("resourceclaims", "status", "default")
         return [] if found is None else found["status"].get("devices") or []
 
-    async with asyncio.timeout(3):
-        while len(devices()) < 2:
-            await asyncio.sleep(0.02)
+    await until(lambda: len(devices()) >= 2, timeout=3)
     ours = devices()[1]
     assert devices()[0] == other
     assert (ours["driver"], ours["pool"], ours["device"]) == (DRIVER, node.node, "gpu-2")
     assert ours["data"]["uuid"] == uuid and ours["data"]["pciBusID"]
     assert answer(await kubelet.unprepare([claim]), claim[2]).error == ""
-    async with asyncio.timeout(3):
-        while devices() != [other]:
-            await asyncio.sleep(0.02)
+    await until(lambda: devices() == [other], timeout=3)
     await kubelet.close()
 
 

@@ -9,9 +9,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from dra_support import NODE, DraNode, gpu_config
+from helpers.dra_support import NODE, DraNode, gpu_config
+from helpers.reset_support import Watched
+from helpers.support import RESOURCE, DaemonFactory, config_flags
+from helpers.waits import until
 from prometheus_client.parser import text_string_to_metric_families
-from reset_support import Watched
 
 from ix_device_plugin.dra.driver import DraDriver
 from ix_device_plugin.dra.slices import DRIVER
@@ -19,8 +21,6 @@ from ix_device_plugin.settings.config import Config
 from ix_device_plugin.standins.kubelet import KubeletStandIn
 from ix_device_plugin.standins.podresources import ClaimResource, PodClaim, PodResourcesStandIn
 from ix_device_plugin.telemetry.collector import CLAIM_LABELS, LABELS
-
-from support import RESOURCE, DaemonFactory, config_flags, until
 
 FEATURES = "ix-device-plugin"
 DRA_LABELS = {"iluvatar.com/dra.driver", "iluvatar.com/dra.chips", "iluvatar.com/dra.boards", "iluvatar.com/dra.shares"}
@@ -139,12 +139,11 @@ def holders_of(series: list[dict[str, str]], device: str, driver: DraDriver) -> 
 
 
 async def series_where(driver: DraDriver, predicate: Callable[[list[dict[str, str]]], bool]) -> list[dict[str, str]]:
-    async with asyncio.timeout(5):
-        while True:
-            series = await asyncio.to_thread(scrape, driver.probe_port)
-            if predicate(series):
-                return series
-            await asyncio.sleep(0.05)
+    async def matching() -> list[dict[str, str]] | None:
+        series = await asyncio.to_thread(scrape, driver.probe_port)
+        return series if predicate(series) else None
+
+    return await until(matching, timeout=5, interval=0.05, message="metrics series matching the predicate")
 
 
 def claim(name: str, *devices: str, shares: tuple[str, ...] = ()) -> PodClaim:

@@ -22,8 +22,9 @@ from typing import Any
 import grpc
 import pytest
 import yaml
-from dra_support import DraNode, answer, gpu_config
-from host_tools import tmpfs
+from helpers.dra_support import DraNode, answer, gpu_config
+from helpers.host_tools import tmpfs
+from helpers.waits import stays, until
 
 from ix_device_plugin.dra.checkpoint import CHECKPOINT_FILE
 from ix_device_plugin.dra.claimspec import cdi_spec_file
@@ -35,8 +36,6 @@ from ix_device_plugin.runtime.errors import StartupError
 from ix_device_plugin.runtime.files import read_boot_id
 from ix_device_plugin.standins.apiserver import ApiServerStandIn
 from ix_device_plugin.standins.dra_kubelet import DraKubeletStandIn
-
-from support import until
 
 EXPORTER = "ix-exporter"
 
@@ -452,8 +451,11 @@ async def test_a_retry_on_the_new_pod_during_the_old_pods_reset_waits_for_it_and
     new = await node.start(backend_factory=lambda: backend, pod_uid="pod-new", reset_wait_timeout=10.0)
     to_new = await node.kubelet(new)
     retry = asyncio.create_task(to_new.prepare([claim]))  # the kubelet gave up on the old pod's answer
-    await asyncio.sleep(1.0)
-    assert (info := handshake.document()) is not None and info.reset  # the new pod's start did not end the reset
+    await stays(
+        lambda: (info := handshake.document()) is not None and info.reset,
+        for_=1.0,
+        message="the new pod's start did not end the reset",
+    )
     assert not retry.done() and backend.resets == []  # no answer before the chips are reset
     exporter = asyncio.create_task(handshake.exporter())  # ix-exporter lets go at last
     try:

@@ -20,7 +20,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from dra_support import DraNode
+from helpers.dra_support import DraNode
+from helpers.waits import stays, until
 from prometheus_client.parser import text_string_to_metric_families
 
 from ix_device_plugin.dra.claimspec import cdi_spec_file
@@ -114,8 +115,8 @@ async def test_two_pods_with_different_config_overlap_with_one_writer_and_hand_o
     kubelets.append(await node.kubelet(new))
     before = slice_writes(api)
     async with SliceSampler(node) as sampler:
-        await asyncio.sleep(2)  # both pods running, each with its own content
-        assert slice_writes(api) == before, "a write while both pods ran"
+        # both pods running, each with its own content
+        await stays(lambda: slice_writes(api) == before, for_=2, message="a write while both pods ran")
         assert unshared(node.slice_devices())
         assert (old.role.held, new.role.held) == (True, False)
         assert "standby: another pod holds" in caplog.text
@@ -135,8 +136,7 @@ async def test_two_pods_with_different_config_overlap_with_one_writer_and_hand_o
         took = time.monotonic() - stopped
         assert new.role.held and metric(new, "ix_device_plugin_dra_slice_publisher") == 1
         at_rest = await settled(api)
-        await asyncio.sleep(1)
-        assert slice_writes(api) == at_rest, "a write at rest"
+        await stays(lambda: slice_writes(api) == at_rest, for_=1, message="a write at rest")
     assert sampler.longest_gap == 0 and sampler.samples > 40
     assert took < 1.0
     assert "on standby: publishing the ResourceSlices of node node-a" in caplog.text
@@ -171,8 +171,9 @@ async def test_a_replaced_role_lock_stops_the_publisher_before_another_pod_takes
     lock.unlink()  # someone removed the lock file: a new pod would lock a new file
     new = await node.start(pod_uid="pod-new", config=Config(replicas=2))
     await node.wait_slice(shared, timeout=4)
-    await asyncio.sleep(1.5)
-    assert not old.role.held and new.role.held
+    await until(
+        lambda: not old.role.held and new.role.held, timeout=5, message="the new pod holding the role, not the old"
+    )
     assert shared(node.slice_devices())  # the old pod stopped writing, the war did not start
 
 
@@ -196,9 +197,7 @@ def spawn_driver(node: DraNode, pod_uid: str, log: Path, *flags: str) -> subproc
 
 
 async def logged(log: Path, text: str, timeout: float) -> None:
-    async with asyncio.timeout(timeout):
-        while text not in log.read_text():
-            await asyncio.sleep(0.05)
+    await until(lambda: text in log.read_text(), timeout=timeout, interval=0.05)
 
 
 @pytest.mark.parametrize("how", [signal.SIGTERM, signal.SIGKILL], ids=["stopped", "killed"])
@@ -215,16 +214,14 @@ async def test_the_standby_process_takes_over_when_the_publisher_is_stopped_or_k
     await logged(new_log, "standby: another pod holds", timeout=1)
     before = slice_writes(api)
     async with SliceSampler(node) as sampler:
-        await asyncio.sleep(2)
-        assert slice_writes(api) == before, "a write while both pods ran"
+        await stays(lambda: slice_writes(api) == before, for_=2, message="a write while both pods ran")
         assert unshared(node.slice_devices())
         signalled = time.monotonic()
         old.send_signal(how)
         await node.wait_slice(shared, timeout=5)
         took = time.monotonic() - signalled
         at_rest = await settled(api)
-        await asyncio.sleep(1)
-        assert slice_writes(api) == at_rest, "a write at rest"
+        await stays(lambda: slice_writes(api) == at_rest, for_=1, message="a write at rest")
     assert await asyncio.to_thread(old.wait, 5) == (0 if how == signal.SIGTERM else -signal.SIGKILL)
     assert sampler.longest_gap == 0
     assert took < 3, f"the standby took {took:.1f}s to publish"

@@ -12,7 +12,8 @@ from typing import Any
 
 import pytest
 import yaml
-from dra_support import DraNode, answer, gpu_config
+from helpers.dra_support import DraNode, answer, gpu_config
+from helpers.waits import stays, until
 from prometheus_client.parser import text_string_to_metric_families
 
 from ix_device_plugin.core.inventory import Inventory
@@ -29,9 +30,7 @@ SHARED = Config(splitboard=True, replicas=4)
 
 async def settled(api: ApiServerStandIn) -> None:
     """Wait until every slice of the pool is at one generation (a write of several slices is over)."""
-    async with asyncio.timeout(5):
-        while len({s["spec"]["pool"]["generation"] for s in api.objects("resourceslices")}) != 1:
-            await asyncio.sleep(0.02)
+    await until(lambda: len({s["spec"]["pool"]["generation"] for s in api.objects("resourceslices")}) == 1, timeout=5)
 
 
 def metrics(text: bytes) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -95,9 +94,7 @@ async def test_four_shares_of_one_chip_and_unpreparing_one_leaves_three(node: Dr
     def status(claim: tuple[str, str, str]) -> list[dict[str, Any]]:
         return (api.get("resourceclaims", claim[1], "default") or {}).get("status", {}).get("devices") or []
 
-    async with asyncio.timeout(3):
-        while not status(fifth):
-            await asyncio.sleep(0.02)
+    await until(lambda: status(fifth), timeout=3)
     (entry,) = status(fifth)
     assert entry["shareID"] and entry["data"] == {"uuid": uuid, "pciBusID": entry["data"]["pciBusID"], "slots": [1]}
     await kubelet.close()
@@ -200,8 +197,11 @@ async def test_a_prepare_or_unprepare_of_a_claim_being_reset_waits_for_the_reset
     await started.wait()
     second = asyncio.create_task(state.prepare(ref, read, devices, (), reset))
     undo = asyncio.create_task(state.unprepare(ref))
-    await asyncio.sleep(0.1)
-    assert not second.done() and not undo.done()  # no container starts before its chips are reset
+    await stays(
+        lambda: not second.done() and not undo.done(),
+        for_=0.1,
+        message="no container starts before its chips are reset",
+    )
     release.set()
     assert await first == await second and await undo is None
     assert set(resets) == {(devices["gpu-0"].chip.uuid,)}
@@ -216,9 +216,7 @@ async def test_a_restart_that_changes_nothing_writes_nothing_and_keeps_the_board
     stored = {s["metadata"]["name"]: s["metadata"]["resourceVersion"] for s in api.objects("resourceslices")}
     await node.stop(driver)
     restarted = await node.start()
-    async with asyncio.timeout(5):
-        while restarted.publisher is None or restarted.publisher.published is None:
-            await asyncio.sleep(0.02)
+    await until(lambda: restarted.publisher is not None and restarted.publisher.published is not None, timeout=5)
     # not even for a moment without the boards: their chips would look free to the scheduler
     assert {s["metadata"]["name"]: s["metadata"]["resourceVersion"] for s in api.objects("resourceslices")} == stored
     assert restarted.publisher.counters is True
@@ -248,11 +246,9 @@ async def test_a_server_without_counters_gets_chips_only_even_when_it_stops_keep
     api.shared_counters = False
     first = await node.start()
     await node.wait_slice(lambda devices: sorted(devices) == ["gpu-0", "gpu-1", "gpu-2", "gpu-3"])
-    async with asyncio.timeout(5):  # the first write's counter slice, stored empty, goes at the second
-        while first.publisher is None or first.publisher.counters is not False:
-            await asyncio.sleep(0.02)
-        while len(api.objects("resourceslices")) != 1:
-            await asyncio.sleep(0.02)
+    # the first write's counter slice, stored empty, goes at the second
+    await until(lambda: first.publisher is not None and first.publisher.counters is False, timeout=5)
+    await until(lambda: len(api.objects("resourceslices")) == 1, timeout=5)
     assert "drops shared counters" in caplog.text
     await node.stop_all()
     api.shared_counters = True
@@ -276,5 +272,8 @@ async def test_a_server_without_consumable_capacity_gets_each_device_once(node: 
     node.write_boards([{"product": "BI-V150"}, {"product": "BI-V150"}])
     await node.wait_slice(lambda devices: "taints" not in devices["gpu-3"])
     stored = node.slice()["metadata"]["resourceVersion"]
-    await asyncio.sleep(0.3)
-    assert node.slice()["metadata"]["resourceVersion"] == stored != version  # written for changes only
+    await stays(
+        lambda: node.slice()["metadata"]["resourceVersion"] == stored != version,
+        for_=0.3,
+        message="written for changes only",
+    )

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from helpers.support import REPO_ROOT
+
 from ix_device_plugin.api import api_pb2
 from ix_device_plugin.api.generate import API_DIR, generate
-
-from support import REPO_ROOT
 
 
 def test_generated_modules_are_current(tmp_path: Path) -> None:

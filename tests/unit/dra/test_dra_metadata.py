@@ -9,9 +9,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers.metadata_reader import read_with_reference, reference_reader
 from hypothesis import given
 from hypothesis import strategies as st
-from metadata_reader import read_with_reference, reference_reader
 
 from ix_device_plugin.core.inventory import ChipStatus, Inventory
 from ix_device_plugin.dra.checkpoint import CheckpointError, checkpoint_text, parse_checkpoint

@@ -8,7 +8,7 @@ from decimal import Decimal
 from typing import Any
 
 import pytest
-from dra_validation import pool_errors, slice_errors
+from helpers.dra_validation import pool_errors, slice_errors
 
 from ix_device_plugin.core.inventory import Board, Chip, ChipStatus, Inventory
 from ix_device_plugin.dra.pool import pool_objects, quantity

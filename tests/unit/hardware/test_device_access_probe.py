@@ -8,7 +8,7 @@ import stat
 from pathlib import Path
 
 import pytest
-from host_tools import require
+from helpers.host_tools import require
 
 from ix_device_plugin.hardware.devnodes import device_access_problem
 

@@ -11,6 +11,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+from helpers.support import IXML_DOUBLE_CONFIG as CONFIG_ENV
+from helpers.support import make_dev_root
 
 from ix_device_plugin.core.inventory import (
     TOPOLOGY_HOSTBRIDGE,
@@ -31,9 +33,6 @@ from ix_device_plugin.hardware.ixml import IxmlBackend, NoDevicesError
 from ix_device_plugin.hardware.ixml.devices import normalize_bus_id, placeholder_uuid, read_numa_node
 from ix_device_plugin.hardware.ixml.library import find_library, load_library
 from ix_device_plugin.settings.config import Config
-
-from support import IXML_DOUBLE_CONFIG as CONFIG_ENV
-from support import make_dev_root
 
 LOGGER = "ix_device_plugin.hardware.ixml"  # the package's modules log under it
 

@@ -7,6 +7,7 @@ import logging
 from pathlib import Path
 
 import pytest
+from helpers.waits import stays, until
 
 from ix_device_plugin.core.inventory import Inventory
 from ix_device_plugin.hardware.backend import XidEvent, XidSink
@@ -49,11 +50,13 @@ async def test_a_chip_that_stays_absent_is_looked_for_once_then_at_the_rediscove
     running = asyncio.create_task(monitor.run())
     try:
         devices.write_text(BOARDS % "false")
-        async with asyncio.timeout(10):
-            while backend.discoveries < 2:
-                await asyncio.sleep(0.01)
-        await asyncio.sleep(1.0)  # about 50 more polls, each finding the chip still absent
-        assert backend.discoveries == 2, "the first discovery and one for the loss, not one per poll"
+        await until(lambda: backend.discoveries >= 2, timeout=10, interval=0.01)
+        # about 50 more polls, each finding the chip still absent
+        await stays(
+            lambda: backend.discoveries == 2,
+            for_=1.0,
+            message="the first discovery and one for the loss, not one per poll",
+        )
         assert [chip.status.present for chip in monitor.inventory.chips()] == [False, True]
     finally:
         running.cancel()
@@ -79,9 +82,7 @@ async def test_an_xid_storm_is_summarised_in_a_few_log_lines_and_a_chip_keeps_a_
     storm += [XidEvent(f"GPU-gone-{n}", 79) for n in range(1_000)]  # chips not served, each once
     try:
         await asyncio.to_thread(lambda: [backend.xid_sink(event) for event in storm])  # the backend's thread
-        async with asyncio.timeout(20):
-            while len(taken) < len(storm):
-                await asyncio.sleep(0.01)
+        await until(lambda: len(taken) >= len(storm), timeout=20, interval=0.01)
         assert len(monitor.inventory.statuses()[second].xids) == MAX_XIDS
         lines = [r for r in caplog.records if r.name == "ix_device_plugin.hardware.monitor"]
         assert len(lines) < 100, f"{len(lines)} log lines for {len(storm)} events"

@@ -7,13 +7,12 @@ import sys
 from pathlib import Path
 
 import pytest
-from reset_support import fake_ixsmi
+from helpers.reset_support import fake_ixsmi
+from helpers.support import TESTS_DIR
 
 from ix_device_plugin.hardware import simulated
 from ix_device_plugin.hardware.backend import BackendError
 from ix_device_plugin.hardware.simulated import REWRITE_PAUSE, SimulatedBackend
-
-from support import TESTS_DIR
 
 CORPUS = TESTS_DIR / "hostile" / "devices"
 EXPECTED = {

@@ -7,6 +7,7 @@ import threading
 from typing import Any
 
 import pytest
+from helpers.waits import stays
 
 from ix_device_plugin.hardware.backend import BackendError
 from ix_device_plugin.hardware.worker import BackendTimeout, Hardware
@@ -46,8 +47,11 @@ async def test_an_abandoned_hung_call_leaves_later_calls_free_and_its_late_end_c
     task = asyncio.ensure_future(hardware.call("slow", slow, timeout=5))
     await asyncio.sleep(0.05)
     gate.open.set()  # the abandoned call ends now, while another call runs
-    await asyncio.sleep(0.05)
-    assert hardware.running == "slow", "the abandoned call's late end left the running one as it was"
+    await stays(
+        lambda: hardware.running == "slow",
+        for_=0.05,
+        message="the abandoned call's late end left the running one as it was",
+    )
     release.set()
     assert await task == "done"
     assert not hardware.abandon(), "nothing runs: nothing to give up on"

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from host_tools import e2e_tool, require
+from helpers.host_tools import e2e_tool, require
 
 
 def reference_reader() -> Path:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import fields, replace
@@ -11,6 +10,7 @@ from typing import Any
 
 import yaml
 
+from helpers.waits import until
 from ix_device_plugin.apiserver.settings import KubeSettings, settings_from
 from ix_device_plugin.dra.checkpoint import CHECKPOINT_FILE
 from ix_device_plugin.dra.driver import DraDriver
@@ -131,9 +131,7 @@ class DraNode:
 
     async def wait_slice(self, predicate: Callable[[dict[str, dict[str, Any]]], bool], timeout: float = 5.0) -> None:
         """Wait until the stored slice's devices satisfy predicate."""
-        async with asyncio.timeout(timeout):
-            while not predicate(self.slice_devices()):
-                await asyncio.sleep(0.02)
+        await until(lambda: predicate(self.slice_devices()), timeout=timeout)
 
     def claim(
         self,

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import yaml
 
+from helpers.support import DaemonFactory, config_flags
 from ix_device_plugin.apiserver.settings import settings_from
 from ix_device_plugin.core.healing import Rules
 from ix_device_plugin.core.inventory import Inventory
@@ -23,8 +24,6 @@ from ix_device_plugin.hardware.ixml.reset import run_ixsmi_reset
 from ix_device_plugin.hardware.simulated import SimulatedBackend
 from ix_device_plugin.healing.events import EVENT_NAMESPACE
 from ix_device_plugin.standins.apiserver import ApiServerStandIn
-
-from support import DaemonFactory, config_flags
 
 NODE = "gpu-node-1"
 NAMESPACE = "kube-system"

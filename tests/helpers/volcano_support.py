@@ -8,14 +8,13 @@ from typing import Any
 
 import yaml
 
+from helpers.support import RESOURCE, DaemonFactory, config_flags
 from ix_device_plugin.apiserver.settings import settings_from
 from ix_device_plugin.deviceplugin.features.volcano import DEV_VOLCANO, PREDICATE_TIME
 from ix_device_plugin.hardware.simulated import SimulatedBackend
 from ix_device_plugin.standins.apiserver import ApiServerStandIn
 from ix_device_plugin.standins.apiserver.managedfields import Writer
 from ix_device_plugin.standins.podresources import PodResourcesStandIn
-
-from support import RESOURCE, DaemonFactory, config_flags
 
 NODE = "gpu-node-1"
 NAMESPACE = "kube-system"

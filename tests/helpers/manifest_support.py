@@ -19,11 +19,12 @@ from types import ModuleType
 from typing import Any
 
 import yaml
-from host_tools import require
 from kubernetes import client
 from kubernetes.client import models
 
-ROOT = Path(__file__).resolve().parent.parent
+from helpers.host_tools import require
+
+ROOT = Path(__file__).resolve().parents[2]
 STATIC_DIR = ROOT / "deployments" / "static"
 CHART_DIR = ROOT / "deployments" / "helm" / "ix-device-plugin"
 

@@ -9,7 +9,7 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
-from host_tools import e2e_tool
+from helpers.host_tools import e2e_tool
 
 
 def cdi_validate() -> tuple[Path | None, str]:

@@ -26,7 +26,7 @@ import pytest
 from e2e.harness.skips import in_ci
 
 CI_FAILURE = "CI=true, where .ci/run provides this, so its absence is a failure"
-BUILD_SCRIPT = Path(__file__).resolve().parents[1] / "e2e" / "cluster" / "build.sh"
+BUILD_SCRIPT = Path(__file__).resolve().parents[2] / "e2e" / "cluster" / "build.sh"
 
 
 def e2e_tool(name: str, variable: str) -> Path:

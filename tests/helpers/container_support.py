@@ -24,7 +24,7 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
-from host_tools import missing, require
+from helpers.host_tools import missing, require
 
 BUSYBOX = Path("/bin/busybox")
 IMAGE = "localhost/ix-device-plugin-busybox:test"

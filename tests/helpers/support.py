@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import os
 import subprocess
 import sys
@@ -14,7 +13,7 @@ from ix_device_plugin.deviceplugin.loop import Daemon
 from ix_device_plugin.settings.resolve import resolve
 from ix_device_plugin.settings.table import RUN, SETTINGS
 
-TESTS_DIR = Path(__file__).resolve().parent
+TESTS_DIR = Path(__file__).resolve().parents[1]
 REPO_ROOT = TESTS_DIR.parent
 RESOURCE = "iluvatar.com/gpu"
 IXML_DOUBLE_CONFIG = "IXML_DOUBLE_CONFIG"  # the environment variable naming the C double's device file
@@ -77,13 +76,6 @@ def stop_process(process: subprocess.Popen[bytes]) -> None:
 def metric(daemon: Daemon, name: str, **labels: str) -> float:
     """A sample's value in the daemon's metrics registry (0 when it has none yet)."""
     return daemon.metrics.registry.get_sample_value(name, labels) or 0.0
-
-
-async def until(predicate: Callable[[], bool], timeout: float = 5.0, step: float = 0.02) -> None:
-    """Wait until predicate() holds, polling; raises TimeoutError."""
-    async with asyncio.timeout(timeout):
-        while not predicate():
-            await asyncio.sleep(step)
 
 
 def inject_xid(conf: Path, index: int, xid: int, times: int = 1) -> None:
