@@ -57,6 +57,18 @@ class FaultActions:
 
         self.close(heals, ended, f"healed by the reset ending at {ended:.1f}")
 
+    def returned_awaits_reset(self, chip: int) -> None:
+        """A return is no cure for an XID: the agent resets the chip once more and only a reset that succeeds brings
+        it back (README, "The operator's way back"); one that fails or hangs leaves it needing an operator again. (A
+        chip back on the bus is closed at its return above: its absence was a health condition, not an XID.)"""
+        at = self.soak.now()
+        self.open = [
+            (ch, since, "reset", f"{why}, returned at {at:.1f}")
+            if ch == chip and by == "return"
+            else (ch, since, by, why)
+            for ch, since, by, why in self.open
+        ]
+
     def forget_all(self, why: str) -> None:
         """The agent's memory of broken chips made unreadable: what only it knew (an XID, an event of the past) is
         no longer a fault anyone can hold it to; what the hardware still says (bits, absence) is."""
@@ -145,8 +157,11 @@ class FaultActions:
         with contextlib.suppress(KubectlError, AssertionError):
             self.soak.admin("annotate", "node", self.soak.cluster.node_name, f"{RETURN_ANNOTATION}-")
         self.close(
-            lambda ch, since, by, why: ch == chip and by == "return", self.soak.now(), "returned by the operator"
+            lambda ch, since, by, why: ch == chip and by == "return" and not why.startswith("XID"),
+            self.soak.now(),
+            "returned by the operator",
         )
+        self.returned_awaits_reset(chip)
         with contextlib.suppress(KubectlError, AssertionError):
             self.soak.admin(
                 "annotate", "node", self.soak.cluster.node_name, f"{RETURN_ANNOTATION}={uuid}", "--overwrite"
