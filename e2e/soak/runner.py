@@ -338,8 +338,7 @@ class Soak:
         )
         c.nothing_left(self.invariants["nothing left"], self.now(), found)
         self.agent.stop()
-        self.note("agent stopped")
-        time.sleep(1)
+        self.note("agent stopped")  # stop() returns once the process has exited: its files are gone by then
         found = leftovers(
             self.cluster.device_plugin_dir,
             self.cluster.cdi_dir,
