@@ -1,5 +1,7 @@
-"""The healer: both front ends' node service that brings a broken chip back; it sees and resets, and leaves the
-reservations with the record (healing/reservations.py) and the telling (healing/telling.py) to its parts.
+"""The healer sees each chip's health and resets a broken one once it is free, to bring it back into service.
+
+Both front ends' node service; it leaves the reservations with the record (healing/reservations.py) and the telling
+(healing/telling.py) to its parts.
 
 It follows the one hardware monitor. Each chip out of service gets a story (core/healing.py's `Care`): a chip whose
 reasons a reset clears (the health policy says which) is reset once it is free, through the same `GpuReset` (ixsmi

@@ -1,4 +1,4 @@
-"""The healer's reservations, kept with the node-health record: what the healer knows outlives it.
+"""The healer's reservations of chips for a reset, kept with the node-health record, so that they outlive it.
 
 A chip about to be reset is first reserved: the node-health record says so (every pod of the agent reads it before
 it gives out a chip) and the monitor holds it out of service, whatever its health reads, until the reset is done or

@@ -1,5 +1,7 @@
-"""What the healer says: every health change and step as a Node Event (NodeEvents), a log line and a metric, each
-XID the policy does not ignore as an Event, and each chip's story in the file `list` shows.
+"""The healer's telling: Node Events, log lines, metrics and the story file, of every health change and step.
+
+Each health change and step is a Node Event (NodeEvents), a log line and a metric; each XID the policy does not
+ignore is an Event; each chip's story is in the file `list` shows.
 
 Only the pod acting for the node says it (Events, the story and the phases' gauge); a pod on standby is silent, its
 log aside. It reads the chips' stories (the healer writes them) and changes none.
