@@ -33,7 +33,7 @@ from bench.settings import Settings
 from bench.stats import summary_ms
 from ix_device_plugin.api import HEALTHY, UNHEALTHY
 from ix_device_plugin.dra.pool import slice_base_name
-from ix_device_plugin.healing.healer import FREE_POLL
+from ix_device_plugin.healing.settings import FREE_POLL
 from ix_device_plugin.standins.apiserver import ApiServerStandIn, Recorded
 from ix_device_plugin.standins.podresources import PodResourcesStandIn
 

@@ -47,6 +47,7 @@ from ix_device_plugin.hardware.open import backend_factory as open_backend
 from ix_device_plugin.hardware.worker import Hardware
 from ix_device_plugin.healing.record import RecordFile, record_path
 from ix_device_plugin.healing.service import NodeHealing
+from ix_device_plugin.healing.settings import HealingSettings
 from ix_device_plugin.healing.story import story_path
 from ix_device_plugin.healing.wayback import return_annotation
 from ix_device_plugin.kubelet.podresources import PodResources
@@ -192,16 +193,18 @@ class Daemon:
             self.api.gpu_reset,
             self.holders,
             self.apiserver,
-            policy=lambda: self.config.health_policy,
-            switch=lambda: self.config.self_healing,
+            HealingSettings(
+                policy=lambda: self.config.health_policy,
+                switch=lambda: self.config.self_healing,
+                story=story_path(options.plugin_dir),
+                rules=healing_rules or Rules(),
+                node_watched=options.per_node_config,  # the label's watch of the Node brings the operator's annotation
+                boot_id=read_boot_id(),
+                writer=f"device-plugin {options.pod_uid or os.getpid()}",
+                acting=lambda: self.acting,
+            ),
             registry=self.metrics.registry,
-            story=story_path(options.plugin_dir),
-            rules=healing_rules,
-            node_watched=options.per_node_config,  # the label's watch of the Node brings the operator's annotation
             record=self.record,
-            boot_id=read_boot_id(),
-            writer=f"device-plugin {options.pod_uid or os.getpid()}",
-            acting=lambda: self.acting,
         )
         self.endpoint = Endpoint(
             plugin_socket(options.plugin_dir, options.pod_uid),

@@ -75,6 +75,7 @@ from ix_device_plugin.hardware.pcie import pcie_roots
 from ix_device_plugin.hardware.worker import Hardware
 from ix_device_plugin.healing.record import RecordFile, record_path
 from ix_device_plugin.healing.service import NodeHealing
+from ix_device_plugin.healing.settings import HealingSettings
 from ix_device_plugin.healing.story import story_path
 from ix_device_plugin.healing.wayback import return_annotation
 from ix_device_plugin.kubelet.sockets import Identity, unix_target
@@ -181,16 +182,18 @@ class DraDriver:
             self.gpu_reset,
             ClaimGuard(self.state, self.node.pod_resources, lambda: self.monitor.inventory),
             self.api,
-            policy=lambda: self.health_policy,
-            switch=lambda: options.config.self_healing,
+            HealingSettings(
+                policy=lambda: self.health_policy,
+                switch=lambda: options.config.self_healing,
+                story=story_path(plugin_dir(options.plugins_dir)),
+                rules=healing_rules or DRA_HEALING,
+                node_watched=True,  # for the slices' owner: the annotation iluvatar.com/gpu.return comes with it
+                acting=lambda: self.role.held,  # one pod heals the node: the one publishing its slices
+                boot_id=self.state.boot_id,
+                writer=f"dra {options.pod_uid or os.getpid()}",
+            ),
             registry=self.metrics.registry,
-            story=story_path(plugin_dir(options.plugins_dir)),
-            rules=healing_rules or DRA_HEALING,
-            node_watched=True,  # for the slices' owner: the annotation iluvatar.com/gpu.return comes with it
-            acting=lambda: self.role.held,  # one pod heals the node: the one publishing its slices
             record=self.record,
-            boot_id=self.state.boot_id,
-            writer=f"dra {options.pod_uid or os.getpid()}",
         )
 
     @property

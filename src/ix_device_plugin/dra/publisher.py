@@ -1,9 +1,8 @@
 """Keeps the node's ResourceSlices equal to what the driver wants published, through API server outages.
 
 `SlicePublisher.want` takes the content to publish; `run` writes it: the pool's slices as `pool.py` cuts them,
-each created or replaced at its stored resourceVersion with the pool generation bumped once for all of them,
-and slices the pool no longer needs deleted; retried with backoff. `republish` writes again even when nothing
-changed here (the kubelet deleted the slices, or someone edited them).
+written by `PoolWriter` (poolwriter.py: owned by the Node, over whatever is stored); retried with backoff.
+`republish` writes again even when nothing changed here (the kubelet deleted the slices, or someone edited them).
 
 What the API server keeps is learnt from what it stores, and from its answers to server-side dry runs (nothing
 stored, no watch event). Before a write whose content needs shared counters or device taints that the server
@@ -18,19 +17,11 @@ write is checked again: a server can change. A 422 for any other field is an err
 Consumable capacity: where the server drops `allowMultipleAllocations`, each device is allocated to one claim
 at a time, which is safe, and said once; a new node writes it without asking (such a server stores what the
 driver would write knowing it), a restart over stored slices asks first.
-
-The slices are owned by the Node (an owner reference with its UID), so that they go with it. The UID is
-followed (`node_seen`, from a watch of the Node) and read again before any slice is created: a Node deleted
-and re-created gets its slices' owner references changed to it, and a Node that appears after the slices were
-written becomes their owner. The pool's slices are found by label, and by driver, node, pool and name too: a
-slice whose label another writer removed is adopted (the label put back); a name held by a slice that is not
-the pool's (another driver's or node's) is replaced; the log says what was found.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Mapping
@@ -38,17 +29,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from ix_device_plugin.apiserver.client import Kube
-from ix_device_plugin.apiserver.errors import KubeAlreadyExists, KubeError, KubeInvalid, KubeNotFound
-from ix_device_plugin.apiserver.objects import NODE, RESOURCE_SLICE, uid_of, version_of
-from ix_device_plugin.dra.pool import (
-    MANAGED_BY,
-    labelled,
-    owned_slice,
-    pool_objects,
-    same_owner,
-    same_spec,
-    slice_base_name,
-)
+from ix_device_plugin.apiserver.errors import KubeError, KubeInvalid
+from ix_device_plugin.apiserver.objects import RESOURCE_SLICE, version_of
+from ix_device_plugin.dra.pool import owned_slice, pool_objects, slice_base_name
+from ix_device_plugin.dra.poolwriter import PoolWriter, generation_of, versions
 from ix_device_plugin.dra.slices import (
     UNHEALTHY_TAINT,
     SliceContent,
@@ -63,7 +47,6 @@ from ix_device_plugin.runtime.logs import OncePerError
 
 log = logging.getLogger(__name__)
 
-WRITE_ATTEMPTS = 5  # a conflict means someone else wrote a slice: read them again, this many times
 RECHECK_FIRST = 30.0  # seconds from "the server drops or refuses counters" to asking it again
 RECHECK_CAP = 600.0  # the delay doubles up to this (each +-20 %): a round of dry runs every ten minutes at most
 COUNTER_FIELDS = ("sharedCounters", "consumesCounters")  # a 422 naming these refuses the counters
@@ -93,9 +76,7 @@ class SlicePublisher:
         self.counters: bool | None = None  # the same for shared counters (boards and chips from one pool)
         self.sharing: bool | None = None  # the same for allowMultipleAllocations (shared devices)
         self.published: list[dict[str, Any]] | None = None
-        self.repairs = 0  # writes made because the stored slices differed from what was last published
-        self._node_uid: str | None = None  # the Node's UID for the owner references: None not known, "" no Node
-        self._last_owner = ""  # the last UID the Node had
+        self.writer = PoolWriter(kube, node)
         self._recheck = Backoff(initial=RECHECK_FIRST, cap=RECHECK_CAP)
         self._recheck_at: float | None = None  # when to ask again whether the server keeps counters (monotonic)
         self._seen: Mapping[str, str] | None = None  # this driver's slices as the watch last saw them, by name
@@ -112,19 +93,24 @@ class SlicePublisher:
         """The watch's view of this driver's slices (name -> resourceVersion): repair them when they are not the
         ones last published (someone else edited or deleted them)."""
         self._seen = dict(stored)
-        if self.published is not None and self._seen != _versions(self.published):
+        if self.published is not None and self._seen != versions(self.published):
             self.republish()
 
     def node_seen(self, uid: str) -> None:
         """The Node's UID as the watch of the Node sees it ("" when there is none): the owner references follow."""
-        if self._set_node_uid(uid):
+        if self.writer.node_seen(uid):
             self.republish()
 
     def missing(self) -> list[str]:
         """The slices last published that the watch no longer sees."""
         if self._seen is None or self.published is None:
             return []
-        return sorted(set(_versions(self.published)) - set(self._seen))
+        return sorted(set(versions(self.published)) - set(self._seen))
+
+    @property
+    def repairs(self) -> int:
+        """Writes made because the stored slices differed from what was last published."""
+        return self.writer.repairs
 
     def republish(self) -> None:
         """Compare the stored slices with the wish again and repair them (no write when they agree)."""
@@ -167,7 +153,7 @@ class SlicePublisher:
         """Create, update or delete the pool's slices until they say what content says; raises KubeError."""
         current = None
         if self._unknown(content, stored=True):
-            current = await self._stored()
+            current = await self.writer.stored()
             self._learn_from_stored(list(current.values()))
             if self._unknown(content, stored=bool(current)):
                 await self._probe(content, roots)
@@ -175,7 +161,7 @@ class SlicePublisher:
         while True:
             devices, sets = self._wanted_objects(content, roots)
             try:
-                stored, wrote = await self._write(devices, sets, current)
+                stored, wrote = await self.writer.write(devices, sets, current, self.published)
             except KubeInvalid as error:
                 if not sets or not error.names(*COUNTER_FIELDS):
                     raise  # a refusal of something else: an error, retried
@@ -327,124 +313,12 @@ class SlicePublisher:
         metadata["generateName"] = f"{metadata.pop('name')}-check-"
         return await self.kube.create_object(RESOURCE_SLICE, obj, dry_run=True)
 
-    def _set_node_uid(self, uid: str) -> bool:
-        """Remember the Node's UID, saying what changed; True when it did."""
-        before, self._node_uid = self._node_uid, uid
-        if uid == before:
-            return False
-        if not uid:
-            log.warning("node %s not found: its ResourceSlices get no owner reference until it is there", self.node)
-        elif self._last_owner and self._last_owner != uid:
-            log.warning(
-                "node %s was re-created (UID %s, was %s): its ResourceSlices' owner reference follows",
-                self.node,
-                uid,
-                self._last_owner,
-            )
-        elif before == "":
-            log.info("node %s is there now (UID %s): it owns its ResourceSlices", self.node, uid)
-        self._last_owner = uid or self._last_owner
-        return True
-
-    async def _read_node_uid(self) -> None:
-        """Read the Node's UID (the slices' owner): at the first write, and before any slice is created."""
-        node = await self.kube.get_object(NODE, self.node)
-        self._set_node_uid("" if node is None else uid_of(node))
-
-    async def _write(
-        self, devices: list[dict[str, Any]], sets: list[dict[str, Any]], listed: dict[str, dict[str, Any]] | None
-    ) -> tuple[list[dict[str, Any]], bool]:
-        """The stored slices once they say devices and counter sets, and whether anything was written; listed:
-        the pool's slices as just read, if they were (a stale listing ends in a conflict, and a read again)."""
-        names = {obj["metadata"]["name"] for obj in pool_objects(self.node, devices, 0, None, sets)}
-        node_read = False
-        for _ in range(WRITE_ATTEMPTS):
-            current = listed if listed is not None else await self._stored()
-            listed = None
-            if self._node_uid is None or (not node_read and names - set(current)):
-                await self._read_node_uid()  # never a create owned by a Node that is gone
-                node_read = True
-            generation = max((_generation(obj) for obj in current.values()), default=0)
-            wanted = pool_objects(self.node, devices, generation, self._node_uid, sets)
-            if _agrees(wanted, current):
-                return [current[obj["metadata"]["name"]] for obj in wanted], False
-            if self.published is not None:
-                self.repairs += _differs_from_published(self.published, current)
-            try:
-                objects = pool_objects(self.node, devices, generation + 1, self._node_uid, sets)
-                stored = await self._replace(objects, current)
-            except (KubeAlreadyExists, KubeNotFound):
-                continue
-            except KubeError as error:
-                if error.status != 409:
-                    raise
-                continue
-            return stored, True
-        message = f"update the ResourceSlices of pool {self.node}: still conflicting after {WRITE_ATTEMPTS} tries"
-        raise KubeError(message, 409, "Conflict")
-
-    async def _stored(self) -> dict[str, dict[str, Any]]:
-        """The pool's slices as stored, by name: the node's slices of this driver, by label or by name and pool."""
-        objects = await self.kube.list_objects(RESOURCE_SLICE, field_selector={"spec.nodeName": self.node})
-        return {
-            obj["metadata"]["name"]: obj
-            for obj in objects
-            if owned_slice(obj, self.node) and (obj.get("metadata") or {}).get("name")
-        }
-
-    async def _replace(
-        self, wanted: list[dict[str, Any]], current: Mapping[str, dict[str, Any]]
-    ) -> list[dict[str, Any]]:
-        """Write wanted over current, the counter sets before the devices that consume them (whoever sees the
-        devices finds their counters there); the stored objects, in wanted's order."""
-        stored: dict[str, dict[str, Any]] = {}
-        for obj in sorted(wanted, key=lambda obj: "sharedCounters" not in obj["spec"]):
-            existing = current.get(obj["metadata"]["name"])
-            if existing is None:
-                stored[obj["metadata"]["name"]] = await self._create(obj)
-                continue
-            if not labelled(existing):
-                log.warning(
-                    "ResourceSlice %s (%s) had lost its label %s: another writer removed it; adopted, the label "
-                    "put back",
-                    obj["metadata"]["name"],
-                    _described(existing),
-                    _label_text(),
-                )
-            obj["metadata"]["resourceVersion"] = version_of(existing)
-            stored[obj["metadata"]["name"]] = await self.kube.replace_object(RESOURCE_SLICE, obj)
-        for name in sorted(set(current) - set(stored)):
-            with contextlib.suppress(KubeNotFound):
-                await self.kube.delete_object(RESOURCE_SLICE, name)
-        return [stored[obj["metadata"]["name"]] for obj in wanted]
-
-    async def _create(self, obj: dict[str, Any]) -> dict[str, Any]:
-        """Create obj; when its name is taken by a slice the pool's listing did not find, take that one over."""
-        try:
-            return await self.kube.create_object(RESOURCE_SLICE, obj)
-        except KubeAlreadyExists:
-            existing = await self.kube.get_object(RESOURCE_SLICE, obj["metadata"]["name"])
-            if existing is None or owned_slice(existing, self.node):
-                raise  # deleted since, or one of the pool's written since: read them again
-            return await self._take_over(obj, existing)
-
-    async def _take_over(self, obj: dict[str, Any], existing: dict[str, Any]) -> dict[str, Any]:
-        """Replace the slice that holds obj's name and is not the pool's (another driver's, or another node's: a
-        slice's driver and node cannot be changed) with obj: deleted, then created."""
-        name = obj["metadata"]["name"]
-        log.warning(
-            "ResourceSlice %s, a name of this pool, held another slice (%s): replaced", name, _described(existing)
-        )
-        with contextlib.suppress(KubeNotFound):
-            await self.kube.delete_object(RESOURCE_SLICE, name)
-        return await self.kube.create_object(RESOURCE_SLICE, obj)
-
     def _log(self, content: SliceContent, stored: list[dict[str, Any]]) -> None:
         left_out = [d.name for d in content.devices if not d.healthy and self.taints is False]
         tainted = [d.name for d in content.devices if not d.healthy and self.taints]
         count = sum(len((obj.get("spec") or {}).get("devices") or []) for obj in stored)
         sets = sum(len((obj.get("spec") or {}).get("sharedCounters") or []) for obj in stored)
-        generation = _generation(stored[0]) if stored else 0
+        generation = generation_of(stored[0]) if stored else 0
         log.info(
             "ResourceSlice %s: %d devices%s in %d slice(s) (generation %s)%s%s",
             self.name,
@@ -491,46 +365,3 @@ def _fields(obj: Mapping[str, Any]) -> set[str]:
     spec = obj.get("spec") or {}
     devices = spec.get("devices") or []
     return {key for key, value in spec.items() if value} | {key for device in devices for key in device}
-
-
-def _described(obj: Mapping[str, Any]) -> str:
-    """What a slice says it is: driver, node, pool and labels, for the log."""
-    spec, metadata = obj.get("spec") or {}, obj.get("metadata") or {}
-    pool = (spec.get("pool") or {}).get("name")
-    return (
-        f"driver {spec.get('driver')!r}, node {spec.get('nodeName')!r}, pool {pool!r}, "
-        f"labels {metadata.get('labels') or {}}"
-    )
-
-
-def _label_text() -> str:
-    return ",".join(f"{key}={value}" for key, value in MANAGED_BY.items())
-
-
-def _generation(obj: Mapping[str, Any]) -> int:
-    try:
-        return int(((obj.get("spec") or {}).get("pool") or {}).get("generation") or 0)
-    except (TypeError, ValueError):
-        return 0
-
-
-def _agrees(wanted: list[dict[str, Any]], current: Mapping[str, dict[str, Any]]) -> bool:
-    """True when the stored slices are exactly the wanted ones, each saying what it should, at one generation."""
-    if set(current) != {obj["metadata"]["name"] for obj in wanted}:
-        return False
-    generations = {_generation(obj) for obj in current.values()}
-    return len(generations) == 1 and all(
-        same_spec(obj["spec"], current[obj["metadata"]["name"]].get("spec") or {})
-        and same_owner(obj, current[obj["metadata"]["name"]])
-        for obj in wanted
-    )
-
-
-def _versions(objects: list[dict[str, Any]]) -> dict[str, str]:
-    return {obj["metadata"]["name"]: str(obj["metadata"].get("resourceVersion", "")) for obj in objects}
-
-
-def _differs_from_published(published: list[dict[str, Any]], current: Mapping[str, dict[str, Any]]) -> int:
-    """1 when the stored slices are not the ones last published (someone else changed or deleted them)."""
-    now = {name: str((obj.get("metadata") or {}).get("resourceVersion", "")) for name, obj in current.items()}
-    return int(_versions(published) != now)

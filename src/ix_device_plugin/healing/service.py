@@ -1,8 +1,8 @@
 """Self-healing composed for a front end: the healer, the Node's Events and the operator's way back, in one place.
 
-A front end gives what only it knows (its guard: the node's reset turn and who holds a chip; where its story file
-goes; its configuration; the node-health record)
-and spawns `tasks()` with its own tasks; the rest is the same in both modes. A front end that watches its Node
+A front end gives what only it knows (its guard: the node's reset turn and who holds a chip; the node-health record;
+its settings, one HealingSettings: its configuration, where its story file goes, whether it acts for the node) and
+spawns `tasks()` with its own tasks; the rest is the same in both modes. A front end that watches its Node
 already (DRA: the Node owns the slices) says so (node_watched) and hands each value of the operator's annotation to
 `requests.seen`, so that the Node is watched once.
 """
@@ -10,19 +10,17 @@ already (DRA: the Node owns the slices) says so (node_watched) and hands each va
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ix_device_plugin.core.healing import Rules
 from ix_device_plugin.gpureset.purpose import SELF_HEALING, resetting_for
 from ix_device_plugin.gpureset.sequence import GpuReset
 from ix_device_plugin.hardware.monitor import HardwareMonitor
 from ix_device_plugin.healing.events import NodeEvents
 from ix_device_plugin.healing.healer import ChipGuard, Healer
 from ix_device_plugin.healing.record import RecordFile
+from ix_device_plugin.healing.settings import HealingSettings
 from ix_device_plugin.healing.wayback import ReturnRequests
 from ix_device_plugin.runtime.lazymetrics import Registry
-from ix_device_plugin.settings.health import HealthPolicy
 
 if TYPE_CHECKING:
     from ix_device_plugin.apiserver.connection import ApiConnection
@@ -37,31 +35,18 @@ class NodeHealing:
         reset: GpuReset,
         guard: ChipGuard,
         api: ApiConnection | None,
+        settings: HealingSettings,
         *,
-        policy: Callable[[], HealthPolicy],
-        switch: Callable[[], str],
         registry: Registry,
-        story: Path | None,
-        rules: Rules | None = None,
-        flush_interval: float | None = None,
-        node_watched: bool = False,
-        acting: Callable[[], bool] = lambda: True,
         record: RecordFile | None = None,
-        boot_id: str = "",
-        writer: str = "",
     ) -> None:
         self.events: NodeEvents | None = None
         if api is not None:
-            timing = {} if flush_interval is None else {"flush_interval": flush_interval}
+            timing = {} if settings.flush_interval is None else {"flush_interval": settings.flush_interval}
             self.events = NodeEvents(api, api.node_name, written=self._written, dropped=self._dropped, **timing)
-        self.healer = Healer(
-            monitor, reset, guard,
-            policy=policy, switch=switch, asks_others=api is not None, registry=registry, events=self.events,
-            story=story, node=api.node_name if api is not None else "", rules=rules, acting=acting,
-            record=record, boot_id=boot_id, writer=writer,
-        )  # fmt: skip
+        self.healer = Healer(monitor, reset, guard, settings, registry=registry, events=self.events, record=record)
         self.requests = ReturnRequests(api, self.healer.operator_return) if api is not None else None
-        self._watch_node = not node_watched  # the front end watches its Node already: it hands on the annotation
+        self._watch_node = not settings.node_watched  # the front end watches its Node: it hands on the annotation
 
     def tasks(self) -> dict[str, Callable[[], Awaitable[None]]]:
         """The tasks to run, by name."""
