@@ -23,7 +23,7 @@ from helpers.volcano_support import (
 )
 from helpers.waits import stays, until
 
-from ix_device_plugin.deviceplugin.features import hook
+from ix_device_plugin.deviceplugin.features import volcano
 from ix_device_plugin.deviceplugin.features.volcano import (
     DEV_KUBELET,
     DEV_REAL_ALLOC,
@@ -41,7 +41,7 @@ from ix_device_plugin.standins.podresources import PodResourcesStandIn
 @pytest.fixture
 def frequent_passes(monkeypatch: pytest.MonkeyPatch) -> None:
     """A pass every 50 ms instead of every 5 s: whatever a pass asks at rest shows a hundredfold."""
-    monkeypatch.setattr(hook, "PASS_PERIOD", 0.05)
+    monkeypatch.setattr(volcano, "PASS_PERIOD", 0.05)
 
 
 def _is_watch(request: Recorded) -> bool:

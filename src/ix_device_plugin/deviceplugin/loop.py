@@ -63,14 +63,13 @@ from ix_device_plugin.settings.config import Config
 from ix_device_plugin.settings.errors import SettingsError
 from ix_device_plugin.settings.options import Options
 from ix_device_plugin.settings.table import FILE_SETTINGS
-from ix_device_plugin.telemetry.collector import TelemetryCollector
-from ix_device_plugin.telemetry.holders import PluginHolders
-from ix_device_plugin.telemetry.sampler import TelemetrySampler
 
 if TYPE_CHECKING:
     from ix_device_plugin.apiserver.connection import ApiConnection
     from ix_device_plugin.apiserver.nodelabel import AlsoFollowed
     from ix_device_plugin.apiserver.settings import KubeSettings
+    from ix_device_plugin.telemetry.collector import TelemetryCollector
+    from ix_device_plugin.telemetry.sampler import TelemetrySampler
 
 log = logging.getLogger(__name__)
 
@@ -149,6 +148,10 @@ class Daemon:
         self.telemetry: TelemetryCollector | None = None
         self.sampler: TelemetrySampler | None = None
         if options.telemetry_interval is not None:
+            from ix_device_plugin.telemetry.collector import TelemetryCollector  # loaded only when it is on
+            from ix_device_plugin.telemetry.holders import PluginHolders
+            from ix_device_plugin.telemetry.sampler import TelemetrySampler
+
             self.telemetry = TelemetryCollector(options.node_name)
             self.metrics.registry.register(Gated(self.telemetry, lambda: self.acting))  # one pod per node exports it
             self.sampler = TelemetrySampler(

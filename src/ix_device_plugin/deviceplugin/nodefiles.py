@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
-from ix_device_plugin.core.labels import label_set
 from ix_device_plugin.deviceplugin.outputs import CdiSpecWriter, OutputError
 from ix_device_plugin.deviceplugin.state import State
-from ix_device_plugin.nodelabels.service import NodeLabels
 from ix_device_plugin.runtime.logs import OncePerError
+
+if TYPE_CHECKING:
+    from ix_device_plugin.nodelabels.service import NodeLabels
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +65,8 @@ class NodeLabelFile:
 
     def apply(self, state: State) -> None:
         """Write the labels for state when they changed."""
+        from ix_device_plugin.core.labels import label_set
+
         machine = self.labels.machine
         self.labels.apply(label_set(state.inventory, state.plan, state.config, machine, state.inventory.cuda_version))
 
@@ -82,6 +85,8 @@ class NodeFiles:
         if cdi_spec_dir is not None:
             self.files.append(CdiSpecFile(CdiSpecWriter(cdi_spec_dir, dev_root)))
         if node_feature_dir is not None:
+            from ix_device_plugin.nodelabels.service import NodeLabels  # loaded only when the feature file is on
+
             self.files.append(NodeLabelFile(NodeLabels(node_feature_dir, sysfs_root)))
         self._errors = {file.name: OncePerError(log) for file in self.files}
         self.due = bool(self.files)

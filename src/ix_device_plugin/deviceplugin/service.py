@@ -15,6 +15,7 @@ from ix_device_plugin.core.allocation import DEVICE_PERMISSIONS, AllocationError
 from ix_device_plugin.core.plan import Plan
 from ix_device_plugin.core.preferred import preferred
 from ix_device_plugin.deviceplugin.state import Current, first_set
+from ix_device_plugin.runtime.memory import release_free_memory
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +79,7 @@ class DevicePluginService(api_pb2_grpc.DevicePluginServicer):
                 if current.view_generation != seen:
                     seen, message = self._list_message()
                     yield message
+                    release_free_memory()  # building and sending a list of thousands leaves ~1 MiB freed
                     continue
                 await first_set(current.news, self._closed)
         finally:

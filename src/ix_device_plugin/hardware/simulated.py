@@ -11,7 +11,6 @@ reports on a real node (`4.4.0`), or the file's `driver_version:`.
 
 from __future__ import annotations
 
-import difflib
 import re
 import threading
 import time
@@ -187,6 +186,8 @@ def _spec_count(text: str, item: str, spec: str) -> int:
 def _product(name: str, where: str) -> Product:
     product = lookup(name)
     if product is None:
+        import difflib  # only to name the product meant
+
         known = ", ".join(PRODUCTS)
         close = difflib.get_close_matches(name.upper(), list(PRODUCTS), n=1, cutoff=0.5)
         hint = f"; did you mean {close[0]!r}?" if close else ""

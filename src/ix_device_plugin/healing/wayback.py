@@ -14,11 +14,9 @@ import logging
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from ix_device_plugin.apiserver.objects import NODE
-from ix_device_plugin.apiserver.watch import Key, Mirror
-
 if TYPE_CHECKING:
     from ix_device_plugin.apiserver.connection import ApiConnection
+    from ix_device_plugin.apiserver.watch import Key
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +42,9 @@ class ReturnRequests:
     Its own watch of the Node (`run`), or the values of one the front end has already (`seen`)."""
 
     def __init__(self, api: ApiConnection, ask: Callable[[str], bool]) -> None:
+        from ix_device_plugin.apiserver.objects import NODE  # the watch's modules load with API access only
+        from ix_device_plugin.apiserver.watch import Mirror
+
         self.node = api.node_name
         self.ask = ask
         what = f"annotation {RETURN_ANNOTATION} of node {self.node}"

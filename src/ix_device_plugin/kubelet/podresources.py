@@ -5,16 +5,18 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Set
 from pathlib import Path
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 import grpc
 
-from ix_device_plugin.api.podresources import api_pb2, api_pb2_grpc
 from ix_device_plugin.core.holding import chip_holder, describe, unknown_holder
 from ix_device_plugin.core.inventory import Inventory
 from ix_device_plugin.core.telemetry import ClaimDevice, Holdings, PodRef
 from ix_device_plugin.kubelet.sockets import CHANNEL_OPTIONS, unix_target
 from ix_device_plugin.runtime.logs import OncePerError
+
+if TYPE_CHECKING:
+    from ix_device_plugin.api.podresources import api_pb2
 
 DEFAULT_SOCKET = Path("/var/lib/kubelet/pod-resources/kubelet.sock")
 # The kubelet answers for every pod of the node in one message: a few hundred pods are well under 1 MiB. A larger
@@ -52,6 +54,8 @@ class PodResourcesClient:
         return _holdings(await self._list(timeout))
 
     async def _list(self, timeout: float) -> api_pb2.ListPodResourcesResponse:
+        from ix_device_plugin.api.podresources import api_pb2, api_pb2_grpc  # loaded once the socket is asked
+
         if self._channel is None:
             options = (*CHANNEL_OPTIONS, ("grpc.max_receive_message_length", MAX_MESSAGE))
             self._channel = grpc.aio.insecure_channel(unix_target(self.socket_path), options=options)

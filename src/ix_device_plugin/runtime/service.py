@@ -16,6 +16,7 @@ from typing import Any
 
 from ix_device_plugin.runtime.backoff import Backoff
 from ix_device_plugin.runtime.errors import StartupError
+from ix_device_plugin.runtime.memory import release_free_memory
 
 log = logging.getLogger(__name__)
 
@@ -108,6 +109,7 @@ class Service:
                 log.error("internal failure while starting; stopping", exc_info=error)
             code = 1
         else:
+            release_free_memory()  # what start-up freed goes back to the system, not kept for months unused
             await stop
         stop.cancel()
         await shutdown()

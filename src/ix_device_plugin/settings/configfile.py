@@ -10,7 +10,6 @@ and the difference is a warning naming the key and line (`FileConfig.warnings`);
 
 from __future__ import annotations
 
-import difflib
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -401,6 +400,8 @@ def _node_kind(node: yaml.Node) -> str:
 
 
 def _suggestion(path: str, prefix: str) -> str:
+    import difflib  # only for a config with an unknown key: the service does without it
+
     name = path.rsplit(".", 1)[-1]
     candidates = _children(prefix)
     close = difflib.get_close_matches(name, candidates, n=1, cutoff=0.6)

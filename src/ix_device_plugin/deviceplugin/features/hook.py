@@ -17,7 +17,6 @@ from ix_device_plugin.api import api_pb2
 from ix_device_plugin.core.allocation import AllocationError
 from ix_device_plugin.core.inventory import Chip, Inventory
 from ix_device_plugin.core.plan import Plan
-from ix_device_plugin.deviceplugin.features.volcano import PASS_PERIOD, VolcanoMode
 from ix_device_plugin.deviceplugin.metrics import Metrics
 from ix_device_plugin.deviceplugin.state import Current, first_set
 from ix_device_plugin.gpureset.handshake import open_handshake
@@ -32,6 +31,7 @@ from ix_device_plugin.settings.table import DEFAULT_VOLCANO_FIELD_MANAGER
 
 if TYPE_CHECKING:
     from ix_device_plugin.apiserver.connection import ApiConnection
+    from ix_device_plugin.deviceplugin.features.volcano import VolcanoMode
 
 log = logging.getLogger(__name__)
 
@@ -151,6 +151,8 @@ class ApiFeatures:
     async def _volcano_mode(self) -> VolcanoMode:
         if self._volcano is not None:
             return self._volcano
+        from ix_device_plugin.deviceplugin.features.volcano import VolcanoMode  # loaded once flags.usevolcano is on
+
         if self._api is None:
             raise AllocationError(
                 "flags.usevolcano needs API access: NODE_NAME and a service account (chart: "
@@ -183,7 +185,7 @@ class ApiFeatures:
                 if following is None or following.done():  # not started, or ended by a failure: (re)start it
                     _said_why_it_ended(following)
                     following = asyncio.create_task(mode.follow(), name="volcano-watches")
-                wake, wait = self._wake_events(mode), PASS_PERIOD  # taken before the pass: no change is missed
+                wake, wait = self._wake_events(mode), volcano_pass_period()  # taken before the pass: none missed
                 if not self._acting():
                     await self._volcano_wait(CONFIG_POLL, wake)  # the acting pod writes; its stop wakes this one
                     continue
@@ -218,6 +220,13 @@ class ApiFeatures:
         if self._volcano_soon.is_set():
             self._volcano_soon.clear()
             await asyncio.sleep(SETTLE)  # the kubelet records the allocation just after Allocate returns
+
+
+def volcano_pass_period() -> float:
+    """Seconds between Volcano mode's passes at rest (its module is loaded only once flags.usevolcano is on)."""
+    from ix_device_plugin.deviceplugin.features.volcano import PASS_PERIOD
+
+    return PASS_PERIOD
 
 
 def _said_why_it_ended(task: asyncio.Task[None] | None) -> None:

@@ -1,0 +1,42 @@
+"""The device plugin loads what a mode does not use only when it is on: its memory stays under its goal."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+# Loaded only once their feature is on (each one measured in docs/performance.md, "Memory by import").
+LAZY = (
+    "ix_device_plugin.deviceplugin.features.volcano",  # flags.usevolcano
+    "ix_device_plugin.deviceplugin.features.volcanotrust",
+    "ix_device_plugin.telemetry.collector",  # --telemetry-interval
+    "ix_device_plugin.telemetry.sampler",
+    "ix_device_plugin.telemetry.holders",
+    "ix_device_plugin.nodelabels.service",  # --node-feature-dir
+    "ix_device_plugin.core.labels",
+    "ix_device_plugin.api.podresources.api_pb2",  # the pod-resources socket, once asked
+    "ix_device_plugin.apiserver.watch",  # API access: the return annotation's and Volcano's watches
+    "ix_device_plugin.apiserver.objects",
+    "difflib",  # only to suggest a name in an error
+)
+
+
+def loaded_after(code: str) -> list[str]:
+    """The LAZY modules loaded in a fresh interpreter after running code."""
+    probe = f"import sys\n{code}\nprint('\\n'.join(m for m in {LAZY!r} if m in sys.modules))"
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True)
+    return done.stdout.split()
+
+
+def test_the_plugins_entry_and_loop_load_no_feature_that_is_off() -> None:
+    # `python -m ix_device_plugin run` imports the command line, then the daemon's loop
+    assert loaded_after("import ix_device_plugin.cli, ix_device_plugin.deviceplugin.loop") == []
+
+
+def test_the_plugins_node_files_load_the_labels_only_when_written(tmp_path: Path) -> None:
+    off = "from pathlib import Path\nfrom ix_device_plugin.deviceplugin.nodefiles import NodeFiles\n"
+    off += "NodeFiles(None, None, Path('/dev'), Path('/sys'))"
+    assert loaded_after(off) == []
+    on = off.replace("NodeFiles(None, None", f"NodeFiles(None, Path({str(tmp_path)!r})")
+    assert "ix_device_plugin.nodelabels.service" in loaded_after(on)
