@@ -139,6 +139,8 @@ class DraDriver:
             base.dev_root,
             read_boot_id(options.boot_id_path),
             reset_wait=base.reset_wait_timeout,
+            reserved=self._reserved,
+            facts=self.facts,
         )
         self.policy = SlicePolicy(options.config.splitboard, options.config.replicas)
         self.content = SliceContent((), None, policy=self.policy)
@@ -173,8 +175,6 @@ class DraDriver:
         )
         self.gpu_reset.quiet_others = self.node.paused
         self.record = RecordFile(record_path(options.plugins_dir))
-        self.state.reserved = self._reserved
-        self.state.facts = self.facts
         self._facts_changed = asyncio.Event()  # what the node says of its devices changed since metadata was written
         self._facts_seen = False  # the monitor has given a view: the facts are the node's, not empty
         self.healing = NodeHealing(
