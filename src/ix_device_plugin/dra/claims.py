@@ -205,6 +205,19 @@ def prepare(ref: ClaimRef, claim: Any, node: NodeView, others: Mapping[str, Prep
     return PreparedClaim(ref, devices, spec, pod_claim=pod_claim_name(claim, ref))
 
 
+def check_not_reserved(prepared: PreparedClaim, reserved: Mapping[str, str]) -> None:
+    """ClaimError when a chip of prepared is reserved for a reset (reserved: chip UUID -> why, by any pod of the
+    agent), admin access included (the reset would pull the chip from under its container). Asked under the
+    claims' lock."""
+    for device in prepared.devices:
+        busy = [uuid for uuid in device.chip_uuids if uuid in reserved]
+        if busy:
+            raise ClaimError(
+                f"claim {prepared.ref}: device {device.device} ({', '.join(busy)}) is {reserved[busy[0]]} "
+                "(self-healing clears an error on it); the kubelet tries again"
+            )
+
+
 def _check_present(ref: ClaimRef, device: SliceDevice) -> None:
     """ClaimError when a chip of the device cannot be handed to a container now (gone from enumeration, its device
     node missing): the runtime could not create the container. A health error or an XID is no reason: the scheduler

@@ -2,7 +2,8 @@
 
 Composed on the same spine as the device plugin: the shared hardware monitor tells the driver what the node
 has (each view becomes the slice content the publisher keeps in the API server), the runtime skeleton runs
-and stops it, and `DraState` owns the prepared claims. The kubelet reaches it through the registration
+and stops it, `DraState` owns the prepared claims, and `ContainerTeller` (teller.py) has their CDI specs tell
+each container its chips once a NodePrepareResources is done. The kubelet reaches it through the registration
 service on `<registrar dir>/gpu.iluvatar.com-reg.sock` and the DRAPlugin service (v1 and v1beta1) on
 `<plugins dir>/gpu.iluvatar.com/dra.sock`.
 
@@ -34,21 +35,19 @@ from ix_device_plugin.api.dra_v1beta1 import api_pb2_grpc as dra_v1beta1_grpc
 from ix_device_plugin.api.pluginregistration import api_pb2_grpc as registration_grpc
 from ix_device_plugin.apiserver.client import Kube
 from ix_device_plugin.apiserver.connection import ApiConnection
-from ix_device_plugin.apiserver.errors import KubeError
-from ix_device_plugin.apiserver.objects import NODE, POD, RESOURCE_CLAIM, RESOURCE_SLICE, ObjectKind, uid_of
+from ix_device_plugin.apiserver.objects import NODE, RESOURCE_SLICE, uid_of
 from ix_device_plugin.apiserver.settings import KubeSettings
 from ix_device_plugin.apiserver.watch import Key, Mirror
 from ix_device_plugin.core.healing import Rules
 from ix_device_plugin.core.inventory import Inventory
+from ix_device_plugin.dra.apireads import ApiReads
 from ix_device_plugin.dra.claimstatus import ClaimStatusWriter
-from ix_device_plugin.dra.claimusers import PodRef, containers_of, pod_ref, reserved_for, runs_containers, used_claims
-from ix_device_plugin.dra.containers import solve
 from ix_device_plugin.dra.healguard import ClaimGuard
 from ix_device_plugin.dra.health import DeviceHealthBoard, HealthService
 from ix_device_plugin.dra.metadata import NodeFacts
 from ix_device_plugin.dra.metrics import DraMetrics
 from ix_device_plugin.dra.nodeservices import DraNodeServices
-from ix_device_plugin.dra.prepared import ClaimError, ClaimRef, PreparedClaim
+from ix_device_plugin.dra.prepared import ClaimRef, PreparedClaim
 from ix_device_plugin.dra.publisher import SlicePublisher, StoredSlice, stored_slice
 from ix_device_plugin.dra.registration import (
     ROLE_FILE,
@@ -65,6 +64,7 @@ from ix_device_plugin.dra.registration import (
 from ix_device_plugin.dra.service import DraService
 from ix_device_plugin.dra.slices import BOARD, DRIVER, SliceContent, SlicePolicy, slice_content
 from ix_device_plugin.dra.state import ClaimReader, DraState
+from ix_device_plugin.dra.teller import ContainerTeller
 from ix_device_plugin.gpureset.handshake import open_handshake
 from ix_device_plugin.gpureset.purpose import CLAIM_RESET, reset_feature, resetting_for
 from ix_device_plugin.gpureset.sequence import GpuReset, GpuResetError, ResetHandshake, ResetSettings
@@ -79,10 +79,8 @@ from ix_device_plugin.healing.settings import HealingSettings
 from ix_device_plugin.healing.story import story_path
 from ix_device_plugin.healing.wayback import return_annotation
 from ix_device_plugin.kubelet.sockets import Identity, unix_target
-from ix_device_plugin.runtime.backoff import Backoff
 from ix_device_plugin.runtime.errors import StartupError
 from ix_device_plugin.runtime.files import read_boot_id
-from ix_device_plugin.runtime.logs import OncePerError
 from ix_device_plugin.runtime.noderole import NodeRole
 from ix_device_plugin.runtime.probes import ProbeHandlers, ProbeServer, start_probes
 from ix_device_plugin.runtime.service import Service, bounded
@@ -90,8 +88,6 @@ from ix_device_plugin.settings.options import DraOptions
 
 log = logging.getLogger(__name__)
 
-MAX_POD_READS = 16  # pods read to learn who uses the claims of one NodePrepareResources
-MAX_CLAIM_READS = 16  # claims made on their own read besides, for the pods their reservedFor lists
 METADATA_POLL = 1.0  # seconds between looks at the publisher role while the device metadata waits for it
 # No settling time before a reset: a claim prepared on the chip meanwhile is refused under the state's lock.
 DRA_HEALING = Rules(settle=0.0)
@@ -139,6 +135,8 @@ class DraDriver:
             base.dev_root,
             read_boot_id(options.boot_id_path),
             reset_wait=base.reset_wait_timeout,
+            reserved=self._reserved,
+            facts=self.facts,
         )
         self.policy = SlicePolicy(options.config.splitboard, options.config.replicas)
         self.content = SliceContent((), None, policy=self.policy)
@@ -154,7 +152,8 @@ class DraDriver:
         )
         self.claim_status: ClaimStatusWriter | None = None
         self.ready = asyncio.Event()
-        self._telling = asyncio.Lock()  # what the claims' CDI specs tell containers is worked out one call at a time
+        self.reads: ApiReads | None = None  # from start, with the API client
+        self.teller: ContainerTeller | None = None  # the same
         self._servers: list[grpc.aio.Server] = []
         self._sockets: dict[Path, Identity] = {}  # the sockets this pod put in place, to remove only those
         self._probes: ProbeServer | None = None
@@ -173,8 +172,6 @@ class DraDriver:
         )
         self.gpu_reset.quiet_others = self.node.paused
         self.record = RecordFile(record_path(options.plugins_dir))
-        self.state.reserved = self._reserved
-        self.state.facts = self.facts
         self._facts_changed = asyncio.Event()  # what the node says of its devices changed since metadata was written
         self._facts_seen = False  # the monitor has given a view: the facts are the node's, not empty
         self.healing = NodeHealing(
@@ -233,6 +230,8 @@ class DraDriver:
             # the kubelet has deleted the slices, and chips alone would look free beside the allocated board)
         self.publisher.want(self.content, self.roots)
         self.claim_status = ClaimStatusWriter(self.kube, self.options.node_name)
+        self.reads = ApiReads(self.kube, self.options.claim_read_timeout)
+        self.teller = ContainerTeller(self.state, self.reads)
         publisher = self.publisher  # writes only while this pod holds the role (one pod of the driver at a time)
         self.service.spawn("publish-slice", lambda: self.role.run(lambda: self._publish(publisher)))
         if self.api is not None:
@@ -400,8 +399,8 @@ class DraDriver:
         prepared = {outcome.ref.uid for outcome in outcomes if not isinstance(outcome, str)}
         seeds = {uid: claim for uid, claim in read.items() if uid in prepared}
         if seeds:
-            async with self._telling:  # one at a time, each from the claims as they are then: the last one knows all
-                await self._tell_containers(seeds)
+            assert self.teller is not None
+            await self.teller.tell(seeds)
         # answered as told: a claim of this call may now have a relay among its devices' CDI IDs (containers.py)
         return [o if isinstance(o, str) else self.state.claims.get(o.ref.uid, o) for o in outcomes]
 
@@ -462,96 +461,10 @@ class DraDriver:
             return None
         return await open_handshake(self.api, self.options.node_name)
 
-    async def _tell_containers(self, seeds: Mapping[str, Any]) -> None:
-        """Have the CDI specs of the claims the pods using seeds (claims just prepared, as read, by UID) use tell
-        each of their containers what it holds (containers.py). Who uses a claim: the pods its reservedFor lists, or
-        the pod it was made for; the pods are read, and the claims made on their own that they use besides, up to
-        MAX_POD_READS and MAX_CLAIM_READS: a claim some of whose pods are not known keeps what it sets."""
-        by_name = {(c.ref.namespace, c.ref.name): c for c in list(self.state.claims.values()) if c.complete}
-        users: dict[str, frozenset[str] | None] = {}  # claim UID -> the UIDs of the pods using it; None: not known
-        pods: dict[str, dict[str, Any] | None] = {}  # pod UID -> the pod (None: gone, or its containers are done)
-        unknown: set[str] = set()  # pods that could not be read
-        queue: list[PodRef] = []
-
-        def learn(uid: str, found: tuple[PodRef, ...] | None) -> None:
-            users[uid] = None if found is None else frozenset(pod.uid for pod in found)
-            queue.extend(found or ())
-
-        for uid, claim in seeds.items():
-            learn(uid, reserved_for(claim))
-        claim_reads = 0
-        while queue:
-            ref = queue.pop(0)
-            if ref.uid in pods or ref.uid in unknown:
-                continue
-            if len(pods) + len(unknown) >= MAX_POD_READS:
-                log.warning("pod %s: more than %d pods share claims with it: not read", ref, MAX_POD_READS)
-                unknown.add(ref.uid)
-                continue
-            try:
-                pod = await self._read_or_none(POD, ref.name, ref.namespace, f"pod {ref}")
-            except ClaimError as error:
-                log.warning("%s: what its containers are told is not changed", error)
-                unknown.add(ref.uid)
-                continue
-            if pod is None or uid_of(pod) != ref.uid or not runs_containers(pod):
-                pods[ref.uid] = None
-                continue
-            pods[ref.uid] = pod
-            for use in used_claims(pod):
-                claim = by_name.get((ref.namespace, use.name))
-                if claim is None or claim.ref.uid in users:
-                    continue
-                if use.own:
-                    users[claim.ref.uid] = frozenset({ref.uid})
-                    continue
-                found = None
-                if claim_reads < MAX_CLAIM_READS:
-                    claim_reads += 1
-                    try:
-                        found = await self._read_claim(claim.ref)
-                    except ClaimError as error:
-                        log.warning("%s: what its containers are told is not changed", error)
-                learn(claim.ref.uid, reserved_for(found) if uid_of(found or {}) == claim.ref.uid else None)
-        known = {uid for uid, using in users.items() if using is not None and not using & unknown}
-        containers = []
-        for pod in pods.values():
-            if pod is not None and (ref := pod_ref(pod)) is not None:
-                containers += containers_of(pod, {name: c for (ns, name), c in by_name.items() if ns == ref.namespace})
-        told = solve(containers, {c.ref.uid: c for c in by_name.values()}, known, placeable=seeds)
-        for warning in told.warnings:
-            log.warning("%s", warning)
-        await self.state.tell_containers(told.envs)
-
     async def _read_claim(self, ref: ClaimRef) -> dict[str, Any]:
         """The ResourceClaim, retried for claim_read_timeout; ClaimError naming the claim when it cannot be read."""
-        return await self._read(RESOURCE_CLAIM, ref.name, ref.namespace, f"claim {ref}")
-
-    async def _read(self, kind: ObjectKind, name: str, namespace: str, what: str) -> dict[str, Any]:
-        """The object, retried for claim_read_timeout; ClaimError starting with what when it cannot be read."""
-        found = await self._read_or_none(kind, name, namespace, what)
-        if found is None:
-            raise ClaimError(f"{what}: no such {kind.kind}")
-        return found
-
-    async def _read_or_none(self, kind: ObjectKind, name: str, namespace: str, what: str) -> dict[str, Any] | None:
-        """The object, None when there is none, retried for claim_read_timeout; ClaimError starting with what
-        when it cannot be read."""
-        assert self.kube is not None
-        kube = self.kube
-
-        async def read() -> dict[str, Any] | None:
-            return await kube.get_object(kind, name, namespace)
-
-        try:
-            async with asyncio.timeout(self.options.claim_read_timeout):
-                return await Backoff(initial=0.1, cap=2.0).retry(read, errors=OncePerError(log, logging.WARNING))
-        except TimeoutError:
-            raise ClaimError(
-                f"{what}: cannot read it from the API server within {self.options.claim_read_timeout:g}s"
-            ) from None
-        except KubeError as error:
-            raise ClaimError(f"{what}: {error.message}") from None
+        assert self.reads is not None
+        return await self.reads.claim(ref)
 
     # ---- probes and metrics -------------------------------------------------------------------
 

@@ -130,3 +130,14 @@ class PreparedClaim:
         """The chips to reset before the claim's containers start (its config says reset: true)."""
         chips = (uuid for d in self.devices if d.config.resets and not d.admin for uuid in d.chip_uuids)
         return tuple(dict.fromkeys(chips))
+
+
+def describe(claim: PreparedClaim) -> str:
+    """The claim's devices for a log line: `gpu-0`, `board-2`, `gpu-1 share 2 of ... (slots 0,1)`."""
+    parts = []
+    for device in claim.devices:
+        part = device.device
+        if device.share_id:
+            part += f" share {device.share_id} (slot {','.join(map(str, device.slots))})"
+        parts.append(part + (" (admin access)" if device.admin else ""))
+    return ", ".join(parts)

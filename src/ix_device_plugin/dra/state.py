@@ -8,9 +8,7 @@ The kubelet's calls on one claim run one at a time, in the order they came: the 
 
 At start (`restore`), before the kubelet is served, every checkpointed claim's CDI spec is written again: CDI
 specs live on a tmpfs that a reboot empties, the checkpoint does not. A checkpoint that cannot be read (or is
-missing while claim specs are there) is rebuilt from the claims' CDI specs, at start or while running; the
-rebuilt one is written before the old one is kept aside, and a spec that cannot be read is skipped with a
-message, never removed and never a reason to forget the others.
+missing while claim specs are there) is rebuilt from the claims' CDI specs (checkpointfile.py).
 
 Each prepared claim's device metadata files (and the CDI specs mounting them) are written with its CDI spec, kept
 up to date when what the node says of its devices changes (`refresh_metadata`), and removed with it.
@@ -20,6 +18,11 @@ chips, and so that a driver killed in the middle of the reset runs it at the kub
 answering without it), reset outside the lock, and recorded as reset before the prepare is answered; a reset
 that fails unprepares the claim again and fails the prepare. Resets take a node-wide turn (a second file lock)
 shared by the driver's pods, and the claim is read again once the turn is had.
+
+The state is given what it asks of the rest of the node at construction: the chips reserved for a reset (the
+node-health record) and what the node publishes of its devices (for the claims' device metadata). Each call
+brings its own claim reader and resetter. The files are its collaborators': `ClaimSpecFiles` (specfiles.py),
+`CheckpointFile` (checkpointfile.py), `MetadataFiles` (metadatafiles.py); its locks are claimlocks.py's.
 """
 
 from __future__ import annotations
@@ -28,65 +31,41 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from ix_device_plugin.core.cdi import spec_text
 from ix_device_plugin.core.holding import unknown_holder
-from ix_device_plugin.dra.checkpoint import (
-    CHECKPOINT_FILE,
-    CheckpointError,
-    CheckpointTooNew,
-    checkpoint_text,
-    read_checkpoint,
-)
-from ix_device_plugin.dra.claims import NodeView, prepare
-from ix_device_plugin.dra.claimspec import (
-    ClaimEnv,
-    SpecError,
-    cdi_spec_file,
-    claim_from_spec,
-    claim_spec_files,
-    with_env,
-    with_relay_ids,
-)
+from ix_device_plugin.dra.checkpoint import CHECKPOINT_FILE, CheckpointError, CheckpointTooNew
+from ix_device_plugin.dra.checkpointfile import CheckpointFile
+from ix_device_plugin.dra.claimlocks import LOCK_FILE, RESET_LOCK_FILE, ClaimTurns, both_locks, forget_when_done
+from ix_device_plugin.dra.claims import NodeView, check_not_reserved, prepare
+from ix_device_plugin.dra.claimspec import ClaimEnv, with_env, with_relay_ids
 from ix_device_plugin.dra.metadata import NodeFacts
 from ix_device_plugin.dra.metadatafiles import MetadataFiles, with_generations
-from ix_device_plugin.dra.prepared import ClaimError, ClaimRef, PreparedClaim, check_ref, valid_uid
+from ix_device_plugin.dra.prepared import ClaimError, ClaimRef, PreparedClaim, check_ref, describe
 from ix_device_plugin.dra.slices import SliceDevice
+from ix_device_plugin.dra.specfiles import ClaimSpecFiles
 from ix_device_plugin.runtime.errors import StartupError
-from ix_device_plugin.runtime.files import (
-    OutputError,
-    keep_aside,
-    reason,
-    remove_file,
-    remove_oldest_aside,
-    remove_stale_temporaries,
-    write_atomically,
-)
-from ix_device_plugin.runtime.locks import FileLock
-from ix_device_plugin.settings.documents import DocumentError, load_yaml, read_file
+from ix_device_plugin.runtime.files import OutputError, reason, remove_stale_temporaries
 
 log = logging.getLogger(__name__)
 
-LOCK_FILE = "serialize.lock"  # the name the upstream kubelet-plugin helper uses for the same purpose
-RESET_LOCK_FILE = "reset.lock"  # held while a claim's chips are reset, by whichever pod of the driver does it
 LOCK_TIMEOUT = 10.0
 START_LOCK_TIMEOUT = 30.0  # a start that cannot have the lock fails, saying so, and the kubelet starts it again
-LOCK_POLL = 0.005  # another driver holds the lock for milliseconds (one prepare's writes)
 RESET_WAIT = 60.0  # how long a reset, or the unprepare of a claim whose reset is pending, waits for another reset
-SPEC_LIMIT = 1024 * 1024
-ASIDE_LABEL = "corrupt"  # checkpoint.json.corrupt-<Unix time>: unreadable checkpoints kept for the operator
-ASIDE_KEPT = 5  # the newest kept: enough to see what spoiled it; a loop of bad writes fills no disk
 ClaimReader = Callable[[ClaimRef], Awaitable[Any]]  # the ResourceClaim object; ClaimError when it cannot
 Resetter = Callable[[PreparedClaim], Awaitable[str | None]]  # resets the claim's reset_chips; None, or why not
+Reserved = Callable[[], Mapping[str, str]]  # chip UUID -> why it is reserved for a reset, by any pod of the agent
 
 
 class DraState:
-    """The prepared claims of this node, their CDI specs and the checkpoint."""
+    """The prepared claims of this node, their CDI specs and the checkpoint.
+
+    reserved: the chips reserved for a reset now (the node-health record, read under the claims' lock at every
+    prepare); facts: what the node publishes of its devices now (the claims' device metadata says it).
+    """
 
     def __init__(
         self,
@@ -96,28 +75,29 @@ class DraState:
         dev_root: Path,
         boot_id: str = "",
         reset_wait: float = RESET_WAIT,
+        *,
+        reserved: Reserved = dict,
+        facts: Callable[[], NodeFacts] = NodeFacts,
     ) -> None:
         self.directory = directory
-        self.path = directory / CHECKPOINT_FILE
         self.cdi_dir = cdi_dir
         self.pool = pool
         self.dev_root = dev_root
         self.boot_id = boot_id
         self.reset_wait = reset_wait
+        self.reserved = reserved
+        self.facts = facts
         self.claims: dict[str, PreparedClaim] = {}
         self.restored = 0  # claims found at start
-        self._seen: tuple[int, int, int] | None = None  # (inode, size, mtime) of the checkpoint as last read
-        self._checkpoint_boot = ""  # the boot the checkpoint on disk was written in
+        self.specs = ClaimSpecFiles(cdi_dir, pool)
+        self.checkpoint = CheckpointFile(directory, boot_id, self.specs)
+        self.metadata = MetadataFiles(directory, cdi_dir)
         self._lock = asyncio.Lock()
         self.lock_timeout = LOCK_TIMEOUT  # seconds a prepare or unprepare waits for the lock
         self.start_lock_timeout = START_LOCK_TIMEOUT  # the same at start
         self._resetting = asyncio.Lock()  # this process's part of the node-wide reset turn
-        self._turns = _ClaimTurns()
+        self._turns = ClaimTurns()
         self._work: set[asyncio.Task[PreparedClaim | str]] = set()  # resets going on to their end
-        # Chip UUID -> why it is reserved for a reset, by whichever pod of the agent (the node-health record).
-        self.reserved: Callable[[], Mapping[str, str]] = dict
-        self.metadata = MetadataFiles(directory, cdi_dir)
-        self.facts: Callable[[], NodeFacts] = NodeFacts  # what the node publishes of its devices now
 
     # ---- start ----------------------------------------------------------------------------------
 
@@ -130,7 +110,7 @@ class DraState:
         except OSError as error:
             raise StartupError(f"cannot create the driver's directory {self.directory}: {reason(error)}") from None
         remove_stale_temporaries(self.directory, CHECKPOINT_FILE)
-        remove_stale_temporaries(self.cdi_dir, cdi_spec_file("*"))
+        self.specs.remove_stale_temporaries()
         try:
             async with self._locked(self.start_lock_timeout):
                 earlier = self._restore_locked()
@@ -141,7 +121,7 @@ class DraState:
             log.info(
                 "restored %d prepared claims from %s (%d from an earlier boot); their CDI specs written again",
                 len(self.claims),
-                self.path,
+                self.checkpoint.path,
                 earlier,
             )
         for claim in self.claims.values():
@@ -152,86 +132,28 @@ class DraState:
         """Load, write the specs again, and the checkpoint when it came from an earlier boot; the claims from an
         earlier boot."""
         self._load(at_start=True)
-        earlier = len(self.claims) if self._checkpoint_boot != self.boot_id else 0
+        earlier = len(self.claims) if self.checkpoint.from_earlier_boot else 0
         self.metadata.adopt_named(self.claims)
         for claim in self.claims.values():
-            self._write_spec(claim)
+            self.specs.write(claim)
         self._write_metadata(self.facts())  # the specs mount the files by UID; a file not there is written
         if earlier:
-            self._save(self.claims)
-        self._remove_orphan_specs()
+            self.checkpoint.save(self.claims)
+        self.specs.remove_orphans(self.claims)
         self.metadata.remove_orphans(self.claims)
         return earlier
 
     def _load(self, at_start: bool = False) -> None:
-        """Read the checkpoint if it changed since last read; one that cannot be read, or is missing while claim
-        specs are there, is rebuilt from them. CheckpointTooNew (a StartupError at start) is raised."""
-        seen = _identity(self.path)
-        if seen is not None and seen == self._seen:
-            return
+        """Read the checkpoint if it changed since last read (rebuilt from the claim specs when it cannot be read).
+        CheckpointTooNew (a StartupError at start) is raised."""
         try:
-            checkpoint = read_checkpoint(self.path)
+            claims = self.checkpoint.load(self.claims)
         except CheckpointTooNew as error:
             if at_start:
                 raise StartupError(str(error)) from None
             raise
-        except CheckpointError as error:
-            self._rebuild(str(error))
-            return
-        if checkpoint is None:
-            if claim_spec_files(self.cdi_dir):
-                self._rebuild(f"{self.path} is missing, but claim CDI specs are there")
-                return
-            self.claims, self._seen, self._checkpoint_boot = {}, None, self.boot_id
-            return
-        self._checkpoint_boot = checkpoint.boot_id
-        self.claims = dict(checkpoint.claims)
-        self._seen = seen
-
-    def _rebuild(self, why: str) -> None:
-        """The claims from their CDI specs (as kept in memory where known), written as the checkpoint; the old
-        one is kept aside only once the rebuild is done, and replaced only by the rebuilt one."""
-        rebuilt = {uid: self.claims.get(uid, claim) for uid, claim in self._claims_from_specs().items()}
-        aside = self._keep_aside()
-        self._save(rebuilt)
-        self.claims = rebuilt
-        kept = f"; kept as {aside}" if aside is not None else ""
-        log.error("%s%s; %d claims rebuilt from their CDI specs in %s", why, kept, len(rebuilt), self.cdi_dir)
-        for removed in remove_oldest_aside(self.path, ASIDE_LABEL, ASIDE_KEPT):
-            log.info("removed %s, older than the %d unreadable checkpoints kept", removed, ASIDE_KEPT)
-
-    def _keep_aside(self) -> Path | None:
-        """A copy of the checkpoint beside it, for the operator (None when there is none); OutputError."""
-        return keep_aside(self.path, ASIDE_LABEL) if self.path.exists() else None
-
-    def _claims_from_specs(self) -> dict[str, PreparedClaim]:
-        claims = {}
-        for uid, path in claim_spec_files(self.cdi_dir):
-            claim = self._read_spec(uid, path)
-            if claim is not None:
-                claims[uid] = claim
-        return claims
-
-    def _read_spec(self, uid: str, path: Path) -> PreparedClaim | None:
-        """The claim the spec at path describes; None (with a message naming it) when it cannot be read."""
-        try:
-            if not valid_uid(uid):
-                raise SpecError(f"the file name does not hold a claim UID ({uid[:80]!r})")
-            return claim_from_spec(uid, load_yaml(read_file(path, SPEC_LIMIT, follow_symlinks=False)), self.pool)
-        except (OSError, DocumentError, SpecError) as error:
-            why = reason(error) if isinstance(error, OSError) else str(error)
-            log.error("%s: skipped, not a claim spec this driver can read: %s; left for the operator", path, why)
-            return None
-
-    def _remove_orphan_specs(self) -> None:
-        """Remove the claim specs that the checkpoint does not hold (an unprepare cut short after the checkpoint
-        write); a spec this driver cannot read is left alone."""
-        for uid, path in claim_spec_files(self.cdi_dir):
-            if uid in self.claims or self._read_spec(uid, path) is None:
-                continue
-            with contextlib.suppress(OSError):
-                path.unlink()
-            log.info("removed %s: no prepared claim has it", path)
+        if claims is not None:
+            self.claims = claims
 
     # ---- the kubelet's calls --------------------------------------------------------------------
 
@@ -257,7 +179,7 @@ class DraState:
                 return f"claim {ref}: its GPU reset has not run, and this driver cannot reset GPUs"
             work = asyncio.create_task(self._reset(ref, reset), name=f"reset-claim-{ref.uid}")
             self._work.add(work)
-            work.add_done_callback(_ended(self._work))
+            work.add_done_callback(forget_when_done(self._work))
             return await asyncio.shield(work)  # a kubelet that gives up does not cut the reset short
 
     async def _prepare(self, ref: ClaimRef, read: ClaimReader, node: NodeView, resets: bool) -> PreparedClaim | str:
@@ -273,14 +195,14 @@ class DraState:
                     self._load()
                     known = self.claims.get(ref.uid)
                     if known is not None and known.complete:
-                        self._write_spec(known, only_if_missing=True)  # a reboot emptied the CDI directory
+                        self.specs.write(known, only_if_missing=True)  # a reboot emptied the CDI directory
                         self._write_metadata(self.facts(), only=ref.uid)
                         return known
                     if claim is None:
                         continue  # another driver unprepared it meanwhile: read the claim, then decide
                     others = {uid: c for uid, c in self.claims.items() if uid != ref.uid}
                     prepared = prepare(ref, claim, node, others)
-                    self._check_not_reserved(prepared)
+                    check_not_reserved(prepared, self.reserved())
                     if resets and prepared.reset_chips:
                         prepared = self._with_reset(prepared, rebuilt=known is not None)
                     if known is not None:  # rebuilt from its CDI spec: its files' generations go on
@@ -347,7 +269,7 @@ class DraState:
                     return f"claim {ref}: its GPUs were reset, but it was unprepared meanwhile"
                 done = replace(claim, reset_pending=False)
                 claims = {**self.claims, ref.uid: done}
-                self._save(claims)
+                self.checkpoint.save(claims)
                 self.claims = claims
         except (OutputError, CheckpointError) as error:
             return f"claim {ref}: its GPUs were reset, but recording it failed ({error}); the next try resets again"
@@ -372,10 +294,10 @@ class DraState:
                 if not changed:
                     return
                 claims = {**self.claims, **changed}
-                self._save(claims)
+                self.checkpoint.save(claims)
                 self.claims = claims
                 for claim in changed.values():
-                    self._write_spec(claim)
+                    self.specs.write(claim)
         except (OutputError, CheckpointError) as error:
             log.error("cannot write what the containers are told into the claims' CDI specs: %s", error)
             return
@@ -421,9 +343,9 @@ class DraState:
                 known = claim is not None
                 if known:
                     remaining = {uid: c for uid, c in self.claims.items() if uid != ref.uid}
-                    self._save(remaining)
+                    self.checkpoint.save(remaining)
                     self.claims = remaining
-                self._remove_spec(ref.uid)
+                self.specs.remove(ref.uid)
                 self.metadata.remove(ref.uid)
         except (ClaimError, OutputError, CheckpointError) as error:
             message = _about(ref, error)
@@ -453,18 +375,6 @@ class DraState:
             return unknown_holder("a claim", error)
         return None if holder is None else f"claim {holder.ref}"
 
-    def _check_not_reserved(self, prepared: PreparedClaim) -> None:
-        """Read under the claims' lock: a chip reserved for a reset (by any pod of the agent) gets no claim, admin
-        access included (the reset would pull the chip from under its container)."""
-        reserved = self.reserved()
-        for device in prepared.devices:
-            busy = [uuid for uuid in device.chip_uuids if uuid in reserved]
-            if busy:
-                raise ClaimError(
-                    f"claim {prepared.ref}: device {device.device} ({', '.join(busy)}) is {reserved[busy[0]]} "
-                    "(self-healing clears an error on it); the kubelet tries again"
-                )
-
     # ---- files ------------------------------------------------------------------------------------
 
     def _commit_prepared(self, claim: PreparedClaim) -> PreparedClaim:
@@ -474,12 +384,12 @@ class DraState:
         claim = with_generations(claim, changes)
         claims = {**self.claims, claim.ref.uid: claim}
         try:
-            self._write_spec(claim)
+            self.specs.write(claim)
             self.metadata.write(claim, changes)
-            self._save(claims)
+            self.checkpoint.save(claims)
         except OutputError:
             with contextlib.suppress(OutputError):
-                self._remove_spec(claim.ref.uid)
+                self.specs.remove(claim.ref.uid)
             with contextlib.suppress(OutputError):
                 self.metadata.remove(claim.ref.uid)
             raise
@@ -496,7 +406,7 @@ class DraState:
         if any(changes.values()):
             updated = {uid: with_generations(self.claims[uid], found) for uid, found in changes.items() if found}
             saved = {**self.claims, **updated}
-            self._save(saved)
+            self.checkpoint.save(saved)
             self.claims = saved
         written = 0
         for uid in changes:
@@ -507,113 +417,30 @@ class DraState:
                 log.error("claim %s: cannot bring its device metadata up to date: %s", claim.ref, error)
         return written
 
-    def _write_spec(self, claim: PreparedClaim, only_if_missing: bool = False) -> None:
-        path = self.cdi_dir / cdi_spec_file(claim.ref.uid)
-        if only_if_missing and path.is_file() and not path.is_symlink():
-            return
-        write_atomically(path, spec_text(claim.spec))
-
-    def _remove_spec(self, uid: str) -> None:
-        remove_file(self.cdi_dir / cdi_spec_file(uid))
-
-    def _save(self, claims: Mapping[str, PreparedClaim]) -> None:
-        write_atomically(self.path, checkpoint_text(claims, self.boot_id))
-        self._seen = _identity(self.path)
-        self._checkpoint_boot = self.boot_id
-
     # ---- locking ----------------------------------------------------------------------------------
 
     @contextlib.asynccontextmanager
     async def _locked(self, timeout: float | None = None) -> AsyncIterator[None]:
         """Hold this driver's turn and the file lock shared with the other pods of the driver, both had within
         timeout (lock_timeout by default); OutputError past it."""
-        async with _both(self._lock, self.directory / LOCK_FILE, timeout or self.lock_timeout, "prepared claims"):
+        lock = self.directory / LOCK_FILE
+        async with both_locks(self._lock, lock, timeout or self.lock_timeout, "prepared claims"):
             yield
 
     @contextlib.asynccontextmanager
     async def reset_turn(self) -> AsyncIterator[None]:
         """The node's turn to reset GPUs, shared by every pod of the driver (a reset, the unprepare of a claim
         whose reset is pending, the handshake's repair at start); OutputError after reset_wait seconds."""
-        async with _both(self._resetting, self.directory / RESET_LOCK_FILE, self.reset_wait, "a GPU reset"):
+        lock = self.directory / RESET_LOCK_FILE
+        async with both_locks(self._resetting, lock, self.reset_wait, "a GPU reset"):
             yield
-
-
-@contextlib.asynccontextmanager
-async def _both(turn: asyncio.Lock, path: Path, timeout: float, purpose: str) -> AsyncIterator[None]:
-    """This process's turn, then the file lock at path shared with the other pods, both within timeout seconds
-    (the wait for the file is said in the log; cancelling ends it); OutputError past it."""
-    deadline = time.monotonic() + timeout
-    try:
-        async with asyncio.timeout(timeout):
-            await turn.acquire()
-    except TimeoutError:
-        raise OutputError(f"{path}: this driver's other calls kept it for more than {timeout:g}s ({purpose})") from None
-    try:
-        lock = FileLock(path)
-        await lock.take(max(0.0, deadline - time.monotonic()), poll=LOCK_POLL, purpose=purpose)
-        try:
-            yield
-        finally:
-            lock.release()
-    finally:
-        turn.release()
 
 
 class _ResetPending(Exception):
     """The claim's reset is pending: it is unprepared in the node's reset turn."""
 
 
-class _ClaimTurns:
-    """The calls on each claim, one at a time in the order they came (asyncio.Lock wakes its waiters in order)."""
-
-    def __init__(self) -> None:
-        self._locks: dict[str, tuple[asyncio.Lock, int]] = {}
-
-    @contextlib.asynccontextmanager
-    async def of(self, uid: str) -> AsyncIterator[None]:
-        """This call's turn on the claim uid."""
-        lock, users = self._locks.get(uid, (asyncio.Lock(), 0))
-        self._locks[uid] = (lock, users + 1)
-        try:
-            async with lock:
-                yield
-        finally:
-            lock, users = self._locks[uid]
-            if users == 1:
-                del self._locks[uid]
-            else:
-                self._locks[uid] = (lock, users - 1)
-
-
-def _ended(work: set[asyncio.Task[Any]]) -> Callable[[asyncio.Task[Any]], None]:
-    def ended(task: asyncio.Task[Any]) -> None:
-        work.discard(task)
-        if not task.cancelled():
-            task.exception()  # retrieved: the caller, if still there, got it
-
-    return ended
-
-
 def _about(ref: ClaimRef, error: Exception) -> str:
     """error's message, naming the claim."""
     text = str(error)
     return text if text.startswith("claim ") else f"claim {ref}: {text}"
-
-
-def describe(claim: PreparedClaim) -> str:
-    """The claim's devices for a log line: `gpu-0`, `board-2`, `gpu-1 share 2 of ... (slots 0,1)`."""
-    parts = []
-    for device in claim.devices:
-        part = device.device
-        if device.share_id:
-            part += f" share {device.share_id} (slot {','.join(map(str, device.slots))})"
-        parts.append(part + (" (admin access)" if device.admin else ""))
-    return ", ".join(parts)
-
-
-def _identity(path: Path) -> tuple[int, int, int] | None:
-    try:
-        st = path.stat()
-    except OSError:
-        return None
-    return (st.st_ino, st.st_size, st.st_mtime_ns)
