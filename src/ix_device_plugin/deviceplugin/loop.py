@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -23,12 +21,21 @@ from ix_device_plugin.core.healing import Rules
 from ix_device_plugin.core.inventory import Inventory
 from ix_device_plugin.core.limits import device_list_problem
 from ix_device_plugin.core.plan import Plan
+from ix_device_plugin.deviceplugin.agentmode import api_connection, plugin_mode
+from ix_device_plugin.deviceplugin.changes import config_diff, log_plan, log_transitions
 from ix_device_plugin.deviceplugin.configsource import ConfigSource
 from ix_device_plugin.deviceplugin.endpoint import Endpoint, plugin_socket
+from ix_device_plugin.deviceplugin.events import (
+    Event,
+    FilesChanged,
+    HardwareChanged,
+    NodeLabelChanged,
+    ReloadRequested,
+    RoleChanged,
+)
 from ix_device_plugin.deviceplugin.features.hook import ApiFeatures
 from ix_device_plugin.deviceplugin.handover import (
     HANDOVER_SETTLE,
-    ROLE_FILE,
     fixed_name_served,
     refuse_reserved,
     registration_beside,
@@ -44,13 +51,11 @@ from ix_device_plugin.hardware.backend import BackendError
 from ix_device_plugin.hardware.monitor import HardwareMonitor, HardwareView
 from ix_device_plugin.hardware.open import BackendFactory
 from ix_device_plugin.hardware.open import backend_factory as open_backend
-from ix_device_plugin.healing.record import RecordFile, record_path
-from ix_device_plugin.healing.story import story_path
+from ix_device_plugin.healing.record import RecordFile
 from ix_device_plugin.healing.wayback import return_annotation
 from ix_device_plugin.kubelet.podresources import PodResources
-from ix_device_plugin.nodeagent.kit import Mode, NodeAgent
+from ix_device_plugin.nodeagent.kit import NodeAgent
 from ix_device_plugin.runtime.errors import StartupError
-from ix_device_plugin.runtime.files import read_boot_id
 from ix_device_plugin.runtime.filewatch import Watcher
 from ix_device_plugin.runtime.logs import OncePerError
 from ix_device_plugin.runtime.probes import ProbeHandlers
@@ -59,50 +64,14 @@ from ix_device_plugin.settings.config import Config
 from ix_device_plugin.settings.errors import SettingsError
 from ix_device_plugin.settings.health import HealthPolicy
 from ix_device_plugin.settings.options import Options
-from ix_device_plugin.settings.table import FILE_SETTINGS
 
 if TYPE_CHECKING:
-    from ix_device_plugin.apiserver.connection import ApiConnection
     from ix_device_plugin.apiserver.nodelabel import AlsoFollowed
     from ix_device_plugin.apiserver.settings import KubeSettings
     from ix_device_plugin.telemetry.holders import PluginHolders
 
 log = logging.getLogger(__name__)
 Guard = PodHolders  # the device plugin's chip guard
-
-
-@dataclass(frozen=True)
-class FilesChanged:
-    """The watcher woke up: these paths changed (possibly none: a timer tick)."""
-
-    paths: frozenset[Path]
-
-
-@dataclass(frozen=True)
-class ReloadRequested:
-    """SIGHUP: re-read the config even if its bytes look the same."""
-
-
-@dataclass(frozen=True)
-class HardwareChanged:
-    """The hardware monitor has a new view of the chips."""
-
-    view: HardwareView
-
-
-@dataclass(frozen=True)
-class NodeLabelChanged:
-    """The node's configuration label has this value now (None: not set)."""
-
-    value: str | None
-
-
-@dataclass(frozen=True)
-class RoleChanged:
-    """This pod took the node's role (or serves the kubelet from now on): write the node files, serve."""
-
-
-Event = FilesChanged | ReloadRequested | HardwareChanged | NodeLabelChanged | RoleChanged
 
 
 class Daemon:
@@ -171,10 +140,6 @@ class Daemon:
         from ix_device_plugin.telemetry.holders import PluginHolders  # loaded only when telemetry is on
 
         return PluginHolders(pod_resources, lambda: self.plan)
-
-    def served_inventory(self) -> Inventory:
-        """The inventory served now."""
-        return self.inventory
 
     def current_health_policy(self) -> HealthPolicy:
         """The last valid configuration's health policy."""
@@ -274,7 +239,7 @@ class Daemon:
         if (problem := device_list_problem(view.inventory, config)) is not None:
             raise StartupError(f"{self.config_path}: {problem}")
         self._swap(State.of(view.inventory, config))
-        _log_plan(self.plan)
+        log_plan(self.plan)
         # Another pod of the plugin acts for the node, or a plugin that holds no role (an earlier release during the
         # first update to this one, Iluvatar's own plugin) serves the fixed socket name: the same choice either way.
         other_pod = not acting and not (
@@ -408,7 +373,7 @@ class Daemon:
         self.node.guard.saw(state)
         for warning in state.plan.warnings:
             log.warning("%s", warning)
-        _log_transitions(before.plan, state.plan)
+        log_transitions(before.plan, state.plan)
         self.current.swap(state)
         self.files.changed()
 
@@ -430,7 +395,7 @@ class Daemon:
             log.error("config change rejected, keeping the last good configuration: %s: %s", self.config_path, problem)
             return
         self._swap(State.of(self.inventory, config))
-        log.info("configuration reloaded: %s", _config_diff(before, config))
+        log.info("configuration reloaded: %s", config_diff(before, config))
         self.metrics.config_reloads.inc()
 
     # ---- inputs and helpers -------------------------------------------------------------------
@@ -481,62 +446,3 @@ class Daemon:
             return self.config_source.load_at_start()
         except SettingsError as error:
             raise StartupError("\n".join(error.messages)) from None
-
-
-def _log_plan(plan: Plan) -> None:
-    log.info("advertising %d %s (%d healthy)", plan.capacity(), plan.resource_name, plan.healthy_count())
-    for device in plan.devices:
-        if not device.healthy and device.replica in (None, 0):
-            log.warning("GPU %s is Unhealthy: %s", device.gpu, "; ".join(device.reasons))
-
-
-def plugin_mode(options: Options, healing_rules: Rules | None) -> Mode:
-    """What the device plugin fixes of its node agent: one pod acts for the node (resets, the CDI spec, labels,
-    Events, GPU metrics) while another may serve the kubelet beside it during an update; without the plugins
-    directory there is no node-health record and this process is alone."""
-    plugins_dir = options.kubelet_plugins_directory_path
-    return Mode(
-        node_name=options.node_name,
-        writer=f"device-plugin {options.pod_uid or os.getpid()}",
-        plugins_dir=plugins_dir,
-        role_lock=None if plugins_dir is None else record_path(plugins_dir).parent / ROLE_FILE,
-        duty=f"acting for node {options.node_name}'s GPUs",
-        story=story_path(options.plugin_dir),
-        boot_id=read_boot_id(),
-        rules=healing_rules,
-        held_through_stop=True,
-        node_watched=options.per_node_config,  # the label's watch of the Node brings the operator's annotation
-    )
-
-
-def api_connection(kube: KubeSettings | None) -> ApiConnection | None:
-    """The connection to the API server, when a feature needs one (nothing is imported or asked before its use)."""
-    if kube is None:
-        return None
-    from ix_device_plugin.apiserver.connection import ApiConnection
-
-    return ApiConnection(kube)
-
-
-def _log_transitions(before: Plan, after: Plan) -> None:
-    """One line per physical GPU whose health changed, with the chip and reason."""
-    old = {d.gpu: d for d in before.devices}
-    for device in after.devices:
-        if device.replica not in (None, 0):
-            continue
-        previous = old.get(device.gpu)
-        if previous is None or previous.healthy == device.healthy:
-            continue
-        if device.healthy:
-            log.info("GPU %s is Healthy again", device.gpu)
-        else:
-            log.warning("GPU %s became Unhealthy: %s", device.gpu, "; ".join(device.reasons))
-
-
-def _config_diff(before: Config, after: Config) -> str:
-    changes = [
-        f"{s.key} {getattr(before, s.name)!r} -> {getattr(after, s.name)!r}"
-        for s in FILE_SETTINGS
-        if getattr(before, s.name) != getattr(after, s.name)
-    ]
-    return ", ".join(changes) or "no effective change"

@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -40,6 +39,7 @@ from ix_device_plugin.apiserver.settings import KubeSettings
 from ix_device_plugin.apiserver.watch import Key, Mirror
 from ix_device_plugin.core.healing import Rules
 from ix_device_plugin.core.inventory import Inventory
+from ix_device_plugin.dra.agentmode import dra_mode
 from ix_device_plugin.dra.claimstatus import ClaimStatusWriter
 from ix_device_plugin.dra.claimusers import PodRef, containers_of, pod_ref, reserved_for, runs_containers, used_claims
 from ix_device_plugin.dra.containers import solve
@@ -51,7 +51,6 @@ from ix_device_plugin.dra.nodeservices import DraNodeServices, claim_holders
 from ix_device_plugin.dra.prepared import ClaimError, ClaimRef, PreparedClaim
 from ix_device_plugin.dra.publisher import SlicePublisher, StoredSlice, stored_slice
 from ix_device_plugin.dra.registration import (
-    ROLE_FILE,
     RegistrationService,
     dra_socket,
     plugin_dir,
@@ -72,11 +71,10 @@ from ix_device_plugin.hardware.open import BackendFactory
 from ix_device_plugin.hardware.open import backend_factory as open_backend
 from ix_device_plugin.hardware.pcie import pcie_roots
 from ix_device_plugin.healing.record import RecordFile
-from ix_device_plugin.healing.story import story_path
 from ix_device_plugin.healing.wayback import return_annotation
 from ix_device_plugin.kubelet.podresources import PodResources
 from ix_device_plugin.kubelet.sockets import Identity, unix_target
-from ix_device_plugin.nodeagent.kit import Mode, NodeAgent
+from ix_device_plugin.nodeagent.kit import NodeAgent
 from ix_device_plugin.runtime.backoff import Backoff
 from ix_device_plugin.runtime.errors import StartupError
 from ix_device_plugin.runtime.files import read_boot_id
@@ -92,8 +90,6 @@ log = logging.getLogger(__name__)
 MAX_POD_READS = 16  # pods read to learn who uses the claims of one NodePrepareResources
 MAX_CLAIM_READS = 16  # claims made on their own read besides, for the pods their reservedFor lists
 METADATA_POLL = 1.0  # seconds between looks at the publisher role while the device metadata waits for it
-# No settling time before a reset: a claim prepared on the chip meanwhile is refused under the state's lock.
-DRA_HEALING = Rules(settle=0.0)
 Guard = ClaimGuard  # the driver's chip guard
 
 
@@ -157,10 +153,6 @@ class DraDriver:
     def chip_holders(self, pod_resources: PodResources, monitor: HardwareMonitor) -> ClaimHolders:
         """Who holds each chip: the claims prepared on it, and the device plugin's pods from before the move."""
         return claim_holders(pod_resources, self.options, lambda: self.content, lambda: monitor.inventory)
-
-    def served_inventory(self) -> Inventory:
-        """The inventory the slice describes."""
-        return self.inventory
 
     def current_health_policy(self) -> HealthPolicy:
         """The health policy read at start, with IX_DISABLE_HEALTHCHECKS."""
@@ -562,23 +554,6 @@ class DraDriver:
         if missing := self.publisher.missing():
             return False, f"ResourceSlice {', '.join(missing)} missing (being published again)"
         return True, f"registered, ResourceSlice {self.publisher.name} published"
-
-
-def dra_mode(options: DraOptions, boot_id: str, healing_rules: Rules | None) -> Mode:
-    """What the DRA driver fixes of its node agent: one pod heals the node and listens for XIDs, the one publishing
-    its slices; telemetry names the claims holding each chip."""
-    return Mode(
-        node_name=options.node_name,
-        writer=f"dra {options.pod_uid or os.getpid()}",
-        plugins_dir=options.plugins_dir,
-        role_lock=plugin_dir(options.plugins_dir) / ROLE_FILE,
-        duty=f"publishing the ResourceSlices of node {options.node_name}",
-        story=story_path(plugin_dir(options.plugins_dir)),
-        boot_id=boot_id,
-        rules=healing_rules or DRA_HEALING,
-        node_watched=True,  # for the slices' owner: the annotation iluvatar.com/gpu.return comes with it
-        claims=True,
-    )
 
 
 def run_dra(options: DraOptions, kube: KubeSettings, run_until_done: Callable[[Any], int]) -> int:

@@ -99,7 +99,8 @@ class FrontEnd(Protocol[Guard]):
         """Who holds each chip, for telemetry's labels."""
         ...
 
-    def served_inventory(self) -> Inventory:
+    @property
+    def inventory(self) -> Inventory:
         """The inventory it serves now."""
         ...
 
@@ -191,7 +192,7 @@ class NodeAgent(Generic[Guard]):
             Hardware(factory, self._options.call_timeout),  # its own worker and backend: a hung read stays its own
             collector,
             interval,
-            front.served_inventory,
+            lambda: front.inventory,
             front.chip_holders(self.pod_resources, self.monitor),
         )
         return collector, sampler
