@@ -121,8 +121,8 @@ async def test_every_query_names_a_metric_the_plugin_exports(
 ) -> None:
     daemon = await start_daemon("BI-V150:2", health_address="127.0.0.1:0", telemetry_interval=0.1)
     await kubelet.wait_registered(RESOURCE)
-    await until(lambda: bool(daemon.telemetry and daemon.telemetry.samples))
-    exported = await exported_series(daemon.probe_port)
+    await until(lambda: bool(daemon.node.telemetry and daemon.node.telemetry.samples))
+    exported = await exported_series(daemon.node.probe_port)
     for expression in queries(json.loads(DASHBOARD.read_text())):
         unknown = {name for name in metric_names(expression) - exported if not DRA_ONLY.match(name)}
         assert not unknown, f"{expression}: the plugin exports no {sorted(unknown)}"
@@ -146,7 +146,7 @@ async def test_the_dashboard_works_unchanged_on_a_dra_node(
         telemetry = driver.node.telemetry
         assert telemetry is not None
         await until(lambda: bool(telemetry.holders))
-        series, labels = await exported(driver.probe_port)
+        series, labels = await exported(driver.node.probe_port)
     finally:
         await node.stop_all()
     for expression in queries(json.loads(DASHBOARD.read_text())):

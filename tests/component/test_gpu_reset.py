@@ -313,7 +313,7 @@ async def test_an_unexpected_failure_before_allocate_is_an_internal_error_not_a_
     async def broken(uuids: object) -> None:
         raise RuntimeError("a defect")
 
-    daemon.gpu_reset.reset = broken  # type: ignore[method-assign]
+    daemon.node.gpu_reset.reset = broken  # type: ignore[method-assign]
     with pytest.raises(grpc.aio.AioRpcError) as failed:
         await kubelet.allocate(RESOURCE, [[CHIP_A]])
     assert failed.value.code() == grpc.StatusCode.INTERNAL

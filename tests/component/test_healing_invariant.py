@@ -114,7 +114,7 @@ async def test_a_chip_found_held_after_the_handshake_is_not_reset(
     assert info is not None
     write_document(apiserver, ResetInfo(NODE, True, {**info.occupy, EXPORTER: False}))
     await until(lambda: not (reset_document(apiserver) or ResetInfo(NODE, True)).reset, timeout=5)  # handed back
-    healer = daemon.healing.healer
+    healer = daemon.node.healing.healer
     await until(lambda: "held by ml/late (main)" in healer.cares["GPU-x1"].note, timeout=5)  # after the hand-back
     await stays(lambda: ixsmi.runs() == [], for_=HELD_LONG_ENOUGH, message="ixsmi.runs() == []")
     assert view.devices["GPU-x1"] == UNHEALTHY
@@ -148,7 +148,7 @@ async def test_a_chip_needing_an_operator_stays_out_of_service_after_a_restart(
     assert view.devices == {"GPU-x0": UNHEALTHY, "GPU-x1": UNHEALTHY}
     await never_healthy(view, "GPU-x1", 1.0)
     assert ixsmi.runs() == ["-r -i GPU-x0"] * 3  # no reset after the start
-    cares = again.healing.healer.cares
+    cares = again.node.healing.healer.cares
     assert cares["GPU-x1"].phase == "operator" and cares["GPU-x0"].phase == "operator"
 
     ixsmi.code.write_text("0")  # the operator fixed GPU-x0 and returns it

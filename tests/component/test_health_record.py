@@ -307,7 +307,7 @@ async def test_the_standby_refuses_a_chip_reserved_by_the_frozen_acting_pod_when
         record = record_path(short_dir / "plugins")
         for spoil in (record.unlink, lambda: record.write_text("{")):
             spoil()
-            await until(lambda: bool(new.record and new.record.unreadable) or not record.exists())
+            await until(lambda: bool(new.node.record and new.node.record.unreadable) or not record.exists())
             with pytest.raises(AllocationError, match="held out of service for a reset"):
                 await new._before_allocate(new.plan, request)
         ixsmi.delay.write_text("0")

@@ -46,7 +46,7 @@ async def test_a_probe_header_over_64k_is_answered_431_and_the_server_keeps_serv
     await kubelet.wait_registered(RESOURCE)
 
     async def request(head: bytes) -> bytes:
-        reader, writer = await asyncio.open_connection("127.0.0.1", daemon.probe_port)
+        reader, writer = await asyncio.open_connection("127.0.0.1", daemon.node.probe_port)
         writer.write(head)
         await writer.drain()
         answer = await reader.read()

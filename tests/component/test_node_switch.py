@@ -162,13 +162,13 @@ async def test_a_free_chips_series_are_the_same_series_in_both_modes(
             str(node.devices_file), health_address="127.0.0.1:0", telemetry_interval=0.05, node_name=node.node
         )
         await kubelet.wait_registered(daemon.plan.resource_name)
-        await until(lambda: bool(daemon.telemetry and daemon.telemetry.samples))
-        plugin = await series(daemon.probe_port)
+        await until(lambda: bool(daemon.node.telemetry and daemon.node.telemetry.samples))
+        plugin = await series(daemon.node.probe_port)
         driver = await node.start(health_address="127.0.0.1:0", telemetry_interval=0.05)
         assert driver.node.telemetry is not None
         await until(lambda: bool(driver.node.telemetry and driver.node.telemetry.samples))
-        assert driver.probe_port is not None
-        assert await series(driver.probe_port) == plugin
+        assert driver.node.probe_port is not None
+        assert await series(driver.node.probe_port) == plugin
         assert len(plugin) == 4 * 15  # every chip, every metric
     finally:
         await node.stop_all()

@@ -19,7 +19,7 @@ from ix_device_plugin.standins.kubelet import KubeletStandIn
 
 
 def get(daemon: Daemon, path: str) -> tuple[int, str]:
-    url = f"http://127.0.0.1:{daemon.probe_port}{path}"
+    url = f"http://127.0.0.1:{daemon.node.probe_port}{path}"
     try:
         with urllib.request.urlopen(url, timeout=5) as response:
             return response.status, response.read().decode()

@@ -197,12 +197,12 @@ async def test_both_pods_advertise_the_xid_the_acting_one_saw_and_the_chip_stays
     old = await start_daemon(pod_uid=OLD, **settings)
     view = await kubelet.wait_registered(RESOURCE, capacity=2)
     new, _ = await start_beside(kubelet, start_daemon, OLD_SOCKET, **settings)
-    assert not new.monitor.xids_watched
+    assert not new.node.monitor.xids_watched
     inject_xid(conf, 1, 64)
     await until(lambda: advertised(old) == advertised(new) == {"GPU-x0": HEALTHY, "GPU-x1": UNHEALTHY}, timeout=5)
     await kubelet.wait_for(lambda: view.devices.get("GPU-x1") == UNHEALTHY)
     await old.shutdown()
-    await until(lambda: new.acting and new.monitor.xids_watched, timeout=3)
+    await until(lambda: new.acting and new.node.monitor.xids_watched, timeout=3)
     await stays(
         lambda: advertised(new) == {"GPU-x0": HEALTHY, "GPU-x1": UNHEALTHY},
         for_=0.5,
@@ -265,7 +265,7 @@ async def test_during_the_overlap_the_acting_pod_alone_resets_and_the_standby_re
     assert await new._before_allocate(new.plan, request) is None  # free: nothing to do
     ixsmi.delay.write_text("2")
     inject_xid(conf, 1, 48)
-    await until(lambda: "GPU-x1" in old.healing.healer.reserved, timeout=5)
+    await until(lambda: "GPU-x1" in old.node.healing.healer.reserved, timeout=5)
     with pytest.raises(AllocationError, match="held out of service for a reset"):
         await new._before_allocate(new.plan, request)
     await kubelet.wait_for(lambda: view.devices["GPU-x1"] == HEALTHY, timeout=10)

@@ -284,11 +284,11 @@ async def test_chips_allocated_to_a_pod_carry_its_labels(
         held = {chip.uuid for device_id in chosen for chip in daemon.plan.by_id[device_id].chips}
 
         def attributed() -> bool:
-            series = scrape(daemon.probe_port)
+            series = scrape(daemon.node.probe_port)
             return {uuid for (name, uuid), (labels, _) in series.items() if labels["pod"] == "trainer-0"} == held
 
         await asyncio.to_thread(until_sync, attributed, 10.0)
-        series = await asyncio.to_thread(scrape, daemon.probe_port)
+        series = await asyncio.to_thread(scrape, daemon.node.probe_port)
         for (_name, uuid), (labels, _) in series.items():
             assert labels["node_name"] == "gpu-node-1"
             if uuid in held:
@@ -300,7 +300,7 @@ async def test_chips_allocated_to_a_pod_carry_its_labels(
         # The kubelet's socket goes away: figures go on, without pod labels, and come back with them.
         await pod_resources.stop()
         await asyncio.to_thread(
-            until_sync, lambda: all(labels["pod"] == "" for labels, _ in scrape(daemon.probe_port).values()), 10.0
+            until_sync, lambda: all(labels["pod"] == "" for labels, _ in scrape(daemon.node.probe_port).values()), 10.0
         )
         await pod_resources.start()
         await asyncio.to_thread(until_sync, attributed, 10.0)
@@ -311,7 +311,7 @@ async def test_chips_allocated_to_a_pod_carry_its_labels(
 async def test_no_telemetry_metrics_when_it_is_off(kubelet: KubeletStandIn, start_daemon: DaemonFactory) -> None:
     daemon = await start_daemon("BI-V150:1", health_address="127.0.0.1:0")
     await kubelet.wait_registered(RESOURCE)
-    assert await asyncio.to_thread(scrape, daemon.probe_port) == {}
+    assert await asyncio.to_thread(scrape, daemon.node.probe_port) == {}
 
 
 def test_the_name_label_says_iluvatar_once_whatever_the_library_calls_the_product() -> None:

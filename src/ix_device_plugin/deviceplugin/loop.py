@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -23,12 +21,21 @@ from ix_device_plugin.core.healing import Rules
 from ix_device_plugin.core.inventory import Inventory
 from ix_device_plugin.core.limits import device_list_problem
 from ix_device_plugin.core.plan import Plan
+from ix_device_plugin.deviceplugin.agentmode import api_connection, plugin_mode
+from ix_device_plugin.deviceplugin.changes import config_diff, log_plan, log_transitions
 from ix_device_plugin.deviceplugin.configsource import ConfigSource
 from ix_device_plugin.deviceplugin.endpoint import Endpoint, plugin_socket
+from ix_device_plugin.deviceplugin.events import (
+    Event,
+    FilesChanged,
+    HardwareChanged,
+    NodeLabelChanged,
+    ReloadRequested,
+    RoleChanged,
+)
 from ix_device_plugin.deviceplugin.features.hook import ApiFeatures
 from ix_device_plugin.deviceplugin.handover import (
     HANDOVER_SETTLE,
-    ROLE_FILE,
     fixed_name_served,
     refuse_reserved,
     registration_beside,
@@ -39,73 +46,32 @@ from ix_device_plugin.deviceplugin.metrics import Metrics
 from ix_device_plugin.deviceplugin.nodefiles import NodeFiles
 from ix_device_plugin.deviceplugin.registrar import Registrar
 from ix_device_plugin.deviceplugin.state import Current, State
-from ix_device_plugin.gpureset.sequence import KILL_WAIT, RESET_STOP_WAIT, GpuReset, GpuResetError
+from ix_device_plugin.gpureset.sequence import KILL_WAIT, RESET_STOP_WAIT, GpuResetError
 from ix_device_plugin.hardware.backend import BackendError
-from ix_device_plugin.hardware.monitor import HardwareMonitor, HardwareView, MonitorSettings
+from ix_device_plugin.hardware.monitor import HardwareMonitor, HardwareView
 from ix_device_plugin.hardware.open import BackendFactory
 from ix_device_plugin.hardware.open import backend_factory as open_backend
-from ix_device_plugin.hardware.worker import Hardware
-from ix_device_plugin.healing.record import RecordFile, record_path
-from ix_device_plugin.healing.service import NodeHealing
-from ix_device_plugin.healing.settings import HealingSettings
-from ix_device_plugin.healing.story import story_path
+from ix_device_plugin.healing.record import RecordFile
 from ix_device_plugin.healing.wayback import return_annotation
 from ix_device_plugin.kubelet.podresources import PodResources
+from ix_device_plugin.nodeagent.kit import NodeAgent
 from ix_device_plugin.runtime.errors import StartupError
-from ix_device_plugin.runtime.files import read_boot_id
 from ix_device_plugin.runtime.filewatch import Watcher
-from ix_device_plugin.runtime.lazymetrics import Gated
 from ix_device_plugin.runtime.logs import OncePerError
-from ix_device_plugin.runtime.noderole import NodeRole
-from ix_device_plugin.runtime.probes import ProbeHandlers, ProbeServer, start_probes
+from ix_device_plugin.runtime.probes import ProbeHandlers
 from ix_device_plugin.runtime.service import Service, bounded
 from ix_device_plugin.settings.config import Config
 from ix_device_plugin.settings.errors import SettingsError
+from ix_device_plugin.settings.health import HealthPolicy
 from ix_device_plugin.settings.options import Options
-from ix_device_plugin.settings.table import FILE_SETTINGS
 
 if TYPE_CHECKING:
-    from ix_device_plugin.apiserver.connection import ApiConnection
     from ix_device_plugin.apiserver.nodelabel import AlsoFollowed
     from ix_device_plugin.apiserver.settings import KubeSettings
-    from ix_device_plugin.telemetry.collector import TelemetryCollector
-    from ix_device_plugin.telemetry.sampler import TelemetrySampler
+    from ix_device_plugin.telemetry.holders import PluginHolders
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class FilesChanged:
-    """The watcher woke up: these paths changed (possibly none: a timer tick)."""
-
-    paths: frozenset[Path]
-
-
-@dataclass(frozen=True)
-class ReloadRequested:
-    """SIGHUP: re-read the config even if its bytes look the same."""
-
-
-@dataclass(frozen=True)
-class HardwareChanged:
-    """The hardware monitor has a new view of the chips."""
-
-    view: HardwareView
-
-
-@dataclass(frozen=True)
-class NodeLabelChanged:
-    """The node's configuration label has this value now (None: not set)."""
-
-    value: str | None
-
-
-@dataclass(frozen=True)
-class RoleChanged:
-    """This pod took the node's role (or serves the kubelet from now on): write the node files, serve."""
-
-
-Event = FilesChanged | ReloadRequested | HardwareChanged | NodeLabelChanged | RoleChanged
+Guard = PodHolders  # the device plugin's chip guard
 
 
 class Daemon:
@@ -130,125 +96,65 @@ class Daemon:
         self.service = Service(options.stop_timeout)
         self.current = Current(State.of(Inventory(), Config()))
         self.apiserver = api_connection(kube)  # the one connection to the API server, made on first use
-        factory = backend_factory or open_backend(options)
-        self.hardware = Hardware(factory, options.call_timeout)
-        self.monitor = HardwareMonitor(
-            self.hardware,
-            MonitorSettings(
-                health_interval=options.health_interval,
-                rediscover_interval=options.rediscover_interval,
-                dev_root=options.dev_root,
-                health_stale_after=options.health_stale_after,
-            ),
-            on_xid=self.metrics.observe_xid,
-            on_poll=self.metrics.observe_health_poll,
-        )
-        self.monitor.subscribe(lambda view: self._events.put_nowait(HardwareChanged(view)))
-        self.pod_resources = PodResources(options.pod_resources_socket)
-        self.telemetry: TelemetryCollector | None = None
-        self.sampler: TelemetrySampler | None = None
-        if options.telemetry_interval is not None:
-            from ix_device_plugin.telemetry.collector import TelemetryCollector  # loaded only when it is on
-            from ix_device_plugin.telemetry.holders import PluginHolders
-            from ix_device_plugin.telemetry.sampler import TelemetrySampler
-
-            self.telemetry = TelemetryCollector(options.node_name)
-            self.metrics.registry.register(Gated(self.telemetry, lambda: self.acting))  # one pod per node exports it
-            self.sampler = TelemetrySampler(
-                Hardware(factory, options.call_timeout),  # its own worker and backend: a hung read stays its own
-                self.telemetry,
-                options.telemetry_interval,
-                lambda: self.inventory,
-                PluginHolders(self.pod_resources, lambda: self.plan),
-            )
-        plugins_dir = options.kubelet_plugins_directory_path
-        self.record = RecordFile(record_path(plugins_dir)) if plugins_dir is not None else None
-        # One pod acts for the node (resets, the CDI spec, labels, Events, GPU metrics) while another may serve the
-        # kubelet beside it during an update; without the plugins directory this process is alone.
-        self.role: NodeRole | None = None
-        if self.record is not None:
-            duty = f"acting for node {options.node_name}'s GPUs"
-            self.role = NodeRole(self.record.path.parent / ROLE_FILE, duty, held_through_stop=True)
+        self._events: asyncio.Queue[Event] = asyncio.Queue()
+        self._applied_version = 0  # the last hardware view the loop has taken
+        self._applied = asyncio.Event()
+        self._settle = (healing_rules or Rules()).settle
+        factory, mode = backend_factory or open_backend(options), plugin_mode(options, healing_rules)
+        self.node: NodeAgent[PodHolders] = NodeAgent(options, mode, self, self.metrics, factory, self.apiserver)
+        self.node.monitor.subscribe(lambda view: self._events.put_nowait(HardwareChanged(view)))
         self.api = ApiFeatures(
-            options,
-            self.current,
-            self.metrics,
-            self.hardware,
-            self._rediscover_now,
-            self._pod_devices,
-            self.apiserver,
-            acting=lambda: self.acting,
-            volcano_field_manager=options.volcano_field_manager,
-        )
-        if self.sampler is not None:
-            self.api.gpu_reset.quiet_others = self.sampler.paused
-        self.holders = PodHolders(
-            self.pod_resources,
-            self.current,
-            self._until_applied,
-            settle=(healing_rules or Rules()).settle,
-            lock_dir=None if self.record is None else self.record.path.parent,
-            turn_timeout=options.reset_wait_timeout,
-        )
-        self.api.gpu_reset.node_turn = self.holders.turn  # every pod of the plugin resets the node's GPUs in turn
-        self.healing = NodeHealing(
-            self.monitor,
-            self.api.gpu_reset,
-            self.holders,
-            self.apiserver,
-            HealingSettings(
-                policy=lambda: self.config.health_policy,
-                switch=lambda: self.config.self_healing,
-                story=story_path(options.plugin_dir),
-                rules=healing_rules or Rules(),
-                node_watched=options.per_node_config,  # the label's watch of the Node brings the operator's annotation
-                boot_id=read_boot_id(),
-                writer=f"device-plugin {options.pod_uid or os.getpid()}",
-                acting=lambda: self.acting,
-            ),
-            registry=self.metrics.registry,
-            record=self.record,
-        )
-        self.endpoint = Endpoint(
-            plugin_socket(options.plugin_dir, options.pod_uid),
-            self.current,
-            self.metrics.observe_call,
-            self._before_allocate,
-        )
+            self.current, self.node.gpu_reset, self._pod_devices, self.apiserver,
+            acting=lambda: self.node.acting, volcano_field_manager=options.volcano_field_manager,
+        )  # fmt: skip
+        socket = plugin_socket(options.plugin_dir, options.pod_uid)
+        self.endpoint = Endpoint(socket, self.current, self.metrics.observe_call, self._before_allocate)
         self.registrar = Registrar(
-            options.plugin_dir,
-            self.endpoint.path.name,
-            lambda: self.current.plan.resource_name,
-            self.metrics,
-            options.poll_interval,
+            options.plugin_dir, socket.name, lambda: self.plan.resource_name, self.metrics, options.poll_interval
         )
         self.metrics.read_state_from(lambda: self.current.state, lambda: self.registrar.registered, lambda: self.acting)
         self.metrics.read_role_from(lambda: self.acting)
         self.config_source = ConfigSource(options, self.apiserver)
         self.files = NodeFiles(options.cdi_spec_dir, options.node_feature_dir, options.dev_root, options.sysfs_root)
         self.socket_path = self.endpoint.path
-        self.probe_port: int | None = None
-        self._events: asyncio.Queue[Event] = asyncio.Queue()
-        self._probes: ProbeServer | None = None
-        self._applied_version = 0  # the last hardware view the loop has taken
-        self._applied = asyncio.Event()
-        self._endpoint_errors = OncePerError(log)
-        self._limit_errors = OncePerError(log)
+        self._endpoint_errors, self._limit_errors = OncePerError(log), OncePerError(log)
         self._volcano_pod_errors = OncePerError(log, logging.WARNING)
         self.serving_wanted = True  # False while waiting on standby for the pod serving the node to stop
         self._waiting_why = ""
+
+    # ---- what the node agent asks of the device plugin (nodeagent.kit.FrontEnd) ------------------
+
+    def chip_guard(
+        self, pod_resources: PodResources, monitor: HardwareMonitor, record: RecordFile | None
+    ) -> PodHolders:
+        """The device plugin's chip guard: the served plan, pod-resources, and the node's reset turn."""
+        lock_dir = None if record is None else record.path.parent
+        turn_timeout = self.options.reset_wait_timeout
+        return PodHolders(
+            pod_resources, self.current, self._until_applied, settle=self._settle, lock_dir=lock_dir,
+            turn_timeout=turn_timeout,
+        )  # fmt: skip
+
+    def chip_holders(self, pod_resources: PodResources, monitor: HardwareMonitor) -> PluginHolders:
+        """Who holds each chip, by the device IDs of the plan served."""
+        from ix_device_plugin.telemetry.holders import PluginHolders  # loaded only when telemetry is on
+
+        return PluginHolders(pod_resources, lambda: self.plan)
+
+    def current_health_policy(self) -> HealthPolicy:
+        """The last valid configuration's health policy."""
+        return self.config.health_policy
+
+    def self_healing_switch(self) -> str:
+        """selfHealing in the last valid configuration."""
+        return self.config.self_healing
 
     # ---- what others read ------------------------------------------------------------------
 
     @property
     def acting(self) -> bool:
         """True while this pod acts for the node (always, without the plugins directory: then it is alone)."""
-        return self.role is None or self.role.held
-
-    @property
-    def gpu_reset(self) -> GpuReset:
-        """The GPU reset service (flags.reset_gpu)."""
-        return self.api.gpu_reset
+        return self.node.acting
 
     @property
     def plan(self) -> Plan:
@@ -284,7 +190,7 @@ class Daemon:
         failing = self.registrar.failing_for()
         if failing is not None and failing > self.options.registration_grace:
             return False, f"registration failing for {failing:.0f}s"
-        problem = self.monitor.problem()
+        problem = self.node.monitor.problem()
         if problem is None and (down := self.service.down()):
             problem = "; ".join(down)
         if problem is not None:
@@ -297,7 +203,7 @@ class Daemon:
         if not self.serving_wanted:
             return True, f"standby: {self._waiting_why}"
         if self.registered:
-            why = (self.role.unusable if self.role is not None else "") or "another pod acts for the node"
+            why = (self.node.role.unusable if self.node.role is not None else "") or "another pod acts for the node"
             standby = "" if self.acting else f"; standby: {why}"
             return True, f"registered {self.plan.resource_name}{standby}"
         return False, "not registered with the kubelet"
@@ -325,19 +231,20 @@ class Daemon:
                 spawn, lambda value: self._events.put_nowait(NodeLabelChanged(value)), self._return_requests()
             )
         config = self._first_config()
-        self.monitor.ignored = config.health_policy
-        acting = self._take_role_at_start()
-        self.healing.healer.restore(config.health_policy)  # before the first discovery and ListAndWatch
-        await self._start_probes()
-        view = await self.monitor.start(config.fail_on_init_error, xids=acting)  # on standby: the record's XIDs
+        acting = self.node.take_role_at_start()
+        self.node.healing.healer.restore(config.health_policy)  # before the first discovery and ListAndWatch
+        await self.node.start_probes(ProbeHandlers(live=self.live, ready=self.ready, metrics=self.metrics.render))
+        view = await self.node.monitor.start(config.fail_on_init_error, xids=acting)  # on standby: the record's XIDs
         self._applied_version = view.version  # its HardwareChanged event, already queued, changes nothing
         if (problem := device_list_problem(view.inventory, config)) is not None:
             raise StartupError(f"{self.config_path}: {problem}")
         self._swap(State.of(view.inventory, config))
-        _log_plan(self.plan)
+        log_plan(self.plan)
         # Another pod of the plugin acts for the node, or a plugin that holds no role (an earlier release during the
         # first update to this one, Iluvatar's own plugin) serves the fixed socket name: the same choice either way.
-        other_pod = not acting and not (self.role is not None and self.role.unusable)  # a bad lock: nobody acts
+        other_pod = not acting and not (
+            self.node.role is not None and self.node.role.unusable
+        )  # a bad lock: nobody acts
         if other_pod or (fixed := fixed_name_served(self.endpoint.path)) is not None:
             who = "another pod of the plugin serves this node" if other_pod else f"another plugin serves {fixed}"
             self.serving_wanted = await self._register_beside(who)
@@ -349,20 +256,12 @@ class Daemon:
         spawn("reconcile", self._reconcile_loop)
         spawn("registrar", self.registrar.run)
         spawn("watch", self._watch_files)
-        spawn("hardware", self.monitor.run)
+        spawn("hardware", self.node.monitor.run)
         if self.kube_settings is not None:
             spawn("volcano", self.api.run_volcano)
-        for name, task in self.healing.tasks().items():
+        for name, task in self.node.tasks().items():
             spawn(name, task)
-        if self.role is None:
-            spawn("node", self._act_for_node)
-        else:
-            role = self.role
-            spawn("node-role", lambda: role.run(self._act_for_node))
-
-    def _take_role_at_start(self) -> bool:
-        """Take the node's role when no other pod of the plugin holds it; whether this pod acts for the node."""
-        return self.role is None or self.role.take_at_start()  # a lock file that cannot serve: standby, said
+        spawn("node" if self.node.role is None else "node-role", self.node.act(self._act_for_node))
 
     async def _register_beside(self, who: str) -> bool:
         """Another plugin serves the node (who says which): whether to register beside it now, else wait on standby
@@ -382,11 +281,9 @@ class Daemon:
             await asyncio.sleep(HANDOVER_SETTLE)
             self.serving_wanted = True
             log.info("the pod that served this node has stopped: registering")
-        await self.monitor.watch_xids()
+        await self.node.monitor.watch_xids()
         self._events.put_nowait(RoleChanged())
-        works = []
-        if self.sampler is not None:
-            works.append(self.sampler.run())
+        works = [work() for work in self.node.acting_tasks()]  # telemetry
         if (labels := self.files.labels) is not None:
             works.append(labels.run())  # writes them again when another agent hands the file over
         if self.kube_settings is not None:
@@ -398,7 +295,7 @@ class Daemon:
 
     def _return_requests(self) -> AlsoFollowed | None:
         """The operator's annotation for self-healing, followed by the node label's watch (None without an API)."""
-        requests = self.healing.requests
+        requests = self.node.healing.requests
         return (return_annotation, requests.seen) if requests is not None else None
 
     async def shutdown(self) -> None:
@@ -408,21 +305,15 @@ class Daemon:
         await bounded("stopping the plugin server", self.endpoint.stop(grace=budget * 0.1), budget * 0.3)
         self.endpoint.remove_socket()
         # A GPU reset under way is waited for (RESET_STOP_WAIT, then its ixsmi is killed) before reset: false.
-        ending = budget * 0.25 + (RESET_STOP_WAIT + KILL_WAIT if self.api.resetting else 0)
-        await bounded("ending the API features", self.api.close(timeout=budget * 0.2), ending)
-        await self.healing.close(timeout=budget * 0.1)
+        gpu_reset = self.node.gpu_reset
+        ending = budget * 0.25 + (RESET_STOP_WAIT + KILL_WAIT if gpu_reset.command_running else 0)
+        await bounded("ending the GPU reset", gpu_reset.close(timeout=budget * 0.2), ending)
+        await self.node.healing.close(timeout=budget * 0.1)
         if self.apiserver is not None:
             await bounded("closing the API connection", self.apiserver.close(), budget * 0.05)
-        if self._probes is not None:
-            await bounded("stopping the probe server", self._probes.stop(), budget * 0.1)
+        await self.node.stop_probes(budget * 0.1)
         self.files.close()
-        await bounded("closing the pod-resources channel", self.pod_resources.close(), budget * 0.05)
-        if self.sampler is not None:
-            await self.sampler.close(timeout=budget * 0.1)
-        # Room for the XID waiter's last bounded wait (EVENT_WAIT_MS), which must end before IXML shuts down.
-        await self.hardware.close(timeout=budget * 0.4)
-        if self.role is not None:
-            self.role.release()  # last: the pod that follows acts for the node once this one's work is all over
+        await self.node.close()  # last: the pod that follows acts for the node once this one's work is all over
 
     # ---- the reconcile loop: the only writer of state -----------------------------------------
 
@@ -479,11 +370,10 @@ class Daemon:
 
     def _swap(self, state: State) -> None:
         before = self.current.state
-        self.holders.saw(state)
-        self.monitor.ignored = state.config.health_policy
+        self.node.guard.saw(state)
         for warning in state.plan.warnings:
             log.warning("%s", warning)
-        _log_transitions(before.plan, state.plan)
+        log_transitions(before.plan, state.plan)
         self.current.swap(state)
         self.files.changed()
 
@@ -505,7 +395,7 @@ class Daemon:
             log.error("config change rejected, keeping the last good configuration: %s: %s", self.config_path, problem)
             return
         self._swap(State.of(self.inventory, config))
-        log.info("configuration reloaded: %s", _config_diff(before, config))
+        log.info("configuration reloaded: %s", config_diff(before, config))
         self.metrics.config_reloads.inc()
 
     # ---- inputs and helpers -------------------------------------------------------------------
@@ -525,14 +415,14 @@ class Daemon:
 
     async def _before_allocate(self, plan: Plan, request: api_pb2.AllocateRequest) -> api_pb2.AllocateRequest | None:
         """Refuse a chip reserved for a reset (by whichever pod acts for the node), then the API features' work."""
-        if self.record is not None:
-            refuse_reserved(self.record, plan, request)
+        if self.node.record is not None:
+            refuse_reserved(self.node.record, plan, request)
         return await self.api.before_allocate(plan, request)
 
-    async def _rediscover_now(self) -> Inventory:
+    async def rediscover(self) -> Inventory:
         """Discover again (after a GPU reset) and wait until the reconcile loop serves what was found."""
         try:
-            view = await self.monitor.rediscover()
+            view = await self.node.monitor.rediscover()
         except BackendError as error:
             raise GpuResetError(f"the chips could not be discovered again after the reset: {error}") from None
         await self._until_applied(view.version)
@@ -546,7 +436,7 @@ class Daemon:
     async def _pod_devices(self) -> dict[tuple[str, str], list[str]]:
         """(namespace, pod) -> the device IDs the kubelet gave it, from the pod-resources socket."""
         held: dict[tuple[str, str], list[str]] = {}
-        allocations = await self.pod_resources.allocations({self.plan.resource_name}, self._volcano_pod_errors)
+        allocations = await self.node.pod_resources.allocations({self.plan.resource_name}, self._volcano_pod_errors)
         for device_id, ref in allocations.items():
             held.setdefault((ref.namespace, ref.pod), []).append(device_id)
         return held
@@ -556,49 +446,3 @@ class Daemon:
             return self.config_source.load_at_start()
         except SettingsError as error:
             raise StartupError("\n".join(error.messages)) from None
-
-    async def _start_probes(self) -> None:
-        handlers = ProbeHandlers(live=self.live, ready=self.ready, metrics=self.metrics.render)
-        started = await start_probes(self.options.health_address, handlers)
-        if started is not None:
-            self._probes, self.probe_port = started
-
-
-def _log_plan(plan: Plan) -> None:
-    log.info("advertising %d %s (%d healthy)", plan.capacity(), plan.resource_name, plan.healthy_count())
-    for device in plan.devices:
-        if not device.healthy and device.replica in (None, 0):
-            log.warning("GPU %s is Unhealthy: %s", device.gpu, "; ".join(device.reasons))
-
-
-def api_connection(kube: KubeSettings | None) -> ApiConnection | None:
-    """The connection to the API server, when a feature needs one (nothing is imported or asked before its use)."""
-    if kube is None:
-        return None
-    from ix_device_plugin.apiserver.connection import ApiConnection
-
-    return ApiConnection(kube)
-
-
-def _log_transitions(before: Plan, after: Plan) -> None:
-    """One line per physical GPU whose health changed, with the chip and reason."""
-    old = {d.gpu: d for d in before.devices}
-    for device in after.devices:
-        if device.replica not in (None, 0):
-            continue
-        previous = old.get(device.gpu)
-        if previous is None or previous.healthy == device.healthy:
-            continue
-        if device.healthy:
-            log.info("GPU %s is Healthy again", device.gpu)
-        else:
-            log.warning("GPU %s became Unhealthy: %s", device.gpu, "; ".join(device.reasons))
-
-
-def _config_diff(before: Config, after: Config) -> str:
-    changes = [
-        f"{s.key} {getattr(before, s.name)!r} -> {getattr(after, s.name)!r}"
-        for s in FILE_SETTINGS
-        if getattr(before, s.name) != getattr(after, s.name)
-    ]
-    return ", ".join(changes) or "no effective change"

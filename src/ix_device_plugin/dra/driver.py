@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -40,17 +39,17 @@ from ix_device_plugin.apiserver.settings import KubeSettings
 from ix_device_plugin.apiserver.watch import Key, Mirror
 from ix_device_plugin.core.healing import Rules
 from ix_device_plugin.core.inventory import Inventory
+from ix_device_plugin.dra.agentmode import dra_mode
 from ix_device_plugin.dra.apireads import ApiReads
 from ix_device_plugin.dra.claimstatus import ClaimStatusWriter
 from ix_device_plugin.dra.healguard import ClaimGuard
 from ix_device_plugin.dra.health import DeviceHealthBoard, HealthService
 from ix_device_plugin.dra.metadata import NodeFacts
 from ix_device_plugin.dra.metrics import DraMetrics
-from ix_device_plugin.dra.nodeservices import DraNodeServices
+from ix_device_plugin.dra.nodeservices import DraNodeServices, claim_holders
 from ix_device_plugin.dra.prepared import ClaimRef, PreparedClaim
 from ix_device_plugin.dra.publisher import SlicePublisher, StoredSlice, stored_slice
 from ix_device_plugin.dra.registration import (
-    ROLE_FILE,
     RegistrationService,
     dra_socket,
     plugin_dir,
@@ -65,32 +64,29 @@ from ix_device_plugin.dra.service import DraService
 from ix_device_plugin.dra.slices import BOARD, DRIVER, SliceContent, SlicePolicy, slice_content
 from ix_device_plugin.dra.state import ClaimReader, DraState
 from ix_device_plugin.dra.teller import ContainerTeller
-from ix_device_plugin.gpureset.handshake import open_handshake
-from ix_device_plugin.gpureset.purpose import CLAIM_RESET, reset_feature, resetting_for
-from ix_device_plugin.gpureset.sequence import GpuReset, GpuResetError, ResetHandshake, ResetSettings
-from ix_device_plugin.hardware.monitor import HardwareMonitor, HardwareView, MonitorSettings
+from ix_device_plugin.gpureset.purpose import CLAIM_RESET, resetting_for
+from ix_device_plugin.gpureset.sequence import GpuResetError
+from ix_device_plugin.hardware.monitor import HardwareMonitor, HardwareView
 from ix_device_plugin.hardware.open import BackendFactory
 from ix_device_plugin.hardware.open import backend_factory as open_backend
 from ix_device_plugin.hardware.pcie import pcie_roots
-from ix_device_plugin.hardware.worker import Hardware
-from ix_device_plugin.healing.record import RecordFile, record_path
-from ix_device_plugin.healing.service import NodeHealing
-from ix_device_plugin.healing.settings import HealingSettings
-from ix_device_plugin.healing.story import story_path
+from ix_device_plugin.healing.record import RecordFile
 from ix_device_plugin.healing.wayback import return_annotation
+from ix_device_plugin.kubelet.podresources import PodResources
 from ix_device_plugin.kubelet.sockets import Identity, unix_target
+from ix_device_plugin.nodeagent.kit import NodeAgent
 from ix_device_plugin.runtime.errors import StartupError
 from ix_device_plugin.runtime.files import read_boot_id
-from ix_device_plugin.runtime.noderole import NodeRole
-from ix_device_plugin.runtime.probes import ProbeHandlers, ProbeServer, start_probes
+from ix_device_plugin.runtime.probes import ProbeHandlers
 from ix_device_plugin.runtime.service import Service, bounded
+from ix_device_plugin.settings.health import HealthPolicy
 from ix_device_plugin.settings.options import DraOptions
+from ix_device_plugin.telemetry.holders import ClaimHolders
 
 log = logging.getLogger(__name__)
 
 METADATA_POLL = 1.0  # seconds between looks at the publisher role while the device metadata waits for it
-# No settling time before a reset: a claim prepared on the chip meanwhile is refused under the state's lock.
-DRA_HEALING = Rules(settle=0.0)
+Guard = ClaimGuard  # the driver's chip guard
 
 
 class DraDriver:
@@ -99,6 +95,9 @@ class DraDriver:
     kube: a connected API client, else the one connection made from kube_settings (at start);
     backend_factory: the GPUs' backend (default: the one options name); healing_rules: how hard self-healing tries.
     """
+
+    publisher: SlicePublisher | None = None  # made at start, with the API client
+    claim_status: ClaimStatusWriter | None = None
 
     def __init__(
         self,
@@ -112,91 +111,66 @@ class DraDriver:
         self.options = options
         base = options.base
         self.service = Service(base.stop_timeout)
-        factory = backend_factory or open_backend(base)
-        self.hardware = Hardware(factory, base.call_timeout)
-        self.monitor = HardwareMonitor(
-            self.hardware,
-            MonitorSettings(
-                health_interval=base.health_interval,
-                rediscover_interval=base.rediscover_interval,
-                dev_root=base.dev_root,
-                health_stale_after=base.health_stale_after,
-            ),
-        )
         self.health_policy = options.config.health_policy.with_disabled(base.ignored_health_errors)
-        self.monitor.ignored = self.health_policy
-        self.monitor.subscribe(self._hardware_changed)
         self.kube = kube
         self.api = ApiConnection(kube_settings) if kube_settings is not None else None
         self.state = DraState(
-            plugin_dir(options.plugins_dir),
-            options.cdi_spec_dir,
-            options.node_name,
-            base.dev_root,
-            read_boot_id(options.boot_id_path),
-            reset_wait=base.reset_wait_timeout,
-            reserved=self._reserved,
-            facts=self.facts,
-        )
-        self.policy = SlicePolicy(options.config.splitboard, options.config.replicas)
-        self.content = SliceContent((), None, policy=self.policy)
-        self.roots: dict[str, str] = {}
+            plugin_dir(options.plugins_dir), options.cdi_spec_dir, options.node_name, base.dev_root,
+            read_boot_id(options.boot_id_path), reset_wait=base.reset_wait_timeout,
+            reserved=self._reserved, facts=self.facts,
+        )  # fmt: skip
+        self.content = SliceContent((), None, policy=SlicePolicy(options.config.splitboard, options.config.replicas))
+        self.roots: dict[str, str] = {}  # PCIe roots by chip UUID, as the slice says them
         self.endpoint = dra_socket(options.plugins_dir, options.pod_uid)
         self.registrar_socket = registration_socket(options.registrar_dir, options.pod_uid)
         self.health = DeviceHealthBoard(options.node_name)
         self._streams_end = asyncio.Event()
         self.registration = RegistrationService(self.endpoint, self._registered)
-        self.publisher: SlicePublisher | None = None
-        self.role = NodeRole(
-            plugin_dir(options.plugins_dir) / ROLE_FILE, f"publishing the ResourceSlices of node {options.node_name}"
-        )
-        self.claim_status: ClaimStatusWriter | None = None
         self.ready = asyncio.Event()
         self.reads: ApiReads | None = None  # from start, with the API client
         self.teller: ContainerTeller | None = None  # the same
         self._servers: list[grpc.aio.Server] = []
         self._sockets: dict[Path, Identity] = {}  # the sockets this pod put in place, to remove only those
-        self._probes: ProbeServer | None = None
-        self.probe_port: int | None = None
         self.metrics = DraMetrics(self._figures, self._prepared_devices)
-        reset = ResetSettings.of(base)
-        self.gpu_reset = GpuReset(self.hardware, self._reset_handshake, self._rediscover, self.metrics, reset)
-        self.gpu_reset.node_turn = self.state.reset_turn  # the driver's pods reset the node's GPUs in turn
-        self.node = DraNodeServices(  # labels and telemetry; telemetry lets go of the library during a reset
-            options,
-            self.monitor,
-            lambda: self.content,
-            factory,
-            self.metrics.registry,
-            self.registration.registered.is_set,
-        )
-        self.gpu_reset.quiet_others = self.node.paused
-        self.record = RecordFile(record_path(options.plugins_dir))
+        factory, mode = backend_factory or open_backend(base), dra_mode(options, self.state.boot_id, healing_rules)
+        self.node: NodeAgent[ClaimGuard] = NodeAgent(base, mode, self, self.metrics, factory, self.api)
+        monitor = self.node.monitor
+        monitor.subscribe(self._hardware_changed)  # first: the node labels' subscriber reads the new content
+        self.node_labels = DraNodeServices(options, monitor, lambda: self.content, self.metrics, self.registration)
         self._facts_changed = asyncio.Event()  # what the node says of its devices changed since metadata was written
         self._facts_seen = False  # the monitor has given a view: the facts are the node's, not empty
-        self.healing = NodeHealing(
-            self.monitor,
-            self.gpu_reset,
-            ClaimGuard(self.state, self.node.pod_resources, lambda: self.monitor.inventory),
-            self.api,
-            HealingSettings(
-                policy=lambda: self.health_policy,
-                switch=lambda: options.config.self_healing,
-                story=story_path(plugin_dir(options.plugins_dir)),
-                rules=healing_rules or DRA_HEALING,
-                node_watched=True,  # for the slices' owner: the annotation iluvatar.com/gpu.return comes with it
-                acting=lambda: self.role.held,  # one pod heals the node: the one publishing its slices
-                boot_id=self.state.boot_id,
-                writer=f"dra {options.pod_uid or os.getpid()}",
-            ),
-            registry=self.metrics.registry,
-            record=self.record,
-        )
+
+    # ---- what the node agent asks of the driver (nodeagent.kit.FrontEnd) ------------------------
+
+    def chip_guard(self, pod_resources: PodResources, monitor: HardwareMonitor, record: RecordFile | None) -> Guard:
+        """The driver's chip guard: its claims, pod-resources, and the driver's reset lock."""
+        return ClaimGuard(self.state, pod_resources, lambda: monitor.inventory)
+
+    def chip_holders(self, pod_resources: PodResources, monitor: HardwareMonitor) -> ClaimHolders:
+        """Who holds each chip: the claims prepared on it, and the device plugin's pods from before the move."""
+        return claim_holders(pod_resources, self.options, lambda: self.content, lambda: monitor.inventory)
+
+    def current_health_policy(self) -> HealthPolicy:
+        """The health policy read at start, with IX_DISABLE_HEALTHCHECKS."""
+        return self.health_policy
+
+    def self_healing_switch(self) -> str:
+        """selfHealing as read at start."""
+        return self.options.config.self_healing
+
+    async def rediscover(self) -> Inventory:
+        """Discover again after a GPU reset."""
+        return (await self.node.monitor.rediscover()).inventory
+
+    @property
+    def policy(self) -> SlicePolicy:
+        """How the chips are offered (splitboard, replicas), as read at start."""
+        return self.content.policy
 
     @property
     def inventory(self) -> Inventory:
         """The inventory the slice describes."""
-        return self.monitor.inventory
+        return self.node.monitor.inventory
 
     # ---- lifecycle ---------------------------------------------------------------------------
 
@@ -218,9 +192,11 @@ class DraDriver:
             raise StartupError(problem)
         started = time.perf_counter()
         await self.state.restore()
-        publishing = self._take_role_at_start()  # first: the record's restore says what is wrong only when acting
-        self.healing.healer.restore()  # before the first discovery: a chip out of service is so from the start
-        await self.monitor.start(self.options.config.fail_on_init_error, xids=publishing)  # standby: the record's
+        # First: the record's restore says what is wrong only when acting. A lock file that cannot serve is said;
+        # the publish task tries again.
+        publishing = self.node.take_role_at_start()
+        self.node.healing.healer.restore()  # before the first discovery: a chip out of service is so from the start
+        await self.node.monitor.start(self.options.config.fail_on_init_error, xids=publishing)  # standby: the record's
         if self.kube is None:
             assert self.api is not None
             self.kube = await self.api.kube()
@@ -233,29 +209,25 @@ class DraDriver:
         self.reads = ApiReads(self.kube, self.options.claim_read_timeout)
         self.teller = ContainerTeller(self.state, self.reads)
         publisher = self.publisher  # writes only while this pod holds the role (one pod of the driver at a time)
-        self.service.spawn("publish-slice", lambda: self.role.run(lambda: self._publish(publisher)))
+        self.service.spawn("publish-slice", self.node.act(lambda: self._publish(publisher)))
         if self.api is not None:
             self._watch_slices_and_node(self.api)
-        self.service.spawn("hardware", self.monitor.run)
-        for name, task in {**self.node.tasks(), **self.healing.tasks()}.items():
+        self.service.spawn("hardware", self.node.monitor.run)
+        for name, task in {**self.node_labels.tasks(), **self.node.tasks()}.items():
             self.service.spawn(name, task)
         self.service.spawn("device-metadata", self._keep_metadata)
         await self._serve()
         if self.api is not None:  # reset: false in ix-gpu-reset-<node>, as the device plugin says at start: a driver
             # killed in the middle of a reset left reset: true, and ix-exporter stays away from the GPUs until then
             self.service.spawn("reset-record", self._keep_reset_record)
-        await self._start_probes()
+        await self.node.start_probes(ProbeHandlers(live=self._live, ready=self._ready, metrics=self.metrics.render))
         self.ready.set()
         log.info("DRA driver %s ready in %.0f ms", DRIVER, (time.perf_counter() - started) * 1000)
-
-    def _take_role_at_start(self) -> bool:
-        """Take the node's role when no other pod of the driver holds it (else the publish task waits for it)."""
-        return self.role.take_at_start()  # a lock file that cannot serve is said; the publish task tries again
 
     async def _publish(self, publisher: SlicePublisher) -> None:
         """While this pod publishes the node's slices: it listens for XIDs too (a pod on standby learns them from
         the node-health record, so that the library's XIDs all reach the pod acting for the node)."""
-        await self.monitor.watch_xids()
+        await self.node.monitor.watch_xids()
         await publisher.run()
 
     async def shutdown(self) -> None:
@@ -266,22 +238,19 @@ class DraDriver:
         if self.claim_status is not None:
             await bounded("writing claim status", self.claim_status.close(), timeout / 10)
         await self.state.close(timeout / 10)
-        await self.gpu_reset.close(timeout / 10)
-        await self.healing.close(timeout / 10)
+        await self.node.gpu_reset.close(timeout / 10)
+        await self.node.healing.close(timeout / 10)
         for server in self._servers:
             await bounded("stopping a gRPC server", server.stop(timeout / 4), timeout / 4)
         self._servers.clear()
-        if self._probes is not None:
-            await bounded("stopping the probe server", self._probes.stop(), timeout / 10)
-            self._probes = None
+        await self.node.stop_probes(timeout / 10)
         for path, own in self._sockets.items():
             remove_own_socket(path, own)
         self._sockets.clear()
         if self.api is not None:
             await bounded("closing the API connection", self.api.close(), timeout / 10)
-        await self.node.close()
-        await self.hardware.close(timeout * 0.4)
-        self.role.release()  # let go already when the publisher stopped; here only when its stop was abandoned
+        self.node_labels.close()
+        await self.node.close()  # the role is let go already when the publisher stopped; here when that was abandoned
 
     async def _serve(self) -> None:
         endpoint, registrar = self.endpoint, self.registrar_socket
@@ -332,8 +301,8 @@ class DraDriver:
         uid, chips_to_return = next(iter(nodes.values()), ("", ""))
         if self.publisher is not None:
             self.publisher.node_seen(uid)
-        if self.healing.requests is not None:
-            self.healing.requests.seen(chips_to_return)
+        if (requests := self.node.healing.requests) is not None:
+            requests.seen(chips_to_return)
 
     def _slices_changed(self, stored: Mapping[Key, StoredSlice]) -> None:
         if self.publisher is not None:
@@ -371,7 +340,7 @@ class DraDriver:
         the new pod of an update writes what it publishes once it takes over."""
         as_holder = False
         while True:
-            if not self.role.held or not self._facts_seen:
+            if not self.node.acting or not self._facts_seen:
                 as_holder = False
                 await asyncio.sleep(METADATA_POLL)
                 continue
@@ -426,14 +395,14 @@ class DraDriver:
         if error is None and self.claim_status is not None:
             self.claim_status.unprepared(ref)
         if error is None:
-            self.healing.healer.wake()  # a chip waiting to be reset may be free now
+            self.node.healing.healer.wake()  # a chip waiting to be reset may be free now
         return error
 
     async def _reset_claim(self, claim: PreparedClaim) -> str | None:
         """Reset the chips of a claim configured with reset: true (None), or say why that failed."""
         try:
             with resetting_for(CLAIM_RESET):
-                await self.gpu_reset.reset(claim.reset_chips)
+                await self.node.gpu_reset.reset(claim.reset_chips)
         except GpuResetError as error:
             return f"GPU reset before the container starts: {error}"
         return None
@@ -441,25 +410,12 @@ class DraDriver:
     def _reserved(self) -> dict[str, str]:
         """Chips reserved for a reset by any pod of the driver: the node-health record, read now (the last good one
         this pod read while it is gone or spoiled, until the pod acting for the node writes it again)."""
-        record = self.record.known()
+        record = None if self.node.record is None else self.node.record.known()
         return {} if record is None else record.reserved()
 
     async def _keep_reset_record(self) -> None:
         assert self.api is not None
-        await self.gpu_reset.keep_record(self.api.backoff())
-
-    async def _rediscover(self) -> Inventory:
-        return (await self.monitor.rediscover()).inventory
-
-    async def _reset_handshake(self) -> ResetHandshake | None:
-        """The reset handshake with other IXML users on ix-gpu-reset-<node> (GpuReset says it at its first use);
-        None without an API connection of our own (a test's client)."""
-        if self.api is None:
-            log.warning(
-                "%s resets GPUs without the handshake: other IXML users are not asked to let go", reset_feature()
-            )
-            return None
-        return await open_handshake(self.api, self.options.node_name)
+        await self.node.gpu_reset.keep_record(self.api.backoff())
 
     async def _read_claim(self, ref: ClaimRef) -> dict[str, Any]:
         """The ResourceClaim, retried for claim_read_timeout; ClaimError naming the claim when it cannot be read."""
@@ -468,14 +424,8 @@ class DraDriver:
 
     # ---- probes and metrics -------------------------------------------------------------------
 
-    async def _start_probes(self) -> None:
-        handlers = ProbeHandlers(live=self._live, ready=self._ready, metrics=self.metrics.render)
-        started = await start_probes(self.options.base.health_address, handlers)
-        if started is not None:
-            self._probes, self.probe_port = started
-
     def _live(self) -> tuple[bool, str]:
-        problem = self.monitor.problem()
+        problem = self.node.monitor.problem()
         if problem is None and (down := self.service.down()):
             problem = "; ".join(down)
         if problem is not None:
@@ -491,7 +441,7 @@ class DraDriver:
             "restored_claims": self.state.restored,
             "health_changes": self.health.changes,
             "slice_repairs": publisher.repairs if publisher is not None else 0,
-            "slice_publisher": int(self.role.held),
+            "slice_publisher": int(self.node.acting),
         }
 
     def _prepared_devices(self) -> dict[tuple[str, str], int]:
@@ -508,7 +458,7 @@ class DraDriver:
         (maxUnavailable 0) the old pod, which publishes, is deleted only once the new one is ready."""
         if not self.registration.registered.is_set():
             return False, "not registered with the kubelet's plugin watcher"
-        if not self.role.held:
+        if not self.node.acting:
             node = self.options.node_name
             return True, f"registered; standby: another pod of this driver publishes the slices of node {node}"
         if self.publisher is None or self.publisher.published is None:

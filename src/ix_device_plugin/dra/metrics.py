@@ -66,6 +66,12 @@ class DraMetrics:
         """The Prometheus text exposition."""
         return self.registry.render()
 
+    def observe_xid(self, xid: int) -> None:
+        """XIDs are not counted in DRA mode (the device plugin's xid_events): the node-health record keeps them."""
+
+    def observe_health_poll(self) -> None:
+        """Health polls are not timed in DRA mode (the device plugin's last_health_poll)."""
+
 
 # name -> (help, counter or gauge)
 _FIGURES: dict[str, tuple[str, bool]] = {

@@ -1,29 +1,25 @@
 """The node services on a DRA node, fed by the hardware monitor and the slice content the driver serves: the
-node's labels (the device plugin's and the DRA driver's own), ix-exporter's GPU metrics with the pods and
-claims holding each chip, and the node-state gauges the dashboard reads in both modes."""
+node's labels (the device plugin's and the DRA driver's own), and the node-state gauges the dashboard reads in
+both modes; and who holds each chip, for the node agent's telemetry (nodeagent/kit.py)."""
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 
 from ix_device_plugin.core.inventory import Inventory
 from ix_device_plugin.core.labels import LabelSet, dra_labels, label_set
 from ix_device_plugin.core.plan import Plan, plan
+from ix_device_plugin.dra.metrics import DraMetrics
+from ix_device_plugin.dra.registration import RegistrationService
 from ix_device_plugin.dra.slices import CHIP, DRIVER, SliceContent
 from ix_device_plugin.hardware.monitor import HardwareMonitor, HardwareView
-from ix_device_plugin.hardware.open import BackendFactory
-from ix_device_plugin.hardware.worker import Hardware
 from ix_device_plugin.kubelet.podresources import PodResources
 from ix_device_plugin.nodelabels.service import NodeLabels
-from ix_device_plugin.runtime.lazymetrics import Registry
-from ix_device_plugin.runtime.service import TaskFactory, bounded
+from ix_device_plugin.runtime.service import TaskFactory
 from ix_device_plugin.settings.config import Config
 from ix_device_plugin.settings.options import DraOptions
-from ix_device_plugin.telemetry.collector import TelemetryCollector
 from ix_device_plugin.telemetry.holders import ClaimHolders
 from ix_device_plugin.telemetry.nodestate import Devices, NodeStateCollector
-from ix_device_plugin.telemetry.sampler import TelemetrySampler
 
 
 def dra_label_set(inventory: Inventory, config: Config, content: SliceContent, machine: str | None) -> LabelSet:
@@ -38,11 +34,29 @@ def dra_label_set(inventory: Inventory, config: Config, content: SliceContent, m
     return LabelSet({**common.labels, **dra_labels(DRIVER, chips, boards, shares)}, common.notes)
 
 
-class DraNodeServices:
-    """What the DRA driver does for the node beside serving claims: its labels and its GPU metrics.
+def claim_holders(
+    pod_resources: PodResources,
+    options: DraOptions,
+    content: Callable[[], SliceContent],
+    inventory: Callable[[], Inventory],
+) -> ClaimHolders:
+    """Who holds each chip for telemetry: the claims prepared on it, and the pods the device plugin gave its device
+    IDs to before the node moved to DRA (the node as the device plugin plans it under the same ix-config)."""
 
-    factory: the GPUs' backend, of which telemetry opens an instance of its own; registry: the driver's metrics;
-    registered: whether the kubelet has registered the driver.
+    def device_chips() -> dict[str, tuple[str, ...]]:
+        return {device.name: tuple(chip.uuid for chip in device.chips) for device in content().devices}
+
+    def node_plan() -> Plan:
+        return plan(inventory(), options.config)
+
+    return ClaimHolders(pod_resources, DRIVER, options.node_name, device_chips, node_plan)
+
+
+class DraNodeServices:
+    """What the DRA driver does for the node beside serving claims and beside the node agent's services: its labels
+    and the node-state gauges.
+
+    metrics: the driver's (the gauges join its registry); registration: the kubelet's registration of the driver.
     """
 
     def __init__(
@@ -50,41 +64,21 @@ class DraNodeServices:
         options: DraOptions,
         monitor: HardwareMonitor,
         content: Callable[[], SliceContent],
-        factory: BackendFactory,
-        registry: Registry,
-        registered: Callable[[], bool],
+        metrics: DraMetrics,
+        registration: RegistrationService,
     ) -> None:
         base = options.base
         self._config = options.config
         self._monitor = monitor
         self._content = content
-        self._stop_timeout = base.stop_timeout
         self.labels = NodeLabels(base.node_feature_dir, base.sysfs_root) if base.node_feature_dir else None
-        self.pod_resources = PodResources(base.pod_resources_socket)
-        self.telemetry: TelemetryCollector | None = None
-        self.sampler: TelemetrySampler | None = None
-        if base.telemetry_interval is not None:
-            self.telemetry = TelemetryCollector(options.node_name, claims=True)
-            registry.register(self.telemetry)
-            holders = ClaimHolders(self.pod_resources, DRIVER, options.node_name, self._device_chips, self._plan)
-            self.sampler = TelemetrySampler(
-                Hardware(factory, base.call_timeout),  # its own worker and backend: a hung read stays its own
-                self.telemetry,
-                base.telemetry_interval,
-                lambda: monitor.inventory,
-                holders,
-            )
-        registry.register(NodeStateCollector(self._devices, lambda: monitor.inventory, registered))
+        registered = registration.registered.is_set
+        metrics.registry.register(NodeStateCollector(self._devices, lambda: monitor.inventory, registered))
         monitor.subscribe(self._hardware_changed)  # after the driver's own subscription: the content is new
 
     def tasks(self) -> dict[str, TaskFactory]:
         """The background tasks to supervise, by name."""
-        tasks: dict[str, TaskFactory] = {}
-        if self.labels is not None:
-            tasks["node-labels"] = self._keep_labels
-        if self.sampler is not None:
-            tasks["telemetry"] = self.sampler.run
-        return tasks
+        return {} if self.labels is None else {"node-labels": self._keep_labels}
 
     def changed(self) -> None:
         """Write the labels for what the node has and the driver serves now."""
@@ -92,24 +86,10 @@ class DraNodeServices:
             inventory = self._monitor.inventory
             self.labels.want(dra_label_set(inventory, self._config, self._content(), self.labels.machine))
 
-    @contextlib.asynccontextmanager
-    async def paused(self) -> AsyncIterator[None]:
-        """No telemetry pass while inside, and telemetry's hold on the GPU library released first (a GPU reset)."""
-        if self.sampler is None:
-            yield
-            return
-        async with self.sampler.paused():
-            yield
-
-    async def close(self) -> None:
-        """At a clean stop: the labels as the node-labels service leaves them, the pod-resources channel and
-        telemetry's backend closed (bounded)."""
+    def close(self) -> None:
+        """At a clean stop: the labels as the node-labels service leaves them."""
         if self.labels is not None:
             self.labels.close()
-        timeout = self._stop_timeout
-        await bounded("closing the pod-resources channel", self.pod_resources.close(), timeout * 0.05)
-        if self.sampler is not None:
-            await self.sampler.close(timeout=timeout * 0.1)
 
     def _hardware_changed(self, view: HardwareView) -> None:
         self.changed()
@@ -118,13 +98,6 @@ class DraNodeServices:
         assert self.labels is not None
         self.changed()
         await self.labels.run()
-
-    def _device_chips(self) -> dict[str, tuple[str, ...]]:
-        return {device.name: tuple(chip.uuid for chip in device.chips) for device in self._content().devices}
-
-    def _plan(self) -> Plan:
-        """The node as the device plugin plans it (its device IDs held by pods from before the move to DRA)."""
-        return plan(self._monitor.inventory, self._config)
 
     def _devices(self) -> Devices:
         devices = self._content().devices

@@ -75,6 +75,7 @@ class ResetSettings:
         return cls(wait_timeout=options.reset_wait_timeout, command_timeout=options.reset_timeout)
 
 
+Turn = Callable[[], contextlib.AbstractAsyncContextManager[None]]  # entered around a step that others must wait out
 HandshakeSource = Callable[[], Awaitable[ResetHandshake | None]]
 Check = Callable[[], Awaitable[None]]  # the caller's last look before ixsmi; GpuResetError calls the reset off
 
@@ -96,6 +97,9 @@ class GpuReset:
         rediscover: Callable[[], Awaitable[Inventory]],
         metrics: ResetMetrics,
         settings: ResetSettings,
+        *,
+        node_turn: Turn | None = None,
+        quiet_others: Turn | None = None,
     ) -> None:
         self._hardware = hardware
         self._handshake_source = handshake
@@ -111,11 +115,11 @@ class GpuReset:
         self._record_wanted = asyncio.Event()  # the ConfigMap must (again) say reset: false, we hold the GPUs
         self._record_wanted.set()
         # Our other users of the GPU library (telemetry) let go of it while ixsmi runs.
-        self.quiet_others: Callable[[], contextlib.AbstractAsyncContextManager[None]] = _nothing_to_quiet
-        # The node's turn to reset, where other processes reset the same GPUs (the DRA driver's pods during an
+        self.quiet_others: Turn = quiet_others or _nothing_to_quiet
+        # The node's turn to reset, where other processes reset the same GPUs (another pod of the agent during an
         # update): keep_record takes it before saying reset: false, so that it never ends another's reset.
         # It raises OutputError when the turn cannot be had in time.
-        self.node_turn: Callable[[], contextlib.AbstractAsyncContextManager[None]] = _nothing_to_quiet
+        self.node_turn: Turn = node_turn or _nothing_to_quiet
 
     @property
     def command_running(self) -> bool:

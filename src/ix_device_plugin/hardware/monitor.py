@@ -100,11 +100,12 @@ class HardwareMonitor:
         settings: MonitorSettings,
         on_xid: Callable[[int], None] | None = None,
         on_poll: Callable[[], None] | None = None,
+        ignored: Callable[[], Ignored] | None = None,
     ) -> None:
         self.hardware = hardware
         self.settings = settings
         self.view = HardwareView(Inventory())
-        self.ignored: Ignored = frozenset()  # the health policy: XIDs it ignores are not kept
+        self._ignored = ignored or (lambda: frozenset())  # the health policy in force: XIDs it ignores are not kept
         self._subscribers: list[Subscriber] = []
         self._xid_listeners: list[XidListener] = []
         self._requests: asyncio.Queue[_Request] = asyncio.Queue()
@@ -377,7 +378,7 @@ class HardwareMonitor:
             return
         for listener in self._xid_listeners:
             listener(event)
-        if xid_ignored(event.xid, self.ignored):
+        if xid_ignored(event.xid, self._ignored()):
             self.xid_log.log(
                 logging.INFO,
                 "XID %d on %s ignored (an application XID, or listed in IX_DISABLE_HEALTHCHECKS)",

@@ -1,10 +1,10 @@
 """Self-healing composed for a front end: the healer, the Node's Events and the operator's way back, in one place.
 
-A front end gives what only it knows (its guard: the node's reset turn and who holds a chip; the node-health record;
-its settings, one HealingSettings: its configuration, where its story file goes, whether it acts for the node) and
-spawns `tasks()` with its own tasks; the rest is the same in both modes. A front end that watches its Node
-already (DRA: the Node owns the slices) says so (node_watched) and hands each value of the operator's annotation to
-`requests.seen`, so that the Node is watched once.
+The node-agent kit (nodeagent/kit.py) builds it with what only the front end knows (its guard: the node's reset turn
+and who holds a chip; its settings, one HealingSettings: its configuration, where its story file goes, whether it
+acts for the node) and the node-health record, and spawns `tasks()`; the rest is the same in both modes. A front
+end that watches its Node already (DRA: the Node owns the slices) says so (node_watched) and hands each value of the
+operator's annotation to `requests.seen`, so that the Node is watched once.
 """
 
 from __future__ import annotations

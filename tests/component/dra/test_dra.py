@@ -355,7 +355,7 @@ async def test_probes_and_metrics_follow_registration_and_the_slice(node: DraNod
 
     def get(path: str) -> tuple[int, str]:
         try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{driver.probe_port}{path}", timeout=5) as response:
+            with urllib.request.urlopen(f"http://127.0.0.1:{driver.node.probe_port}{path}", timeout=5) as response:
                 return response.status, response.read().decode()
         except urllib.error.HTTPError as error:
             return error.code, error.read().decode()

@@ -76,7 +76,7 @@ async def test_during_an_update_the_standby_leaves_the_files_and_the_new_publish
     assert devices_of(path)[0]["attributes"]["extendedResource"] == {"bool": False}
     new = await node.start(pod_uid="pod-new", config=Config(splitboard=True))  # one iluvatar.com/gpu: a chip
     await stays(
-        lambda: not new.role.held and generation_of(path.read_text()) == 1,
+        lambda: not new.node.role.held and generation_of(path.read_text()) == 1,
         for_=1.5,
         message="the standby publishes nothing, and writes no metadata",
     )

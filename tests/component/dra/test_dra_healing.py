@@ -136,7 +136,7 @@ async def test_an_operator_returns_a_chip_through_the_node_the_driver_watches_al
     from the one watch of its Node it keeps for the slices' owner."""
     ixsmi = Ixsmi(node.root)
     driver = await start(node, ixsmi)
-    assert "gpu-return" not in driver.healing.tasks()
+    assert "gpu-return" not in driver.node.healing.tasks()
     await node.wait_slice(lambda devices: len(devices) == 6)
     node.write_boards(with_xid(79))
     await node.wait_slice(lambda devices: tainted(devices, "gpu-1"))
@@ -164,9 +164,9 @@ async def test_only_the_pod_holding_the_nodes_role_heals(node: DraNode, api: Api
         healing_rules=FAST_HEALING,
         pod_uid="pod-two",
     )
-    assert first.role.held and not second.role.held
+    assert first.node.role.held and not second.node.role.held
     node.write_boards(with_xid(48))
-    await until(lambda: bool(second.healing.healer.cares) and "XID 48" in str(second.healing.healer.cares))
+    await until(lambda: bool(second.node.healing.healer.cares) and "XID 48" in str(second.node.healing.healer.cares))
     await node.wait_slice(lambda devices: not tainted(devices, "gpu-1") and bool(ixsmi.runs()), timeout=10)
     await stays(lambda: len(ixsmi.runs()) == 1, for_=0.8, message="the acting pod's reset only")
     assert len(node_events(api, "GPUUnhealthy")) == 1 and len(node_events(api, "GPUHealingReset")) == 1
@@ -189,8 +189,10 @@ async def test_during_a_rolling_update_no_pod_prepares_a_claim_on_a_chip_being_r
         backend_factory=lambda: IxsmiBackend(quiet_file, ixsmi.path), healing_rules=FAST_HEALING, pod_uid="pod-new"
     )
     kubelet = await node.kubelet(new)  # the kubelet serves the newest registration
-    assert (old.role.held, new.role.held) == (True, False)
-    assert old.monitor.xids_watched and not new.monitor.xids_watched  # every XID reaches the pod acting for the node
+    assert (old.node.role.held, new.node.role.held) == (True, False)
+    assert (
+        old.node.monitor.xids_watched and not new.node.monitor.xids_watched
+    )  # every XID reaches the pod acting for the node
     chip = uuid_of(node, "gpu-1")
     node.write_boards(with_xid(48))  # the old pod's library only
     await until(lambda: ixsmi.runs() != [], timeout=5)  # the reset runs (3 s)
@@ -203,7 +205,7 @@ async def test_during_a_rolling_update_no_pod_prepares_a_claim_on_a_chip_being_r
     error = (await kubelet.prepare([ordinary])).claims[ordinary[2]].error
     assert "device gpu-1" in error and "is reserved for a GPU reset" in error, error  # the record, not the XID
     await node.stop(old)  # the update's stop, in the middle of the reset
-    await until(lambda: new.role.held and new.monitor.xids_watched, timeout=3)
+    await until(lambda: new.node.role.held and new.node.monitor.xids_watched, timeout=3)
     await node.wait_slice(lambda devices: tainted(devices, "gpu-1"), timeout=3)  # no reset was confirmed
     await node.wait_slice(lambda devices: not tainted(devices, "gpu-1"), timeout=15)  # the new pod's own reset
     assert ixsmi.runs() == [f"-r -i {chip}"] * 2
@@ -212,7 +214,7 @@ async def test_during_a_rolling_update_no_pod_prepares_a_claim_on_a_chip_being_r
 
 
 def _chip_status(driver: DraDriver, uuid: str) -> ChipStatus:
-    return next(chip.status for chip in driver.monitor.view.inventory.chips() if chip.uuid == uuid)
+    return next(chip.status for chip in driver.node.monitor.view.inventory.chips() if chip.uuid == uuid)
 
 
 async def test_a_record_removed_or_spoiled_during_an_update_makes_no_pod_forget_a_chip_needing_an_operator(
@@ -238,7 +240,7 @@ async def test_a_record_removed_or_spoiled_during_an_update_makes_no_pod_forget_
         # watched: the standby never forgets it
         await stays(lambda: 64 in _chip_status(new, chip).xids, for_=0.5, message="the standby remembering XID 64")
     await node.stop(old)
-    await until(lambda: new.role.held, timeout=5)
+    await until(lambda: new.node.role.held, timeout=5)
     await node.wait_slice(lambda devices: tainted(devices, "gpu-1"), timeout=5)
     await until(lambda: _recorded(record, chip).get("phase") == "operator", timeout=5)
     assert 64 in _chip_status(new, chip).xids and ixsmi.runs() == []

@@ -70,14 +70,14 @@ async def test_a_publisher_lock_that_cannot_serve_is_said_once_and_the_slices_ar
     with caplog.at_level(logging.INFO):
         driver = await node.start()
         await prepared(node, "one-gpu", "gpu-1")  # a standby prepares claims
-        assert node.slice() is None and not driver.role.held
+        assert node.slice() is None and not driver.node.role.held
         said = [r for r in caplog.records if str(lock) in r.getMessage() and r.levelno >= logging.WARNING]
         assert len(said) == 1, [r.getMessage() for r in said]
         assert said[0].levelno == logging.ERROR and "remove it" in said[0].getMessage()
         assert "this pod serves on standby" in said[0].getMessage()
         shutil.rmtree(lock) if lock.is_dir() and not lock.is_symlink() else lock.unlink()
         await node.wait_slice(lambda devices: len(devices) == 6, timeout=15)
-    assert driver.role.held and lock.is_file() and not lock.is_symlink()
+    assert driver.node.role.held and lock.is_file() and not lock.is_symlink()
     await until(lambda: any("can serve as a lock again" in r.getMessage() for r in caplog.records))
 
 

@@ -140,7 +140,7 @@ def holders_of(series: list[dict[str, str]], device: str, driver: DraDriver) -> 
 
 async def series_where(driver: DraDriver, predicate: Callable[[list[dict[str, str]]], bool]) -> list[dict[str, str]]:
     async def matching() -> list[dict[str, str]] | None:
-        series = await asyncio.to_thread(scrape, driver.probe_port)
+        series = await asyncio.to_thread(scrape, driver.node.probe_port)
         return series if predicate(series) else None
 
     return await until(matching, timeout=5, interval=0.05, message="metrics series matching the predicate")
@@ -228,7 +228,7 @@ async def test_the_dra_driver_exports_the_node_state_the_dashboard_reads(node: D
     await node.wait_slice(lambda devices: "taints" in devices.get("gpu-1", {}))
 
     def values() -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-        with urllib.request.urlopen(f"http://127.0.0.1:{driver.probe_port}/metrics", timeout=5) as response:
+        with urllib.request.urlopen(f"http://127.0.0.1:{driver.node.probe_port}/metrics", timeout=5) as response:
             text = response.read().decode()
         return {
             (s.name, tuple(sorted(s.labels.items()))): s.value

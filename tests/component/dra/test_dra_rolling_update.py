@@ -118,7 +118,7 @@ async def test_two_pods_with_different_config_overlap_with_one_writer_and_hand_o
         # both pods running, each with its own content
         await stays(lambda: slice_writes(api) == before, for_=2, message="a write while both pods ran")
         assert unshared(node.slice_devices())
-        assert (old.role.held, new.role.held) == (True, False)
+        assert (old.node.role.held, new.node.role.held) == (True, False)
         assert "standby: another pod holds" in caplog.text
         assert "(publishing the ResourceSlices of node node-a)" in caplog.text
         assert new._ready() == (
@@ -134,7 +134,7 @@ async def test_two_pods_with_different_config_overlap_with_one_writer_and_hand_o
         await node.stop(old)  # what SIGTERM does
         await node.wait_slice(shared, timeout=3)
         took = time.monotonic() - stopped
-        assert new.role.held and metric(new, "ix_device_plugin_dra_slice_publisher") == 1
+        assert new.node.role.held and metric(new, "ix_device_plugin_dra_slice_publisher") == 1
         at_rest = await settled(api)
         await stays(lambda: slice_writes(api) == at_rest, for_=1, message="a write at rest")
     assert sampler.longest_gap == 0 and sampler.samples > 40
@@ -167,12 +167,14 @@ async def test_the_standby_writes_nothing_while_the_publisher_repairs_another_wr
 async def test_a_replaced_role_lock_stops_the_publisher_before_another_pod_takes_it(node: DraNode) -> None:
     old = await node.start(pod_uid="pod-old")
     await node.wait_slice(unshared)
-    lock = old.role.path
+    lock = old.node.role.path
     lock.unlink()  # someone removed the lock file: a new pod would lock a new file
     new = await node.start(pod_uid="pod-new", config=Config(replicas=2))
     await node.wait_slice(shared, timeout=4)
     await until(
-        lambda: not old.role.held and new.role.held, timeout=5, message="the new pod holding the role, not the old"
+        lambda: not old.node.role.held and new.node.role.held,
+        timeout=5,
+        message="the new pod holding the role, not the old",
     )
     assert shared(node.slice_devices())  # the old pod stopped writing, the war did not start
 

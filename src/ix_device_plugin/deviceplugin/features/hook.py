@@ -1,8 +1,8 @@
 """The API features that Allocate waits for: flags.reset_gpu and flags.usevolcano, and their background
 passes (the reset handshake's record at start, Volcano's ConfigMap and pod annotations).
 
-A shell over the daemon's Current state: it reads the plan and config there and changes nothing in it;
-rediscovery after a reset goes through the daemon's reconcile loop (the `rediscover` it is given).
+A shell over the daemon's Current state: it reads the plan and config there and changes nothing in it; the GPU
+reset service it asks is the node agent's (nodeagent/kit.py), built once for the node's other resets too.
 """
 
 from __future__ import annotations
@@ -15,18 +15,14 @@ from typing import TYPE_CHECKING
 
 from ix_device_plugin.api import api_pb2
 from ix_device_plugin.core.allocation import AllocationError
-from ix_device_plugin.core.inventory import Chip, Inventory
+from ix_device_plugin.core.inventory import Chip
 from ix_device_plugin.core.plan import Plan
-from ix_device_plugin.deviceplugin.metrics import Metrics
 from ix_device_plugin.deviceplugin.state import Current, first_set
-from ix_device_plugin.gpureset.handshake import open_handshake
-from ix_device_plugin.gpureset.purpose import RESET_GPU, reset_feature, resetting_for
-from ix_device_plugin.gpureset.sequence import GpuReset, GpuResetError, ResetHandshake, ResetSettings
-from ix_device_plugin.hardware.worker import Hardware
+from ix_device_plugin.gpureset.purpose import RESET_GPU, resetting_for
+from ix_device_plugin.gpureset.sequence import GpuReset, GpuResetError
 from ix_device_plugin.runtime.files import OutputError
 from ix_device_plugin.runtime.logs import OncePerError
 from ix_device_plugin.settings.config import Config
-from ix_device_plugin.settings.options import NodeOptions
 from ix_device_plugin.settings.table import DEFAULT_VOLCANO_FIELD_MANAGER
 
 if TYPE_CHECKING:
@@ -41,16 +37,13 @@ PodDevices = Callable[[], Awaitable[Mapping[tuple[str, str], list[str]]]]
 
 
 class ApiFeatures:
-    """GPU reset and Volcano mode, on for as long as the current config says so; api: the process's API server
-    connection (None: the reset goes without the handshake, Volcano mode cannot answer)."""
+    """GPU reset and Volcano mode, on for as long as the current config says so; gpu_reset: the node's reset
+    service; api: the process's API server connection (None: Volcano mode cannot answer)."""
 
     def __init__(
         self,
-        options: NodeOptions,
         current: Current,
-        metrics: Metrics,
-        hardware: Hardware,
-        rediscover: Callable[[], Awaitable[Inventory]],
+        gpu_reset: GpuReset,
         pod_devices: PodDevices,
         api: ApiConnection | None = None,
         acting: Callable[[], bool] = lambda: True,
@@ -61,23 +54,13 @@ class ApiFeatures:
         self._acting = acting  # Volcano's ConfigMap and pod annotations are written by the pod acting for the node
         self._current = current
         self._pod_devices = pod_devices
-        self.gpu_reset = GpuReset(hardware, self._reset_handshake, rediscover, metrics, ResetSettings.of(options))
+        self.gpu_reset = gpu_reset  # the node agent's: Allocate asks it for flags.reset_gpu
         self._volcano: VolcanoMode | None = None
         self._volcano_soon = asyncio.Event()
-        self._no_handshake_said: set[str] = set()  # the features said to reset without the handshake
 
     @property
     def _config(self) -> Config:
         return self._current.state.config
-
-    @property
-    def resetting(self) -> bool:
-        """True while a GPU reset's command runs."""
-        return self.gpu_reset.command_running
-
-    async def close(self, timeout: float) -> None:
-        """Never leave reset: true behind (the API connection is closed by its owner, after this)."""
-        await self.gpu_reset.close(timeout)
 
     async def before_allocate(self, plan: Plan, request: api_pb2.AllocateRequest) -> api_pb2.AllocateRequest | None:
         """With flags.usevolcano, the devices Volcano chose; with flags.reset_gpu, reset their chips first.
@@ -122,20 +105,6 @@ class ApiFeatures:
             keeping.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await keeping
-
-    async def _reset_handshake(self) -> ResetHandshake | None:
-        """The handshake with other IXML users, when the API server is configured; None without one."""
-        if self._api is None:
-            feature = reset_feature()
-            if feature not in self._no_handshake_said:
-                log.warning(
-                    "%s resets GPUs without API access (NODE_NAME and a service account or kubeconfig): "
-                    "other IXML users such as ix-exporter are not asked to let go before a reset",
-                    feature,
-                )
-                self._no_handshake_said.add(feature)
-            return None
-        return await open_handshake(self._api, self._api.node_name)
 
     # ---- flags.usevolcano ---------------------------------------------------------------------
 

@@ -1,0 +1,4 @@
+"""The node-agent kit: builds, once from the settings, what both front ends run beside serving (the hardware
+monitor, the node-health record, the node's role, the GPU reset service with its turn, self-healing, telemetry
+and the probes); a front end hands in only what it alone knows (its chip guard, its health policy, what acting
+starts for it)."""
