@@ -15,6 +15,7 @@ from harness.plugin import CONTROL_MINOR, DEVICE_MAJOR
 from harness.pods import STAY, busybox_pod
 
 from . import checker as c
+from .agent import NAMESPACE as AGENT_NAMESPACE
 from .agent import Agent
 from .faults import FaultActions
 from .hardware import Hardware
@@ -55,10 +56,12 @@ class Soak:
     service: list[tuple[float, int]] = field(default_factory=list)  # (t, units in service) for the report
     faults_done: list[Step] = field(default_factory=list)
     invariants: dict[str, c.Invariant] = field(default_factory=dict)
+    rollouts: list[c.Rollout] = field(default_factory=list)
     settle_s: float = SETTLE_S + 60  # at the end, how long everything may take to heal and come back
 
     def __post_init__(self) -> None:
         names = ("devices match", "no reset under a holder", "broken not given", "back in service", "bounded")
+        names += ("kept in a rollout",)
         self.invariants = {name: c.Invariant(name) for name in (*names, "nothing left")}
         self.api = Api(self.cluster.server, self.cluster.admin_tls())
         self.admin: Kubectl = self.cluster.admin
@@ -83,7 +86,7 @@ class Soak:
 
     def run(self) -> None:
         self.start = time.time()
-        self.agent.set_config(DEVICE_PLUGIN_CONFIGS[1])
+        self.agent.set_config(1)
         self.agent.start()
         self.quiet.append((0.0, self.now()))
         self.note(f"agent started (pid {self.agent.pid})")
@@ -192,9 +195,11 @@ class Soak:
         self.observe_holdings(at, pods, allocated)
         self.observe_resets()
         self.observe_service(at)
-        usage = process_usage(self.agent.pid) if self.agent.pid else None
-        if usage is not None:
-            c.bounded(self.invariants["bounded"], at, *usage)
+        for pid in self.agent.pids:
+            usage = process_usage(pid)
+            if usage is not None:
+                c.bounded(self.invariants["bounded"], at, *usage)
+        self.observe_rollouts(at)
         self.last_tick = at
 
     def allocated(self, pods: list[dict[str, Any]]) -> dict[str, tuple[str, frozenset[int]]]:
@@ -298,11 +303,34 @@ class Soak:
             node = self.api.get(f"/api/v1/nodes/{self.cluster.node_name}")
             units = int(node["status"].get("allocatable", {}).get(RESOURCE, "0"))
             expected = self.units_of(lambda chip: c.healthy_since(chip, at, self.broken, self.quiet))
-            c.back_in_service(invariant, c.ServiceSample(at, allocatable=units), CHIPS, [], [], expected)
+            sample = c.ServiceSample(at, allocatable=units)
+            c.back_in_service(invariant, sample, CHIPS, [], [], expected)
+        for rollout in self.rollouts:
+            without = None if self.mode == "dra" else lambda out: self.units_of(lambda chip: chip not in out)
+            c.kept_in_rollout(self.invariants["kept in a rollout"], rollout, sample, self.broken, self.quiet, without)
         if units != self.last_service:
             self.note(f"in service: {units}")
             self.last_service = units
         self.service.append((at, units))
+
+    def observe_rollouts(self, at: float) -> None:
+        """A rollout is done once the DaemonSet has only its one up-to-date pod, available (read every tick while
+        one is under way)."""
+        under_way = [rollout for rollout in self.rollouts if rollout.done is None]
+        if not under_way:
+            return
+        app = self.agent.app
+        try:
+            daemonset = self.api.get(f"/apis/apps/v1/namespaces/{AGENT_NAMESPACE}/daemonsets/{app}")
+            pods = self.api.items(
+                f"/api/v1/namespaces/{AGENT_NAMESPACE}/pods?labelSelector=app.kubernetes.io/name%3D{app}"
+            )
+        except OSError:
+            return
+        if self.agent.settled(daemonset, pods):
+            for rollout in under_way:
+                rollout.done = at
+                self.note(f"{rollout.what} done ({at - rollout.began:.1f} s)")
 
     def units_of(self, healthy: Any) -> int:
         """Allocatable of the device plugin's config now when exactly the chips healthy(chip) are healthy."""

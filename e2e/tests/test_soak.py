@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 from harness.cluster import Cluster
 from harness.dra import delete_slices
+from harness.project_image import BuiltImage
 from soak import report
 from soak.agent import Agent
 from soak.faults import RETURN_ANNOTATION
@@ -66,16 +67,11 @@ def test_soak(
     log_dir: Path,
     tmp_path: Path,
     clean_node: None,
-    request: pytest.FixtureRequest,
+    project_image: BuiltImage,
 ) -> None:
     minutes = float(os.environ.get("SOAK_MINUTES") or 1)
-    if mode == "dra":
-        request.getfixturevalue("dra_objects")
-        kubeconfig = request.getfixturevalue("driver_kubeconfig")
-    else:
-        kubeconfig = cluster.kubeconfig("admin")
     hardware = Hardware(tmp_path / "hardware")
-    agent = Agent(cluster, mode, tmp_path / "agent", hardware, kubeconfig)
+    agent = Agent(cluster, mode, tmp_path / "agent", hardware)
     soak = Soak(cluster, namespace, mode, seed, draw(seed, minutes, mode), agent, hardware)
     began = time.monotonic()
     try:
@@ -91,12 +87,12 @@ def test_soak(
 
 
 def test_the_soak_catches_an_agent_that_hands_out_a_broken_chip(
-    cluster: Cluster, namespace: str, log_dir: Path, tmp_path: Path, clean_node: None
+    cluster: Cluster, namespace: str, log_dir: Path, tmp_path: Path, clean_node: None, project_image: BuiltImage
 ) -> None:
     """The checker's own test on the real node: the agent is told to ignore XID 48 (`health.ignore`), so the board of
     a chip that reported it stays in service and new pods get it: "broken not given" must report it."""
     hardware = Hardware(tmp_path / "hardware")
-    agent = Agent(cluster, "device-plugin", tmp_path / "agent", hardware, cluster.kubeconfig("admin"))
+    agent = Agent(cluster, "device-plugin", tmp_path / "agent", hardware)
     agent.base_config = {"health": {"ignore": [48]}}
     steps = [Step(2.0, "xid-reset", (0,), 0.0, {"xid": 48})]
     steps += [Step(8.0 + i, "pod-create", (), 0.0, {"pod": f"selftest-{i}", "shape": "gpus-1"}) for i in range(2)]
