@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import re
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -44,12 +45,14 @@ class Agent:
         self.cluster, self.mode, self.workdir, self.hardware = cluster, mode, workdir, hardware
         self.helm = Helm(cluster.binaries["helm"], workdir, cluster.kubeconfig("admin"))
         self.base_config: dict[str, Any] = {}  # under every config the soak sets (a self-test: `health: {ignore}`)
+        self.overrides: dict[str, Any] = {}  # chart values over the soak's (a self-test: a careless updateStrategy)
         self.config_index = 1
         self.rollouts = 0
         self.revisions: list[tuple[int, int]] = []  # (config index, rollout count) of each helm revision, in order
         self.installed = False
         self.starts = 0
         self._pids: list[int] = []
+        self.followed: dict[str, subprocess.Popen[bytes]] = {}  # pod -> its `kubectl logs -f`, to its end
 
     @property
     def app(self) -> str:
@@ -77,7 +80,6 @@ class Agent:
                 {"name": "IX_IXSMI_PATH", "value": str(corex / hardware.ixsmi.name)},
                 {"name": "IX_RESET_TIMEOUT", "value": str(RESET_TIMEOUT_S)},  # a hanging ixsmi is given up on
                 {"name": "IX_HEALTH_INTERVAL", "value": "0.5"},
-                {"name": "IX_LOG_LEVEL", "value": "debug"},
             ],
         }
         if self.mode == "dra":
@@ -87,7 +89,7 @@ class Agent:
                 "kubeletRegistrarDirectoryPath": str(cluster.plugins_registry_dir),
                 "kubeletPluginsDirectoryPath": str(cluster.plugins_dir),
             }
-        return values
+        return values | self.overrides
 
     def _release(self, verb: str) -> None:
         path = self.helm.values_file(self.values(), f"values-{len(self.revisions) + 1}")
@@ -107,12 +109,12 @@ class Agent:
         """`helm uninstall --wait`: the pods stopped (SIGTERM, as a node drain or an uninstall does)."""
         if not self.installed:
             return
-        self.save_logs()
         self.installed = False
         with contextlib.suppress(AssertionError):
             self.helm("uninstall", RELEASE, "--namespace", NAMESPACE, "--wait", "--timeout", "120s")
         wait_until(lambda: not self.pods(), 120, f"the {self.app} pods gone", [])
         self.cluster.admin("label", "node", self.cluster.node_name, f"{NODE_LABEL[self.mode]}-")
+        self.stop_following()
 
     def set_config(self, index: int) -> None:
         """The config as `helm upgrade` of `config.content` sets it (the ConfigMap only: no rollout), once the
@@ -169,6 +171,7 @@ class Agent:
         logs = [self.cluster.processes["kubelet"].log, self.cluster.processes["containerd"].log]
         pod: Obj = wait_until(one, timeout, f"the {self.app} pod Ready", logs, interval=1)
         self._pids = []
+        self.follow_logs([pod])
         return pod
 
     def kill(self) -> None:
@@ -213,14 +216,26 @@ class Agent:
         pids = self.pids
         return pids[-1] if pids else None
 
-    def save_logs(self) -> None:
-        for pod in self.pods():
+    def follow_logs(self, pods: list[Obj]) -> None:
+        """Each pod's log, followed into the work folder until its container ends (a pod deleted in a rollout
+        takes its log with it)."""
+        for pod in pods:
             name = pod["metadata"]["name"]
-            for previous in ((), ("--previous",)):
-                with contextlib.suppress(KubectlError, AssertionError):
-                    text = self.cluster.admin("logs", name, "-n", NAMESPACE, "-c", self.app, *previous)
-                    suffix = "-previous" if previous else ""
-                    (self.workdir / f"{name}{suffix}.log").write_text(text)
+            if name in self.followed:
+                continue
+            admin = self.cluster.admin
+            command = [str(admin.binary), "--kubeconfig", str(admin.kubeconfig), "logs", "-f", "--timestamps", name]
+            command += ["-n", NAMESPACE, "-c", self.app]
+            with (self.workdir / f"{name}.log").open("ab") as log:
+                self.followed[name] = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+
+    def stop_following(self) -> None:
+        for process in self.followed.values():
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                process.wait(10)
+            if process.poll() is None:
+                process.terminate()
+                process.wait(10)
 
 
 CONFIG = "/ixconfig/ix-config"

@@ -4,6 +4,7 @@ broke count as healed (the windows the checker's "broken not given" and "back in
 from __future__ import annotations
 
 import contextlib
+import re
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -201,8 +202,8 @@ class FaultActions:
         still broken (a new process reads the whole file; a broken chip goes on reporting, healed ones don't)."""
         still_broken: dict[int, list[int]] = {}
         for chip, _, _, why in self.open:
-            if why.startswith("XID "):
-                still_broken.setdefault(chip, []).append(int(why.split()[1]))
+            if xid := re.match(r"XID (\d+)", why):  # "XID 64" or "XID 64, returned at 18.8"
+                still_broken.setdefault(chip, []).append(int(xid.group(1)))
         self.soak.hardware.agent_restarted(still_broken)
 
     def roll(self, kind: str) -> None:

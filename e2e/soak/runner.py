@@ -16,7 +16,7 @@ from harness.pods import STAY, busybox_pod
 
 from . import checker as c
 from .agent import NAMESPACE as AGENT_NAMESPACE
-from .agent import Agent
+from .agent import Agent, ready
 from .faults import FaultActions
 from .hardware import Hardware
 from .observe import (
@@ -88,6 +88,7 @@ class Soak:
         self.start = time.time()
         self.agent.set_config(1)
         self.agent.start()
+        self.start = time.time()  # the schedule's times count from the agent's pod Ready (helm install: seconds)
         self.quiet.append((0.0, self.now()))
         self.note(f"agent started (pid {self.agent.pid})")
         pending = list(self.steps)
@@ -327,6 +328,7 @@ class Soak:
             )
         except OSError:
             return
+        self.agent.follow_logs([pod for pod in pods if ready(pod)])
         if self.agent.settled(daemonset, pods):
             for rollout in under_way:
                 rollout.done = at

@@ -5,6 +5,7 @@ short one per mode on the session's cluster, with the seed 1 and every seed of e
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import time
@@ -14,6 +15,7 @@ from pathlib import Path
 import pytest
 from harness.cluster import Cluster
 from harness.dra import delete_slices
+from harness.kube import KubectlError
 from harness.project_image import BuiltImage
 from soak import report
 from soak.agent import Agent
@@ -48,6 +50,15 @@ def soak_runs() -> list[tuple[str, int]]:
     return [(mode, DEFAULT_SEED) for mode in modes] + extra
 
 
+def stop(soak: Soak) -> None:
+    """The agent uninstalled, after the workload is gone where the soak did not get to its end (a DRA claim's pod
+    is only removed once the driver has unprepared it)."""
+    if soak.agent.installed:
+        with contextlib.suppress(KubectlError, AssertionError):
+            soak.admin("delete", "pods", "--all", "-n", soak.namespace, "--wait=true", "--timeout=90s", timeout=120)
+    soak.agent.stop()
+
+
 @pytest.fixture
 def clean_node(cluster: Cluster) -> Iterator[None]:
     """No operator's return annotation and no stale slices before and after."""
@@ -77,7 +88,7 @@ def test_soak(
     try:
         soak.run()
     finally:
-        agent.stop()
+        stop(soak)
         path = report.write(soak, log_dir, minutes)
         line = report.summary(soak)
         report.REPORTS.append(f"soak {mode} seed {seed}: {time.monotonic() - began:.0f} s, report {path}")
@@ -100,7 +111,7 @@ def test_the_soak_catches_an_agent_that_hands_out_a_broken_chip(
     try:
         soak.run()
     finally:
-        agent.stop()
+        stop(soak)
         path = report.write(soak, log_dir, 0.2)
     caught = soak.invariants["broken not given"].violations
     assert caught and "chip 0" in caught[0][1] and "XID 48" in caught[0][1], path
