@@ -115,3 +115,24 @@ def test_the_soak_catches_an_agent_that_hands_out_a_broken_chip(
         path = report.write(soak, log_dir, 0.2)
     caught = soak.invariants["broken not given"].violations
     assert caught and "chip 0" in caught[0][1] and "XID 48" in caught[0][1], path
+
+
+def test_the_soak_catches_a_rollout_that_takes_the_chips_out(
+    cluster: Cluster, namespace: str, log_dir: Path, tmp_path: Path, clean_node: None, project_image: BuiltImage
+) -> None:
+    """The checker's own test of "kept in a rollout": the chart installed with an updateStrategy that stops the old
+    pod before the new one starts (maxSurge 0, maxUnavailable 1) and zeroDowntimeUpgrade off, a careless setting an
+    operator could make; `helm upgrade` then leaves the node without the plugin a while, and the invariant must say
+    that allocatable dropped."""
+    hardware = Hardware(tmp_path / "hardware")
+    agent = Agent(cluster, "device-plugin", tmp_path / "agent", hardware)
+    stop_first = {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}}
+    agent.overrides = {"updateStrategy": stop_first, "zeroDowntimeUpgrade": "false"}
+    soak = Soak(cluster, namespace, "device-plugin", 0, [Step(3.0, "rollout")], agent, hardware, settle_s=5)
+    try:
+        soak.run()
+    finally:
+        stop(soak)
+        path = report.write(soak, log_dir, 0.2).rename(log_dir / "soak-self-test-rollout.md")
+    caught = soak.invariants["kept in a rollout"].violations
+    assert caught and "allocatable 0 < 2" in caught[0][1], path
