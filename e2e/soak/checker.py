@@ -15,6 +15,7 @@ GRACE_S = 3.0  # after a fault, the agent's health poll (0.5 s) and the kubelet'
 MAX_RSS_KIB = 300 * 1024
 MAX_OPEN_FILES = 200
 ROLLOUT_BOUND_S = 10.0  # after a rollout is done, what it may still take out comes back within this
+ROLLOUT_SETTLED_S = 5.0  # a rollout is done when the DaemonSet has been settled this long
 
 
 @dataclass(frozen=True)

@@ -211,6 +211,7 @@ class FaultActions:
         updateStrategy says, while the soak goes on; "kept in a rollout" judges what stayed in service."""
         soak, agent = self.soak, self.soak.agent
         self.new_agent_process()
+        soak.settled_since = None
         before: frozenset[int] | int = soak.last_up if soak.mode == "dra" else soak.in_service_units()
         began = soak.now()
         if kind == "rollout":

@@ -16,7 +16,7 @@ from harness.pods import STAY, busybox_pod
 
 from . import checker as c
 from .agent import NAMESPACE as AGENT_NAMESPACE
-from .agent import Agent, ready
+from .agent import Agent, container_id
 from .faults import FaultActions
 from .hardware import Hardware
 from .observe import (
@@ -73,6 +73,7 @@ class Soak:
         self.resets_seen = 0
         self.pods_created = 0
         self.last_up: frozenset[int] = frozenset()  # DRA: the chips in service at the last tick
+        self.settled_since: float | None = None  # since when the agent's DaemonSet has been settled
         self.failed: dict[str, str] = {}  # pod -> why it failed (admission refused, ...): reported, not yet judged
         self.actions = FaultActions(self)
 
@@ -315,8 +316,8 @@ class Soak:
         self.service.append((at, units))
 
     def observe_rollouts(self, at: float) -> None:
-        """A rollout is done once the DaemonSet has only its one up-to-date pod, available (read every tick while
-        one is under way)."""
+        """A rollout is done once the DaemonSet has had only its one up-to-date pod, available, for
+        ROLLOUT_SETTLED_S (read every tick while one is under way)."""
         under_way = [rollout for rollout in self.rollouts if rollout.done is None]
         if not under_way:
             return
@@ -328,11 +329,16 @@ class Soak:
             )
         except OSError:
             return
-        self.agent.follow_logs([pod for pod in pods if ready(pod)])
-        if self.agent.settled(daemonset, pods):
+        self.agent.follow_logs([pod for pod in pods if container_id(pod)])
+        if not self.agent.settled(daemonset, pods):
+            self.settled_since = None
+            return
+        # Settled a while: a `helm rollback` right after an upgrade reads settled before the DaemonSet starts over.
+        self.settled_since = self.settled_since or at
+        if at - self.settled_since >= c.ROLLOUT_SETTLED_S:
             for rollout in under_way:
-                rollout.done = at
-                self.note(f"{rollout.what} done ({at - rollout.began:.1f} s)")
+                rollout.done = self.settled_since
+                self.note(f"{rollout.what} done ({rollout.done - rollout.began:.1f} s)")
 
     def units_of(self, healthy: Any) -> int:
         """Allocatable of the device plugin's config now when exactly the chips healthy(chip) are healthy."""
