@@ -142,6 +142,12 @@ class Agent:
     def pods(self) -> list[Obj]:
         return self.cluster.admin.items("pods", NAMESPACE, "-l", f"app.kubernetes.io/name={self.app}")
 
+    def newest(self) -> Obj:
+        """The newest pod with a running container (during a rollout: the one that will serve)."""
+        running = [pod for pod in self.pods() if container_id(pod)]
+        assert running, f"no {self.app} pod running"
+        return max(running, key=lambda pod: pod["metadata"]["creationTimestamp"])
+
     def settled(self, daemonset: Obj | None, pods: list[Obj]) -> bool:
         """The DaemonSet's rollout is over: its spec observed, its pod up to date and available, no other pod."""
         if daemonset is None:
@@ -176,7 +182,7 @@ class Agent:
 
     def kill(self) -> None:
         """SIGKILL to the container's main process, by the host (containerd's task): the kubelet restarts it."""
-        (pod,) = self.pods()
+        pod = self.newest()
         killed = container_id(pod)
         self.cluster.ctr("tasks", "kill", "--signal", "SIGKILL", killed)
         self.starts += 1
@@ -184,7 +190,7 @@ class Agent:
 
     def restart(self) -> None:
         """The pod deleted (its agent stops on SIGTERM), the DaemonSet's new one Ready."""
-        (pod,) = self.pods()
+        pod = self.newest()
         self.cluster.admin.delete("pod", pod["metadata"]["name"], NAMESPACE, wait=False)
         self.starts += 1
         self.wait_settled(other_than=container_id(pod))
