@@ -42,7 +42,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     env = dict(os.environ)
     command = parse_command_line(sys.argv[1:] if argv is None else argv, __version__)
     if command.mode in {RUN, DRA}:
-        earlystop.catch()  # before anything slow: a SIGTERM while starting is not lost (runtime/earlystop.py)
+        earlystop.catch()  # (again: main() called without entry.py) a SIGTERM while starting is not lost
+    else:
+        earlystop.release()
     if command.mode == CHECK_CONFIG:
         from ix_device_plugin.tools.checkconfig import check_config
 
