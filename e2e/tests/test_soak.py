@@ -113,8 +113,8 @@ def test_the_soak_catches_a_broken_chip_handed_out_and_a_rollout_that_drops_allo
     stop_first = {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}}
     agent.overrides = {"updateStrategy": stop_first, "zeroDowntimeUpgrade": "false"}
     steps = [Step(2.0, "xid-reset", (0,), 0.0, {"xid": 48})]
-    steps += [Step(6.0 + i, "pod-create", (), 0.0, {"pod": f"selftest-{i}", "shape": "gpus-1"}) for i in range(2)]
-    steps += [Step(12.0, "rollout")]
+    steps += [Step(8.0 + i, "pod-create", (), 0.0, {"pod": f"selftest-{i}", "shape": "gpus-1"}) for i in range(2)]
+    steps += [Step(14.0, "rollout")]
     soak = Soak(cluster, namespace, "device-plugin", 0, steps, agent, hardware, settle_s=5)
     try:
         soak.run()
