@@ -1,64 +1,277 @@
-"""The agent under soak, as a host process over the soak's simulated hardware, healing through the ixsmi stand-in:
-`ix-device-plugin run` (device plugin) or `ix-device-plugin dra`, killed, stopped and started again at will."""
+"""The agent under soak as operators run it: the chart's DaemonSet (`helm install` of deployments/helm/ix-device-plugin
+with the project's image) over the soak's simulated hardware, healing through the ixsmi stand-in.
+
+It runs privileged (`deviceInjection: privileged`), as a node that should reset its chips by itself must (README,
+"Resets need `privileged`"). The simulated hardware is where the pod already looks: the devices file and the ixsmi
+stand-in in the folder the chart mounts as CoreX's (`corexPath`, read-only), the stand-in's reset log in the node
+feature folder (`nodeFeatures.dir`, writable, the same path in the pod as on the host). Settings the chart has no
+value for go through `extraEnv` (IX_SIMULATED_DEVICES, IX_IXSMI_PATH, IX_RESET_TIMEOUT).
+
+Faults on it: killed (SIGKILL to the container's main process: the kubelet restarts the container), restarted (the
+pod deleted: the DaemonSet makes another), rolled out (`helm upgrade` changing a pod annotation), rolled back
+(`helm rollback`), its config changed live (`helm upgrade` of `config.content`: the ConfigMap, no rollout).
+"""
 
 from __future__ import annotations
 
+import contextlib
+import re
+import subprocess
 from pathlib import Path
 from typing import Any
 
+import yaml
 from harness.cluster import Cluster
-from harness.plugin import PluginRun, start_device_plugin, start_dra_driver
+from harness.helm import CHART, Helm
+from harness.kube import KubectlError, Obj
+from harness.procs import wait_until
 
 from .hardware import Hardware
+from .schedule import DEVICE_PLUGIN_CONFIGS
 
+RELEASE = "ix-device-plugin"
+NAMESPACE = "kube-system"
+APP = {"device-plugin": "iluvatar-device-plugin", "dra": "iluvatar-dra-driver"}
+NODE_LABEL = {"device-plugin": "iluvatar.com/gpu.present", "dra": "iluvatar.com/gpu.dra"}
+ROLLOUT_ANNOTATION = "soak.iluvatar.com/rollout"
 RESET_TIMEOUT_S = 10
+READY_S = 240
+DRA_COREX = "/usr/local/corex"  # where the DRA driver's pod mounts corexPath (the device plugin's: at corexPath)
+PROGRAM = "ix-device-plugin"
 
 
 class Agent:
-    def __init__(self, cluster: Cluster, mode: str, workdir: Path, hardware: Hardware, kubeconfig: Path) -> None:
-        self.cluster, self.mode, self.workdir, self.hardware, self.kubeconfig = (
-            cluster,
-            mode,
-            workdir,
-            hardware,
-            kubeconfig,
-        )
-        self.config: dict[str, Any] = {}
+    def __init__(self, cluster: Cluster, mode: str, workdir: Path, hardware: Hardware) -> None:
+        self.cluster, self.mode, self.workdir, self.hardware = cluster, mode, workdir, hardware
+        self.helm = Helm(cluster.binaries["helm"], workdir, cluster.kubeconfig("admin"))
         self.base_config: dict[str, Any] = {}  # under every config the soak sets (a self-test: `health: {ignore}`)
-        self.run: PluginRun | None = None
+        self.overrides: dict[str, Any] = {}  # chart values over the soak's (a self-test: a careless updateStrategy)
+        self.config_index = 1
+        self.rollouts = 0
+        self.revisions: list[tuple[int, int]] = []  # (config index, rollout count) of each helm revision, in order
+        self.installed = False
         self.starts = 0
+        self._pids: list[int] = []
+        self.followed: dict[str, subprocess.Popen[bytes]] = {}  # pod -> its `kubectl logs -f`, to its end
 
-    def start(self, timeout: float = 90) -> None:
+    @property
+    def app(self) -> str:
+        return APP[self.mode]
+
+    # ------------------------------------------------------------------ the release
+
+    def values(self) -> dict[str, Any]:
+        cluster, hardware = self.cluster, self.hardware
+        corex = hardware.corex if self.mode == "device-plugin" else Path(DRA_COREX)
+        config = self.base_config | DEVICE_PLUGIN_CONFIGS[self.config_index]
+        values: dict[str, Any] = {
+            "backend": "simulated",
+            "deviceInjection": "privileged",
+            "devicePluginPath": str(cluster.device_plugin_dir),
+            "kubeletPluginsPath": str(cluster.plugins_dir),
+            "corexPath": str(hardware.corex),
+            "cdi": {"specDir": str(cluster.cdi_dir)},
+            "nodeFeatures": {"dir": str(hardware.state)},
+            "telemetry": {"interval": 2, "podResources": {"dir": str(cluster.pod_resources_socket.parent)}},
+            "config": {"content": yaml.safe_dump(config, sort_keys=False)},
+            "podAnnotations": {ROLLOUT_ANNOTATION: str(self.rollouts)},
+            "extraEnv": [
+                {"name": "IX_SIMULATED_DEVICES", "value": str(corex / hardware.devices.name)},
+                {"name": "IX_IXSMI_PATH", "value": str(corex / hardware.ixsmi.name)},
+                {"name": "IX_RESET_TIMEOUT", "value": str(RESET_TIMEOUT_S)},  # a hanging ixsmi is given up on
+                {"name": "IX_HEALTH_INTERVAL", "value": "0.5"},
+            ],
+        }
+        if self.mode == "dra":
+            values["devicePlugin"] = {"enabled": False}
+            values["dra"] = {
+                "enabled": True,
+                "kubeletRegistrarDirectoryPath": str(cluster.plugins_registry_dir),
+                "kubeletPluginsDirectoryPath": str(cluster.plugins_dir),
+            }
+        return values | self.overrides
+
+    def _release(self, verb: str) -> None:
+        path = self.helm.values_file(self.values(), f"values-{len(self.revisions) + 1}")
+        self.helm(verb, RELEASE, str(CHART), "--namespace", NAMESPACE, "--values", str(path))
+        self.revisions.append((self.config_index, self.rollouts))
+
+    def start(self, timeout: float = READY_S) -> None:
+        """`helm install` (the node labelled as the chart's affinity asks), then one pod Ready."""
+        label = NODE_LABEL[self.mode]
+        self.cluster.admin("label", "node", self.cluster.node_name, f"{label}=true", "--overwrite")
+        self._release("install")
+        self.installed = True
         self.starts += 1
-        name = f"soak-{self.mode}-{self.starts}"
-        # The last --simulated-devices wins: the soak's file, with presence and health bits per chip.
-        extra = ["--ixsmi-path", str(self.hardware.ixsmi), "--simulated-devices", str(self.hardware.devices)]
-        extra += ["--reset-timeout", str(RESET_TIMEOUT_S)]  # a hanging ixsmi is given up on within the soak
-        if self.mode == "device-plugin":
-            extra += ["--kubeconfig", str(self.kubeconfig)]
-            self.run = start_device_plugin(self.cluster, self.workdir, name, config=self.config, extra=extra)
-        else:
-            self.run = start_dra_driver(self.cluster, self.workdir, name, self.kubeconfig, extra=extra)
-        self.run.wait_ready(timeout)
+        self.wait_settled(timeout)
+
+    def stop(self) -> None:
+        """`helm uninstall --wait`: the pods stopped (SIGTERM, as a node drain or an uninstall does)."""
+        if not self.installed:
+            return
+        self.installed = False
+        with contextlib.suppress(AssertionError):
+            self.helm("uninstall", RELEASE, "--namespace", NAMESPACE, "--wait", "--timeout", "120s")
+        wait_until(lambda: not self.pods(), 120, f"the {self.app} pods gone", [])
+        self.cluster.admin("label", "node", self.cluster.node_name, f"{NODE_LABEL[self.mode]}-")
+        self.stop_following()
+
+    def set_config(self, index: int) -> None:
+        """The config as `helm upgrade` of `config.content` sets it (the ConfigMap only: no rollout), once the
+        running pod's mounted file says it (the kubelet syncs ConfigMap volumes every few seconds)."""
+        self.config_index = index
+        if self.installed:
+            self._release("upgrade")
+            self.wait_config_seen()
+
+    def rollout(self) -> None:
+        """`helm upgrade` changing a pod annotation: the DaemonSet rolls its pods (the chart's updateStrategy)."""
+        self.rollouts += 1
+        self._release("upgrade")
+
+    def rollback(self) -> int:
+        """`helm rollback` to the revision before the last; the config index now in force."""
+        self.helm("rollback", RELEASE, "--namespace", NAMESPACE)
+        self.config_index, self.rollouts = self.revisions[-2]
+        self.revisions.append(self.revisions[-2])
+        self.wait_config_seen()
+        return self.config_index
+
+    # ------------------------------------------------------------------ the pods
+
+    def pods(self) -> list[Obj]:
+        return self.cluster.admin.items("pods", NAMESPACE, "-l", f"app.kubernetes.io/name={self.app}")
+
+    def newest(self) -> Obj:
+        """The newest pod with a running container (during a rollout: the one that will serve)."""
+        running = [pod for pod in self.pods() if container_id(pod)]
+        assert running, f"no {self.app} pod running"
+        return max(running, key=lambda pod: pod["metadata"]["creationTimestamp"])
+
+    def settled(self, daemonset: Obj | None, pods: list[Obj]) -> bool:
+        """The DaemonSet's rollout is over: its spec observed, its pod up to date and available, no other pod."""
+        if daemonset is None:
+            return False
+        status = daemonset.get("status") or {}
+        want = status.get("desiredNumberScheduled", -1)
+        return (
+            status.get("observedGeneration") == daemonset["metadata"].get("generation")
+            and status.get("updatedNumberScheduled") == want == status.get("numberAvailable")
+            and not status.get("numberUnavailable")
+            and len(pods) == want
+            and all(ready(pod) for pod in pods)
+        )
+
+    def daemonset(self) -> Obj | None:
+        return self.cluster.admin.get_or_none("daemonset", self.app, NAMESPACE)
+
+    def wait_settled(self, timeout: float = READY_S, other_than: str = "") -> Obj:
+        """The one pod Ready and up to date, and its container not `other_than` (a container ID)."""
+
+        def one() -> Obj | None:
+            pods = self.pods()
+            if not self.settled(self.daemonset(), pods) or container_id(pods[0]) in ("", other_than):
+                return None
+            return pods[0]
+
+        logs = [self.cluster.processes["kubelet"].log, self.cluster.processes["containerd"].log]
+        pod: Obj = wait_until(one, timeout, f"the {self.app} pod Ready", logs, interval=1)
+        self._pids = []
+        self.follow_logs([pod])
+        return pod
+
+    def kill(self) -> None:
+        """SIGKILL to the container's main process, by the host (containerd's task): the kubelet restarts it."""
+        pod = self.newest()
+        killed = container_id(pod)
+        self.cluster.ctr("tasks", "kill", "--signal", "SIGKILL", killed)
+        self.starts += 1
+        self.wait_settled(other_than=killed)
+
+    def restart(self) -> None:
+        """The pod deleted (its agent stops on SIGTERM), the DaemonSet's new one Ready."""
+        pod = self.newest()
+        self.cluster.admin.delete("pod", pod["metadata"]["name"], NAMESPACE, wait=False)
+        self.starts += 1
+        self.wait_settled(other_than=container_id(pod))
+
+    def wait_config_seen(self) -> None:
+        wanted = yaml.safe_dump(self.base_config | DEVICE_PLUGIN_CONFIGS[self.config_index], sort_keys=False)
+
+        def seen() -> bool:
+            with contextlib.suppress(KubectlError, AssertionError, ValueError):
+                for pod in self.pods():
+                    name = pod["metadata"]["name"]
+                    shown = self.cluster.admin("exec", name, "-n", NAMESPACE, "-c", self.app, "--", "cat", CONFIG)
+                    if shown.strip() != wanted.strip():
+                        return False
+                return True
+            return False
+
+        wait_until(seen, 90, "the config in the agent's pod", [], interval=1)
+
+    @property
+    def pids(self) -> list[int]:
+        """Host PIDs of the agent's containers' main processes (looked up again once one is gone)."""
+        if not self._pids or not all(Path(f"/proc/{pid}").exists() for pid in self._pids):
+            self._pids = container_mains(PROGRAM)
+        return list(self._pids)
 
     @property
     def pid(self) -> int | None:
-        return self.run.process.pid if self.run is not None and self.run.process.running() else None
+        pids = self.pids
+        return pids[-1] if pids else None
 
-    @property
-    def log(self) -> Path | None:
-        return self.run.process.log if self.run is not None else None
+    def follow_logs(self, pods: list[Obj]) -> None:
+        """Each pod's log, followed into the work folder until its container ends (a pod deleted in a rollout
+        takes its log with it)."""
+        for pod in pods:
+            name = pod["metadata"]["name"]
+            if name in self.followed:
+                continue
+            admin = self.cluster.admin
+            command = [str(admin.binary), "--kubeconfig", str(admin.kubeconfig), "logs", "-f", "--timestamps", name]
+            command += ["-n", NAMESPACE, "-c", self.app]
+            with (self.workdir / f"{name}.log").open("ab") as log:
+                self.followed[name] = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
 
-    def kill(self) -> None:
-        if self.run is not None:
-            self.run.process.kill()
+    def stop_following(self) -> None:
+        for process in self.followed.values():
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                process.wait(10)
+            if process.poll() is None:
+                process.terminate()
+                process.wait(10)
 
-    def stop(self) -> None:
-        if self.run is not None:
-            self.run.stop()
 
-    def set_config(self, config: dict[str, Any]) -> None:
-        config = self.base_config | config
-        self.config = config
-        if self.run is not None:
-            self.run.set_config(config)
+CONFIG = "/ixconfig/ix-config"
+
+
+def ready(pod: Obj) -> bool:
+    conditions = {c["type"]: c["status"] for c in (pod.get("status") or {}).get("conditions") or []}
+    return conditions.get("Ready") == "True" and not pod["metadata"].get("deletionTimestamp")
+
+
+def container_id(pod: Obj) -> str:
+    statuses = (pod.get("status") or {}).get("containerStatuses") or []
+    running = [s for s in statuses if "running" in (s.get("state") or {})]
+    return running[0].get("containerID", "").split("://")[-1] if running else ""
+
+
+def container_mains(program: str) -> list[int]:
+    """Host PIDs of processes that are the first of their PID namespace (a container's main process) and run
+    program, oldest first."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            status = (entry / "status").read_text()
+            command = (entry / "cmdline").read_bytes()
+        except OSError:
+            continue
+        nspid = re.search(r"^NSpid:\s+(.+)$", status, re.MULTILINE)
+        ids = nspid.group(1).split() if nspid else []
+        if len(ids) > 1 and ids[-1] == "1" and program.encode() in command:
+            found.append(int(entry.name))
+    return sorted(found)

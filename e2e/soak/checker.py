@@ -7,13 +7,15 @@ agent's own model of the node cannot hide one here.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 BOUND_S = 30.0  # a chip healthy (healed, returned or never broken) is back in service within this
 GRACE_S = 3.0  # after a fault, the agent's health poll (0.5 s) and the kubelet's update may still hand the chip out
 MAX_RSS_KIB = 300 * 1024
 MAX_OPEN_FILES = 200
+ROLLOUT_BOUND_S = 10.0  # after a rollout is done, what it may still take out comes back within this
+ROLLOUT_SETTLED_S = 5.0  # a rollout is done when the DaemonSet has been settled this long
 
 
 @dataclass(frozen=True)
@@ -72,6 +74,18 @@ class ServiceSample:
     at: float
     in_service: frozenset[int] | None = None
     allocatable: int | None = None
+
+
+@dataclass
+class Rollout:
+    """A `helm upgrade` or `helm rollback` that rolls the agent's pods, from `began` until the DaemonSet's rollout
+    was `done` (None: not yet), with what was in service just before it (DRA: the chips; device plugin:
+    allocatable)."""
+
+    began: float
+    before: frozenset[int] | int
+    what: str
+    done: float | None = None
 
 
 @dataclass(frozen=True)
@@ -197,3 +211,35 @@ def nothing_left(invariant: Invariant, at: float, leftovers: Iterable[str]) -> N
     """After the soak: nothing of the workload or the agent is left (each leftover is one violation)."""
     found = list(leftovers)
     invariant.check(not found, at, "left behind: " + ", ".join(found))
+
+
+def kept_in_rollout(
+    invariant: Invariant,
+    rollout: Rollout,
+    sample: ServiceSample,
+    broken: Sequence[Broken],
+    quiet: Sequence[tuple[float, float]],
+    allocatable_without: Callable[[frozenset[int]], int] | None = None,
+) -> None:
+    """From a rollout's start until ROLLOUT_BOUND_S after it is done, nothing in service just before it goes out of
+    service, but what a fault took out since: DRA, every chip it offered untainted; device plugin, allocatable at
+    least what it was, or what the chips no fault took out give (allocatable_without(those taken out)). Not judged
+    while a fault that takes everything out a while (an agent or kubelet restart, a config change) overlaps it."""
+    at = sample.at
+    if at < rollout.began or (rollout.done is not None and at > rollout.done + ROLLOUT_BOUND_S):
+        return
+    if any(begin <= at and end >= rollout.began for begin, end in quiet):
+        return
+    out = frozenset(w.chip for w in broken if w.since <= at and (w.until is None or w.until >= rollout.began))
+    began = f"{rollout.what} (from t+{rollout.began:.1f})"
+    if sample.in_service is not None and isinstance(rollout.before, frozenset):
+        missing = sorted(rollout.before - out - sample.in_service)
+        invariant.check(not missing, at, f"{began}: chips {missing} out of service, in service before, no fault since")
+    elif sample.allocatable is not None and isinstance(rollout.before, int):
+        floor = rollout.before if allocatable_without is None else min(rollout.before, allocatable_without(out))
+        invariant.check(
+            sample.allocatable >= floor,
+            at,
+            f"{began}: allocatable {sample.allocatable} < {floor} ({rollout.before} before it, chips {sorted(out)} "
+            "taken out by faults since)",
+        )

@@ -4,6 +4,7 @@ broke count as healed (the windows the checker's "broken not given" and "back in
 from __future__ import annotations
 
 import contextlib
+import re
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -11,7 +12,7 @@ from harness.kube import KubectlError
 
 from . import checker as c
 from .observe import read_resets
-from .schedule import DEVICE_PLUGIN_CONFIGS, Step
+from .schedule import Step
 
 if TYPE_CHECKING:
     from .runner import Soak
@@ -113,10 +114,12 @@ class FaultActions:
             hardware.set_ixsmi(f"slow {step.detail['seconds']}")
             self.later(step.duration, lambda: hardware.set_ixsmi("ok"))
         elif kind == "config-change":
-            index = int(step.detail["config"])  # type: ignore[arg-type]
-            soak.agent.set_config(DEVICE_PLUGIN_CONFIGS[index])
+            began, index = soak.now(), int(step.detail["config"])  # type: ignore[arg-type]
+            soak.agent.set_config(index)  # returns once the pod's mounted ConfigMap says it
             soak.configs.append((soak.now(), index))
-            soak.quiet.append((soak.now(), soak.now() + 5))
+            soak.quiet.append((began, soak.now() + 5))
+        elif kind in ("rollout", "rollback"):
+            self.roll(kind)
         elif kind in ("node-health-unreadable", "checkpoint-unreadable"):
             self.unreadable(kind)
         else:
@@ -188,15 +191,41 @@ class FaultActions:
     def restart_agent(self, kill: bool) -> None:
         soak = self.soak
         began = soak.now()
-        soak.agent.kill() if kill else soak.agent.stop()
+        self.new_agent_process()
+        soak.agent.kill() if kill else soak.agent.restart()
+        soak.quiet.append((began, soak.now()))
+        how = "its container killed (SIGKILL), restarted by the kubelet" if kill else "its pod deleted, made again"
+        soak.note(f"agent {how}: Ready again (pid {soak.agent.pid})")
+
+    def new_agent_process(self) -> None:
+        """Before an agent process starts beside or after this one, the devices file keeps only the XIDs of chips
+        still broken (a new process reads the whole file; a broken chip goes on reporting, healed ones don't)."""
         still_broken: dict[int, list[int]] = {}
         for chip, _, _, why in self.open:
-            if why.startswith("XID "):
-                still_broken.setdefault(chip, []).append(int(why.split()[1]))
-        soak.hardware.agent_restarted(still_broken)
-        soak.agent.start()
-        soak.quiet.append((began, soak.now()))
-        soak.note(f"agent {'killed' if kill else 'stopped'} and started again (pid {soak.agent.pid})")
+            if xid := re.match(r"XID (\d+)", why):  # "XID 64" or "XID 64, returned at 18.8"
+                still_broken.setdefault(chip, []).append(int(xid.group(1)))
+        self.soak.hardware.agent_restarted(still_broken)
+
+    def roll(self, kind: str) -> None:
+        """`helm upgrade` (a pod annotation changed) or `helm rollback`: the DaemonSet rolls its pods as the chart's
+        updateStrategy says, while the soak goes on; "kept in a rollout" judges what stayed in service."""
+        soak, agent = self.soak, self.soak.agent
+        self.new_agent_process()
+        soak.settled_since = None
+        before: frozenset[int] | int = soak.last_up if soak.mode == "dra" else soak.in_service_units()
+        began = soak.now()
+        if kind == "rollout":
+            agent.rollout()
+        else:
+            if len(agent.revisions) < 2:
+                agent.rollout()
+                soak.note("nothing to roll back to: rolled out first")
+            index = agent.rollback()
+            if index != soak.config_at(soak.now()):
+                soak.configs.append((soak.now(), index))
+                soak.quiet.append((began, soak.now() + 5))
+        soak.rollouts.append(c.Rollout(began, before, f"{kind} to revision {len(agent.revisions)}"))
+        soak.note(f"{kind}: revision {len(agent.revisions)}, rollout {agent.rollouts} (in service before: {before})")
 
     def unreadable(self, kind: str) -> None:
         plugins = self.soak.cluster.plugins_dir

@@ -1,6 +1,6 @@
 """The soak's simulated hardware: the simulated backend's devices file (health bits, XIDs, presence per chip), and
-an ixsmi stand-in that keeps an append-only log of every reset (start and end, with its exit status), which can be
-made to fail or to be slow."""
+an ixsmi stand-in (run by the agent inside its pod) that keeps an append-only log of every reset (start and end,
+with its exit status), which can be made to fail or to be slow."""
 
 from __future__ import annotations
 
@@ -37,11 +37,15 @@ class Hardware:
     sent: set[tuple[int, int]] = field(default_factory=set)
 
     def __post_init__(self) -> None:
-        self.directory.mkdir(parents=True, exist_ok=True)
-        self.devices = self.directory / "soak-devices.yaml"
-        self.ixsmi = self.directory / "ixsmi"
-        self.reset_log = self.directory / "resets.log"
-        self.ixsmi_mode = self.directory / "ixsmi.mode"
+        # What the agent's pod reads (CoreX's folder, mounted read-only) and where the ixsmi stand-in writes (a
+        # folder the pod mounts writable at the same path: the chart's node feature folder).
+        self.corex, self.state = self.directory / "corex", self.directory / "state"
+        self.corex.mkdir(parents=True, exist_ok=True)
+        self.state.mkdir(parents=True, exist_ok=True)
+        self.devices = self.corex / "soak-devices.yaml"
+        self.ixsmi = self.corex / "ixsmi"
+        self.reset_log = self.state / "resets.log"
+        self.ixsmi_mode = self.state / "ixsmi.mode"
         self.ixsmi.write_text(IXSMI.format(log=self.reset_log, mode=self.ixsmi_mode))
         self.ixsmi.chmod(0o755)
         self.reset_log.touch()

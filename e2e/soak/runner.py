@@ -15,7 +15,8 @@ from harness.plugin import CONTROL_MINOR, DEVICE_MAJOR
 from harness.pods import STAY, busybox_pod
 
 from . import checker as c
-from .agent import Agent
+from .agent import NAMESPACE as AGENT_NAMESPACE
+from .agent import Agent, container_id
 from .faults import FaultActions
 from .hardware import Hardware
 from .observe import (
@@ -55,10 +56,12 @@ class Soak:
     service: list[tuple[float, int]] = field(default_factory=list)  # (t, units in service) for the report
     faults_done: list[Step] = field(default_factory=list)
     invariants: dict[str, c.Invariant] = field(default_factory=dict)
+    rollouts: list[c.Rollout] = field(default_factory=list)
     settle_s: float = SETTLE_S + 60  # at the end, how long everything may take to heal and come back
 
     def __post_init__(self) -> None:
         names = ("devices match", "no reset under a holder", "broken not given", "back in service", "bounded")
+        names += ("kept in a rollout",)
         self.invariants = {name: c.Invariant(name) for name in (*names, "nothing left")}
         self.api = Api(self.cluster.server, self.cluster.admin_tls())
         self.admin: Kubectl = self.cluster.admin
@@ -70,6 +73,7 @@ class Soak:
         self.resets_seen = 0
         self.pods_created = 0
         self.last_up: frozenset[int] = frozenset()  # DRA: the chips in service at the last tick
+        self.settled_since: float | None = None  # since when the agent's DaemonSet has been settled
         self.failed: dict[str, str] = {}  # pod -> why it failed (admission refused, ...): reported, not yet judged
         self.actions = FaultActions(self)
 
@@ -83,8 +87,9 @@ class Soak:
 
     def run(self) -> None:
         self.start = time.time()
-        self.agent.set_config(DEVICE_PLUGIN_CONFIGS[1])
+        self.agent.set_config(1)
         self.agent.start()
+        self.start = time.time()  # the schedule's times count from the agent's pod Ready (helm install: seconds)
         self.quiet.append((0.0, self.now()))
         self.note(f"agent started (pid {self.agent.pid})")
         pending = list(self.steps)
@@ -192,9 +197,11 @@ class Soak:
         self.observe_holdings(at, pods, allocated)
         self.observe_resets()
         self.observe_service(at)
-        usage = process_usage(self.agent.pid) if self.agent.pid else None
-        if usage is not None:
-            c.bounded(self.invariants["bounded"], at, *usage)
+        for pid in self.agent.pids:
+            usage = process_usage(pid)
+            if usage is not None:
+                c.bounded(self.invariants["bounded"], at, *usage)
+        self.observe_rollouts(at)
         self.last_tick = at
 
     def allocated(self, pods: list[dict[str, Any]]) -> dict[str, tuple[str, frozenset[int]]]:
@@ -298,11 +305,40 @@ class Soak:
             node = self.api.get(f"/api/v1/nodes/{self.cluster.node_name}")
             units = int(node["status"].get("allocatable", {}).get(RESOURCE, "0"))
             expected = self.units_of(lambda chip: c.healthy_since(chip, at, self.broken, self.quiet))
-            c.back_in_service(invariant, c.ServiceSample(at, allocatable=units), CHIPS, [], [], expected)
+            sample = c.ServiceSample(at, allocatable=units)
+            c.back_in_service(invariant, sample, CHIPS, [], [], expected)
+        for rollout in self.rollouts:
+            without = None if self.mode == "dra" else lambda out: self.units_of(lambda chip: chip not in out)
+            c.kept_in_rollout(self.invariants["kept in a rollout"], rollout, sample, self.broken, self.quiet, without)
         if units != self.last_service:
             self.note(f"in service: {units}")
             self.last_service = units
         self.service.append((at, units))
+
+    def observe_rollouts(self, at: float) -> None:
+        """A rollout is done once the DaemonSet has had only its one up-to-date pod, available, for
+        ROLLOUT_SETTLED_S (read every tick while one is under way)."""
+        under_way = [rollout for rollout in self.rollouts if rollout.done is None]
+        if not under_way:
+            return
+        app = self.agent.app
+        try:
+            daemonset = self.api.get(f"/apis/apps/v1/namespaces/{AGENT_NAMESPACE}/daemonsets/{app}")
+            pods = self.api.items(
+                f"/api/v1/namespaces/{AGENT_NAMESPACE}/pods?labelSelector=app.kubernetes.io/name%3D{app}"
+            )
+        except OSError:
+            return
+        self.agent.follow_logs([pod for pod in pods if container_id(pod)])
+        if not self.agent.settled(daemonset, pods):
+            self.settled_since = None
+            return
+        # Settled a while: a `helm rollback` right after an upgrade reads settled before the DaemonSet starts over.
+        self.settled_since = self.settled_since or at
+        if at - self.settled_since >= c.ROLLOUT_SETTLED_S:
+            for rollout in under_way:
+                rollout.done = self.settled_since
+                self.note(f"{rollout.what} done ({rollout.done - rollout.began:.1f} s)")
 
     def units_of(self, healthy: Any) -> int:
         """Allocatable of the device plugin's config now when exactly the chips healthy(chip) are healthy."""

@@ -28,6 +28,8 @@ COMMON_KINDS = {
     "off-bus": 2,
     "agent-kill": 2,
     "agent-restart": 1,
+    "rollout": 1,  # helm upgrade: the DaemonSet rolls its pods
+    "rollback": 1,  # helm rollback to the revision before
     "kubelet-restart": 1,
     "ixsmi-failing": 1,
     "ixsmi-slow": 1,
@@ -124,7 +126,7 @@ def _fault(rng: random.Random, kind: str, at: float, total: float) -> Step:
         return Step(at, kind, (), duration, {"seconds": rng.choice((2, 5))} if kind == "ixsmi-slow" else {})
     if kind == "config-change":
         return Step(at, kind, (), 0.0, {"config": rng.randrange(len(DEVICE_PLUGIN_CONFIGS))})
-    return Step(at, kind)  # agent-kill, agent-restart, kubelet-restart, node-health/checkpoint-unreadable
+    return Step(at, kind)  # agent-kill, -restart, rollout, rollback, kubelet-restart, node-health/checkpoint-unreadable
 
 
 def _workload(rng: random.Random, mode: str, total: float) -> list[Step]:

@@ -5,6 +5,7 @@ short one per mode on the session's cluster, with the seed 1 and every seed of e
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import time
@@ -14,6 +15,8 @@ from pathlib import Path
 import pytest
 from harness.cluster import Cluster
 from harness.dra import delete_slices
+from harness.kube import KubectlError
+from harness.project_image import BuiltImage
 from soak import report
 from soak.agent import Agent
 from soak.faults import RETURN_ANNOTATION
@@ -47,6 +50,15 @@ def soak_runs() -> list[tuple[str, int]]:
     return [(mode, DEFAULT_SEED) for mode in modes] + extra
 
 
+def stop(soak: Soak) -> None:
+    """The agent uninstalled, after the workload is gone where the soak did not get to its end (a DRA claim's pod
+    is only removed once the driver has unprepared it)."""
+    if soak.agent.installed:
+        with contextlib.suppress(KubectlError, AssertionError):
+            soak.admin("delete", "pods", "--all", "-n", soak.namespace, "--wait=true", "--timeout=90s", timeout=120)
+    soak.agent.stop()
+
+
 @pytest.fixture
 def clean_node(cluster: Cluster) -> Iterator[None]:
     """No operator's return annotation and no stale slices before and after."""
@@ -66,22 +78,17 @@ def test_soak(
     log_dir: Path,
     tmp_path: Path,
     clean_node: None,
-    request: pytest.FixtureRequest,
+    project_image: BuiltImage,
 ) -> None:
     minutes = float(os.environ.get("SOAK_MINUTES") or 1)
-    if mode == "dra":
-        request.getfixturevalue("dra_objects")
-        kubeconfig = request.getfixturevalue("driver_kubeconfig")
-    else:
-        kubeconfig = cluster.kubeconfig("admin")
     hardware = Hardware(tmp_path / "hardware")
-    agent = Agent(cluster, mode, tmp_path / "agent", hardware, kubeconfig)
+    agent = Agent(cluster, mode, tmp_path / "agent", hardware)
     soak = Soak(cluster, namespace, mode, seed, draw(seed, minutes, mode), agent, hardware)
     began = time.monotonic()
     try:
         soak.run()
     finally:
-        agent.stop()
+        stop(soak)
         path = report.write(soak, log_dir, minutes)
         line = report.summary(soak)
         report.REPORTS.append(f"soak {mode} seed {seed}: {time.monotonic() - began:.0f} s, report {path}")
@@ -90,21 +97,31 @@ def test_soak(
     assert not violations, f"{line}\nreport: {path}\n" + "\n".join(f"{n}: t+{t:.1f}s {w}" for n, (t, w) in violations)
 
 
-def test_the_soak_catches_an_agent_that_hands_out_a_broken_chip(
-    cluster: Cluster, namespace: str, log_dir: Path, tmp_path: Path, clean_node: None
+def test_the_soak_catches_a_broken_chip_handed_out_and_a_rollout_that_drops_allocatable(
+    cluster: Cluster, namespace: str, log_dir: Path, tmp_path: Path, clean_node: None, project_image: BuiltImage
 ) -> None:
-    """The checker's own test on the real node: the agent is told to ignore XID 48 (`health.ignore`), so the board of
-    a chip that reported it stays in service and new pods get it: "broken not given" must report it."""
+    """The checker's own test on the real node, two deliberate defects in one run (one install):
+
+    - the agent is told to ignore XID 48 (`health.ignore`, through the chart's config), so the board of a chip that
+      reported it stays in service and new pods get it: "broken not given" must report it;
+    - the chart has a careless updateStrategy (maxSurge 0, maxUnavailable 1: the old pod stopped before the new one
+      starts) and zeroDowntimeUpgrade off, so a `helm upgrade` leaves the node without the plugin a while:
+      "kept in a rollout" must report the allocatable that dropped."""
     hardware = Hardware(tmp_path / "hardware")
-    agent = Agent(cluster, "device-plugin", tmp_path / "agent", hardware, cluster.kubeconfig("admin"))
+    agent = Agent(cluster, "device-plugin", tmp_path / "agent", hardware)
     agent.base_config = {"health": {"ignore": [48]}}
+    stop_first = {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}}
+    agent.overrides = {"updateStrategy": stop_first, "zeroDowntimeUpgrade": "false"}
     steps = [Step(2.0, "xid-reset", (0,), 0.0, {"xid": 48})]
     steps += [Step(8.0 + i, "pod-create", (), 0.0, {"pod": f"selftest-{i}", "shape": "gpus-1"}) for i in range(2)]
+    steps += [Step(14.0, "rollout")]
     soak = Soak(cluster, namespace, "device-plugin", 0, steps, agent, hardware, settle_s=5)
     try:
         soak.run()
     finally:
-        agent.stop()
-        path = report.write(soak, log_dir, 0.2)
+        stop(soak)
+        path = report.write(soak, log_dir, 0.3)
     caught = soak.invariants["broken not given"].violations
     assert caught and "chip 0" in caught[0][1] and "XID 48" in caught[0][1], path
+    dropped = soak.invariants["kept in a rollout"].violations
+    assert dropped and "allocatable 0 < 1" in dropped[0][1], path  # 1: the board without the broken chip

@@ -2,6 +2,6 @@
 
 import sys
 
-from ix_device_plugin.cli import main
+from ix_device_plugin.entry import main
 
 sys.exit(main())

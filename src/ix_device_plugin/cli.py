@@ -16,6 +16,7 @@ from typing import Any
 
 from ix_device_plugin import __version__
 from ix_device_plugin.apiserver.settings import KubeConfigError, KubeSettings, settings_from
+from ix_device_plugin.runtime import earlystop
 from ix_device_plugin.runtime.logs import setup as setup_logging
 from ix_device_plugin.runtime.memory import limit_malloc_arenas
 from ix_device_plugin.settings.argv import CHECK_CONFIG, Command, parse_command_line
@@ -40,6 +41,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the console script."""
     env = dict(os.environ)
     command = parse_command_line(sys.argv[1:] if argv is None else argv, __version__)
+    if command.mode in {RUN, DRA}:
+        earlystop.catch()  # (again: main() called without entry.py) a SIGTERM while starting is not lost
+    else:
+        earlystop.release()
     if command.mode == CHECK_CONFIG:
         from ix_device_plugin.tools.checkconfig import check_config
 

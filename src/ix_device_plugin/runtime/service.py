@@ -14,6 +14,7 @@ import time
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
+from ix_device_plugin.runtime import earlystop
 from ix_device_plugin.runtime.backoff import Backoff
 from ix_device_plugin.runtime.errors import StartupError
 from ix_device_plugin.runtime.memory import release_free_memory
@@ -88,6 +89,9 @@ class Service:
         loop.add_signal_handler(signal.SIGINT, self.stop)
         if on_hangup is not None:
             loop.add_signal_handler(signal.SIGHUP, on_hangup)
+        if earlystop.caught():
+            log.info("SIGTERM received while starting: stopping")
+            self.stop()
 
     async def run(self, start: Callable[[], Awaitable[None]], shutdown: Callable[[], Awaitable[None]]) -> int:
         """start(), then serve until stop(); shutdown() always runs. The process exit code.

@@ -1,0 +1,66 @@
+"""The soak's "kept in a rollout" invariant (e2e/soak/checker.py): histories with and without a violation."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+
+SOAK = Path(__file__).resolve().parents[2] / "e2e" / "soak"
+
+
+def load(name: str) -> ModuleType:
+    """e2e/soak/<name>.py alone, as soak.<name> (nothing of the e2e harness is imported)."""
+    if f"soak.{name}" in sys.modules:
+        return sys.modules[f"soak.{name}"]
+    if "soak" not in sys.modules:
+        package = importlib.util.spec_from_file_location("soak", SOAK / "__init__.py", submodule_search_locations=[])
+        assert package is not None and package.loader is not None
+        sys.modules["soak"] = importlib.util.module_from_spec(package)
+    spec = importlib.util.spec_from_file_location(f"soak.{name}", SOAK / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[f"soak.{name}"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+checker = load("checker")
+
+
+def judge(rollout: object, samples: list[object], broken: list[object], quiet: list[tuple[float, float]]) -> object:
+    invariant = checker.Invariant("kept in a rollout")
+    for sample in samples:
+        checker.kept_in_rollout(invariant, rollout, sample, broken, quiet, lambda out: 2 * (4 - len(out)))
+    return invariant
+
+
+def test_a_rollout_taking_a_chip_out_of_the_slice_is_a_violation_and_one_a_fault_took_out_is_not() -> None:
+    rollout = checker.Rollout(10.0, frozenset({0, 1, 2, 3}), "rollout to revision 2", done=20.0)
+    up = frozenset({0, 1, 2, 3})
+    samples = [checker.ServiceSample(t, in_service=up) for t in (9.0, 11.0, 12.0)]
+    samples.append(checker.ServiceSample(13.0, in_service=frozenset({1, 2, 3})))  # chip 0 gone in the handover
+    samples.append(checker.ServiceSample(25.0, in_service=frozenset({0, 1, 2})))  # chip 3: an XID since the start
+    samples.append(checker.ServiceSample(31.0, in_service=frozenset()))  # over: done + the bound
+    invariant = judge(rollout, samples, [checker.Broken(3, 24.0, None, "XID 48")], [])
+    assert invariant.checks == 4, invariant  # 11, 12, 13, 25: not before it, not after its bound
+    assert [at for at, _ in invariant.violations] == [13.0]
+    assert "chips [0] out of service" in invariant.violations[0][1]
+
+
+def test_allocatable_dropping_in_a_rollout_is_a_violation_unless_a_fault_took_the_chips_out() -> None:
+    rollout = checker.Rollout(10.0, 8, "rollback to revision 3")  # not done yet: judged on
+    samples = [checker.ServiceSample(t, allocatable=8) for t in (11.0, 12.0)]
+    samples += [checker.ServiceSample(13.0, allocatable=0)]  # the old pod gone before the new one registered
+    samples += [checker.ServiceSample(40.0, allocatable=6)]  # chip 2 broken since: 2 replicas of 3 chips
+    invariant = judge(rollout, samples, [checker.Broken(2, 30.0, None, "XID 64")], [])
+    assert invariant.checks == 4 and [at for at, _ in invariant.violations] == [13.0]
+    assert "allocatable 0 < 8" in invariant.violations[0][1]
+
+
+def test_a_rollout_overlapping_an_agent_or_kubelet_restart_is_not_judged_meanwhile() -> None:
+    rollout = checker.Rollout(10.0, 8, "rollout to revision 2", done=20.0)
+    samples = [checker.ServiceSample(13.0, allocatable=0)]
+    invariant = judge(rollout, samples, [], [(12.0, 14.0)])
+    assert (invariant.checks, invariant.violations) == (0, [])
