@@ -14,8 +14,8 @@ from harness.cluster import Cluster
 from harness.helm import CHART, Helm
 from harness.kube import Kubectl, Obj
 from harness.pods import SHOW_DEVICES, STAY, busybox_pod, node_resource, run_and_read, shown_devices
-from harness.procs import wait_until
 from harness.project_image import BuiltImage
+from harness.waits import until
 
 RESOURCE = "iluvatar.com/gpu"
 NAMESPACE = "kube-system"
@@ -60,7 +60,7 @@ def ready(pod: Obj | None) -> bool:
 def test_the_daemonset_pod_starts_passes_its_probes_and_registers(
     cluster: Cluster, admin: Kubectl, release: Helm
 ) -> None:
-    pod = wait_until(
+    pod = until(
         lambda: (found := plugin_pod(admin)) and ready(found) and found,
         240,
         "the plugin pod Ready (startup and readiness probes: /healthz, /readyz)",
@@ -69,7 +69,7 @@ def test_the_daemonset_pod_starts_passes_its_probes_and_registers(
     )
     assert pod["spec"]["nodeName"] == cluster.node_name
     assert pod["status"]["containerStatuses"][0]["restartCount"] == 0
-    wait_until(
+    until(
         lambda: node_resource(admin, cluster.node_name, RESOURCE) == (2, 2),
         60,
         f"{RESOURCE}: 2 from the plugin in the pod",
@@ -83,7 +83,7 @@ def test_the_daemonset_pod_starts_passes_its_probes_and_registers(
 def test_a_pod_gets_a_gpu_from_the_plugin_in_the_daemonset(
     cluster: Cluster, admin: Kubectl, namespace: str, release: Helm
 ) -> None:
-    wait_until(lambda: ready(plugin_pod(admin)), 240, "plugin pod Ready", [cluster.processes["kubelet"].log])
+    until(lambda: ready(plugin_pod(admin)), 240, "plugin pod Ready", [cluster.processes["kubelet"].log])
     _, output = run_and_read(admin, namespace, busybox_pod("from-daemonset", SHOW_DEVICES + STAY, gpus=1))
     nodes, env = shown_devices(output)
     assert len(env["IX_VISIBLE_DEVICES"].split(",")) == 2  # the simulated default: BI-V150, two chips a board
@@ -93,13 +93,13 @@ def test_a_pod_gets_a_gpu_from_the_plugin_in_the_daemonset(
 
 
 def test_editing_the_configmap_reaches_the_running_plugin(cluster: Cluster, admin: Kubectl, release: Helm) -> None:
-    wait_until(lambda: ready(plugin_pod(admin)), 240, "plugin pod Ready", [cluster.processes["kubelet"].log])
+    until(lambda: ready(plugin_pod(admin)), 240, "plugin pod Ready", [cluster.processes["kubelet"].log])
     before = plugin_pod(admin)
     assert before is not None
     config = {"flags": {"splitboard": False}, "sharing": {"timeSlicing": {"replicas": 4}}}
     patch = {"data": {"ix-config": yaml.safe_dump(config)}}
     admin("patch", "configmap", "ix-config", "-n", NAMESPACE, "--type=merge", "-p", json.dumps(patch))
-    wait_until(
+    until(
         lambda: node_resource(admin, cluster.node_name, RESOURCE) == (8, 8),
         180,
         f"{RESOURCE}: 8 after the ConfigMap edit (4 replicas of 2 boards)",
