@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import pytest
 import yaml
 from harness.cluster import Cluster
-from harness.helm import CHART, Helm
+from harness.helm import CHART, Helm, node_values
 from harness.kube import Kubectl, Obj
 from harness.pods import SHOW_DEVICES, STAY, busybox_pod, node_resource, run_and_read, shown_devices
 from harness.project_image import BuiltImage
@@ -29,15 +29,9 @@ def release(cluster: Cluster, project_image: BuiltImage, tmp_path_factory: pytes
     """`helm install` of the chart on the node (labelled as a GPU node), with the node's test folders."""
     workdir = tmp_path_factory.mktemp("release")
     helm = Helm(cluster.binaries["helm"], workdir, cluster.kubeconfig("admin"))
-    values = {  # the chart's own image reference and pull policy: ix-device-plugin:<version>, IfNotPresent
-        "backend": "simulated",
-        "devicePluginPath": str(cluster.device_plugin_dir),
-        "kubeletPluginsPath": str(cluster.plugins_dir),  # the node-health record: the node's, not the host's
-        "corexPath": str(workdir / "corex"),
-        "cdi": {"specDir": str(cluster.cdi_dir)},
-        "nodeFeatures": {"dir": str(workdir / "features.d")},
-        "telemetry": {"interval": 2, "podResources": {"dir": str(cluster.pod_resources_socket.parent)}},
-    }
+    # the chart's own image reference and pull policy (ix-device-plugin:<version>, IfNotPresent); the node-health
+    # record in the node's plugins folder, not the host's
+    values = node_values(cluster, workdir, cluster.plugins_dir)
     cluster.admin("label", "node", cluster.node_name, f"{GPU_LABEL}=true", "--overwrite")
     helm("install", RELEASE, str(CHART), "--namespace", NAMESPACE, "--values", str(helm.values_file(values)))
     try:

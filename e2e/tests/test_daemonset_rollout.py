@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from harness.build import versions
 from harness.cluster import Cluster
-from harness.helm import CHART, Helm
+from harness.helm import CHART, Helm, node_values
 from harness.host import http_get
 from harness.kube import Kubectl, Obj
 from harness.nodewatch import KUBELET, ResourceRecorder
@@ -72,18 +72,7 @@ def release(cluster: Cluster, project_image: BuiltImage, tmp_path_factory: pytes
     devices.write_text(devices_yaml(CHIPS))
     plugins_dir = workdir / "kubelet-plugins"
     values = {
-        "backend": "simulated",
-        "devicePluginPath": str(cluster.device_plugin_dir),
-        "kubeletPluginsPath": str(plugins_dir),
-        "corexPath": str(corex),
-        "cdi": {"specDir": str(cluster.cdi_dir)},
-        "nodeFeatures": {"dir": str(workdir / "features.d")},
-        "telemetry": {"interval": 2, "podResources": {"dir": str(cluster.pod_resources_socket.parent)}},
-        "config": {"content": "flags:\n  splitboard: true\n"},
-        "extraEnv": [
-            {"name": "IX_SIMULATED_DEVICES", "value": str(devices)},
-            {"name": "IX_HEALTH_INTERVAL", "value": "0.5"},
-        ],
+        **node_values(cluster, workdir, plugins_dir, simulated_devices=str(devices)),
         "readinessProbe": {"initialDelaySeconds": READY_DELAY, "periodSeconds": 2},
     }
     cluster.admin("label", "node", cluster.node_name, f"{GPU_LABEL}=true", "--overwrite")

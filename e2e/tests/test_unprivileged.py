@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 from harness.cluster import Cluster
 from harness.dra import DRA_VALUES, claim, delete_slices, driver_slices, minor_is, node_slice
-from harness.helm import CHART, Helm
+from harness.helm import CHART, Helm, node_values
 from harness.kube import Kubectl, KubectlError, Obj
 from harness.plugin import DEVICE_MAJOR, bi_v150_chips, devices_yaml, write_atomically
 from harness.pods import SHOW_DEVICES, STAY, busybox_pod, node_resource, run_and_read, shown_devices
@@ -57,21 +57,7 @@ def installed(cluster: Cluster, workdir: Path, overrides: dict[str, Any]) -> Ite
     dra = overrides.get("dra", {}).get("enabled", False)
     # The DRA driver mounts corexPath at /usr/local/corex; the device plugin at the same path.
     devices_in_pod = "/usr/local/corex/devices.yaml" if dra else str(devices)
-    values: dict[str, Any] = {
-        "backend": "simulated",
-        "devicePluginPath": str(cluster.device_plugin_dir),
-        "kubeletPluginsPath": str(plugins),
-        "corexPath": str(corex),
-        "cdi": {"specDir": str(cluster.cdi_dir)},
-        "nodeFeatures": {"dir": str(workdir / "features.d")},
-        "telemetry": {"interval": 2, "podResources": {"dir": str(cluster.pod_resources_socket.parent)}},
-        "config": {"content": "flags:\n  splitboard: true\n"},
-        "extraEnv": [
-            {"name": "IX_SIMULATED_DEVICES", "value": devices_in_pod},
-            {"name": "IX_HEALTH_INTERVAL", "value": "0.5"},
-        ],
-        **overrides,
-    }
+    values = {**node_values(cluster, workdir, plugins, simulated_devices=devices_in_pod), **overrides}
     if dra:
         values["dra"] = {
             **values["dra"],
