@@ -36,7 +36,8 @@ from . import components, host, images
 from .certs import Pki, make_pki
 from .components import Binaries, Ports
 from .kube import Kubectl, kubeconfig_text
-from .procs import Process, describe_logs, run, wait_until
+from .procs import Process, describe_logs, run
+from .waits import until
 
 NODE_NAME = "ix-e2e-node"
 CGROUP_ROOT = "ix-e2e"
@@ -172,7 +173,7 @@ class Cluster:
     def _start_etcd(self) -> None:
         etcd = self._spawn("etcd", components.etcd_argv(self.binaries, self.ports, self.workdir / "etcd"))
         health = f"{components.etcd_client_url(self.ports)}/health"
-        wait_until(
+        until(
             lambda: self._alive(etcd) and b'"health":"true"' in host.http_get(health),
             30,
             "etcd healthy",
@@ -187,7 +188,7 @@ class Cluster:
         apiserver = self._spawn("kube-apiserver", argv)
         kubectl = self.kubectl
         assert kubectl is not None
-        wait_until(
+        until(
             lambda: self._alive(apiserver) and kubectl("get", "--raw", "/readyz", timeout=10).strip() == "ok",
             START_TIMEOUT,
             "kube-apiserver ready",
@@ -208,7 +209,7 @@ class Cluster:
         scheduler = self._spawn("kube-scheduler", argv)
         manager = self.processes["kube-controller-manager"]
         for process, port in ((scheduler, self.ports.scheduler), (manager, self.ports.controller_manager)):
-            wait_until(
+            until(
                 lambda process=process, port=port: (
                     self._alive(process) and host.http_get(f"https://127.0.0.1:{port}/healthz") == b"ok"
                 ),
@@ -230,7 +231,7 @@ class Cluster:
         )
         env = dict(os.environ, PATH=f"{self.binaries.bin_dir}:{os.environ.get('PATH', '/usr/bin:/bin')}")
         containerd = self._spawn("containerd", [str(self.binaries["containerd"]), f"--config={config}"], env=env)
-        wait_until(
+        until(
             lambda: self._alive(containerd) and self.ctr("version", check=False).returncode == 0,
             30,
             "containerd serving",
@@ -306,7 +307,7 @@ class Cluster:
             taints = [t["key"] for t in node["spec"].get("taints", [])]
             return node if conditions.get("Ready") == "True" and not taints else None
 
-        return wait_until(ready, timeout, f"node {self.node_name} Ready", self.node_logs(), interval=1)
+        return until(ready, timeout, f"node {self.node_name} Ready", self.node_logs(), interval=1)
 
     def _start_kube_proxy(self) -> None:
         """kube-proxy, once the Node it reads its addresses from is there; ready when the `kubernetes` Service answers
@@ -318,7 +319,7 @@ class Cluster:
         healthz, metrics = self.proxy_ports
         argv = components.kube_proxy_argv(self.binaries, kubeconfig, self.node_name, POD_CIDR, healthz, metrics)
         proxy = self._spawn("kube-proxy", argv)
-        wait_until(
+        until(
             lambda: self._alive(proxy) and self.service_readyz() == b"ok",
             START_TIMEOUT,
             f"the kubernetes Service answering on https://{SERVICE_IP} (kube-proxy)",
@@ -341,7 +342,7 @@ class Cluster:
             run(components.kube_proxy_cleanup_argv(self.binaries), timeout=60)
 
     def _wait_default_service_account(self) -> None:
-        wait_until(
+        until(
             lambda: self.admin.get_or_none("serviceaccount", "default", "default"),
             60,
             "the default ServiceAccount (controller-manager)",

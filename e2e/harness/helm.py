@@ -11,6 +11,7 @@ from typing import Any
 import yaml
 
 from .build import REPO_ROOT
+from .cluster import Cluster
 from .kube import Obj
 from .procs import run
 
@@ -55,6 +56,34 @@ class Helm:
         if values:
             args += ["--values", str(self.values_file(values, "lint-values"))]
         return self(*args)
+
+
+def node_values(
+    cluster: Cluster, workdir: Path, plugins_dir: Path, simulated_devices: str | None = None
+) -> dict[str, Any]:
+    """The chart's values that put a release on the test node: the simulated backend, the node's device plugin, CDI
+    and pod-resources folders, and the release's own folders (CoreX under workdir/corex, NFD features, and
+    plugins_dir for the node-health record, the node's role and DRA state) instead of the host's.
+
+    With simulated_devices (the devices file as the pod sees it), the chips are split (a device each) and their
+    health looked at every 0.5 s.
+    """
+    values: dict[str, Any] = {
+        "backend": "simulated",
+        "devicePluginPath": str(cluster.device_plugin_dir),
+        "kubeletPluginsPath": str(plugins_dir),
+        "corexPath": str(workdir / "corex"),
+        "cdi": {"specDir": str(cluster.cdi_dir)},
+        "nodeFeatures": {"dir": str(workdir / "features.d")},
+        "telemetry": {"interval": 2, "podResources": {"dir": str(cluster.pod_resources_socket.parent)}},
+    }
+    if simulated_devices is not None:
+        values["config"] = {"content": "flags:\n  splitboard: true\n"}
+        values["extraEnv"] = [
+            {"name": "IX_SIMULATED_DEVICES", "value": simulated_devices},
+            {"name": "IX_HEALTH_INTERVAL", "value": "0.5"},
+        ]
+    return values
 
 
 def load_objects(text: str) -> list[Obj]:

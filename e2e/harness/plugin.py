@@ -20,7 +20,8 @@ import yaml
 from .cluster import Cluster
 from .host import free_ports, http_get
 from .kube import Kubectl, Obj
-from .procs import Process, wait_until
+from .procs import Process
+from .waits import until
 
 DEVICE_MAJOR = int(os.environ.get("IX_E2E_DEVICE_MAJOR", "508"))  # an unassigned character major
 CONTROL_NODE = "itrctl"
@@ -175,7 +176,7 @@ class PluginRun:
     def wait_ready(self, timeout: float = 60) -> None:
         """Until /readyz answers; a process that does not get there is stopped before the timeout is raised."""
         try:
-            wait_until(self.ready, timeout, f"{self.process.name} /readyz", [self.process.log])
+            until(self.ready, timeout, f"{self.process.name} /readyz", [self.process.log])
         except BaseException:
             self.stop()
             raise

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import json
 import re
-import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
 from .images import BUSYBOX_IMAGE
 from .kube import Kubectl, KubectlError, Obj
-from .procs import WaitTimeout
+from .waits import WaitFailed, until
 
 # A container that prints what it was given (device nodes, their numbers, the GPU variables) and stays up.
 SHOW_DEVICES = (
@@ -68,18 +67,17 @@ def wait_pod(
     timeout: float = 120,
     logs: Iterable[Any] = (),
 ) -> Obj:
-    """The pod once condition(pod) holds; WaitTimeout with its description and events otherwise."""
-    deadline = time.monotonic() + timeout
-    pod: Obj | None = None
-    while time.monotonic() < deadline:
+    """The pod once condition(pod) holds; WaitFailed with its description, events and logs otherwise."""
+
+    def matching() -> Obj | None:
         pod = kubectl.get_or_none("pod", name, namespace)
-        if pod is not None and condition(pod):
-            return pod
-        time.sleep(1)
-    tails = "".join(f"\n{log}" for log in logs)
-    raise WaitTimeout(
-        f"pod {namespace}/{name}: {what} not within {timeout:.0f} s\n{describe_pod(kubectl, namespace, name)}{tails}"
-    )
+        return pod if pod is not None and condition(pod) else None
+
+    try:
+        return until(matching, timeout, f"pod {namespace}/{name}: {what}", interval=1)
+    except WaitFailed as failed:
+        tails = "".join(f"\n{log}" for log in logs)
+        raise WaitFailed(f"{failed}\n{describe_pod(kubectl, namespace, name)}{tails}") from None
 
 
 def phase_is(*phases: str) -> Callable[[Obj], bool]:

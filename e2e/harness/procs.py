@@ -1,7 +1,6 @@
 """Processes of the end-to-end cluster: each in its own process group, logging to a file, stopped for sure.
 
-Every wait is bounded: `wait_until` raises `WaitTimeout` with the tail of the logs that explain the hang,
-so a stuck component fails the test that needed it instead of holding up CI.
+A log's tail (`describe_logs`) goes with every failure, and with every wait that runs out (harness/waits.py).
 """
 
 from __future__ import annotations
@@ -11,17 +10,11 @@ import os
 import signal
 import subprocess
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TypeVar
 
-T = TypeVar("T")
 LOG_TAIL_LINES = 40
-
-
-class WaitTimeout(AssertionError):
-    """A bounded wait ran out; the message has what was awaited and the relevant log tails."""
 
 
 def log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
@@ -40,32 +33,6 @@ def log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
 def describe_logs(logs: Iterable[Path], lines: int = LOG_TAIL_LINES) -> str:
     """Each log's tail under a header naming it."""
     return "".join(f"\n----- {path.name} (last {lines} lines) -----\n{log_tail(path, lines)}" for path in logs)
-
-
-def wait_until(
-    predicate: Callable[[], T | None],
-    timeout: float,
-    what: str,
-    logs: Iterable[Path] = (),
-    interval: float = 0.5,
-) -> T:
-    """Poll predicate until it returns something truthy and return that; WaitTimeout after timeout seconds.
-
-    An exception from the predicate counts as "not yet"; the last one is named in the timeout message.
-    """
-    deadline = time.monotonic() + timeout
-    last_error: BaseException | None = None
-    while True:
-        try:
-            value = predicate()
-            if value:
-                return value
-        except Exception as error:
-            last_error = error
-        if time.monotonic() >= deadline:
-            detail = f" (last error: {last_error!r})" if last_error else ""
-            raise WaitTimeout(f"{what}: not within {timeout:.0f} s{detail}{describe_logs(logs)}")
-        time.sleep(interval)
 
 
 @dataclass

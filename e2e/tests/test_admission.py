@@ -22,7 +22,7 @@ from harness.dra import pod_bound_kubeconfig
 from harness.helm import Helm
 from harness.kube import Kubectl, KubectlError, Obj, kubeconfig_text
 from harness.pods import STAY, busybox_pod
-from harness.procs import wait_until
+from harness.waits import until
 
 NAMESPACE = "kube-system"
 PLUGIN, DRA = "iluvatar-device-plugin", "iluvatar-dra-driver"
@@ -123,7 +123,7 @@ def plugin(cluster: Cluster, grants: list[Obj], tmp_path_factory: pytest.TempPat
     account, pod = pod_token(cluster, PLUGIN, tmp_path_factory.mktemp("plugin-token"))
     try:
         probe = config_map("ix-admission-probe")
-        wait_until(
+        until(
             lambda: _refused_now(lambda: account.create(probe, "--dry-run=server")),
             60,
             "the admission policies in force",
@@ -139,7 +139,7 @@ def dra(cluster: Cluster, plugin: Kubectl, tmp_path_factory: pytest.TempPathFact
     account, pod = pod_token(cluster, DRA, tmp_path_factory.mktemp("dra-token"))
     try:
         probe = resource_slice("admission-probe", OTHER_NODE)
-        wait_until(
+        until(
             lambda: _refused_now(lambda: account.create(probe, "--dry-run=server")),
             60,
             "the driver's admission policies in force",
@@ -281,7 +281,7 @@ def test_the_agents_write_events_only_about_their_own_node(
     admin.create(_events_k8s_io_grant())
     cleanup += [("rolebinding", "ix-admission-events", "default"), ("role", "ix-admission-events", "default")]
     for account in (plugin, dra):
-        wait_until(lambda a=account: a.can_i("create", "events.events.k8s.io", "default"), 30, "the Role in force")
+        until(lambda a=account: a.can_i("create", "events.events.k8s.io", "default"), 30, "the Role in force")
     for account, who in ((plugin, PLUGIN), (dra, DRA)):
         name = f"{node}.admission-{who}"
         cleanup.append(("event", name, "default"))
@@ -308,7 +308,7 @@ def test_the_plugin_writes_volcano_refusal_events_only_as_reported_by_its_own_no
     node = cluster.node_name
     admin.create(_events_k8s_io_grant())
     cleanup += [("rolebinding", "ix-admission-events", "default"), ("role", "ix-admission-events", "default")]
-    wait_until(lambda: plugin.can_i("create", "events.events.k8s.io", "default"), 30, "the Role in force")
+    until(lambda: plugin.can_i("create", "events.events.k8s.io", "default"), 30, "the Role in force")
     own = refusal(f"{node}.refusal", NAMESPACE, node)
     cleanup.append(("event", own["metadata"]["name"], NAMESPACE))
     plugin.create(own)

@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import os
 import sys
-import time
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -31,7 +30,8 @@ from harness.pods import (
     shown_devices,
     wait_pod,
 )
-from harness.procs import run, wait_until
+from harness.procs import run
+from harness.waits import stays, until
 
 RESOURCE = "iluvatar.com/gpu"
 NAMESPACE = "kube-system"
@@ -144,7 +144,7 @@ def start_with_account(
 
 
 def wait_capacity(cluster: Cluster, plugin: PluginRun, count: int) -> None:
-    wait_until(
+    until(
         lambda: node_resource(cluster.admin, cluster.node_name, RESOURCE) == (count, count),
         60,
         f"{RESOURCE} capacity {count}",
@@ -186,7 +186,7 @@ def test_gpu_reset_handshake_with_the_charts_rbac(
     )
     try:
         handshake = f"ix-gpu-reset-{cluster.node_name}"
-        announced = wait_until(
+        announced = until(
             lambda: admin.get_or_none("configmap", handshake, NAMESPACE), 30, handshake, [plugin.process.log]
         )
         assert yaml.safe_load(announced["data"]["gpuReset"])["occupy"]["ix-device-plugin"] is True
@@ -216,7 +216,7 @@ def test_volcano_mode_with_the_charts_rbac(
             found = admin.get_or_none("configmap", info_name, NAMESPACE)
             return found if found and "DeviceListCfg" in found.get("data", {}) else None
 
-        info = wait_until(published, 30, info_name, [plugin.process.log])
+        info = until(published, 30, info_name, [plugin.process.log])
         assert set(json.loads(info["data"]["DeviceInfoCfg"])["DeviceInfo"]) == {chips[0].uuid, chips[2].uuid}
         chosen = chips[2].uuid  # what Volcano's scheduler would have written: the second board
         pod = busybox_pod(
@@ -234,7 +234,7 @@ def test_volcano_mode_with_the_charts_rbac(
             notes = admin.get("pod", "volcano", namespace)["metadata"]["annotations"]
             return notes if "iluvatar.com/DevRealAlloc" in notes else None
 
-        notes = wait_until(annotated, 60, "DevKubelet/DevRealAlloc annotations", [plugin.process.log])
+        notes = until(annotated, 60, "DevKubelet/DevRealAlloc annotations", [plugin.process.log])
         assert notes["iluvatar.com/DevRealAlloc"] == chosen
         assert notes["predicate-time"] == str(2**64 - 1)
         no_refusals(plugin)
@@ -254,7 +254,7 @@ def test_a_tenants_forged_volcano_annotations_are_refused(
     )
     try:
         info_name = f"ix-device-info-cm-{cluster.node_name}"
-        wait_until(lambda: admin.get_or_none("configmap", info_name, NAMESPACE), 30, info_name, [plugin.process.log])
+        until(lambda: admin.get_or_none("configmap", info_name, NAMESPACE), 30, info_name, [plugin.process.log])
         notes = {"iluvatar.com/DevVolcano": chips[2].uuid, "predicate-time": "0"}
         pod = busybox_pod("forged", SHOW_DEVICES + STAY, gpus=1, annotations=notes)
         pod["spec"]["nodeName"] = cluster.node_name
@@ -268,7 +268,7 @@ def test_a_tenants_forged_volcano_annotations_are_refused(
         assert f"pod {namespace}/forged's choice of devices is not believed" in plugin.process.log_text()
         # The refusal is an Event on the pod too, written with the chart's grant and allowed by its Events policy.
         selector = f"involvedObject.name=forged,reason={REFUSED_REASON}"
-        events = wait_until(
+        events = until(
             lambda: admin.items("events", namespace, "--field-selector", selector), 30, "the refusal Event", logs
         )
         (event,) = events
@@ -297,23 +297,23 @@ def test_self_healing_with_the_charts_rbac(
         held = shown_devices(output)[1]["IX_VISIBLE_DEVICES"].split(",")  # the board's two chips
         broken = next(chip for chip in chips if chip.uuid == held[1])
         plugin.set_chips([replace(chip, xids=(48,)) if chip == broken else chip for chip in chips])
-        wait_until(
+        until(
             lambda: node_resource(admin, cluster.node_name, RESOURCE) == (2, 1),
             60,
             "allocatable 1",
             [plugin.process.log],
         )
         waiting = f"held by {namespace}/holder (main)"
-        wait_until(
+        until(
             lambda: any(waiting in e["message"] for e in node_events(admin, cluster.node_name)),
             30,
             "the chip waits for the pod",
             [plugin.process.log],
         )
-        time.sleep(3)  # several looks at pod-resources: the pod still holds it
-        assert ixsmi_calls(ixsmi) == []
+        # several looks at pod-resources, each finding the pod still holding the chip
+        stays(lambda: ixsmi_calls(ixsmi) == [], 3, "no reset while the pod holds the chip", [plugin.process.log])
         admin.delete("pod", "holder", namespace)
-        wait_until(
+        until(
             lambda: node_resource(admin, cluster.node_name, RESOURCE) == (2, 2),
             60,
             "allocatable back to 2",

@@ -11,11 +11,11 @@ from collections.abc import Iterator
 import pytest
 import yaml
 from harness.cluster import Cluster
-from harness.helm import CHART, Helm
+from harness.helm import CHART, Helm, node_values
 from harness.kube import Kubectl, Obj
 from harness.pods import SHOW_DEVICES, STAY, busybox_pod, node_resource, run_and_read, shown_devices
-from harness.procs import wait_until
 from harness.project_image import BuiltImage
+from harness.waits import until
 
 RESOURCE = "iluvatar.com/gpu"
 NAMESPACE = "kube-system"
@@ -29,15 +29,9 @@ def release(cluster: Cluster, project_image: BuiltImage, tmp_path_factory: pytes
     """`helm install` of the chart on the node (labelled as a GPU node), with the node's test folders."""
     workdir = tmp_path_factory.mktemp("release")
     helm = Helm(cluster.binaries["helm"], workdir, cluster.kubeconfig("admin"))
-    values = {  # the chart's own image reference and pull policy: ix-device-plugin:<version>, IfNotPresent
-        "backend": "simulated",
-        "devicePluginPath": str(cluster.device_plugin_dir),
-        "kubeletPluginsPath": str(cluster.plugins_dir),  # the node-health record: the node's, not the host's
-        "corexPath": str(workdir / "corex"),
-        "cdi": {"specDir": str(cluster.cdi_dir)},
-        "nodeFeatures": {"dir": str(workdir / "features.d")},
-        "telemetry": {"interval": 2, "podResources": {"dir": str(cluster.pod_resources_socket.parent)}},
-    }
+    # the chart's own image reference and pull policy (ix-device-plugin:<version>, IfNotPresent); the node-health
+    # record in the node's plugins folder, not the host's
+    values = node_values(cluster, workdir, cluster.plugins_dir)
     cluster.admin("label", "node", cluster.node_name, f"{GPU_LABEL}=true", "--overwrite")
     helm("install", RELEASE, str(CHART), "--namespace", NAMESPACE, "--values", str(helm.values_file(values)))
     try:
@@ -60,7 +54,7 @@ def ready(pod: Obj | None) -> bool:
 def test_the_daemonset_pod_starts_passes_its_probes_and_registers(
     cluster: Cluster, admin: Kubectl, release: Helm
 ) -> None:
-    pod = wait_until(
+    pod = until(
         lambda: (found := plugin_pod(admin)) and ready(found) and found,
         240,
         "the plugin pod Ready (startup and readiness probes: /healthz, /readyz)",
@@ -69,7 +63,7 @@ def test_the_daemonset_pod_starts_passes_its_probes_and_registers(
     )
     assert pod["spec"]["nodeName"] == cluster.node_name
     assert pod["status"]["containerStatuses"][0]["restartCount"] == 0
-    wait_until(
+    until(
         lambda: node_resource(admin, cluster.node_name, RESOURCE) == (2, 2),
         60,
         f"{RESOURCE}: 2 from the plugin in the pod",
@@ -83,7 +77,7 @@ def test_the_daemonset_pod_starts_passes_its_probes_and_registers(
 def test_a_pod_gets_a_gpu_from_the_plugin_in_the_daemonset(
     cluster: Cluster, admin: Kubectl, namespace: str, release: Helm
 ) -> None:
-    wait_until(lambda: ready(plugin_pod(admin)), 240, "plugin pod Ready", [cluster.processes["kubelet"].log])
+    until(lambda: ready(plugin_pod(admin)), 240, "plugin pod Ready", [cluster.processes["kubelet"].log])
     _, output = run_and_read(admin, namespace, busybox_pod("from-daemonset", SHOW_DEVICES + STAY, gpus=1))
     nodes, env = shown_devices(output)
     assert len(env["IX_VISIBLE_DEVICES"].split(",")) == 2  # the simulated default: BI-V150, two chips a board
@@ -93,13 +87,13 @@ def test_a_pod_gets_a_gpu_from_the_plugin_in_the_daemonset(
 
 
 def test_editing_the_configmap_reaches_the_running_plugin(cluster: Cluster, admin: Kubectl, release: Helm) -> None:
-    wait_until(lambda: ready(plugin_pod(admin)), 240, "plugin pod Ready", [cluster.processes["kubelet"].log])
+    until(lambda: ready(plugin_pod(admin)), 240, "plugin pod Ready", [cluster.processes["kubelet"].log])
     before = plugin_pod(admin)
     assert before is not None
     config = {"flags": {"splitboard": False}, "sharing": {"timeSlicing": {"replicas": 4}}}
     patch = {"data": {"ix-config": yaml.safe_dump(config)}}
     admin("patch", "configmap", "ix-config", "-n", NAMESPACE, "--type=merge", "-p", json.dumps(patch))
-    wait_until(
+    until(
         lambda: node_resource(admin, cluster.node_name, RESOURCE) == (8, 8),
         180,
         f"{RESOURCE}: 8 after the ConfigMap edit (4 replicas of 2 boards)",

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from harness.build import versions
 from harness.cluster import Cluster
-from harness.helm import CHART, Helm
+from harness.helm import CHART, Helm, node_values
 from harness.host import http_get
 from harness.kube import Kubectl, Obj
 from harness.nodewatch import KUBELET, ResourceRecorder
@@ -34,8 +34,8 @@ from harness.plugin import (
     write_atomically,
 )
 from harness.pods import SHOW_DEVICES, STAY, busybox_pod, node_resource, run_and_read, shown_devices
-from harness.procs import wait_until
 from harness.project_image import BuiltImage
+from harness.waits import until
 
 RESOURCE = "iluvatar.com/gpu"
 NAMESPACE = "kube-system"
@@ -72,18 +72,7 @@ def release(cluster: Cluster, project_image: BuiltImage, tmp_path_factory: pytes
     devices.write_text(devices_yaml(CHIPS))
     plugins_dir = workdir / "kubelet-plugins"
     values = {
-        "backend": "simulated",
-        "devicePluginPath": str(cluster.device_plugin_dir),
-        "kubeletPluginsPath": str(plugins_dir),
-        "corexPath": str(corex),
-        "cdi": {"specDir": str(cluster.cdi_dir)},
-        "nodeFeatures": {"dir": str(workdir / "features.d")},
-        "telemetry": {"interval": 2, "podResources": {"dir": str(cluster.pod_resources_socket.parent)}},
-        "config": {"content": "flags:\n  splitboard: true\n"},
-        "extraEnv": [
-            {"name": "IX_SIMULATED_DEVICES", "value": str(devices)},
-            {"name": "IX_HEALTH_INTERVAL", "value": "0.5"},
-        ],
+        **node_values(cluster, workdir, plugins_dir, simulated_devices=str(devices)),
         "readinessProbe": {"initialDelaySeconds": READY_DELAY, "periodSeconds": 2},
     }
     cluster.admin("label", "node", cluster.node_name, f"{GPU_LABEL}=true", "--overwrite")
@@ -99,11 +88,11 @@ def release(cluster: Cluster, project_image: BuiltImage, tmp_path_factory: pytes
 def out_of_service(cluster: Cluster, release: Release) -> str:
     """OUT's XID 64 seen by the plugin pod: the chip is out (allocatable 3 of 4) and in the node-health record; then
     the devices file reports nothing any more, so that only the record keeps it out. Its phase in the record."""
-    pod = wait_until(lambda: one_ready_pod(cluster.admin), 240, "the plugin pod Ready", kubelet_log(cluster))
+    pod = until(lambda: one_ready_pod(cluster.admin), 240, "the plugin pod Ready", kubelet_log(cluster))
     wait_offered(cluster, 4, 4)
     write_atomically(release.devices, devices_yaml([replace(OUT, xids=(64,)) if c == OUT else c for c in CHIPS]))
     wait_offered(cluster, 4, 3)
-    wait_until(lambda: recorded(release), 30, "the XID in the node-health record", [])
+    until(lambda: recorded(release), 30, "the XID in the node-health record", [])
     write_atomically(release.devices, devices_yaml(CHIPS))
     assert acting(pod) == 1.0
     return str(recorded(release)["phase"])
@@ -114,7 +103,7 @@ def kubelet_log(cluster: Cluster) -> list[Path]:
 
 
 def wait_offered(cluster: Cluster, capacity: int, allocatable: int) -> None:
-    wait_until(
+    until(
         lambda: node_resource(cluster.admin, cluster.node_name, RESOURCE) == (capacity, allocatable),
         60,
         f"node {RESOURCE} {allocatable} of {capacity}",
@@ -233,7 +222,7 @@ def test_the_plugin_pod_reports_the_chip_out_as_a_node_event_with_its_own_token(
     def reported() -> set[str]:
         return {e["reason"] for e in node_events(admin, cluster.node_name) if OUT.uuid in e["message"]}
 
-    wait_until(lambda: {"GPUXidError", "GPUNeedsOperator"} <= reported(), 30, "the XID's Node Events", [])
+    until(lambda: {"GPUXidError", "GPUNeedsOperator"} <= reported(), 30, "the XID's Node Events", [])
     (pod,) = plugin_pods(admin)
     assert "Forbidden" not in admin("logs", pod["metadata"]["name"], "-n", NAMESPACE, timeout=30)
 
@@ -242,12 +231,12 @@ def test_the_plugin_pod_reports_the_chip_out_as_a_node_event_with_its_own_token(
 def test_a_helm_upgrade_rolls_the_daemonset_without_a_drop_and_keeps_the_chip_out(
     cluster: Cluster, admin: Kubectl, namespace: str, release: Release, out_of_service: str, change: str
 ) -> None:
-    old = wait_until(lambda: one_ready_pod(admin), 120, "one plugin pod Ready", kubelet_log(cluster))
+    old = until(lambda: one_ready_pod(admin), 120, "one plugin pod Ready", kubelet_log(cluster))
     wait_offered(cluster, 4, 3)
     before = gpu_pod(admin, namespace, "before")
     with ResourceRecorder(cluster, RESOURCE) as recorder:
         expected = upgrade(cluster, release, change)
-        overlap = wait_until(
+        overlap = until(
             lambda: beside_without_a_drop(admin, recorder, old["metadata"]["uid"]),
             ROLLOUT,
             "a new plugin pod registered beside the old one",
@@ -262,9 +251,9 @@ def test_a_helm_upgrade_rolls_the_daemonset_without_a_drop_and_keeps_the_chip_ou
         calls = pod_metric(new_pod, "ix_device_plugin_calls_total", method="Allocate")
         assert calls == 1.0, "the new pod, the newest registration, answers the Allocate of the overlap"
         old_uid = old["metadata"]["uid"]
-        new = wait_until(lambda: settled(admin, not_uid=old_uid), ROLLOUT, "the rollout", kubelet_log(cluster))
+        new = until(lambda: settled(admin, not_uid=old_uid), ROLLOUT, "the rollout", kubelet_log(cluster))
         assert new["metadata"]["uid"] == new_pod["metadata"]["uid"] and shows(new, change, expected)
-        wait_until(lambda: acting(new) == 1.0, 10, "the new pod acting for the node", [])
+        until(lambda: acting(new) == 1.0, 10, "the new pod acting for the node", [])
         assert pod_metric(new, "ix_device_plugin_devices", resource=RESOURCE, health="Unhealthy") == 1.0
     summary = {"change": change, "record_phase": out_of_service, **recorder.summary()}
     (cluster.logdir / f"daemonset-rollout-{change}.json").write_text(json.dumps(summary, indent=2))
@@ -282,7 +271,7 @@ def test_a_rollout_undone_while_both_pods_run_leaves_the_old_pod_serving(
     """The kubelet's "DP2 changed its mind" as the DaemonSet runs it: a helm upgrade starts a new pod beside the old
     one, and `helm rollback` while both run (the new one registered, not yet Ready) has the controller delete the new
     one; the old pod acts for the node on and the kubelet turns back to it for the next pod; nothing drops."""
-    old = wait_until(lambda: one_ready_pod(admin), 120, "one plugin pod Ready", kubelet_log(cluster))
+    old = until(lambda: one_ready_pod(admin), 120, "one plugin pod Ready", kubelet_log(cluster))
     old_uid = old["metadata"]["uid"]
     wait_offered(cluster, 4, 3)
     with ResourceRecorder(cluster, RESOURCE) as recorder:
@@ -290,7 +279,7 @@ def test_a_rollout_undone_while_both_pods_run_leaves_the_old_pod_serving(
             "upgrade", RELEASE, str(CHART), "--namespace", NAMESPACE, "--reuse-values",
             "--set-string", "podAnnotations.ix-e2e-rollout=undone",
         )  # fmt: skip
-        _, new_pod = wait_until(
+        _, new_pod = until(
             lambda: beside_without_a_drop(admin, recorder, old_uid),
             ROLLOUT,
             "a new plugin pod beside the old one",
@@ -298,7 +287,7 @@ def test_a_rollout_undone_while_both_pods_run_leaves_the_old_pod_serving(
         )
         allocations = pod_metric(old, "ix_device_plugin_calls_total", method="Allocate") or 0.0
         release.helm("rollback", RELEASE, "--namespace", NAMESPACE)
-        wait_until(lambda: settled(admin, uid=old_uid), ROLLOUT, "the rollout undone", kubelet_log(cluster))
+        until(lambda: settled(admin, uid=old_uid), ROLLOUT, "the rollout undone", kubelet_log(cluster))
         assert admin.get_or_none("pod", new_pod["metadata"]["name"], NAMESPACE) is None
         after = gpu_pod(admin, namespace, "after")
         assert pod_metric(old, "ix_device_plugin_calls_total", method="Allocate") == allocations + 1

@@ -5,7 +5,6 @@ device manager, containerd and the pod-resources API.
 from __future__ import annotations
 
 import re
-import time
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -33,7 +32,8 @@ from harness.pods import (
     shown_devices,
     wait_pod,
 )
-from harness.procs import run, wait_until
+from harness.procs import run
+from harness.waits import stays, until
 
 RESOURCE = "iluvatar.com/gpu"
 CHIPS = bi_v150_chips()
@@ -55,7 +55,7 @@ def wait_resource(
     cluster: Cluster, capacity: int, allocatable: int, plugin: PluginRun, timeout: float = 60, resource: str = RESOURCE
 ) -> None:
     """Until the Node's capacity and allocatable of resource (iluvatar.com/gpu) are as given."""
-    wait_until(
+    until(
         lambda: node_resource(cluster.admin, cluster.node_name, resource) == (capacity, allocatable),
         timeout,
         f"node {resource} capacity {capacity}, allocatable {allocatable} "
@@ -117,13 +117,13 @@ def test_with_cdi_cri_containerd_resolves_the_plugins_cdi_spec(
     """Allocate names CDI devices only (no device nodes): the nodes in the container come from containerd's CDI."""
     plugin.set_config({"flags": {"deviceListStrategy": ["cdi-cri"]}})
     spec = cluster.cdi_dir / "iluvatar.com-gpu.yaml"
-    wait_until(spec.exists, 30, f"{spec} written", [plugin.process.log])
+    until(spec.exists, 30, f"{spec} written", [plugin.process.log])
     validated = run([str(cluster.binaries["cdi-validate"]), str(cluster.cdi_dir)]).stdout
     # Each chip's device with the spec-wide /dev/itrctl; `all` has the four chips and itrctl.
     assert all(f"iluvatar.com/gpu={chip.uuid}: 2 device nodes" in validated for chip in CHIPS)
     assert "iluvatar.com/gpu=all: 5 device nodes" in validated
     wait_resource(cluster, 2, 2, plugin)
-    wait_until(
+    until(
         lambda: metric(plugin, "ix_device_plugin_config_reloads_total") >= 1,
         30,
         "config reloaded",
@@ -140,7 +140,7 @@ def test_with_cdi_cri_and_no_spec_containerd_refuses_the_container(
     """The negative control: the device names reach containerd, which cannot resolve them without the spec."""
     plugin.set_config({"flags": {"deviceListStrategy": ["cdi-cri"]}})
     spec = cluster.cdi_dir / "iluvatar.com-gpu.yaml"
-    wait_until(spec.exists, 30, f"{spec} written", [plugin.process.log])
+    until(spec.exists, 30, f"{spec} written", [plugin.process.log])
     wait_resource(cluster, 2, 2, plugin)
     spec.unlink()
     admin.create(busybox_pod("no-spec", SHOW_DEVICES + STAY, gpus=1), "-n", namespace)
@@ -162,7 +162,7 @@ def test_the_plugin_registers_again_after_a_kubelet_restart(
     cluster.stop_kubelet()
     cluster.start_kubelet()
     cluster.wait_node_ready()
-    wait_until(
+    until(
         lambda: metric(plugin, "ix_device_plugin_reregistrations_total") >= 1,
         60,
         "the plugin registered again",
@@ -218,7 +218,7 @@ def test_telemetry_labels_a_pods_chips_from_the_pod_resources_api(
                 found[labels["uuid"]] = (labels["namespace"], labels["pod"], labels["container"])
         return found if {u for u, where in found.items() if where[1] == "metered"} == held else None
 
-    found = wait_until(holders, 60, "ix_gpu_temperature labelled with the pod", [plugin.process.log])
+    found = until(holders, 60, "ix_gpu_temperature labelled with the pod", [plugin.process.log])
     assert set(found) == {chip.uuid for chip in CHIPS}
     assert {found[uuid] for uuid in held} == {(namespace, "metered", "main")}
     assert {found[uuid] for uuid in set(found) - held} == {("", "", "")}
@@ -282,15 +282,18 @@ def test_a_chip_held_under_a_resource_name_no_longer_served_is_reset_only_once_i
         plugin.set_chips([replace(chip, xids=(48,)) if chip == broken else chip for chip in CHIPS])
         wait_resource(cluster, 4, 2, plugin, resource=SHARED)
         waiting = f"({broken.uuid}) waits to be reset: held by {namespace}/holder (main)"
-        wait_until(
+        until(
             lambda: any(waiting in e["message"] for e in node_events(admin, cluster.node_name)),
             30,
             "the chip waits for the pod",
             [plugin.process.log],
         )
-        time.sleep(HELD_FOR)
-        assert ixsmi_calls(ixsmi) == []
-        assert admin.get("pod", "holder", namespace)["status"]["phase"] == "Running"
+        stays(
+            lambda: ixsmi_calls(ixsmi) == [] and admin.get("pod", "holder", namespace)["status"]["phase"] == "Running",
+            HELD_FOR,
+            "no reset while the pod runs and holds the board",
+            [plugin.process.log],
+        )
         admin.delete("pod", "holder", namespace)
         wait_resource(cluster, 4, 4, plugin, resource=SHARED)
         assert ixsmi_calls(ixsmi) == [f"-r -i {broken.uuid}"]
@@ -319,7 +322,7 @@ def test_a_chip_that_needs_an_operator_stays_out_across_a_restart_until_an_opera
         wait_resource(cluster, 2, 2, first)
         first.set_chips([replace(chip, xids=(64,)) if chip == broken else chip for chip in CHIPS])
         wait_resource(cluster, 2, 1, first)
-        wait_until(lambda: recorded().get("phase") == "operator", 30, "the record says operator", [first.process.log])
+        until(lambda: recorded().get("phase") == "operator", 30, "the record says operator", [first.process.log])
     finally:
         first.stop()
     second = healing_plugin(cluster, tmp_path / "plugin", "device-plugin-operator-2", ixsmi, plugins_dir, CHIPS)
@@ -327,16 +330,13 @@ def test_a_chip_that_needs_an_operator_stays_out_across_a_restart_until_an_opera
         assert second.metric("ix_device_plugin_devices", resource=RESOURCE, health="Healthy") == 1.0
         samples: list[tuple[int, int]] = []
 
-        def settled() -> bool:
+        def allocatable() -> tuple[int, int]:
             samples.append(node_resource(admin, cluster.node_name, RESOURCE))
-            return samples[-1] == (2, 1)
+            return samples[-1]
 
-        wait_until(settled, 60, f"allocatable 1 after the restart (seen {samples[-5:]})", [second.process.log])
-        deadline = time.monotonic() + HELD_FOR
-        while time.monotonic() < deadline:
-            samples.append(node_resource(admin, cluster.node_name, RESOURCE))
-            time.sleep(0.3)
-        assert (2, 2) not in samples and samples[-1] == (2, 1), samples
+        until(lambda: allocatable() == (2, 1), 60, "allocatable 1 after the restart", [second.process.log])
+        stays(lambda: allocatable() == (2, 1), HELD_FOR, "allocatable still 1", [second.process.log], interval=0.3)
+        assert (2, 2) not in samples, samples
         assert ixsmi_calls(ixsmi) == []
         assert recorded()["phase"] == "operator" and recorded()["xids"] == [64], recorded()
         admin("annotate", "--overwrite", "node", cluster.node_name, f"{RETURN_ANNOTATION}={broken.uuid}")

@@ -25,7 +25,7 @@ from harness.kube import Kubectl
 from harness.nodewatch import ResourceRecorder, kubelet_allocatable
 from harness.plugin import PluginRun, bi_v150_chips, expected_nodes, start_device_plugin
 from harness.pods import SHOW_DEVICES, STAY, busybox_pod, node_resource, run_and_read, shown_devices
-from harness.procs import wait_until
+from harness.waits import stays, until
 
 from ix_device_plugin.deviceplugin.endpoint import plugin_socket
 
@@ -104,7 +104,7 @@ def allocations(plugin: PluginRun) -> float:
 
 
 def wait_offered(cluster: Cluster, plugin: PluginRun) -> None:
-    wait_until(
+    until(
         lambda: node_resource(cluster.admin, cluster.node_name, RESOURCE) == (2, 2),
         60,
         f"node {RESOURCE} 2 of 2",
@@ -135,15 +135,27 @@ def on_standby_beside(acting_plugin: PluginRun, standby: PluginRun) -> None:
     per-GPU metrics (node-wide) exported by the acting one only."""
     assert "registering beside it (--zero-downtime-upgrade is true)" in standby.process.log_text()
     assert (acting(acting_plugin), acting(standby)) == (1.0, 0.0)
-    wait_until(lambda: "ix_gpu_temperature{" in acting_plugin.metrics(), 10, "the acting plugin's GPU metrics")
+    until(lambda: "ix_gpu_temperature{" in acting_plugin.metrics(), 10, "the acting plugin's GPU metrics")
     assert "ix_gpu_temperature{" not in standby.metrics()
+
+
+def roles_hold(acting_plugin: PluginRun, *standbys: PluginRun) -> None:
+    """For HOLD seconds (a state of the overlap, recorded by the ResourceRecorder meanwhile) acting_plugin alone acts
+    for the node and each standby stays one."""
+
+    def held() -> bool:
+        return acting(acting_plugin) == 1.0 and all(acting(standby) == 0.0 for standby in standbys)
+
+    names = ", ".join(standby.process.name for standby in standbys) or "none"
+    logs = [plugin.process.log for plugin in (acting_plugin, *standbys)]
+    stays(held, HOLD, f"{acting_plugin.process.name} acting for the node (standby: {names})", logs)
 
 
 def takes_over(cluster: Cluster, stopped: PluginRun, standby: PluginRun) -> float:
     """SIGTERM to the acting plugin; the seconds from its exit until the standby acts for the node."""
     assert stopped.stop() == 0
     exited = time.monotonic()
-    wait_until(lambda: acting(standby) == 1.0, HANDOVER, "the standby acting for the node", [standby.process.log])
+    until(lambda: acting(standby) == 1.0, HANDOVER, "the standby acting for the node", [standby.process.log])
     return time.monotonic() - exited
 
 
@@ -159,7 +171,7 @@ def beside_serving_pod2(admin: Kubectl, namespace: str, node: Node, dp1: PluginR
     newest registration, answers its Allocate. DP2."""
     dp2 = node.start("dp2")
     on_standby_beside(dp1, dp2)
-    time.sleep(HOLD)
+    roles_hold(dp1, dp2)
     assert gpu_pod(admin, namespace, "pod2") != first
     assert (allocations(dp1), allocations(dp2)) == (1, 1)
     return dp2
@@ -191,13 +203,13 @@ def test_basic_rollout_of_two_plugins_with_zero_downtime(
         assert node.written() == written, "a node-wide file was written during the overlap"
         handover = takes_over(cluster, dp1, dp2)
         assert not node.socket("dp1").exists()
-        time.sleep(HOLD)
+        roles_hold(dp2)
         pod3_takes_the_board_pod1_freed(admin, namespace, first)
         assert allocations(dp2) == 2
     report(cluster, "basic", recorder, handover_seconds=round(handover, 3))
     recorder.check_steady(2, 2)
     dp2.stop()  # the control: the last plugin gone, the kubelet's view drops at once
-    wait_until(lambda: kubelet_allocatable(cluster, RESOURCE) == 0, 10, "the kubelet's devices unhealthy", [])
+    until(lambda: kubelet_allocatable(cluster, RESOURCE) == 0, 10, "the kubelet's devices unhealthy", [])
 
 
 def test_a_second_plugin_that_takes_long_to_start_working_leaves_the_first_serving(
@@ -214,7 +226,8 @@ def test_a_second_plugin_that_takes_long_to_start_working_leaves_the_first_servi
         )
         assert not node.socket("dp2").exists()
         assert (acting(dp1), acting(dp2)) == (1.0, 0.0)
-        time.sleep(HOLD)
+        roles_hold(dp1, dp2)
+        assert not node.socket("dp2").exists()
         second = gpu_pod(admin, namespace, "pod2")
         assert second != first
         assert (allocations(dp1), allocations(dp2)) == (2, 0)
@@ -222,9 +235,9 @@ def test_a_second_plugin_that_takes_long_to_start_working_leaves_the_first_servi
         assert node.socket("dp1").exists() and acting(dp1) == 1.0
         dp3 = node.start("dp3")
         on_standby_beside(dp1, dp3)
-        time.sleep(HOLD)
+        roles_hold(dp1, dp3)
         handover = takes_over(cluster, dp1, dp3)
-        time.sleep(HOLD)
+        roles_hold(dp3)
         pod3_takes_the_board_pod1_freed(admin, namespace, first)
         assert allocations(dp3) == 1
     report(cluster, "late", recorder, handover_seconds=round(handover, 3))
@@ -242,8 +255,7 @@ def test_a_second_plugin_that_changes_its_mind_leaves_the_first_serving(
         dp2 = beside_serving_pod2(admin, namespace, node, dp1, first)
         assert dp2.stop() == 0
         assert not node.socket("dp2").exists() and node.socket("dp1").exists()
-        time.sleep(HOLD)
-        assert acting(dp1) == 1.0
+        roles_hold(dp1)
         assert node.written() == written, "a node-wide file was written while the standby ran or stopped"
         pod3_takes_the_board_pod1_freed(admin, namespace, first)
         assert allocations(dp1) == 2

@@ -33,7 +33,7 @@ from harness.pods import (
     shown_devices,
     wait_pod,
 )
-from harness.procs import wait_until
+from harness.waits import until
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "deployments" / "static" / "dra-examples.yaml"
 
@@ -74,7 +74,7 @@ def allocated_devices(admin: Kubectl, namespace: str, pod: Obj) -> list[str]:
 
 
 def test_the_resource_slice_is_accepted_by_the_api_server(cluster: Cluster, driver: Driver) -> None:
-    published = wait_until(lambda: node_slice(cluster), 60, "the ResourceSlice", [driver.log])
+    published = until(lambda: node_slice(cluster), 60, "the ResourceSlice", [driver.log])
     spec = published["spec"]
     assert spec["nodeName"] == cluster.node_name
     assert spec["pool"]["name"] == cluster.node_name
@@ -129,7 +129,7 @@ def test_a_claim_template_pod_is_scheduled_prepared_and_sees_its_chip(
     assert spec_files == [f"{DRIVER}-claim_{claim_uid['metadata']['uid']}.yaml"]
     # status.devices, written with the chart's RBAC (associated-node:patch of resourceclaims/driver, which 1.37
     # asks for) from a token bound to a pod on the node: the real API server accepts the entry as written.
-    told = wait_until(
+    told = until(
         lambda: admin.get("resourceclaim", claim_name, namespace)["status"].get("devices"),
         30,
         "the claim's status.devices",
@@ -223,7 +223,7 @@ def test_an_unhealthy_chip_is_tainted_and_the_scheduler_keeps_off_it(
             devices = {d["name"]: d for d in node_slice(cluster)["spec"]["devices"]}
             return devices.get("gpu-3", {}).get("taints")
 
-        (taint,) = wait_until(tainted, 30, "gpu-3 tainted in the ResourceSlice", [driver.log])
+        (taint,) = until(tainted, 30, "gpu-3 tainted in the ResourceSlice", [driver.log])
         assert taint["key"] == f"{DRIVER}/unhealthy" and taint["effect"] == "NoSchedule"
         template = named(example("dra-whole-board", namespace), "ResourceClaimTemplate", "whole-iluvatar-board")
         template["metadata"]["name"] = "all-chips"
@@ -242,7 +242,7 @@ def test_an_unhealthy_chip_is_tainted_and_the_scheduler_keeps_off_it(
         wait_pod(admin, namespace, "wants-all", unschedulable, "Unschedulable (a tainted chip)", timeout=60)
     finally:
         driver.set_chips(CHIPS)
-    wait_until(lambda: not tainted(), 30, "gpu-3 untainted", [driver.log])
+    until(lambda: not tainted(), 30, "gpu-3 untainted", [driver.log])
     wait_pod(admin, namespace, "wants-all", phase_is("Running"), "Running once the chip is healthy", timeout=120)
 
 
@@ -432,9 +432,9 @@ def test_a_chip_with_an_xid_is_reset_once_its_claim_is_gone_and_a_new_claim_take
             devices = {d["name"]: d for d in node_slice(cluster)["spec"]["devices"]}
             return devices.get("gpu-3", {}).get("taints") or []
 
-        wait_until(taints, 30, "gpu-3 tainted", [driver.log])
+        until(taints, 30, "gpu-3 tainted", [driver.log])
         waiting = f"held by claim {namespace}/holds"
-        wait_until(
+        until(
             lambda: any(waiting in e["message"] for e in node_events(admin, cluster.node_name)),
             30,
             "the chip waits for its claim",
@@ -443,7 +443,7 @@ def test_a_chip_with_an_xid_is_reset_once_its_claim_is_gone_and_a_new_claim_take
         assert ixsmi_calls(ixsmi) == []
         admin.delete("pod", "holder", namespace)
         admin.delete("resourceclaim", "holds", namespace)
-        wait_until(lambda: not taints(), 60, "gpu-3 untainted after its reset", [driver.log])
+        until(lambda: not taints(), 60, "gpu-3 untainted after its reset", [driver.log])
         assert ixsmi_calls(ixsmi) == [f"-r -i {chip.uuid}"]
         taker = busybox_pod("taker", SHOW_DEVICES + STAY, claims=[{"name": "gpu", "resourceClaimName": "takes"}])
         admin.create([claim("takes", selector=minor_is(3))], "-n", namespace)

@@ -24,7 +24,7 @@ from harness.dra import CHIPS, DRIVER, Driver, claim, minor_is, node_slice
 from harness.images import BUSYBOX_IMAGE
 from harness.kube import Kubectl, Obj
 from harness.pods import SHOW_DEVICES, STAY, shown_devices, wait_pod
-from harness.procs import wait_until
+from harness.waits import until
 
 BY_MINOR = {chip.minor: chip for chip in CHIPS}
 BOARD_MINORS = {"board-0": {0, 1}, "board-2": {2, 3}}
@@ -153,7 +153,7 @@ def test_a_tainted_chip_a_request_tolerates_is_prepared_and_runs(
 
     driver.set_chips([replace(c, health=("OverTemp",)) if c.minor == 3 else c for c in CHIPS])
     try:
-        (taint,) = wait_until(taints, 30, "gpu-3 tainted", [driver.log])
+        (taint,) = until(taints, 30, "gpu-3 tainted", [driver.log])
         assert taint["value"] == "OverTemp"
         admin.create(claim("burn-in", selector=minor_is(3), tolerate_taints=True), "-n", namespace)
         claims = [{"name": "gpu", "resourceClaimName": "burn-in"}]
@@ -162,7 +162,7 @@ def test_a_tainted_chip_a_request_tolerates_is_prepared_and_runs(
         assert taints(), "the chip stays tainted for everyone else"
     finally:
         driver.set_chips(CHIPS)
-        wait_until(lambda: not taints(), 60, "gpu-3 untainted once it cools", [driver.log])
+        until(lambda: not taints(), 60, "gpu-3 untainted once it cools", [driver.log])
 
 
 # ------------------------------------------------------------------ several containers

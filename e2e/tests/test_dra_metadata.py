@@ -14,7 +14,6 @@ import re
 import shlex
 import subprocess
 import tempfile
-import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -25,7 +24,7 @@ from harness.dra import CHIPS, DRIVER, Driver, claim, node_slice
 from harness.images import BUSYBOX_IMAGE
 from harness.kube import Kubectl, Obj
 from harness.pods import SHOW_DEVICES, STAY, shown_devices, wait_pod
-from harness.procs import wait_until
+from harness.waits import stays, until
 
 CONTAINER_DIR = "/var/run/kubernetes.io/dra-device-attributes"
 POD_CLAIM_ANNOTATION = "resource.kubernetes.io/pod-claim-name"
@@ -174,8 +173,8 @@ def test_a_direct_claim_survives_a_driver_restart_and_is_gone_after_unprepare(
     before = host.read_text()
     driver.stop()
     driver.start()  # the kubelet registers it again and prepares nothing new: the claim is in its checkpoint
-    time.sleep(3)  # the publisher's pod compares what the files say with what the node says now
-    assert host.read_text() == before
+    # the publisher's pod compares what the files say with what the node says now, and finds nothing to write
+    stays(lambda: host.read_text() == before, 3, "the claim's metadata unchanged across the restart", [driver.log])
     assert admin("exec", "direct", "-n", namespace, "-c", "main", "--", "cat", path) == before
     (held,) = [BY_UUID[uuid] for uuid in env["IX_VISIBLE_DEVICES"].split(",")]
     driver.set_chips([replace(c, health=("OverTemp",)) if c == held else c for c in CHIPS])
@@ -186,12 +185,12 @@ def test_a_direct_claim_survives_a_driver_restart_and_is_gone_after_unprepare(
             first, _ = json.JSONDecoder().raw_decode(text)
             return first if first["metadata"]["generation"] == 2 else None
 
-        document = wait_until(updated, 60, "the metadata's next generation in the container", [driver.log])
+        document = until(updated, 60, "the metadata's next generation in the container", [driver.log])
         assert document["requests"][0]["devices"][0]["attributes"]["healthy"] == {"bool": False}
     finally:
         driver.set_chips(CHIPS)
     admin.delete("pod", "direct", namespace)
-    wait_until(lambda: gone(cluster, uid), 60, "the claim's metadata removed", [driver.log])
+    until(lambda: gone(cluster, uid), 60, "the claim's metadata removed", [driver.log])
 
 
 def test_a_template_claim_is_found_by_its_pod_claim_name(
@@ -256,7 +255,7 @@ def test_a_share_says_its_share_id_and_amount(cluster: Cluster, admin: Kubectl, 
         assert attributes["shares"] == {"int": 2} and len(attributes["replicaDevices"]["strings"]) == 2
         admin.delete("pod", "share", namespace)
         uid = document["metadata"]["uid"]
-        wait_until(lambda: gone(cluster, uid), 60, "the share's metadata removed", [driver.log])
+        until(lambda: gone(cluster, uid), 60, "the share's metadata removed", [driver.log])
     finally:
         driver.configure()
 

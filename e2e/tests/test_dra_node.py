@@ -21,7 +21,7 @@ from harness.kube import Kubectl
 from harness.nfd import NfdLocalSource
 from harness.plugin import PluginRun, start_device_plugin
 from harness.pods import SHOW_DEVICES, STAY, busybox_pod, run_and_read
-from harness.procs import wait_until
+from harness.waits import until
 
 DRA_LABEL = "iluvatar.com/gpu.dra"
 PREFIX = "iluvatar.com/"
@@ -84,7 +84,7 @@ def test_a_dra_node_has_the_node_labels(
     cluster: Cluster, admin: Kubectl, nfd: NfdLocalSource, node_driver: Driver
 ) -> None:
     run = node_driver.start()
-    labels = wait_until(
+    labels = until(
         lambda: (found := gpu_labels(admin, cluster.node_name)).get("iluvatar.com/dra.driver") and found,
         30,
         "the DRA driver's labels on the Node",
@@ -113,7 +113,7 @@ def test_a_pod_with_a_claim_appears_in_the_metrics_with_its_pod_and_claim(
         found = scrape_holders(run)
         return found if any(s["pod"] == "metered" for s in found.get(chip.uuid, [])) else None
 
-    found = wait_until(labelled, 60, "ix_gpu_temperature labelled with the pod and its claim", [run.process.log])
+    found = until(labelled, 60, "ix_gpu_temperature labelled with the pod and its claim", [run.process.log])
     (series,) = found[chip.uuid]
     assert (series["namespace"], series["pod"], series["container"]) == (namespace, "metered", "main")
     assert (series["claim_namespace"], series["claim_name"], series["share_id"]) == (namespace, "metered", "")
@@ -132,7 +132,7 @@ def test_a_node_moved_from_the_device_plugin_to_dra_and_back_keeps_its_labels_th
     plugin = start_device_plugin(cluster, tmp_path / "plugin", "device-plugin-moving", features=features)
     try:
         plugin.wait_ready()
-        before = wait_until(
+        before = until(
             lambda: (
                 (found := gpu_labels(admin, cluster.node_name)).get("iluvatar.com/gpu.present")
                 and "iluvatar.com/dra.driver" not in found
@@ -156,7 +156,7 @@ def test_a_node_moved_from_the_device_plugin_to_dra_and_back_keeps_its_labels_th
             plugin.stop()  # the device plugin's pod leaves the node (its affinity refuses the label) ...
             time.sleep(3)  # ... and the driver's pod is created and started a moment later
             run = node_driver.start()
-            wait_until(
+            until(
                 lambda: gpu_labels(admin, cluster.node_name).get("iluvatar.com/dra.driver"),
                 30,
                 "the DRA driver's labels on the Node",
@@ -168,7 +168,7 @@ def test_a_node_moved_from_the_device_plugin_to_dra_and_back_keeps_its_labels_th
             time.sleep(3)
             plugin = start_device_plugin(cluster, tmp_path / "plugin", "device-plugin-back", features=features)
             plugin.wait_ready()
-            wait_until(
+            until(
                 lambda: "iluvatar.com/dra.driver" not in gpu_labels(admin, cluster.node_name),
                 30,
                 "the device plugin's labels alone on the Node again",

@@ -22,8 +22,8 @@ from harness.dra import CHIPS, DRIVER, chips_seen, claim, delete_slices, minor_i
 from harness.kube import Kubectl
 from harness.plugin import PluginRun, fake_ixsmi, ixsmi_calls, ixsmi_done, start_dra_driver
 from harness.pods import SHOW_DEVICES, STAY, busybox_pod, phase_is, run_and_read, running_and_printed, wait_pod
-from harness.procs import wait_until
 from harness.slicewatch import SAMPLE, SliceRecorder
+from harness.waits import until
 
 # POD_UID of each pod, as the downward API gives it (the cluster's kubelet root is as long as MicroK8s's).
 OLD_POD, NEW_POD = "5f0c3a9e-2b71-4d6e-9a3f-0c8b7e1d2a40", "a9e41b07-6c2d-4f85-b3e0-7d1c9f2a6b18"
@@ -73,7 +73,7 @@ def test_a_rolling_update_with_changed_config_has_one_writer_no_gap_and_no_write
         claim_uid = admin.get("resourceclaim", "held", namespace)["metadata"]["uid"]
         assert f"prepared claim {namespace}/held" in old.process.log_text()
         with SliceRecorder(cluster) as recorder:
-            wait_until(lambda: recorder.samples and recorder.samples[-1].devices, 10, "a first sample")
+            until(lambda: recorder.samples and recorder.samples[-1].devices, 10, "a first sample")
             assert unshared(recorder.samples[-1].devices or {})
             overlap_began = time.monotonic()
             new = start_dra_driver(
@@ -89,7 +89,7 @@ def test_a_rolling_update_with_changed_config_has_one_writer_no_gap_and_no_write
                 assert old.stop() == 0
             else:
                 old.process.kill()
-            handed_over = wait_until(
+            handed_over = until(
                 lambda: recorder.first_sample(shared, overlap_ended), 30, "the new content", [new.process.log]
             )
             time.sleep(3)  # the handover's writes (a pool of several slices) are over
@@ -98,7 +98,7 @@ def test_a_rolling_update_with_changed_config_has_one_writer_no_gap_and_no_write
             rest_ended = time.monotonic()
         admin.delete("pod", "holder", namespace)
         unprepared = f"unprepared claim {namespace}/held"
-        wait_until(lambda: unprepared in new.process.log_text(), 60, "the new driver's unprepare", [new.process.log])
+        until(lambda: unprepared in new.process.log_text(), 60, "the new driver's unprepare", [new.process.log])
         assert not (cluster.cdi_dir / f"{DRIVER}-claim_{claim_uid}.yaml").exists()
         overlap = recorder.writes_between(overlap_began, overlap_ended)
         handover = recorder.writes_between(overlap_ended, rest_began)
@@ -163,7 +163,7 @@ def test_a_rolling_update_during_a_reset_prepares_no_claim_on_the_chip_until_it_
 
     def refused_while_resetting(driver: PluginRun, which: str) -> None:
         for name in pods:
-            wait_until(
+            until(
                 lambda name=name: refused_by(driver, name),
                 RESET_SECONDS,
                 f"the {which} driver refusing {name} while the reset runs",
@@ -174,7 +174,7 @@ def test_a_rolling_update_during_a_reset_prepares_no_claim_on_the_chip_until_it_
     try:
         old.wait_ready(90)
         old.set_chips([replace(c, xids=(48,)) if c == chip else c for c in CHIPS])
-        wait_until(lambda: ixsmi_calls(ixsmi), 30, "the old driver's reset began", [old.process.log])
+        until(lambda: ixsmi_calls(ixsmi), 30, "the old driver's reset began", [old.process.log])
         admin("label", "namespace", namespace, "resource.kubernetes.io/admin-access=true")
         for name, wanted in pods.items():
             wanted["metadata"]["namespace"] = namespace

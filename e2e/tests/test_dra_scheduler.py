@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import copy
 import re
-import time
 from collections.abc import Iterator
 
 import pytest
@@ -39,7 +38,7 @@ from harness.helm import of_kind
 from harness.kube import Kubectl, KubectlError, Obj
 from harness.plugin import Chip
 from harness.pods import SHOW_DEVICES, STAY, busybox_pod, running_and_printed, shown_devices, wait_pod
-from harness.procs import wait_until
+from harness.waits import stays, until
 
 SPLIT = ("--splitboard", "true")
 SHARED = ("--splitboard", "true", "--replicas", "4")
@@ -68,7 +67,7 @@ def device_classes(
 def whole(driver: Driver, device_classes: list[Obj]) -> Driver:
     """The driver with the default ix-config: whole boards are what one `iluvatar.com/gpu` is, nothing shared."""
     driver.configure()
-    wait_until(lambda: sorted(slice_devices(driver_slices(driver.cluster.admin))) == NODE_DEVICES, 30, "the pool")
+    until(lambda: sorted(slice_devices(driver_slices(driver.cluster.admin))) == NODE_DEVICES, 30, "the pool")
     return driver
 
 
@@ -76,7 +75,7 @@ def whole(driver: Driver, device_classes: list[Obj]) -> Driver:
 def split(driver: Driver, device_classes: list[Obj]) -> Driver:
     """The driver with `flags.splitboard: true`: one `iluvatar.com/gpu` is a chip."""
     driver.configure(flags=SPLIT)
-    wait_until(lambda: sorted(slice_devices(driver_slices(driver.cluster.admin))) == NODE_DEVICES, 30, "the pool")
+    until(lambda: sorted(slice_devices(driver_slices(driver.cluster.admin))) == NODE_DEVICES, 30, "the pool")
     return driver
 
 
@@ -85,7 +84,7 @@ def shared(driver: Driver, device_classes: list[Obj]) -> Driver:
     """The driver with `flags.splitboard: true` and `sharing.timeSlicing.replicas: 4`: each chip has 4 shares."""
     driver.configure(flags=SHARED)
     chips = sorted(f"gpu-{chip.minor}" for chip in CHIPS)
-    wait_until(lambda: sorted(slice_devices(driver_slices(driver.cluster.admin))) == chips, 30, "the shared pool")
+    until(lambda: sorted(slice_devices(driver_slices(driver.cluster.admin))) == chips, 30, "the shared pool")
     return driver
 
 
@@ -101,7 +100,7 @@ def create(admin: Kubectl, namespace: str, *objects: Obj) -> None:
 def wait_allocated(admin: Kubectl, namespace: str, name: str, driver: Driver) -> Obj:
     """The claim's allocation, once the scheduler made it."""
     what = f"claim {namespace}/{name} allocated"
-    return wait_until(
+    return until(
         lambda: allocation(admin, namespace, name), 60, what, [driver.log, *driver.cluster.control_plane_logs()]
     )
 
@@ -125,6 +124,19 @@ def resets_done(metrics: str) -> float:
 
 def versions(admin: Kubectl) -> dict[str, str]:
     return {s["metadata"]["name"]: s["metadata"]["resourceVersion"] for s in driver_slices(admin)}
+
+
+def stay_unwritten(admin: Kubectl, driver: Driver, what: str) -> None:
+    """The slices' versions, once two looks a second apart agree (writes in flight have landed), stay the same over
+    several health polls and watch events."""
+    looks = [versions(admin)]
+
+    def settled() -> dict[str, str] | None:
+        looks.append(versions(admin))
+        return looks[-1] if looks[-1] == looks[-2] else None
+
+    before = until(settled, 30, "the slices settled", [driver.log], interval=1)
+    stays(lambda: versions(admin) == before, 3, what, [driver.log])
 
 
 # ------------------------------------------------------------------ what the API server stores
@@ -151,10 +163,7 @@ def test_the_stored_slices_are_not_rewritten_at_rest_even_with_a_taint(cluster: 
     the server's `timeAdded`): over several health polls and watch events nothing is written again.
     """
     admin = cluster.admin
-    time.sleep(1)
-    before = versions(admin)
-    time.sleep(3)
-    assert versions(admin) == before, "the driver rewrote its slices at rest"
+    stay_unwritten(admin, whole, "the slices not rewritten at rest")
     whole.set_chips([Chip(c.uuid, c.minor, c.board, ("ECC",)) if c.minor == 3 else c for c in CHIPS])
     try:
 
@@ -162,16 +171,13 @@ def test_the_stored_slices_are_not_rewritten_at_rest_even_with_a_taint(cluster: 
             devices = slice_devices(driver_slices(admin))
             return all(devices[name].get("taints") for name in ("gpu-3", "board-2"))
 
-        wait_until(tainted, 30, "gpu-3 and board-2 tainted", [whole.log])
+        until(tainted, 30, "gpu-3 and board-2 tainted", [whole.log])
         devices = slice_devices(driver_slices(admin))
         assert all(t.get("timeAdded") for t in devices["gpu-3"]["taints"]), devices["gpu-3"]["taints"]
-        time.sleep(1)
-        before = versions(admin)
-        time.sleep(3)
-        assert versions(admin) == before, "the driver rewrote its tainted slices at rest (timeAdded)"
+        stay_unwritten(admin, whole, "the tainted slices not rewritten at rest (timeAdded)")
     finally:
         whole.set_chips(CHIPS)
-    wait_until(lambda: not any(d.get("taints") for d in slice_devices(driver_slices(admin)).values()), 30, "untainted")
+    until(lambda: not any(d.get("taints") for d in slice_devices(driver_slices(admin)).values()), 30, "untainted")
 
 
 def test_the_driver_version_is_stored_and_the_schedulers_cel_compares_it(
@@ -273,7 +279,7 @@ def test_a_claims_opaque_config_reaches_the_allocation_and_the_driver(
     handshake = admin.get("configmap", f"ix-gpu-reset-{cluster.node_name}", "kube-system")
     document = yaml.safe_load(handshake["data"]["gpuReset"])
     assert document["reset"] is False and document["occupy"] == {"ix-device-plugin": True}, document
-    error = wait_until(lambda: prepare_error(admin, namespace, "typo"), 60, "the typo claim's prepare error")
+    error = until(lambda: prepare_error(admin, namespace, "typo"), 60, "the typo claim's prepare error")
     assert "parameters.resets: unknown field" in error, error
 
 
@@ -342,7 +348,7 @@ def test_four_shares_of_a_chip_then_none(cluster: Cluster, admin: Kubectl, names
                 return False
         return True
 
-    wait_until(status_written, 30, "status.devices with each claim's shareID", [shared.log])
+    until(status_written, 30, "status.devices with each claim's shareID", [shared.log])
 
 
 def test_a_claim_for_all_four_shares_holds_the_chip_alone(
@@ -416,7 +422,7 @@ def test_the_api_server_stores_every_pool_shape(cluster: Cluster, driver: Driver
     admin = cluster.admin
     for what, devices, flags, names, slice_count, shares in SHAPES:
         driver.configure(devices, flags)
-        slices = wait_until(lambda names=names: complete_pool(admin, names), 60, f"the pool of {what}", [driver.log])
+        slices = until(lambda names=names: complete_pool(admin, names), 60, f"the pool of {what}", [driver.log])
         assert len(slices) == slice_count, f"{what}: {len(slices)} slices"
         written = {(s["spec"]["pool"]["generation"], s["metadata"]["generation"]) for s in slices}
         assert written == {(1, 1)}, f"{what}: written more than once (pool generation, generation): {written}"
@@ -448,7 +454,7 @@ def test_the_api_server_refuses_65_devices_with_counters_in_one_slice(cluster: C
     admin = cluster.admin
     names = chip_names(80) + board_names(40)
     driver.configure(bi_v150(40))
-    slices = wait_until(lambda: complete_pool(admin, names), 60, "the pool of 40 x BI-V150", [driver.log])
+    slices = until(lambda: complete_pool(admin, names), 60, "the pool of 40 x BI-V150", [driver.log])
     device_slices = sorted((s for s in slices if s["spec"].get("devices")), key=lambda s: -len(s["spec"]["devices"]))
     full, other = device_slices[:2]
     assert len(full["spec"]["devices"]) == 64 and any(d.get("consumesCounters") for d in full["spec"]["devices"])

@@ -8,12 +8,10 @@ registers again at its start with a new UID.
 
 from __future__ import annotations
 
-import time
-
 from harness.cluster import Cluster
 from harness.dra import CHIPS, OWN_SLICES, Driver, driver_slices, node_slice, slice_devices
 from harness.plugin import Chip
-from harness.procs import wait_until
+from harness.waits import stays, until
 
 QUIET = 15.0  # seconds the slices are watched for writes once settled
 
@@ -34,7 +32,7 @@ def identities(cluster: Cluster) -> list[tuple[str, str, str]]:
 def test_a_node_registered_again_owns_the_slices_and_the_garbage_collector_leaves_them(
     cluster: Cluster, driver: Driver
 ) -> None:
-    wait_until(lambda: len(slice_devices(driver_slices(cluster.admin))) == 6, 60, "the slices", [driver.log])
+    until(lambda: len(slice_devices(driver_slices(cluster.admin))) == 6, 60, "the slices", [driver.log])
     old = cluster.admin.get("node", cluster.node_name)["metadata"]["uid"]
     assert owners(cluster) == [[old], [old]]
     cluster.stop_kubelet()
@@ -48,31 +46,31 @@ def test_a_node_registered_again_owns_the_slices_and_the_garbage_collector_leave
     def followed() -> bool:
         return owners(cluster) == [[new], [new]] and len(slice_devices(driver_slices(cluster.admin))) == 6
 
-    wait_until(followed, 90, "the slices owned by the new Node", [driver.log])
+    until(followed, 90, "the slices owned by the new Node", [driver.log])
     settled = identities(cluster)
-    time.sleep(QUIET)  # the garbage collector has had its look: nothing deleted, nothing written again
-    assert identities(cluster) == settled
-    assert owners(cluster) == [[new], [new]]
+    stays(  # the garbage collector has its look meanwhile
+        lambda: identities(cluster) == settled and owners(cluster) == [[new], [new]],
+        QUIET,
+        "the slices neither deleted nor written again",
+        [driver.log],
+        interval=1,
+    )
     assert f"was re-created (UID {new}, was {old})" in driver.log.read_text()
 
 
 def test_a_slice_whose_label_was_removed_is_adopted_and_still_follows_health(cluster: Cluster, driver: Driver) -> None:
-    name = wait_until(lambda: node_slice(cluster), 60, "the ResourceSlice", [driver.log])["metadata"]["name"]
+    name = until(lambda: node_slice(cluster), 60, "the ResourceSlice", [driver.log])["metadata"]["name"]
     key = OWN_SLICES.split("=")[0]
     cluster.admin("label", "resourceslice", name, f"{key}-")
 
     def labelled() -> bool:
         return node_slice(cluster)["metadata"].get("labels", {}).get(key) == OWN_SLICES.split("=")[1]
 
-    wait_until(labelled, 30, "the label put back", [driver.log])
+    until(labelled, 30, "the label put back", [driver.log])
     assert f"ResourceSlice {name}" in driver.log.read_text() and "had lost its label" in driver.log.read_text()
     driver.set_chips([Chip(c.uuid, c.minor, c.board, ("ECC",)) if c.minor == 3 else c for c in CHIPS])
     try:
-        wait_until(
-            lambda: slice_devices([node_slice(cluster)])["gpu-3"].get("taints"), 30, "gpu-3 tainted", [driver.log]
-        )
+        until(lambda: slice_devices([node_slice(cluster)])["gpu-3"].get("taints"), 30, "gpu-3 tainted", [driver.log])
     finally:
         driver.set_chips(CHIPS)
-    wait_until(
-        lambda: not slice_devices([node_slice(cluster)])["gpu-3"].get("taints"), 30, "gpu-3 healthy", [driver.log]
-    )
+    until(lambda: not slice_devices([node_slice(cluster)])["gpu-3"].get("taints"), 30, "gpu-3 healthy", [driver.log])

@@ -21,12 +21,12 @@ from typing import Any
 import pytest
 from harness.cluster import Cluster
 from harness.dra import DRA_VALUES, claim, delete_slices, driver_slices, minor_is, node_slice
-from harness.helm import CHART, Helm
+from harness.helm import CHART, Helm, node_values
 from harness.kube import Kubectl, KubectlError, Obj
 from harness.plugin import DEVICE_MAJOR, bi_v150_chips, devices_yaml, write_atomically
 from harness.pods import SHOW_DEVICES, STAY, busybox_pod, node_resource, run_and_read, shown_devices
-from harness.procs import wait_until
 from harness.project_image import BuiltImage
+from harness.waits import until
 
 RESOURCE = "iluvatar.com/gpu"
 NAMESPACE = "kube-system"
@@ -57,21 +57,7 @@ def installed(cluster: Cluster, workdir: Path, overrides: dict[str, Any]) -> Ite
     dra = overrides.get("dra", {}).get("enabled", False)
     # The DRA driver mounts corexPath at /usr/local/corex; the device plugin at the same path.
     devices_in_pod = "/usr/local/corex/devices.yaml" if dra else str(devices)
-    values: dict[str, Any] = {
-        "backend": "simulated",
-        "devicePluginPath": str(cluster.device_plugin_dir),
-        "kubeletPluginsPath": str(plugins),
-        "corexPath": str(corex),
-        "cdi": {"specDir": str(cluster.cdi_dir)},
-        "nodeFeatures": {"dir": str(workdir / "features.d")},
-        "telemetry": {"interval": 2, "podResources": {"dir": str(cluster.pod_resources_socket.parent)}},
-        "config": {"content": "flags:\n  splitboard: true\n"},
-        "extraEnv": [
-            {"name": "IX_SIMULATED_DEVICES", "value": devices_in_pod},
-            {"name": "IX_HEALTH_INTERVAL", "value": "0.5"},
-        ],
-        **overrides,
-    }
+    values = {**node_values(cluster, workdir, plugins, simulated_devices=devices_in_pod), **overrides}
     if dra:
         values["dra"] = {
             **values["dra"],
@@ -106,7 +92,7 @@ def ready(pod: Obj | None) -> bool:
 
 
 def running_pod(cluster: Cluster, name: str) -> Obj:
-    return wait_until(
+    return until(
         lambda: (found := agent_pod(cluster.admin, name)) and ready(found) and found,
         240,
         f"the {name} pod Ready behind its injector sidecar",
@@ -150,7 +136,7 @@ def test_the_device_plugin_daemonset_runs_unprivileged_and_serves(
     with installed(cluster, tmp_path, {}) as devices:
         pod = running_pod(cluster, PLUGIN)
         assert_unprivileged_as_run(admin, pod, PLUGIN)
-        wait_until(
+        until(
             lambda: node_resource(admin, cluster.node_name, RESOURCE) == (4, 4),
             60,
             f"{RESOURCE}: 4 (split chips) from the unprivileged plugin",
@@ -161,13 +147,13 @@ def test_the_device_plugin_daemonset_runs_unprivileged_and_serves(
         (minor,) = [int(p.removeprefix("/dev/iluvatar")) for p in nodes if p.startswith("/dev/iluvatar")]
         assert env["IX_VISIBLE_DEVICES"] and "/dev/itrctl" in nodes and minor in range(4)
         write_atomically(devices, devices_yaml([replace(OUT, xids=(64,)) if c == OUT else c for c in CHIPS]))
-        wait_until(
+        until(
             lambda: node_resource(admin, cluster.node_name, RESOURCE) == (4, 3),
             60,
             f"{RESOURCE}: 3 of 4 after an XID 64",
             kubelet_log(cluster),
         )
-        wait_until(  # a Node Event written with the pod's own token
+        until(  # a Node Event written with the pod's own token
             lambda: f"GPU {OUT.minor} ({OUT.uuid}): XID 64" in admin("describe", "node", cluster.node_name),
             60,
             "the XID as a Node Event",
@@ -189,7 +175,7 @@ def test_the_dra_driver_daemonset_runs_unprivileged_and_prepares_a_claim(
             return []
 
         chips = {f"gpu-{c.minor}" for c in CHIPS}
-        wait_until(lambda: chips <= {d["name"] for d in published()}, 90, "the 4 chips published", [])
+        until(lambda: chips <= {d["name"] for d in published()}, 90, "the 4 chips published", [])
         admin.create([claim("one", selector=minor_is(1))], "-n", namespace)
         holder = busybox_pod("prepared", SHOW_DEVICES + STAY, claims=[{"name": "gpu", "resourceClaimName": "one"}])
         _, output = run_and_read(admin, namespace, holder)
@@ -200,7 +186,7 @@ def test_the_dra_driver_daemonset_runs_unprivileged_and_prepares_a_claim(
         def tainted() -> list[Any]:
             return next((d.get("taints") or [] for d in published() if d["name"] == f"gpu-{OUT.minor}"), [])
 
-        wait_until(tainted, 60, f"gpu-{OUT.minor} tainted after an XID 64", [])
+        until(tainted, 60, f"gpu-{OUT.minor} tainted after an XID 64", [])
         admin.delete("pod", "prepared", namespace)
         admin.delete("resourceclaim", "one", namespace)
 
@@ -227,7 +213,7 @@ def test_without_device_access_the_agent_says_so_in_one_line_and_advertises_noth
                         return "\n".join(lines)
             return None
 
-        line = wait_until(said, 180, "the agent's one line about device access", kubelet_log(cluster), interval=2)
+        line = until(said, 180, "the agent's one line about device access", kubelet_log(cluster), interval=2)
         assert "deviceInjection=nri" in line and "privileged=true" in line, line
         pod = agent_pod(admin, name)
         assert pod is not None and "initContainers" not in pod["spec"]

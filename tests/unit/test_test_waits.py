@@ -1,5 +1,6 @@
-"""The suite waits on events, never by sleeping and then asserting: a fixed sleep is either too short on a busy
-machine (a flake) or longer than needed everywhere else. These checks walk every test module's syntax tree."""
+"""The suites wait on events, never by sleeping and then asserting: a fixed sleep is either too short on a busy
+machine (a flake) or longer than needed everywhere else. These checks walk the syntax tree of every module of the
+tests and of the end-to-end suite (its harness, scenarios and soak)."""
 
 from __future__ import annotations
 
@@ -8,12 +9,16 @@ from collections.abc import Iterator
 from itertools import pairwise
 from pathlib import Path
 
-from helpers.support import TESTS_DIR
+from helpers.support import REPO_ROOT, TESTS_DIR
 
-WAITS = TESTS_DIR / "helpers" / "waits.py"
+E2E_DIR = REPO_ROOT / "e2e"
+# The one until and stays of each suite: the end-to-end suite's look at a real API server (an error is "not yet")
+# and show the components' logs when they fail, so it has its own.
+WAITS = {TESTS_DIR / "helpers" / "waits.py", E2E_DIR / "harness" / "waits.py"}
 # "path:line" of a sleep followed by an assert that is justified, with the reason. None today: a sleep that paces a
-# load generator or lets the wall clock tick is not followed by an assert on state; anything else waits with until
-# (the event happens) or stays (nothing happens for a stated period), from tests/helpers/waits.py.
+# load generator, the soak's ticks or lets the wall clock tick is not followed by an assert on state; anything else
+# waits with until (the event happens) or stays (nothing happens for a stated period), from tests/helpers/waits.py
+# or, end to end, e2e/harness/waits.py.
 ALLOWED_SLEEP_THEN_ASSERT: dict[str, str] = {}
 WAIT_COPY_NAMES = {"until", "_until", "eventually", "_eventually", "wait_until", "poll_until", "stays", "always"}
 
@@ -51,7 +56,18 @@ def sleeps_then_asserts(source: str) -> list[int]:
 
 
 def suite_modules() -> list[Path]:
-    return [path for path in sorted(TESTS_DIR.rglob("*.py")) if ".venv" not in path.parts]
+    """Every module of the tests and of the end-to-end suite, not what a run leaves in a hidden folder (venv, logs)."""
+    return [
+        path
+        for directory in (TESTS_DIR, E2E_DIR)
+        for path in sorted(directory.rglob("*.py"))
+        if not any(part.startswith(".") for part in path.relative_to(REPO_ROOT).parts)
+    ]
+
+
+def test_the_checks_walk_both_suites() -> None:
+    walked = {path.relative_to(REPO_ROOT).as_posix() for path in suite_modules()}
+    assert {"tests/helpers/waits.py", "e2e/harness/waits.py", "e2e/tests/test_chart.py", "e2e/soak/runner.py"} <= walked
 
 
 def test_the_detector_finds_a_sleep_then_assert_in_either_form_and_nothing_else() -> None:
@@ -78,7 +94,7 @@ def test_the_detector_finds_a_sleep_then_assert_in_either_form_and_nothing_else(
 
 def test_no_test_sleeps_and_then_asserts() -> None:
     found = {
-        f"{path.relative_to(TESTS_DIR)}:{line}"
+        f"{path.relative_to(REPO_ROOT)}:{line}"
         for path in suite_modules()
         for line in sleeps_then_asserts(path.read_text())
     }
@@ -90,10 +106,10 @@ def test_no_test_sleeps_and_then_asserts() -> None:
 
 def test_the_tests_have_one_until_and_one_stays() -> None:
     copies = [
-        f"{path.relative_to(TESTS_DIR)}:{node.lineno} {node.name}"
+        f"{path.relative_to(REPO_ROOT)}:{node.lineno} {node.name}"
         for path in suite_modules()
-        if path != WAITS
+        if path not in WAITS
         for node in ast.walk(ast.parse(path.read_text()))
         if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.name in WAIT_COPY_NAMES
     ]
-    assert copies == [], f"wait through tests/helpers/waits.py, not a copy of it: {copies}"
+    assert copies == [], f"wait through tests/helpers/waits.py or e2e/harness/waits.py, not a copy: {copies}"
