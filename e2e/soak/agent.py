@@ -24,7 +24,7 @@ import yaml
 from harness.cluster import Cluster
 from harness.helm import CHART, Helm
 from harness.kube import KubectlError, Obj
-from harness.procs import wait_until
+from harness.waits import until
 
 from .hardware import Hardware
 from .schedule import DEVICE_PLUGIN_CONFIGS
@@ -112,7 +112,7 @@ class Agent:
         self.installed = False
         with contextlib.suppress(AssertionError):
             self.helm("uninstall", RELEASE, "--namespace", NAMESPACE, "--wait", "--timeout", "120s")
-        wait_until(lambda: not self.pods(), 120, f"the {self.app} pods gone", [])
+        until(lambda: not self.pods(), 120, f"the {self.app} pods gone", [])
         self.cluster.admin("label", "node", self.cluster.node_name, f"{NODE_LABEL[self.mode]}-")
         self.stop_following()
 
@@ -175,7 +175,7 @@ class Agent:
             return pods[0]
 
         logs = [self.cluster.processes["kubelet"].log, self.cluster.processes["containerd"].log]
-        pod: Obj = wait_until(one, timeout, f"the {self.app} pod Ready", logs, interval=1)
+        pod: Obj = until(one, timeout, f"the {self.app} pod Ready", logs, interval=1)
         self._pids = []
         self.follow_logs([pod])
         return pod
@@ -208,7 +208,7 @@ class Agent:
                 return True
             return False
 
-        wait_until(seen, 90, "the config in the agent's pod", [], interval=1)
+        until(seen, 90, "the config in the agent's pod", [], interval=1)
 
     @property
     def pids(self) -> list[int]:
