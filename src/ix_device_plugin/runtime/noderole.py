@@ -109,6 +109,8 @@ class NodeRole:
     @property
     def waiting_for(self) -> Path:
         """The first lock file of the role this pod does not hold (the node's when it holds them all)."""
+        if not self._lock.held:
+            return self.path
         return next(
             (lock.path for lock in self._earlier if not lock.held and lock.path not in self._no_lock), self.path
         )

@@ -62,6 +62,7 @@ def test_a_pod_of_either_mode_waits_while_one_of_the_other_mode_holds_the_role(
     acting, standby = first(tmp_path), second(tmp_path)
     assert acting.take_at_start() and acting.held
     assert not standby.take_at_start() and not standby.held and not standby.unusable
+    assert standby.waiting_for == tmp_path / NODE_DIR / ROLE_FILE
     acting.release()
     assert standby.try_take() and standby.held
     assert not acting.try_take()
