@@ -1,5 +1,5 @@
 """Files in the kubelet's plugins directory that another process wrote, met by the DRA driver: a node-health record
-nested past any parser's depth and a publisher lock that cannot serve as one. The driver starts and prepares
+nested past any parser's depth and a node role lock that cannot serve as one. The driver starts and prepares
 claims; the record is set aside, the lock said once and waited out."""
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ def fifo(path: Path) -> None:
 
 
 @pytest.mark.parametrize("make", [symlink, directory, fifo])
-async def test_a_publisher_lock_that_cannot_serve_is_said_once_and_the_slices_are_published_once_it_is_removed(
+async def test_a_role_lock_that_cannot_serve_is_said_once_and_the_slices_are_published_once_it_is_removed(
     node: DraNode, caplog: pytest.LogCaptureFixture, make: Callable[[Path], None]
 ) -> None:
     lock = node.root / "plugins" / NODE_DIR / ROLE_FILE
