@@ -40,11 +40,11 @@ async def test_a_driver_started_beside_the_acting_plugin_waits_and_publishes_onc
         await kubelet.wait_registered(daemon.plan.resource_name)
         assert daemon.acting
         driver = await node.start()
-        assert not driver.role.held and not driver.healing.healer.acting()
-        await stays(lambda: daemon.acting and not driver.role.held and node.slice() is None, OVERLAP)
+        assert not driver.node.role.held and not driver.node.acting
+        await stays(lambda: daemon.acting and not driver.node.role.held and node.slice() is None, OVERLAP)
         await daemon.shutdown()  # the plugin's pod leaves the node
         await node.wait_slice(lambda devices: len(devices) == ALL_DEVICES, timeout=5)
-        assert driver.role.held and driver.healing.healer.acting()
+        assert driver.node.role.held and driver.node.acting
     finally:
         await node.stop_all()
 
@@ -57,12 +57,12 @@ async def test_a_plugin_started_beside_the_publishing_driver_waits_and_acts_once
         driver = await node.start()
         await node.wait_slice(lambda devices: len(devices) == ALL_DEVICES, timeout=5)
         daemon = await start_plugin(start_daemon, node)
-        assert not daemon.acting and not daemon.healing.healer.acting()
-        await stays(lambda: driver.role.held and not daemon.acting, OVERLAP)
+        assert not daemon.acting and not daemon.node.acting
+        await stays(lambda: driver.node.role.held and not daemon.acting, OVERLAP)
         await node.stop(driver)  # the driver's pod leaves the node
         await until(lambda: daemon.acting, timeout=3)
         await kubelet.wait_registered(daemon.plan.resource_name)
-        assert daemon.healing.healer.acting()
+        assert daemon.node.acting
     finally:
         await node.stop_all()
 
@@ -76,10 +76,10 @@ async def test_a_driver_does_not_publish_while_a_plugin_of_the_release_before_ac
     assert old_plugin.try_take()
     try:
         driver = await node.start()
-        await stays(lambda: not driver.role.held and node.slice() is None, OVERLAP)
+        await stays(lambda: not driver.node.role.held and node.slice() is None, OVERLAP)
         old_plugin.release()  # the old pod stops
         await node.wait_slice(lambda devices: len(devices) == ALL_DEVICES, timeout=5)
-        assert driver.role.held
+        assert driver.node.role.held
     finally:
         old_plugin.release()
         await node.stop_all()

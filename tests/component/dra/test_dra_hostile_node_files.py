@@ -89,7 +89,7 @@ async def test_an_earlier_releases_role_lock_that_cannot_serve_is_not_waited_for
     with caplog.at_level(logging.INFO):
         driver = await node.start()
         await node.wait_slice(lambda devices: len(devices) == 6, timeout=15)
-    assert driver.role.held
+    assert driver.node.role.held
     said = [r.getMessage() for r in caplog.records if str(earlier) in r.getMessage() and r.levelno >= logging.WARNING]
     assert len(said) == 1 and "not waited for" in said[0], said
 
