@@ -81,7 +81,7 @@ def test_a_rolling_update_with_changed_config_has_one_writer_no_gap_and_no_write
                 extra=["--pod-uid", NEW_POD, "--replicas", "2"],
             )  # fmt: skip
             new.wait_ready(90)  # on standby, and ready: the rollout deletes the old pod only once the new one is
-            standby = f"/publisher.lock (publishing the ResourceSlices of node {cluster.node_name}); this pod serves"
+            standby = f"/node-role.lock (publishing the ResourceSlices of node {cluster.node_name}); this pod serves"
             assert "standby: another pod holds " in new.process.log_text() and standby in new.process.log_text()
             time.sleep(REST)
             overlap_ended = time.monotonic()

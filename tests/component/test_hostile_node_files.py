@@ -14,8 +14,8 @@ import pytest
 from helpers.support import RESOURCE, spawn_plugin, stop_process
 from helpers.waits import until
 
-from ix_device_plugin.deviceplugin.handover import ROLE_FILE
 from ix_device_plugin.healing.record import NODE_DIR, RECORD_FILE, record_path
+from ix_device_plugin.runtime.noderole import ROLE_FILE
 from ix_device_plugin.standins.kubelet import KubeletStandIn
 
 
@@ -113,10 +113,10 @@ async def test_a_role_lock_that_cannot_serve_leaves_the_plugin_serving_on_standb
     assert len(said) == 1, said
     assert "cannot take the role of acting for node" in said[0] and "remove it" in said[0], said
     assert "this pod serves on standby" in said[0]
-    assert f"(holding {lock})" not in read(plugin_log)
+    assert f"(holding {lock}" not in read(plugin_log)
 
     remove(lock)
-    await until(lambda: f"(holding {lock})" in read(plugin_log), timeout=15)
+    await until(lambda: f"(holding {lock}" in read(plugin_log), timeout=15)
     assert lock.is_file() and not lock.is_symlink()
     assert process.poll() is None and "Traceback" not in read(plugin_log)
     await registered_and_allocating(kubelet, process, plugin_log)

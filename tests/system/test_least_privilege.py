@@ -42,8 +42,8 @@ WRITES = True
 ALLOWED: dict[str, bool] = {
     DEFAULT_PLUGIN_DIR: WRITES,  # the device plugin's socket
     DEFAULT_REGISTRAR_DIR: WRITES,  # the DRA driver's registration socket
-    str(KUBELET_PLUGINS / DRIVER): WRITES,  # the DRA socket, checkpoint, publisher lock, health story
-    str(KUBELET_PLUGINS / NODE_DIR): WRITES,  # the node-health record and the device plugin's role lock
+    str(KUBELET_PLUGINS / DRIVER): WRITES,  # the DRA socket, checkpoint, health story, the old lock names
+    str(KUBELET_PLUGINS / NODE_DIR): WRITES,  # the node-health record, the node's role and reset locks (both modes)
     str(DEFAULT_CDI_DIR): WRITES,  # CDI specs
     str(DEFAULT_FEATURES_DIR): WRITES,  # NFD's local feature file
     str(DEFAULT_SOCKET.parent): not WRITES,  # the kubelet's pod-resources socket (connecting needs no write)

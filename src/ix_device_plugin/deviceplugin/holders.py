@@ -5,7 +5,7 @@ the name served now, one served before a rename or a `renameByDefault` change, `
 driver's claims (a pod from before the node moved to the device plugin). A chip whose holders cannot be known is
 held.
 
-The node's reset turn is a file lock beside the node-health record, shared by every pod of the agent on the node. A
+The node's reset turn is the one every pod of the agent on the node shares in either mode (runtime/noderole.py). A
 chip the healer reserved is Unhealthy in the served plan, so Allocate refuses it and the kubelet gives it to no one;
 `served` waits until the plan says so, then for an Allocate answered just before to show in pod-resources.
 
@@ -19,26 +19,23 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable
-from pathlib import Path
+from collections.abc import Awaitable, Callable
 
 from ix_device_plugin.deviceplugin.state import Current, State
 from ix_device_plugin.hardware.monitor import HardwareView
 from ix_device_plugin.kubelet.podresources import PodResources
 from ix_device_plugin.runtime.files import OutputError
-from ix_device_plugin.runtime.locks import FileLock
+from ix_device_plugin.runtime.noderole import ResetTurn
 
 DRA_DRIVER = "gpu.iluvatar.com"  # the DRA driver's claims hold chips too, where a node moved from DRA
-RESET_LOCK_FILE = "reset.lock"
-LOCK_POLL = 0.05
 
 
 class PodHolders:
     """The device plugin's ChipGuard: the node's reset turn, the served plan, and pod-resources.
 
     applied: returns once the reconcile loop serves a hardware view of at least that version; settle: seconds an
-    Allocate answered just before a hold needs to show in pod-resources; lock_dir: where the node's reset lock is
-    (None: this process alone resets); turn_timeout: how long the turn is waited for.
+    Allocate answered just before a hold needs to show in pod-resources; reset_turn: the node's (its paths empty:
+    this process alone resets); turn_timeout: how long the plan's hold is waited for.
     """
 
     def __init__(
@@ -48,31 +45,20 @@ class PodHolders:
         applied: Callable[[int], Awaitable[None]],
         *,
         settle: float,
-        lock_dir: Path | None,
+        reset_turn: ResetTurn,
         turn_timeout: float,
     ) -> None:
         self._pod_resources = pod_resources
         self._current = current
         self._applied = applied
         self._settle = settle
-        self._lock_dir = lock_dir
+        self._reset_turn = reset_turn
         self._turn_timeout = turn_timeout
-        self._in_turn = asyncio.Lock()
         self._whole_boards_served = False  # a plan of whole multi-chip boards was served since the start
 
-    @contextlib.asynccontextmanager
-    async def turn(self) -> AsyncIterator[None]:
-        """The node's reset turn (OutputError when another pod keeps it past turn_timeout)."""
-        async with self._in_turn:
-            if self._lock_dir is None:
-                yield
-                return
-            lock = FileLock(self._lock_dir / RESET_LOCK_FILE)
-            await lock.take(self._turn_timeout, poll=LOCK_POLL, purpose="a GPU reset")
-            try:
-                yield
-            finally:
-                lock.release()
+    def turn(self) -> contextlib.AbstractAsyncContextManager[None]:
+        """The node's reset turn (OutputError when another pod keeps it past its timeout)."""
+        return self._reset_turn.held()
 
     async def served(self, view: HardwareView) -> None:
         """Once the plan served holds view's holds, and an Allocate answered before it shows in pod-resources;

@@ -39,6 +39,7 @@ from ix_device_plugin.deviceplugin.handover import (
     fixed_name_served,
     refuse_reserved,
     registration_beside,
+    reset_turn,
     until_fixed_name_free,
 )
 from ix_device_plugin.deviceplugin.holders import PodHolders
@@ -128,10 +129,10 @@ class Daemon:
         self, pod_resources: PodResources, monitor: HardwareMonitor, record: RecordFile | None
     ) -> PodHolders:
         """The device plugin's chip guard: the served plan, pod-resources, and the node's reset turn."""
-        lock_dir = None if record is None else record.path.parent
         turn_timeout = self.options.reset_wait_timeout
+        turn = reset_turn(self.options.kubelet_plugins_directory_path, turn_timeout)  # the node's, either mode
         return PodHolders(
-            pod_resources, self.current, self._until_applied, settle=self._settle, lock_dir=lock_dir,
+            pod_resources, self.current, self._until_applied, settle=self._settle, reset_turn=turn,
             turn_timeout=turn_timeout,
         )  # fmt: skip
 

@@ -5,9 +5,10 @@ from __future__ import annotations
 import os
 
 from ix_device_plugin.core.healing import Rules
-from ix_device_plugin.dra.registration import ROLE_FILE, plugin_dir
+from ix_device_plugin.dra.registration import plugin_dir
 from ix_device_plugin.healing.story import story_path
 from ix_device_plugin.nodeagent.kit import Mode
+from ix_device_plugin.runtime.noderole import NodeLocks
 from ix_device_plugin.settings.options import DraOptions
 
 # No settling time before a reset: a claim prepared on the chip meanwhile is refused under the state's lock.
@@ -21,7 +22,7 @@ def dra_mode(options: DraOptions, boot_id: str, healing_rules: Rules | None) -> 
         node_name=options.node_name,
         writer=f"dra {options.pod_uid or os.getpid()}",
         plugins_dir=options.plugins_dir,
-        role_lock=plugin_dir(options.plugins_dir) / ROLE_FILE,
+        role_locks=NodeLocks.dra(options.plugins_dir).role,  # the device plugin's pods take the node's too
         duty=f"publishing the ResourceSlices of node {options.node_name}",
         story=story_path(plugin_dir(options.plugins_dir)),
         boot_id=boot_id,

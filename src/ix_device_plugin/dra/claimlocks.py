@@ -16,7 +16,7 @@ from ix_device_plugin.runtime.files import OutputError
 from ix_device_plugin.runtime.locks import FileLock
 
 LOCK_FILE = "serialize.lock"  # the name the upstream kubelet-plugin helper uses for the same purpose
-RESET_LOCK_FILE = "reset.lock"  # held while a claim's chips are reset, by whichever pod of the driver does it
+RESET_LOCK_FILE = "reset.lock"  # a driver's reset turn alone (tests); the node's is runtime/noderole.py NodeLocks.dra
 LOCK_POLL = 0.005  # another driver holds the lock for milliseconds (one prepare's writes)
 
 

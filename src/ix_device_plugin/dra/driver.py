@@ -57,6 +57,7 @@ from ix_device_plugin.dra.registration import (
     registration_socket,
     remove_own_socket,
     remove_stale_sockets,
+    reset_turn,
     socket_paths_problem,
     staging_socket,
 )
@@ -116,7 +117,7 @@ class DraDriver:
         self.api = ApiConnection(kube_settings) if kube_settings is not None else None
         self.state = DraState(
             plugin_dir(options.plugins_dir), options.cdi_spec_dir, options.node_name, base.dev_root,
-            read_boot_id(options.boot_id_path), reset_wait=base.reset_wait_timeout,
+            read_boot_id(options.boot_id_path), reset_turn(options.plugins_dir, base.reset_wait_timeout),
             reserved=self._reserved, facts=self.facts,
         )  # fmt: skip
         self.content = SliceContent((), None, policy=SlicePolicy(options.config.splitboard, options.config.replicas))

@@ -2,9 +2,9 @@
 
 A chip is held by a prepared claim on it or its board (admin access too), read from the checkpoint under the claims'
 lock, or by a device the device plugin gave a container before the node moved to DRA (pod-resources, any resource
-name). The node's reset turn is the driver's reset lock, shared by its pods. Nothing is to wait for once a chip is
-reserved: every prepare, in any pod of the driver, reads the node-health record under the claims' lock and refuses a
-reserved chip.
+name). The node's reset turn is shared by every pod of the agent in either mode (runtime/noderole.py). Nothing is to
+wait for once a chip is reserved: every prepare, in any pod of the driver, reads the node-health record under the
+claims' lock and refuses a reserved chip.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ class ClaimGuard:
         self._inventory = inventory
 
     def turn(self) -> contextlib.AbstractAsyncContextManager[None]:
-        """The node's reset turn: the driver's reset lock (OutputError past its deadline)."""
+        """The node's reset turn (OutputError past its deadline)."""
         return self._state.reset_turn()
 
     async def served(self, view: HardwareView) -> None:

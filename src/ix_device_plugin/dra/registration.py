@@ -1,4 +1,5 @@
-"""How the kubelet finds the DRA driver: its sockets, and the plugin watcher's Registration service."""
+"""How the kubelet finds the DRA driver: its sockets, and the plugin watcher's Registration service; the node's reset
+turn as the driver takes it (runtime/noderole.py)."""
 
 from __future__ import annotations
 
@@ -27,12 +28,12 @@ from ix_device_plugin.kubelet.sockets import (
 )
 from ix_device_plugin.runtime.errors import StartupError
 from ix_device_plugin.runtime.files import TEMPORARY_MAX_AGE, reason
+from ix_device_plugin.runtime.noderole import NodeLocks, ResetTurn
 
 log = logging.getLogger(__name__)
 
 REGISTRATION_SOCKET = f"{DRIVER}-reg.sock"
 DRA_SOCKET = "dra.sock"
-ROLE_FILE = "publisher.lock"  # held by the pod publishing the node's ResourceSlices (runtime/noderole.py)
 PLUGIN_TYPE = "DRAPlugin"
 # The kubelet opens the optional DRAResourceHealth stream only for a driver that lists it here (kubelet 1.34+).
 SUPPORTED_VERSIONS = ("v1.DRAPlugin", "v1beta1.DRAPlugin", "v1.DRAResourceHealth", "v1alpha1.DRAResourceHealth")
@@ -41,6 +42,11 @@ SUPPORTED_VERSIONS = ("v1.DRAPlugin", "v1beta1.DRAPlugin", "v1.DRAResourceHealth
 def plugin_dir(plugins_dir: Path) -> Path:
     """The driver's directory under the kubelet's plugins directory (socket and checkpoint)."""
     return plugins_dir / DRIVER
+
+
+def reset_turn(plugins_dir: Path, timeout: float) -> ResetTurn:
+    """The node's reset turn, waited for at most timeout seconds."""
+    return ResetTurn(NodeLocks.dra(plugins_dir).reset, timeout)
 
 
 # What to do about a socket path too long to serve: the kubelet dials these paths itself.

@@ -16,8 +16,8 @@ up to date when what the node says of its devices changes (`refresh_metadata`), 
 A claim configured with `reset: true` is committed with its reset pending (so that no other claim can take its
 chips, and so that a driver killed in the middle of the reset runs it at the kubelet's next try instead of
 answering without it), reset outside the lock, and recorded as reset before the prepare is answered; a reset
-that fails unprepares the claim again and fails the prepare. Resets take a node-wide turn (a second file lock)
-shared by the driver's pods, and the claim is read again once the turn is had.
+that fails unprepares the claim again and fails the prepare. Resets take the node's reset turn, shared by every pod
+of the agent in either mode (runtime/noderole.py), and the claim is read again once the turn is had.
 
 The state is given what it asks of the rest of the node at construction: the chips reserved for a reset (the
 node-health record) and what the node publishes of its devices (for the claims' device metadata). Each call
@@ -49,6 +49,7 @@ from ix_device_plugin.dra.slices import SliceDevice
 from ix_device_plugin.dra.specfiles import ClaimSpecFiles
 from ix_device_plugin.runtime.errors import StartupError
 from ix_device_plugin.runtime.files import OutputError, reason, remove_stale_temporaries
+from ix_device_plugin.runtime.noderole import ResetTurn
 
 log = logging.getLogger(__name__)
 
@@ -74,7 +75,7 @@ class DraState:
         pool: str,
         dev_root: Path,
         boot_id: str = "",
-        reset_wait: float = RESET_WAIT,
+        reset_turn: ResetTurn | None = None,
         *,
         reserved: Reserved = dict,
         facts: Callable[[], NodeFacts] = NodeFacts,
@@ -84,7 +85,7 @@ class DraState:
         self.pool = pool
         self.dev_root = dev_root
         self.boot_id = boot_id
-        self.reset_wait = reset_wait
+        self._reset_turn = reset_turn or ResetTurn((directory / RESET_LOCK_FILE,), RESET_WAIT)  # the node's
         self.reserved = reserved
         self.facts = facts
         self.claims: dict[str, PreparedClaim] = {}
@@ -95,7 +96,6 @@ class DraState:
         self._lock = asyncio.Lock()
         self.lock_timeout = LOCK_TIMEOUT  # seconds a prepare or unprepare waits for the lock
         self.start_lock_timeout = START_LOCK_TIMEOUT  # the same at start
-        self._resetting = asyncio.Lock()  # this process's part of the node-wide reset turn
         self._turns = ClaimTurns()
         self._work: set[asyncio.Task[PreparedClaim | str]] = set()  # resets going on to their end
 
@@ -429,10 +429,9 @@ class DraState:
 
     @contextlib.asynccontextmanager
     async def reset_turn(self) -> AsyncIterator[None]:
-        """The node's turn to reset GPUs, shared by every pod of the driver (a reset, the unprepare of a claim
-        whose reset is pending, the handshake's repair at start); OutputError after reset_wait seconds."""
-        lock = self.directory / RESET_LOCK_FILE
-        async with both_locks(self._resetting, lock, self.reset_wait, "a GPU reset"):
+        """The node's turn to reset GPUs, shared by every pod of the agent (a reset, the unprepare of a claim
+        whose reset is pending, the handshake's repair at start); OutputError past its timeout."""
+        async with self._reset_turn.held():
             yield
 
 

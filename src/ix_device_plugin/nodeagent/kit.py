@@ -49,7 +49,8 @@ class Mode:
     """What a front end's mode fixes of the node agent: plain values.
 
     plugins_dir: the kubelet's plugins directory, where the node-health record lives (None: no record, and no
-    role: this process is alone on the node); role_lock: the role's lock file (None: no role); duty: what holding
+    role: this process is alone on the node); role_locks: the role's lock files, the node's first (none: no role,
+    runtime/noderole.py NodeLocks); duty: what holding
     the role means, for its logs; writer: who writes the record; story: self-healing's story file; node_watched:
     the front end watches its Node already (healing.service); claims: telemetry names the claims holding a chip
     and every pod samples (DRA), else only the pod acting for the node samples and exports (device plugin).
@@ -58,7 +59,7 @@ class Mode:
     node_name: str
     writer: str
     plugins_dir: Path | None
-    role_lock: Path | None
+    role_locks: tuple[Path, ...]
     duty: str
     story: Path | None
     boot_id: str
@@ -147,12 +148,10 @@ class NodeAgent(Generic[Guard]):
         )  # fmt: skip
         plugins_dir = mode.plugins_dir
         self.record = RecordFile(record_path(plugins_dir)) if plugins_dir is not None else None
-        # One pod acts for the node while another may serve beside it during an update; without the plugins
-        # directory this process is alone.
+        # One pod of either mode acts for the node while another may serve beside it (an update, a switch between
+        # modes); without the plugins directory this process is alone.
         self.role = (
-            None
-            if mode.role_lock is None
-            else NodeRole(mode.role_lock, mode.duty, held_through_stop=mode.held_through_stop)
+            NodeRole(mode.role_locks, mode.duty, held_through_stop=mode.held_through_stop) if mode.role_locks else None
         )
         self.pod_resources = PodResources(options.pod_resources_socket)
         self.telemetry, self.sampler = self._telemetry(mode, front, factory, metrics.registry)

@@ -1,12 +1,18 @@
-"""A node-wide role held by one pod of the agent at a time: the holder of a file lock on the node, which every pod
-of that front end mounts. The DRA driver's pod holding `<plugins dir>/gpu.iluvatar.com/publisher.lock` publishes the
-node's ResourceSlices; the device plugin's pod holding `<plugins dir>/iluvatar.com/device-plugin.lock` acts for the
-node (resets, the CDI spec, node labels, Events, GPU metrics).
+"""The node's one role and one reset turn, held by one pod of the agent at a time whatever its mode: file locks on
+the node in `<plugins dir>/iluvatar.com/`, the directory both DaemonSets mount for the node-health record.
 
-During a rolling update the new pod finds the lock held and waits on standby: it serves the kubelet but does none of
-the role's work, so the two never take each other's writes for foreign edits. The old pod lets go as soon as its
-role's work has stopped (at SIGTERM), or the kernel lets go when it dies (kill -9, OOM); the standby notices within
-POLL and does the work from then on.
+The pod holding `node-role.lock` acts for the node: in device plugin mode it resets and heals, writes the CDI spec,
+node labels, Events and GPU metrics; in DRA mode it also publishes the node's ResourceSlices. A pod of either mode
+that starts while another acts, during a rolling update or a switch between the device plugin and DRA, waits on
+standby: it serves the kubelet but does none of the role's work, so the two never take each other's writes for
+foreign edits. The acting pod lets go as soon as its role's work has stopped (at SIGTERM), or the kernel lets go
+when it dies (kill -9, OOM); the standby notices within POLL and does the work from then on. `reset.lock` is the
+node's reset turn: every reset, by any pod of either mode, is made in it.
+
+Pods of the release before this one held a role per front end, `iluvatar.com/device-plugin.lock` or
+`gpu.iluvatar.com/publisher.lock`, and the DRA driver reset under `gpu.iluvatar.com/reset.lock`: a pod takes those of
+them its DaemonSet mounts too (NodeLocks), after the node's, so that it does not act, or reset, while an older pod
+still does under the old name. An old name that cannot serve as a lock (a directory) is one no older pod holds.
 
 A node-local lock rather than a coordination.k8s.io Lease: it costs the API server nothing (a Lease renewed by
 every node is a write per node every few seconds at fleet scale), it is handed over within POLL instead of a
@@ -18,13 +24,16 @@ and the update's deletion of the old pod end it, and the kernel lets go.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ix_device_plugin.runtime.backoff import Backoff
+from ix_device_plugin.runtime.files import OutputError
 from ix_device_plugin.runtime.locks import FileLock, LockError
 from ix_device_plugin.runtime.logs import OncePerError
 
@@ -33,47 +42,108 @@ log = logging.getLogger(__name__)
 POLL = 0.1  # seconds between looks at a lock another pod holds: the longest a handover waits
 CHECK = 1.0  # seconds between checks that the lock file is still the one held
 RETRY_CAP = 5.0  # seconds at most between tries of a lock file that cannot serve (a symlink, a directory)
+TURN_POLL = 0.05  # seconds between looks at the reset turn another pod holds (a reset takes seconds)
+
+NODE_DIR = "iluvatar.com"  # under the kubelet's plugins directory, mounted by both DaemonSets
+ROLE_FILE = "node-role.lock"
+RESET_FILE = "reset.lock"  # the device plugin's reset turn had this name already
+EARLIER_PLUGIN_ROLE = f"{NODE_DIR}/device-plugin.lock"  # the release before: the device plugin's role
+EARLIER_DRA_ROLE = "gpu.iluvatar.com/publisher.lock"  # the release before: the DRA driver's role
+EARLIER_DRA_RESET = "gpu.iluvatar.com/reset.lock"  # the release before: the DRA driver's reset turn
+
+
+@dataclass(frozen=True)
+class NodeLocks:
+    """The lock files a pod takes, in order, for the node's role and for its reset turn: the node's own first, then
+    the names the release before used that this mode's DaemonSet mounts."""
+
+    role: tuple[Path, ...]
+    reset: tuple[Path, ...]
+
+    @classmethod
+    def device_plugin(cls, plugins_dir: Path) -> NodeLocks:
+        """The device plugin's: it mounts `iluvatar.com` only (the earlier DRA driver's names are out of its reach;
+        the earlier device plugin reset under the node's `reset.lock` already)."""
+        node = plugins_dir / NODE_DIR
+        return cls(role=(node / ROLE_FILE, plugins_dir / EARLIER_PLUGIN_ROLE), reset=(node / RESET_FILE,))
+
+    @classmethod
+    def dra(cls, plugins_dir: Path) -> NodeLocks:
+        """The DRA driver's: it mounts `iluvatar.com` and `gpu.iluvatar.com`, so it waits for an earlier pod of
+        either mode."""
+        node = plugins_dir / NODE_DIR
+        return cls(
+            role=(node / ROLE_FILE, plugins_dir / EARLIER_PLUGIN_ROLE, plugins_dir / EARLIER_DRA_ROLE),
+            reset=(node / RESET_FILE, plugins_dir / EARLIER_DRA_RESET),
+        )
 
 
 class NodeRole:
-    """A node-wide role held by one pod at a time: the file lock at path; duty says what the holder does, in the
-    log ("publishing the ResourceSlices of node n")."""
+    """A node-wide role held by one pod at a time: every file lock of paths (the node's, then earlier names of it);
+    duty says what the holder does, in the log ("publishing the ResourceSlices of node n")."""
 
-    def __init__(self, path: Path, duty: str, *, held_through_stop: bool = False) -> None:
+    def __init__(self, paths: Sequence[Path], duty: str, *, held_through_stop: bool = False) -> None:
         self.duty = duty
-        self._lock = FileLock(path)
+        self._lock = FileLock(paths[0])
+        self._earlier = [FileLock(path) for path in paths[1:]]  # an older pod may still hold one
+        self._no_lock: set[Path] = set()  # earlier names that cannot serve as a lock: no older pod holds them
         self._held_through_stop = held_through_stop  # run's cancellation keeps the role: the owner releases it last
         self._errors = OncePerError(log, logging.ERROR)  # a lock file that cannot serve is said once, until fixed
         self.unusable = ""  # why the lock file cannot serve as one ("" when it can): no pod can hold the role
 
     @property
     def path(self) -> Path:
-        """The lock file."""
+        """The node's lock file."""
         return self._lock.path
+
+    @property
+    def paths(self) -> tuple[Path, ...]:
+        """Every lock file the role takes, the node's first."""
+        return (self._lock.path, *(lock.path for lock in self._earlier))
 
     @property
     def held(self) -> bool:
         """True while this pod holds the role."""
-        return self._lock.held
+        return self._lock.held and all(lock.held or lock.path in self._no_lock for lock in self._earlier)
+
+    @property
+    def waiting_for(self) -> Path:
+        """The first lock file of the role this pod does not hold (the node's when it holds them all)."""
+        if not self._lock.held:
+            return self.path
+        return next(
+            (lock.path for lock in self._earlier if not lock.held and lock.path not in self._no_lock), self.path
+        )
 
     def try_take(self) -> bool:
         """Take the role now if no other pod holds it; True when this pod holds it. Raises LockError for a lock
-        file that cannot serve as one."""
-        if self._lock.held:
+        file that cannot serve as one. Waiting for an earlier name, this pod keeps the node's: it is next."""
+        if self.held:
             return True
-        if self._lock.try_take():
-            log.info("%s (holding %s)", self.duty, self.path)
+        if not self._lock.try_take() or not all(self._take_earlier(lock) for lock in self._earlier):
+            return False
+        log.info("%s (holding %s)", self.duty, ", ".join(str(path) for path in self.paths))
+        return True
+
+    def _take_earlier(self, lock: FileLock) -> bool:
+        if lock.held or lock.path in self._no_lock:
             return True
-        return False
+        try:
+            return lock.try_take()
+        except LockError as error:  # no older pod could lock it either
+            self._no_lock.add(lock.path)
+            log.warning("%s: no pod of an earlier release holds it; not waited for", error)
+            return True
 
     def take_at_start(self) -> bool:
-        """Take the role now if no other pod holds it (making the lock's directory); True when this pod holds it.
+        """Take the role now if no other pod holds it (making the locks' directories); True when this pod holds it.
 
         A lock file that cannot serve (a symlink, a directory) is said once, naming it and the fix, and this pod
         stays on standby: run() tries again until the file is fixed. unusable says why meanwhile.
         """
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
+            for path in self.paths:
+                path.parent.mkdir(parents=True, exist_ok=True)
             return self.try_take()
         except (LockError, OSError) as error:
             self._unusable(error)
@@ -117,30 +187,82 @@ class NodeRole:
         started = time.monotonic()
         log.info(
             "standby: another pod holds %s (%s); this pod serves the kubelet and takes over when that one stops",
-            self.path,
+            self.waiting_for,
             self.duty,
         )
         try:
-            while not self._lock.try_take():
+            while not self.try_take():
                 await asyncio.sleep(POLL)
         except BaseException:
-            self._lock.release()
+            self._release_all()
             raise
         waited = time.monotonic() - started
         log.info("took over after %.1fs on standby: %s", waited, self.duty)
 
     async def until_lost(self) -> None:
-        """Return when the lock file is no longer the one held (removed or replaced on the node): another pod may
+        """Return when a lock file is no longer the one held (removed or replaced on the node): another pod may
         take the role on the new file, so this one must stop its work."""
-        while self._lock.still_ours():
+        while self._still_ours():
             await asyncio.sleep(CHECK)
         log.warning("%s was removed or replaced: no longer %s until the role is had again", self.path, self.duty)
 
+    def _still_ours(self) -> bool:
+        return self._lock.still_ours() and all(
+            lock.path in self._no_lock or lock.still_ours() for lock in self._earlier
+        )
+
     def release(self) -> None:
         """Let the next pod take the role (call only once this pod's work for it has stopped)."""
-        if self._lock.held:
+        if self.held:
             log.info("%s released: no longer %s", self.path, self.duty)
-        self._lock.release()
+        self._release_all()
+
+    def _release_all(self) -> None:
+        for lock in (*reversed(self._earlier), self._lock):  # the node's last: the next pod takes the others first
+            lock.release()
+
+
+class ResetTurn:
+    """The node's turn to reset GPUs, shared by every pod of the agent whatever its mode: this process's turn, then
+    each lock file of paths in order (see NodeLocks.reset)."""
+
+    def __init__(self, paths: Sequence[Path], timeout: float, *, poll: float = TURN_POLL) -> None:
+        self.paths = tuple(paths)
+        self.timeout = timeout
+        self._poll = poll
+        self._in_process = asyncio.Lock()
+
+    @contextlib.asynccontextmanager
+    async def held(self) -> AsyncIterator[None]:
+        """Inside the turn: every lock had within timeout seconds (a wait for another pod's is said in the log;
+        cancelling ends it); OutputError past it."""
+        deadline = time.monotonic() + self.timeout
+        try:
+            async with asyncio.timeout(self.timeout):
+                await self._in_process.acquire()
+        except TimeoutError:
+            raise OutputError(
+                f"this process's other GPU resets kept the node's reset turn for more than {self.timeout:g}s"
+            ) from None
+        taken: list[FileLock] = []
+        try:
+            for path in self.paths:
+                lock = FileLock(path)
+                _make_parent(path)
+                await lock.take(max(0.0, deadline - time.monotonic()), poll=self._poll, purpose="a GPU reset")
+                taken.append(lock)
+            yield
+        finally:
+            for lock in reversed(taken):
+                lock.release()
+            self._in_process.release()
+
+
+def _make_parent(path: Path) -> None:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise LockError(f"cannot make the directory of the lock file {path}: {error}") from None
 
 
 async def _first_of(*works: Coroutine[Any, Any, None]) -> None:

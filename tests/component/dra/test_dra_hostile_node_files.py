@@ -1,5 +1,5 @@
 """Files in the kubelet's plugins directory that another process wrote, met by the DRA driver: a node-health record
-nested past any parser's depth and a publisher lock that cannot serve as one. The driver starts and prepares
+nested past any parser's depth and a node role lock that cannot serve as one. The driver starts and prepares
 claims; the record is set aside, the lock said once and waited out."""
 
 from __future__ import annotations
@@ -16,10 +16,9 @@ from helpers.dra_support import DraNode, answer
 from helpers.waits import until
 
 from ix_device_plugin.dra.claimspec import cdi_spec_file
-from ix_device_plugin.dra.registration import ROLE_FILE
-from ix_device_plugin.dra.slices import DRIVER
 from ix_device_plugin.healing.record import RECORD_FILE, record_path
 from ix_device_plugin.runtime.errors import StartupError
+from ix_device_plugin.runtime.noderole import EARLIER_DRA_ROLE, NODE_DIR, ROLE_FILE
 
 
 async def prepared(node: DraNode, name: str, device: str) -> None:
@@ -61,10 +60,10 @@ def fifo(path: Path) -> None:
 
 
 @pytest.mark.parametrize("make", [symlink, directory, fifo])
-async def test_a_publisher_lock_that_cannot_serve_is_said_once_and_the_slices_are_published_once_it_is_removed(
+async def test_a_role_lock_that_cannot_serve_is_said_once_and_the_slices_are_published_once_it_is_removed(
     node: DraNode, caplog: pytest.LogCaptureFixture, make: Callable[[Path], None]
 ) -> None:
-    lock = node.root / "plugins" / DRIVER / ROLE_FILE
+    lock = node.root / "plugins" / NODE_DIR / ROLE_FILE
     lock.parent.mkdir(parents=True)
     make(lock)
     with caplog.at_level(logging.INFO):
@@ -79,6 +78,20 @@ async def test_a_publisher_lock_that_cannot_serve_is_said_once_and_the_slices_ar
         await node.wait_slice(lambda devices: len(devices) == 6, timeout=15)
     assert driver.node.role.held and lock.is_file() and not lock.is_symlink()
     await until(lambda: any("can serve as a lock again" in r.getMessage() for r in caplog.records))
+
+
+async def test_an_earlier_releases_role_lock_that_cannot_serve_is_not_waited_for(
+    node: DraNode, caplog: pytest.LogCaptureFixture
+) -> None:
+    """No pod of the release before could hold a directory as its lock: the driver publishes, saying so once."""
+    earlier = node.root / "plugins" / EARLIER_DRA_ROLE
+    earlier.mkdir(parents=True)
+    with caplog.at_level(logging.INFO):
+        driver = await node.start()
+        await node.wait_slice(lambda devices: len(devices) == 6, timeout=15)
+    assert driver.node.role.held
+    said = [r.getMessage() for r in caplog.records if str(earlier) in r.getMessage() and r.levelno >= logging.WARNING]
+    assert len(said) == 1 and "not waited for" in said[0], said
 
 
 async def test_a_directory_in_place_of_the_checkpoint_stops_the_start_with_an_error_naming_it(node: DraNode) -> None:
