@@ -28,7 +28,7 @@ from harness.plugin import (
     start_device_plugin,
     start_dra_driver,
 )
-from harness.procs import wait_until
+from harness.waits import stays, until
 
 DRA_POD = "7c1e9d20-4b3a-4f6e-8d21-5a0b9c3e7f14"
 RESET_SECONDS = 8  # the plugin's reset: long enough for the driver to start beside it while it runs
@@ -43,10 +43,7 @@ def published(admin: Kubectl) -> dict[str, Any]:
 
 def never(predicate: Callable[[], Any], seconds: float, what: str) -> None:
     """Fails as soon as predicate holds, looking for seconds."""
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        assert not predicate(), what
-        time.sleep(0.2)
+    stays(lambda: not predicate(), seconds, what, [], interval=0.2)
 
 
 def taints(devices: dict[str, Any], chip_minor: int) -> list[Any]:
@@ -66,11 +63,11 @@ def test_a_switch_from_the_device_plugin_to_dra_keeps_a_chip_out_and_only_one_po
         plugin.wait_ready()
         plugin.set_chips([replace(c, xids=(64,)) if c == OPERATOR else replace(c, xids=(48,)) if c == RESET else c
                           for c in CHIPS])  # fmt: skip
-        wait_until(
+        until(
             lambda: node_health(cluster.plugins_dir).get("chips", {}).get(OPERATOR.uuid, {}).get("phase") == "operator",
             30, "the record says the chip needs an operator", [plugin.process.log],
         )  # fmt: skip
-        wait_until(lambda: ixsmi_calls(plugin_ixsmi), 30, "the plugin's reset began", [plugin.process.log])
+        until(lambda: ixsmi_calls(plugin_ixsmi), 30, "the plugin's reset began", [plugin.process.log])
         driver = start_dra_driver(
             cluster, tmp_path / "driver", "mode-switch-driver", driver_kubeconfig,
             extra=["--pod-uid", DRA_POD, "--ixsmi-path", str(driver_ixsmi)],
@@ -82,11 +79,11 @@ def test_a_switch_from_the_device_plugin_to_dra_keeps_a_chip_out_and_only_one_po
         assert plugin.metric("ix_device_plugin_acting_for_node") == 1.0
         assert driver.metric("ix_device_plugin_dra_slice_publisher") == 0.0
         assert published(admin) == {}
-        wait_until(lambda: ixsmi_done(plugin_ixsmi), 60, "the plugin's reset ended", [plugin.process.log])
+        until(lambda: ixsmi_done(plugin_ixsmi), 60, "the plugin's reset ended", [plugin.process.log])
         assert published(admin) == {} and ixsmi_calls(driver_ixsmi) == []
         assert plugin.stop() == 0  # the plugin's pod leaves the node
         stopped = time.monotonic()
-        first = wait_until(lambda: published(admin), 30, "the driver's slices", [driver.process.log])
+        first = until(lambda: published(admin), 30, "the driver's slices", [driver.process.log])
         took_over = time.monotonic() - stopped
         assert taints(first, OPERATOR.minor), f"the chip that needs an operator was published in service: {first}"
         assert not taints(first, RESET.minor), f"the chip reset before the switch was published out: {first}"
