@@ -133,7 +133,7 @@ def apiserver_argv(
 AUDITED_USERS = (
     "system:serviceaccount:kube-system:iluvatar-device-plugin",
     "system:serviceaccount:kube-system:iluvatar-dra-driver",
-    "admin",
+    "ix-e2e-admin",  # harness/certs.py: the admin certificate's CN
 )
 
 

@@ -19,6 +19,7 @@ AGENT_ACCOUNTS = (
 # A host-process agent given the admin's certificate is told from the soak's and the tests' own requests (kubectl,
 # Python's urllib) by its HTTP client's user agent.
 AGENT_USER_AGENT = "python-httpx"
+ADMIN = "ix-e2e-admin"  # the e2e cluster's admin certificate's CN
 
 
 def agent_requests(path: Path, since: float, until: float | None = None) -> list[Request]:
@@ -43,6 +44,6 @@ def _request(line: str, since: float) -> Request | None:
         received = datetime.fromisoformat(str(event["requestReceivedTimestamp"])).timestamp()
     except (ValueError, KeyError, TypeError, AttributeError):
         return None
-    if user not in AGENT_ACCOUNTS and not (user == "admin" and agent.startswith(AGENT_USER_AGENT)):
+    if user not in AGENT_ACCOUNTS and not (user == ADMIN and agent.startswith(AGENT_USER_AGENT)):
         return None
     return Request(received - since, str(event.get("verb", "")), str(event.get("requestURI", "")))

@@ -82,9 +82,9 @@ def test_the_audit_log_counts_the_agents_requests_only(tmp_path: Path) -> None:
     log = tmp_path / "audit.log"
     lines = [
         event(DP_ACCOUNT, "ix-device-plugin", "2026-12-05T07:00:01.500000Z"),
-        event("admin", "python-httpx2/2.17.0", "2026-12-05T07:00:02Z", "watch", "/api/v1/nodes?watch=true"),
-        event("admin", "kubectl/v1.37.0", "2026-12-05T07:00:03Z"),  # the soak's own kubectl
-        event("admin", "Python-urllib/3.11", "2026-12-05T07:00:04Z"),  # the soak's reader
+        event("ix-e2e-admin", "python-httpx2/2.17.0", "2026-12-05T07:00:02Z", "watch", "/api/v1/nodes?watch=true"),
+        event("ix-e2e-admin", "kubectl/v1.37.0", "2026-12-05T07:00:03Z"),  # the soak's own kubectl
+        event("ix-e2e-admin", "Python-urllib/3.11", "2026-12-05T07:00:04Z"),  # the soak's reader
         event(DP_ACCOUNT, "ix-device-plugin", "2026-12-05T06:59:59Z"),  # before the soak
         '{"kind": "Event", "user": {"usern',  # cut short as the server stopped
         "[1, 2]",
