@@ -149,6 +149,7 @@ class Healer:
         self.writer = writer
         self.cares: dict[str, Care] = {}
         self.reserved: dict[str, float] = {}  # chip UUID -> when (Unix time) it was reserved for a reset
+        self.releasing: set[str] = set()  # reservations ended here, still held out until the record says so
         self._healing_now = ""  # the chip _heal works on (its reservation is _heal's to end)
         self._acted = False  # this process has taken over what the record says (it acts for the node)
         self.keeper = None if record is None else RecordKeeper(record, self._say_unreadable)
@@ -233,11 +234,13 @@ class Healer:
                     await self._take_over()
                 elif not self.acting() and self._acted:
                     self._acted, self.reserved = False, {}  # on standby (again): the record is the acting pod's
+                    self.releasing.clear()
                 self._look(self.monitor.view)
                 self._end_reservations()
                 self._start_due()
                 self._write_story()
                 self._write_record()
+                self._release_once_written()
                 await self._sleep()
         finally:
             if follow is not None:
@@ -461,15 +464,29 @@ class Healer:
             else:
                 self.reserved[uuid] = before  # a reset cut short stays reserved
             raise
-        return await self.monitor.hold_out({u: RESERVED for u in self.reserved})
+        return await self.monitor.hold_out(self._holds())
 
     def _unreserve(self, uuid: str) -> None:
         """End the chip's reservation (nothing to wait for: a release needs no confirmation, and a stop may have
         ended the monitor's task already)."""
         if self.reserved.pop(uuid, None) is None:
             return
-        self.monitor.ask_hold_out({u: RESERVED for u in self.reserved})
+        self.releasing.add(uuid)
         self._write_record()
+        self._release_once_written()
+
+    def _release_once_written(self) -> None:
+        """Let the chips whose reservation ended back into service once the record no longer names them: every pod
+        of the agent refuses a chip the record reserves, so a chip offered before (the write failed: a full disk)
+        would be given by the kubelet and refused, and its pod failed for good. The keeper tries the write again."""
+        if not self.releasing or (self.keeper is not None and self.keeper.retry_at is not None):
+            return
+        self.releasing.clear()
+        self.monitor.ask_hold_out(self._holds())
+
+    def _holds(self) -> dict[str, str]:
+        """The chips the monitor holds out: those reserved, and those whose release the record does not say yet."""
+        return {uuid: RESERVED for uuid in [*self.reserved, *self.releasing]}
 
     def _end_reservations(self) -> None:
         """A chip reserved by a reset cut short (found in the record) stays reserved until a reset of it is done (the
@@ -493,7 +510,7 @@ class Healer:
         await self.monitor.follow_xids(restored.xids)
         await self.monitor.adopt_followed()
         self.reserved = {uuid: time.time() for uuid in restored.reserved}
-        await self.monitor.hold_out({u: RESERVED for u in self.reserved})
+        await self.monitor.hold_out(self._holds())
         self._acted = True
         if self.keeper is not None:
             self.keeper.write_anew()
