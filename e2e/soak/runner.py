@@ -79,6 +79,7 @@ class Soak:
         self.actions = FaultActions(self)
         self.api_faults = ApiFaults(self)
         self.failures: list[c.Failure] = []
+        self.deleted: set[str] = set()  # pods the soak asked to delete
         self.api_load = (0, 0)  # the agent's API requests: in all, and in its busiest minute
 
     # ------------------------------------------------------------------ the run
@@ -191,6 +192,7 @@ class Soak:
     def delete_pod(self, name: str) -> None:
         try:
             gone = ("--ignore-not-found", "--wait=false", "-n", self.namespace)
+            self.deleted.update(workload.pods_of(name) if self.mode == "dra" else [name])
             self.admin("delete", "pod", *(workload.pods_of(name) if self.mode == "dra" else [name]), *gone)
             if self.mode == "dra":
                 self.admin("delete", "resourceclaim", *workload.claims_of(name), *gone)
@@ -248,7 +250,8 @@ class Soak:
             status = pod.get("status") or {}
             if status.get("phase") == "Failed" and name not in self.failed:
                 self.failed[name] = f"{status.get('reason', '')}: {status.get('message', '')}"[:300]
-                self.failures.append(c.Failure(at, name, status.get("reason", ""), status.get("message", "")))
+                if name not in self.deleted:  # a pod deleted before it ran is failed too, with no reason
+                    self.failures.append(c.Failure(at, name, status.get("reason", ""), status.get("message", "")))
                 self.note(f"{name} failed: {self.failed[name]}")
             if name not in allocated:
                 continue
