@@ -330,7 +330,7 @@ class Soak:
 
     def units_of(self, healthy: Any) -> int:
         """Allocatable of the device plugin's config now when exactly the chips healthy(chip) are healthy."""
-        config = DEVICE_PLUGIN_CONFIGS[self.config_at(self.now())]
+        config = self.agent.base_config | DEVICE_PLUGIN_CONFIGS[self.config_at(self.now())]  # as Agent.set_config
         replicas = max(1, int(config.get("sharing", {}).get("timeSlicing", {}).get("replicas", 1)))
         if config.get("flags", {}).get("splitboard"):
             return replicas * sum(1 for chip in range(CHIPS) if healthy(chip))
