@@ -102,6 +102,7 @@ class Cluster:
         self.containerd_socket = self.containerd_dir / "containerd.sock"
         self.cni_conf_dir = self.workdir / "cni" / "net.d"
         self.server = f"https://127.0.0.1:{self.ports.apiserver}"
+        self.audit_log = self.logdir / "kube-apiserver-audit.log"
         self.pki: Pki | None = None
         self.kubectl: Kubectl | None = None
 
@@ -180,10 +181,24 @@ class Cluster:
             [etcd.log],
         )
 
+    def restart_apiserver(self, timeout: float = 5.0) -> None:
+        """Stop the API server (SIGKILL after timeout seconds of SIGTERM) and start it again, ready."""
+        self._stop_process("kube-apiserver", timeout)
+        self._start_apiserver()
+
     def _start_apiserver(self) -> None:
         assert self.pki is not None
+        policy = self.workdir / "audit-policy.yaml"
+        policy.write_text(yaml.safe_dump(components.audit_policy(), sort_keys=False))
         argv = components.apiserver_argv(
-            self.binaries, self.ports, self.pki, self.node_ip, SERVICE_CIDR, self._gates(), bind_address="0.0.0.0"
+            self.binaries,
+            self.ports,
+            self.pki,
+            self.node_ip,
+            SERVICE_CIDR,
+            self._gates(),
+            bind_address="0.0.0.0",
+            audit=(policy, self.audit_log),
         )
         apiserver = self._spawn("kube-apiserver", argv)
         kubectl = self.kubectl
@@ -410,10 +425,10 @@ class Cluster:
             self.teardown_problems.append(f"still mounted: {leftovers}")
         return self.teardown_problems
 
-    def _stop_process(self, name: str) -> None:
+    def _stop_process(self, name: str, timeout: float = 15.0) -> None:
         process = self.processes.get(name)
         if process is not None:
-            process.stop()
+            process.stop(timeout)
 
     def _unmount_device_plugin_dir(self) -> None:
         for target in self.bind_mounts:

@@ -86,10 +86,13 @@ def apiserver_argv(
     service_cidr: str,
     feature_gates: str,
     bind_address: str = "127.0.0.1",
+    audit: tuple[Path, Path] | None = None,
 ) -> list[str]:
     """kube-apiserver on bind_address (loopback by default): client certificates, Node and RBAC authorization,
     NodeRestriction, the beta versions of resource.k8s.io served. It advertises node_ip: the `kubernetes` Service's
-    endpoint, which pods reach through kube-proxy only where bind_address covers node_ip."""
+    endpoint, which pods reach through kube-proxy only where bind_address covers node_ip. audit: (policy file, log
+    file) of an audit log (JSON lines), for counting a client's requests from the server's side."""
+    audit_flags = [] if audit is None else [f"--audit-policy-file={audit[0]}", f"--audit-log-path={audit[1]}"]
     return [
         str(binaries["kube-apiserver"]),
         f"--etcd-servers={etcd_client_url(ports)}",
@@ -120,7 +123,28 @@ def apiserver_argv(
         "--v=1",
         f"--feature-gates={feature_gates}",
         f"--runtime-config={RUNTIME_CONFIG}",
+        *audit_flags,
     ]
+
+
+# Whose requests the API server's audit log records (Metadata level: who, what, when; no bodies): the agent's
+# ServiceAccounts, as the chart runs it, and the cluster's admin, whose certificate host-process agents may use (the
+# soak tells those apart by user agent). Everyone else's requests are not logged.
+AUDITED_USERS = (
+    "system:serviceaccount:kube-system:iluvatar-device-plugin",
+    "system:serviceaccount:kube-system:iluvatar-dra-driver",
+    "ix-e2e-admin",  # harness/certs.py: the admin certificate's CN
+)
+
+
+def audit_policy() -> dict[str, object]:
+    """An audit policy: one event per request of AUDITED_USERS (at its end, or a watch's), nothing of the rest."""
+    return {
+        "apiVersion": "audit.k8s.io/v1",
+        "kind": "Policy",
+        "omitStages": ["RequestReceived", "ResponseStarted"],
+        "rules": [{"level": "Metadata", "users": list(AUDITED_USERS)}, {"level": "None"}],
+    }
 
 
 def controller_manager_argv(

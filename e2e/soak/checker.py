@@ -243,3 +243,70 @@ def kept_in_rollout(
             f"{began}: allocatable {sample.allocatable} < {floor} ({rollout.before} before it, chips {sorted(out)} "
             "taken out by faults since)",
         )
+
+
+# ---------------------------------------------------------------------- API load and admission
+
+# The agent's API requests in any minute of a soak, counted by the API server's audit log (docs/testing.md, "The chaos
+# soak": measured, with its margin). Most are the faults' own: a reset costs about 10 (the reset handshake's ConfigMap,
+# Node Events, the slices written twice), and the soak makes about one every 5 s.
+MAX_REQUESTS_PER_MINUTE = 200
+RESTART_NEAR_S = 10.0  # an admission refused this close to an agent or kubelet restart may be the restart's
+
+
+@dataclass(frozen=True)
+class Request:
+    """One API request of the agent, as the API server's audit log recorded it."""
+
+    at: float
+    verb: str
+    uri: str
+
+
+def requests_per_minute(
+    invariant: Invariant, requests: Sequence[Request], end: float, limit: int = MAX_REQUESTS_PER_MINUTE
+) -> None:
+    """In each minute of the soak (0-60 s, 60-120 s, ...; the last one part of a minute) the agent made at most
+    `limit` API requests; a violation names the minute's most frequent requests."""
+    minute = 0
+    while minute * 60.0 < end:
+        inside = [r for r in requests if minute * 60.0 <= r.at < (minute + 1) * 60.0]
+        counts: dict[str, int] = {}
+        for request in inside:
+            what = f"{request.verb} {request.uri.split('?')[0]}"
+            counts[what] = counts.get(what, 0) + 1
+        top = ", ".join(f"{n} x {what}" for what, n in sorted(counts.items(), key=lambda i: -i[1])[:3])
+        invariant.check(
+            len(inside) <= limit, minute * 60.0, f"{len(inside)} API requests in minute {minute} (max {limit}): {top}"
+        )
+        minute += 1
+
+
+@dataclass(frozen=True)
+class Failure:
+    """A pod the kubelet failed (phase Failed), with the reason and message of its status."""
+
+    at: float
+    pod: str
+    reason: str
+    message: str
+
+
+# What the kubelet says when a pod is refused for want of a chip: the chips the soak broke (out of service, so fewer
+# than the scheduler counted), which the agent rightly reports.
+NO_CHIP_LEFT = ("requested number of devices unavailable", "no healthy devices present")
+# What it says while the agent or the kubelet is restarting: the plugin not registered (yet), its socket gone.
+RESTARTING = ("unregistered device", "code = Unavailable", "endpoint not found", "resource not registered")
+
+
+def admission_failures(
+    invariant: Invariant, failures: Iterable[Failure], restarts: Sequence[tuple[float, float]]
+) -> None:
+    """No pod fails admission for a reason the agent caused: a failed pod is rightly failed only for want of a
+    chip (the soak broke them) or while the agent or the kubelet restarted (within RESTART_NEAR_S of one)."""
+    for failure in failures:
+        text = f"{failure.reason}: {failure.message}"
+        no_chip = failure.reason.startswith("OutOf") or any(words in text for words in NO_CHIP_LEFT)
+        near = any(begin - RESTART_NEAR_S <= failure.at <= end + RESTART_NEAR_S for begin, end in restarts)
+        restarting = near and any(words in text for words in RESTARTING)
+        invariant.check(no_chip or restarting, failure.at, f"{failure.pod} failed: {text}")

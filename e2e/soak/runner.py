@@ -3,22 +3,27 @@ second from outside, and judges the invariants (checker.py) as it goes and at th
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from harness.cluster import Cluster
-from harness.dra import DRIVER, claim
+from harness.dra import DRIVER
 from harness.kube import Kubectl, KubectlError
 from harness.plugin import CONTROL_MINOR, DEVICE_MAJOR
 from harness.pods import STAY, busybox_pod
 
 from . import checker as c
+from . import workload
 from .agent import NAMESPACE as AGENT_NAMESPACE
 from .agent import Agent, container_id
+from .apifaults import KINDS as API_FAULTS
+from .apifaults import ApiFaults
 from .faults import FaultActions
 from .hardware import Hardware
+from .load import agent_requests
 from .observe import (
     SHOW,
     Api,
@@ -61,7 +66,7 @@ class Soak:
 
     def __post_init__(self) -> None:
         names = ("devices match", "no reset under a holder", "broken not given", "back in service", "bounded")
-        names += ("kept in a rollout",)
+        names += ("kept in a rollout", "API requests per minute", "no admission refused by the agent")
         self.invariants = {name: c.Invariant(name) for name in (*names, "nothing left")}
         self.api = Api(self.cluster.server, self.cluster.admin_tls())
         self.admin: Kubectl = self.cluster.admin
@@ -76,6 +81,10 @@ class Soak:
         self.settled_since: float | None = None  # since when the agent's DaemonSet has been settled
         self.failed: dict[str, str] = {}  # pod -> why it failed (admission refused, ...): reported, not yet judged
         self.actions = FaultActions(self)
+        self.api_faults = ApiFaults(self)
+        self.failures: list[c.Failure] = []
+        self.deleted: set[str] = set()  # pods the soak asked to delete
+        self.api_load = (0, 0)  # the agent's API requests: in all, and in its busiest minute
 
     # ------------------------------------------------------------------ the run
 
@@ -87,6 +96,16 @@ class Soak:
 
     def run(self) -> None:
         self.start = time.time()
+        self.api_faults.disk.mount()
+        try:
+            self.run_mounted()
+        finally:
+            self.api_faults.heal_all()
+            self.api_faults.disk.release()
+
+    def run_mounted(self) -> None:
+        if self.mode == "dra":  # admin-access claims (workload.py) are allowed in such a namespace only
+            self.admin("label", "namespace", self.namespace, f"{workload.ADMIN_LABEL}=true", "--overwrite")
         self.agent.set_config(1)
         self.agent.start()
         self.start = time.time()  # the schedule's times count from the agent's pod Ready (helm install: seconds)
@@ -110,6 +129,9 @@ class Soak:
             self.create_pod(str(step.detail["pod"]), str(step.detail["shape"]))
         elif step.kind == "pod-delete":
             self.delete_pod(str(step.detail["pod"]))
+        elif step.kind in API_FAULTS:
+            self.faults_done.append(step)
+            self.api_faults.do(step)
         else:
             self.faults_done.append(step)
             self.actions.do(step)
@@ -119,6 +141,7 @@ class Soak:
         and nothing may be left behind."""
         self.note("soak over: healing everything, deleting the workload")
         self.actions.heal_all()
+        self.api_faults.heal_all()
         for pod in list(self.held) + self.actions.created:
             self.delete_pod(pod)
         deadline = self.now() + self.settle_s
@@ -163,11 +186,9 @@ class Soak:
             if self.mode == "device-plugin":
                 self.admin.create(busybox_pod(name, STAY, gpus=int(shape.split("-")[1])), "-n", self.namespace)
             else:
-                count, claims = (2, 1) if shape == "claim-2" else (1, 2 if shape == "claims-2" else 1)
-                names = [f"{name}-c{index}" for index in range(claims)]
-                self.admin.create([claim(n, count=count) for n in names], "-n", self.namespace)
-                refs = [{"name": f"c{index}", "resourceClaimName": n} for index, n in enumerate(names)]
-                self.admin.create(busybox_pod(name, STAY, claims=refs), "-n", self.namespace)
+                claims, pods = workload.objects(name, shape)
+                self.admin.create(claims, "-n", self.namespace)
+                self.admin.create(pods, "-n", self.namespace)
             self.actions.created.append(name)
             self.pods_created += 1
         except (KubectlError, AssertionError) as error:
@@ -175,10 +196,11 @@ class Soak:
 
     def delete_pod(self, name: str) -> None:
         try:
-            self.admin.delete("pod", name, self.namespace, wait=False)
+            gone = ("--ignore-not-found", "--wait=false", "-n", self.namespace)
+            self.deleted.update(workload.pods_of(name) if self.mode == "dra" else [name])
+            self.admin("delete", "pod", *(workload.pods_of(name) if self.mode == "dra" else [name]), *gone)
             if self.mode == "dra":
-                for index in range(2):
-                    self.admin.delete("resourceclaim", f"{name}-c{index}", self.namespace, wait=False)
+                self.admin("delete", "resourceclaim", *workload.claims_of(name), *gone)
         except (KubectlError, AssertionError) as error:
             self.note(f"pod {name} not deleted: {str(error)[:200]}")
         if name in self.actions.created:
@@ -223,7 +245,7 @@ class Soak:
         for pod in pods:
             names = [ref.get("resourceClaimName") for ref in pod["spec"].get("resourceClaims") or []]
             devices = [d for n in names if n in claims for d in claim_devices(claims[n], DRIVER)]
-            chips = frozenset(int(d.removeprefix("gpu-")) for d in devices if d.removeprefix("gpu-").isdigit())
+            chips = frozenset(chip for d in devices for chip in workload.chips_of(d, self.hardware.board_of))
             if chips:
                 found[pod["metadata"]["name"]] = (pod["metadata"]["uid"], chips)
         return found
@@ -235,6 +257,8 @@ class Soak:
             status = pod.get("status") or {}
             if status.get("phase") == "Failed" and name not in self.failed:
                 self.failed[name] = f"{status.get('reason', '')}: {status.get('message', '')}"[:300]
+                if name not in self.deleted:  # a pod deleted before it ran is failed too, with no reason
+                    self.failures.append(c.Failure(at, name, status.get("reason", ""), status.get("message", "")))
                 self.note(f"{name} failed: {self.failed[name]}")
             if name not in allocated:
                 continue
@@ -342,7 +366,7 @@ class Soak:
 
     def units_of(self, healthy: Any) -> int:
         """Allocatable of the device plugin's config now when exactly the chips healthy(chip) are healthy."""
-        config = DEVICE_PLUGIN_CONFIGS[self.config_at(self.now())]
+        config = self.agent.base_config | DEVICE_PLUGIN_CONFIGS[self.config_at(self.now())]  # as Agent.set_config
         replicas = max(1, int(config.get("sharing", {}).get("timeSlicing", {}).get("replicas", 1)))
         if config.get("flags", {}).get("splitboard"):
             return replicas * sum(1 for chip in range(CHIPS) if healthy(chip))
@@ -364,6 +388,8 @@ class Soak:
         resets = read_resets(self.hardware.reset_log, self.chip_of, self.start)
         c.no_reset_under_holder(self.invariants["no reset under a holder"], resets, self.samples)
         c.broken_not_given(self.invariants["broken not given"], self.allocations, self.broken)
+        c.admission_failures(self.invariants["no admission refused by the agent"], self.failures, self.quiet)
+        self.judge_api_load()
         agent_files: list[Path] = []
         found = leftovers(
             self.cluster.device_plugin_dir,
@@ -383,3 +409,22 @@ class Soak:
             agent_running=False,
         )
         c.nothing_left(self.invariants["nothing left"], self.now(), found)
+
+    def judge_api_load(self) -> None:
+        """The agent's requests per minute, from the API server's audit log."""
+        requests = agent_requests(self.cluster.audit_log, self.start)
+        per_minute = [
+            sum(1 for r in requests if m * 60 <= r.at < (m + 1) * 60) for m in range(int(self.now() // 60) + 1)
+        ]
+        self.api_load = (len(requests), max(per_minute))
+        self.note(f"the agent's API requests: {len(requests)}, per minute {per_minute}")
+        c.requests_per_minute(self.invariants["API requests per minute"], requests, self.now())
+
+
+def stop(soak: Soak) -> None:
+    """The agent uninstalled, after the workload is gone where the soak did not get to its end (a DRA claim's pod
+    is only removed once the driver has unprepared it)."""
+    if soak.agent.installed:
+        with contextlib.suppress(KubectlError, AssertionError):
+            soak.admin("delete", "pods", "--all", "-n", soak.namespace, "--wait=true", "--timeout=90s", timeout=120)
+    soak.agent.stop()

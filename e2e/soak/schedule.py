@@ -35,6 +35,9 @@ COMMON_KINDS = {
     "ixsmi-slow": 1,
     "ixsmi-hanging": 1,
     "node-health-unreadable": 1,
+    "apiserver-restart": 1,
+    "apiserver-slow": 1,
+    "disk-full": 1,
 }
 MODE_KINDS = {
     "device-plugin": {"config-change": 2},
@@ -46,6 +49,8 @@ DEVICE_PLUGIN_CONFIGS = (
     {"sharing": {"timeSlicing": {"replicas": 2}}},
     {"flags": {"splitboard": True}, "sharing": {"timeSlicing": {"replicas": 2}}},
 )
+# The DRA workload's shapes (e2e/soak/workload.py says what each is), a chip claim twice as often as the others
+DRA_SHAPES = ("claim-1", "claim-1", "claim-2", "claims-2", "requests-2", "board-1", "shared-claim", "admin-1")
 FIRST_FAULT_S = 5.0
 MEAN_GAP_S = 6.0  # between fault starts: faults overlap, since most last longer
 MEAN_WORKLOAD_GAP_S = 4.0
@@ -124,9 +129,14 @@ def _fault(rng: random.Random, kind: str, at: float, total: float) -> Step:
         return Step(at, kind, (chip,), duration)
     if kind in ("ixsmi-failing", "ixsmi-slow", "ixsmi-hanging"):
         return Step(at, kind, (), duration, {"seconds": rng.choice((2, 5))} if kind == "ixsmi-slow" else {})
+    if kind == "apiserver-slow":  # the server stopped for seconds: long enough for every client's request to wait
+        return Step(at, kind, (), float(rng.choice((2, 4, 6))))
+    if kind == "disk-full":
+        return Step(at, kind, (), duration)
     if kind == "config-change":
         return Step(at, kind, (), 0.0, {"config": rng.randrange(len(DEVICE_PLUGIN_CONFIGS))})
-    return Step(at, kind)  # agent-kill, -restart, rollout, rollback, kubelet-restart, node-health/checkpoint-unreadable
+    # agent-kill, -restart, rollout, rollback, kubelet- and apiserver-restart, node-health/checkpoint-unreadable
+    return Step(at, kind)
 
 
 def _workload(rng: random.Random, mode: str, total: float) -> list[Step]:
@@ -148,7 +158,7 @@ def _workload(rng: random.Random, mode: str, total: float) -> list[Step]:
 def _shape(rng: random.Random, mode: str) -> str:
     if mode == "device-plugin":
         return rng.choice(("gpus-1", "gpus-1", "gpus-2"))
-    return rng.choice(("claim-1", "claim-1", "claim-2", "claims-2"))  # chips in one claim, or two claims
+    return rng.choice(DRA_SHAPES)
 
 
 def kinds_used(steps: list[Step]) -> set[str]:

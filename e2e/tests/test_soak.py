@@ -5,7 +5,6 @@ short one per mode on the session's cluster, with the seed 1 and every seed of e
 
 from __future__ import annotations
 
-import contextlib
 import os
 import random
 import time
@@ -15,13 +14,12 @@ from pathlib import Path
 import pytest
 from harness.cluster import Cluster
 from harness.dra import delete_slices
-from harness.kube import KubectlError
 from harness.project_image import BuiltImage
 from soak import report
 from soak.agent import Agent
 from soak.faults import RETURN_ANNOTATION
 from soak.hardware import Hardware
-from soak.runner import Soak
+from soak.runner import Soak, stop
 from soak.schedule import MODES, Step, draw
 
 DEFAULT_SEED = 1
@@ -48,15 +46,6 @@ def soak_runs() -> list[tuple[str, int]]:
         return [(mode, int(seed)) for mode in modes]
     extra = [(mode, s) for mode in modes for m, s in regression_seeds() if m in (None, mode) and s != DEFAULT_SEED]
     return [(mode, DEFAULT_SEED) for mode in modes] + extra
-
-
-def stop(soak: Soak) -> None:
-    """The agent uninstalled, after the workload is gone where the soak did not get to its end (a DRA claim's pod
-    is only removed once the driver has unprepared it)."""
-    if soak.agent.installed:
-        with contextlib.suppress(KubectlError, AssertionError):
-            soak.admin("delete", "pods", "--all", "-n", soak.namespace, "--wait=true", "--timeout=90s", timeout=120)
-    soak.agent.stop()
 
 
 @pytest.fixture

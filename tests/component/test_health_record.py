@@ -114,8 +114,10 @@ async def test_a_record_write_that_fails_as_a_reset_ends_is_tried_again_until_it
     short_dir: Path,
     full_disk: FullDisk,
 ) -> None:
-    """The disk fills while GPU-x1 is reset: the write that ends its reservation fails, so every Allocate of the
-    healthy chip is refused; once space returns the write lands with no other change on the node."""
+    """The disk fills while GPU-x1 is reset: the write that ends its reservation fails, so the chip stays held out
+    of service (Unhealthy to the kubelet) for as long as the record says it is reserved: a kubelet is never offered
+    a chip whose Allocate is refused (it fails the pod for good). Once space returns the write lands with no other
+    change on the node, and the chip is offered and given."""
     ixsmi = Ixsmi(short_dir)
     ixsmi.delay.write_text("1")
     await start_healing(start_daemon, apiserver, pod_resources, libs, short_dir, ixsmi)
@@ -123,11 +125,13 @@ async def test_a_record_write_that_fails_as_a_reset_ends_is_tried_again_until_it
     inject_xid(conf, 1, 48)
     await until(lambda: "reserved" in recorded(short_dir, "GPU-x1"), timeout=5)
     full_disk.fill()
-    await kubelet.wait_for(lambda: view.devices["GPU-x1"] == HEALTHY, timeout=10)  # reset; the write failed
-    with pytest.raises(Exception, match="held out of service for a reset"):
+    await stays(lambda: view.devices["GPU-x1"] == UNHEALTHY, for_=3.0, message="held out while the record says so")
+    assert ixsmi.runs() == ["-r -i GPU-x1"] and "reserved" in recorded(short_dir, "GPU-x1")  # reset; write failed
+    with pytest.raises(Exception, match="reserved for a GPU reset"):  # refused, as the kubelet was told
         await kubelet.allocate(RESOURCE, [["GPU-x1"]])
     full_disk.free()
-    await until(lambda: recorded(short_dir, "GPU-x1") == {} and record_path(short_dir / "plugins").exists(), timeout=10)
+    await kubelet.wait_for(lambda: view.devices["GPU-x1"] == HEALTHY, timeout=20)
+    assert recorded(short_dir, "GPU-x1") == {}  # written before the chip was offered
     response = await kubelet.allocate(RESOURCE, [["GPU-x1"]])
     assert len(response.container_responses) == 1
     assert ixsmi.runs() == ["-r -i GPU-x1"]

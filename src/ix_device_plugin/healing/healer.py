@@ -163,6 +163,7 @@ class Healer:
                 self._start_due()
                 self.telling.write_story(self.healing)
                 reservations.write()
+                reservations.release_once_written()
                 await self._sleep()
         finally:
             if follow is not None:
@@ -250,6 +251,12 @@ class Healer:
                     return  # it came back by itself, or went to an operator, or another pod acts now
                 ends = self.reservations.begin(uuid)  # False: reserved already, a reset cut short
                 try:
+                    # Held now: wait without reserving it. A reservation found held is ended at once, and each costs
+                    # a record write and two publications of the chip (its slices read, or the plugin's devices sent),
+                    # at every look for as long as a container holds the chip. Free now: reserved, then looked at again.
+                    if (holder := await self.guard.holder(uuid)) is not None:
+                        self._wait_for(care, holder)
+                        return
                     await self.guard.served(await self.reservations.reserve(uuid))
                     holder = await self.guard.holder(uuid)
                     if holder is not None:

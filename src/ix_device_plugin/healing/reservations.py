@@ -61,6 +61,7 @@ class Reservations:
         self._healing_now = ""  # the chip the healer resets (its reservation is the reset's to end)
         self._acted = False  # this process has taken over what the record says (it acts for the node)
         self._followed_reserved: frozenset[str] = frozenset()  # on standby: the chips the followed record reserves
+        self.releasing: set[str] = set()  # reservations ended here, still held out until the record says so
 
     @property
     def acts(self) -> bool:
@@ -96,6 +97,7 @@ class Reservations:
             await self._take_over()
         elif not self.settings.acting() and self._acted:
             self._acted, self.reserved = False, {}  # on standby (again): the record is the acting pod's
+            self.releasing.clear()
 
     def cut_short(self) -> set[str]:
         """The chips reserved by a reset that is not running: one cut short by a stop, found in the record."""
@@ -128,15 +130,29 @@ class Reservations:
             else:
                 self.reserved[uuid] = before  # a reset cut short stays reserved
             raise
-        return await self.monitor.hold_out({u: RESERVED for u in self.reserved})
+        return await self.monitor.hold_out(self._holds())
 
     def unreserve(self, uuid: str) -> None:
         """End the chip's reservation (nothing to wait for: a release needs no confirmation, and a stop may have
         ended the monitor's task already)."""
         if self.reserved.pop(uuid, None) is None:
             return
-        self.monitor.ask_hold_out({u: RESERVED for u in self.reserved})
+        self.releasing.add(uuid)
         self.write()
+        self.release_once_written()
+
+    def release_once_written(self) -> None:
+        """Let the chips whose reservation ended back into service once the record no longer names them: every pod
+        of the agent refuses a chip the record reserves, so a chip offered before (the write failed: a full disk)
+        would be given by the kubelet and refused, and its pod failed for good. The keeper tries the write again."""
+        if not self.releasing or self.retry_at is not None:
+            return
+        self.releasing.clear()
+        self.monitor.ask_hold_out(self._holds())
+
+    def _holds(self) -> dict[str, str]:
+        """The chips the monitor holds out: those reserved, and those whose release the record does not say yet."""
+        return {uuid: RESERVED for uuid in [*self.reserved, *self.releasing]}
 
     def end_reservations(self) -> None:
         """A chip reserved by a reset cut short (found in the record) stays reserved until a reset of it is done (the

@@ -1,0 +1,134 @@
+"""Faults of what the agent stands on rather than of the chips: the API server restarted or slow, and the agent's
+state directories full for a while.
+
+- `apiserver-restart`: the e2e cluster's kube-apiserver stopped (SIGTERM, SIGKILL after 5 s) and started again.
+- `apiserver-slow`: the kube-apiserver process stopped (SIGSTOP) for a few seconds and continued (SIGCONT): every
+  request of the time waits, none is refused. A timer thread continues it, so that nothing of the soak that waits
+  on the server meanwhile can stretch the pause.
+- `disk-full`: the kubelet plugins directory's `iluvatar.com` (the node-health record) and, for DRA,
+  `gpu.iluvatar.com` (the checkpoint, the driver's socket) are small tmpfs mounts for the whole soak (StateDisk);
+  the fault fills them to the last byte and frees them when its time is up.
+
+None of these breaks a chip; each is a quiet window (checker.healthy_since): a chip healthy through it must be back
+in service within the bound after it ends.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import threading
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from harness.host import mounts_under, unmount
+from harness.procs import run
+
+from .schedule import Step
+
+if TYPE_CHECKING:
+    from .runner import Soak
+
+KINDS = ("apiserver-restart", "apiserver-slow", "disk-full")
+AFTER_S = 10.0  # how long after the fault the agent may take to catch up (relist, rewrite) before the bound runs
+TMPFS_SIZE = "4m"
+FILLER = "soak-disk-full.filler"
+NOT_FILES = shutil.ignore_patterns("*.sock", FILLER)  # sockets belong to the process serving them
+
+
+class StateDisk:
+    """The agent's state directories, each on a tmpfs of its own for the soak, their files carried in and out, so
+    that the node is left as if nothing had been mounted."""
+
+    def __init__(self, plugins_dir: Path, mode: str) -> None:
+        names = ["iluvatar.com"] + (["gpu.iluvatar.com"] if mode == "dra" else [])
+        self.directories = [plugins_dir / name for name in names]
+        self.mounted: list[Path] = []
+
+    def mount(self) -> None:
+        for directory in self.directories:
+            directory.mkdir(parents=True, exist_ok=True)
+            saved = directory.with_name(directory.name + ".soak-saved")
+            shutil.rmtree(saved, ignore_errors=True)
+            shutil.copytree(directory, saved, symlinks=True, ignore=NOT_FILES)
+            run(["mount", "-t", "tmpfs", "-o", f"size={TMPFS_SIZE},mode=0755", "soak-state", str(directory)])
+            self.mounted.append(directory)
+            shutil.copytree(saved, directory, symlinks=True, dirs_exist_ok=True, ignore=NOT_FILES)
+            shutil.rmtree(saved, ignore_errors=True)
+
+    def fill(self) -> list[Path]:
+        """Every mounted directory full (a filler file written until ENOSPC); the fillers."""
+        fillers = []
+        for directory in self.mounted:
+            filler = directory / FILLER
+            descriptor = os.open(filler, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+            try:
+                for chunk in (65536, 4096, 1):  # to the last byte: what is left after the big chunks too
+                    with contextlib.suppress(OSError):
+                        while os.write(descriptor, b"\0" * chunk):
+                            pass
+            finally:
+                os.close(descriptor)
+            fillers.append(filler)
+        return fillers
+
+    def free(self) -> None:
+        for directory in self.mounted:
+            (directory / FILLER).unlink(missing_ok=True)
+
+    def release(self) -> None:
+        """Unmount, the files the agent left there carried back onto the directory underneath (no filler)."""
+        self.free()
+        for directory in reversed(self.mounted):
+            kept = directory.with_name(directory.name + ".soak-kept")
+            shutil.rmtree(kept, ignore_errors=True)
+            shutil.copytree(directory, kept, symlinks=True, ignore=NOT_FILES)
+            unmount(directory)
+            if not mounts_under(directory):
+                shutil.copytree(kept, directory, symlinks=True, dirs_exist_ok=True, ignore=NOT_FILES)
+            shutil.rmtree(kept, ignore_errors=True)
+        self.mounted.clear()
+
+
+class ApiFaults:
+    def __init__(self, soak: Soak) -> None:
+        self.soak = soak
+        self.disk = StateDisk(soak.cluster.plugins_dir, soak.mode)
+        self.paused: threading.Timer | None = None
+
+    def do(self, step: Step) -> None:
+        soak = self.soak
+        began = soak.now()
+        if step.kind == "apiserver-restart":
+            soak.cluster.restart_apiserver()
+            soak.note(f"API server restarted in {soak.now() - began:.1f} s")
+            soak.quiet.append((began, soak.now() + AFTER_S))
+        elif step.kind == "apiserver-slow":
+            self.pause(step.duration)
+            soak.quiet.append((began, began + step.duration + AFTER_S))
+        elif step.kind == "disk-full":
+            fillers = self.disk.fill()
+            soak.note(f"filled {', '.join(str(f.parent) for f in fillers)}")
+            soak.actions.later(step.duration, self.freed)
+            soak.quiet.append((began, began + step.duration + AFTER_S))
+        else:
+            raise AssertionError(f"no way to cause {step.kind}")
+
+    def pause(self, seconds: float) -> None:
+        process = self.soak.cluster.processes["kube-apiserver"]
+        process.signal(signal.SIGSTOP)
+        self.paused = threading.Timer(seconds, lambda: process.signal(signal.SIGCONT))
+        self.paused.start()
+
+    def freed(self) -> None:
+        self.disk.free()
+        self.soak.note("state directories freed")
+
+    def heal_all(self) -> None:
+        """The end: the API server running, the disk free (unmounted later, once the agent is stopped)."""
+        if self.paused is not None:
+            self.paused.cancel()
+            self.soak.cluster.processes["kube-apiserver"].signal(signal.SIGCONT)
+        self.disk.free()
