@@ -53,6 +53,13 @@ class Metrics:
         self.config_reload_failures = Counter(
             f"{PREFIX}_config_reload_failures", "Configuration changes rejected as invalid", registry=r
         )
+        self._add_hardware_metrics(r)
+        for method in ("Allocate", "GetPreferredAllocation"):
+            self.calls.labels(method=method)
+            self.call_latency.labels(method=method)
+
+    def _add_hardware_metrics(self, r: Registry) -> None:
+        """The GPU resets' and the XID events' metrics."""
         self.gpu_resets = Counter(
             f"{PREFIX}_gpu_resets", "GPU resets before Allocate (flags.reset_gpu), by result", ["result"], registry=r
         )
@@ -71,9 +78,6 @@ class Metrics:
         )
         for result in RESET_RESULTS:
             self.gpu_resets.labels(result=result)
-        for method in ("Allocate", "GetPreferredAllocation"):
-            self.calls.labels(method=method)
-            self.call_latency.labels(method=method)
 
     def observe_xid(self, xid: int) -> None:
         """Count one critical XID event, under a label of a bounded set whatever the number."""

@@ -18,20 +18,8 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
-import grpc
-
-from ix_device_plugin.api.dra_health_v1 import api_pb2 as health_v1
-from ix_device_plugin.api.dra_health_v1 import api_pb2_grpc as health_v1_grpc
-from ix_device_plugin.api.dra_health_v1alpha1 import api_pb2 as health_v1alpha1
-from ix_device_plugin.api.dra_health_v1alpha1 import api_pb2_grpc as health_v1alpha1_grpc
-from ix_device_plugin.api.dra_v1 import api_pb2 as dra_v1
-from ix_device_plugin.api.dra_v1 import api_pb2_grpc as dra_v1_grpc
-from ix_device_plugin.api.dra_v1beta1 import api_pb2 as dra_v1beta1
-from ix_device_plugin.api.dra_v1beta1 import api_pb2_grpc as dra_v1beta1_grpc
-from ix_device_plugin.api.pluginregistration import api_pb2_grpc as registration_grpc
 from ix_device_plugin.apiserver.client import Kube
 from ix_device_plugin.apiserver.connection import ApiConnection
 from ix_device_plugin.apiserver.objects import NODE, RESOURCE_SLICE, uid_of
@@ -43,7 +31,8 @@ from ix_device_plugin.dra.agentmode import dra_mode
 from ix_device_plugin.dra.apireads import ApiReads
 from ix_device_plugin.dra.claimstatus import ClaimStatusWriter
 from ix_device_plugin.dra.healguard import ClaimGuard
-from ix_device_plugin.dra.health import DeviceHealthBoard, HealthService
+from ix_device_plugin.dra.health import DeviceHealthBoard
+from ix_device_plugin.dra.kubeletsockets import KubeletSockets
 from ix_device_plugin.dra.metadata import NodeFacts
 from ix_device_plugin.dra.metrics import DraMetrics
 from ix_device_plugin.dra.nodeservices import DraNodeServices, claim_holders
@@ -53,15 +42,10 @@ from ix_device_plugin.dra.registration import (
     RegistrationService,
     dra_socket,
     plugin_dir,
-    put_in_place,
     registration_socket,
-    remove_own_socket,
-    remove_stale_sockets,
     reset_turn,
     socket_paths_problem,
-    staging_socket,
 )
-from ix_device_plugin.dra.service import DraService
 from ix_device_plugin.dra.slices import BOARD, DRIVER, SliceContent, SlicePolicy, slice_content
 from ix_device_plugin.dra.state import ClaimReader, DraState
 from ix_device_plugin.dra.teller import ContainerTeller
@@ -74,7 +58,6 @@ from ix_device_plugin.hardware.pcie import pcie_roots
 from ix_device_plugin.healing.record import RecordFile
 from ix_device_plugin.healing.wayback import return_annotation
 from ix_device_plugin.kubelet.podresources import PodResources
-from ix_device_plugin.kubelet.sockets import Identity, unix_target
 from ix_device_plugin.nodeagent.kit import NodeAgent
 from ix_device_plugin.runtime.errors import StartupError
 from ix_device_plugin.runtime.files import read_boot_id
@@ -130,8 +113,7 @@ class DraDriver:
         self.ready = asyncio.Event()
         self.reads: ApiReads | None = None  # from start, with the API client
         self.teller: ContainerTeller | None = None  # the same
-        self._servers: list[grpc.aio.Server] = []
-        self._sockets: dict[Path, Identity] = {}  # the sockets this pod put in place, to remove only those
+        self.sockets = KubeletSockets(self.registrar_socket, self.endpoint)
         self.metrics = DraMetrics(self._figures, self._prepared_devices)
         factory, mode = backend_factory or open_backend(base), dra_mode(options, self.state.boot_id, healing_rules)
         self.node: NodeAgent[ClaimGuard] = NodeAgent(base, mode, self, self.metrics, factory, self.api)
@@ -241,43 +223,18 @@ class DraDriver:
         await self.state.close(timeout / 10)
         await self.node.gpu_reset.close(timeout / 10)
         await self.node.healing.close(timeout / 10)
-        for server in self._servers:
-            await bounded("stopping a gRPC server", server.stop(timeout / 4), timeout / 4)
-        self._servers.clear()
+        await self.sockets.stop_servers(timeout / 4)
         await self.node.stop_probes(timeout / 10)
-        for path, own in self._sockets.items():
-            remove_own_socket(path, own)
-        self._sockets.clear()
+        self.sockets.remove_sockets()
         if self.api is not None:
             await bounded("closing the API connection", self.api.close(), timeout / 10)
         self.node_labels.close()
         await self.node.close()  # the role is let go already when the publisher stopped; here when that was abandoned
 
     async def _serve(self) -> None:
-        endpoint, registrar = self.endpoint, self.registrar_socket
-        for path in (registrar, endpoint):
-            path.parent.mkdir(parents=True, exist_ok=True)
-        remove_stale_sockets(self.options.registrar_dir, self.options.plugins_dir)  # left by a pod that was killed
-        dra = grpc.aio.server()
-        for pb2, grpc_module in ((dra_v1, dra_v1_grpc), (dra_v1beta1, dra_v1beta1_grpc)):
-            service = DraService(self.prepare_claims, self.unprepare_claim, pb2)
-            grpc_module.add_DRAPluginServicer_to_server(service, dra)  # type: ignore[attr-defined]
-        for pb2, grpc_module in ((health_v1, health_v1_grpc), (health_v1alpha1, health_v1alpha1_grpc)):
-            health = HealthService(self.health, pb2, self._streams_end)
-            grpc_module.add_DRAResourceHealthServicer_to_server(health, dra)  # type: ignore[attr-defined]
-        await self._serve_on(dra, endpoint)
-        registration = grpc.aio.server()
-        registration_grpc.add_RegistrationServicer_to_server(self.registration, registration)
-        await self._serve_on(registration, registrar)  # last: the plugin watcher asks for the endpoint at once
-        log.info("serving %s and %s", registrar, endpoint)
-
-    async def _serve_on(self, server: grpc.aio.Server, path: Path) -> None:
-        """Start server on a staging socket, then move it to path: the name never lacks a socket that answers."""
-        staging = staging_socket(path)
-        server.add_insecure_port(unix_target(staging))
-        await server.start()
-        self._servers.append(server)
-        self._sockets[path] = put_in_place(staging, path)
+        dirs = (self.options.registrar_dir, self.options.plugins_dir)
+        claims = (self.prepare_claims, self.unprepare_claim)
+        await self.sockets.serve(dirs, claims, self.health, self._streams_end, self.registration)
 
     def _watch_slices_and_node(self, api: ApiConnection) -> None:
         """Watch the node's slices (put back when someone else changes or deletes them) and the Node (its UID owns

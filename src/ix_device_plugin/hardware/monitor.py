@@ -21,12 +21,13 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, replace
-from pathlib import Path
+from dataclasses import replace
 
 from ix_device_plugin.core.inventory import ChipStatus, Ignored, Inventory, carry_missing, xid_ignored
 from ix_device_plugin.hardware.backend import Backend, BackendError, XidEvent
 from ix_device_plugin.hardware.devnodes import with_control_nodes
+from ix_device_plugin.hardware.requests import ClearXids, Overlay, Rediscover, Request
+from ix_device_plugin.hardware.view import HardwareView, MonitorSettings, Subscriber
 from ix_device_plugin.hardware.worker import Hardware
 from ix_device_plugin.runtime.errors import StartupError
 from ix_device_plugin.runtime.filewatch import Watcher
@@ -34,61 +35,12 @@ from ix_device_plugin.runtime.logs import OncePerError, Repeats
 
 log = logging.getLogger(__name__)
 
+XidListener = Callable[[XidEvent], None]
+
 SETTLE = 0.2  # let a burst of hot-plug events settle before rediscovering
 MAX_XIDS = 16  # distinct XIDs kept per chip; past that the chip is Unhealthy already, and the rest are counted
 XID_SUMMARY_INTERVAL = 60.0  # seconds between two summaries of the same repeated XID event
 GPU_NODE_PREFIXES = ("iluvatar", "itrctl")  # /dev entries whose coming and going means rediscover
-
-
-@dataclass(frozen=True)
-class HardwareView:
-    """What the node has now; version grows with every change."""
-
-    inventory: Inventory
-    version: int = 0
-    discovered: bool = False  # False until a discovery succeeded
-
-
-Subscriber = Callable[[HardwareView], None]
-
-
-@dataclass(frozen=True)
-class MonitorSettings:
-    """How often the monitor looks, and what it leaves alone."""
-
-    health_interval: float = 5.0
-    rediscover_interval: float = 60.0
-    dev_root: Path = Path("/")
-    watch_dev: bool = True  # follow /dev for hot-plug
-    health_stale_after: float = 60.0  # liveness fails when the last good poll is older than this
-
-
-@dataclass(frozen=True)
-class _Rediscover:
-    """Discover now; answer the view on done (None: a hint, nobody waits)."""
-
-    done: asyncio.Future[HardwareView] | None = None
-
-
-@dataclass(frozen=True)
-class _ClearXids:
-    """A reset cleared these XIDs of the chip: read every chip's health again, forget them; answer the view on done."""
-
-    uuid: str
-    xids: frozenset[int]
-    done: asyncio.Future[HardwareView]
-
-
-@dataclass(frozen=True)
-class _Overlay:
-    """Change what the agent lays over the chips' own health (holds, followed XIDs); answer the view on done."""
-
-    change: Callable[[], None]
-    done: asyncio.Future[HardwareView]
-
-
-_Request = XidEvent | _Rediscover | _ClearXids | _Overlay
-XidListener = Callable[[XidEvent], None]
 
 
 class HardwareMonitor:
@@ -108,7 +60,7 @@ class HardwareMonitor:
         self._ignored = ignored or (lambda: frozenset())  # the health policy in force: XIDs it ignores are not kept
         self._subscribers: list[Subscriber] = []
         self._xid_listeners: list[XidListener] = []
-        self._requests: asyncio.Queue[_Request] = asyncio.Queue()
+        self._requests: asyncio.Queue[Request] = asyncio.Queue()
         self._on_xid = on_xid or (lambda xid: None)
         self._on_poll = on_poll or (lambda: None)
         self._last_good_poll = time.monotonic()
@@ -140,7 +92,7 @@ class HardwareMonitor:
         """After a reset of the chip: read every chip's health again, then forget these XIDs of it; the view once
         every subscriber has been handed it."""
         done: asyncio.Future[HardwareView] = asyncio.get_running_loop().create_future()
-        self._requests.put_nowait(_ClearXids(uuid, xids, done))
+        self._requests.put_nowait(ClearXids(uuid, xids, done))
         return await done
 
     def preset(self, *, followed_xids: Mapping[str, frozenset[int]], held_out: Mapping[str, str]) -> None:
@@ -157,7 +109,7 @@ class HardwareMonitor:
     def ask_hold_out(self, held: Mapping[str, str]) -> None:
         """hold_out without waiting for it to be published (a release)."""
         done: asyncio.Future[HardwareView] = asyncio.get_running_loop().create_future()
-        self._requests.put_nowait(_Overlay(lambda: self._set_held_out(held), done))
+        self._requests.put_nowait(Overlay(lambda: self._set_held_out(held), done))
 
     async def follow_xids(self, xids: Mapping[str, frozenset[int]]) -> HardwareView:
         """Lay these XIDs (another pod's, from the node-health record) over the chips' own; replaces the last ones.
@@ -175,7 +127,7 @@ class HardwareMonitor:
 
     async def _overlay(self, change: Callable[[], None]) -> HardwareView:
         done: asyncio.Future[HardwareView] = asyncio.get_running_loop().create_future()
-        self._requests.put_nowait(_Overlay(change, done))
+        self._requests.put_nowait(Overlay(change, done))
         return await done
 
     def _set_held_out(self, held: Mapping[str, str]) -> None:
@@ -209,12 +161,12 @@ class HardwareMonitor:
     async def rediscover(self) -> HardwareView:
         """Discover now (after a GPU reset); the view once every subscriber has been handed it. BackendError."""
         done: asyncio.Future[HardwareView] = asyncio.get_running_loop().create_future()
-        self._requests.put_nowait(_Rediscover(done))
+        self._requests.put_nowait(Rediscover(done))
         return await done
 
     def hint_rediscover(self) -> None:
         """Rediscover soon (something suggests the chips changed)."""
-        self._requests.put_nowait(_Rediscover())
+        self._requests.put_nowait(Rediscover())
 
     def problem(self) -> str | None:
         """Why the hardware side is not live (a call stuck in the library, no good poll for long), else None."""
@@ -253,11 +205,11 @@ class HardwareMonitor:
             now = time.monotonic()
             if isinstance(request, XidEvent):
                 self._take_xid(request)
-            elif isinstance(request, _ClearXids):
+            elif isinstance(request, ClearXids):
                 await self._clear_xids(request)
-            elif isinstance(request, _Overlay):
+            elif isinstance(request, Overlay):
                 self._take_overlay(request)
-            elif isinstance(request, _Rediscover) or now >= next_discovery:
+            elif isinstance(request, Rediscover) or now >= next_discovery:
                 if request is not None and request.done is None:
                     await asyncio.sleep(SETTLE)
                     self._drop_hints()
@@ -267,7 +219,7 @@ class HardwareMonitor:
                 await self._poll()
                 next_poll = time.monotonic() + settings.health_interval
 
-    async def _next_request(self, deadline: float) -> _Request | None:
+    async def _next_request(self, deadline: float) -> Request | None:
         """The next request, or None when deadline (monotonic) passes first."""
         try:
             async with asyncio.timeout(max(0.0, deadline - time.monotonic())):
@@ -280,7 +232,7 @@ class HardwareMonitor:
         kept = []
         while not self._requests.empty():
             request = self._requests.get_nowait()
-            if not (isinstance(request, _Rediscover) and request.done is None):
+            if not (isinstance(request, Rediscover) and request.done is None):
                 kept.append(request)
         for request in kept:
             self._requests.put_nowait(request)
@@ -342,7 +294,7 @@ class HardwareMonitor:
         )
         self._last_good_poll = time.monotonic()
 
-    def _take_overlay(self, request: _Overlay) -> None:
+    def _take_overlay(self, request: Overlay) -> None:
         request.change()
         inventory = self.view.inventory
         statuses = {chip.uuid: self._overlaid(chip.uuid, chip.status) for chip in inventory.chips()}
@@ -357,7 +309,7 @@ class HardwareMonitor:
         xids = self._own_xids.get(uuid, frozenset()) | self._followed_xids.get(uuid, frozenset())
         return replace(status, xids=xids, held_out=self._held_out.get(uuid, ""))
 
-    async def _clear_xids(self, request: _ClearXids) -> None:
+    async def _clear_xids(self, request: ClearXids) -> None:
         await self._poll()
         chip = next((chip for chip in self.view.inventory.chips() if chip.uuid == request.uuid), None)
         if chip is not None and chip.status.xids & request.xids:
