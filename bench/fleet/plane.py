@@ -26,7 +26,8 @@ from e2e.harness.certs import Pki, make_pki
 from e2e.harness.cluster import FEATURE_GATES, SERVICE_CIDR, SERVICE_IP
 from e2e.harness.components import Binaries, Ports
 from e2e.harness.kube import Kubectl, kubeconfig_text
-from e2e.harness.procs import Process, wait_until
+from e2e.harness.procs import Process
+from e2e.harness.waits import until
 
 AGENTS = "ix-fleet:agents"
 # The scheduler's and controller-manager's own client rate limits (50 and 20 requests per second by default)
@@ -119,7 +120,7 @@ class ControlPlane:
             ("kube-controller-manager", self.ports.controller_manager),
         ):
             process = self.processes[name]
-            wait_until(
+            until(
                 lambda process=process, port=port: (
                     process.running() and host.http_get(f"https://127.0.0.1:{port}/healthz") == b"ok"
                 ),
@@ -149,7 +150,7 @@ class ControlPlane:
 
     def _start_etcd(self) -> None:
         etcd = self._spawn("etcd", components.etcd_argv(self.binaries, self.ports, self.workdir / "etcd"))
-        wait_until(
+        until(
             lambda: etcd.running() and b'"health":"true"' in host.http_get(f"{self.etcd_url}/health"),
             30,
             "etcd healthy",
@@ -178,7 +179,7 @@ class ControlPlane:
         ]
         apiserver = self._spawn("kube-apiserver", argv)
         admin = self.admin
-        wait_until(
+        until(
             lambda: apiserver.running() and admin("get", "--raw", "/readyz", timeout=10).strip() == "ok",
             START_TIMEOUT,
             "kube-apiserver ready",
