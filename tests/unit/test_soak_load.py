@@ -9,7 +9,7 @@ from pathlib import Path
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tests.unit.test_soak_schedule import SOAK, imported_modules, load
+from tests.helpers.soak_modules import SOAK, imported_modules, load
 
 checker = load("checker")
 schedule = load("schedule")

@@ -2,29 +2,7 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-from types import ModuleType
-
-SOAK = Path(__file__).resolve().parents[2] / "e2e" / "soak"
-
-
-def load(name: str) -> ModuleType:
-    """e2e/soak/<name>.py alone, as soak.<name> (nothing of the e2e harness is imported)."""
-    if f"soak.{name}" in sys.modules:
-        return sys.modules[f"soak.{name}"]
-    if "soak" not in sys.modules:
-        package = importlib.util.spec_from_file_location("soak", SOAK / "__init__.py", submodule_search_locations=[])
-        assert package is not None and package.loader is not None
-        sys.modules["soak"] = importlib.util.module_from_spec(package)
-    spec = importlib.util.spec_from_file_location(f"soak.{name}", SOAK / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[f"soak.{name}"] = module
-    spec.loader.exec_module(module)
-    return module
-
+from tests.helpers.soak_modules import load
 
 checker = load("checker")
 

@@ -3,28 +3,7 @@ agent, and each invariant reports a violation when the history shows one."""
 
 from __future__ import annotations
 
-import ast
-import importlib.util
-import sys
-from pathlib import Path
-from types import ModuleType
-
-SOAK = Path(__file__).resolve().parents[2] / "e2e" / "soak"
-
-
-def load(name: str) -> ModuleType:
-    """e2e/soak/<name>.py alone, as soak.<name> (nothing of the e2e harness is imported)."""
-    if "soak" not in sys.modules:
-        package = importlib.util.spec_from_file_location("soak", SOAK / "__init__.py", submodule_search_locations=[])
-        assert package is not None and package.loader is not None
-        sys.modules["soak"] = importlib.util.module_from_spec(package)
-    spec = importlib.util.spec_from_file_location(f"soak.{name}", SOAK / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[f"soak.{name}"] = module
-    spec.loader.exec_module(module)
-    return module
-
+from tests.helpers.soak_modules import SOAK, imported_modules, load
 
 schedule = load("schedule")
 checker = load("checker")
@@ -47,16 +26,6 @@ def test_a_schedule_draws_every_kind_of_its_mode_in_three_minutes_and_ends_befor
         assert schedule.kinds_used(steps) == set(schedule.kinds_of(mode))
         assert all(step.at + step.duration < 3 * 60 for step in steps)
         assert [s.at for s in steps] == sorted(s.at for s in steps)
-
-
-def imported_modules(path: Path) -> set[str]:
-    found = set()
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.Import):
-            found |= {alias.name for alias in node.names}
-        elif isinstance(node, ast.ImportFrom):
-            found.add("." * node.level + (node.module or ""))
-    return found
 
 
 def test_the_checker_and_what_it_reads_import_nothing_of_the_agent() -> None:
