@@ -299,14 +299,25 @@ NO_CHIP_LEFT = ("requested number of devices unavailable", "no healthy devices p
 RESTARTING = ("unregistered device", "code = Unavailable", "endpoint not found", "resource not registered")
 
 
+# What the agent's Allocate says of a device a fault broke after the kubelet chose it (its view lags the agent's by a
+# device list): refusing it is right ("broken not given"), and the kubelet fails the pod.
+JUST_BROKEN = ("is Unhealthy",)
+
+
 def admission_failures(
-    invariant: Invariant, failures: Iterable[Failure], restarts: Sequence[tuple[float, float]]
+    invariant: Invariant,
+    failures: Iterable[Failure],
+    restarts: Sequence[tuple[float, float]],
+    broken: Sequence[Broken] = (),
 ) -> None:
     """No pod fails admission for a reason the agent caused: a failed pod is rightly failed only for want of a
-    chip (the soak broke them) or while the agent or the kubelet restarted (within RESTART_NEAR_S of one)."""
+    chip (the soak broke them), while the agent or the kubelet restarted (within RESTART_NEAR_S of one), or for a
+    device a fault broke within GRACE_S (and the soak's tick) before, which the kubelet's view did not show yet."""
     for failure in failures:
         text = f"{failure.reason}: {failure.message}"
         no_chip = failure.reason.startswith("OutOf") or any(words in text for words in NO_CHIP_LEFT)
         near = any(begin - RESTART_NEAR_S <= failure.at <= end + RESTART_NEAR_S for begin, end in restarts)
         restarting = near and any(words in text for words in RESTARTING)
-        invariant.check(no_chip or restarting, failure.at, f"{failure.pod} failed: {text}")
+        just = any(0.0 <= failure.at - w.since <= GRACE_S + 1.0 for w in broken)
+        just_broken = just and any(words in text for words in JUST_BROKEN)
+        invariant.check(no_chip or restarting or just_broken, failure.at, f"{failure.pod} failed: {text}")

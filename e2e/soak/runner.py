@@ -388,7 +388,9 @@ class Soak:
         resets = read_resets(self.hardware.reset_log, self.chip_of, self.start)
         c.no_reset_under_holder(self.invariants["no reset under a holder"], resets, self.samples)
         c.broken_not_given(self.invariants["broken not given"], self.allocations, self.broken)
-        c.admission_failures(self.invariants["no admission refused by the agent"], self.failures, self.quiet)
+        c.admission_failures(
+            self.invariants["no admission refused by the agent"], self.failures, self.quiet, self.broken
+        )
         self.judge_api_load()
         agent_files: list[Path] = []
         found = leftovers(

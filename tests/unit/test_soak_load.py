@@ -124,3 +124,19 @@ def test_a_dra_workload_draws_every_shape_and_the_device_plugin_its_own() -> Non
     assert dra == set(schedule.DRA_SHAPES)
     plugin = {str(s.detail["shape"]) for s in schedule.draw(2, 15, "device-plugin") if s.kind == "pod-create"}
     assert plugin == {"gpus-1", "gpus-2"}
+
+
+def test_a_device_refused_just_after_a_fault_broke_it_is_no_violation_but_later_it_is() -> None:
+    """The kubelet chose a device its view still showed healthy, a fault having broken it a moment before: the agent
+    rightly refuses it (what the kubelet fails the pod for). Long after the fault, the same refusal is the agent's."""
+    invariant = checker.Invariant("no admission refused by the agent")
+    unhealthy = (
+        "Allocate failed due to rpc error: code = FailedPrecondition desc = device GPU-a::1 is Unhealthy (XID 120)"
+    )
+    broken = [checker.Broken(1, 50.0, None, "XID 120")]
+    failures = [
+        checker.Failure(51.1, "just-broken", "UnexpectedAdmissionError", unhealthy),
+        checker.Failure(80.0, "long-broken", "UnexpectedAdmissionError", unhealthy),
+    ]
+    checker.admission_failures(invariant, failures, [], broken)
+    assert [what.split()[0] for _, what in invariant.violations] == ["long-broken"]
