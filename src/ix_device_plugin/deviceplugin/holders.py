@@ -10,24 +10,73 @@ chip the healer reserved is Unhealthy in the served plan, so Allocate refuses it
 `served` waits until the plan says so, then for an Allocate answered just before to show in pod-resources.
 
 A board's first chip's ID names the chip on a split node, and the whole board otherwise; it is read as the chip only
-while every plan served since the start split the boards (a config changed from whole boards to split may leave a
-container holding a board under that ID). A restart forgets that history: after `splitboard` changed from false to
-true live, restart the plugin only once no pod holds a whole board.
+while every plan served since whole boards were last held split the boards (a config changed from whole boards to
+split may leave a container holding a board under that ID). That whole boards were served is kept for the boot in
+`<kubelet plugins dir>/iluvatar.com/whole-boards-served` (the boot's ID), so a restarted pod reads such an ID as the
+board too; once a split plan is served and no container holds a board's first chip's ID, it is forgotten.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 
+from ix_device_plugin.core.inventory import Inventory
+from ix_device_plugin.core.plan import REPLICA_SEPARATOR
 from ix_device_plugin.deviceplugin.state import Current, State
 from ix_device_plugin.hardware.monitor import HardwareView
-from ix_device_plugin.kubelet.podresources import PodResources
-from ix_device_plugin.runtime.files import OutputError
+from ix_device_plugin.healing.record import RecordFile
+from ix_device_plugin.kubelet.podresources import PodResources, PodResourcesError
+from ix_device_plugin.runtime.files import OutputError, read_boot_id, reason, remove_file, write_atomically
 from ix_device_plugin.runtime.noderole import ResetTurn
 
 DRA_DRIVER = "gpu.iluvatar.com"  # the DRA driver's claims hold chips too, where a node moved from DRA
+WHOLE_BOARDS_FILE = "whole-boards-served"  # beside the node-health record
+
+log = logging.getLogger(__name__)
+
+
+class WholeBoardsMark:
+    """That a plan of whole multi-chip boards was served in this boot (path None: this process alone remembers it).
+
+    The file holds the boot's ID: from another boot, missing or saying anything else, it says nothing (no container
+    outlives a reboot); one that cannot be read says yes (a reset waits rather than hit a board someone holds).
+    """
+
+    def __init__(self, path: Path | None, boot_id: str) -> None:
+        self.path = path
+        self.boot_id = boot_id
+
+    @classmethod
+    def beside(cls, record: RecordFile | None) -> WholeBoardsMark:
+        """The mark beside the node-health record (none without one), for this boot."""
+        return cls(None if record is None else record.path.parent / WHOLE_BOARDS_FILE, read_boot_id())
+
+    def read(self) -> bool:
+        if self.path is None:
+            return False
+        try:
+            return self.path.read_bytes().strip() == self.boot_id.encode()
+        except FileNotFoundError:
+            return False
+        except OSError as error:
+            log.warning("cannot read %s (%s): a board's first chip's ID is read as the board", self.path, reason(error))
+            return True
+
+    def mark(self) -> None:
+        if self.path is not None:
+            try:
+                write_atomically(self.path, self.boot_id + "\n")
+            except OutputError as error:
+                log.warning("%s: a restarted plugin may read a board's first chip's ID as that chip alone", error)
+
+    def forget(self) -> None:
+        if self.path is not None:
+            with contextlib.suppress(OutputError):
+                remove_file(self.path)
 
 
 class PodHolders:
@@ -47,6 +96,7 @@ class PodHolders:
         settle: float,
         reset_turn: ResetTurn,
         turn_timeout: float,
+        whole_boards: WholeBoardsMark | None = None,
     ) -> None:
         self._pod_resources = pod_resources
         self._current = current
@@ -54,7 +104,8 @@ class PodHolders:
         self._settle = settle
         self._reset_turn = reset_turn
         self._turn_timeout = turn_timeout
-        self._whole_boards_served = False  # a plan of whole multi-chip boards was served since the start
+        self._mark = whole_boards or WholeBoardsMark(None, "")
+        self._whole_boards_served = self._mark.read()  # whole multi-chip boards served, maybe still held
 
     def turn(self) -> contextlib.AbstractAsyncContextManager[None]:
         """The node's reset turn (OutputError when another pod keeps it past its timeout)."""
@@ -73,11 +124,27 @@ class PodHolders:
     async def holder(self, uuid: str) -> str | None:
         """The container holding the chip (`namespace/pod (container)`), why that is not known, or None when free."""
         inventory = self._current.state.inventory
+        await self._forget_whole_boards_none_holds(inventory)
         return await self._pod_resources.chip_holder(uuid, inventory, DRA_DRIVER, split_only=self._split_only())
+
+    async def _forget_whole_boards_none_holds(self, inventory: Inventory) -> None:
+        """Split boards served and no container holding a board's first chip's ID: no one holds a whole board."""
+        if not self._whole_boards_served or not self._current.state.config.splitboard:
+            return
+        try:
+            holdings = await self._pod_resources.read_holdings()
+        except PodResourcesError:
+            return
+        firsts = {board.uuid for board in inventory.boards if len(board.chips) > 1}
+        if not any(device_id.partition(REPLICA_SEPARATOR)[0] in firsts for _, device_id, _ in holdings.devices):
+            self._whole_boards_served = False
+            self._mark.forget()
 
     def saw(self, state: State) -> None:
         """The reconcile loop serves state from now on (remembered: whether it served whole multi-chip boards)."""
         if not state.config.splitboard and any(len(board.chips) > 1 for board in state.inventory.boards):
+            if not self._whole_boards_served:
+                self._mark.mark()
             self._whole_boards_served = True
 
     def _split_only(self) -> bool:

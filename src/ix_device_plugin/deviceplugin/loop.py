@@ -42,7 +42,7 @@ from ix_device_plugin.deviceplugin.handover import (
     reset_turn,
     until_fixed_name_free,
 )
-from ix_device_plugin.deviceplugin.holders import PodHolders
+from ix_device_plugin.deviceplugin.holders import PodHolders, WholeBoardsMark
 from ix_device_plugin.deviceplugin.metrics import Metrics
 from ix_device_plugin.deviceplugin.nodefiles import NodeFiles
 from ix_device_plugin.deviceplugin.registrar import Registrar
@@ -133,7 +133,7 @@ class Daemon:
         turn = reset_turn(self.options.kubelet_plugins_directory_path, turn_timeout)  # the node's, either mode
         return PodHolders(
             pod_resources, self.current, self._until_applied, settle=self._settle, reset_turn=turn,
-            turn_timeout=turn_timeout,
+            turn_timeout=turn_timeout, whole_boards=WholeBoardsMark.beside(record),
         )  # fmt: skip
 
     def chip_holders(self, pod_resources: PodResources, monitor: HardwareMonitor) -> PluginHolders:

@@ -138,6 +138,10 @@ class PodResources:
         ref = chip_holder(uuid, holdings, inventory, driver, split_only)
         return None if ref is None else describe(ref)
 
+    async def read_holdings(self) -> Holdings:
+        """Every device and claim device the node's containers hold; PodResourcesError when that cannot be known."""
+        return await self._reader().holdings(timeout=2.0)
+
     async def allocations(self, resource_names: Set[str], errors: OncePerError) -> dict[str, PodRef]:
         """Device ID -> the container holding it (empty when unknown); a failure is said once through errors."""
         return await self._said_once(lambda client: client.allocations(resource_names, timeout=2.0), {}, errors)
