@@ -21,15 +21,12 @@ import shutil
 import signal
 import threading
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from harness.host import mounts_under, unmount
 from harness.procs import run
 
+from .run import SoakRun
 from .schedule import Step
-
-if TYPE_CHECKING:
-    from .runner import Soak
 
 KINDS = ("apiserver-restart", "apiserver-slow", "disk-full")
 AFTER_S = 10.0  # how long after the fault the agent may take to catch up (relist, rewrite) before the bound runs
@@ -93,7 +90,7 @@ class StateDisk:
 
 
 class ApiFaults:
-    def __init__(self, soak: Soak) -> None:
+    def __init__(self, soak: SoakRun) -> None:
         self.soak = soak
         self.disk = StateDisk(soak.cluster.plugins_dir, soak.mode)
         self.paused: threading.Timer | None = None

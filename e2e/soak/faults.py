@@ -6,23 +6,20 @@ from __future__ import annotations
 import contextlib
 import re
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 from harness.kube import KubectlError
 
 from . import checker as c
 from .observe import read_resets
+from .run import SoakRun
 from .schedule import Step
-
-if TYPE_CHECKING:
-    from .runner import Soak
 
 RETURN_ANNOTATION = "iluvatar.com/gpu.return"
 UNREADABLE = b"\x00{not json \xff"
 
 
 class FaultActions:
-    def __init__(self, soak: Soak) -> None:
+    def __init__(self, soak: SoakRun) -> None:
         self.soak = soak
         self.undo: list[tuple[float, Callable[[], None]]] = []
         self.created: list[str] = []
