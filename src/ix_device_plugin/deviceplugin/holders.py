@@ -24,8 +24,10 @@ import logging
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
+from ix_device_plugin.core.holding import chip_holder, describe, unknown_holder
 from ix_device_plugin.core.inventory import Inventory
 from ix_device_plugin.core.plan import REPLICA_SEPARATOR
+from ix_device_plugin.core.telemetry import Holdings
 from ix_device_plugin.deviceplugin.state import Current, State
 from ix_device_plugin.hardware.monitor import HardwareView
 from ix_device_plugin.healing.record import RecordFile
@@ -124,16 +126,17 @@ class PodHolders:
     async def holder(self, uuid: str) -> str | None:
         """The container holding the chip (`namespace/pod (container)`), why that is not known, or None when free."""
         inventory = self._current.state.inventory
-        await self._forget_whole_boards_none_holds(inventory)
-        return await self._pod_resources.chip_holder(uuid, inventory, DRA_DRIVER, split_only=self._split_only())
-
-    async def _forget_whole_boards_none_holds(self, inventory: Inventory) -> None:
-        """Split boards served and no container holding a board's first chip's ID: no one holds a whole board."""
-        if not self._whole_boards_served or not self._current.state.config.splitboard:
-            return
         try:
             holdings = await self._pod_resources.read_holdings()
-        except PodResourcesError:
+        except PodResourcesError as error:
+            return unknown_holder("a container", error)
+        self._forget_whole_boards_none_holds(holdings, inventory)
+        ref = chip_holder(uuid, holdings, inventory, DRA_DRIVER, self._split_only())
+        return None if ref is None else describe(ref)
+
+    def _forget_whole_boards_none_holds(self, holdings: Holdings, inventory: Inventory) -> None:
+        """Split boards served and no container holding a board's first chip's ID: no one holds a whole board."""
+        if not self._whole_boards_served or not self._current.state.config.splitboard:
             return
         firsts = {board.uuid for board in inventory.boards if len(board.chips) > 1}
         if not any(device_id.partition(REPLICA_SEPARATOR)[0] in firsts for _, device_id, _ in holdings.devices):
