@@ -5,6 +5,7 @@ once no container holds such an ID, the mark is forgotten. Real gRPC to the pod-
 
 from __future__ import annotations
 
+import os
 from dataclasses import replace
 from pathlib import Path
 
@@ -69,6 +70,15 @@ def test_an_unreadable_mark_reads_as_whole_boards_served(tmp_path: Path) -> None
     path = tmp_path / WHOLE_BOARDS_FILE
     path.mkdir()  # not a file: a reset waits rather than hit a board someone may hold
     assert WholeBoardsMark(path, "boot-1").read() is True
+
+
+def test_a_mark_that_is_a_symlink_a_fifo_or_huge_is_not_read_through(tmp_path: Path) -> None:
+    link, fifo, huge = tmp_path / "link", tmp_path / "fifo", tmp_path / "huge"
+    (tmp_path / "target").write_text("boot-1\n")
+    link.symlink_to(tmp_path / "target")
+    os.mkfifo(fifo)  # opened without blocking: never hangs
+    huge.write_bytes(b"boot-1" + b" " * 10_000_000)
+    assert [WholeBoardsMark(path, "boot-1").read() for path in (link, fifo, huge)] == [True, True, True]
 
 
 @settings(max_examples=200, deadline=None)

@@ -32,11 +32,13 @@ from ix_device_plugin.deviceplugin.state import Current, State
 from ix_device_plugin.hardware.monitor import HardwareView
 from ix_device_plugin.healing.record import RecordFile
 from ix_device_plugin.kubelet.podresources import PodResources, PodResourcesError
-from ix_device_plugin.runtime.files import OutputError, read_boot_id, reason, remove_file, write_atomically
+from ix_device_plugin.runtime.files import OutputError, read_boot_id, remove_file, write_atomically
 from ix_device_plugin.runtime.noderole import ResetTurn
+from ix_device_plugin.settings.documents import DocumentError, read_file
 
 DRA_DRIVER = "gpu.iluvatar.com"  # the DRA driver's claims hold chips too, where a node moved from DRA
 WHOLE_BOARDS_FILE = "whole-boards-served"  # beside the node-health record
+MARK_LIMIT = 256  # bytes: a boot ID is 37
 
 log = logging.getLogger(__name__)
 
@@ -61,11 +63,11 @@ class WholeBoardsMark:
         if self.path is None:
             return False
         try:
-            return self.path.read_bytes().strip() == self.boot_id.encode()
+            return read_file(self.path, MARK_LIMIT, follow_symlinks=False).strip() == self.boot_id.encode()
         except FileNotFoundError:
             return False
-        except OSError as error:
-            log.warning("cannot read %s (%s): a board's first chip's ID is read as the board", self.path, reason(error))
+        except DocumentError as error:  # a symlink, a FIFO, a directory, too large: say yes, a reset waits
+            log.warning("cannot read %s (%s): a board's first chip's ID is read as the board", self.path, error)
             return True
 
     def mark(self) -> None:
