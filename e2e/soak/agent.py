@@ -43,6 +43,7 @@ RESET_TIMEOUT_S = 10
 READY_S = 240
 DRA_COREX = "/usr/local/corex"  # where the DRA driver's pod mounts corexPath (the device plugin's: at corexPath)
 PROGRAM = "ix-device-plugin"
+KILLS_BEFORE_BACKOFF = 2  # the kubelet's back-off before a third restart of a container is 40 s
 
 
 class Agent:
@@ -203,13 +204,20 @@ class Agent:
         self.follow_logs([pod])
         return pod
 
-    def kill(self) -> None:
-        """SIGKILL to the container's main process, by the host (containerd's task): the kubelet restarts it."""
+    def kill(self) -> bool:
+        """SIGKILL to the container's main process, by the host (containerd's task): the kubelet restarts it. A
+        container killed KILLS_BEFORE_BACKOFF times already would wait for its restart behind the kubelet's crash
+        back-off (10 s, doubling, up to 5 minutes: a fault of the soak's own making, which holds up the schedule),
+        so its pod is deleted instead (False: restarted, not killed)."""
         pod = self.newest()
+        if restarts(pod) >= KILLS_BEFORE_BACKOFF:
+            self.restart()
+            return False
         killed = container_id(pod)
         self.cluster.ctr("tasks", "kill", "--signal", "SIGKILL", killed)
         self.starts += 1
         self.wait_settled(other_than=killed)
+        return True
 
     def restart(self) -> None:
         """The pod deleted (its agent stops on SIGTERM), the DaemonSet's new one Ready."""
@@ -273,6 +281,11 @@ CONFIG = "/ixconfig/ix-config"
 def ready(pod: Obj) -> bool:
     conditions = {c["type"]: c["status"] for c in (pod.get("status") or {}).get("conditions") or []}
     return conditions.get("Ready") == "True" and not pod["metadata"].get("deletionTimestamp")
+
+
+def restarts(pod: Obj) -> int:
+    statuses = (pod.get("status") or {}).get("containerStatuses") or []
+    return max((int(s.get("restartCount") or 0) for s in statuses), default=0)
 
 
 def container_id(pod: Obj) -> str:

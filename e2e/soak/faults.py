@@ -193,7 +193,11 @@ class FaultActions:
         soak = self.soak
         began = soak.now()
         self.new_agent_process()
-        soak.agent.kill() if kill else soak.agent.restart()
+        if kill and not soak.agent.kill():
+            kill = False
+            soak.note("agent's container killed twice already: its pod deleted instead (the kubelet's back-off)")
+        elif not kill:
+            soak.agent.restart()
         soak.quiet.append((began, soak.now()))
         how = "its container killed (SIGKILL), restarted by the kubelet" if kill else "its pod deleted, made again"
         soak.note(f"agent {how}: Ready again (pid {soak.agent.pid})")
