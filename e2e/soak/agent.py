@@ -7,9 +7,14 @@ stand-in in the folder the chart mounts as CoreX's (`corexPath`, read-only), the
 feature folder (`nodeFeatures.dir`, writable, the same path in the pod as on the host). Settings the chart has no
 value for go through `extraEnv` (IX_SIMULATED_DEVICES, IX_IXSMI_PATH, IX_RESET_TIMEOUT).
 
+Both DaemonSets are installed, whatever the soak's mode, and the node's labels say which one runs there (docs/dra.md
+"Moving a node to DRA"): `iluvatar.com/gpu.present=true` always, `iluvatar.com/gpu.dra=true` while DRA acts. The
+driver mounts corexPath at /usr/local/corex, so its paths into it go through `dra.extraEnv`.
+
 Faults on it: killed (SIGKILL to the container's main process: the kubelet restarts the container), restarted (the
 pod deleted: the DaemonSet makes another), rolled out (`helm upgrade` changing a pod annotation), rolled back
-(`helm rollback`), its config changed live (`helm upgrade` of `config.content`: the ConfigMap, no rollout).
+(`helm rollback`), its config changed live (`helm upgrade` of `config.content`: the ConfigMap, no rollout), the node
+switched to the other mode and back (its `iluvatar.com/gpu.dra` label set or removed, without a drain).
 """
 
 from __future__ import annotations
@@ -32,17 +37,19 @@ from .schedule import DEVICE_PLUGIN_CONFIGS
 RELEASE = "ix-device-plugin"
 NAMESPACE = "kube-system"
 APP = {"device-plugin": "iluvatar-device-plugin", "dra": "iluvatar-dra-driver"}
-NODE_LABEL = {"device-plugin": "iluvatar.com/gpu.present", "dra": "iluvatar.com/gpu.dra"}
+PRESENT_LABEL, DRA_LABEL = "iluvatar.com/gpu.present", "iluvatar.com/gpu.dra"
 ROLLOUT_ANNOTATION = "soak.iluvatar.com/rollout"
 RESET_TIMEOUT_S = 10
 READY_S = 240
 DRA_COREX = "/usr/local/corex"  # where the DRA driver's pod mounts corexPath (the device plugin's: at corexPath)
 PROGRAM = "ix-device-plugin"
+KILLS_BEFORE_BACKOFF = 2  # the kubelet's back-off before a third restart of a container is 40 s
 
 
 class Agent:
     def __init__(self, cluster: Cluster, mode: str, workdir: Path, hardware: Hardware) -> None:
         self.cluster, self.mode, self.workdir, self.hardware = cluster, mode, workdir, hardware
+        self.acting = mode  # the mode the node runs now: the soak's, or the other one during a switch
         self.helm = Helm(cluster.binaries["helm"], workdir, cluster.kubeconfig("admin"))
         self.base_config: dict[str, Any] = {}  # under every config the soak sets (a self-test: `health: {ignore}`)
         self.overrides: dict[str, Any] = {}  # chart values over the soak's (a self-test: a careless updateStrategy)
@@ -56,13 +63,12 @@ class Agent:
 
     @property
     def app(self) -> str:
-        return APP[self.mode]
+        return APP[self.acting]
 
     # ------------------------------------------------------------------ the release
 
     def values(self) -> dict[str, Any]:
         cluster, hardware = self.cluster, self.hardware
-        corex = hardware.corex if self.mode == "device-plugin" else Path(DRA_COREX)
         config = self.base_config | DEVICE_PLUGIN_CONFIGS[self.config_index]
         values: dict[str, Any] = {
             "backend": "simulated",
@@ -76,20 +82,25 @@ class Agent:
             "config": {"content": yaml.safe_dump(config, sort_keys=False)},
             "podAnnotations": {ROLLOUT_ANNOTATION: str(self.rollouts)},
             "extraEnv": [
-                {"name": "IX_SIMULATED_DEVICES", "value": str(corex / hardware.devices.name)},
-                {"name": "IX_IXSMI_PATH", "value": str(corex / hardware.ixsmi.name)},
+                *self.hardware_env(hardware.corex),
                 {"name": "IX_RESET_TIMEOUT", "value": str(RESET_TIMEOUT_S)},  # a hanging ixsmi is given up on
                 {"name": "IX_HEALTH_INTERVAL", "value": "0.5"},
             ],
-        }
-        if self.mode == "dra":
-            values["devicePlugin"] = {"enabled": False}
-            values["dra"] = {
+            "dra": {
                 "enabled": True,
+                "extraEnv": self.hardware_env(Path(DRA_COREX)),
                 "kubeletRegistrarDirectoryPath": str(cluster.plugins_registry_dir),
                 "kubeletPluginsDirectoryPath": str(cluster.plugins_dir),
-            }
+            },
+        }
         return values | self.overrides
+
+    def hardware_env(self, corex: Path) -> list[dict[str, str]]:
+        """The simulated devices file and the ixsmi stand-in, where a pod mounting CoreX's folder at corex sees them."""
+        return [
+            {"name": "IX_SIMULATED_DEVICES", "value": str(corex / self.hardware.devices.name)},
+            {"name": "IX_IXSMI_PATH", "value": str(corex / self.hardware.ixsmi.name)},
+        ]
 
     def _release(self, verb: str) -> None:
         path = self.helm.values_file(self.values(), f"values-{len(self.revisions) + 1}")
@@ -98,8 +109,8 @@ class Agent:
 
     def start(self, timeout: float = READY_S) -> None:
         """`helm install` (the node labelled as the chart's affinity asks), then one pod Ready."""
-        label = NODE_LABEL[self.mode]
-        self.cluster.admin("label", "node", self.cluster.node_name, f"{label}=true", "--overwrite")
+        self.acting = self.mode
+        self.label_node()
         self._release("install")
         self.installed = True
         self.starts += 1
@@ -112,9 +123,22 @@ class Agent:
         self.installed = False
         with contextlib.suppress(AssertionError):
             self.helm("uninstall", RELEASE, "--namespace", NAMESPACE, "--wait", "--timeout", "120s")
-        until(lambda: not self.pods(), 120, f"the {self.app} pods gone", [])
-        self.cluster.admin("label", "node", self.cluster.node_name, f"{NODE_LABEL[self.mode]}-")
+        until(lambda: not any(self.pods(app) for app in APP.values()), 120, "the agent's pods gone", [])
+        self.cluster.admin("label", "node", self.cluster.node_name, f"{PRESENT_LABEL}-", f"{DRA_LABEL}-")
         self.stop_following()
+
+    def label_node(self) -> None:
+        dra = f"{DRA_LABEL}=true" if self.acting == "dra" else f"{DRA_LABEL}-"
+        self.cluster.admin("label", "node", self.cluster.node_name, f"{PRESENT_LABEL}=true", dra, "--overwrite")
+
+    def switch(self, to: str) -> None:
+        """The node switched to mode `to` as docs/dra.md says, without the drain (the workload's pods stay): its
+        `iluvatar.com/gpu.dra` label set or removed; returns once that mode's pod is Ready. The other mode's pod
+        leaves as the kubelet stops it, in no fixed order with the new one's start."""
+        self.acting = to
+        self.label_node()
+        self.starts += 1
+        self.wait_settled()
 
     def set_config(self, index: int) -> None:
         """The config as `helm upgrade` of `config.content` sets it (the ConfigMap only: no rollout), once the
@@ -139,8 +163,8 @@ class Agent:
 
     # ------------------------------------------------------------------ the pods
 
-    def pods(self) -> list[Obj]:
-        return self.cluster.admin.items("pods", NAMESPACE, "-l", f"app.kubernetes.io/name={self.app}")
+    def pods(self, app: str = "") -> list[Obj]:
+        return self.cluster.admin.items("pods", NAMESPACE, "-l", f"app.kubernetes.io/name={app or self.app}")
 
     def newest(self) -> Obj:
         """The newest pod with a running container (during a rollout: the one that will serve)."""
@@ -180,13 +204,20 @@ class Agent:
         self.follow_logs([pod])
         return pod
 
-    def kill(self) -> None:
-        """SIGKILL to the container's main process, by the host (containerd's task): the kubelet restarts it."""
+    def kill(self) -> bool:
+        """SIGKILL to the container's main process, by the host (containerd's task): the kubelet restarts it. A
+        container killed KILLS_BEFORE_BACKOFF times already would wait for its restart behind the kubelet's crash
+        back-off (10 s, doubling, up to 5 minutes: a fault of the soak's own making, which holds up the schedule),
+        so its pod is deleted instead (False: restarted, not killed)."""
         pod = self.newest()
+        if restarts(pod) >= KILLS_BEFORE_BACKOFF:
+            self.restart()
+            return False
         killed = container_id(pod)
         self.cluster.ctr("tasks", "kill", "--signal", "SIGKILL", killed)
         self.starts += 1
         self.wait_settled(other_than=killed)
+        return True
 
     def restart(self) -> None:
         """The pod deleted (its agent stops on SIGTERM), the DaemonSet's new one Ready."""
@@ -250,6 +281,11 @@ CONFIG = "/ixconfig/ix-config"
 def ready(pod: Obj) -> bool:
     conditions = {c["type"]: c["status"] for c in (pod.get("status") or {}).get("conditions") or []}
     return conditions.get("Ready") == "True" and not pod["metadata"].get("deletionTimestamp")
+
+
+def restarts(pod: Obj) -> int:
+    statuses = (pod.get("status") or {}).get("containerStatuses") or []
+    return max((int(s.get("restartCount") or 0) for s in statuses), default=0)
 
 
 def container_id(pod: Obj) -> str:

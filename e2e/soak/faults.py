@@ -12,7 +12,7 @@ from harness.kube import KubectlError
 from . import checker as c
 from .observe import read_resets
 from .run import SoakRun
-from .schedule import Step
+from .schedule import MODE_SWITCH, Step
 
 RETURN_ANNOTATION = "iluvatar.com/gpu.return"
 UNREADABLE = b"\x00{not json \xff"
@@ -25,6 +25,7 @@ class FaultActions:
         self.created: list[str] = []
         self.open: list[tuple[int, float, str, str]] = []  # (chip, since, heals by: reset|return|clear, why)
         self.returned: dict[int, float] = {}  # chip -> when an operator returned it
+        self.switched: tuple[float, int] | None = None  # while the other mode acts: (since, its quiet window's index)
 
     # ------------------------------------------------------------------ windows
 
@@ -119,6 +120,9 @@ class FaultActions:
             self.roll(kind)
         elif kind in ("node-health-unreadable", "checkpoint-unreadable"):
             self.unreadable(kind)
+        elif kind == MODE_SWITCH:
+            self.switch(str(step.detail["to"]))
+            self.later(step.duration, lambda: self.switch(soak.mode))
         else:
             raise AssertionError(f"no way to cause {kind}")
 
@@ -189,7 +193,11 @@ class FaultActions:
         soak = self.soak
         began = soak.now()
         self.new_agent_process()
-        soak.agent.kill() if kill else soak.agent.restart()
+        if kill and not soak.agent.kill():
+            kill = False
+            soak.note("agent's container killed twice already: its pod deleted instead (the kubelet's back-off)")
+        elif not kill:
+            soak.agent.restart()
         soak.quiet.append((began, soak.now()))
         how = "its container killed (SIGKILL), restarted by the kubelet" if kill else "its pod deleted, made again"
         soak.note(f"agent {how}: Ready again (pid {soak.agent.pid})")
@@ -223,6 +231,25 @@ class FaultActions:
                 soak.quiet.append((began, soak.now() + 5))
         soak.rollouts.append(c.Rollout(began, before, f"{kind} to revision {len(agent.revisions)}"))
         soak.note(f"{kind}: revision {len(agent.revisions)}, rollout {agent.rollouts} (in service before: {before})")
+
+    def switch(self, to: str) -> None:
+        """The node switched to mode `to` (or back to the soak's). While the other mode acts, the soak's own is out
+        of service: "back in service" and "kept in a rollout" do not judge it (a quiet window, from the switch until
+        5 s after the soak's mode is back), the rest goes on (its running containers keep their chips: no reset
+        under them, whichever pod acts)."""
+        soak = self.soak
+        began = soak.now()
+        self.new_agent_process()
+        soak.settled_since = None
+        soak.agent.switch(to)
+        if to != soak.mode:
+            self.switched = (began, len(soak.quiet))
+            soak.quiet.append((began, float("inf")))
+        elif self.switched is not None:
+            since, index = self.switched
+            soak.quiet[index] = (since, soak.now() + 5)
+            self.switched = None
+        soak.note(f"node switched to {to}: its pod Ready ({soak.now() - began:.1f} s, pid {soak.agent.pid})")
 
     def unreadable(self, kind: str) -> None:
         plugins = self.soak.cluster.plugins_dir

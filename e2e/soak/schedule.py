@@ -39,6 +39,12 @@ COMMON_KINDS = {
     "apiserver-slow": 1,
     "disk-full": 1,
 }
+# A switch of the node to the other mode and back (the node labelled as docs/dra.md "Moving a node to DRA" says,
+# without the drain), drawn on a stream of its own so that a seed's other faults stay what they were.
+MODE_SWITCH = "mode-switch"
+SWITCH_EVERY_S = 600.0  # one switch per this much soak (at least one in a soak of a minute or more)
+SWITCH_EARLIEST_S = 10.0
+SWITCH_S = (15.0, 30.0)  # how long the other mode acts
 MODE_KINDS = {
     "device-plugin": {"config-change": 2},
     "dra": {"checkpoint-unreadable": 1},
@@ -83,17 +89,27 @@ class Step:
 
 
 def kinds_of(mode: str) -> dict[str, int]:
+    """Every kind of fault a soak in this mode draws (the mode switch's weight 0: it has its own stream)."""
+    return drawn_kinds(mode) | {MODE_SWITCH: 0}
+
+
+def drawn_kinds(mode: str) -> dict[str, int]:
     if mode not in MODES:
         raise ValueError(f"soak mode {mode!r}: expected one of {', '.join(MODES)}")
     return COMMON_KINDS | MODE_KINDS[mode]
 
 
+def other_mode(mode: str) -> str:
+    return MODES[1 - MODES.index(mode)]
+
+
 def draw(seed: int, minutes: float, mode: str) -> list[Step]:
     """The steps of a soak of `minutes` in `mode` for `seed`, in time order (faults end before the soak does)."""
-    kinds = kinds_of(mode)
+    kinds = drawn_kinds(mode)
     rng = random.Random(f"{seed}:{mode}")
     total = minutes * 60.0
     steps = _faults(rng, kinds, total) + _workload(random.Random(f"{seed}:{mode}:workload"), mode, total)
+    steps += _switches(random.Random(f"{seed}:{mode}:switch"), mode, total)
     return sorted(steps, key=lambda step: (step.at, step.kind, step.chips))
 
 
@@ -137,6 +153,22 @@ def _fault(rng: random.Random, kind: str, at: float, total: float) -> Step:
         return Step(at, kind, (), 0.0, {"config": rng.randrange(len(DEVICE_PLUGIN_CONFIGS))})
     # agent-kill, -restart, rollout, rollback, kubelet- and apiserver-restart, node-health/checkpoint-unreadable
     return Step(at, kind)
+
+
+def _switches(rng: random.Random, mode: str, total: float) -> list[Step]:
+    """The node switched to the other mode and back: one switch in each SWITCH_EVERY_S of the soak, at a random time
+    of its share, over by 15 s before the soak ends (none in a soak too short for one)."""
+    latest = total - SWITCH_S[1] - 15.0
+    if latest <= SWITCH_EARLIEST_S:
+        return []
+    count = max(1, int(total // SWITCH_EVERY_S))
+    share = (latest - SWITCH_EARLIEST_S) / count
+    steps = []
+    for index in range(count):
+        at = round(SWITCH_EARLIEST_S + share * index + rng.uniform(0, share), 1)
+        duration = round(rng.uniform(*SWITCH_S), 1)
+        steps.append(Step(at, MODE_SWITCH, (), duration, {"to": other_mode(mode)}))
+    return steps
 
 
 def _workload(rng: random.Random, mode: str, total: float) -> list[Step]:

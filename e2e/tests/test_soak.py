@@ -71,7 +71,7 @@ def test_soak(
 ) -> None:
     minutes = float(os.environ.get("SOAK_MINUTES") or 1)
     hardware = Hardware(tmp_path / "hardware")
-    agent = Agent(cluster, mode, tmp_path / "agent", hardware)
+    agent = Agent(cluster, mode, log_dir / f"soak-{mode}-seed{seed}-agent", hardware)  # its pods' logs: with the report
     soak = Soak(cluster, namespace, mode, seed, draw(seed, minutes, mode), agent, hardware)
     began = time.monotonic()
     try:

@@ -250,3 +250,20 @@ def test_metrics_of_both_front_ends_are_one_job_with_the_node_as_instance() -> N
     assert len({s["metadata"]["labels"][job] for s in selected}) == 1
     (endpoint,) = monitor["spec"]["endpoints"]
     assert {"sourceLabels": ["__meta_kubernetes_pod_node_name"], "targetLabel": "instance"} in endpoint["relabelings"]
+
+
+def test_the_driver_takes_extra_env_of_its_own_over_the_shared_one() -> None:
+    """`extraEnv` reaches both containers; `dra.extraEnv` the driver's only, its value winning for a name in both
+    (once in the container: the API server warns of a name given twice)."""
+    shared = [{"name": "IX_LOG_FORMAT", "value": "json"}, {"name": "IX_SIMULATED_DEVICES", "value": "/a/devices"}]
+    own = [{"name": "IX_SIMULATED_DEVICES", "value": "/usr/local/corex/devices"}]
+    objects = rendered({"dra": {"enabled": True, "extraEnv": own}, "extraEnv": shared})
+    daemonsets = by_kind(objects, "DaemonSet")
+    (driver,) = [d for d in daemonsets if pod_spec(d)["containers"][0].get("args") == ["dra"]]
+    (plugin,) = [d for d in daemonsets if d is not driver]
+    names = [item["name"] for item in pod_spec(driver)["containers"][0]["env"]]
+    assert names.count("IX_SIMULATED_DEVICES") == 1
+    env, _ = _env_and_mounts(driver)
+    assert env["IX_SIMULATED_DEVICES"] == "/usr/local/corex/devices" and env["IX_LOG_FORMAT"] == "json"
+    plugin_env, _ = _env_and_mounts(plugin)
+    assert plugin_env["IX_SIMULATED_DEVICES"] == "/a/devices"

@@ -3,6 +3,8 @@ agent, and each invariant reports a violation when the history shows one."""
 
 from __future__ import annotations
 
+import hashlib
+
 from tests.helpers.soak_modules import SOAK, imported_modules, load
 
 schedule = load("schedule")
@@ -26,6 +28,28 @@ def test_a_schedule_draws_every_kind_of_its_mode_in_three_minutes_and_ends_befor
         assert schedule.kinds_used(steps) == set(schedule.kinds_of(mode))
         assert all(step.at + step.duration < 3 * 60 for step in steps)
         assert [s.at for s in steps] == sorted(s.at for s in steps)
+
+
+def test_a_soak_of_a_minute_or_more_switches_the_node_to_the_other_mode_and_back_in_time() -> None:
+    for mode in schedule.MODES:
+        assert [s for s in schedule.draw(5, 0.5, mode) if s.kind == schedule.MODE_SWITCH] == []
+        for minutes, count in ((1, 1), (3, 1), (30, 3)):
+            switches = [s for s in schedule.draw(5, minutes, mode) if s.kind == schedule.MODE_SWITCH]
+            assert len(switches) == count and all(s.detail == {"to": schedule.other_mode(mode)} for s in switches)
+            assert all(s.at >= schedule.SWITCH_EARLIEST_S and s.at + s.duration <= minutes * 60 - 15 for s in switches)
+            ends = [s.at + s.duration for s in switches]
+            assert all(end < later.at for end, later in zip(ends, switches[1:], strict=False)), "switches overlap"
+
+
+def test_a_regression_seed_draws_the_faults_it_found_its_defect_with() -> None:
+    """The schedule a regression seed replays (e2e/soak/regression-seeds.txt) stays the one that found its defect:
+    the mode switch, drawn later, comes on a stream of its own. A change of the draw that changes these must
+    re-run each seed for its length and say so in that file."""
+    pinned = {(1, "device-plugin"): "be51deedcf9a3753", (20261205, "device-plugin"): "4841a87f24e61983"}
+    for (seed, mode), digest in pinned.items():
+        steps = [s for s in schedule.draw(seed, 30, mode) if s.kind != schedule.MODE_SWITCH]
+        text = "\n".join(step.describe() for step in steps)
+        assert hashlib.sha256(text.encode()).hexdigest()[:16] == digest, (seed, mode)
 
 
 def test_the_checker_and_what_it_reads_import_nothing_of_the_agent() -> None:
