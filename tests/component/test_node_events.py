@@ -12,7 +12,8 @@ from helpers.reset_support import node_events
 
 from ix_device_plugin.apiserver.connection import ApiConnection
 from ix_device_plugin.apiserver.settings import settings_from
-from ix_device_plugin.healing.events import COMBINED, MAX_KEPT, WARNING, NodeEvents
+from ix_device_plugin.healing.events import COMBINED, MAX_KEPT, NodeEvents
+from ix_device_plugin.healing.telling import WARNING
 from ix_device_plugin.standins.apiserver import ApiServerStandIn
 
 NODE = "gpu-node-1"

@@ -47,7 +47,7 @@ from ix_device_plugin.deviceplugin.metrics import Metrics
 from ix_device_plugin.deviceplugin.nodefiles import NodeFiles
 from ix_device_plugin.deviceplugin.registrar import Registrar
 from ix_device_plugin.deviceplugin.state import Current, State
-from ix_device_plugin.gpureset.sequence import KILL_WAIT, RESET_STOP_WAIT, GpuResetError
+from ix_device_plugin.gpureset.outcome import KILL_WAIT, RESET_STOP_WAIT, GpuResetError
 from ix_device_plugin.hardware.backend import BackendError
 from ix_device_plugin.hardware.monitor import HardwareMonitor, HardwareView
 from ix_device_plugin.hardware.open import BackendFactory

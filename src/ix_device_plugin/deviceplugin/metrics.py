@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 from ix_device_plugin import __version__
 from ix_device_plugin.deviceplugin.state import State
-from ix_device_plugin.gpureset.document import RESET_RESULTS
+from ix_device_plugin.gpureset.outcome import RESET_RESULTS
 from ix_device_plugin.runtime.lazymetrics import Counter, Gated, Gauge, Histogram, Info, Registry
 from ix_device_plugin.settings.health import xid_label
 from ix_device_plugin.telemetry.nodestate import PREFIX, Devices, NodeStateCollector

@@ -49,8 +49,8 @@ from ix_device_plugin.dra.registration import (
 from ix_device_plugin.dra.slices import BOARD, DRIVER, SliceContent, SlicePolicy, slice_content
 from ix_device_plugin.dra.state import ClaimReader, DraState
 from ix_device_plugin.dra.teller import ContainerTeller
+from ix_device_plugin.gpureset.outcome import GpuResetError
 from ix_device_plugin.gpureset.purpose import CLAIM_RESET, resetting_for
-from ix_device_plugin.gpureset.sequence import GpuResetError
 from ix_device_plugin.hardware.monitor import HardwareMonitor, HardwareView
 from ix_device_plugin.hardware.open import BackendFactory
 from ix_device_plugin.hardware.open import backend_factory as open_backend

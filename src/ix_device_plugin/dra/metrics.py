@@ -7,7 +7,7 @@ import time
 from collections.abc import Awaitable, Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from ix_device_plugin.gpureset.document import RESET_RESULTS
+from ix_device_plugin.gpureset.outcome import RESET_RESULTS
 from ix_device_plugin.runtime.lazymetrics import Counter, Histogram, Registry
 
 if TYPE_CHECKING:

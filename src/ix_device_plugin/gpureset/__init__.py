@@ -1,1 +1,2 @@
-"""Resetting GPUs with `ixsmi` around Iluvatar's handshake, for both front ends."""
+"""Resetting GPUs with `ixsmi` around Iluvatar's handshake, for both front ends; its machinery is loaded at the
+first reset (service.py)."""

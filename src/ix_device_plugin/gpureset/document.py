@@ -11,26 +11,13 @@ from dataclasses import dataclass, field, replace
 
 import yaml
 
+from ix_device_plugin.gpureset.outcome import GpuResetError
 from ix_device_plugin.settings.documents import DocumentError, Limits, load_yaml
 
 CONFIG_MAP_PREFIX = "ix-gpu-reset-"
 DATA_KEY = "gpuReset"
 OUR_NAME = "ix-device-plugin"
 DOCUMENT_LIMITS = Limits(max_bytes=64 * 1024)  # a few users' names and flags: far below this
-
-
-# A reset's outcome, as the gpu_resets metrics count it: cancelled is one cut short by a stop (its ixsmi killed, or
-# the release it waited for called off), not a failure of the reset.
-CANCELLED = "cancelled"
-RESET_RESULTS = ("ok", "failed", "refused", "uuid_changed", CANCELLED)
-
-
-class GpuResetError(Exception):
-    """A reset did not happen or did not work; the message says why and is what Allocate answers."""
-
-    def __init__(self, message: str, result: str = "failed") -> None:
-        super().__init__(message)
-        self.result = result  # for the metric: failed, refused, uuid_changed
 
 
 @dataclass(frozen=True)

@@ -20,12 +20,8 @@ import time
 from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING
 
-from ix_device_plugin.gpureset.document import (
-    CONFIG_MAP_PREFIX,
-    DATA_KEY,
-    GpuResetError,
-    ResetInfo,
-)
+from ix_device_plugin.gpureset.document import CONFIG_MAP_PREFIX, DATA_KEY, ResetInfo
+from ix_device_plugin.gpureset.outcome import GpuResetError
 
 if TYPE_CHECKING:
     from ix_device_plugin.apiserver.client import Kube

@@ -27,15 +27,9 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from ix_device_plugin.apiserver.errors import KubeError
 from ix_device_plugin.core.inventory import Inventory
-from ix_device_plugin.gpureset.document import (
-    CANCELLED,
-    CONFIG_MAP_PREFIX,
-    DATA_KEY,
-    OUR_NAME,
-    GpuResetError,
-    ResetInfo,
-)
+from ix_device_plugin.gpureset.document import CONFIG_MAP_PREFIX, DATA_KEY, OUR_NAME, ResetInfo
 from ix_device_plugin.gpureset.handshake import ResetHandshake
+from ix_device_plugin.gpureset.outcome import CANCELLED, KILL_WAIT, RESET_STOP_WAIT, GpuResetError
 from ix_device_plugin.hardware.backend import BackendError
 from ix_device_plugin.runtime.files import OutputError
 from ix_device_plugin.runtime.logs import OncePerError
@@ -48,7 +42,9 @@ if TYPE_CHECKING:
 __all__ = [
     "CONFIG_MAP_PREFIX",
     "DATA_KEY",
+    "KILL_WAIT",
     "OUR_NAME",
+    "RESET_STOP_WAIT",
     "GpuReset",
     "GpuResetError",
     "ResetHandshake",
@@ -57,9 +53,6 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
-
-RESET_STOP_WAIT = 10.0  # a stop waits this long for a running ixsmi before killing it
-KILL_WAIT = 3.0  # ... and this long for it to be gone
 
 
 @dataclass

@@ -33,7 +33,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-NORMAL, WARNING = "Normal", "Warning"
 EVENT_NAMESPACE = "default"  # where the API server takes Events of a cluster-scoped object, as the kubelet's
 COMPONENT = "ix-device-plugin"
 FLUSH_INTERVAL = 10.0  # seconds: repeats of an Event are written at most this often
@@ -86,7 +85,7 @@ class NodeEvents:
         self._drop_said = False
 
     def record(self, type: str, reason: str, message: str, key: str | None = None) -> None:
-        """One occurrence of an Event (type NORMAL or WARNING) on the Node; key: what makes occurrences one Event
+        """One occurrence of an Event (type Normal or Warning) on the Node; key: what makes occurrences one Event
         (None: the message itself), the latest message standing for them all."""
         message = message[:MESSAGE_LIMIT]
         index, now = (type, reason, message if key is None else key), _now()

@@ -27,22 +27,25 @@ import logging
 import time
 from contextlib import AbstractAsyncContextManager
 from dataclasses import replace
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from ix_device_plugin.core import healing as rules_of
 from ix_device_plugin.core.healing import HEALTHY, NEEDS_OPERATOR, OFF, WAITING, Care, Diagnosis, diagnose
 from ix_device_plugin.core.holding import UNKNOWN
 from ix_device_plugin.core.inventory import Chip, Inventory
-from ix_device_plugin.gpureset.sequence import GpuReset, GpuResetError
+from ix_device_plugin.gpureset.outcome import GpuResetError
 from ix_device_plugin.hardware.monitor import HardwareMonitor, HardwareView
-from ix_device_plugin.healing.events import NORMAL, WARNING, NodeEvents
 from ix_device_plugin.healing.record import RecordFile
 from ix_device_plugin.healing.reservations import Reservations
 from ix_device_plugin.healing.settings import HealingSettings
-from ix_device_plugin.healing.telling import Telling
+from ix_device_plugin.healing.telling import NORMAL, WARNING, Telling
 from ix_device_plugin.runtime.files import OutputError
 from ix_device_plugin.runtime.lazymetrics import Registry
 from ix_device_plugin.settings.health import NOT_PRESENT, HealthPolicy
+
+if TYPE_CHECKING:
+    from ix_device_plugin.gpureset.service import ResetService
+    from ix_device_plugin.healing.events import NodeEvents
 
 log = logging.getLogger(__name__)
 
@@ -83,7 +86,7 @@ class Healer:
     def __init__(
         self,
         monitor: HardwareMonitor,
-        reset: GpuReset,
+        reset: ResetService,
         guard: ChipGuard,
         settings: HealingSettings,
         *,

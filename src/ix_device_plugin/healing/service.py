@@ -13,17 +13,17 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
 from ix_device_plugin.gpureset.purpose import SELF_HEALING, resetting_for
-from ix_device_plugin.gpureset.sequence import GpuReset
 from ix_device_plugin.hardware.monitor import HardwareMonitor
-from ix_device_plugin.healing.events import NodeEvents
 from ix_device_plugin.healing.healer import ChipGuard, Healer
 from ix_device_plugin.healing.record import RecordFile
 from ix_device_plugin.healing.settings import HealingSettings
-from ix_device_plugin.healing.wayback import ReturnRequests
 from ix_device_plugin.runtime.lazymetrics import Registry
 
 if TYPE_CHECKING:
     from ix_device_plugin.apiserver.connection import ApiConnection
+    from ix_device_plugin.gpureset.service import ResetService
+    from ix_device_plugin.healing.events import NodeEvents
+    from ix_device_plugin.healing.wayback import ReturnRequests
 
 
 class NodeHealing:
@@ -32,7 +32,7 @@ class NodeHealing:
     def __init__(
         self,
         monitor: HardwareMonitor,
-        reset: GpuReset,
+        reset: ResetService,
         guard: ChipGuard,
         api: ApiConnection | None,
         settings: HealingSettings,
@@ -41,11 +41,17 @@ class NodeHealing:
         record: RecordFile | None = None,
     ) -> None:
         self.events: NodeEvents | None = None
-        if api is not None:
+        self.requests: ReturnRequests | None = None
+        if api is not None:  # the Events' writer and the annotation's watch are loaded with API access only
+            from ix_device_plugin.healing.events import NodeEvents
+
             timing = {} if settings.flush_interval is None else {"flush_interval": settings.flush_interval}
             self.events = NodeEvents(api, api.node_name, written=self._written, dropped=self._dropped, **timing)
         self.healer = Healer(monitor, reset, guard, settings, registry=registry, events=self.events, record=record)
-        self.requests = ReturnRequests(api, self.healer.operator_return) if api is not None else None
+        if api is not None:
+            from ix_device_plugin.healing.wayback import ReturnRequests
+
+            self.requests = ReturnRequests(api, self.healer.operator_return)
         self._watch_node = not settings.node_watched  # the front end watches its Node: it hands on the annotation
 
     def tasks(self) -> dict[str, Callable[[], Awaitable[None]]]:

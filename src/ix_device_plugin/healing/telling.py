@@ -12,11 +12,11 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 from ix_device_plugin.core.healing import HEALTHY, NEEDS_OPERATOR, OFF, OUT, RESETTING, WAITING, Care
 from ix_device_plugin.hardware.backend import XidEvent
 from ix_device_plugin.hardware.monitor import HardwareMonitor
-from ix_device_plugin.healing.events import NORMAL, WARNING, NodeEvents
 from ix_device_plugin.healing.metrics import HealingMetrics
 from ix_device_plugin.healing.settings import HealingSettings
 from ix_device_plugin.healing.story import story_text
@@ -26,8 +26,12 @@ from ix_device_plugin.runtime.lazymetrics import Registry
 from ix_device_plugin.runtime.logs import OncePerError
 from ix_device_plugin.settings.health import HEALTH_POLICY, OPERATOR, xid_name
 
+if TYPE_CHECKING:
+    from ix_device_plugin.healing.events import NodeEvents
+
 log = logging.getLogger("ix_device_plugin.healing.healer")  # the healer's voice, whichever part of it speaks
 
+NORMAL, WARNING = "Normal", "Warning"  # the Kubernetes Event types
 _MEANINGS = {row.name: row.meaning for row in HEALTH_POLICY}
 
 

@@ -4,7 +4,6 @@ and whether anything still serves one."""
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import logging
 import socket
 from collections.abc import Iterable
@@ -36,6 +35,8 @@ def pod_tag(pod_uid: str) -> str:
     107 bytes for a kubelet root such as MicroK8s's. 32 bits tell apart the two or three pods of one DaemonSet that
     overlap on a node (a clash has odds of about 1 in 1.4 billion per update), whatever form the UID has.
     """
+    import hashlib  # OpenSSL's hashes, 0.6 MiB of memory: loaded where the pod's UID names the sockets only
+
     return hashlib.sha256(pod_uid.encode()).hexdigest()[:POD_TAG_DIGITS]
 
 

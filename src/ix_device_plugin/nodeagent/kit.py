@@ -18,9 +18,8 @@ from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 from ix_device_plugin.core.healing import Rules
 from ix_device_plugin.core.inventory import Inventory
-from ix_device_plugin.gpureset.handshake import open_handshake
 from ix_device_plugin.gpureset.purpose import reset_feature
-from ix_device_plugin.gpureset.sequence import GpuReset, ResetHandshake, ResetSettings
+from ix_device_plugin.gpureset.service import ResetService
 from ix_device_plugin.hardware.monitor import HardwareMonitor, MonitorSettings
 from ix_device_plugin.hardware.open import BackendFactory
 from ix_device_plugin.hardware.worker import Hardware
@@ -38,6 +37,7 @@ from ix_device_plugin.settings.options import NodeOptions
 
 if TYPE_CHECKING:
     from ix_device_plugin.apiserver.connection import ApiConnection
+    from ix_device_plugin.gpureset.sequence import GpuReset, ResetHandshake
     from ix_device_plugin.telemetry.collector import TelemetryCollector
     from ix_device_plugin.telemetry.sampler import Holders, TelemetrySampler
 
@@ -138,6 +138,8 @@ class NodeAgent(Generic[Guard]):
         self._options = options
         self._api = api
         self._claims = mode.claims
+        self._front = front
+        self._metrics = metrics
         self._no_handshake_said: set[str] = set()  # the features said to reset without the handshake
         self._probes: ProbeServer | None = None
         self.probe_port: int | None = None
@@ -156,12 +158,20 @@ class NodeAgent(Generic[Guard]):
         self.pod_resources = PodResources(options.pod_resources_socket)
         self.telemetry, self.sampler = self._telemetry(mode, front, factory, metrics.registry)
         self.guard = front.chip_guard(self.pod_resources, self.monitor, self.record)
-        self.gpu_reset = GpuReset(
-            self.hardware, self._reset_handshake, front.rediscover, metrics, ResetSettings.of(options),
-            node_turn=self.guard.turn,  # every pod of the agent resets the node's GPUs in turn
+        # Every pod of the agent resets the node's GPUs in turn; the reset's machinery is built at its first use.
+        self.gpu_reset = ResetService(self._built_reset, node_turn=self.guard.turn)
+        self.healing = self._healing(mode, front, metrics.registry)
+
+    def _built_reset(self) -> GpuReset:
+        """The GPU reset service's machinery, loaded at the first reset (or the handshake's record) of the process."""
+        from ix_device_plugin.gpureset.sequence import GpuReset, ResetSettings
+
+        settings = ResetSettings.of(self._options)
+        return GpuReset(
+            self.hardware, self._reset_handshake, self._front.rediscover, self._metrics, settings,
+            node_turn=self.guard.turn,
             quiet_others=self.paused,  # telemetry lets go of the GPU library during a reset
         )  # fmt: skip
-        self.healing = self._healing(mode, front, metrics.registry)
 
     def _healing(self, mode: Mode, front: FrontEnd[Guard], registry: Registry) -> NodeHealing:
         """Self-healing, by the pod acting for the node, with the node-health record."""
@@ -247,6 +257,8 @@ class NodeAgent(Generic[Guard]):
                 )
                 self._no_handshake_said.add(feature)
             return None
+        from ix_device_plugin.gpureset.handshake import open_handshake
+
         return await open_handshake(self._api, self._api.node_name)
 
     # ---- probes and stopping --------------------------------------------------------------------

@@ -19,7 +19,24 @@ LAZY = (
     "ix_device_plugin.apiserver.watch",  # API access: the return annotation's and Volcano's watches
     "ix_device_plugin.apiserver.objects",
     "difflib",  # only to suggest a name in an error
+    "ix_device_plugin.gpureset.sequence",  # a reset: self-healing, flags.reset_gpu, API access (the handshake's record)
+    "ix_device_plugin.gpureset.handshake",
+    "ix_device_plugin.gpureset.document",
+    "ix_device_plugin.healing.events",  # API access: the Node's Events
+    "_hashlib",  # OpenSSL's hashes (0.6 MiB): POD_UID's socket names, the CDI annotations' strategy at Allocate
 )
+# The node agent of a device plugin with no API access and nothing to reset, built as `run` builds it.
+BUILT_ALONE = """
+from pathlib import Path
+from ix_device_plugin.deviceplugin.loop import Daemon
+from ix_device_plugin.hardware.simulated import SimulatedBackend
+from ix_device_plugin.settings.options import Options
+root = Path({root!r})
+options = Options(plugin_dir=root / "dp", config_path=root / "no-config", dev_root=root, health_address="off",
+                  kubelet_plugins_directory_path=root / "plugins")
+daemon = Daemon(options, backend_factory=lambda: SimulatedBackend("BI-V150:2"))
+SimulatedBackend("BI-V150:2").discover()  # the simulated chips, as the monitor discovers them
+"""
 
 
 def loaded_after(code: str) -> list[str]:
@@ -32,6 +49,12 @@ def loaded_after(code: str) -> list[str]:
 def test_the_plugins_entry_and_loop_load_no_feature_that_is_off() -> None:
     # `python -m ix_device_plugin run` imports the command line, then the daemon's loop
     assert loaded_after("import ix_device_plugin.cli, ix_device_plugin.deviceplugin.loop") == []
+
+
+def test_the_plugins_node_agent_loads_no_reset_no_events_writer_and_no_hashes_that_nothing_uses(tmp_path: Path) -> None:
+    # self-healing is off without API access (auto) and flags.reset_gpu is off: a reload that turns either on
+    # loads them then (tests/component/test_reset_on_demand.py)
+    assert loaded_after(BUILT_ALONE.format(root=str(tmp_path))) == []
 
 
 def test_the_plugins_node_files_load_the_labels_only_when_written(tmp_path: Path) -> None:

@@ -125,3 +125,13 @@ def test_a_file_that_stays_empty_is_an_error(tmp_path: Path) -> None:
     path.write_text("\n")
     with pytest.raises(BackendError, match="expected a mapping with a `boards:` list"):
         backend.health(inventory)
+
+
+def test_the_simulated_chips_uuids_are_uuid5s_of_their_place() -> None:
+    # computed without OpenSSL's hashes (uuid.uuid5 loads them), yet the same UUIDs as ever
+    import uuid
+
+    for board in range(40):
+        for chip in range(4):
+            expected = f"GPU-{uuid.uuid5(simulated._UUID_NAMESPACE, f'{board}/{chip}')}"
+            assert simulated.default_uuid(board, chip) == expected

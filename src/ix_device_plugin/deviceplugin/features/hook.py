@@ -18,8 +18,8 @@ from ix_device_plugin.core.allocation import AllocationError
 from ix_device_plugin.core.inventory import Chip
 from ix_device_plugin.core.plan import Plan
 from ix_device_plugin.deviceplugin.state import Current, first_set
+from ix_device_plugin.gpureset.outcome import GpuResetError
 from ix_device_plugin.gpureset.purpose import RESET_GPU, resetting_for
-from ix_device_plugin.gpureset.sequence import GpuReset, GpuResetError
 from ix_device_plugin.runtime.files import OutputError
 from ix_device_plugin.runtime.logs import OncePerError
 from ix_device_plugin.settings.config import Config
@@ -28,6 +28,7 @@ from ix_device_plugin.settings.table import DEFAULT_VOLCANO_FIELD_MANAGER
 if TYPE_CHECKING:
     from ix_device_plugin.apiserver.connection import ApiConnection
     from ix_device_plugin.deviceplugin.features.volcano import VolcanoMode
+    from ix_device_plugin.gpureset.service import ResetService
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +44,7 @@ class ApiFeatures:
     def __init__(
         self,
         current: Current,
-        gpu_reset: GpuReset,
+        gpu_reset: ResetService,
         pod_devices: PodDevices,
         api: ApiConnection | None = None,
         acting: Callable[[], bool] = lambda: True,
