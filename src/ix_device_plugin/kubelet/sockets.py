@@ -9,6 +9,14 @@ import socket
 from collections.abc import Iterable
 from pathlib import Path
 
+try:  # the interpreter's own SHA-256: OpenSSL's hashes (hashlib) take 0.6 MiB, and every pod names its sockets
+    from _sha256 import sha256 as _sha256  # Python 3.11
+except ImportError:  # pragma: no cover - a later interpreter's name for it, or one built without it
+    try:
+        from _sha2 import sha256 as _sha256  # type: ignore[import-not-found,no-redef]
+    except ImportError:
+        from hashlib import sha256 as _sha256
+
 log = logging.getLogger(__name__)
 
 # Newer grpcio percent-encodes a unix socket path into :authority, which the
@@ -35,9 +43,7 @@ def pod_tag(pod_uid: str) -> str:
     107 bytes for a kubelet root such as MicroK8s's. 32 bits tell apart the two or three pods of one DaemonSet that
     overlap on a node (a clash has odds of about 1 in 1.4 billion per update), whatever form the UID has.
     """
-    import hashlib  # OpenSSL's hashes, 0.6 MiB of memory: loaded where the pod's UID names the sockets only
-
-    return hashlib.sha256(pod_uid.encode()).hexdigest()[:POD_TAG_DIGITS]
+    return _sha256(pod_uid.encode()).hexdigest()[:POD_TAG_DIGITS]
 
 
 def path_too_long(path: Path, fix: str) -> str | None:

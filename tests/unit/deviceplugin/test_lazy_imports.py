@@ -23,7 +23,7 @@ LAZY = (
     "ix_device_plugin.gpureset.handshake",
     "ix_device_plugin.gpureset.document",
     "ix_device_plugin.healing.events",  # API access: the Node's Events
-    "_hashlib",  # OpenSSL's hashes (0.6 MiB): POD_UID's socket names, the CDI annotations' strategy at Allocate
+    "_hashlib",  # OpenSSL's hashes (0.6 MiB): the CDI annotations' strategy at Allocate
 )
 # The node agent of a device plugin with no API access and nothing to reset, built as `run` builds it.
 BUILT_ALONE = """
@@ -33,7 +33,7 @@ from ix_device_plugin.hardware.simulated import SimulatedBackend
 from ix_device_plugin.settings.options import Options
 root = Path({root!r})
 options = Options(plugin_dir=root / "dp", config_path=root / "no-config", dev_root=root, health_address="off",
-                  kubelet_plugins_directory_path=root / "plugins")
+                  kubelet_plugins_directory_path=root / "plugins", pod_uid="9b8f3c2e-1d4a-4f6b-8e7c-5a2d1f0e9c3b")
 daemon = Daemon(options, backend_factory=lambda: SimulatedBackend("BI-V150:2"))
 SimulatedBackend("BI-V150:2").discover()  # the simulated chips, as the monitor discovers them
 """

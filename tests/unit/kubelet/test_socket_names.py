@@ -107,3 +107,9 @@ def test_a_dra_staging_name_longer_than_the_socket_is_checked_too() -> None:
     assert size(path) <= PATH_LIMIT
     problem = socket_paths_problem([path])
     assert problem is not None and "/.dra-" in problem and "the path has 108 bytes" in problem
+
+
+def test_the_pod_tag_is_the_sha_256_of_the_uid_without_loading_openssls_hashes() -> None:
+    import hashlib
+
+    assert pod_tag(POD_UID) == hashlib.sha256(POD_UID.encode()).hexdigest()[:8]
