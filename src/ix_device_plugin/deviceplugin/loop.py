@@ -243,9 +243,8 @@ class Daemon:
         log_plan(self.plan)
         # Another pod of the plugin acts for the node, or a plugin that holds no role (an earlier release during the
         # first update to this one, Iluvatar's own plugin) serves the fixed socket name: the same choice either way.
-        other_pod = not acting and not (
-            self.node.role is not None and self.node.role.unusable
-        )  # a bad lock: nobody acts
+        role = self.node.role
+        other_pod = not acting and not (role is not None and role.unusable)  # a bad lock: nobody acts
         if other_pod or (fixed := fixed_name_served(self.endpoint.path)) is not None:
             who = "another pod of the plugin serves this node" if other_pod else f"another plugin serves {fixed}"
             self.serving_wanted = await self._register_beside(who)
@@ -396,6 +395,7 @@ class Daemon:
             log.error("config change rejected, keeping the last good configuration: %s: %s", self.config_path, problem)
             return
         self._swap(State.of(self.inventory, config))
+        self.node.healing.healer.settings_changed()  # self-healing turned on resets the chips it left out, at once
         log.info("configuration reloaded: %s", config_diff(before, config))
         self.metrics.config_reloads.inc()
 

@@ -134,6 +134,12 @@ class Healer:
                 self.cares[care.uuid] = replace(care, retry_at=min(care.retry_at, time.monotonic()))
         self._wake.set()
 
+    def settings_changed(self) -> None:
+        """The configuration was reloaded: look at every chip again now, as at news of the chips. A chip left out of
+        service while self-healing was off waits for its reset once it is on (the same guards as always: the
+        holder, the node's reset turn, the role); the health policy's changes are seen at once too."""
+        self._wake.set()
+
     def operator_return(self, chip: str) -> bool:
         """An operator asked to return the chip (its UUID, or its index): one more reset; False when it names no chip
         that is out of service for good."""
