@@ -151,11 +151,13 @@ def failed(care: Care, why: str, now: float, rules: Rules) -> Care:
 
 
 def refused(care: Care, why: str, now: float, rules: Rules) -> Care:
-    """Nothing was reset (another IXML user did not let go, the handshake failed): not an attempt; try again later."""
+    """Nothing was reset (another IXML user did not let go, the handshake failed): not an attempt; try again later.
+    A reset refused once started gives its attempt back; one refused before it started (the node's reset turn, the
+    record's write) had taken none."""
     return replace(
         care,
         phase=WAITING,
-        attempts=care.attempts - 1,
+        attempts=care.attempts - 1 if care.phase == RESETTING and care.attempts > 0 else care.attempts,
         retry_at=now + rules.refused_wait,
         note=f"reset refused: {why}; trying again in {rules.refused_wait:g}s",
     )

@@ -200,6 +200,8 @@ def _parse_chip(entry: Any, uuid: str) -> ChipRecord:
     if not isinstance(causes, list) or len(causes) > MAX_XIDS * 4:
         raise RecordError(f"{where}.causes is not a list")
     attempts = entry.get("attempts", 0)
+    if _is_count(-attempts if isinstance(attempts, int) else attempts):
+        attempts = 0  # the release before wrote -1 after a reset refused before it started: no attempt made
     if not _is_count(attempts):
         raise RecordError(f"{where}.attempts is {attempts!r}, not a count")
     operator_return = entry.get("operatorReturn", False)

@@ -89,6 +89,35 @@ def test_a_refused_reset_is_not_an_attempt() -> None:
     assert (refused.phase, refused.attempts, refused.retry_at) == (WAITING, 0, 65.0)
 
 
+def test_a_reset_refused_before_it_started_takes_back_no_attempt() -> None:
+    """The node's reset turn or the record's write failing (a full disk) refuses a reset that never started: the
+    attempts stay what they were, never below 0 (the record's reader refuses a negative count, whole)."""
+    waiting = healing.observe(Care("GPU-a", 1), XID48, 0.0, RULES, True)
+    refused = healing.refused(waiting, "the node-health record: No space left on device", 5.0, RULES)
+    assert (refused.phase, refused.attempts) == (WAITING, 0)
+    again = healing.refused(refused, "the node-health record: No space left on device", 70.0, RULES)
+    assert again.attempts == 0
+    tried = healing.failed(healing.started(waiting), "ixsmi failed", 6.0, RULES)
+    assert healing.refused(tried, "the node's reset turn", 30.0, RULES).attempts == 1
+
+
+@given(st.lists(st.sampled_from(["observe", "started", "failed", "refused", "done"]), max_size=30))
+def test_no_sequence_of_events_makes_a_negative_count_of_attempts(events: list[str]) -> None:
+    care = Care("GPU-a", 1)
+    for now, event in enumerate(events):
+        if event == "observe":
+            care = healing.observe(care, XID48, float(now), RULES, True)
+        elif event == "started" and care.phase == WAITING:
+            care = healing.started(care)
+        elif event == "failed" and care.phase == RESETTING:
+            care = healing.failed(care, "ixsmi failed", float(now), RULES)
+        elif event == "refused" and care.phase in (WAITING, RESETTING):
+            care = healing.refused(care, "refused", float(now), RULES)
+        elif event == "done" and care.phase == RESETTING:
+            care = healing.reset_done(care, Diagnosis(), float(now), RULES)
+        assert care.attempts >= 0, events
+
+
 def test_an_operator_error_is_never_reset_and_an_operator_gets_one_more_try() -> None:
     care = healing.observe(Care("GPU-a", 1), Diagnosis(operator=("XID 79",)), 0.0, RULES, True)
     assert care.phase == NEEDS_OPERATOR and care.note == "needs an operator: XID 79"

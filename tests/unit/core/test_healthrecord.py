@@ -54,7 +54,7 @@ def test_fields_of_a_newer_agent_are_kept_when_written_again() -> None:
         (lambda d: d.update(kind="other"), "kind is 'other'"),
         (lambda d: d["chips"][A].update(phase="dancing"), "chips.GPU-a.phase is 'dancing'"),
         (lambda d: d["chips"][A].update(xids=["48"]), "chips.GPU-a.xids is not a list"),
-        (lambda d: d["chips"][A].update(attempts=-1), "chips.GPU-a.attempts is -1"),
+        (lambda d: d["chips"][A].update(attempts=1 << 31), "chips.GPU-a.attempts is 2147483648"),
         (lambda d: d["chips"][A].update(reserved={"reason": ""}), "chips.GPU-a.reserved.reason is empty"),
         (lambda d: d.update(chips=[]), "chips is not an object"),
     ],
@@ -116,3 +116,17 @@ def test_a_reboot_clears_a_chip_fallen_off_the_bus_unless_the_config_wants_it_lo
     assert restore(fell, "boot-2", careful, wall_now=200.0, mono_now=10.0).xids == {A: frozenset({79})}
     ecc = record(GPU_a=ChipRecord(minor=0, xids=frozenset({48}), phase=NEEDS_OPERATOR, causes=("XID 48",)))
     assert restore(ecc, "boot-2", careful, wall_now=200.0, mono_now=10.0).xids == {A: frozenset({48})}
+
+
+def test_a_record_with_the_negative_attempts_the_release_before_wrote_keeps_its_chips() -> None:
+    """The release before wrote attempts -1 after a reset refused before it started (a full disk): that record is
+    read, the count as 0, and the chip that needs an operator stays known (refusing the record would forget it)."""
+    times = {"wall_now": 1000.0, "mono_now": 60.0}
+    entry = chip_record(
+        Care(A, 0, phase=NEEDS_OPERATOR, attempts=3, note="needs an operator"), frozenset({64}), "", **times
+    )
+    waiting = chip_record(Care(B, 1, phase=WAITING, note="reset refused"), frozenset({48}), "", **times)
+    data = json.loads(record_text(HealthRecord(boot_id="b", writer="w", written=1000.0, chips={A: entry, B: waiting})))
+    data["chips"][B]["attempts"] = -1
+    read = parse_record(json.dumps(data))
+    assert read.chips[A].phase == NEEDS_OPERATOR and read.chips[B].attempts == 0 and read.chips[B].xids == {48}
