@@ -26,26 +26,35 @@ DEFAULT_SEED = 1
 REGRESSION_SEEDS = Path(__file__).resolve().parents[1] / "soak" / "regression-seeds.txt"
 
 
-def regression_seeds() -> list[tuple[str | None, int]]:
-    """(mode or None for both, seed) of each line `<seed> [mode]  # what it found` of the regression seeds file."""
+def regression_seeds() -> list[tuple[str | None, int, float | None]]:
+    """(mode or None for both, seed, minutes or None) of each line `<seed> [mode [minutes]]  # what it found` of the
+    regression seeds file (minutes: how much of the schedule it takes to meet the defect again, when over the one
+    minute a replay runs by default)."""
     found = []
     for line in REGRESSION_SEEDS.read_text().splitlines():
         words = line.split("#", 1)[0].split()
         if words:
-            found.append((words[1] if len(words) > 1 else None, int(words[0])))
+            mode = words[1] if len(words) > 1 and words[1] != "-" else None
+            found.append((mode, int(words[0]), float(words[2]) if len(words) > 2 else None))
     return found
 
 
-def soak_runs() -> list[tuple[str, int]]:
+def soak_runs() -> list[tuple[str, int, float | None]]:
+    """(mode, seed, minutes or None for SOAK_MINUTES) of each soak to run."""
     modes = [os.environ["SOAK_MODE"]] if os.environ.get("SOAK_MODE") else list(MODES)
     seed = os.environ.get("SOAK_SEED", "")
     if seed == "random":
         drawn = random.SystemRandom().randrange(1, 1_000_000)
-        return [(mode, drawn) for mode in modes]
+        return [(mode, drawn, None) for mode in modes]
     if seed:
-        return [(mode, int(seed)) for mode in modes]
-    extra = [(mode, s) for mode in modes for m, s in regression_seeds() if m in (None, mode) and s != DEFAULT_SEED]
-    return [(mode, DEFAULT_SEED) for mode in modes] + extra
+        return [(mode, int(seed), None) for mode in modes]
+    extra = [
+        (mode, s, minutes)
+        for mode in modes
+        for m, s, minutes in regression_seeds()
+        if m in (None, mode) and s != DEFAULT_SEED
+    ]
+    return [(mode, DEFAULT_SEED, None) for mode in modes] + extra
 
 
 @pytest.fixture
@@ -58,10 +67,11 @@ def clean_node(cluster: Cluster) -> Iterator[None]:
     delete_slices(cluster.admin)
 
 
-@pytest.mark.parametrize(("mode", "seed"), soak_runs(), ids=[f"{m}-seed{s}" for m, s in soak_runs()])
+@pytest.mark.parametrize(("mode", "seed", "minutes"), soak_runs(), ids=[f"{m}-seed{s}" for m, s, _ in soak_runs()])
 def test_soak(
     mode: str,
     seed: int,
+    minutes: float | None,
     cluster: Cluster,
     namespace: str,
     log_dir: Path,
@@ -69,7 +79,7 @@ def test_soak(
     clean_node: None,
     project_image: BuiltImage,
 ) -> None:
-    minutes = float(os.environ.get("SOAK_MINUTES") or 1)
+    minutes = minutes or float(os.environ.get("SOAK_MINUTES") or 1)
     hardware = Hardware(tmp_path / "hardware")
     agent = Agent(cluster, mode, log_dir / f"soak-{mode}-seed{seed}-agent", hardware)  # its pods' logs: with the report
     soak = Soak(cluster, namespace, mode, seed, draw(seed, minutes, mode), agent, hardware)
