@@ -112,7 +112,11 @@ def test_the_soak_catches_a_dra_driver_that_leaves_a_claims_cdi_spec(
     steps = [Step(3.0, "pod-create", (), 0.0, {"pod": "selftest-claim", "shape": "claim-1"})]
     steps += [Step(15.0, "pod-delete", (), 0.0, {"pod": "selftest-claim"})]
     soak = soak_of(cluster, namespace, tmp_path, steps, {}, mode="dra", broken=("claim-spec-left",), settle_s=BOUND_S)
-    path = run(soak, log_dir)
+    try:
+        path = run(soak, log_dir)
+    finally:  # what the broken build left is no later scenario's leftover
+        for spec in cluster.cdi_dir.glob(f"{CDI_PREFIX}*"):
+            spec.unlink()
     assert not soak.held, path  # the pod and its claim were gone before the end's look
     left = violations(soak, "nothing left")
     assert len(left) == 2 and all(CDI_PREFIX in what for what in left), path
