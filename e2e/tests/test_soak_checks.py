@@ -80,7 +80,7 @@ def test_the_soak_catches_a_broken_build_of_the_device_plugin(
     cluster: Cluster, namespace: str, log_dir: Path, tmp_path: Path, clean_node: None, project_image: BuiltImage
 ) -> None:
     """Four defects of the agent in one install (breaks.py), none hiding another: two pods hold both boards (whole
-    boards), then chip 0 reports XID 48 (policy reset).
+    boards), then chip 0 reports XID 48 (policy reset); the pods are deleted 12 s later.
 
     - Allocate names one chip fewer in IX_VISIBLE_DEVICES than it gives: "devices match" reports each pod;
     - the chip guard answers "free" for a held chip: the agent resets chip 0 under its pod, "no reset under a holder";
@@ -89,8 +89,9 @@ def test_the_soak_catches_a_broken_build_of_the_device_plugin(
     - every read of the devices file leaks 5 descriptors: "bounded" (over 200 open files in about 20 s)."""
     steps = [Step(2.0 + i, "pod-create", (), 0.0, {"pod": f"selftest-{i}", "shape": "gpus-1"}) for i in range(2)]
     steps += [Step(12.0, "xid-reset", (0,), 0.0, {"xid": 48})]
+    steps += [Step(24.0, "pod-delete", (), 0.0, {"pod": f"selftest-{i}"}) for i in range(2)]  # after the reset
     broken = ("visible-devices-one-short", "holder-always-free", "healed-never-listed", "devices-file-leaks")
-    soak = soak_of(cluster, namespace, tmp_path, steps, {}, broken=broken, settle_s=BOUND_S + 20)
+    soak = soak_of(cluster, namespace, tmp_path, steps, {}, broken=broken, settle_s=BOUND_S + 5)
     path = run(soak, log_dir)
     shown = violations(soak, "devices match")
     assert {what.split(":")[0] for what in shown} == {"selftest-0", "selftest-1"}, path
