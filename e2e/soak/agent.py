@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import re
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +54,8 @@ class Agent:
         self.helm = Helm(cluster.binaries["helm"], workdir, cluster.kubeconfig("admin"))
         self.base_config: dict[str, Any] = {}  # under every config the soak sets (a self-test: `health: {ignore}`)
         self.overrides: dict[str, Any] = {}  # chart values over the soak's (a self-test: a careless updateStrategy)
+        # More of each agent container's environment, given where its pod sees CoreX's folder (a self-test: breaks.py)
+        self.extra_env: Callable[[Path], list[dict[str, str]]] = lambda corex: []
         self.config_index = 1
         self.rollouts = 0
         self.revisions: list[tuple[int, int]] = []  # (config index, rollout count) of each helm revision, in order
@@ -100,6 +103,7 @@ class Agent:
         return [
             {"name": "IX_SIMULATED_DEVICES", "value": str(corex / self.hardware.devices.name)},
             {"name": "IX_IXSMI_PATH", "value": str(corex / self.hardware.ixsmi.name)},
+            *self.extra_env(corex),
         ]
 
     def _release(self, verb: str) -> None:
