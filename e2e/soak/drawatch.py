@@ -1,0 +1,90 @@
+"""What the soak does and watches in DRA mode only, beside the runner: the config in force and its live change,
+what each claim's allocation gives (shares included) and what a container holding shares shows, and the kubelet's
+Events of prepares that failed."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from . import checker as c
+from . import dracheck, draconfig, workload
+from .agent import container_id
+from .schedule import CHIPS, DEVICE_PLUGIN_CONFIGS
+
+if TYPE_CHECKING:
+    from .runner import Soak
+
+CONFIG_QUIET_S = 5.0  # after a config change's rollout is done, as for the device plugin's (faults.py)
+EVENT_LAG_S = 2.0  # an Event's time is in whole seconds and the soak notes a deletion at its next tick
+
+
+class DraWatch:
+    def __init__(self, soak: Soak, namespace: str) -> None:
+        self.soak, self.namespace = soak, namespace
+        self.given: dict[str, tuple[c.Given, ...]] = {}  # pod -> the devices and shares its claims give
+        self.shown: dict[str, tuple[tuple[c.Given, ...], dict[str, str]]] = {}  # pod -> (given, its variables)
+        self.counted: dict[str, int] = {}  # Event name -> its count seen
+        self.failures: list[dracheck.PrepareFailure] = []
+        self.deleted_at: dict[str, float] = {}
+
+    # ------------------------------------------------------------------ the config
+
+    def config(self, at: float) -> dict[str, Any]:
+        """The ix-config in force at `at` (as Agent.values writes it)."""
+        return self.soak.agent.base_config | DEVICE_PLUGIN_CONFIGS[self.soak.config_at(at)]
+
+    def unit(self) -> str:
+        """The DeviceClass a share shape claims of now."""
+        return draconfig.share_class(self.config(self.soak.now()))
+
+    def together(self, at: float) -> list[frozenset[int]]:
+        return draconfig.together(self.config(at), CHIPS, self.soak.hardware.board_of)
+
+    def change_config(self, index: int) -> None:
+        """The operator's live change: one `helm upgrade` of `config.content` that rolls the driver's pods (the
+        driver reads its config at start); in force once the new pod alone serves and publishes."""
+        soak, agent = self.soak, self.soak.agent
+        began = soak.now()
+        soak.actions.new_agent_process()
+        old = container_id(agent.newest())
+        agent.config_index = index
+        agent.rollout()
+        agent.wait_settled(other_than=old)
+        soak.configs.append((soak.now(), index))
+        soak.quiet.append((began, soak.now() + CONFIG_QUIET_S))
+        soak.note(f"config {index} in force: {DEVICE_PLUGIN_CONFIGS[index]} (rolled in {soak.now() - began:.1f} s)")
+
+    # ------------------------------------------------------------------ what containers hold
+
+    def allocated(self, pod: str, claims: list[dict[str, Any]]) -> None:
+        hardware = self.soak.hardware
+        chips_of = lambda device: workload.chips_of(device, hardware.board_of)  # noqa: E731
+        self.given[pod] = dracheck.given(claims, draconfig.DRIVER, chips_of, hardware.uuids)
+
+    def verified(self, invariant: c.Invariant, at: float, pod: str, env: dict[str, str], held: set[str]) -> None:
+        """A container shown to hold what its allocation gives: its share slots apart from every other running
+        container's (those still held)."""
+        self.shown = {name: shown for name, shown in self.shown.items() if name in held}
+        mine = self.given.get(pod, ())
+        if any(device.share for device in mine):
+            c.slots_apart(invariant, at, pod, mine, env, self.shown)
+        self.shown[pod] = (mine, env)
+
+    # ------------------------------------------------------------------ prepares that failed
+
+    def read_events(self, at: float) -> None:
+        """The kubelet's FailedPrepareDynamicResources Events on the soak's pods since the last read; those of a
+        pod the soak has deleted by then are its own doing (the claim deleted with it)."""
+        for name in self.soak.deleted:
+            self.deleted_at.setdefault(name, at)
+        query = f"fieldSelector=reason%3D{dracheck.REASON}"
+        events = self.soak.api.items(f"/api/v1/namespaces/{self.namespace}/events?{query}")
+        for failure in dracheck.new_failures(events, self.soak.start, at, self.counted):
+            deleted = self.deleted_at.get(failure.pod)
+            if deleted is not None and failure.at >= deleted - EVENT_LAG_S:
+                continue
+            self.failures.append(failure)
+            self.soak.note(f"{failure.pod} prepare failed: {failure.message[:240]}")
+
+    def judge(self, invariant: c.Invariant) -> None:
+        dracheck.prepare_failures(invariant, self.failures, self.soak.quiet, self.soak.broken, self.soak.chip_of)
