@@ -54,6 +54,13 @@ class DraWatch:
         soak.quiet.append((began, soak.now() + CONFIG_QUIET_S))
         soak.note(f"config {index} in force: {DEVICE_PLUGIN_CONFIGS[index]} (rolled in {soak.now() - began:.1f} s)")
 
+    def rolled(self, began: float, done: float) -> None:
+        """A rollout (a `helm rollback` may bring another config back) is done: a config it brought is in force
+        only now, once the new pod alone serves, so the config change's quiet window lasts until then."""
+        if self.soak.mode == "dra" and any(began <= at <= done for at, _ in self.soak.configs):
+            self.soak.quiet.append((began, done + CONFIG_QUIET_S))
+            self.soak.note(f"config {self.soak.config_at(done)} in force once the rollout is done")
+
     # ------------------------------------------------------------------ what containers hold
 
     def allocated(self, pod: str, claims: list[dict[str, Any]]) -> None:
@@ -75,6 +82,8 @@ class DraWatch:
     def read_events(self, at: float) -> None:
         """The kubelet's FailedPrepareDynamicResources Events on the soak's pods since the last read; those of a
         pod the soak has deleted by then are its own doing (the claim deleted with it)."""
+        if self.soak.mode != "dra":
+            return
         for name in self.soak.deleted:
             self.deleted_at.setdefault(name, at)
         query = f"fieldSelector=reason%3D{dracheck.REASON}"

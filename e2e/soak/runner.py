@@ -138,7 +138,7 @@ class Soak:
             self.api_faults.do(step)
         elif step.kind == "config-change" and self.mode == "dra":
             self.faults_done.append(step)
-            self.dra.change_config(int(step.detail["config"]))  # type: ignore[call-overload]
+            self.dra.change_config(int(str(step.detail["config"])))
         else:
             self.faults_done.append(step)
             self.actions.do(step)
@@ -220,8 +220,7 @@ class Soak:
         try:
             pods = self.api.items(f"/api/v1/namespaces/{self.namespace}/pods")
             allocated = self.allocated(pods)
-            if self.mode == "dra":
-                self.dra.read_events(at)
+            self.dra.read_events(at)
         except OSError as error:  # the API server restarting: next tick
             self.note(f"API not readable: {error}")
             return
@@ -379,6 +378,7 @@ class Soak:
             for rollout in under_way:
                 rollout.done = self.settled_since
                 self.note(f"{rollout.what} done ({rollout.done - rollout.began:.1f} s)")
+                self.dra.rolled(rollout.began, rollout.done)
 
     def units_of(self, healthy: Any) -> int:
         """Allocatable of the device plugin's config now when exactly the chips healthy(chip) are healthy."""
@@ -407,8 +407,7 @@ class Soak:
         c.admission_failures(
             self.invariants["no admission refused by the agent"], self.failures, self.quiet, self.broken
         )
-        if self.mode == "dra":
-            self.dra.judge(self.invariants["no admission refused by the agent"])
+        self.dra.judge(self.invariants["no admission refused by the agent"])
         self.judge_api_load()
         agent_files: list[Path] = []
         found = leftovers(
