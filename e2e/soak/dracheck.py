@@ -38,7 +38,7 @@ QUIET_WORDS = (
     "not shared on this node now",
 )
 # What the driver rightly says of a chip the soak broke: reserved for the reset that heals it, or gone from the bus.
-BROKEN_WORDS = ("cannot be given to a container now",)
+BROKEN_WORDS = ("is reserved for a GPU reset", "cannot be given to a container now")
 AFTER_HEALED_S = GRACE_S + 2.0  # the agent may hold a chip out this long after its reset ended (the record written)
 
 

@@ -8,8 +8,9 @@ DEVICE_PLUGIN_CONFIGS), which the driver reads as docs/dra.md ("Shares") says. P
 | both | the chips only, each shared: 2 shares (a claim of the chip class takes one) |
 
 The driver reads its config at start: a change takes effect when it restarts. The soak changes it as an operator
-does, in one `helm upgrade` of `config.content` that also rolls the pods (the pod annotation), so that every
-revision of the release has its config in force, a `helm rollback` included.
+does: `helm upgrade` of `config.content` (the pod annotation changed too, so that each revision's pods are its
+config's), then the driver's pod deleted; a `helm rollback` that brings another config back is followed by the same
+restart (drawatch.py).
 """
 
 from __future__ import annotations

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from . import checker as c
 from . import dracheck, draconfig, workload
+from .agent import NAMESPACE as AGENT_NAMESPACE
 from .agent import container_id
 from .schedule import CHIPS, DEVICE_PLUGIN_CONFIGS
 
@@ -41,25 +42,32 @@ class DraWatch:
         return draconfig.together(self.config(at), CHIPS, self.soak.hardware.board_of)
 
     def change_config(self, index: int) -> None:
-        """The operator's live change: one `helm upgrade` of `config.content` that rolls the driver's pods (the
-        driver reads its config at start); in force once the new pod alone serves and publishes."""
+        """The operator's live change: `helm upgrade` of `config.content` (and the pod annotation, so that the
+        revision's pods are its config's), then the driver's pod restarted: the driver reads its config at start
+        (docs/dra.md), and a DaemonSet's rolling update is not waited for."""
+        self.soak.agent.config_index = index
+        self.soak.agent.rollout()
+        self.restart_for_config(self.soak.now())
+
+    def followed(self, configs_before: int) -> None:
+        """After a fault: one that set another config (a `helm rollback` brings its revision's back) has it in
+        force once the driver's pod is restarted."""
+        if self.soak.mode == "dra" and len(self.soak.configs) > configs_before:
+            self.restart_for_config(self.soak.configs[-1][0])
+
+    def restart_for_config(self, began: float) -> None:
         soak, agent = self.soak, self.soak.agent
-        began = soak.now()
         soak.actions.new_agent_process()
-        old = container_id(agent.newest())
-        agent.config_index = index
-        agent.rollout()
-        agent.wait_settled(other_than=old)
+        pod = agent.newest()
+        soak.admin.delete("pod", pod["metadata"]["name"], AGENT_NAMESPACE, wait=False)
+        agent.starts += 1
+        agent.wait_settled(other_than=container_id(pod))
+        index = agent.config_index
         soak.configs.append((soak.now(), index))
         soak.quiet.append((began, soak.now() + CONFIG_QUIET_S))
-        soak.note(f"config {index} in force: {DEVICE_PLUGIN_CONFIGS[index]} (rolled in {soak.now() - began:.1f} s)")
-
-    def rolled(self, began: float, done: float) -> None:
-        """A rollout (a `helm rollback` may bring another config back) is done: a config it brought is in force
-        only now, once the new pod alone serves, so the config change's quiet window lasts until then."""
-        if self.soak.mode == "dra" and any(began <= at <= done for at, _ in self.soak.configs):
-            self.soak.quiet.append((began, done + CONFIG_QUIET_S))
-            self.soak.note(f"config {self.soak.config_at(done)} in force once the rollout is done")
+        soak.note(
+            f"config {index} in force: {DEVICE_PLUGIN_CONFIGS[index]} (pod restarted, {soak.now() - began:.1f} s)"
+        )
 
     # ------------------------------------------------------------------ what containers hold
 

@@ -141,7 +141,9 @@ class Soak:
             self.dra.change_config(int(str(step.detail["config"])))
         else:
             self.faults_done.append(step)
+            configs = len(self.configs)
             self.actions.do(step)
+            self.dra.followed(configs)
 
     def wind_down(self) -> None:
         """Faults over: everything healed, returned and deleted; then every chip must come back within the bound
@@ -378,7 +380,6 @@ class Soak:
             for rollout in under_way:
                 rollout.done = self.settled_since
                 self.note(f"{rollout.what} done ({rollout.done - rollout.began:.1f} s)")
-                self.dra.rolled(rollout.began, rollout.done)
 
     def units_of(self, healthy: Any) -> int:
         """Allocatable of the device plugin's config now when exactly the chips healthy(chip) are healthy."""

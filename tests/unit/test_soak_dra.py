@@ -208,15 +208,21 @@ def test_a_prepare_failure_is_rightly_only_while_the_agent_is_away_or_for_a_chip
     invariant = checker.Invariant("no admission refused by the agent")
     quiet = [(20.0, 30.0)]
     broken = [checker.Broken(2, 50.0, 60.0, "XID 48")]
-    held_out = "claim ns/c: device gpu-2 (GPU-b2) cannot be given to a container now: reserved for a GPU reset"
+    held_out = (
+        "prepare dynamic resources: NodePrepareResources failed for ResourceClaim c: claim ns/c (uid u): device gpu-2 "
+        "(GPU-b2) is reserved for a GPU reset (self-healing clears an error on it); the kubelet tries again"
+    )
+    gone = "claim ns/c: device gpu-2 (GPU-b2) cannot be given to a container now: not present; the kubelet tries again"
     failures = [
         dracheck.PrepareFailure(25.0, "restart", "NodePrepareResources: rpc error: code = Unavailable"),
         dracheck.PrepareFailure(38.0, "registering", "DRA driver gpu.iluvatar.com is not registered"),
         dracheck.PrepareFailure(55.0, "reserved", held_out),
+        dracheck.PrepareFailure(58.0, "gone", gone),
+        dracheck.PrepareFailure(26.0, "disk", "cannot write .../metadata.json: No space left on device"),
         dracheck.PrepareFailure(80.0, "late", "DRA driver gpu.iluvatar.com is not registered"),
         dracheck.PrepareFailure(25.0, "held", "claim ns/c: device gpu-2 (GPU-b2) is prepared for claim ns/d"),
         dracheck.PrepareFailure(90.0, "not-broken", held_out),
     ]
     dracheck.prepare_failures(invariant, failures, quiet, broken, CHIP_OF)
-    assert invariant.checks == 6
+    assert invariant.checks == 8
     assert [what.split(":")[0] for _, what in invariant.violations] == ["late", "held", "not-broken"]
