@@ -19,9 +19,8 @@ from .checker import GRACE_S, RESTART_NEAR_S, RESTARTING, Broken, Given, Invaria
 REASON = "FailedPrepareDynamicResources"
 UUID = re.compile(r"GPU-[0-9a-f-]+")
 # What the kubelet or the driver says while what the agent stands on is away for a while (a quiet window: the agent
-# or the kubelet restarting, the API server restarted or stopped, the disk full, a config change rolling the driver):
-# the driver not registered or its socket gone, the claim not readable, the checkpoint not writable, a share of a
-# device the config in force no longer shares (or now holds whole).
+# or the kubelet restarting, the API server restarted or stopped, the disk full, a config change restarting the
+# driver): the driver not registered or its socket gone, the claim not readable, the checkpoint not writable.
 QUIET_WORDS = (
     *RESTARTING,
     "is not registered",
@@ -35,8 +34,10 @@ QUIET_WORDS = (
     "fetch ResourceClaim",
     "from the API server",
     "No space left on device",
-    "not shared on this node now",
 )
+# What the driver rightly says of a claim allocated under the config before (docs/dra.md, "What survives what"): a
+# share of a device no longer shared, a device no longer published, a chip now held by a claim of the other shape.
+CONFIG_WORDS = ("not shared on this node now", "is not on this node", "is prepared for claim")
 # What the driver rightly says of a chip the soak broke: reserved for the reset that heals it, or gone from the bus.
 BROKEN_WORDS = ("is reserved for a GPU reset", "cannot be given to a container now")
 AFTER_HEALED_S = GRACE_S + 2.0  # the agent may hold a chip out this long after its reset ended (the record written)
@@ -132,10 +133,15 @@ def prepare_failures(
     quiet: Sequence[tuple[float, float]],
     broken: Sequence[Broken],
     chip_of: dict[str, int],
+    changes: Sequence[float] = (),
+    allocated_at: dict[str, float] | None = None,
 ) -> None:
     """No claim's prepare fails for a reason the agent caused: rightly only while what the agent stands on is away
-    (within RESTART_NEAR_S of a quiet window, saying so: QUIET_WORDS), or for a chip the soak had broken then, which
-    the driver holds out until it is healed (BROKEN_WORDS, naming only chips broken then)."""
+    (within RESTART_NEAR_S of a quiet window, saying so: QUIET_WORDS), for a chip the soak had broken then, which
+    the driver holds out until it is healed (BROKEN_WORDS, naming only chips broken then), or for a claim allocated
+    before a config change (`changes`, its times; `allocated_at`: pod -> when its claims were seen allocated) that
+    the config in force cannot serve (CONFIG_WORDS)."""
+    allocated_at = allocated_at or {}
     for failure in failures:
         text = failure.message
         near = any(begin - RESTART_NEAR_S <= failure.at <= end + RESTART_NEAR_S for begin, end in quiet)
@@ -143,4 +149,7 @@ def prepare_failures(
         chips = {chip_of[uuid] for uuid in UUID.findall(text) if uuid in chip_of}
         held_out = any(words in text for words in BROKEN_WORDS) and bool(chips)
         held_out = held_out and all(broken_then(chip, failure.at, broken) for chip in chips)
-        invariant.check(away or held_out, failure.at, f"{failure.pod}: prepare failed: {text}")
+        allocated = allocated_at.get(failure.pod, failure.at)
+        stale = any(allocated <= change <= failure.at for change in changes)
+        stale = stale and any(words in text for words in CONFIG_WORDS)
+        invariant.check(away or held_out or stale, failure.at, f"{failure.pod}: prepare failed: {text}")

@@ -104,4 +104,7 @@ class DraWatch:
             self.soak.note(f"{failure.pod} prepare failed: {failure.message[:240]}")
 
     def judge(self, invariant: c.Invariant) -> None:
-        dracheck.prepare_failures(invariant, self.failures, self.soak.quiet, self.soak.broken, self.soak.chip_of)
+        soak = self.soak
+        changes = [at for at, _ in soak.configs[1:]]
+        allocated = {a.pod: a.seen for a in soak.allocations}  # its last allocation: a pod's claims are allocated once
+        dracheck.prepare_failures(invariant, self.failures, soak.quiet, soak.broken, soak.chip_of, changes, allocated)

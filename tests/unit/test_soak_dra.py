@@ -226,3 +226,17 @@ def test_a_prepare_failure_is_rightly_only_while_the_agent_is_away_or_for_a_chip
     dracheck.prepare_failures(invariant, failures, quiet, broken, CHIP_OF)
     assert invariant.checks == 8
     assert [what.split(":")[0] for _, what in invariant.violations] == ["late", "held", "not-broken"]
+
+
+def test_a_claim_the_config_in_force_cannot_serve_is_refused_rightly_only_if_allocated_before_the_change() -> None:
+    invariant = checker.Invariant("no admission refused by the agent")
+    unshared = "claim ns/c: device gpu-0 was allocated as a share, but it is not shared on this node now (...)"
+    failures = [
+        dracheck.PrepareFailure(100.0, "before", unshared),
+        dracheck.PrepareFailure(100.0, "after", unshared),
+        dracheck.PrepareFailure(100.0, "gone", "claim ns/c: device 'board-0' is not on this node (pool n)"),
+        dracheck.PrepareFailure(100.0, "other", "claim ns/c: GpuConfig sharing.shares is 2, but gpu-0 was ..."),
+    ]
+    allocated = {"before": 40.0, "after": 60.0, "gone": 10.0, "other": 10.0}
+    dracheck.prepare_failures(invariant, failures, [], [], CHIP_OF, [50.0], allocated)
+    assert [what.split(":")[0] for _, what in invariant.violations] == ["after", "other"]
