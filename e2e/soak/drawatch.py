@@ -83,6 +83,7 @@ class DraWatch:
         mine = self.given.get(pod, ())
         if any(device.share for device in mine):
             c.slots_apart(invariant, at, pod, mine, env, self.shown)
+            self.soak.note(f"{pod} shows its shares: IX_REPLICA_DEVICES={env.get(c.REPLICAS, '')}")
         self.shown[pod] = (mine, env)
 
     # ------------------------------------------------------------------ prepares that failed
