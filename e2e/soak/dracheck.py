@@ -18,6 +18,8 @@ from .checker import GRACE_S, RESTART_NEAR_S, RESTARTING, Broken, Given, Invaria
 
 REASON = "FailedPrepareDynamicResources"
 UUID = re.compile(r"GPU-[0-9a-f-]+")
+HOLDER = re.compile(r"is prepared for claim [^/\s]+/([^\s)]+)")  # the claim that holds the chip; the soak names a
+# pod's claims `<pod>-c<n>`
 # What the kubelet or the driver says while what the agent stands on is away for a while (a quiet window: the agent
 # or the kubelet restarting, the API server restarted or stopped, the disk full, a config change restarting the
 # driver): the driver not registered or its socket gone, the claim not readable, the checkpoint not writable.
@@ -139,8 +141,9 @@ def prepare_failures(
     """No claim's prepare fails for a reason the agent caused: rightly only while what the agent stands on is away
     (within RESTART_NEAR_S of a quiet window, saying so: QUIET_WORDS), for a chip the soak had broken then, which
     the driver holds out until it is healed (BROKEN_WORDS, naming only chips broken then), or for a claim allocated
-    before a config change (`changes`, its times; `allocated_at`: pod -> when its claims were seen allocated) that
-    the config in force cannot serve (CONFIG_WORDS)."""
+    before a config change (`changes`, its times; `allocated_at`: pod -> the earliest its claims may have been
+    allocated) that the config in force cannot serve (CONFIG_WORDS), or whose chip such a claim holds (the scheduler
+    counts a share allocated before the change as no hold on a device the change made whole)."""
     allocated_at = allocated_at or {}
     for failure in failures:
         text = failure.message
@@ -149,7 +152,8 @@ def prepare_failures(
         chips = {chip_of[uuid] for uuid in UUID.findall(text) if uuid in chip_of}
         held_out = any(words in text for words in BROKEN_WORDS) and bool(chips)
         held_out = held_out and all(broken_then(chip, failure.at, broken) for chip in chips)
-        allocated = allocated_at.get(failure.pod, failure.at)
+        pods = [failure.pod] + [re.sub(r"-c\d+$", "", claim) for claim in HOLDER.findall(text)]
+        allocated = min(allocated_at.get(pod, failure.at) for pod in pods)
         stale = any(allocated <= change <= failure.at for change in changes)
         stale = stale and any(words in text for words in CONFIG_WORDS)
         invariant.check(away or held_out or stale, failure.at, f"{failure.pod}: prepare failed: {text}")

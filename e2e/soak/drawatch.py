@@ -71,15 +71,18 @@ class DraWatch:
 
     # ------------------------------------------------------------------ what containers hold
 
-    def allocated(self, pod: str, claims: list[dict[str, Any]]) -> None:
+    def allocated(self, claims: dict[str, list[dict[str, Any]]]) -> None:
+        """This tick's pods with allocated claims (pod -> its claims): what each one's allocation gives."""
         hardware = self.soak.hardware
         chips_of = lambda device: workload.chips_of(device, hardware.board_of)  # noqa: E731
-        self.given[pod] = dracheck.given(claims, draconfig.DRIVER, chips_of, hardware.uuids)
+        self.given = {
+            pod: dracheck.given(made, draconfig.DRIVER, chips_of, hardware.uuids) for pod, made in claims.items()
+        }
 
-    def verified(self, invariant: c.Invariant, at: float, pod: str, env: dict[str, str], held: set[str]) -> None:
-        """A container shown to hold what its allocation gives: its share slots apart from every other running
-        container's (those still held)."""
-        self.shown = {name: shown for name, shown in self.shown.items() if name in held}
+    def verified(self, invariant: c.Invariant, at: float, pod: str, env: dict[str, str]) -> None:
+        """A container shown to hold what its allocation gives: its share slots apart from every other container's
+        that still holds its allocation."""
+        self.shown = {name: shown for name, shown in self.shown.items() if name in self.given}
         mine = self.given.get(pod, ())
         if any(device.share for device in mine):
             c.slots_apart(invariant, at, pod, mine, env, self.shown)
@@ -107,5 +110,6 @@ class DraWatch:
     def judge(self, invariant: c.Invariant) -> None:
         soak = self.soak
         changes = [at for at, _ in soak.configs[1:]]
-        allocated = {a.pod: a.seen for a in soak.allocations}  # its last allocation: a pod's claims are allocated once
+        # the earliest its claims may have been allocated (the soak does not look while it restarts the agent)
+        allocated = {a.pod: a.after for a in reversed(soak.allocations)}
         dracheck.prepare_failures(invariant, self.failures, soak.quiet, soak.broken, soak.chip_of, changes, allocated)

@@ -252,13 +252,15 @@ class Soak:
             x["metadata"]["name"]: x
             for x in self.api.items(f"/apis/resource.k8s.io/v1/namespaces/{self.namespace}/resourceclaims")
         }
+        given = {}  # pod -> its claims, for what each allocation gives (shares)
         for pod in pods:
             names = [ref.get("resourceClaimName") for ref in pod["spec"].get("resourceClaims") or []]
             devices = [d for n in names if n in claims for d in claim_devices(claims[n], DRIVER)]
             chips = frozenset(chip for d in devices for chip in workload.chips_of(d, self.hardware.board_of))
             if chips:
                 found[pod["metadata"]["name"]] = (pod["metadata"]["uid"], chips)
-                self.dra.allocated(pod["metadata"]["name"], [claims[n] for n in names if n in claims])
+                given[pod["metadata"]["name"]] = [claims[n] for n in names if n in claims]
+        self.dra.allocated(given)
         return found
 
     def observe_holdings(self, at: float, pods: list[dict[str, Any]], allocated: dict[str, Any]) -> None:
@@ -301,7 +303,7 @@ class Soak:
         before = len(invariant.violations)
         c.devices_match(invariant, seen, self.hardware.uuids, DEVICE_MAJOR, CONTROL_MINOR)
         if len(invariant.violations) == before and self.mode == "dra":
-            self.dra.verified(invariant, at, name, env, set(self.held) | {name})
+            self.dra.verified(invariant, at, name, env)
         if len(invariant.violations) == before:
             self.verified[name] = frozenset(self.chip_of[u] for u in env.get("IX_VISIBLE_DEVICES", "").split(","))
 

@@ -236,7 +236,14 @@ def test_a_claim_the_config_in_force_cannot_serve_is_refused_rightly_only_if_all
         dracheck.PrepareFailure(100.0, "after", unshared),
         dracheck.PrepareFailure(100.0, "gone", "claim ns/c: device 'board-0' is not on this node (pool n)"),
         dracheck.PrepareFailure(100.0, "other", "claim ns/c: GpuConfig sharing.shares is 2, but gpu-0 was ..."),
+        dracheck.PrepareFailure(
+            100.0, "whole", "claim ns/w-c0: device gpu-1 (GPU-a1) is prepared for claim ns/held-c0"
+        ),
+        dracheck.PrepareFailure(
+            100.0, "whole2", "claim ns/w-c0: device gpu-1 (GPU-a1) is prepared for claim ns/new-c1"
+        ),
     ]
-    allocated = {"before": 40.0, "after": 60.0, "gone": 10.0, "other": 10.0}
+    allocated = {"before": 40.0, "after": 60.0, "gone": 10.0, "other": 10.0, "whole": 70.0, "whole2": 70.0}
+    allocated |= {"held": 30.0, "new": 65.0}  # held: a share allocated before the change
     dracheck.prepare_failures(invariant, failures, [], [], CHIP_OF, [50.0], allocated)
-    assert [what.split(":")[0] for _, what in invariant.violations] == ["after", "other"]
+    assert [what.split(":")[0] for _, what in invariant.violations] == ["after", "other", "whole2"]
