@@ -89,6 +89,18 @@ class Rollout:
 
 
 @dataclass(frozen=True)
+class Given:
+    """One device a DRA allocation gives: its chips, the UUID IX_REPLICA_DEVICES names it by (a chip's; a board's is
+    its first chip's), and for a share the slots it takes (None: held whole; 0: a share given with admin access,
+    which takes none)."""
+
+    chips: frozenset[int]
+    uuid: str
+    slots: int | None = None
+    share: str = ""  # the allocation's shareID
+
+
+@dataclass(frozen=True)
 class Seen:
     """What a container showed from the inside (device nodes, CoreX variables) against what its allocation names."""
 
@@ -97,6 +109,7 @@ class Seen:
     nodes: dict[str, str]
     env: dict[str, str]
     expected: tuple[frozenset[int], ...]  # the chip sets its allocation may mean (one unless the config changed)
+    given: tuple[Given, ...] | None = None  # DRA: the devices and shares, so IX_REPLICA_DEVICES is checked too
 
 
 @dataclass
@@ -120,12 +133,72 @@ def devices_match(invariant: Invariant, seen: Seen, uuids: Sequence[str], device
         nodes = {f"/dev/iluvatar{chip}": f"{device_major:x}:{chip:x}" for chip in chips}
         nodes["/dev/itrctl"] = f"{device_major:x}:{control:x}"
         want = {uuids[chip] for chip in chips}
-        if seen.nodes == nodes and set(visible.split(",")) == want and corex == visible:
+        replicas = seen.given is None or replicas_match(seen.env, seen.given)
+        if seen.nodes == nodes and set(visible.split(",")) == want and corex == visible and replicas:
             invariant.check(True, seen.at, seen.pod)
             return
     shown = f"nodes {sorted(seen.nodes)} IX_VISIBLE_DEVICES={visible} ILUVATAR_COREX_VISIBLE_DEVICES={corex}"
+    if seen.given is not None:
+        wanted = ",".join(g.uuid if g.slots is None else f"{g.uuid}::<{g.slots} slots>" for g in seen.given)
+        shown += f" IX_REPLICA_DEVICES={seen.env.get(REPLICAS, '')} (wanted {wanted})"
+        shown += f" ILUVATAR_COREX_REPLICA_DEVICES={seen.env.get(COREX_REPLICAS, '')}"
     options = " or ".join(str(sorted(chips)) for chips in seen.expected)
     invariant.check(False, seen.at, f"{seen.pod}: allocation names chips {options}, the container shows {shown}")
+
+
+REPLICAS, COREX_REPLICAS = "IX_REPLICA_DEVICES", "ILUVATAR_COREX_REPLICA_DEVICES"
+
+
+def replica_slots(env: dict[str, str]) -> tuple[list[str], dict[str, list[str]]]:
+    """IX_REPLICA_DEVICES read: the devices named whole (`<uuid>`), and each shared device's slots (`<uuid>::<n>`)."""
+    whole: list[str] = []
+    slots: dict[str, list[str]] = {}
+    for item in (i for i in env.get(REPLICAS, "").split(",") if i):
+        uuid, shared, slot = item.partition("::")
+        if shared:
+            slots.setdefault(uuid, []).append(slot)
+        else:
+            whole.append(item)
+    return whole, slots
+
+
+def replicas_match(env: dict[str, str], given: Sequence[Given]) -> bool:
+    """IX_REPLICA_DEVICES (and its CoreX twin, the same) names each device held whole once, by its UUID, and each
+    shared device by as many distinct numbered slots (`<uuid>::<n>`) as its shares take, nothing else."""
+    whole, slots = replica_slots(env)
+    wanted: dict[str, int] = {}
+    for device in given:
+        if device.slots:
+            wanted[device.uuid] = wanted.get(device.uuid, 0) + device.slots
+    numbered = all(len(set(s)) == len(s) and all(n.isdigit() for n in s) for s in slots.values())
+    return (
+        env.get(COREX_REPLICAS, "") == env.get(REPLICAS, "")
+        and len(set(whole)) == len(whole)
+        and set(whole) == {device.uuid for device in given if device.slots is None}
+        and {uuid: len(s) for uuid, s in slots.items()} == wanted
+        and numbered
+    )
+
+
+def slots_apart(
+    invariant: Invariant,
+    at: float,
+    pod: str,
+    mine: Sequence[Given],
+    env: dict[str, str],
+    others: dict[str, tuple[tuple[Given, ...], dict[str, str]]],
+) -> None:
+    """Shares of one device that different claims hold are numbered apart: a container's slots on a device are none
+    of another running container's there, unless the two hold a share in common (one claim named by both pods)."""
+    _, own = replica_slots(env)
+    shares = {device.share for device in mine if device.share}
+    for other, (given, shown) in sorted(others.items()):
+        if other == pod or shares & {device.share for device in given if device.share}:
+            continue
+        _, theirs = replica_slots(shown)
+        common = {f"{uuid}::{n}" for uuid, s in own.items() for n in s if n in theirs.get(uuid, [])}
+        if own.keys() & theirs.keys():
+            invariant.check(not common, at, f"{pod} and {other} both hold the share slots {sorted(common)}")
 
 
 def no_reset_under_holder(invariant: Invariant, resets: Iterable[Reset], samples: Sequence[HoldSample]) -> None:
@@ -178,10 +251,13 @@ def back_in_service(
     broken: Sequence[Broken],
     quiet: Sequence[tuple[float, float]],
     expected_allocatable: int | None = None,
+    together: Sequence[frozenset[int]] = (),
 ) -> None:
     """Every chip healthy for BOUND_S is in service (DRA: untainted in the slice; device plugin: allocatable at
-    least what the long-healthy units give)."""
+    least what the long-healthy units give). `together`: chips the slice offers only as one device (DRA, whole
+    boards shared): one is in service only when all of them have been healthy that long."""
     settled = [chip for chip in range(chips) if healthy_since(chip, sample.at, broken, quiet)]
+    settled = [chip for chip in settled if all(other in settled for unit in together if chip in unit for other in unit)]
     if sample.in_service is not None:
         for chip in settled:
             invariant.check(

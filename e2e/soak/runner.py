@@ -16,11 +16,12 @@ from harness.plugin import CONTROL_MINOR, DEVICE_MAJOR
 from harness.pods import STAY, busybox_pod
 
 from . import checker as c
-from . import workload
+from . import draconfig, workload
 from .agent import NAMESPACE as AGENT_NAMESPACE
 from .agent import Agent, container_id
 from .apifaults import KINDS as API_FAULTS
 from .apifaults import ApiFaults
+from .drawatch import DraWatch
 from .faults import FaultActions
 from .hardware import Hardware
 from .load import agent_requests
@@ -85,6 +86,7 @@ class Soak:
         self.failures: list[c.Failure] = []
         self.deleted: set[str] = set()  # pods the soak asked to delete
         self.api_load = (0, 0)  # the agent's API requests: in all, and in its busiest minute
+        self.dra = DraWatch(self, self.namespace)  # DRA mode: its config, shares, and prepares that failed
 
     # ------------------------------------------------------------------ the run
 
@@ -106,7 +108,9 @@ class Soak:
     def run_mounted(self) -> None:
         if self.mode == "dra":  # admin-access claims (workload.py) are allowed in such a namespace only
             self.admin("label", "namespace", self.namespace, f"{workload.ADMIN_LABEL}=true", "--overwrite")
-        self.agent.set_config(1)
+        first = draconfig.first_config(self.seed, self.mode)
+        self.configs = [(0.0, first)]
+        self.agent.set_config(first)
         self.agent.start()
         self.start = time.time()  # the schedule's times count from the agent's pod Ready (helm install: seconds)
         self.quiet.append((0.0, self.now()))
@@ -132,9 +136,14 @@ class Soak:
         elif step.kind in API_FAULTS:
             self.faults_done.append(step)
             self.api_faults.do(step)
+        elif step.kind == "config-change" and self.mode == "dra":
+            self.faults_done.append(step)
+            self.dra.change_config(int(str(step.detail["config"])))
         else:
             self.faults_done.append(step)
+            configs = len(self.configs)
             self.actions.do(step)
+            self.dra.followed(configs)
 
     def wind_down(self) -> None:
         """Faults over: everything healed, returned and deleted; then every chip must come back within the bound
@@ -186,7 +195,7 @@ class Soak:
             if self.mode == "device-plugin":
                 self.admin.create(busybox_pod(name, STAY, gpus=int(shape.split("-")[1])), "-n", self.namespace)
             else:
-                claims, pods = workload.objects(name, shape)
+                claims, pods = workload.objects(name, shape, self.dra.unit())
                 self.admin.create(claims, "-n", self.namespace)
                 self.admin.create(pods, "-n", self.namespace)
             self.actions.created.append(name)
@@ -213,6 +222,7 @@ class Soak:
         try:
             pods = self.api.items(f"/api/v1/namespaces/{self.namespace}/pods")
             allocated = self.allocated(pods)
+            self.dra.read_events(at)
         except OSError as error:  # the API server restarting: next tick
             self.note(f"API not readable: {error}")
             return
@@ -242,12 +252,15 @@ class Soak:
             x["metadata"]["name"]: x
             for x in self.api.items(f"/apis/resource.k8s.io/v1/namespaces/{self.namespace}/resourceclaims")
         }
+        given = {}  # pod -> its claims, for what each allocation gives (shares)
         for pod in pods:
             names = [ref.get("resourceClaimName") for ref in pod["spec"].get("resourceClaims") or []]
             devices = [d for n in names if n in claims for d in claim_devices(claims[n], DRIVER)]
             chips = frozenset(chip for d in devices for chip in workload.chips_of(d, self.hardware.board_of))
             if chips:
                 found[pod["metadata"]["name"]] = (pod["metadata"]["uid"], chips)
+                given[pod["metadata"]["name"]] = [claims[n] for n in names if n in claims]
+        self.dra.allocated(given)
         return found
 
     def observe_holdings(self, at: float, pods: list[dict[str, Any]], allocated: dict[str, Any]) -> None:
@@ -284,10 +297,13 @@ class Soak:
             self.note(f"exec into {name} failed (checked at its next tick): {str(error)[:160]}")
             return
         nodes, env = shown(output)
-        seen = c.Seen(at, name, nodes, env, self.expected_sets(name, chips))
+        given = self.dra.given.get(name) if self.mode == "dra" else None
+        seen = c.Seen(at, name, nodes, env, self.expected_sets(name, chips), given)
         invariant = self.invariants["devices match"]
         before = len(invariant.violations)
         c.devices_match(invariant, seen, self.hardware.uuids, DEVICE_MAJOR, CONTROL_MINOR)
+        if len(invariant.violations) == before and self.mode == "dra":
+            self.dra.verified(invariant, at, name, env)
         if len(invariant.violations) == before:
             self.verified[name] = frozenset(self.chip_of[u] for u in env.get("IX_VISIBLE_DEVICES", "").split(","))
 
@@ -320,10 +336,13 @@ class Soak:
         if self.mode == "dra":
             slices = self.api.items("/apis/resource.k8s.io/v1/resourceslices")
             devices = [d for s in slices if s["spec"].get("driver") == DRIVER for d in s["spec"].get("devices") or []]
-            up = frozenset(int(d["name"][4:]) for d in devices if d["name"][4:].isdigit() and not d.get("taints"))
+            board_of = self.hardware.board_of
+            up = frozenset(
+                chip for d in devices if not d.get("taints") for chip in workload.chips_of(d["name"], board_of)
+            )
             self.last_up = up
             sample = c.ServiceSample(at, in_service=up)
-            c.back_in_service(invariant, sample, CHIPS, self.broken, self.quiet)
+            c.back_in_service(invariant, sample, CHIPS, self.broken, self.quiet, together=self.dra.together(at))
             units = len(up)
         else:
             node = self.api.get(f"/api/v1/nodes/{self.cluster.node_name}")
@@ -391,6 +410,7 @@ class Soak:
         c.admission_failures(
             self.invariants["no admission refused by the agent"], self.failures, self.quiet, self.broken
         )
+        self.dra.judge(self.invariants["no admission refused by the agent"])
         self.judge_api_load()
         agent_files: list[Path] = []
         found = leftovers(

@@ -47,16 +47,19 @@ SWITCH_EARLIEST_S = 10.0
 SWITCH_S = (15.0, 30.0)  # how long the other mode acts
 MODE_KINDS = {
     "device-plugin": {"config-change": 2},
-    "dra": {"checkpoint-unreadable": 1},
+    "dra": {"checkpoint-unreadable": 1, "config-change": 2},
 }
+# The ix-configs of both modes (DRA: draconfig.py says what each publishes, and how a change is made)
 DEVICE_PLUGIN_CONFIGS = (
     {"flags": {"splitboard": True}},
     {},
     {"sharing": {"timeSlicing": {"replicas": 2}}},
     {"flags": {"splitboard": True}, "sharing": {"timeSlicing": {"replicas": 2}}},
 )
-# The DRA workload's shapes (e2e/soak/workload.py says what each is), a chip claim twice as often as the others
+# The DRA workload's shapes (e2e/soak/workload.py says what each is), a chip claim and one share twice as often as
+# the others: a share shape claims what the config in force shares, so that shares are taken whenever they are on
 DRA_SHAPES = ("claim-1", "claim-1", "claim-2", "claims-2", "requests-2", "board-1", "shared-claim", "admin-1")
+DRA_SHAPES += ("share-1", "share-1", "shares-2", "share-pair")
 FIRST_FAULT_S = 5.0
 MEAN_GAP_S = 6.0  # between fault starts: faults overlap, since most last longer
 MEAN_WORKLOAD_GAP_S = 4.0

@@ -8,8 +8,17 @@
 - `admin-1`: a claim of one chip with admin access (a monitoring pod: the namespace carries the label
   resource.kubernetes.io/admin-access=true that DRAAdminAccess asks for).
 
-Time-sliced shares (consumable capacity) need the driver's `sharing.timeSlicing.replicas`, which the soak's agent
-is not given. Every object of a pod `<name>` is named `<name>-...`, so that deleting a pod deletes what it made.
+Time-sliced shares (consumable capacity: the driver's `sharing.timeSlicing.replicas`, draconfig.py), of the class
+whose devices the config in force shares (`unit`: chips with splitboard, whole boards without):
+
+- `share-1`: a claim of one share;
+- `shares-2`: a claim asking for 2 shares (`capacity.requests.shares`: a device of 2 shares, alone);
+- `share-pair`: two pods, each with a claim of one share of its own (the scheduler puts them on one device
+  when it can: their slots must differ).
+
+A shape the config in force cannot serve stays Pending (a chip claim while only boards are offered, 2 shares of
+a device held whole). Every object of a pod `<name>` is named `<name>-...`, so that deleting a pod deletes what it
+made.
 """
 
 from __future__ import annotations
@@ -23,13 +32,22 @@ ADMIN_LABEL = "resource.kubernetes.io/admin-access"
 SECOND_POD = "-b"  # the suffix of shared-claim's second pod
 
 
-def objects(name: str, shape: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """(claims, pods) of a DRA workload of this shape."""
-    if shape == "shared-claim":
+def objects(name: str, shape: str, unit: str = DRIVER) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(claims, pods) of a DRA workload of this shape; `unit`: the DeviceClass a share shape claims of."""
+    if shape == "share-pair":
+        claims = [claim(f"{name}-c{index}", device_class=unit) for index in range(2)]
+        pods = [
+            busybox_pod(pod, STAY, claims=[{"name": "c0", "resourceClaimName": made["metadata"]["name"]}])
+            for pod, made in zip((name, name + SECOND_POD), claims, strict=True)
+        ]
+        return claims, pods
+    if shape in ("share-1", "shares-2"):
+        claims = [claim(f"{name}-c0", device_class=unit, shares=2 if shape == "shares-2" else None)]
+    elif shape == "shared-claim":
         refs = [{"name": "c0", "resourceClaimName": f"{name}-c0"}]
         pods = [busybox_pod(pod, STAY, claims=refs) for pod in (name, name + SECOND_POD)]
         return [claim(f"{name}-c0")], pods
-    if shape == "requests-2":
+    elif shape == "requests-2":
         made = claim(f"{name}-c0")
         request = made["spec"]["devices"]["requests"][0]
         made["spec"]["devices"]["requests"] = [request, {**request, "name": "gpu2"}]
