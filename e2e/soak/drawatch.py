@@ -4,23 +4,21 @@ Events of prepares that failed."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from . import checker as c
 from . import dracheck, draconfig, workload
 from .agent import NAMESPACE as AGENT_NAMESPACE
 from .agent import container_id
+from .run import SoakRun
 from .schedule import CHIPS, DEVICE_PLUGIN_CONFIGS
-
-if TYPE_CHECKING:
-    from .runner import Soak
 
 CONFIG_QUIET_S = 5.0  # after a config change's rollout is done, as for the device plugin's (faults.py)
 EVENT_LAG_S = 2.0  # an Event's time is in whole seconds and the soak notes a deletion at its next tick
 
 
 class DraWatch:
-    def __init__(self, soak: Soak, namespace: str) -> None:
+    def __init__(self, soak: SoakRun, namespace: str) -> None:
         self.soak, self.namespace = soak, namespace
         self.given: dict[str, tuple[c.Given, ...]] = {}  # pod -> the devices and shares its claims give
         self.shown: dict[str, tuple[tuple[c.Given, ...], dict[str, str]]] = {}  # pod -> (given, its variables)

@@ -1,5 +1,5 @@
-"""What the fault actions (faults.py, apifaults.py) see of the soak that runs them: the runner's Soak, as a Protocol,
-so that they need not import the runner that imports them."""
+"""What the fault actions (faults.py, apifaults.py) and the DRA watch (drawatch.py) see of the soak that runs them:
+the runner's Soak, as a Protocol, so that they need not import the runner that imports them."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from harness.kube import Kubectl
 from . import checker as c
 from .agent import Agent
 from .hardware import Hardware
+from .observe import Api
 
 
 class Later(Protocol):
@@ -33,6 +34,8 @@ class SoakRun(Protocol):
     last_up: frozenset[int]
     settled_since: float | None
     actions: Any  # the runner's FaultActions (faults.py): what is undone later
+    api: Api
+    deleted: set[str]
 
     def now(self) -> float: ...
 
