@@ -211,6 +211,22 @@ class Cluster:
             interval=1,
         )
 
+    def restart_controller_manager(self) -> None:
+        """Stop kube-controller-manager (SIGTERM) and start it again, healthy (it runs without leader election)."""
+        self._stop_process("kube-controller-manager")
+        self._start_controller_manager()
+        manager = self.processes["kube-controller-manager"]
+        until(
+            lambda: (
+                self._alive(manager)
+                and host.http_get(f"https://127.0.0.1:{self.ports.controller_manager}/healthz") == b"ok"
+            ),
+            START_TIMEOUT,
+            "kube-controller-manager healthy",
+            [manager.log],
+            interval=1,
+        )
+
     def _start_controller_manager(self) -> None:
         assert self.pki is not None
         kubeconfig = self.kubeconfig("controller-manager")

@@ -34,7 +34,8 @@ def write(soak: Soak, directory: Path, minutes: float) -> Path:
         f"# {summary(soak)}",
         "",
         f"{minutes:g} minutes planned, {soak.now():.0f} s run, "
-        f"{soak.pods_created} pods created, agent started {soak.agent.starts} times, "
+        f"{soak.pods_created} pods created, agent started {soak.agent.starts} times "
+        f"(the cluster's stalled DaemonSet controller restarted {soak.agent.controller_restarts} times), "
         f"{soak.api_load[0]} API requests of the agent (at most {soak.api_load[1]} in a minute).",
         "",
     ]
