@@ -208,11 +208,9 @@ class Agent:
         try:
             pod: Obj = until(one, min(timeout, STALLED_S), f"the {self.app} pod Ready", logs, interval=1)
         except WaitFailed:
-            if self.pods():  # the pod is there (a container in the kubelet's back-off, an image pulled): wait on
-                pod = until(one, timeout, f"the {self.app} pod Ready", logs, interval=1)
-            else:
+            if not self.pods():  # no pod made at all (not one in the kubelet's back-off): the controller stalled
                 self.restart_stalled_controller()
-                pod = until(one, timeout, f"the {self.app} pod Ready", logs, interval=1)
+            pod = until(one, timeout, f"the {self.app} pod Ready", logs, interval=1)
         self._pids = []
         self.follow_logs([pod])
         return pod
