@@ -316,7 +316,7 @@ class Soak:
         allocation = next(a for a in reversed(self.allocations) if a.pod == name)
         configs = {index for t, index in self.configs if allocation.after - 3 <= t <= allocation.seen}
         configs.add(self.config_at(allocation.after - 3))
-        split = {bool(DEVICE_PLUGIN_CONFIGS[i].get("flags", {}).get("splitboard")) for i in configs}
+        split = {draconfig.splitboard(DEVICE_PLUGIN_CONFIGS[i]) for i in configs}
         return tuple(named if s else boards for s in sorted(split, reverse=True))
 
     def config_at(self, at: float) -> int:
@@ -386,8 +386,8 @@ class Soak:
     def units_of(self, healthy: Any) -> int:
         """Allocatable of the device plugin's config now when exactly the chips healthy(chip) are healthy."""
         config = self.agent.base_config | DEVICE_PLUGIN_CONFIGS[self.config_at(self.now())]  # as Agent.set_config
-        replicas = max(1, int(config.get("sharing", {}).get("timeSlicing", {}).get("replicas", 1)))
-        if config.get("flags", {}).get("splitboard"):
+        replicas = max(1, draconfig.replicas(config))
+        if draconfig.splitboard(config):
             return replicas * sum(1 for chip in range(CHIPS) if healthy(chip))
         boards = {frozenset(self.hardware.board_of(chip)) for chip in range(CHIPS)}
         return replicas * sum(1 for board in boards if all(healthy(chip) for chip in board))
