@@ -341,12 +341,14 @@ class Soak:
                 chip for d in devices if not d.get("taints") for chip in workload.chips_of(d["name"], board_of)
             )
             self.last_up = up
+            self.actions.windows.seen_back(at, lambda chip: chip in up)
             sample = c.ServiceSample(at, in_service=up)
             c.back_in_service(invariant, sample, CHIPS, self.broken, self.quiet, together=self.dra.together(at))
             units = len(up)
         else:
             node = self.api.get(f"/api/v1/nodes/{self.cluster.node_name}")
             units = int(node["status"].get("allocatable", {}).get(RESOURCE, "0"))
+            self.actions.windows.seen_back(at, lambda chip: self.counted_in(units, chip))
             expected = self.units_of(lambda chip: c.healthy_since(chip, at, self.broken, self.quiet))
             sample = c.ServiceSample(at, allocatable=units)
             c.back_in_service(invariant, sample, CHIPS, [], [], expected)
@@ -391,6 +393,13 @@ class Soak:
             return replicas * sum(1 for chip in range(CHIPS) if healthy(chip))
         boards = {frozenset(self.hardware.board_of(chip)) for chip in range(CHIPS)}
         return replicas * sum(1 for board in boards if all(healthy(chip) for chip in board))
+
+    def counted_in(self, allocatable: int, chip: int) -> bool:
+        """Device plugin: whether the chip is in service, as far as one count tells: allocatable reaches what every
+        chip not certainly broken gives, and that is more than without this one (its unit counts)."""
+        broken = self.actions.windows.certainly_broken
+        serving = self.units_of(lambda other: not broken(other))
+        return allocatable >= serving > self.units_of(lambda other: not broken(other) and other != chip)
 
     def full_units(self) -> int:
         return CHIPS if self.mode == "dra" else self.units_of(lambda chip: True)
