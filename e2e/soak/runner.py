@@ -21,6 +21,7 @@ from .agent import NAMESPACE as AGENT_NAMESPACE
 from .agent import Agent, container_id
 from .apifaults import KINDS as API_FAULTS
 from .apifaults import ApiFaults
+from .cost import Cost
 from .drawatch import DraWatch
 from .faults import FaultActions
 from .hardware import Hardware
@@ -87,6 +88,7 @@ class Soak:
         self.deleted: set[str] = set()  # pods the soak asked to delete
         self.api_load = (0, 0)  # the agent's API requests: in all, and in its busiest minute
         self.dra = DraWatch(self, self.namespace)  # DRA mode: its config, shares, and prepares that failed
+        self.cost = Cost()  # what the run costs the machine, for the report
 
     # ------------------------------------------------------------------ the run
 
@@ -98,6 +100,7 @@ class Soak:
 
     def run(self) -> None:
         self.start = time.time()
+        self.cost.start()
         self.api_faults.disk.mount()
         try:
             self.run_mounted()
@@ -219,6 +222,7 @@ class Soak:
 
     def tick(self) -> None:
         at = self.now()
+        self.cost.sample()
         try:
             pods = self.api.items(f"/api/v1/namespaces/{self.namespace}/pods")
             allocated = self.allocated(pods)
