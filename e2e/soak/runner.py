@@ -122,6 +122,7 @@ class Soak:
         while pending or self.actions.undo:
             due = self.now()
             while pending and pending[0].at <= due:
+                self.actions.undo_due(pending[0].at)  # a fault over before this step (one that waits holds both up)
                 self.do(pending.pop(0))
             self.actions.undo_due(due)
             self.tick()
