@@ -106,7 +106,7 @@ e2e-root:
 E2E_CACHE ?= $(or $(IX_E2E_CACHE),/var/cache/ix-device-plugin-e2e)
 e2e: e2e-root e2e-build $(VENV)/.stamp-dev ## the end-to-end suite on a real one-node Kubernetes (root, Go; docs/testing.md)
 	$(MAKE) --no-print-directory nri-test GOMODCACHE=$(E2E_CACHE)/go/mod GOCACHE=$(E2E_CACHE)/go/build
-	$(VENV_PY) -m pytest -p no:cacheprovider -n 0 e2e/tests $(E2E_PYTEST_ARGS)  # one cluster: one process
+	$(VENV_PY) -m pytest -p no:cacheprovider -n 0 --durations=20 e2e/tests $(E2E_PYTEST_ARGS)  # one cluster: one process
 
 clean: ## remove build outputs (not the virtualenv)
 	rm -rf build dist src/*.egg-info

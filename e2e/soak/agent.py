@@ -64,7 +64,7 @@ class Agent:
         self.starts = 0
         self.controller_restarts = 0  # the stalled DaemonSet controller restarted
         self._pids: list[int] = []
-        self.followed: dict[str, subprocess.Popen[bytes]] = {}  # pod -> its `kubectl logs -f`, to its end
+        self.followed: dict[str, subprocess.Popen[bytes]] = {}  # pod/container -> its `kubectl logs -f`, to its end
 
     @property
     def app(self) -> str:
@@ -210,7 +210,11 @@ class Agent:
         except WaitFailed:
             if not self.pods():  # no pod made at all (not one in the kubelet's back-off): the controller stalled
                 self.restart_stalled_controller()
-            pod = until(one, timeout, f"the {self.app} pod Ready", logs, interval=1)
+            try:
+                pod = until(one, timeout, f"the {self.app} pod Ready", logs, interval=1)
+            except WaitFailed:
+                self.keep_last_logs()  # a container that failed at start: why, for the report's folder
+                raise
         self._pids = []
         self.follow_logs([pod])
         return pod
@@ -273,17 +277,27 @@ class Agent:
         return pids[-1] if pids else None
 
     def follow_logs(self, pods: list[Obj]) -> None:
-        """Each pod's log, followed into the work folder until its container ends (a pod deleted in a rollout
-        takes its log with it)."""
+        """Each running container's log, followed into the work folder (`<pod>.log`, one after the other when the
+        kubelet restarts it) until it ends (a pod deleted in a rollout takes its log with it)."""
         for pod in pods:
-            name = pod["metadata"]["name"]
-            if name in self.followed:
+            name, running = pod["metadata"]["name"], container_id(pod)
+            if not running or f"{name}/{running}" in self.followed:
                 continue
-            admin = self.cluster.admin
-            command = [str(admin.binary), "--kubeconfig", str(admin.kubeconfig), "logs", "-f", "--timestamps", name]
-            command += ["-n", NAMESPACE, "-c", self.app]
             with (self.workdir / f"{name}.log").open("ab") as log:
-                self.followed[name] = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+                command = self.logs_command(name, "-f")
+                self.followed[f"{name}/{running}"] = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+
+    def keep_last_logs(self) -> None:
+        """The log of each pod's container that ended last (`kubectl logs --previous`), as `<pod>.previous.log`."""
+        for pod in self.pods():
+            name = pod["metadata"]["name"]
+            with (self.workdir / f"{name}.previous.log").open("ab") as log:
+                subprocess.run(self.logs_command(name, "--previous"), stdout=log, stderr=subprocess.STDOUT, timeout=30)
+
+    def logs_command(self, pod: str, *flags: str) -> list[str]:
+        admin = self.cluster.admin
+        where = ["-n", NAMESPACE, "-c", self.app]
+        return [str(admin.binary), "--kubeconfig", str(admin.kubeconfig), "logs", *flags, "--timestamps", pod, *where]
 
     def stop_following(self) -> None:
         for process in self.followed.values():

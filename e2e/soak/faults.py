@@ -4,7 +4,6 @@ broke count as healed (the windows the checker's "broken not given" and "back in
 from __future__ import annotations
 
 import contextlib
-import re
 from collections.abc import Callable
 
 from harness.kube import KubectlError
@@ -13,8 +12,10 @@ from . import checker as c
 from .observe import read_resets
 from .run import SoakRun
 from .schedule import MODE_SWITCH, Step
+from .windows import Windows
 
 RETURN_ANNOTATION = "iluvatar.com/gpu.return"
+NODE_DIR, NODE_RECORD = "iluvatar.com", "node-health.json"  # in the kubelet's plugins directory (README)
 UNREADABLE = b"\x00{not json \xff"
 
 
@@ -23,23 +24,17 @@ class FaultActions:
         self.soak = soak
         self.undo: list[tuple[float, Callable[[], None]]] = []
         self.created: list[str] = []
-        self.open: list[tuple[int, float, str, str]] = []  # (chip, since, heals by: reset|return|clear, why)
+        self.windows = Windows(soak.broken)  # what is broken and what heals it
         self.returned: dict[int, float] = {}  # chip -> when an operator returned it
         self.switched: tuple[float, int] | None = None  # while the other mode acts: (since, its quiet window's index)
 
     # ------------------------------------------------------------------ windows
 
     def broken(self, chip: int, heals_by: str, why: str) -> None:
-        since = self.soak.now()
-        self.open.append((chip, since, heals_by, why))
-        self.soak.broken.append(c.Broken(chip, since, None, why))
+        self.windows.add(chip, self.soak.now(), heals_by, why)
 
     def close(self, match: Callable[[int, float, str, str], bool], at: float, how: str) -> None:
-        for window in [w for w in self.open if match(*w)]:
-            self.open.remove(window)
-            chip, since = window[0], window[1]
-            index = next(i for i, b in enumerate(self.soak.broken) if b.chip == chip and b.since == since)
-            self.soak.broken[index] = c.Broken(chip, since, at, f"{window[3]}, {how}")
+        self.windows.close(match, at, how)
 
     def healed_by_reset(self, reset: c.Reset) -> None:
         """A reset that succeeded heals what a reset heals on the simulated chips, and returns what an operator
@@ -60,19 +55,12 @@ class FaultActions:
         """A return is no cure for an XID: the agent resets the chip once more and only a reset that succeeds brings
         it back (README, "The operator's way back"); one that fails or hangs leaves it needing an operator again. (A
         chip back on the bus is closed at its return above: its absence was a health condition, not an XID.)"""
-        at = self.soak.now()
-        self.open = [
-            (ch, since, "reset", f"{why}, returned at {at:.1f}")
-            if ch == chip and by == "return"
-            else (ch, since, by, why)
-            for ch, since, by, why in self.open
-        ]
+        self.windows.awaits_reset(chip, self.soak.now())
 
     def forget_all(self, why: str) -> None:
-        """The agent's memory of broken chips made unreadable: what only it knew (an XID, an event of the past) is
-        no longer a fault anyone can hold it to; what the hardware still says (bits, absence) is. (Too lenient where
-        the acting pod wrote the record again before it was killed, as it does at once: docs/testing.md.)"""
-        self.close(lambda chip, since, by, w: w.startswith("XID"), self.soak.now(), why)
+        """The agent's memory of broken chips made unreadable: what only it knew (an XID) it may have forgotten
+        (windows.py); what the hardware still says (bits, absence) it has not."""
+        self.windows.forget_xids(self.soak.now(), why)
 
     # ------------------------------------------------------------------ faults
 
@@ -183,7 +171,7 @@ class FaultActions:
         waiting = sorted(
             {
                 chip
-                for chip, since, by, _ in self.open
+                for chip, since, by, _ in self.windows.open
                 if by == "return" or any(c == chip and started >= since for c, started in failed)
             }
         )
@@ -206,11 +194,7 @@ class FaultActions:
     def new_agent_process(self) -> None:
         """Before an agent process starts beside or after this one, the devices file keeps only the XIDs of chips
         still broken (a new process reads the whole file; a broken chip goes on reporting, healed ones don't)."""
-        still_broken: dict[int, list[int]] = {}
-        for chip, _, _, why in self.open:
-            if xid := re.match(r"XID (\d+)", why):  # "XID 64" or "XID 64, returned at 18.8"
-                still_broken.setdefault(chip, []).append(int(xid.group(1)))
-        self.soak.hardware.agent_restarted(still_broken)
+        self.soak.hardware.agent_restarted(self.windows.still_broken_xids())
 
     def roll(self, kind: str) -> None:
         """`helm upgrade` (a pod annotation changed) or `helm rollback`: the DaemonSet rolls its pods as the chart's
@@ -254,7 +238,7 @@ class FaultActions:
 
     def unreadable(self, kind: str) -> None:
         plugins = self.soak.cluster.plugins_dir
-        pattern = "**/node-health.json" if kind == "node-health-unreadable" else "gpu.iluvatar.com/**/checkpoint*.json"
+        pattern = f"**/{NODE_RECORD}" if kind == "node-health-unreadable" else "gpu.iluvatar.com/**/checkpoint*.json"
         targets = [p for p in plugins.glob(pattern) if p.is_file()]
         for path in targets:
             path.write_bytes(UNREADABLE)

@@ -37,6 +37,7 @@ def write(soak: Soak, directory: Path, minutes: float) -> Path:
         f"{soak.pods_created} pods created, agent started {soak.agent.starts} times "
         f"(the cluster's stalled DaemonSet controller restarted {soak.agent.controller_restarts} times), "
         f"{soak.api_load[0]} API requests of the agent (at most {soak.api_load[1]} in a minute).",
+        soak.cost.line(),
         "",
     ]
     lines += ["## Invariants", "", "| invariant | checks | violations |", "|---|---|---|"]

@@ -21,6 +21,7 @@ from .agent import NAMESPACE as AGENT_NAMESPACE
 from .agent import Agent, container_id
 from .apifaults import KINDS as API_FAULTS
 from .apifaults import ApiFaults
+from .cost import Cost
 from .drawatch import DraWatch
 from .faults import FaultActions
 from .hardware import Hardware
@@ -87,6 +88,7 @@ class Soak:
         self.deleted: set[str] = set()  # pods the soak asked to delete
         self.api_load = (0, 0)  # the agent's API requests: in all, and in its busiest minute
         self.dra = DraWatch(self, self.namespace)  # DRA mode: its config, shares, and prepares that failed
+        self.cost = Cost()  # what the run costs the machine, for the report
 
     # ------------------------------------------------------------------ the run
 
@@ -98,6 +100,7 @@ class Soak:
 
     def run(self) -> None:
         self.start = time.time()
+        self.cost.start()
         self.api_faults.disk.mount()
         try:
             self.run_mounted()
@@ -119,6 +122,7 @@ class Soak:
         while pending or self.actions.undo:
             due = self.now()
             while pending and pending[0].at <= due:
+                self.actions.undo_due(pending[0].at)  # a fault over before this step (one that waits holds both up)
                 self.do(pending.pop(0))
             self.actions.undo_due(due)
             self.tick()
@@ -219,6 +223,7 @@ class Soak:
 
     def tick(self) -> None:
         at = self.now()
+        self.cost.sample()
         try:
             pods = self.api.items(f"/api/v1/namespaces/{self.namespace}/pods")
             allocated = self.allocated(pods)
@@ -341,12 +346,14 @@ class Soak:
                 chip for d in devices if not d.get("taints") for chip in workload.chips_of(d["name"], board_of)
             )
             self.last_up = up
+            self.actions.windows.seen_back(at, lambda chip: chip in up)
             sample = c.ServiceSample(at, in_service=up)
             c.back_in_service(invariant, sample, CHIPS, self.broken, self.quiet, together=self.dra.together(at))
             units = len(up)
         else:
             node = self.api.get(f"/api/v1/nodes/{self.cluster.node_name}")
             units = int(node["status"].get("allocatable", {}).get(RESOURCE, "0"))
+            self.actions.windows.seen_back(at, lambda chip: self.counted_in(units, chip))
             expected = self.units_of(lambda chip: c.healthy_since(chip, at, self.broken, self.quiet))
             sample = c.ServiceSample(at, allocatable=units)
             c.back_in_service(invariant, sample, CHIPS, [], [], expected)
@@ -391,6 +398,13 @@ class Soak:
             return replicas * sum(1 for chip in range(CHIPS) if healthy(chip))
         boards = {frozenset(self.hardware.board_of(chip)) for chip in range(CHIPS)}
         return replicas * sum(1 for board in boards if all(healthy(chip) for chip in board))
+
+    def counted_in(self, allocatable: int, chip: int) -> bool:
+        """Device plugin: whether the chip is in service, as far as one count tells: allocatable reaches what every
+        chip not certainly broken gives, and that is more than without this one (its unit counts)."""
+        broken = self.actions.windows.certainly_broken
+        serving = self.units_of(lambda other: not broken(other))
+        return allocatable >= serving > self.units_of(lambda other: not broken(other) and other != chip)
 
     def full_units(self) -> int:
         return CHIPS if self.mode == "dra" else self.units_of(lambda chip: True)

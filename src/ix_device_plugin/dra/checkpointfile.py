@@ -3,8 +3,10 @@ atomically, and rebuilt from the claims' CDI specs when it cannot be read (check
 
 A checkpoint that cannot be read, or is missing while claim specs are there, is rebuilt from the specs, at start
 or while running: the rebuilt one is written before the old one is kept aside (checkpoint.json.corrupt-<Unix
-time>), and a spec that cannot be read is skipped with a message, never removed and never a reason to forget the
-others. Used by `DraState` under its lock only.
+time>); where it cannot be written (a full disk) the old one stays as it was and the rebuilt claims are served from
+memory, rebuilt and written again at the next read, so that a full disk never stops a start. A spec that cannot be
+read is skipped with a message, never removed and never a reason to forget the others. Used by `DraState` under its
+lock only.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from ix_device_plugin.dra.checkpoint import (
 )
 from ix_device_plugin.dra.prepared import PreparedClaim
 from ix_device_plugin.dra.specfiles import ClaimSpecFiles
-from ix_device_plugin.runtime.files import keep_aside, remove_oldest_aside, write_atomically
+from ix_device_plugin.runtime.files import OutputError, keep_aside, remove_oldest_aside, write_atomically
 
 log = logging.getLogger(__name__)
 
@@ -75,10 +77,27 @@ class CheckpointFile:
 
     def _rebuild(self, known: Mapping[str, PreparedClaim], why: str) -> dict[str, PreparedClaim]:
         """The claims from their CDI specs (as kept in memory where known), written as the checkpoint; the old
-        one is kept aside only once the rebuild is done, and replaced only by the rebuilt one."""
+        one is kept aside only once the rebuild is done, and replaced only by the rebuilt one. One that cannot be
+        written (a full disk) leaves the old one as it was, the rebuilt claims served from memory: the next read
+        rebuilds and writes again, and a change to the claims cannot be saved before that."""
         rebuilt = {uid: known.get(uid, claim) for uid, claim in self._specs.claims().items()}
-        aside = keep_aside(self.path, ASIDE_LABEL) if self.path.exists() else None
-        self.save(rebuilt)
+        aside = None
+        try:
+            aside = keep_aside(self.path, ASIDE_LABEL) if self.path.exists() else None
+            self.save(rebuilt)
+        except OutputError as error:
+            if aside is not None:
+                aside.unlink(missing_ok=True)  # the original stays where it was: one copy is enough
+            self._seen, self._written_boot = None, self.boot_id  # the specs are this boot's
+            log.error(
+                "%s; %d claims rebuilt from their CDI specs in %s, not written: %s; trying again at the next "
+                "prepare or unprepare",
+                why,
+                len(rebuilt),
+                self._specs.cdi_dir,
+                error,
+            )
+            return rebuilt
         kept = f"; kept as {aside}" if aside is not None else ""
         log.error("%s%s; %d claims rebuilt from their CDI specs in %s", why, kept, len(rebuilt), self._specs.cdi_dir)
         for removed in remove_oldest_aside(self.path, ASIDE_LABEL, ASIDE_KEPT):

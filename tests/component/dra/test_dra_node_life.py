@@ -202,6 +202,38 @@ async def test_a_full_disk_fails_the_prepare_and_the_unprepare_and_loses_no_chip
     await kubelet.close()
 
 
+async def test_a_start_over_an_unreadable_checkpoint_on_a_full_disk_serves_its_claims_and_writes_them_later(
+    small_tmpfs: Path, node: DraNode, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The rebuilt checkpoint cannot be written: the driver starts all the same (it used to exit, and the kubelet's
+    crash back-off kept it away minutes after the disk had room), holds the claims its specs say, leaves the spoiled
+    file where it was, and writes the rebuilt one at the first prepare once there is room."""
+    driver = await node.start()
+    await node.wait_slice(lambda devices: len(devices) == 6)
+    kubelet = await node.kubelet(driver)
+    held = node.claim("held", ["gpu-2"])
+    assert answer(await kubelet.prepare([held]), held[2]).error == ""
+    await kubelet.close()
+    await node.stop(driver)
+    spoiled = b"\x00{not json \xff"
+    node.checkpoint_file.write_bytes(spoiled)
+    filler = fill(small_tmpfs)
+    restarted = await node.start()
+    assert "1 claims rebuilt from their CDI specs" in caplog.text and "not written" in caplog.text
+    assert node.checkpoint_file.read_bytes() == spoiled
+    assert not list(node.checkpoint_file.parent.glob(f"{CHECKPOINT_FILE}.corrupt-*"))
+    kubelet = await node.kubelet(restarted)
+    rival = node.claim("rival", ["gpu-2"])
+    refused = answer(await kubelet.prepare([rival]), rival[2]).error
+    assert "is prepared for claim" in refused and held[2] in refused  # unnamed: rebuilt from its spec
+    filler.unlink()
+    other = node.claim("other", ["gpu-1"])
+    assert answer(await kubelet.prepare([other]), other[2]).error == ""
+    assert set(json.loads(node.checkpoint_file.read_text())["claims"]) == {held[2], other[2]}
+    assert [p.read_bytes() for p in node.checkpoint_file.parent.glob(f"{CHECKPOINT_FILE}.corrupt-*")] == [spoiled]
+    await kubelet.close()
+
+
 async def test_two_drivers_overlapping_in_an_update_fail_no_prepare(node: DraNode) -> None:
     old = await node.start(pod_uid="pod-old")
     await node.wait_slice(lambda devices: len(devices) == 6)

@@ -1,0 +1,86 @@
+"""The soak's model of broken chips: a window per fault from when the simulated hardware broke a chip until what heals
+it (a reset, an operator's return, the fault's clearing), kept open while it lasts and closed in the runner's list of
+`Broken` windows the checker judges by. Pure (nothing of the cluster), so that the unit tests can hold the model to
+what the agent may rightly do.
+
+An XID is the one fault only the agent remembers: the hardware reports it once. When the node-health record is made
+unreadable and the agent restarted, either the pod acting for the node wrote the record again first (it does at
+once, from what it knows: every chip it keeps out stays out) or the kill came first and the new pod starts from the
+hardware (the XIDs forgotten, the chips back in service). Both are right, and which one happened is up to timing, so
+each forgotten XID becomes a window that may have been forgotten (`maybe`): "broken not given" does not judge it,
+and its chip is not expected back in service until a reset or a return heals it, or it is seen in service again.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import replace
+
+from .checker import Broken
+
+# A chip that may have been forgotten counts as forgotten once it is seen in service this long after: the node's
+# allocatable may still show what the agent served before the restart for one node-status update (10 s).
+SEEN_AFTER_S = 10.0
+
+Window = tuple[int, float, str, str]  # (chip, since, heals by: reset|return|clear, why)
+
+
+class Windows:
+    def __init__(self, broken: list[Broken]) -> None:
+        self.broken = broken  # the runner's: every window, open or closed, for the checker and the report
+        self.open: list[Window] = []
+        self.maybe: set[tuple[int, float]] = set()  # (chip, since) of the open windows the agent may have forgotten
+
+    def add(self, chip: int, since: float, heals_by: str, why: str, maybe: bool = False) -> None:
+        self.open.append((chip, since, heals_by, why))
+        self.broken.append(Broken(chip, since, None, why, maybe))
+        if maybe:
+            self.maybe.add((chip, since))
+
+    def close(self, match: Callable[[int, float, str, str], bool], at: float, how: str) -> None:
+        for window in [w for w in self.open if match(*w)]:
+            self.open.remove(window)
+            chip, since = window[0], window[1]
+            index = next(i for i, b in enumerate(self.broken) if b.chip == chip and b.since == since)
+            self.broken[index] = replace(self.broken[index], until=at, why=f"{window[3]}, {how}")
+            self.maybe.discard((chip, since))
+
+    def awaits_reset(self, chip: int, at: float) -> None:
+        """An operator returned the chip: what waited for the return now waits for the reset the agent makes."""
+        returned = f"returned at {at:.1f}"
+        self.open = [
+            (ch, since, "reset", f"{why}, {returned}") if ch == chip and by == "return" else (ch, since, by, why)
+            for ch, since, by, why in self.open
+        ]
+
+    def forget_xids(self, at: float, why: str) -> None:
+        """The agent's record made unreadable: each chip's open XID windows end here, and one window it may have
+        forgotten opens in their place, healed by a return if any of them waited for one, else by a reset."""
+        xids = [w for w in self.open if w[3].startswith("XID")]
+        self.close(lambda *window: window in xids, at, why)
+        for chip in sorted({w[0] for w in xids}):
+            mine = [w for w in xids if w[0] == chip]
+            heals_by = "return" if any(w[2] == "return" for w in mine) else "reset"
+            self.add(chip, at, heals_by, f"{'; '.join(w[3] for w in mine)}; maybe forgotten", maybe=True)
+
+    def seen_back(self, at: float, in_service: Callable[[int], bool]) -> None:
+        """The windows the agent may have forgotten whose chip is in service SEEN_AFTER_S or more after: it forgot
+        them (one it remembered stays out of service until a reset or a return)."""
+
+        def forgotten(chip: int, since: float, by: str, why: str) -> bool:
+            return (chip, since) in self.maybe and at - since >= SEEN_AFTER_S and in_service(chip)
+
+        self.close(forgotten, at, "in service again: the agent forgot it")
+
+    def certainly_broken(self, chip: int) -> bool:
+        return any(w[0] == chip and (w[0], w[1]) not in self.maybe for w in self.open)
+
+    def still_broken_xids(self) -> dict[int, list[int]]:
+        """The XIDs a new agent process is sent again (a broken chip goes on reporting; healed ones don't): those of
+        the open windows, but the ones the agent may have forgotten (the hardware has nothing more to say of them)."""
+        found: dict[int, list[int]] = {}
+        for chip, since, _, why in self.open:
+            if (chip, since) not in self.maybe and (xid := re.match(r"XID (\d+)", why)):
+                found.setdefault(chip, []).append(int(xid.group(1)))
+        return found
