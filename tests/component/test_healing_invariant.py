@@ -271,3 +271,38 @@ async def test_a_stop_with_a_slow_api_server_says_why_the_handshake_is_left_and_
     await start_daemon(**_same_settings(daemon, pod_resources, libs, ixsmi))
     await until(lambda: not (reset_document(apiserver) or ResetInfo(NODE, True)).reset, timeout=5)
     assert ixsmi.runs() == []
+
+
+async def test_an_xid_that_needs_an_operator_seen_while_a_reset_was_on_its_way_stops_that_reset(
+    kubelet: KubeletStandIn,
+    start_daemon: DaemonFactory,
+    apiserver: ApiServerStandIn,
+    pod_resources: PodResourcesStandIn,
+    libs: dict[str, Path],
+    conf: Path,
+    short_dir: Path,
+) -> None:
+    """XID 48 on a held chip: its reset waits for the pod. The pod goes, and as the healer looks whether the chip is
+    free, the chip reports XID 64 (an operator's): the reset must not go on and clear it with XID 48 (the chaos
+    soak's seed 1205 saw a chip so returned to service, and given to a pod, without the operator)."""
+    ixsmi = Ixsmi(short_dir)
+    daemon = await start_healing(start_daemon, apiserver, pod_resources, libs, short_dir, ixsmi)
+    view = await kubelet.wait_registered(RESOURCE, capacity=2)
+    pod_resources.pods = {("ml", "trainer-0"): {"main": {RESOURCE: ["GPU-x1"]}}}
+    inject_xid(conf, 1, 48)
+    await until(lambda: bool(node_events(apiserver, "GPUHealingWaiting")))
+
+    def xids() -> frozenset[int]:
+        return next(c.status.xids for c in daemon.node.monitor.view.inventory.chips() if c.uuid == "GPU-x1")
+
+    async def xid_64_as_it_looks() -> None:
+        pod_resources.before_list = None
+        inject_xid(conf, 1, 64)
+        await until(lambda: 64 in xids(), 5)
+
+    pod_resources.before_list = xid_64_as_it_looks
+    pod_resources.pods = {}  # the pod was deleted
+    await until(lambda: pod_resources.before_list is None, 10)
+    await stays(lambda: ixsmi.runs() == [], for_=HELD_LONG_ENOUGH, message="no reset: the chip needs an operator")
+    assert view.devices["GPU-x1"] == UNHEALTHY and {48, 64} <= xids()
+    assert daemon.node.healing.healer.cares["GPU-x1"].note.startswith("needs an operator")

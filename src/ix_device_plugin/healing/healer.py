@@ -301,7 +301,12 @@ class Healer:
             raise HeldError(holder)
 
     async def _reset(self, care: Care) -> bool:
-        """Reset care's chip and read its health again; True once ixsmi has reset it."""
+        """Reset care's chip and read its health again; True once ixsmi has reset it. The last look first: an
+        error that needs an operator (an XID of that class) seen since the reset was decided stops it, else the
+        reset would clear that XID with the one it was for."""
+        if (news := self._diagnosis(self.monitor.view.inventory, care.uuid)).operator and not care.operator_return:
+            self._set(rules_of.observe(care, news, time.monotonic(), self.settings.rules, self.healing))
+            return False
         chip = self._chip(care.uuid)
         xids = frozenset() if chip is None else chip.status.xids
         care = rules_of.started(care)

@@ -9,7 +9,7 @@ devices of the driver's devices before it too, so a reader must identify a devic
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -53,6 +53,7 @@ class PodResourcesStandIn(api_pb2_grpc.PodResourcesListerServicer):
         self.pods: Pods = {}
         self.claims: Claims = {}
         self.calls = 0
+        self.before_list: Callable[[], Awaitable[None]] | None = None  # a test's step before List answers
         self._server: grpc.aio.Server | None = None
 
     async def start(self) -> None:
@@ -98,6 +99,8 @@ class PodResourcesStandIn(api_pb2_grpc.PodResourcesListerServicer):
     ) -> api_pb2.ListPodResourcesResponse:
         """Every pod the stand-in knows."""
         self.calls += 1
+        if self.before_list is not None:
+            await self.before_list()
         return api_pb2.ListPodResourcesResponse(pod_resources=[self._pod(ns, name) for ns, name in self._known()])
 
     async def Get(
