@@ -4,13 +4,14 @@ atomically, and rebuilt from the claims' CDI specs when it cannot be read (check
 A checkpoint that cannot be read, or is missing while claim specs are there, is rebuilt from the specs, at start
 or while running: the rebuilt one is written before the old one is kept aside (checkpoint.json.corrupt-<Unix
 time>); where it cannot be written (a full disk) the old one stays as it was and the rebuilt claims are served from
-memory, rebuilt and written again at the next read, so that a full disk never stops a start. A spec that cannot be
-read is skipped with a message, never removed and never a reason to forget the others. Used by `DraState` under its
-lock only.
+memory, rebuilt and written again at the next read, so that a full disk never stops a start (a path that can never
+be written, a directory in its place, does). A spec that cannot be read is skipped with a message, never removed and
+never a reason to forget the others. Used by `DraState` under its lock only.
 """
 
 from __future__ import annotations
 
+import errno
 import logging
 from collections.abc import Mapping
 from pathlib import Path
@@ -86,6 +87,8 @@ class CheckpointFile:
             aside = keep_aside(self.path, ASIDE_LABEL) if self.path.exists() else None
             self.save(rebuilt)
         except OutputError as error:
+            if not no_room(error):
+                raise  # a directory in its place, say: it will never be written, and the start says so
             if aside is not None:
                 aside.unlink(missing_ok=True)  # the original stays where it was: one copy is enough
             self._seen, self._written_boot = None, self.boot_id  # the specs are this boot's
@@ -103,6 +106,13 @@ class CheckpointFile:
         for removed in remove_oldest_aside(self.path, ASIDE_LABEL, ASIDE_KEPT):
             log.info("removed %s, older than the %d unreadable checkpoints kept", removed, ASIDE_KEPT)
         return rebuilt
+
+
+def no_room(error: OutputError) -> bool:
+    """Whether the write failed for want of room (a full disk, a quota), which passes, unlike a path that cannot be
+    written at all."""
+    cause = error.__cause__
+    return isinstance(cause, OSError) and cause.errno in (errno.ENOSPC, errno.EDQUOT)
 
 
 def _identity(path: Path) -> tuple[int, int, int] | None:
