@@ -40,11 +40,12 @@ class FaultActions:
         """A reset that succeeded heals what a reset heals on the simulated chips, and returns what an operator
         returned before it."""
         assert reset.ended is not None
-        for chip in reset.chips:
-            for bit in list(self.soak.hardware.bits.get(chip, ())):
-                if bit != "OverTemp":
-                    self.soak.hardware.set_bit(chip, bit, False)
         ended = reset.ended
+        for chip in reset.chips:  # seen late (a step held the soak up): a bit set after the reset ended stays
+            later = self.windows.opened_since(chip, ended)
+            for bit in list(self.soak.hardware.bits.get(chip, ())):
+                if bit != "OverTemp" and f"health {bit}" not in later:
+                    self.soak.hardware.set_bit(chip, bit, False)
 
         def heals(chip: int, since: float, by: str, why: str) -> bool:
             return chip in reset.chips and since < ended and by == "reset"
@@ -193,7 +194,9 @@ class FaultActions:
 
     def new_agent_process(self) -> None:
         """Before an agent process starts beside or after this one, the devices file keeps only the XIDs of chips
-        still broken (a new process reads the whole file; a broken chip goes on reporting, healed ones don't)."""
+        still broken (a new process reads the whole file; a broken chip goes on reporting, healed ones don't): the
+        resets done since the last look heal theirs first (a step that held the soak up let them wait)."""
+        self.soak.observe_resets()
         self.soak.hardware.agent_restarted(self.windows.still_broken_xids())
 
     def roll(self, kind: str) -> None:

@@ -73,6 +73,11 @@ class Windows:
 
         self.close(forgotten, at, "in service again: the agent forgot it")
 
+    def opened_since(self, chip: int, at: float) -> set[str]:
+        """Why each of the chip's open windows that opened at `at` or later is open: a reset seen late (a step held
+        the soak up) that ended at `at` heals none of them."""
+        return {why for ch, since, _, why in self.open if ch == chip and since >= at}
+
     def certainly_broken(self, chip: int) -> bool:
         return any(w[0] == chip and (w[0], w[1]) not in self.maybe for w in self.open)
 

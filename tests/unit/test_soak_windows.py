@@ -80,3 +80,13 @@ def test_a_new_agent_process_is_sent_again_only_the_xids_it_cannot_have_forgotte
     _, model = forgotten_xid()
     model.add(3, 30.0, "reset", "XID 48")
     assert model.still_broken_xids() == {3: [48]}
+
+
+def test_a_reset_seen_late_heals_only_what_broke_before_it_ended() -> None:
+    broken: list = []
+    model = windows.Windows(broken)
+    model.add(3, 30.8, "reset", "XID 46")
+    model.add(3, 31.8, "reset", "health Memory")  # set after the reset that ended at 31.2, seen at 31.9
+    assert model.opened_since(3, 31.2) == {"health Memory"}
+    model.close(lambda chip, since, by, why: chip == 3 and since < 31.2 and by == "reset", 31.2, "healed")
+    assert model.open == [(3, 31.8, "reset", "health Memory")]
