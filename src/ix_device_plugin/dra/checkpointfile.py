@@ -87,7 +87,7 @@ class CheckpointFile:
             aside = keep_aside(self.path, ASIDE_LABEL) if self.path.exists() else None
             self.save(rebuilt)
         except OutputError as error:
-            if not no_room(error):
+            if not _no_room(error):
                 raise  # a directory in its place, say: it will never be written, and the start says so
             if aside is not None:
                 aside.unlink(missing_ok=True)  # the original stays where it was: one copy is enough
@@ -108,7 +108,7 @@ class CheckpointFile:
         return rebuilt
 
 
-def no_room(error: OutputError) -> bool:
+def _no_room(error: OutputError) -> bool:
     """Whether the write failed for want of room (a full disk, a quota), which passes, unlike a path that cannot be
     written at all."""
     cause = error.__cause__
