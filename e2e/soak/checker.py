@@ -7,7 +7,7 @@ agent's own model of the node cannot hide one here.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 BOUND_S = 30.0  # a chip healthy (healed, returned or never broken) is back in service within this
@@ -235,6 +235,23 @@ def broken_not_given(invariant: Invariant, allocations: Iterable[NewAllocation],
             ]
             what = f"{allocation.pod} got chip {chip} between {allocation.after:.1f} and {allocation.seen:.1f}"
             invariant.check(not bad, allocation.seen, what + "".join(f"; broken: {w.why}" for w in bad))
+
+
+def given_by_prepare(
+    allocations: Iterable[NewAllocation], away: Sequence[tuple[float, float]], running: Mapping[str, float]
+) -> list[NewAllocation]:
+    """DRA: the allocations as "broken not given" judges them. One the scheduler made while no driver served the
+    node (switched to the device plugin: the kubelet keeps the slices for a while after the driver unregisters,
+    and no agent writes them) gives its chips only when the driver, back, prepares the claim: judged from the
+    driver's return until the pod was seen running, and not at all when it never ran. `away`: (since, back)."""
+    judged = []
+    for allocation in allocations:
+        made_away = [back for since, back in away if since <= allocation.after and allocation.seen <= back]
+        if not made_away:
+            judged.append(allocation)
+        elif allocation.pod in running and running[allocation.pod] >= made_away[0]:
+            judged.append(NewAllocation(allocation.pod, allocation.chips, made_away[0], running[allocation.pod]))
+    return judged
 
 
 def healthy_since(chip: int, at: float, broken: Sequence[Broken], quiet: Sequence[tuple[float, float]]) -> bool:

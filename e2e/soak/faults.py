@@ -224,7 +224,8 @@ class FaultActions:
         """The node switched to mode `to` (or back to the soak's). While the other mode acts, the soak's own is out
         of service: "back in service" and "kept in a rollout" do not judge it (a quiet window, from the switch until
         5 s after the soak's mode is back), the rest goes on (its running containers keep their chips: no reset
-        under them, whichever pod acts)."""
+        under them, whichever pod acts); while it is away (`away`, until its pod is Ready again), DRA, the slices
+        the kubelet keeps are no agent's (checker.given_by_prepare)."""
         soak = self.soak
         began = soak.now()
         self.new_agent_process()
@@ -233,9 +234,11 @@ class FaultActions:
         if to != soak.mode:
             self.switched = (began, len(soak.quiet))
             soak.quiet.append((began, float("inf")))
+            soak.away.append((began, float("inf")))
         elif self.switched is not None:
             since, index = self.switched
             soak.quiet[index] = (since, soak.now() + 5)
+            soak.away[-1] = (since, soak.now())
             self.switched = None
         soak.note(f"node switched to {to}: its pod Ready ({soak.now() - began:.1f} s, pid {soak.agent.pid})")
 

@@ -27,6 +27,7 @@ class SoakRun(Protocol):
     admin: Kubectl
     start: float
     quiet: list[tuple[float, float]]
+    away: list[tuple[float, float]]
     broken: list[c.Broken]
     configs: list[tuple[float, int]]
     rollouts: list[c.Rollout]

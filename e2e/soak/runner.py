@@ -57,6 +57,8 @@ class Soak:
     events: list[tuple[float, str]] = field(default_factory=list)
     broken: list[c.Broken] = field(default_factory=list)
     quiet: list[tuple[float, float]] = field(default_factory=list)
+    away: list[tuple[float, float]] = field(default_factory=list)  # the soak's mode switched away: (since, back)
+    running: dict[str, float] = field(default_factory=dict)  # pod -> first seen running with its chips
     configs: list[tuple[float, int]] = field(default_factory=lambda: [(0.0, 1)])
     samples: list[c.HoldSample] = field(default_factory=list)
     allocations: list[c.NewAllocation] = field(default_factory=list)
@@ -285,6 +287,7 @@ class Soak:
                 self.allocations.append(c.NewAllocation(name, chips, self.last_tick, at))
                 self.note(f"{name} allocated chips {sorted(chips)}")
             if certainly_running(pod):
+                self.running.setdefault(name, at)
                 if name not in self.verified:
                     self.verify(at, name, chips)
                 holdings.append(c.Holding(name, self.verified.get(name, chips)))
@@ -420,7 +423,10 @@ class Soak:
             self.note(f"files in {directory}: {', '.join(files) or 'none'}")
         resets = read_resets(self.hardware.reset_log, self.chip_of, self.start)
         c.no_reset_under_holder(self.invariants["no reset under a holder"], resets, self.samples)
-        c.broken_not_given(self.invariants["broken not given"], self.allocations, self.broken)
+        given = self.allocations
+        if self.mode == "dra":
+            given = c.given_by_prepare(self.allocations, self.away, self.running)
+        c.broken_not_given(self.invariants["broken not given"], given, self.broken)
         c.admission_failures(
             self.invariants["no admission refused by the agent"], self.failures, self.quiet, self.broken
         )

@@ -102,6 +102,32 @@ def test_a_broken_chip_given_to_a_new_container_before_it_healed_is_a_violation(
     assert invariant.checks == 4 and [v[1].split()[0] for v in invariant.violations] == ["bad"]
 
 
+def test_a_dra_allocation_made_while_the_driver_was_away_is_judged_at_its_prepare() -> None:
+    """Switched to the device plugin (away 100-180 s), the scheduler gave chip 2, broken at 150 s, from the slices
+    the kubelet keeps: no agent's doing. Judged from the driver's return to the pod seen running: a chip healed
+    before then is no violation, nor is a pod that never ran; one still broken when its pod runs is."""
+    broken = [checker.Broken(2, 150.0, 175.0, "XID 95"), checker.Broken(3, 150.0, 300.0, "XID 95")]
+    allocations = [
+        checker.NewAllocation("healed", frozenset({2}), 168.0, 170.0),
+        checker.NewAllocation("never-ran", frozenset({3}), 168.0, 170.0),
+        checker.NewAllocation("still-broken", frozenset({3}), 169.0, 171.0),
+        checker.NewAllocation("served", frozenset({3}), 200.0, 201.0),
+    ]
+    running = {"healed": 190.0, "still-broken": 190.0, "served": 202.0}
+    given = checker.given_by_prepare(allocations, [(100.0, 180.0)], running)
+    assert [(a.pod, a.after, a.seen) for a in given] == [
+        ("healed", 180.0, 190.0),
+        ("still-broken", 180.0, 190.0),
+        ("served", 200.0, 201.0),
+    ]
+    invariant = checker.Invariant("broken not given")
+    checker.broken_not_given(invariant, given, broken)
+    assert [v[1].split()[0] for v in invariant.violations] == ["still-broken", "served"]
+    unjudged = checker.Invariant("broken not given")
+    checker.broken_not_given(unjudged, allocations, broken)
+    assert "healed" in [v[1].split()[0] for v in unjudged.violations]  # as the scheduler's pick, it would be
+
+
 def test_a_chip_long_healthy_and_not_in_service_is_a_violation() -> None:
     invariant = checker.Invariant("back in service")
     broken = [checker.Broken(0, 0.0, 10.0, "XID 48")]

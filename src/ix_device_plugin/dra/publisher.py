@@ -83,18 +83,37 @@ class SlicePublisher:
         self._wanted: tuple[SliceContent, Mapping[str, str]] = (SliceContent((), None), {})
         self._generation = 0  # bumped with every new wish
         self._changed = asyncio.Event()
+        self._read_first = True  # read the stored slices before the next write (not known to be those published)
+        self._replaced: set[str] = set()  # resourceVersions this driver's writes replaced since the watch caught up
+        self._publishing = False
 
     def want(self, content: SliceContent, roots: Mapping[str, str]) -> None:
         """Publish this content (with these PCIe roots) as soon as possible."""
         self._wanted = (content, roots)
-        self.republish()
+        self._wake()
 
     def seen(self, stored: Mapping[str, str]) -> None:
         """The watch's view of this driver's slices (name -> resourceVersion): repair them when they are not the
         ones last published (someone else edited or deleted them)."""
         self._seen = dict(stored)
-        if self.published is not None and self._seen != versions(self.published):
+        if not self._publishing:  # a publish looks again once it is done: its writes come back one by one
+            self._check_seen()
+
+    def _check_seen(self) -> None:
+        if self._seen is not None and self.published is not None and not self._watch_agrees(self._seen):
             self.republish()
+
+    def _watch_agrees(self, seen: Mapping[str, str]) -> bool:
+        """The watch shows the slices last published, or is still behind this driver's own writes: each slice
+        that differs shows a version those writes replaced (a version is never reused, so another writer's is
+        new)."""
+        published = versions(self.published or [])
+        if seen == published:
+            self._replaced.clear()
+            return True
+        return set(seen) == set(published) and all(
+            seen[name] == version or seen[name] in self._replaced for name, version in published.items()
+        )
 
     def node_seen(self, uid: str) -> None:
         """The Node's UID as the watch of the Node sees it ("" when there is none): the owner references follow."""
@@ -113,7 +132,11 @@ class SlicePublisher:
         return self.writer.repairs
 
     def republish(self) -> None:
-        """Compare the stored slices with the wish again and repair them (no write when they agree)."""
+        """Read the stored slices again, compare them with the wish and repair them (no write when they agree)."""
+        self._read_first = True
+        self._wake()
+
+    def _wake(self) -> None:
         self._generation += 1
         self._changed.set()
 
@@ -132,6 +155,7 @@ class SlicePublisher:
             try:
                 await self.publish(*self._wanted)
             except KubeError as error:
+                self._read_first = True  # what the failed write left stored is not known
                 errors.failed("cannot publish ResourceSlice %s: %s (retrying)", self.name, _said(error))
                 await backoff.sleep()
                 continue
@@ -150,8 +174,18 @@ class SlicePublisher:
         return True
 
     async def publish(self, content: SliceContent, roots: Mapping[str, str]) -> None:
-        """Create, update or delete the pool's slices until they say what content says; raises KubeError."""
-        current = None
+        """Create, update or delete the pool's slices until they say what content says; raises KubeError. The
+        slices last published stand for the stored ones unless something says they may differ (`republish`, a
+        failed write): a write over stale ones conflicts and reads them again, and the watch repairs the rest."""
+        self._publishing = True
+        try:
+            await self._publish(content, roots)
+        finally:
+            self._publishing = False
+        self._check_seen()
+
+    async def _publish(self, content: SliceContent, roots: Mapping[str, str]) -> None:
+        current = self._last_published()
         if self._unknown(content, stored=True):
             current = await self.writer.stored()
             self._learn_from_stored(list(current.values()))
@@ -173,9 +207,17 @@ class SlicePublisher:
             if not self._learn(devices, sets, stored):
                 break
         first = self.published is None
+        self._replaced.update(versions(self.published or []).values())
         self.published = stored
         if wrote_any or first:
             self._log(content, stored)
+
+    def _last_published(self) -> dict[str, dict[str, Any]] | None:
+        """The slices last published, by name, when they stand for the stored ones; None: read those."""
+        read_first, self._read_first = self._read_first, False
+        if read_first or self.published is None:
+            return None
+        return {obj["metadata"]["name"]: obj for obj in self.published}
 
     def _unknown(self, content: SliceContent, stored: bool) -> bool:
         """True when content needs a field that the server may drop or refuse and it is not known whether it keeps

@@ -48,3 +48,41 @@ async def test_a_held_chip_waiting_for_its_reset_costs_no_request_per_look(
     )
     assert ixsmi.runs() == []
     await kubelet.close()
+
+
+def slice_lists(api: ApiServerStandIn) -> int:
+    return sum(
+        1
+        for r in api.requests
+        if r.method == "GET" and r.path.endswith("/resourceslices") and r.query.get("watch") not in ("1", "true")
+    )
+
+
+def slice_writes(api: ApiServerStandIn) -> int:
+    return sum(1 for r in api.requests if r.method in ("PUT", "POST") and "/resourceslices" in r.path)
+
+
+async def test_a_chip_out_of_service_and_back_is_published_without_reading_the_slices_again(
+    node: DraNode, api: ApiServerStandIn
+) -> None:
+    """Each health change is a write over the slices last published: no list of them before it, and none after it
+    when the watch shows the driver's own writes (even while it is a write behind). The first one, which learns
+    whether the API server keeps device taints, reads them once."""
+    ixsmi = Ixsmi(node.root)
+    await node.start(backend_factory=lambda: IxsmiBackend(node.devices_file, ixsmi.path), healing_rules=FAST_HEALING)
+    await node.wait_slice(lambda devices: len(devices) == 6)
+    await xid_reset_and_back(node, ixsmi, 48, resets=1)
+    lists, writes = slice_lists(api), slice_writes(api)
+    await xid_reset_and_back(node, ixsmi, 94, resets=2)
+    await xid_reset_and_back(node, ixsmi, 95, resets=3)
+    await stays(lambda: slice_lists(api) == lists, for_=1.0, message="no list of the slices for the writes")
+    assert slice_writes(api) >= writes + 4  # tainted and back, twice (two slices each: the boards' and the chips')
+
+
+async def xid_reset_and_back(node: DraNode, ixsmi: Ixsmi, xid: int, resets: int) -> None:
+    """GPU 1 reports xid (one the simulated chip has not sent yet), is tainted, reset and back untainted."""
+    node.write_boards([{"product": "BI-V150", "chips": [None, {"xids": [xid]}]}, {"product": "BI-V150"}])
+    await node.wait_slice(lambda devices: "taints" in devices.get("gpu-1", {}))
+    await until(lambda: len(ixsmi.runs()) >= resets, timeout=10)
+    node.write_boards([{"product": "BI-V150"}, {"product": "BI-V150"}])
+    await node.wait_slice(lambda devices: all("taints" not in d for d in devices.values()), timeout=10)

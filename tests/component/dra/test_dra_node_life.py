@@ -322,3 +322,24 @@ async def test_a_slice_someone_else_changes_is_put_back_within_two_seconds(
     assert asyncio.get_running_loop().time() - started < 2
     assert driver.publisher is not None and driver.publisher.repairs >= 1
     await kubelet.close()
+
+
+@pytest.mark.parametrize("how", ["deleted", "edited"])
+async def test_a_slice_someone_else_changes_as_a_chip_breaks_is_put_back_with_the_chip_tainted(
+    node: DraNode, api: ApiServerStandIn, how: str
+) -> None:
+    """The write for the health change goes over the slices last published: over an edit the watch has not shown
+    yet it conflicts (or finds the slice gone) and reads them again; either way the stored slices end as wished."""
+    driver = await node.start()
+    await node.wait_slice(lambda devices: len(devices) == 6)
+    await asyncio.sleep(0.3)  # the watch of the node's slices is open
+    stored = node.slice()
+    assert stored is not None
+    if how == "deleted":
+        api.delete("resourceslices", stored["metadata"]["name"])
+    else:
+        stored["spec"]["devices"] = stored["spec"]["devices"][:1]
+        api.put("resourceslices", stored)
+    node.write_boards([{"product": "BI-V150", "chips": [None, {"health": ["OverTemp"]}]}, {"product": "BI-V150"}])
+    await node.wait_slice(lambda devices: len(devices) == 6 and "taints" in devices.get("gpu-1", {}), timeout=3)
+    assert driver.publisher is not None and driver.publisher.missing() == []
