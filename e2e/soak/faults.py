@@ -117,8 +117,8 @@ class FaultActions:
             raise AssertionError(f"no way to cause {kind}")
 
     def xid(self, chip: int, xid: int, kind: str) -> None:
-        if not self.soak.hardware.raise_xid(chip, xid):
-            self.soak.note(f"XID {xid} on chip {chip} not sent: this agent process was sent it already")
+        if not self.soak.hardware.raise_xid(chip, xid, self.soak.agent.pids):
+            self.soak.note(f"XID {xid} on chip {chip} not sent: an agent process running now was sent it already")
             return
         if kind in ("xid-reset", "xid-storm"):
             self.broken(chip, "reset", f"XID {xid}")
@@ -197,7 +197,7 @@ class FaultActions:
         still broken (a new process reads the whole file; a broken chip goes on reporting, healed ones don't): the
         resets done since the last look heal theirs first (a step that held the soak up let them wait)."""
         self.soak.observe_resets()
-        self.soak.hardware.agent_restarted(self.windows.still_broken_xids())
+        self.soak.hardware.agent_restarted(self.windows.still_broken_xids(), self.soak.agent.pids)
 
     def roll(self, kind: str) -> None:
         """`helm upgrade` (a pod annotation changed) or `helm rollback`: the DaemonSet rolls its pods as the chart's

@@ -5,6 +5,7 @@ with its exit status), which can be made to fail or to be slow."""
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -35,6 +36,9 @@ class Hardware:
     absent: set[int] = field(default_factory=set)
     xids: dict[int, list[int]] = field(default_factory=dict)  # sent to the running agent process, kept in the file
     sent: set[tuple[int, int]] = field(default_factory=set)
+    # An agent process running when a new one was asked for (a rollout replaces it only once the DaemonSet
+    # controller gets to it) -> the XIDs it had been sent, which it does not report again while it runs.
+    earlier: dict[int, set[tuple[int, int]]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         # What the agent's pod reads (CoreX's folder, mounted read-only) and where the ixsmi stand-in writes (a
@@ -60,18 +64,23 @@ class Hardware:
         board = self.chips[chip].board
         return {c.minor for c in self.chips if c.board == board}
 
-    def raise_xid(self, chip: int, xid: int) -> bool:
-        """Report the XID (False: the running agent process was already sent it; the backend sends each once)."""
-        if (chip, xid) in self.sent:
+    def raise_xid(self, chip: int, xid: int, running: Sequence[int] = ()) -> bool:
+        """Report the XID (False: an agent process running now was already sent it; the backend sends each once in
+        a process's life). `running`: the agent's processes now."""
+        self.earlier = {pid: sent for pid, sent in self.earlier.items() if pid in running}
+        if (chip, xid) in self.sent or any((chip, xid) in sent for sent in self.earlier.values()):
             return False
         self.sent.add((chip, xid))
         self.xids.setdefault(chip, []).append(xid)
         self.write()
         return True
 
-    def agent_restarted(self, still_broken: dict[int, list[int]]) -> None:
+    def agent_restarted(self, still_broken: dict[int, list[int]], running: Sequence[int] = ()) -> None:
         """A new agent process: the XIDs the last one was sent are events of the past, not sent again, but those of
-        chips still broken (not reset since) are reported again, as a broken chip goes on reporting."""
+        chips still broken (not reset since) are reported again, as a broken chip goes on reporting. `running`: the
+        agent's processes now, which may run on a while and still ignore what they were sent."""
+        for pid in running:
+            self.earlier[pid] = self.earlier.get(pid, set()) | self.sent
         self.xids = {chip: list(xids) for chip, xids in still_broken.items() if xids}
         self.sent = {(chip, xid) for chip, xids in self.xids.items() for xid in xids}
         self.write()
