@@ -64,7 +64,7 @@ class Hardware:
         board = self.chips[chip].board
         return {c.minor for c in self.chips if c.board == board}
 
-    def raise_xid(self, chip: int, xid: int, running: Sequence[int] = ()) -> bool:
+    def raise_xid(self, chip: int, xid: int, running: Sequence[int]) -> bool:
         """Report the XID (False: an agent process running now was already sent it; the backend sends each once in
         a process's life). `running`: the agent's processes now."""
         self.earlier = {pid: sent for pid, sent in self.earlier.items() if pid in running}
@@ -75,7 +75,7 @@ class Hardware:
         self.write()
         return True
 
-    def agent_restarted(self, still_broken: dict[int, list[int]], running: Sequence[int] = ()) -> None:
+    def agent_restarted(self, still_broken: dict[int, list[int]], running: Sequence[int]) -> None:
         """A new agent process: the XIDs the last one was sent are events of the past, not sent again, but those of
         chips still broken (not reset since) are reported again, as a broken chip goes on reporting. `running`: the
         agent's processes now, which may run on a while and still ignore what they were sent."""
