@@ -316,8 +316,10 @@ def kept_in_rollout(
     broken: Sequence[Broken],
     quiet: Sequence[tuple[float, float]],
     allocatable_without: Callable[[frozenset[int]], int] | None = None,
+    together: Sequence[frozenset[int]] = (),
 ) -> None:
-    """From a rollout's start until ROLLOUT_BOUND_S after it is done, nothing in service just before it goes out of
+    """`together`: chips the slice offers only as one device (DRA, whole boards shared), all out with any one.
+    From a rollout's start until ROLLOUT_BOUND_S after it is done, nothing in service just before it goes out of
     service, but what a fault took out since: DRA, every chip it offered untainted; device plugin, allocatable at
     least what it was, or what the chips no fault took out give (allocatable_without(those taken out)). Not judged
     while a fault that takes everything out a while (an agent or kubelet restart, a config change) overlaps it."""
@@ -327,6 +329,7 @@ def kept_in_rollout(
     if any(begin <= at and end >= rollout.began for begin, end in quiet):
         return
     out = frozenset(w.chip for w in broken if w.since <= at and (w.until is None or w.until >= rollout.began))
+    out = out.union(*(unit for unit in together if unit & out))
     began = f"{rollout.what} (from t+{rollout.began:.1f})"
     if sample.in_service is not None and isinstance(rollout.before, frozenset):
         missing = sorted(rollout.before - out - sample.in_service)

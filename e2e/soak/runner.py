@@ -362,7 +362,10 @@ class Soak:
             c.back_in_service(invariant, sample, CHIPS, [], [], expected)
         for rollout in self.rollouts:
             without = None if self.mode == "dra" else lambda out: self.units_of(lambda chip: chip not in out)
-            c.kept_in_rollout(self.invariants["kept in a rollout"], rollout, sample, self.broken, self.quiet, without)
+            together = self.dra.together(at) if self.mode == "dra" else []
+            c.kept_in_rollout(
+                self.invariants["kept in a rollout"], rollout, sample, self.broken, self.quiet, without, together
+            )
         if units != self.last_service:
             self.note(f"in service: {units}")
             self.last_service = units

@@ -42,3 +42,23 @@ def test_a_rollout_overlapping_an_agent_or_kubelet_restart_is_not_judged_meanwhi
     samples = [checker.ServiceSample(13.0, allocatable=0)]
     invariant = judge(rollout, samples, [], [(12.0, 14.0)])
     assert (invariant.checks, invariant.violations) == (0, [])
+
+
+def test_a_whole_board_shared_as_one_device_goes_out_with_either_chip() -> None:
+    """Seed 4242 (DRA, 1 minute): boards shared whole, chip 3's fault taints board 2, so chip 2 leaves service with it;
+    a chip of another board going out is still a violation."""
+    rollout = checker.Rollout(22.0, frozenset({2, 3}), "rollout to revision 2", done=30.0)
+    broken = [checker.Broken(3, 33.1, 34.1, "health MC")]
+    boards = [frozenset({0, 1}), frozenset({2, 3})]
+    invariant = checker.Invariant("kept in a rollout")
+    sample = checker.ServiceSample(34.0, in_service=frozenset({0, 1}))
+    checker.kept_in_rollout(invariant, rollout, sample, broken, [], None, boards)
+    assert invariant.checks == 1 and invariant.violations == []
+    unjudged = checker.Invariant("kept in a rollout")
+    checker.kept_in_rollout(unjudged, rollout, sample, broken, [], None)
+    assert "chips [2] out of service" in unjudged.violations[0][1]
+    other = checker.Invariant("kept in a rollout")
+    rollout_all = checker.Rollout(22.0, frozenset({0, 1, 2, 3}), "rollout to revision 2", done=30.0)
+    checker.kept_in_rollout(other, rollout_all, checker.ServiceSample(34.0, in_service=frozenset()), broken, [], None,
+                            boards)  # fmt: skip
+    assert "chips [0, 1] out of service" in other.violations[0][1]
