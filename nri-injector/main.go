@@ -3,7 +3,12 @@
 // on exactly one container: the agent's, in its own pod (the pod UID from the downward API).
 //
 //	ix-nri-injector          register with NRI and serve (flags or environment below)
-//	ix-nri-injector ready    exit 0 once registered (the startupProbe: the image has no shell)
+//	ix-nri-injector ready    exit 0 once the injector knows whether NRI serves the node (the startupProbe: the
+//	                         image has no shell)
+//
+// It never holds the agent back: where the node's runtime offers no NRI, it says so in one line, writes
+// "unavailable: <why>" to its status file (read by the agent, which reports it on the node and falls back), marks
+// itself ready and waits for its pod to stop.
 package main
 
 import (
@@ -14,11 +19,18 @@ import (
 	"io"
 	"log"
 	"os"
+	"os/signal"
+	"syscall"
+	"time"
 )
 
 const (
-	defaultReadyFile = "/run/ix-nri-injector/ready"
-	defaultDevDir    = "/host/dev"
+	defaultReadyFile  = "/run/ix-nri-injector/ready"
+	defaultStatusFile = "/run/ix-nri-injector/status"
+	defaultDevDir     = "/host/dev"
+	// How long a missing or refusing NRI socket is retried before the node is said to have none: long enough for a
+	// runtime restarting beside the pod, short enough that the agent's container is not held back for long.
+	defaultWait = 15 * time.Second
 )
 
 func main() {
@@ -35,7 +47,9 @@ func run(args []string, stderr io.Writer) int {
 		logger.Print(err)
 		return 2
 	}
-	if err := serve(context.Background(), config, logger); err != nil {
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	if err := serve(ctx, config, logger); err != nil {
 		logger.Print(err)
 		return 1
 	}
@@ -47,6 +61,8 @@ type Config struct {
 	Socket     string
 	DevDir     string
 	ReadyFile  string
+	StatusFile string
+	Wait       time.Duration
 	PluginName string
 	PluginIdx  string
 	Target     Target
@@ -58,7 +74,11 @@ func parseConfig(args []string, stderr io.Writer) (Config, error) {
 	var c Config
 	flags.StringVar(&c.Socket, "socket", env("NRI_SOCKET", "/var/run/nri/nri.sock"), "the runtime's NRI socket")
 	flags.StringVar(&c.DevDir, "dev-dir", env("HOST_DEV", defaultDevDir), "the host's /dev, mounted read-only")
-	flags.StringVar(&c.ReadyFile, "ready-file", env("READY_FILE", defaultReadyFile), "written once registered")
+	flags.StringVar(&c.ReadyFile, "ready-file", env("READY_FILE", defaultReadyFile),
+		"written once registered, or once NRI is known to be unavailable")
+	flags.StringVar(&c.StatusFile, "status-file", env("STATUS_FILE", defaultStatusFile),
+		`"registered", or "unavailable: <why>" (read by the agent)`)
+	flags.DurationVar(&c.Wait, "wait", defaultWait, "how long to retry a missing or refusing NRI socket")
 	flags.StringVar(&c.PluginName, "plugin-name", "ix-nri-injector", "the NRI plugin name")
 	flags.StringVar(&c.PluginIdx, "plugin-index", env("NRI_PLUGIN_INDEX", "50"), "the NRI plugin index (two digits)")
 	flags.StringVar(&c.Target.PodUID, "pod-uid", env("POD_UID", ""), "this pod's UID (downward API metadata.uid)")
@@ -87,7 +107,7 @@ func ready(args []string, logger *log.Logger) int {
 		return 2
 	}
 	if _, err := os.Stat(*path); err != nil {
-		logger.Printf("not registered with NRI yet (%s absent)", *path)
+		logger.Printf("not decided yet whether NRI serves the node (%s absent)", *path)
 		return 1
 	}
 	return 0
@@ -95,7 +115,8 @@ func ready(args []string, logger *log.Logger) int {
 
 // noNRI is the one line for a node whose runtime offers no NRI socket.
 func noNRI(socket string, err error) error {
-	return fmt.Errorf("no NRI socket at %s (%v): the node's runtime has NRI off; turn it on (containerd 2.x: on "+
-		"by default, [plugins.\"io.containerd.nri.v1.nri\"] disable = false; CRI-O 1.30+: [crio.nri] enable_nri = "+
-		"true) or install the chart with deviceInjection=privileged", socket, err)
+	return fmt.Errorf("no NRI socket at %s (%v): the node's runtime has NRI off; turn it on (containerd 1.7: "+
+		"[plugins.\"io.containerd.nri.v1.nri\"] disable = false; containerd 2.x: on by default; CRI-O 1.30+: "+
+		"[crio.nri] enable_nri = true), or let the node fall back to the privileged DaemonSet (the chart's default; "+
+		"strict=true forbids it)", socket, err)
 }

@@ -3,6 +3,8 @@ package main
 import (
 	"bytes"
 	"context"
+	"log"
+	"os"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -15,50 +17,90 @@ import (
 
 func contains(text, part string) bool { return strings.Contains(text, part) }
 
-func TestWithoutAnNRISocketTheInjectorExitsWithOneLineNamingTheFix(t *testing.T) {
-	socket := filepath.Join(t.TempDir(), "nri.sock")
-	var stderr bytes.Buffer
-	code := run([]string{"-socket", socket, "-pod-uid", podUID, "-container", "agent",
-		"-ready-file", filepath.Join(t.TempDir(), "ready")}, &stderr)
-	lines := strings.Split(strings.TrimSpace(stderr.String()), "\n")
-	if code == 0 || len(lines) != 1 {
-		t.Fatalf("exit %d, stderr %q", code, stderr.String())
+// Without NRI the injector never holds the agent back: one line naming the fix, the status the agent reads, ready
+// (so the kubelet creates the agent's container), and then it waits for its pod to stop instead of exiting.
+func TestWithoutAnNRISocketTheInjectorSaysSoOnceIsReadyAndWaits(t *testing.T) {
+	dir := t.TempDir()
+	config := Config{Socket: filepath.Join(dir, "nri.sock"), ReadyFile: filepath.Join(dir, "state", "ready"),
+		StatusFile: filepath.Join(dir, "state", "status"), Wait: 300 * time.Millisecond, PluginName: "test",
+		PluginIdx: "50", Target: Target{PodUID: podUID, Container: "agent"}}
+	var stderr syncBuffer
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	started := time.Now()
+	go func() { done <- serve(ctx, config, log.New(&stderr, "", 0)) }()
+	waitReady(t, config.ReadyFile, &stderr)
+	if waited := time.Since(started); waited < config.Wait {
+		t.Errorf("decided after %v, before retrying the socket for %v", waited, config.Wait)
 	}
-	for _, part := range []string{"no NRI socket at " + socket, "NRI off", "deviceInjection=privileged"} {
+	status, err := os.ReadFile(config.StatusFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.HasPrefix(string(status), "unavailable: no NRI socket at "+config.Socket) {
+		t.Errorf("status %q", status)
+	}
+	select {
+	case err := <-done:
+		t.Fatalf("returned before its pod stopped: %v", err)
+	case <-time.After(200 * time.Millisecond):
+	}
+	cancel()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("stopping: %v", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("still serving 5 s after its pod stopped")
+	}
+	lines := strings.Split(strings.TrimSpace(stderr.String()), "\n")
+	if len(lines) != 1 {
+		t.Fatalf("said %d lines, want 1: %q", len(lines), stderr.String())
+	}
+	for _, part := range []string{"no NRI socket at " + config.Socket, "NRI off", "disable = false", "strict=true"} {
 		if !contains(lines[0], part) {
 			t.Errorf("%q does not say %q", lines[0], part)
 		}
 	}
 }
 
-func TestWithoutItsPodUIDTheInjectorRefusesToStart(t *testing.T) {
-	t.Setenv("POD_UID", "")
-	var stderr bytes.Buffer
-	if code := run([]string{"-container", "agent"}, &stderr); code == 0 || !contains(stderr.String(), "POD_UID") {
-		t.Fatalf("exit %d, stderr %q", code, stderr.String())
-	}
-}
-
-func TestReadyFailsUntilTheFileIsWritten(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "ready")
-	var stderr bytes.Buffer
-	if run([]string{"ready", "-ready-file", path}, &stderr) == 0 {
-		t.Fatal("ready before the file exists")
-	}
-	if err := markReady(path); err != nil {
-		t.Fatal(err)
-	}
-	if code := run([]string{"ready", "-ready-file", path}, &stderr); code != 0 {
-		t.Fatalf("ready exit %d after the file was written: %s", code, stderr.String())
-	}
-}
-
-// The runtime's side of NRI (the same adaptation containerd builds in) on a socket of the test's own: the injector
-// registers, marks itself ready and adjusts the agent's container as the runtime asks.
-func TestThroughARealNRIRuntimeTheAgentContainerGetsTheNodes(t *testing.T) {
-	dev := hostDev(t)
+// A socket that appears while the injector retries (a runtime starting beside the pod) is registered with.
+func TestASocketThatAppearsWhileRetryingIsRegisteredWith(t *testing.T) {
 	dir := t.TempDir()
 	socket := filepath.Join(dir, "nri.sock")
+	config := Config{Socket: socket, DevDir: hostDev(t), ReadyFile: filepath.Join(dir, "ready"),
+		StatusFile: filepath.Join(dir, "status"), Wait: 20 * time.Second, PluginName: "test", PluginIdx: "50",
+		Target: Target{PodUID: podUID, Container: "agent"}}
+	var stderr syncBuffer
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() { _ = serve(ctx, config, log.New(&stderr, "", 0)) }()
+	time.Sleep(1500 * time.Millisecond) // at least one try has found no socket
+	if _, err := os.Stat(config.ReadyFile); err == nil {
+		t.Fatal("ready before the socket appeared, within its wait")
+	}
+	runtime := startRuntime(t, dir, socket)
+	defer runtime.Stop()
+	waitReady(t, config.ReadyFile, &stderr)
+	if status, _ := os.ReadFile(config.StatusFile); string(status) != "registered\n" {
+		t.Fatalf("status %q; log %s", status, stderr.String())
+	}
+}
+
+func waitReady(t *testing.T, readyFile string, stderr *syncBuffer) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for run([]string{"ready", "-ready-file", readyFile}, &bytes.Buffer{}) != 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("not ready in 20 s: %s", stderr.String())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+func startRuntime(t *testing.T, dir, socket string) *adaptation.Adaptation {
+	t.Helper()
 	sync := func(ctx context.Context, cb adaptation.SyncCB) error { _, err := cb(ctx, nil, nil); return err }
 	update := func(context.Context, []*adaptation.ContainerUpdate) ([]*adaptation.ContainerUpdate, error) {
 		return nil, nil
@@ -71,18 +113,26 @@ func TestThroughARealNRIRuntimeTheAgentContainerGetsTheNodes(t *testing.T) {
 	if err := runtime.Start(); err != nil {
 		t.Fatal(err)
 	}
+	return runtime
+}
+
+// The runtime's side of NRI (the same adaptation containerd builds in) on a socket of the test's own: the injector
+// registers, says so in its status, marks itself ready and adjusts the agent's container as the runtime asks.
+func TestThroughARealNRIRuntimeTheAgentContainerGetsTheNodes(t *testing.T) {
+	dev := hostDev(t)
+	dir := t.TempDir()
+	socket := filepath.Join(dir, "nri.sock")
+	runtime := startRuntime(t, dir, socket)
 	defer runtime.Stop()
 
 	readyFile := filepath.Join(dir, "state", "ready")
+	statusFile := filepath.Join(dir, "state", "status")
 	var stderr syncBuffer
 	go run([]string{"-socket", socket, "-dev-dir", dev, "-pod-uid", podUID, "-container", "agent",
-		"-ready-file", readyFile}, &stderr)
-	deadline := time.Now().Add(20 * time.Second)
-	for run([]string{"ready", "-ready-file", readyFile}, &bytes.Buffer{}) != 0 {
-		if time.Now().After(deadline) {
-			t.Fatalf("not ready in 20 s: %s", stderr.String())
-		}
-		time.Sleep(50 * time.Millisecond)
+		"-ready-file", readyFile, "-status-file", statusFile}, &stderr)
+	waitReady(t, readyFile, &stderr)
+	if status, _ := os.ReadFile(statusFile); string(status) != "registered\n" {
+		t.Fatalf("status %q", status)
 	}
 	ask := func(uid, name string) *api.ContainerAdjustment {
 		reply, err := runtime.CreateContainer(context.Background(), &api.CreateContainerRequest{
