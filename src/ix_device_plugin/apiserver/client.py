@@ -169,6 +169,10 @@ class Kube:
         """The node's labels; KubeNotFound when there is no such node."""
         return labels_of(await self._get_node(name))
 
+    async def patch_node_labels(self, name: str, labels: Mapping[str, str | None]) -> dict[str, str]:
+        """Set these labels of the node (a merge patch; None removes one), the others left; its labels after."""
+        return labels_of(await self._patch(NODE, name, None, {"metadata": {"labels": dict(labels)}}))
+
     async def _get_node(self, name: str) -> Object:
         obj = await self.get_object(NODE, name)
         if obj is None:

@@ -235,7 +235,7 @@ class Daemon:
         acting = self.node.take_role_at_start()
         self.node.healing.healer.restore(config.health_policy)  # before the first discovery and ListAndWatch
         await self.node.start_probes(ProbeHandlers(live=self.live, ready=self.ready, metrics=self.metrics.render))
-        view = await self.node.monitor.start(config.fail_on_init_error, xids=acting)  # on standby: the record's XIDs
+        view = await self.node.start_monitor(config.fail_on_init_error, xids=acting)  # on standby: the record's XIDs
         self._applied_version = view.version  # its HardwareChanged event, already queued, changes nothing
         if (problem := device_list_problem(view.inventory, config)) is not None:
             raise StartupError(f"{self.config_path}: {problem}")

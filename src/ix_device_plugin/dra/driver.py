@@ -179,7 +179,7 @@ class DraDriver:
         # the publish task tries again.
         publishing = self.node.take_role_at_start()
         self.node.healing.healer.restore()  # before the first discovery: a chip out of service is so from the start
-        await self.node.monitor.start(self.options.config.fail_on_init_error, xids=publishing)  # standby: the record's
+        await self.node.start_monitor(self.options.config.fail_on_init_error, xids=publishing)  # standby: the record's
         if self.kube is None:
             assert self.api is not None
             self.kube = await self.api.kube()

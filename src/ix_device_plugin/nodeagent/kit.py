@@ -18,10 +18,12 @@ from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 from ix_device_plugin.core.healing import Rules
 from ix_device_plugin.core.inventory import Inventory
+from ix_device_plugin.deviceaccess.service import DeviceAccessReport
 from ix_device_plugin.gpureset.purpose import reset_feature
 from ix_device_plugin.gpureset.service import ResetService
 from ix_device_plugin.hardware.monitor import HardwareMonitor, MonitorSettings
 from ix_device_plugin.hardware.open import BackendFactory
+from ix_device_plugin.hardware.view import HardwareView
 from ix_device_plugin.hardware.worker import Hardware
 from ix_device_plugin.healing.healer import ChipGuard
 from ix_device_plugin.healing.record import RecordFile, record_path
@@ -161,6 +163,7 @@ class NodeAgent(Generic[Guard]):
         # Every pod of the agent resets the node's GPUs in turn; the reset's machinery is built at its first use.
         self.gpu_reset = ResetService(self._built_reset, node_turn=self.guard.turn)
         self.healing = self._healing(mode, front, metrics.registry)
+        self.device_access = DeviceAccessReport(options, api, self.healing.events, metrics.registry)
 
     def _built_reset(self) -> GpuReset:
         """The GPU reset service's machinery, loaded at the first reset (or the handshake's record) of the process."""
@@ -223,11 +226,24 @@ class NodeAgent(Generic[Guard]):
         role = self.role
         return work if role is None else lambda: role.run(work)
 
+    # ---- the hardware -----------------------------------------------------------------------------
+
+    async def start_monitor(self, fail_on_init_error: bool, xids: bool = True) -> HardwareView:
+        """Decide and show this node's device access, then start the hardware monitor (HardwareMonitor.start).
+
+        Where the device nodes cannot be opened the agent stays up with 0 GPUs whatever fail_on_init_error says: it
+        shows what is missing (label, Event, metric) instead of restarting, and the chart's privileged DaemonSet
+        takes the node where that is allowed."""
+        access = self.device_access.check()
+        if access is not None and not access.usable:
+            fail_on_init_error = False
+        return await self.monitor.start(fail_on_init_error, xids=xids)
+
     # ---- tasks ----------------------------------------------------------------------------------
 
     def tasks(self) -> dict[str, TaskFactory]:
         """The node services' tasks every pod runs, by name."""
-        tasks = dict(self.healing.tasks())
+        tasks = {**self.healing.tasks(), **self.device_access.tasks()}
         if self.sampler is not None and self._claims:
             tasks["telemetry"] = self.sampler.run
         return tasks

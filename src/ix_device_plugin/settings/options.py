@@ -59,6 +59,10 @@ class NodeOptions:
     stop_timeout: float = 1.5  # shutdown abandons what has not stopped by then
     reset_wait_timeout: float = default("reset_wait_timeout")
     reset_timeout: float = default("reset_timeout")
+    device_access: str | None = None  # IX_DEVICE_ACCESS: how the chart gives the GPU nodes (None: not shown)
+    device_access_fallback: str = "none"  # what a node whose nodes cannot be opened becomes (privileged, none)
+    nri_status: Path | None = None  # the NRI injector's status file
+    device_access_label: bool = True  # the Node's label iluvatar.com/gpu.device-access (with device_access)
 
     @property
     def call_timeout(self) -> float:

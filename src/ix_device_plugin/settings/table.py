@@ -31,6 +31,10 @@ NODE_CONFIG_LABEL = "iluvatar.com/device-plugin.config"
 # records the program name its client-go user agent starts with.
 DEFAULT_VOLCANO_FIELD_MANAGER = "vc-scheduler"
 LOG_LEVELS = ("debug", "info", "warning", "error")
+# How a DaemonSet gives the agent's container the GPU device nodes, and what a node that cannot becomes
+# (core/deviceaccess.py; settings import nothing of ours but themselves).
+DEVICE_ACCESS_DEPLOYED = ("nri", "runtime", "privileged")
+DEVICE_ACCESS_FALLBACKS = ("privileged", "none")
 # Variables the platform or a shell sets for other programs too: not reported when a mode does not use them.
 AMBIENT_ENV = frozenset({"NODE_NAME", "KUBECONFIG"})
 
@@ -158,6 +162,20 @@ SETTINGS: tuple[Setting, ...] = (
     _setting("pod_uid", "--pod-uid", "POD_UID", None, v.pod_uid, "UID",
              "this pod's UID (downward API metadata.uid): sockets named per pod, so that an update overlaps the old "
              "pod (dra: kubelet 1.33+; run: 1.37+); unset: the fixed names", (RUN, DRA)),
+    _setting("device_access", "--device-access", "IX_DEVICE_ACCESS", None, v.choice(*DEVICE_ACCESS_DEPLOYED),
+             "|".join(DEVICE_ACCESS_DEPLOYED),
+             "how this container is given the GPU device nodes (the chart's DaemonSet says): the NRI injector "
+             "sidecar, the runtime, or privileged; the agent shows on its Node (label iluvatar.com/gpu.device-access) "
+             "what works; unset: nothing is shown", DAEMONS),
+    _setting("device_access_fallback", "--device-access-fallback", "IX_DEVICE_ACCESS_FALLBACK", "none",
+             v.choice(*DEVICE_ACCESS_FALLBACKS), "|".join(DEVICE_ACCESS_FALLBACKS),
+             "where the GPU device nodes cannot be opened: privileged moves the node to the chart's privileged "
+             "DaemonSet; none (strict) leaves it without GPUs", DAEMONS),
+    _setting("nri_status", "--nri-status", "IX_NRI_STATUS", None, v.path, "PATH",
+             "the NRI injector sidecar's status file (registered, or unavailable: why)", DAEMONS),
+    _setting("device_access_label", "--device-access-label", "IX_DEVICE_ACCESS_LABEL", True, v.parse_bool,
+             "true|false", "label the Node with iluvatar.com/gpu.device-access (with --device-access; API access)",
+             DAEMONS),
     _setting("zero_downtime_upgrade", "--zero-downtime-upgrade", "ZERO_DOWNTIME_UPGRADE", "auto",
              v.choice("auto", "true", "false"), "auto|true|false",
              "a pod started while another pod of the plugin serves the node registers beside it (true), or waits "

@@ -337,10 +337,7 @@ class Store:
         name = str(obj["metadata"].get("name", ""))
         if problems := name_problems(name):
             raise invalid(kind, name, problems)
-        for refusal in self.refusals:
-            if refusal.plural == kind.plural and refusal.times > 0:
-                refusal.times -= 1
-                raise invalid(kind, name, [(refusal.field, "FieldValueInvalid", refusal.message)])
+        self._refuse_if_asked(kind, name)
         if kind.plural != "resourceslices" or not self.counters_refused:
             return
         spec = obj.get("spec") or {}
@@ -352,6 +349,13 @@ class Store:
                 causes.append((field, "FieldValueForbidden", "Forbidden: shared counters are not supported"))
         if causes:
             raise invalid(kind, name, causes)
+
+    def _refuse_if_asked(self, kind: Kind, name: str) -> None:
+        """422 for a write of kind while a refusal of its kind is pending (refuse_writes), counting it down."""
+        for refusal in self.refusals:
+            if refusal.plural == kind.plural and refusal.times > 0:
+                refusal.times -= 1
+                raise invalid(kind, name, [(refusal.field, "FieldValueInvalid", refusal.message)])
 
     def _admitted(self, kind: Kind, obj: Object) -> Object:
         """obj as the API server keeps it: without the ResourceSlice fields of features that are off."""
@@ -388,6 +392,7 @@ class Store:
             )
         if not isinstance(body, dict):
             raise StatusError(400, "BadRequest", "the patch is not a JSON object")
+        self._refuse_if_asked(kind, name)
         patched = merge_patch(current, body)
         metadata = patched.setdefault("metadata", {})
         metadata["name"] = name
