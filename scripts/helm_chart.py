@@ -4,9 +4,16 @@
 Data functions for the tests (render_chart, load_objects, static_objects, dra_objects, differences, notes).
 helm is found as $HELM, on PATH, or in the end-to-end build cache (e2e/cluster/build.sh, `make e2e-build`).
 
-    helm_chart.py check                      the chart with default values renders ix-config.yaml and
-                                             ix-device-plugin.yaml, and with DRA_VALUES ix-dra-driver.yaml
-    helm_chart.py render [--set-yaml YAML]   print the chart's objects
+The admission policies render only where the cluster serves admissionregistration.k8s.io/v1
+ValidatingAdmissionPolicy (Kubernetes 1.30+): helm install reads that from the API server, helm template is told
+with --api-versions (POLICY_API). So the static files come in two: ix-device-plugin.yaml, the chart without policies
+(Kubernetes 1.29+), and ix-device-plugin-admission.yaml, its policies (1.30+); the same for ix-dra-driver.yaml.
+
+    helm_chart.py check                      the chart with default values renders ix-config.yaml,
+                                             ix-device-plugin.yaml and (with POLICY_API) its -admission.yaml,
+                                             and with DRA_VALUES ix-dra-driver.yaml and its -admission.yaml
+    helm_chart.py render [--set-yaml YAML] [--no-policies]
+                                             print the chart's objects (with the policies unless --no-policies)
 """
 
 from __future__ import annotations
@@ -26,9 +33,13 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 CHART_DIR = ROOT / "deployments" / "helm" / "ix-device-plugin"
 STATIC_DIR = ROOT / "deployments" / "static"
-STATIC_FILES = ("ix-config.yaml", "ix-device-plugin.yaml")
+# What helm template is told the cluster serves, so that the admission policies render (as helm install finds it).
+POLICY_API = "admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy"
+# The static files the chart with default values renders: with POLICY_API all three, without it the first two.
+ADMISSION_FILES = ("ix-device-plugin-admission.yaml", "ix-dra-driver-admission.yaml")
+STATIC_FILES = ("ix-config.yaml", "ix-device-plugin.yaml", "ix-device-plugin-admission.yaml")
 DRA_VALUES: dict[str, Any] = {"dra": {"enabled": True}, "devicePlugin": {"enabled": False}}
-DRA_STATIC_FILES = ("ix-config.yaml", "ix-dra-driver.yaml")
+DRA_STATIC_FILES = ("ix-config.yaml", "ix-dra-driver.yaml", "ix-dra-driver-admission.yaml")
 EXAMPLE_FILES = ("corex-example.yaml", "dra-examples.yaml")
 DEFAULT_NAMESPACE = "kube-system"
 DEFAULT_RELEASE = "ix-device-plugin"
@@ -70,12 +81,17 @@ def render_chart(
     overrides: Mapping[str, Any] | None = None,
     namespace: str = DEFAULT_NAMESPACE,
     release: str = DEFAULT_RELEASE,
+    policies: bool = True,
 ) -> str:
-    """`helm template` of the chart with overrides merged over values.yaml (as `helm -f`)."""
+    """`helm template` of the chart with overrides merged over values.yaml (as `helm -f`); policies: as for a
+    cluster that serves ValidatingAdmissionPolicy (1.30+), else as for one that does not (1.29)."""
+    api_versions = ["--api-versions", POLICY_API] if policies else []
     with tempfile.NamedTemporaryFile("w", suffix=".yaml") as values:
         yaml.safe_dump(dict(overrides or {}), values)
         values.flush()
-        return helm("template", release, str(chart_dir), "--namespace", namespace, "--values", values.name)
+        return helm(
+            "template", release, str(chart_dir), "--namespace", namespace, "--values", values.name, *api_versions
+        )
 
 
 def helm_render(chart_dir: Path = CHART_DIR, namespace: str = DEFAULT_NAMESPACE) -> str | None:
@@ -84,7 +100,8 @@ def helm_render(chart_dir: Path = CHART_DIR, namespace: str = DEFAULT_NAMESPACE)
 
 
 def notes(chart_dir: Path = CHART_DIR, overrides: Mapping[str, Any] | None = None) -> str:
-    """The chart's NOTES.txt as `helm install` prints it (a client-side dry run: no cluster needed)."""
+    """The chart's NOTES.txt as `helm install` prints it (a client-side dry run: no cluster needed, and so no
+    ValidatingAdmissionPolicy known: the notes of a cluster without the admission policies)."""
     with tempfile.NamedTemporaryFile("w", suffix=".yaml") as values:
         yaml.safe_dump(dict(overrides or {}), values)
         values.flush()
@@ -115,14 +132,23 @@ def keyed(objects: list[dict[str, Any]]) -> dict[tuple[str, str, str], dict[str,
     return result
 
 
-def static_objects(static_dir: Path = STATIC_DIR, names: tuple[str, ...] = STATIC_FILES) -> list[dict[str, Any]]:
-    """The objects of the static files that the chart reproduces (with default values, or DRA_VALUES)."""
+def without_policies(names: tuple[str, ...]) -> tuple[str, ...]:
+    """The static files among names that a cluster without ValidatingAdmissionPolicy (1.29) takes."""
+    return tuple(name for name in names if name not in ADMISSION_FILES)
+
+
+def static_objects(
+    static_dir: Path = STATIC_DIR, names: tuple[str, ...] = STATIC_FILES, policies: bool = True
+) -> list[dict[str, Any]]:
+    """The objects of the static files that the chart reproduces (with default values, or DRA_VALUES); without
+    policies, those of the files but the admission ones."""
+    names = names if policies else without_policies(names)
     return [obj for name in names for obj in load_objects((static_dir / name).read_text())]
 
 
-def dra_objects(static_dir: Path = STATIC_DIR) -> list[dict[str, Any]]:
-    """The objects of the DRA static file, which the chart renders with DRA_VALUES."""
-    return static_objects(static_dir, DRA_STATIC_FILES)
+def dra_objects(static_dir: Path = STATIC_DIR, policies: bool = True) -> list[dict[str, Any]]:
+    """The objects of the DRA static files, which the chart renders with DRA_VALUES."""
+    return static_objects(static_dir, DRA_STATIC_FILES, policies)
 
 
 def differences(rendered: list[dict[str, Any]], static: list[dict[str, Any]]) -> list[str]:
@@ -147,9 +173,13 @@ def _diff(a: object, b: object, path: str) -> list[str]:
 
 
 def _check() -> int:
-    problems = differences(load_objects(render_chart()), static_objects())
-    dra = differences(load_objects(render_chart(overrides=DRA_VALUES)), dra_objects())
-    problems += [f"dra: {line}" for line in dra]
+    problems: list[str] = []
+    for policies, what in ((True, "1.30+"), (False, "without policies")):
+        plugin = differences(load_objects(render_chart(policies=policies)), static_objects(policies=policies))
+        dra = differences(
+            load_objects(render_chart(overrides=DRA_VALUES, policies=policies)), dra_objects(policies=policies)
+        )
+        problems += [f"{what}: {line}" for line in plugin] + [f"{what}: dra: {line}" for line in dra]
     for line in problems:
         print(line, file=sys.stderr)
     if problems:
@@ -165,12 +195,16 @@ def main(argv: list[str] | None = None) -> int:
     render = commands.add_parser("render", help="print the chart's objects")
     render.add_argument("--namespace", default=DEFAULT_NAMESPACE)
     render.add_argument("--set-yaml", default="", help="values to merge, as a YAML mapping")
+    render.add_argument(
+        "--no-policies", action="store_true", help="as for a cluster without ValidatingAdmissionPolicy (1.29)"
+    )
     commands.add_parser("check", help="check the chart renders the static manifests")
     args = parser.parse_args(argv)
     try:
         if args.command == "check":
             return _check()
-        print(render_chart(overrides=yaml.safe_load(args.set_yaml) or {}, namespace=args.namespace), end="")
+        overrides = yaml.safe_load(args.set_yaml) or {}
+        print(render_chart(overrides=overrides, namespace=args.namespace, policies=not args.no_policies), end="")
     except HelmMissing as error:
         print(f"helm_chart.py: {error}", file=sys.stderr)
         return 2

@@ -1,7 +1,7 @@
 """The chart's admission policies on the real API server, with the agents' own pod-bound tokens: each write the
 RBAC grants is allowed on the caller's own node's objects and refused on anything else (another node's ConfigMap,
-slice, pod or Event; coredns; a pod's image; another driver's slice; a Volcano refusal Event from another node), and
-a token bound to no node writes nothing.
+slice, pod or Event; coredns; a pod's image; another driver's slice; a Volcano refusal Event from another node; any
+change of its Node but the device-access label), and a token bound to no node writes nothing.
 The refusals are the policies' (the RBAC alone would allow every one of them).
 """
 
@@ -19,13 +19,16 @@ import pytest
 import yaml
 from harness.cluster import Cluster
 from harness.dra import pod_bound_kubeconfig
-from harness.helm import Helm
+from harness.helm import CHART, Helm, load_objects
 from harness.kube import Kubectl, KubectlError, Obj, kubeconfig_text
 from harness.pods import STAY, busybox_pod
 from harness.waits import until
 
 NAMESPACE = "kube-system"
 PLUGIN, DRA = "iluvatar-device-plugin", "iluvatar-dra-driver"
+# What helm install finds this cluster serves and helm template is told: the chart renders its policies only then.
+POLICY_API = "admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy"
+ACCESS_LABEL = "iluvatar.com/gpu.device-access"  # core/deviceaccess.py
 DRIVER = "gpu.iluvatar.com"
 OTHER_NODE = "another-node"
 VALUES = {
@@ -101,7 +104,11 @@ def events_event(name: str, kind: str, about: str) -> Obj:
 def grants(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[Obj]]:
     """Both agents' ServiceAccounts, RBAC and admission policies, as the chart renders them, applied."""
     helm = Helm(cluster.binaries["helm"], tmp_path_factory.mktemp("helm-admission"))
-    objects = [obj for obj in helm.template(VALUES) if obj["kind"] in GRANT_KINDS]
+    values = str(helm.values_file(VALUES))
+    text = helm("template", "ix-device-plugin", str(CHART), "--namespace", NAMESPACE, "--values", values,
+                "--api-versions", POLICY_API)  # fmt: skip
+    objects = [obj for obj in load_objects(text) if obj["kind"] in GRANT_KINDS]
+    assert {obj["kind"] for obj in objects} >= {"ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}
     cluster.admin.apply(objects)
     try:
         yield objects
@@ -371,6 +378,29 @@ def _events_k8s_io_grant() -> list[Obj]:
             "subjects": subjects,
         },
     ]
+
+
+# ------------------------------------------------------------------ the device-access label
+
+
+def test_the_agents_change_only_the_device_access_label_of_their_own_node(
+    cluster: Cluster, plugin: Kubectl, dra: Kubectl
+) -> None:
+    """Dry runs of each patch (the policies run on them, the Node stays as it is): the label set to a value the
+    agent writes is allowed; another value, another label, an annotation or the spec (a cordon) is refused."""
+    own = f"/api/v1/nodes/{cluster.node_name}?dryRun=All"
+    for account, who in ((plugin, PLUGIN), (dra, DRA)):
+        policy = f"{who}-node-label"
+        for value in ("nri", "runtime", "privileged", "none"):
+            labels = patch(account, own, {"metadata": {"labels": {ACCESS_LABEL: value}}})["metadata"]["labels"]
+            assert labels[ACCESS_LABEL] == value
+        for forged in (
+            {"metadata": {"labels": {ACCESS_LABEL: "anything"}}},
+            {"metadata": {"labels": {"ix-admission": "forged"}}},
+            {"metadata": {"annotations": {"ix-admission": "forged"}}},
+            {"spec": {"unschedulable": True}},
+        ):
+            refused(lambda a=account, f=forged: patch(a, own, f), policy)
 
 
 # ------------------------------------------------------------------ ResourceSlices

@@ -13,6 +13,7 @@ import copy
 import importlib.util
 import json
 import re
+import subprocess
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -68,15 +69,28 @@ def needs_helm() -> None:
     require(HELM_MISSING if load_render_module().find_helm() is None else None)
 
 
-def render_objects(overrides: dict[str, Any] | None = None) -> list[dict[str, Any]]:
-    """The chart's objects as `helm template` renders them with overrides (rendered once per overrides); needs
-    helm (needs_helm)."""
+def render_objects(overrides: dict[str, Any] | None = None, policies: bool = True) -> list[dict[str, Any]]:
+    """The chart's objects as `helm template` renders them with overrides (rendered once per overrides), for a
+    cluster that serves ValidatingAdmissionPolicy (Kubernetes 1.30+, the admission policies rendered) or, with
+    policies=False, one that does not; needs helm (needs_helm)."""
     render = load_render_module()
     needs_helm()
-    key = json.dumps(overrides or {}, sort_keys=True)
+    key = json.dumps([overrides or {}, policies], sort_keys=True)
     if key not in _RENDERED:
-        _RENDERED[key] = render.load_objects(render.render_chart(render.CHART_DIR, overrides or {}))
+        text = render.render_chart(render.CHART_DIR, overrides or {}, policies=policies)
+        _RENDERED[key] = render.load_objects(text)
     return copy.deepcopy(_RENDERED[key])
+
+
+def render_failure(overrides: dict[str, Any]) -> str:
+    """helm's error when the chart refuses overrides (a `fail` in a template); AssertionError when it renders."""
+    render = load_render_module()
+    needs_helm()
+    try:
+        render.render_chart(render.CHART_DIR, overrides)
+    except subprocess.CalledProcessError as error:
+        return str(error.stderr)
+    raise AssertionError(f"the chart rendered {overrides}")
 
 
 def load_file(path: Path) -> list[dict[str, Any]]:

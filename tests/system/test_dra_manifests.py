@@ -28,8 +28,17 @@ from ix_device_plugin.settings.table import DRA, settings_of
 render = load_render_module()
 
 
+DRIVER_DS = "iluvatar-dra-driver"
+
+
 def rendered(overrides: dict[str, Any]) -> list[dict[str, Any]]:
     return render_objects(overrides)
+
+
+def driver_daemonset(objects: list[dict[str, Any]]) -> dict[str, Any]:
+    """The DRA driver's DaemonSet (not its privileged fallback, iluvatar-dra-driver-privileged)."""
+    (found,) = [d for d in by_kind(objects, "DaemonSet") if d["metadata"]["name"] == DRIVER_DS]
+    return found
 
 
 def test_the_chart_in_dra_mode_renders_the_static_dra_manifest() -> None:
@@ -39,19 +48,26 @@ def test_the_chart_in_dra_mode_renders_the_static_dra_manifest() -> None:
 def test_dra_objects_only_when_enabled_and_the_plugin_can_be_switched_off() -> None:
     defaults = rendered({})
     assert by_kind(defaults, "DeviceClass") == []
-    assert [d["metadata"]["name"] for d in by_kind(defaults, "DaemonSet")] == ["iluvatar-device-plugin"]
+    # each with its privileged fallback (for the nodes labelled iluvatar.com/gpu.device-access=privileged)
+    assert [d["metadata"]["name"] for d in by_kind(defaults, "DaemonSet")] == [
+        "iluvatar-device-plugin",
+        "iluvatar-device-plugin-privileged",
+    ]
     both = rendered({"dra": {"enabled": True}})
     assert sorted(d["metadata"]["name"] for d in by_kind(both, "DaemonSet")) == [
         "iluvatar-device-plugin",
+        "iluvatar-device-plugin-privileged",
         "iluvatar-dra-driver",
+        "iluvatar-dra-driver-privileged",
     ]
-    selectors = [d["spec"]["selector"]["matchLabels"] for d in by_kind(both, "DaemonSet")]
-    assert selectors[0] != selectors[1]  # the two DaemonSets never adopt each other's pods
+    selectors = [tuple(d["spec"]["selector"]["matchLabels"].items()) for d in by_kind(both, "DaemonSet")]
+    assert len(set(selectors)) == len(selectors)  # the DaemonSets never adopt each other's pods
     dra_only = rendered(render.DRA_VALUES)
-    assert [d["metadata"]["name"] for d in by_kind(dra_only, "DaemonSet")] == ["iluvatar-dra-driver"]
+    assert [d["metadata"]["name"] for d in by_kind(dra_only, "DaemonSet")] == [DRIVER_DS, f"{DRIVER_DS}-privileged"]
     (config,) = by_kind(dra_only, "ConfigMap")  # the driver reads flags.splitboard and replicas from it
-    volumes = pod_spec(only(dra_only, "DaemonSet"))["volumes"]
-    assert {"name": "config", "configMap": {"name": config["metadata"]["name"]}} in volumes
+    for daemonset in by_kind(dra_only, "DaemonSet"):
+        volumes = pod_spec(daemonset)["volumes"]
+        assert {"name": "config", "configMap": {"name": config["metadata"]["name"]}} in volumes
 
 
 def matches(spec: dict[str, Any], labels: dict[str, str]) -> bool:
@@ -137,12 +153,13 @@ def test_the_rbac_is_the_narrowest() -> None:
         (("resource.k8s.io",), ("resourceclaims",), ()): {"get"},
         (("resource.k8s.io",), ("resourceclaims/status",), ()): {"patch"},
         (("resource.k8s.io",), ("resourceclaims/driver",), ("gpu.iluvatar.com",)): {"associated-node:patch"},
-        (("",), ("nodes",), ()): {"get", "list", "watch"},  # its own Node: its UID, iluvatar.com/gpu.return
+        # its own Node: its UID, iluvatar.com/gpu.return; patch: its label iluvatar.com/gpu.device-access
+        (("",), ("nodes",), ()): {"get", "list", "watch", "patch"},
         (("",), ("pods",), ()): {"get"},  # which container holds which claim: every chip named (docs/dra.md)
     }
     roles = {role["metadata"]["name"]: role for role in by_kind(objects, "Role")}
     handshake = roles["iluvatar-dra-driver-gpu-reset"]  # ConfigMaps in its own namespace only, for the handshake
-    assert handshake["metadata"]["namespace"] == only(objects, "DaemonSet")["metadata"]["namespace"]
+    assert handshake["metadata"]["namespace"] == driver_daemonset(objects)["metadata"]["namespace"]
     assert handshake["rules"] == [
         {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get", "create", "update"]}
     ]
@@ -158,7 +175,7 @@ def test_the_rbac_is_the_narrowest() -> None:
 
 def test_the_daemonset_runs_dra_mode_with_the_kubelets_directories_mounted() -> None:
     objects = load_file(STATIC_DIR / "ix-dra-driver.yaml")
-    spec = pod_spec(only(objects, "DaemonSet"))
+    spec = pod_spec(driver_daemonset(objects))
     (container,) = spec["containers"]
     assert container["args"] == ["dra"]
     env = {item["name"]: item.get("value") for item in container["env"]}
@@ -179,7 +196,7 @@ def test_the_daemonset_runs_dra_mode_with_the_kubelets_directories_mounted() -> 
     assert REGISTRATION_SOCKET == "gpu.iluvatar.com-reg.sock"
     pod_uid = next(item for item in container["env"] if item["name"] == "POD_UID")
     assert pod_uid["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.uid"  # sockets named per pod
-    strategy = only(objects, "DaemonSet")["spec"]["updateStrategy"]
+    strategy = driver_daemonset(objects)["spec"]["updateStrategy"]
     assert strategy == {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}}
     assert spec["serviceAccountName"] == only(objects, "ServiceAccount")["metadata"]["name"]
 
@@ -217,8 +234,9 @@ def test_the_dra_daemonset_mounts_what_the_node_services_need_and_shares_the_plu
     same feature directory as the device plugin's: a node moved between the two keeps one file."""
     objects = rendered({"dra": {"enabled": True}})
     daemonsets = by_kind(objects, "DaemonSet")
-    (driver,) = [d for d in daemonsets if pod_spec(d)["containers"][0].get("args") == ["dra"]]
-    (plugin,) = [d for d in daemonsets if d is not driver]
+    driver = driver_daemonset(objects)
+    assert pod_spec(driver)["containers"][0].get("args") == ["dra"]
+    (plugin,) = [d for d in daemonsets if d["metadata"]["name"] == "iluvatar-device-plugin"]
     env, mounts = _env_and_mounts(driver)
     assert env["IX_NODE_FEATURE_DIR"] in mounts and not mounts[env["IX_NODE_FEATURE_DIR"]].get("readOnly")
     socket = str(env["IX_POD_RESOURCES_SOCKET"])
@@ -231,7 +249,7 @@ def test_the_dra_daemonset_mounts_what_the_node_services_need_and_shares_the_plu
 
 def test_the_node_services_of_the_dra_driver_can_be_turned_off_as_the_plugins() -> None:
     objects = rendered({**render.DRA_VALUES, "nodeFeatures": {"enabled": False}, "telemetry": {"enabled": False}})
-    env, mounts = _env_and_mounts(only(objects, "DaemonSet"))
+    env, mounts = _env_and_mounts(driver_daemonset(objects))
     assert env["IX_NODE_FEATURE_DIR"] == env["IX_TELEMETRY_INTERVAL"] == "off"
     assert not any("node-feature-discovery" in path or "pod-resources" in path for path in mounts)
 
@@ -243,7 +261,7 @@ def test_metrics_of_both_front_ends_are_one_job_with_the_node_as_instance() -> N
     selected = [
         s for s in services if monitor["spec"]["selector"]["matchLabels"].items() <= s["metadata"]["labels"].items()
     ]
-    assert len(selected) == 2
+    assert len(selected) == len(by_kind(objects, "DaemonSet")) == 4  # each DaemonSet's, the fallbacks' too
     pods = {tuple(sorted(d["spec"]["template"]["metadata"]["labels"].items())) for d in by_kind(objects, "DaemonSet")}
     assert {tuple(sorted(s["spec"]["selector"].items())) for s in selected} == pods
     job = monitor["spec"]["jobLabel"]
@@ -259,8 +277,9 @@ def test_the_driver_takes_extra_env_of_its_own_over_the_shared_one() -> None:
     own = [{"name": "IX_SIMULATED_DEVICES", "value": "/usr/local/corex/devices"}]
     objects = rendered({"dra": {"enabled": True, "extraEnv": own}, "extraEnv": shared})
     daemonsets = by_kind(objects, "DaemonSet")
-    (driver,) = [d for d in daemonsets if pod_spec(d)["containers"][0].get("args") == ["dra"]]
-    (plugin,) = [d for d in daemonsets if d is not driver]
+    driver = driver_daemonset(objects)
+    assert pod_spec(driver)["containers"][0].get("args") == ["dra"]
+    (plugin,) = [d for d in daemonsets if d["metadata"]["name"] == "iluvatar-device-plugin"]
     names = [item["name"] for item in pod_spec(driver)["containers"][0]["env"]]
     assert names.count("IX_SIMULATED_DEVICES") == 1
     env, _ = _env_and_mounts(driver)

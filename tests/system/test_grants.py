@@ -26,7 +26,7 @@ from ix_device_plugin.gpureset.document import CONFIG_MAP_PREFIX as RESET_PREFIX
 
 render = load_render_module()
 
-FEATURES = ("perNodeConfig", "gpuReset", "volcano", "selfHealing")
+FEATURES = ("perNodeConfig", "gpuReset", "volcano", "selfHealing", "deviceAccessLabel")
 NONE_ON = dict.fromkeys(FEATURES, False)
 RENDERS: dict[str, dict[str, Any]] = {
     "defaults": {},
@@ -35,14 +35,18 @@ RENDERS: dict[str, dict[str, Any]] = {
     "dra": render.DRA_VALUES,
     "dra-and-plugin": {"dra": {"enabled": True}, "features": dict.fromkeys(FEATURES, True)},
 }
-STATIC_FILES = ("ix-device-plugin.yaml", "ix-dra-driver.yaml")
+# Each static file with its admission policies (Kubernetes 1.30+).
+STATIC_FILES = {
+    "ix-device-plugin.yaml": ("ix-device-plugin.yaml", "ix-device-plugin-admission.yaml"),
+    "ix-dra-driver.yaml": ("ix-dra-driver.yaml", "ix-dra-driver-admission.yaml"),
+}
 PLUGIN, DRA = "iluvatar-device-plugin", "iluvatar-dra-driver"
 
 
 @pytest.fixture(params=[*RENDERS, *STATIC_FILES])
 def objects(request: pytest.FixtureRequest) -> list[dict[str, Any]]:
     if request.param in STATIC_FILES:
-        return load_file(STATIC_DIR / request.param)
+        return [obj for name in STATIC_FILES[request.param] for obj in load_file(STATIC_DIR / name)]
     return render_objects(RENDERS[request.param])
 
 
@@ -81,11 +85,12 @@ def test_the_check_finds_a_policy_that_lets_a_token_without_a_node_through() -> 
     ]
 
 
-def test_the_plugin_by_default_holds_what_self_healing_and_the_handshake_use() -> None:
+def test_the_plugin_by_default_holds_what_self_healing_the_handshake_and_the_device_access_label_use() -> None:
     assert grant_table(render_objects({})) == {
         ("nodes.core", "get", PLUGIN),  # deviceplugin/handover.py: the Node's kubelet version (auto)
         ("nodes.core", "list", PLUGIN),  # healing/wayback.py: the node annotation iluvatar.com/gpu.return
         ("nodes.core", "watch", PLUGIN),
+        ("nodes.core", "patch", PLUGIN),  # the label iluvatar.com/gpu.device-access of its own Node
         ("configmaps.core", "get", PLUGIN),  # gpureset/handshake.py: ix-gpu-reset-<node>
         ("configmaps.core", "create", PLUGIN),
         ("configmaps.core", "update", PLUGIN),
@@ -148,7 +153,7 @@ def test_the_dra_driver_holds_what_it_uses() -> None:
         ("resourceclaims.resource.k8s.io", "get", DRA),
         ("resourceclaims/status.resource.k8s.io", "patch", DRA),
         ("resourceclaims/driver.resource.k8s.io", "associated-node:patch", DRA),
-        *{("nodes.core", verb, DRA) for verb in ("get", "list", "watch")},
+        *{("nodes.core", verb, DRA) for verb in ("get", "list", "watch", "patch")},  # patch: the device-access label
         ("pods.core", "get", DRA),
         *{("configmaps.core", verb, DRA) for verb in ("get", "create", "update")},
         ("events.core", "create", DRA),
@@ -176,7 +181,8 @@ def test_without_api_features_the_plugin_holds_no_grant_and_no_policy() -> None:
 # docs/deployment.md's table of grants before the admission policies and now: its mode, each with the values it is
 # rendered with, and where a row's grant applies.
 TABLE_MODES: dict[str, dict[str, Any]] = {
-    "plugin, `selfHealing` (default)": {},
+    "plugin, `selfHealing` and `deviceAccessLabel` (default)": {},
+    "plugin, `deviceAccessLabel`": {"features": {**NONE_ON, "deviceAccessLabel": True}},
     "plugin, `perNodeConfig`": {"features": {**NONE_ON, "perNodeConfig": True}},
     "plugin, `gpuReset`": {"features": {**NONE_ON, "gpuReset": True}},
     "plugin, `volcano`": {"features": {**NONE_ON, "volcano": True}},

@@ -1,5 +1,6 @@
-"""The DaemonSets run without privilege by default, and every host path they mount is one the code uses, at the
-narrowest directory, read-only unless written.
+"""The DaemonSets run without privilege by default (but the privileged fallbacks, which run only on the nodes the
+agent labelled iluvatar.com/gpu.device-access=privileged), and every host path they mount is one the code uses, at
+the narrowest directory, read-only unless written.
 
 The allow-list is built from the code's own defaults, so a path the agent stops using, or a mount wider than the
 directories it touches (all of the kubelet's plugins directory, /sys, /run/udev), fails here. It covers every render
@@ -66,6 +67,11 @@ RENDERS: dict[str, dict[str, Any]] = {
     },
 }
 STATIC_FILES = ("ix-device-plugin.yaml", "ix-dra-driver.yaml")
+# The node label the agent writes, which splits a node's agent between the unprivileged DaemonSet and its privileged
+# fallback (ix_device_plugin.core.deviceaccess.ACCESS_LABEL).
+ACCESS_LABEL = "iluvatar.com/gpu.device-access"
+ON_PRIVILEGED_NODES = {"key": ACCESS_LABEL, "operator": "In", "values": ["privileged"]}
+OFF_PRIVILEGED_NODES = {"key": ACCESS_LABEL, "operator": "NotIn", "values": ["privileged"]}
 
 
 def daemonsets(source: str) -> list[dict[str, Any]]:
@@ -73,6 +79,29 @@ def daemonsets(source: str) -> list[dict[str, Any]]:
     found = by_kind(objects, "DaemonSet")
     assert found, source
     return found
+
+
+def node_terms(daemonset: dict[str, Any]) -> list[dict[str, Any]]:
+    """The required nodeSelectorTerms of the DaemonSet's pods (empty: none)."""
+    affinity = pod_spec(daemonset).get("affinity") or {}
+    required = affinity.get("nodeAffinity", {}).get("requiredDuringSchedulingIgnoredDuringExecution") or {}
+    return required.get("nodeSelectorTerms") or []
+
+
+def is_fallback(daemonset: dict[str, Any]) -> bool:
+    """A privileged fallback DaemonSet: named so, and every one of its pods' node terms requires the label
+    iluvatar.com/gpu.device-access=privileged (so it runs nowhere else)."""
+    terms = node_terms(daemonset)
+    return (
+        daemonset["metadata"]["name"].endswith("-privileged")
+        and bool(terms)
+        and all(ON_PRIVILEGED_NODES in term.get("matchExpressions", []) for term in terms)
+    )
+
+
+def unprivileged(source: str) -> list[dict[str, Any]]:
+    """The DaemonSets of source but the privileged fallbacks."""
+    return [daemonset for daemonset in daemonsets(source) if not is_fallback(daemonset)]
 
 
 def host_mounts(daemonset: dict[str, Any], only: str | None = None) -> list[tuple[str, str, bool]]:
@@ -124,17 +153,30 @@ def containers(daemonset: dict[str, Any]) -> list[dict[str, Any]]:
 
 @pytest.mark.parametrize("source", [*STATIC_FILES, *sorted(RENDERS)])
 def test_no_container_is_privileged_by_default(source: str) -> None:
+    """None but the privileged fallback DaemonSets', which run only on the nodes labelled
+    iluvatar.com/gpu.device-access=privileged (and the unprivileged DaemonSet beside each keeps off those)."""
+    fallbacks = [daemonset for daemonset in daemonsets(source) if is_fallback(daemonset)]
     for daemonset in daemonsets(source):
         spec = pod_spec(daemonset)
         assert not spec.get("hostPID") and not spec.get("hostIPC") and not spec.get("hostNetwork")
+        name = f"{source}: {daemonset['metadata']['name']}"
+        if is_fallback(daemonset):
+            (container,) = spec["containers"]  # the agent alone, no sidecar
+            assert "initContainers" not in spec, name
+            assert container["securityContext"] == {"privileged": True, "readOnlyRootFilesystem": True, "runAsUser": 0}
+            continue
+        if fallbacks:
+            assert all(OFF_PRIVILEGED_NODES in term["matchExpressions"] for term in node_terms(daemonset)), name
         for container in containers(daemonset):
             context = container["securityContext"]
-            name = f"{source}: {daemonset['metadata']['name']}"
             assert context.get("privileged", False) is False, name
             assert context["allowPrivilegeEscalation"] is False, name
             assert context["capabilities"] == {"drop": ["ALL"]}, name  # and none added
             assert context["seccompProfile"] == {"type": "RuntimeDefault"}, name
             assert context["readOnlyRootFilesystem"] is True, name
+    # one fallback per unprivileged DaemonSet, named after it
+    names = {daemonset["metadata"]["name"] for daemonset in unprivileged(source)}
+    assert {daemonset["metadata"]["name"] for daemonset in fallbacks} == {f"{name}-privileged" for name in names}
 
 
 MODES = [{}, {"dra": {"enabled": True}, "devicePlugin": {"enabled": False}}]
@@ -154,7 +196,7 @@ def test_privileged_is_a_named_opt_in_without_contradicting_lines(mode: dict[str
 def test_by_default_the_nri_injector_gives_the_agent_its_devices_and_mounts_only_the_socket_and_dev(
     source: str,
 ) -> None:
-    for daemonset in daemonsets(source):
+    for daemonset in unprivileged(source):
         spec = pod_spec(daemonset)
         (agent,) = spec["containers"]
         (injector,) = spec["initContainers"]
@@ -168,11 +210,19 @@ def test_by_default_the_nri_injector_gives_the_agent_its_devices_and_mounts_only
         assert mounts == [("/dev", INJECTOR_HOST_DEV, True), (NRI_SOCKET_DIR, NRI_SOCKET_DIR, True)], source
         # The agent keeps the host's /dev, so it sees the nodes come and go; the injected ones its cgroup allows.
         assert ("/dev", "/dev", True) in host_mounts(daemonset, agent["name"])
+        # It reads the injector's status file (registered, or why not) from their shared state, read-only.
+        agent_env = {e["name"]: e.get("value") for e in agent["env"]}
+        assert agent_env["IX_NRI_STATUS"] == env["STATUS_FILE"] == "/run/ix-nri-injector/status"
+        (state,) = [m for m in agent["volumeMounts"] if m["name"] == "nri-injector-state"]
+        assert state == {"name": "nri-injector-state", "mountPath": "/run/ix-nri-injector", "readOnly": True}
+        (volume,) = [v for v in spec["volumes"] if v["name"] == "nri-injector-state"]
+        assert "emptyDir" in volume
 
 
 @pytest.mark.parametrize("mode", MODES)
 def test_a_runtime_that_injects_the_nodes_itself_gets_no_sidecar_and_no_privilege(mode: dict[str, Any]) -> None:
-    (daemonset,) = by_kind(render_objects({**mode, "deviceInjection": "runtime"}), "DaemonSet")
+    found = by_kind(render_objects({**mode, "deviceInjection": "runtime"}), "DaemonSet")
+    (daemonset,) = [d for d in found if not is_fallback(d)]  # and its privileged fallback, for nodes without
     assert "initContainers" not in pod_spec(daemonset)
     assert not any(v.get("hostPath", {}).get("path") == NRI_SOCKET_DIR for v in pod_spec(daemonset)["volumes"])
     (container,) = pod_spec(daemonset)["containers"]
@@ -183,7 +233,11 @@ def test_the_notes_say_how_devices_reach_the_agent_and_what_the_reset_needs() ->
     needs_helm()
     render = load_render_module()
     default = render.notes()
-    assert "nri-injector" in default and "--set deviceInjection=privileged" in default
+    assert "nri-injector" in default and "iluvatar-device-plugin-privileged" in default  # the fallback, per node
     assert "--set privileged=true" in default  # for the GPU reset
+    no_fallback = render.notes(overrides={"features": {"deviceAccessLabel": False}})
+    assert "nri-injector" in no_fallback and "--set deviceInjection=privileged" in no_fallback
     assert "--set deviceInjection=nri" in render.notes(overrides={"deviceInjection": "runtime"})
-    assert "privileged" not in render.notes(overrides={"privileged": True})
+    privileged = render.notes(overrides={"privileged": True})  # nothing about running without privilege
+    assert "without privilege" not in privileged and "nri-injector" not in privileged
+    assert "--set privileged=true" not in privileged and "--set deviceInjection=privileged" not in privileged

@@ -54,8 +54,13 @@ def rendered(overrides: dict[str, Any] | None = None) -> list[dict[str, Any]]:
     return render_objects(overrides)
 
 
+PLUGIN = "iluvatar-device-plugin"
+
+
 def daemonset(objects: list[dict[str, Any]]) -> dict[str, Any]:
-    return only(objects, "DaemonSet")
+    """The device plugin's DaemonSet (not its privileged fallback)."""
+    (found,) = [ds for ds in by_kind(objects, "DaemonSet") if ds["metadata"]["name"] == PLUGIN]
+    return found
 
 
 def container(objects: list[dict[str, Any]]) -> dict[str, Any]:
@@ -178,8 +183,10 @@ def test_the_config_is_mounted_where_the_plugin_reads_it(objects: list[dict[str,
 
 def test_every_environment_variable_is_one_the_device_plugin_reads(objects: list[dict[str, Any]]) -> None:
     known = {setting.env for setting in settings_of(RUN)} | {"POD_NAMESPACE"}
-    for name in env_of(container(objects)):
-        assert name in known, name
+    for ds in by_kind(objects, "DaemonSet"):  # the privileged fallback's too
+        (plugin,) = pod_spec(ds)["containers"]
+        for name in env_of(plugin):
+            assert name in known, (ds["metadata"]["name"], name)
 
 
 def test_the_socket_directory_is_the_kubelets(objects: list[dict[str, Any]]) -> None:
@@ -209,10 +216,12 @@ def test_the_host_paths_the_plugin_needs_are_mounted_read_only(objects: list[dic
 
 
 def test_every_volume_is_mounted_and_every_mount_has_a_volume(objects: list[dict[str, Any]]) -> None:
-    spec = pod_spec(daemonset(objects))
-    mounted = {m["name"] for c in [*spec.get("initContainers", []), *spec["containers"]] for m in c["volumeMounts"]}
-    volumes = {v["name"] for v in pod_spec(daemonset(objects))["volumes"]}
-    assert mounted == volumes
+    for ds in by_kind(objects, "DaemonSet"):
+        spec = pod_spec(ds)
+        containers = [*spec.get("initContainers", []), *spec["containers"]]
+        mounted = {m["name"] for c in containers for m in c["volumeMounts"]}
+        volumes = {v["name"] for v in spec["volumes"]}
+        assert mounted == volumes, ds["metadata"]["name"]
 
 
 def test_the_image_tag_is_the_package_version(objects: list[dict[str, Any]]) -> None:
@@ -277,20 +286,36 @@ def test_the_chart_with_default_values_renders_the_static_manifests() -> None:
     assert render.differences(rendered(), render.static_objects(STATIC_DIR)) == []
 
 
+def test_without_admission_policies_the_chart_renders_the_static_manifests_but_the_admission_file() -> None:
+    """A cluster that serves no ValidatingAdmissionPolicy (1.29) gets ix-device-plugin.yaml; 1.30+ adds
+    ix-device-plugin-admission.yaml, which holds the policies and nothing else."""
+    bare = render_objects(None, policies=False)
+    assert render.differences(bare, render.static_objects(STATIC_DIR, policies=False)) == []
+    admission = load_file(STATIC_DIR / "ix-device-plugin-admission.yaml")
+    assert {obj["kind"] for obj in admission} == {"ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}
+    assert not any(obj["kind"].startswith("ValidatingAdmissionPolicy") for obj in bare)
+
+
 def test_the_static_files_reproduced_by_the_chart_are_all_there_is_besides_the_example() -> None:
     names = {path.name for path in STATIC_DIR.glob("*.yaml")}
     assert names == {*render.STATIC_FILES, *render.DRA_STATIC_FILES, *render.EXAMPLE_FILES}
 
 
 def test_metrics_add_a_service_and_a_service_monitor_that_find_the_plugin() -> None:
+    """A Service per DaemonSet (the plugin's and its privileged fallback's), each selecting its pods, all found by
+    the one ServiceMonitor."""
     objects = rendered(METRICS_ON)
-    service, monitor = only(objects, "Service"), only(objects, "ServiceMonitor")
-    plugin = container(objects)
-    (port,) = service["spec"]["ports"]
-    assert port_number(plugin, port["targetPort"]) == HEALTH_PORT
-    assert service["spec"]["selector"] == daemonset(objects)["spec"]["template"]["metadata"]["labels"]
-    assert monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
-    assert monitor["spec"]["endpoints"][0]["port"] == port["name"]
+    monitor = only(objects, "ServiceMonitor")
+    services = {s["metadata"]["name"]: s for s in by_kind(objects, "Service")}
+    assert sorted(services) == [f"{PLUGIN}-metrics", f"{PLUGIN}-privileged-metrics"]
+    for ds in by_kind(objects, "DaemonSet"):
+        service = services[f"{ds['metadata']['name']}-metrics"]
+        (plugin,) = pod_spec(ds)["containers"]
+        (port,) = service["spec"]["ports"]
+        assert port_number(plugin, port["targetPort"]) == HEALTH_PORT
+        assert service["spec"]["selector"] == ds["spec"]["template"]["metadata"]["labels"]
+        assert monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
+        assert monitor["spec"]["endpoints"][0]["port"] == port["name"]
     assert monitor["spec"]["endpoints"][0]["path"] == "/metrics"
 
 
@@ -347,7 +372,7 @@ def test_the_corex_directory_never_blocks_the_pod_from_starting(objects: list[di
     assert volume["hostPath"]["type"] == "DirectoryOrCreate"  # the plugin then says what is missing
 
 
-NO_API = {"selfHealing": False}  # every API feature off: the chart's default turns self-healing on
+NO_API = {"selfHealing": False, "deviceAccessLabel": False}  # every API feature off: the defaults turn these on
 
 
 def test_without_api_features_no_token_is_mounted_and_no_rbac_rendered() -> None:
@@ -355,14 +380,21 @@ def test_without_api_features_no_token_is_mounted_and_no_rbac_rendered() -> None
     assert pod_spec(daemonset(objects))["automountServiceAccountToken"] is False
     assert not by_kind(objects, "ClusterRole") and not by_kind(objects, "Role")
     assert env_of(container(objects))["IX_SELF_HEALING"] == "false"  # the chart grants it nothing: it stays off
+    assert env_of(container(objects))["IX_DEVICE_ACCESS_LABEL"] == "false"  # nor the node label
 
 
 def test_self_healing_adds_node_reads_the_handshake_and_events_where_a_nodes_go(objects: list[dict[str, Any]]) -> None:
-    spec = pod_spec(daemonset(objects))
-    assert spec["serviceAccountName"] == "iluvatar-device-plugin" and "automountServiceAccountToken" not in spec
+    """Self-healing and the device-access label (both on by default): node reads, the label's patch, the handshake
+    and Node Events."""
+    for ds in by_kind(objects, "DaemonSet"):  # the privileged fallback runs as the same ServiceAccount
+        spec = pod_spec(ds)
+        assert spec["serviceAccountName"] == "iluvatar-device-plugin" and "automountServiceAccountToken" not in spec
     assert "IX_SELF_HEALING" not in env_of(container(objects))  # auto: on, with the handshake
+    assert "IX_DEVICE_ACCESS_LABEL" not in env_of(container(objects))  # on: it labels its Node
     (cluster_role,) = by_kind(objects, "ClusterRole")
-    assert cluster_role["rules"] == [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch"]}]
+    assert cluster_role["rules"] == [
+        {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch", "patch"]}
+    ]
     roles = {
         (role["metadata"]["namespace"], role["metadata"]["name"]): role["rules"] for role in by_kind(objects, "Role")
     }
