@@ -21,7 +21,7 @@ IMAGE_ARCHIVE := dist/ix-device-plugin-$(VERSION)-image.tar
 NRI_IMAGE ?= ix-nri-injector:$(VERSION)
 
 .PHONY: all dist pyz image image-smoke image-archive nri-image nri-test base-image test lint format manifests bench bench-fleet clean help \
-	e2e e2e-build e2e-packages e2e-root soak
+	e2e e2e-build e2e-packages e2e-root soak e2e-build-lanes e2e-lanes
 
 all: dist pyz image ## wheel, sdist, single-file executable and (when an engine is usable) the image
 
@@ -98,6 +98,20 @@ e2e-packages: ## install the host packages the end-to-end suite needs (root, apt
 
 e2e-build: e2e-packages ## build the end-to-end cluster (Kubernetes, etcd, containerd, runc, CNI, helm) from Go modules, verified
 	e2e/cluster/build.sh
+
+# Lanes: clusters of other releases or configuration (e2e/lanes/NAME.env over e2e/versions.env; docs/testing.md),
+# each built into a folder of its own (a lane pinning no version uses the default lane's) and run one after another.
+E2E_LANES ?= $(sort $(basename $(notdir $(wildcard e2e/lanes/*.env))))
+E2E_LANE_TESTS ?= e2e/tests/test_lane_cluster.py
+
+e2e-build-lanes: e2e-packages ## build every lane's cluster (E2E_LANES, default e2e/lanes/*.env), verified
+	@for lane in $(E2E_LANES); do echo "e2e/cluster/build.sh $$lane"; e2e/cluster/build.sh $$lane || exit 1; done
+
+e2e-lanes: e2e-root e2e-build-lanes $(VENV)/.stamp-dev ## E2E_LANE_TESTS in each of E2E_LANES, one cluster after another (root, Go)
+	@failed=""; for lane in $(E2E_LANES); do \
+		echo "== lane $$lane: $(E2E_LANE_TESTS)"; \
+		IX_E2E_LANE=$$lane $(VENV_PY) -m pytest -p no:cacheprovider -n 0 $(E2E_LANE_TESTS) $(E2E_PYTEST_ARGS) || failed="$$failed $$lane"; \
+	done; [ -z "$$failed" ] || { echo "make e2e-lanes: failed in lane(s):$$failed" >&2; exit 1; }
 
 e2e-root:
 	@[ "$$(id -u)" = 0 ] || { echo "make e2e: the end-to-end suite needs root (kubelet, containerd, mounts, cgroups, device nodes)" >&2; exit 1; }

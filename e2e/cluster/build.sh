@@ -18,26 +18,58 @@
 # libseccomp (runc; e2e/cluster/packages.sh installs the packages), network access to the Go module proxy
 # on a cold build.
 #
-#   build.sh                 build what is missing or fails verification, print the folder
-#   build.sh --print-dir     print the folder only (exit 1 when it is not complete)
-#   build.sh --verify        verify the binaries in the folder, build nothing (exit 1 naming each bad one)
+#   build.sh [LANE]              build what is missing or fails verification, print the folder
+#   build.sh --print-dir [LANE]  print the folder only (exit 1 when it is not complete)
+#   build.sh --verify [LANE]     verify the binaries in the folder, build nothing (exit 1 naming each bad one)
+#
+# LANE (default: $IX_E2E_LANE; none is the default lane) names e2e/lanes/LANE.env, KEY=value lines over
+# versions.env: another Kubernetes or containerd, and CONTAINERD_NRI=on|off (containerd's configuration, which
+# the harness writes; not a build input). A lane's folder is keyed by versions.env and its other lines, so a
+# lane that pins nothing but CONTAINERD_NRI uses the default lane's folder, and lanes that pin the same versions
+# share one. A component a lane pins as the default lane does is hard-linked from the default lane's folder,
+# once its binaries pass verify there, instead of built again.
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
 e2e=$(dirname "$here")
-# shellcheck source=../versions.env
-source "$e2e/versions.env"
-
-cache_root=${IX_E2E_CACHE:-/var/cache/ix-device-plugin-e2e}
-key=$(sha256sum "$e2e/versions.env" | cut -c1-16)
-dest=$cache_root/$key
 
 die() {
     echo "build.sh: $*" >&2
     exit 1
 }
 
-if [[ ${1:-} == --print-dir ]]; then
+mode=build
+case ${1:-} in --print-dir | --verify) mode=$1 && shift ;; esac
+(($# <= 1)) || die "usage: build.sh [--print-dir | --verify] [LANE]"
+lane=${1:-${IX_E2E_LANE:-}}
+
+# shellcheck source=../versions.env
+source "$e2e/versions.env"
+declare -A default_pins=() # versions.env's lines, for telling which components a lane pins as the default does
+while IFS='=' read -r name value; do default_pins[$name]=$value; done < <(grep -E '^[A-Z0-9_]+=' "$e2e/versions.env")
+
+cache_root=${IX_E2E_CACHE:-/var/cache/ix-device-plugin-e2e}
+key=$(sha256sum "$e2e/versions.env" | cut -c1-16)
+base=$cache_root/$key # the default lane's folder
+if [[ -n $lane ]]; then
+    lane_file=$e2e/lanes/$lane.env
+    if [[ ! $lane =~ ^[a-z0-9][a-z0-9._-]*$ || ! -f $lane_file ]]; then
+        die "no lane \"$lane\" (the lanes: $(cd "$e2e/lanes" && ls -- *.env | sed 's/\.env$//' | paste -sd " "))"
+    fi
+    # shellcheck source=/dev/null
+    source "$lane_file"
+    pins=$(grep -E '^[A-Z0-9_]+=' "$lane_file" | grep -v '^CONTAINERD_NRI=' | LC_ALL=C sort || true)
+    [[ -z $pins ]] || key=$({ cat "$e2e/versions.env" && echo "$pins"; } | sha256sum | cut -c1-16)
+fi
+dest=$cache_root/$key
+# containerd 2.x is the module github.com/containerd/containerd/v2, 1.x github.com/containerd/containerd; each
+# names its module in `containerd --version` and `ctr --version`.
+case $CONTAINERD_VERSION in
+v1.*) containerd_module=github.com/containerd/containerd ;;
+*) containerd_module=github.com/containerd/containerd/v2 ;;
+esac
+
+if [[ $mode == --print-dir ]]; then
     echo "$dest"
     [[ -f $dest/complete ]]
     exit
@@ -53,6 +85,12 @@ components=(
     "helm build_helm bin/helm"
     "kubernetes build_kubernetes bin/kube-apiserver bin/kube-controller-manager bin/kube-scheduler bin/kubelet bin/kubectl"
     "kube-proxy build_kube_proxy bin/kube-proxy"
+)
+# The lines of versions.env each component is built from (and BUILD_RECIPE, which all are).
+declare -A component_pins=(
+    [tools]=CDI_VERSION [runc]=RUNC_VERSION [containerd]=CONTAINERD_VERSION [cni-plugins]=CNI_PLUGINS_VERSION
+    [etcd]=ETCD_VERSION [helm]=HELM_VERSION [kubernetes]="KUBERNETES_VERSION KUBERNETES_STAGING_VERSION"
+    [kube-proxy]="KUBERNETES_VERSION KUBERNETES_STAGING_VERSION"
 )
 
 reports() { # reports FILE EXPECTED ARG...: `FILE ARG...` prints EXPECTED (whitespace-separated words, any
@@ -80,7 +118,7 @@ verify() { # verify FILE: the binary at FILE runs and reports what versions.env 
             "profile needs: install libseccomp-dev and pkg-config (e2e/cluster/packages.sh does as root)"
         return 1
         ;;
-    containerd | ctr) reports "$file" "github.com/containerd/containerd/v2 $CONTAINERD_VERSION" --version ;;
+    containerd | ctr) reports "$file" "$containerd_module $CONTAINERD_VERSION" --version ;;
     containerd-shim-runc-v2) reports "$file" "Version: $CONTAINERD_VERSION" -v ;;
     bridge | host-local | loopback) reports "$file" "CNI $name plugin $CNI_PLUGINS_VERSION" ;;
     etcd) reports "$file" "etcd Version: ${ETCD_VERSION#v}" --version ;;
@@ -94,7 +132,7 @@ verify() { # verify FILE: the binary at FILE runs and reports what versions.env 
     esac
 }
 
-if [[ ${1:-} == --verify ]]; then
+if [[ $mode == --verify ]]; then
     bad=0
     for entry in "${components[@]}"; do
         read -r -a fields <<<"$entry"
@@ -129,6 +167,7 @@ step() { # step NAME BUILDER FILE...: unless every FILE passes verify (and $rebu
         stale=1
     done
     ((stale)) || return 0
+    link_from_default "$name" "$@" && return 0
     local start=$SECONDS
     echo "build.sh: $name ..." >&2
     out=$dest/staging/$name
@@ -146,6 +185,25 @@ step() { # step NAME BUILDER FILE...: unless every FILE passes verify (and $rebu
     rm -rf "$out"
     rmdir "$dest/staging" 2>/dev/null || true
     echo "$name: $((SECONDS - start)) s" | tee -a "$log" >&2
+}
+
+link_from_default() { # link_from_default NAME FILE...: in a lane's folder, NAME's FILEs hard-linked (or copied)
+    # from the default lane's folder, where the lane pins NAME as versions.env does and they pass verify there
+    local name=$1 pin file
+    shift
+    [[ $dest != "$base" ]] || return 1
+    for pin in BUILD_RECIPE ${component_pins[$name]}; do
+        [[ ${!pin} == "${default_pins[$pin]:-}" ]] || return 1
+    done
+    [[ $name != tools || $(cat "$base/tools.sum" 2>/dev/null) == "$tools_sum" ]] || return 1
+    for file in "$@"; do
+        verify "$base/$file" >/dev/null || return 1
+    done
+    for file in "$@"; do
+        ln -f "$base/$file" "$dest/$file" 2>/dev/null || cp -f "$base/$file" "$dest/$file"
+        verify "$dest/$file" >/dev/null || return 1
+    done
+    echo "$name: linked from $base" | tee -a "$log" >&2
 }
 
 build_tools() { # pause (the sandbox image's process), cdi-validate and dra-metadata-check (the reference reader
@@ -166,11 +224,25 @@ build_runc() { # with seccomp, which every pod's default profile needs: refused 
 }
 
 build_containerd() {
-    local m=github.com/containerd/containerd/v2
-    GOBIN=$out CGO_ENABLED=0 go install -tags no_btrfs \
-        -ldflags "-X $m/version.Version=$CONTAINERD_VERSION" \
-        "$m/cmd/containerd@$CONTAINERD_VERSION" "$m/cmd/containerd-shim-runc-v2@$CONTAINERD_VERSION" \
-        "$m/cmd/ctr@$CONTAINERD_VERSION"
+    local m=$containerd_module
+    if [[ $m == */v2 ]]; then
+        GOBIN=$out CGO_ENABLED=0 go install -tags no_btrfs \
+            -ldflags "-X $m/version.Version=$CONTAINERD_VERSION" \
+            "$m/cmd/containerd@$CONTAINERD_VERSION" "$m/cmd/containerd-shim-runc-v2@$CONTAINERD_VERSION" \
+            "$m/cmd/ctr@$CONTAINERD_VERSION"
+        return
+    fi
+    # containerd 1.x's go.mod has an exclude directive, for which `go install PKG@VERSION` refuses it: its commands
+    # are built in a copy of the module, as the main module (its go.mod and go.sum as released)
+    local module
+    module=$(go mod download -json "$m@$CONTAINERD_VERSION" | sed -n 's/^\t"Dir": "\(.*\)",$/\1/p')
+    [[ -n $module ]] || die "containerd: no module folder for $m@$CONTAINERD_VERSION"
+    rm -rf "$dest/src/containerd"
+    cp -r "$module" "$dest/src/containerd"
+    chmod -R u+w "$dest/src/containerd"
+    cd "$dest/src/containerd"
+    CGO_ENABLED=0 go build -tags no_btrfs -ldflags "-X $m/version.Version=$CONTAINERD_VERSION" -o "$out/" \
+        ./cmd/containerd ./cmd/containerd-shim-runc-v2 ./cmd/ctr
 }
 
 build_cni() { # with the version stamped in, as the project's release builds do ("CNI bridge plugin v1.10.0")
@@ -230,7 +302,8 @@ kubernetes_commands() { # kubernetes_commands DIR COMMAND...: k8s.io/kubernetes/
     done
     local packages=()
     for module in "$@"; do packages+=("k8s.io/kubernetes/cmd/$module"); done
-    go get "${packages[@]}"
+    # each at the pinned version: `go get PACKAGE` alone upgrades k8s.io/kubernetes to the newest release
+    go get "${packages[@]/%/@$KUBERNETES_VERSION}"
     local minor=${KUBERNETES_VERSION#v1.}
     minor=${minor%%.*}
     local ldflags="" pkg

@@ -34,7 +34,7 @@ import yaml
 
 from . import components, host, images
 from .certs import Pki, make_pki
-from .components import Binaries, Ports
+from .components import Binaries, Ports, Stack
 from .kube import Kubectl, kubeconfig_text
 from .procs import Process, describe_logs, run
 from .waits import until
@@ -53,7 +53,8 @@ KUBELET_DEVICE_PLUGIN_DIR = Path("/var/lib/kubelet/device-plugins")
 # so that every scenario shows the agent's sockets fit there: the DRA driver's, which the kubelet dials in its root,
 # and the device plugin's, served from the cluster's device-plugin folder (the kubelet dials the bind mount above).
 MICROK8S_KUBELET_ROOT = "/var/snap/microk8s/common/var/lib/kubelet"
-# The DRA features the tests use, on explicitly (all are on by default in 1.37; GA ones are locked on).
+# The DRA features the tests use, on explicitly (all are on by default in 1.37; GA ones are locked on). An older
+# Kubernetes is given those it knows (components.known_gates): 1.29 none.
 FEATURE_GATES = {
     "DRAAdminAccess": True,
     "DRADeviceTaints": True,
@@ -80,6 +81,8 @@ class Cluster:
     logdir: Path
     node_name: str = NODE_NAME
     feature_gates: dict[str, bool] = field(default_factory=lambda: dict(FEATURE_GATES))
+    # The releases the binaries are of (the lane's: harness.build.stack); what an older one does not know is left out.
+    stack: Stack = components.CURRENT
     processes: dict[str, Process] = field(default_factory=dict)
     teardown_problems: list[str] = field(default_factory=list)
     bind_mounts: list[Path] = field(default_factory=list)
@@ -163,8 +166,11 @@ class Cluster:
             text = kubeconfig_text(self.server, self.pki.ca.cert, user, pair.cert, pair.key)
             self.kubeconfig(user).write_text(text)
 
+    def _known_gates(self) -> dict[str, bool]:
+        return components.known_gates(self.feature_gates, self.stack)
+
     def _gates(self) -> str:
-        return components.feature_gates_flag(self.feature_gates)
+        return components.feature_gates_flag(self._known_gates())
 
     def _spawn(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> Process:
         process = Process(name, argv, self.logdir / f"{name}.log", env=env).start()
@@ -199,6 +205,7 @@ class Cluster:
             self._gates(),
             bind_address="0.0.0.0",
             audit=(policy, self.audit_log),
+            stack=self.stack,
         )
         apiserver = self._spawn("kube-apiserver", argv)
         kubectl = self.kubectl
@@ -257,7 +264,12 @@ class Cluster:
         config = self.containerd_dir / "config.toml"
         config.write_text(
             components.containerd_config(
-                self.binaries, self.containerd_dir, self.containerd_socket, self.cdi_dir, self.cni_conf_dir
+                self.binaries,
+                self.containerd_dir,
+                self.containerd_socket,
+                self.cdi_dir,
+                self.cni_conf_dir,
+                self.stack,
             )
         )
         env = dict(os.environ, PATH=f"{self.binaries.bin_dir}:{os.environ.get('PATH', '/usr/bin:/bin')}")
@@ -312,7 +324,8 @@ class Cluster:
             containerd_socket=self.containerd_socket,
             cgroup_root=CGROUP_ROOT,
             workdir=self.workdir,
-            feature_gates=self.feature_gates,
+            feature_gates=self._known_gates(),
+            stack=self.stack,
         )
         config = self.workdir / "kubelet.yaml"
         config.write_text(yaml.safe_dump(settings, sort_keys=False))
@@ -348,7 +361,9 @@ class Cluster:
         pair = self.pki.kube_proxy
         kubeconfig.write_text(kubeconfig_text(self.server, self.pki.ca.cert, "kube-proxy", pair.cert, pair.key))
         healthz, metrics = self.proxy_ports
-        argv = components.kube_proxy_argv(self.binaries, kubeconfig, self.node_name, POD_CIDR, healthz, metrics)
+        argv = components.kube_proxy_argv(
+            self.binaries, kubeconfig, self.node_name, POD_CIDR, healthz, metrics, self.stack
+        )
         proxy = self._spawn("kube-proxy", argv)
         until(
             lambda: self._alive(proxy) and self.service_readyz() == b"ok",
@@ -370,7 +385,7 @@ class Cluster:
     def _clean_service_rules(self) -> None:
         """kube-proxy's rules out of the host's nftables (also those of a run that died: it may never have started)."""
         if self.binaries["kube-proxy"].exists():
-            run(components.kube_proxy_cleanup_argv(self.binaries), timeout=60)
+            run(components.kube_proxy_cleanup_argv(self.binaries, self.stack), timeout=60)
 
     def _wait_default_service_account(self) -> None:
         until(

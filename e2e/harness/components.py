@@ -3,7 +3,9 @@ command lines, containerd's configuration, the kubelet's configuration and comma
 and the bridge CNI network.
 
 Every function here only builds text or data from what it is given (the built binaries, the ports, the
-certificates, the paths, the feature gates); starting the processes and writing the files is the cluster's.
+certificates, the paths, the feature gates, the releases they are of: `Stack`); starting the processes and writing
+the files is the cluster's. What an older release does not know is left out for it (a lane of e2e/lanes/ runs
+Kubernetes 1.29 and containerd 1.7); the default lane's command lines and files are those of `CURRENT`.
 """
 
 from __future__ import annotations
@@ -20,6 +22,67 @@ from .certs import Pki
 # are checked at every version a real cluster may serve. v1alpha3 has no ResourceSlices in 1.37
 # (pkg/registry/resource/rest/storage_resource.go v1alpha3Storage: devicetaintrules, resourcepoolstatusrequests).
 RUNTIME_CONFIG = "resource.k8s.io/v1beta1=true,resource.k8s.io/v1beta2=true"
+# The Kubernetes release that first serves each of them (1.29 serves neither: only v1alpha2, with other types).
+RESOURCE_BETA_SINCE = {"resource.k8s.io/v1beta1": (1, 32), "resource.k8s.io/v1beta2": (1, 33)}
+# The Kubernetes release that first knows each feature gate the suite sets (pkg/features/kube_features.go): a
+# component refuses a gate it does not know, so an older one is not given it.
+FEATURE_GATE_SINCE = {
+    "ResourceHealthStatus": (1, 31),
+    "DRAAdminAccess": (1, 32),
+    "DRADeviceTaints": (1, 33),
+    "DRAPartitionableDevices": (1, 33),
+    "DRAConsumableCapacity": (1, 34),
+    "DRAExtendedResource": (1, 34),
+}
+# KubeletConfiguration fields and the release that first knows them (k8s.io/kubelet config/v1beta1): the kubelet
+# refuses a configuration file with a field it does not know.
+KUBELET_FIELD_SINCE = {"podLogsDir": (1, 30), "failCgroupV1": (1, 31)}
+# kube-proxy's nftables mode: alpha behind NFTablesProxyMode in 1.29 and 1.30, on by default from 1.31.
+NFTABLES_DEFAULT_SINCE = (1, 31)
+
+
+def release(version: str) -> tuple[int, int]:
+    """(major, minor) of a version such as v1.29.6 or 2.4.2."""
+    major, minor, *_ = version.removeprefix("v").split(".")
+    return int(major), int(minor)
+
+
+@dataclass(frozen=True)
+class Stack:
+    """The releases the cluster runs, (major, minor) each, and whether containerd serves NRI: what the command lines
+    and configuration files depend on."""
+
+    kubernetes: tuple[int, int]
+    containerd: tuple[int, int]
+    nri: bool = True
+
+    @classmethod
+    def of(cls, versions: Mapping[str, str]) -> Stack:
+        """The stack of e2e/versions.env's lines (a lane's over them): KUBERNETES_VERSION, CONTAINERD_VERSION and
+        CONTAINERD_NRI (on, the default, or off)."""
+        nri = versions.get("CONTAINERD_NRI", "on")
+        if nri not in ("on", "off"):
+            raise ValueError(f"CONTAINERD_NRI is on or off, not {nri!r}")
+        return cls(release(versions["KUBERNETES_VERSION"]), release(versions["CONTAINERD_VERSION"]), nri == "on")
+
+    def knows(self, since: tuple[int, int] | None) -> bool:
+        """Whether this Kubernetes is release `since` or later (None: any)."""
+        return since is None or self.kubernetes >= since
+
+
+# The default lane's stack (e2e/versions.env; a unit test keeps them together).
+CURRENT = Stack(kubernetes=(1, 37), containerd=(2, 4), nri=True)
+
+
+def known_gates(gates: Mapping[str, bool], stack: Stack) -> dict[str, bool]:
+    """The gates of `gates` that stack's Kubernetes knows (a gate not in FEATURE_GATE_SINCE is taken as known)."""
+    return {name: on for name, on in gates.items() if stack.knows(FEATURE_GATE_SINCE.get(name))}
+
+
+def runtime_config(stack: Stack) -> str:
+    """The value of kube-apiserver's --runtime-config: the beta versions of resource.k8s.io stack serves, on."""
+    served = [group for group, since in RESOURCE_BETA_SINCE.items() if stack.knows(since)]
+    return ",".join(f"{group}=true" for group in served)
 
 
 @dataclass(frozen=True)
@@ -49,6 +112,11 @@ class Ports:
 def feature_gates_flag(gates: Mapping[str, bool]) -> str:
     """The value of a component's --feature-gates: name=true|false, sorted by name."""
     return ",".join(f"{name}={'true' if on else 'false'}" for name, on in sorted(gates.items()))
+
+
+def gates_flags(feature_gates: str) -> list[str]:
+    """--feature-gates=feature_gates, or nothing where there are none."""
+    return [f"--feature-gates={feature_gates}"] if feature_gates else []
 
 
 # ---------------------------------------------------------------------- control plane
@@ -87,12 +155,15 @@ def apiserver_argv(
     feature_gates: str,
     bind_address: str = "127.0.0.1",
     audit: tuple[Path, Path] | None = None,
+    stack: Stack = CURRENT,
 ) -> list[str]:
     """kube-apiserver on bind_address (loopback by default): client certificates, Node and RBAC authorization,
     NodeRestriction, the beta versions of resource.k8s.io served. It advertises node_ip: the `kubernetes` Service's
     endpoint, which pods reach through kube-proxy only where bind_address covers node_ip. audit: (policy file, log
-    file) of an audit log (JSON lines), for counting a client's requests from the server's side."""
+    file) of an audit log (JSON lines), for counting a client's requests from the server's side. feature_gates may
+    be empty (no --feature-gates), and so may stack's runtime_config (no --runtime-config)."""
     audit_flags = [] if audit is None else [f"--audit-policy-file={audit[0]}", f"--audit-log-path={audit[1]}"]
+    served = runtime_config(stack)
     return [
         str(binaries["kube-apiserver"]),
         f"--etcd-servers={etcd_client_url(ports)}",
@@ -121,8 +192,8 @@ def apiserver_argv(
         "--kubelet-preferred-address-types=InternalIP",
         "--profiling=false",
         "--v=1",
-        f"--feature-gates={feature_gates}",
-        f"--runtime-config={RUNTIME_CONFIG}",
+        *gates_flags(feature_gates),
+        *([f"--runtime-config={served}"] if served else []),
         *audit_flags,
     ]
 
@@ -166,7 +237,7 @@ def controller_manager_argv(
         "--leader-elect=false",
         f"--service-cluster-ip-range={service_cidr}",
         "--v=1",
-        f"--feature-gates={feature_gates}",
+        *gates_flags(feature_gates),
     ]
 
 
@@ -181,7 +252,7 @@ def scheduler_argv(binaries: Binaries, ports: Ports, kubeconfig: Path, feature_g
         f"--secure-port={ports.scheduler}",
         "--leader-elect=false",
         "--v=2",
-        f"--feature-gates={feature_gates}",
+        *gates_flags(feature_gates),
     ]
 
 
@@ -193,8 +264,19 @@ def scheduler_argv(binaries: Binaries, ports: Ports, kubeconfig: Path, feature_g
 PROXY_MODE = "nftables"
 
 
+def nftables_gate(stack: Stack) -> list[str]:
+    """The feature gate an older kube-proxy needs for its nftables mode, or nothing."""
+    return [] if stack.knows(NFTABLES_DEFAULT_SINCE) else ["--feature-gates=NFTablesProxyMode=true"]
+
+
 def kube_proxy_argv(
-    binaries: Binaries, kubeconfig: Path, node_name: str, cluster_cidr: str, healthz_port: int, metrics_port: int
+    binaries: Binaries,
+    kubeconfig: Path,
+    node_name: str,
+    cluster_cidr: str,
+    healthz_port: int,
+    metrics_port: int,
+    stack: Stack = CURRENT,
 ) -> list[str]:
     """kube-proxy, the node's service network, on loopback; the host's conntrack settings left as they are."""
     return [
@@ -209,19 +291,25 @@ def kube_proxy_argv(
         "--conntrack-tcp-timeout-established=0",
         "--conntrack-tcp-timeout-close-wait=0",
         "--v=2",
+        *nftables_gate(stack),
     ]
 
 
-def kube_proxy_cleanup_argv(binaries: Binaries) -> list[str]:
+def kube_proxy_cleanup_argv(binaries: Binaries, stack: Stack = CURRENT) -> list[str]:
     """kube-proxy removing every rule it made, in any mode."""
-    return [str(binaries["kube-proxy"]), "--cleanup", f"--proxy-mode={PROXY_MODE}"]
+    return [str(binaries["kube-proxy"]), "--cleanup", f"--proxy-mode={PROXY_MODE}", *nftables_gate(stack)]
 
 
 NRI_SOCKET = "/var/run/nri/nri.sock"
 
 
-def containerd_config(binaries: Binaries, containerd_dir: Path, socket: Path, cdi_dir: Path, cni_conf_dir: Path) -> str:
-    """containerd's config (version 4): its own root, state and sockets, CDI from cdi_dir, runc, CNI."""
+def containerd_config(
+    binaries: Binaries, containerd_dir: Path, socket: Path, cdi_dir: Path, cni_conf_dir: Path, stack: Stack = CURRENT
+) -> str:
+    """containerd's config: its own root, state and sockets, CDI from cdi_dir, runc, CNI, NRI on or off as stack
+    says (version 4 for containerd 2.x, version 2 for 1.x)."""
+    if stack.containerd < (2, 0):
+        return containerd_1_config(binaries, containerd_dir, socket, cdi_dir, cni_conf_dir, stack.nri)
     cri_runtime = "plugins.'io.containerd.cri.v1.runtime'"
     runc = f"{cri_runtime}.containerd.runtimes.runc"
     lines = [
@@ -257,7 +345,50 @@ def containerd_config(binaries: Binaries, containerd_dir: Path, socket: Path, cd
         f'  conf_dir = "{cni_conf_dir}"',
         # NRI as containerd 2.x ships it (on, at its default socket): the chart's injector sidecar registers there.
         "[plugins.'io.containerd.nri.v1.nri']",
-        "  disable = false",
+        f"  disable = {'false' if stack.nri else 'true'}",
+        f'  socket_path = "{NRI_SOCKET}"',
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def containerd_1_config(
+    binaries: Binaries, containerd_dir: Path, socket: Path, cdi_dir: Path, cni_conf_dir: Path, nri: bool
+) -> str:
+    """containerd 1.7's config (version 2, pkg/cri/config): what containerd_config says for 2.x, in 1.7's names.
+    NRI is off unless nri (1.7 ships it off); CDI is off unless enabled; the opt plugin's folder (1.7 makes it and
+    puts its bin/ on PATH) is the run's, not /opt/containerd."""
+    cri = 'plugins."io.containerd.grpc.v1.cri"'
+    runc = f"{cri}.containerd.runtimes.runc"
+    lines = [
+        "version = 2",
+        f'root = "{containerd_dir / "root"}"',
+        f'state = "{containerd_dir / "state"}"',
+        "[grpc]",
+        f'  address = "{socket}"',
+        "[ttrpc]",
+        f'  address = "{socket}.ttrpc"',
+        '[plugins."io.containerd.internal.v1.opt"]',
+        f'  path = "{containerd_dir / "opt"}"',
+        f"[{cri}]",
+        f'  sandbox_image = "{images.PAUSE_IMAGE}"',
+        "  enable_cdi = true",
+        f'  cdi_spec_dirs = ["{cdi_dir}"]',
+        "  netns_mounts_under_state_dir = true",
+        "  restrict_oom_score_adj = true",
+        f"[{cri}.containerd]",
+        '  snapshotter = "overlayfs"',
+        '  default_runtime_name = "runc"',
+        f"[{runc}]",
+        '  runtime_type = "io.containerd.runc.v2"',
+        f"[{runc}.options]",
+        f'  BinaryName = "{binaries["runc"]}"',
+        f'  Root = "{containerd_dir / "runc"}"',
+        "  SystemdCgroup = false",
+        f"[{cri}.cni]",
+        f'  bin_dir = "{binaries.cni_bin_dir}"',
+        f'  conf_dir = "{cni_conf_dir}"',
+        '[plugins."io.containerd.nri.v1.nri"]',
+        f"  disable = {'false' if nri else 'true'}",
         f'  socket_path = "{NRI_SOCKET}"',
     ]
     return "\n".join(lines) + "\n"
@@ -294,9 +425,11 @@ def kubelet_config(
     cgroup_root: str,
     workdir: Path,
     feature_gates: Mapping[str, bool],
+    stack: Stack = CURRENT,
 ) -> dict[str, object]:
-    """The KubeletConfiguration: cgroup v1 allowed, cgroupfs, everything under the work directory."""
-    return {
+    """The KubeletConfiguration: cgroup v1 allowed, cgroupfs, everything under the work directory (pod logs under
+    /var/log/pods where the kubelet has no podLogsDir yet); the fields stack's kubelet does not know left out."""
+    settings: dict[str, object] = {
         "apiVersion": "kubelet.config.k8s.io/v1beta1",
         "kind": "KubeletConfiguration",
         # cgroup v1 (this kind of VM has no other): refused by default since 1.35.
@@ -335,6 +468,10 @@ def kubelet_config(
         "maxPods": 30,
         "featureGates": dict(feature_gates),
     }
+    for name, since in KUBELET_FIELD_SINCE.items():
+        if not stack.knows(since):
+            del settings[name]
+    return settings
 
 
 def kubelet_argv(

@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from .cluster import KUBELET_DEVICE_PLUGIN_DIR, Cluster
-from .components import Binaries
+from .components import CURRENT, Binaries, Stack
 from .host import bind_source
 
 
@@ -46,8 +46,9 @@ def leftover_pids(binaries: Binaries, workdir: Path) -> list[int]:
     return found
 
 
-def recover(binaries: Binaries, record: Path, logdir: Path) -> list[str]:
-    """Tear down what the run recorded in record left behind; what could not be cleaned."""
+def recover(binaries: Binaries, record: Path, logdir: Path, stack: Stack = CURRENT) -> list[str]:
+    """Tear down what the run recorded in record left behind (binaries and stack: this run's lane's); what could not
+    be cleaned."""
     try:
         workdir = Path(json.loads(record.read_text())["workdir"])
     except (OSError, ValueError, KeyError):
@@ -56,7 +57,7 @@ def recover(binaries: Binaries, record: Path, logdir: Path) -> list[str]:
     for pid in leftover_pids(binaries, workdir):
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
-    stale = Cluster(binaries, workdir, logdir)
+    stale = Cluster(binaries, workdir, logdir, stack=stack)
     source = bind_source(KUBELET_DEVICE_PLUGIN_DIR)
     if source is not None and str(workdir) in source:
         stale.bind_mounts.append(KUBELET_DEVICE_PLUGIN_DIR)
@@ -68,7 +69,9 @@ def recover(binaries: Binaries, record: Path, logdir: Path) -> list[str]:
 
 
 @contextlib.contextmanager
-def exclusive_run(cache: Path, binaries: Binaries, workdir: Path, logdir: Path) -> Iterator[None]:
+def exclusive_run(
+    cache: Path, binaries: Binaries, workdir: Path, logdir: Path, stack: Stack = CURRENT
+) -> Iterator[None]:
     """Hold the machine's e2e lock while the body runs, after cleaning a dead run's remains."""
     cache.mkdir(parents=True, exist_ok=True)
     record = cache / "current-run.json"
@@ -78,7 +81,7 @@ def exclusive_run(cache: Path, binaries: Binaries, workdir: Path, logdir: Path) 
         except BlockingIOError:
             raise AssertionError(f"another end-to-end run holds {cache / 'run.lock'}") from None
         if record.exists():
-            problems = recover(binaries, record, logdir)
+            problems = recover(binaries, record, logdir, stack)
             if problems:
                 raise AssertionError("the remains of an earlier run could not be cleaned:\n" + "\n".join(problems))
         record.write_text(json.dumps({"workdir": str(workdir), "pid": os.getpid()}))

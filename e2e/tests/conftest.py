@@ -3,7 +3,8 @@ per test, and the components' log tails attached to every failure.
 
 Run with `make e2e` (root, Go; builds the components first). Environment:
 IX_E2E_CACHE (build cache), IX_E2E_LOG_DIR (logs; default e2e/.logs/<time>), IX_E2E_KEEP_WORKDIR=1 (keep
-the cluster's work directory after the run), CI=true (a skipped scenario fails the run: harness/skips.py).
+the cluster's work directory after the run), CI=true (a skipped scenario fails the run: harness/skips.py),
+IX_E2E_LANE=NAME (the cluster of e2e/lanes/NAME.env, built by `make e2e-build-lanes`; `make e2e-lanes`).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from harness.build import CACHE, E2E_DIR, built_binaries
+from harness.build import CACHE, E2E_DIR, built_binaries, current_lane, stack
 from harness.cluster import Cluster
 from harness.components import Binaries
 from harness.dra import EXTENDED_VALUES, OWN_SLICES, Driver, dra_chart_objects, pod_bound_kubeconfig
@@ -91,9 +92,10 @@ def cluster(binaries: Binaries, log_dir: Path, gpu_device_nodes: list[Path]) -> 
     cleaned first.
     """
     workdir = Path(tempfile.mkdtemp(prefix="ix-e2e-"))
-    with exclusive_run(CACHE, binaries, workdir, log_dir):
+    releases = stack()
+    with exclusive_run(CACHE, binaries, workdir, log_dir, releases):
         try:
-            started = Cluster(binaries, workdir, log_dir).start()
+            started = Cluster(binaries, workdir, log_dir, stack=releases).start()
         except BaseException:
             if not mounts_under(workdir):
                 shutil.rmtree(workdir, ignore_errors=True)
@@ -105,7 +107,7 @@ def cluster(binaries: Binaries, log_dir: Path, gpu_device_nodes: list[Path]) -> 
             problems += kill_leftovers(binaries, workdir)
             if not problems and not os.environ.get("IX_E2E_KEEP_WORKDIR"):
                 started.remove_workdir()
-            sys.stderr.write(f"\ne2e: logs in {log_dir}\n")
+            sys.stderr.write(f"\ne2e: lane {current_lane() or 'default'}, logs in {log_dir}\n")
             if problems:
                 pytest.fail("teardown left things behind:\n" + "\n".join(problems))
 
