@@ -86,7 +86,7 @@ async def shown(options: NodeOptions, api: ApiConnection) -> Registry:
     registry = Registry()
     report = DeviceAccessReport(options, api, writer, registry)
     report.check()
-    await report.run()
+    await report.label_node()
     await writer.flush(timeout=10)
     return registry
 
@@ -159,10 +159,13 @@ async def test_a_label_written_while_the_api_server_is_down_is_written_once_it_a
     report.check()
     task = asyncio.create_task(report.run())
     await asyncio.sleep(0.5)
-    assert not task.done()
+    assert label(apiserver) is None
     await apiserver.accept()
-    await until(lambda: task.done(), timeout=10.0)
-    assert label(apiserver) == "runtime"
+    await until(lambda: label(apiserver) == "runtime", timeout=10.0)
+    assert not task.done()  # a node task runs until the agent stops
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
 
 
 def test_without_the_charts_word_nothing_is_shown(tmp_path: Path) -> None:
@@ -183,8 +186,11 @@ async def test_the_device_plugin_stays_up_without_its_gpus_and_shows_why(
         nri_status=status_file(tmp_path, NO_NRI), node_name=NODE,
     )  # fmt: skip
     await until(lambda: label(apiserver) == "privileged", timeout=10.0)
-    assert daemon.plan.devices == () or not daemon.current.state.inventory.boards
+    assert not daemon.current.state.inventory.boards
     await until(lambda: len(node_events(apiserver, MISSING_REASON)) == 1, timeout=20.0)
+    await asyncio.sleep(1.0)  # a node task that ended would be down (and started again) by now
+    assert daemon.live() == (True, "ok") or daemon.live()[0], daemon.live()
+    assert not daemon.service.down()
 
 
 def test_options_default_to_nothing_shown() -> None:

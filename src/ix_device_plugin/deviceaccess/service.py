@@ -94,7 +94,13 @@ class DeviceAccessReport:
         return {"device-access-label": self.run} if self.shown and self._api is not None else {}
 
     async def run(self) -> None:
-        """Write the label until the Node has it (transient failures retried with backoff; a refusal said once)."""
+        """Write the label until the Node has it (transient failures retried with backoff; a refusal said once), then
+        stay, as the node's tasks do, until cancelled: the access of a running container does not change."""
+        await self.label_node()
+        await asyncio.Event().wait()
+
+    async def label_node(self) -> None:
+        """The label written, once the Node has it; returns at once without one to write, or after a refusal (said)."""
         access = self.access or self.check()
         if access is None or self._api is None:
             return
