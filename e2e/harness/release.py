@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,7 +19,7 @@ from .cluster import Cluster
 from .dra import delete_slices
 from .helm import CHART, Helm, node_values
 from .kube import Kubectl, Obj
-from .plugin import DEVICE_MAJOR, bi_v150_chips, devices_yaml
+from .plugin import DEVICE_MAJOR, bi_v150_chips, devices_yaml, node_events
 from .waits import until
 
 NAMESPACE = "kube-system"
@@ -119,6 +119,14 @@ def kubelet_log(cluster: Cluster) -> list[Path]:
 def node_label(admin: Kubectl, node: str, label: str = ACCESS_LABEL) -> str | None:
     labels = admin.get_or_none("node", node) or {}
     return (labels.get("metadata", {}).get("labels") or {}).get(label)
+
+
+def access_events(admin: Kubectl, node: str, not_in: Iterable[Obj] = ()) -> list[Obj]:
+    """The agent's GPUDeviceAccessMissing Events on the Node, but those of not_in (seen before a scenario: Events
+    outlive the pods that wrote them)."""
+    before = {event["metadata"]["name"] for event in not_in}
+    found = [e for e in node_events(admin, node) if e["reason"] == "GPUDeviceAccessMissing"]
+    return [e for e in found if e["metadata"]["name"] not in before]
 
 
 def in_init(admin: Kubectl) -> list[str]:

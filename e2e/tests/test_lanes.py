@@ -23,7 +23,7 @@ from harness.build import REPO_ROOT, versions
 from harness.cluster import Cluster
 from harness.helm import CHART, load_objects, node_values, static_objects
 from harness.kube import Kubectl, KubectlError, Obj
-from harness.plugin import devices_yaml, node_events, write_atomically
+from harness.plugin import devices_yaml, write_atomically
 from harness.pods import SHOW_DEVICES, STAY, busybox_pod, node_resource, run_and_read, shown_devices
 from harness.project_image import BuiltImage
 from harness.release import (
@@ -34,6 +34,7 @@ from harness.release import (
     NAMESPACE,
     PLUGIN,
     RELEASE,
+    access_events,
     agent_pods,
     assert_unprivileged_as_run,
     forget_node_labels,
@@ -132,6 +133,7 @@ if not NRI_ON:
     def test_strict_mode_without_nri_gives_no_gpus_and_says_why_once(
         cluster: Cluster, admin: Kubectl, project_image: BuiltImage, tmp_path: Path
     ) -> None:
+        before = access_events(admin, cluster.node_name)
         with installed(cluster, tmp_path, {"strict": True}):
             until(
                 lambda: node_label(admin, cluster.node_name) == "none",
@@ -140,7 +142,7 @@ if not NRI_ON:
                 kubelet_log(cluster),
             )
             (event,) = until(
-                lambda: [e for e in node_events(admin, cluster.node_name) if e["reason"] == "GPUDeviceAccessMissing"],
+                lambda: access_events(admin, cluster.node_name, not_in=before),
                 60,
                 "one GPUDeviceAccessMissing Event",
                 [],

@@ -21,7 +21,7 @@ import pytest
 from harness.cluster import Cluster
 from harness.dra import DRA_VALUES, claim, driver_slices, minor_is, node_slice
 from harness.kube import Kubectl, KubectlError, Obj
-from harness.plugin import devices_yaml, node_events, write_atomically
+from harness.plugin import devices_yaml, write_atomically
 from harness.pods import SHOW_DEVICES, STAY, busybox_pod, node_resource, run_and_read, shown_devices
 from harness.project_image import BuiltImage
 from harness.release import (
@@ -29,6 +29,7 @@ from harness.release import (
     DRA_DRIVER,
     NAMESPACE,
     PLUGIN,
+    access_events,
     agent_pod,
     assert_unprivileged_as_run,
     in_init,
@@ -118,6 +119,7 @@ def test_without_device_access_in_strict_mode_the_agent_says_so_once_and_adverti
     name = PLUGIN if mode == "device-plugin" else DRA_DRIVER
     if mode == "dra":
         overrides.update(DRA_VALUES)
+    before = access_events(admin, cluster.node_name)
     with installed(cluster, tmp_path, overrides):
 
         def said() -> str | None:
@@ -137,7 +139,7 @@ def test_without_device_access_in_strict_mode_the_agent_says_so_once_and_adverti
         assert "strict mode forbids the privileged fallback" in line, line
         until(lambda: node_label(admin, cluster.node_name) == "none", 60, "the node labelled none", [])
         (event,) = until(
-            lambda: [e for e in node_events(admin, cluster.node_name) if e["reason"] == "GPUDeviceAccessMissing"],
+            lambda: access_events(admin, cluster.node_name, not_in=before),
             60,
             "one GPUDeviceAccessMissing Event on the Node",
             [],
