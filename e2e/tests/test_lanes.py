@@ -172,10 +172,10 @@ def served(admin: Kubectl, resource: str) -> bool:
 
 
 def previous_chart(where: Path) -> Path:
-    """The chart of PREVIOUS_RELEASE, taken from the repository's history into where."""
+    """The chart of PREVIOUS_RELEASE, taken from the repository's history into where (with the dashboard it links)."""
     where.mkdir(parents=True)
     archive = subprocess.run(
-        ["git", "-C", str(REPO_ROOT), "archive", PREVIOUS_RELEASE, "deployments/helm/ix-device-plugin"],
+        ["git", "-C", str(REPO_ROOT), "archive", PREVIOUS_RELEASE, "deployments"],
         capture_output=True,
         check=False,
     )
@@ -195,8 +195,8 @@ def node_labelled(cluster: Cluster) -> Iterator[None]:
 
 def daemonset_4_4_0(image: str, devices: Path) -> list[Obj]:
     """Iluvatar's 4.4.0 static install as its README gives it (privileged, the host's /dev, /sys and /run/udev, the
-    fixed socket iluvatar-gpu.sock: no POD_UID), running this image over the simulated chips (the 4.4.0 image is not
-    here): the shape the static file is applied over."""
+    fixed socket iluvatar-gpu.sock: no POD_UID), running this image as root over the simulated chips (the 4.4.0 image
+    is not here): the shape the static file is applied over."""
     mounts = {
         "device-plugin": "/var/lib/kubelet/device-plugins",
         "sys": "/sys",
@@ -225,7 +225,12 @@ def daemonset_4_4_0(image: str, devices: Path) -> list[Obj]:
                                 "name": PLUGIN,
                                 "image": image,
                                 "imagePullPolicy": "IfNotPresent",
-                                "securityContext": {"privileged": True, "capabilities": {"drop": ["ALL"]}},
+                                # uid 0: 4.4.0's image runs as root; this image's default user is 10001
+                                "securityContext": {
+                                    "privileged": True,
+                                    "runAsUser": 0,
+                                    "capabilities": {"drop": ["ALL"]},
+                                },
                                 "env": [
                                     {"name": "IX_BACKEND", "value": "simulated"},
                                     {"name": "IX_SIMULATED_DEVICES", "value": str(devices)},
