@@ -108,6 +108,10 @@ class Cluster:
         self.audit_log = self.logdir / "kube-apiserver-audit.log"
         self.pki: Pki | None = None
         self.kubectl: Kubectl | None = None
+        # What components.HOST_POD_LOGS held before a kubelet that writes there started (None: it does not, or
+        # has not yet); made: the folder was not there.
+        self.host_pod_logs_before: set[str] | None = None
+        self.host_pod_logs_made = False
 
     # ------------------------------------------------------------------ start
 
@@ -139,6 +143,10 @@ class Cluster:
         self._write_cni_config()
         host.make_cgroup_root(CGROUP_ROOT)
         self._mount_device_plugin_dir()
+        if components.pod_logs_on_host(self.stack):
+            logs = components.HOST_POD_LOGS
+            self.host_pod_logs_made = not logs.exists()
+            self.host_pod_logs_before = set() if self.host_pod_logs_made else {p.name for p in logs.iterdir()}
         self.start_kubelet()
         self.wait_node_ready()
         self._start_kube_proxy()
@@ -445,6 +453,7 @@ class Cluster:
             ("bridge", lambda: host.delete_link(BRIDGE)),
             ("kube-proxy's rules", self._clean_service_rules),
             ("container log links", lambda: host.remove_links_into(CONTAINER_LOG_LINKS, self.workdir)),
+            ("pod log folders", self._remove_host_pod_logs),
         ]
         for name, step in steps:
             try:
@@ -455,6 +464,19 @@ class Cluster:
         if leftovers:
             self.teardown_problems.append(f"still mounted: {leftovers}")
         return self.teardown_problems
+
+    def _remove_host_pod_logs(self) -> None:
+        """The pod log folders this run's kubelet made in components.HOST_POD_LOGS (one without podLogsDir), and the
+        folder itself where the run made it."""
+        logs = components.HOST_POD_LOGS
+        if self.host_pod_logs_before is None or not logs.is_dir():
+            return
+        if self.host_pod_logs_made:
+            shutil.rmtree(logs)
+            return
+        for entry in logs.iterdir():
+            if entry.name not in self.host_pod_logs_before:
+                shutil.rmtree(entry)
 
     def _stop_process(self, name: str, timeout: float = 15.0) -> None:
         process = self.processes.get(name)

@@ -37,6 +37,8 @@ FEATURE_GATE_SINCE = {
 # KubeletConfiguration fields and the release that first knows them (k8s.io/kubelet config/v1beta1): the kubelet
 # refuses a configuration file with a field it does not know.
 KUBELET_FIELD_SINCE = {"podLogsDir": (1, 30), "failCgroupV1": (1, 31)}
+# Where a kubelet without podLogsDir writes the pods' logs: the host's, not the run's.
+HOST_POD_LOGS = Path("/var/log/pods")
 # kube-proxy's nftables mode: alpha behind NFTablesProxyMode in 1.29 and 1.30, on by default from 1.31.
 NFTABLES_DEFAULT_SINCE = (1, 31)
 
@@ -72,6 +74,11 @@ class Stack:
 
 # The default lane's stack (e2e/versions.env; a unit test keeps them together).
 CURRENT = Stack(kubernetes=(1, 37), containerd=(2, 4), nri=True)
+
+
+def pod_logs_on_host(stack: Stack) -> bool:
+    """Whether stack's kubelet writes the pods' logs to HOST_POD_LOGS (it has no podLogsDir)."""
+    return not stack.knows(KUBELET_FIELD_SINCE["podLogsDir"])
 
 
 def known_gates(gates: Mapping[str, bool], stack: Stack) -> dict[str, bool]:
@@ -296,8 +303,12 @@ def kube_proxy_argv(
 
 
 def kube_proxy_cleanup_argv(binaries: Binaries, stack: Stack = CURRENT) -> list[str]:
-    """kube-proxy removing every rule it made, in any mode."""
-    return [str(binaries["kube-proxy"]), "--cleanup", f"--proxy-mode={PROXY_MODE}", *nftables_gate(stack)]
+    """kube-proxy removing every rule it made, in any mode. Before 1.31 `kube-proxy --cleanup` also tears down IPVS
+    sets with the ipset command and fails where there is none: there nft deletes the tables of the nftables mode,
+    the only one the cluster runs (each added first, so that a table kube-proxy never made is no error)."""
+    if not stack.knows(NFTABLES_DEFAULT_SINCE):
+        return ["nft", "; ".join(f"add table {f} kube-proxy; delete table {f} kube-proxy" for f in ("ip", "ip6"))]
+    return [str(binaries["kube-proxy"]), "--cleanup", f"--proxy-mode={PROXY_MODE}"]
 
 
 NRI_SOCKET = "/var/run/nri/nri.sock"

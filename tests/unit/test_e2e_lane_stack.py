@@ -118,6 +118,11 @@ def kubelet(stack: Stack) -> dict[str, object]:
     )
 
 
+def test_a_kubelet_before_1_30_writes_pod_logs_on_the_host() -> None:
+    assert components.pod_logs_on_host(OLDEST) and not components.pod_logs_on_host(Stack((1, 30), (1, 7)))
+    assert not components.pod_logs_on_host(CURRENT)
+
+
 def test_the_kubelet_configuration_has_only_fields_its_release_knows() -> None:
     current = kubelet(CURRENT)
     assert current["failCgroupV1"] is False and current["podLogsDir"] == "/work/pod-logs"
@@ -131,7 +136,13 @@ def test_the_kubelet_configuration_has_only_fields_its_release_knows() -> None:
 def test_kube_proxy_before_1_31_turns_its_nftables_mode_on() -> None:
     old = components.kube_proxy_argv(BINARIES, Path("/k"), "node", "10.244.0.0/24", 1, 2, OLDEST)
     assert old[-1] == "--feature-gates=NFTablesProxyMode=true" and "--proxy-mode=nftables" in old
-    assert components.kube_proxy_cleanup_argv(BINARIES, OLDEST)[-1] == "--feature-gates=NFTablesProxyMode=true"
+    assert components.kube_proxy_cleanup_argv(BINARIES) == [
+        "/cache/bin/kube-proxy",
+        "--cleanup",
+        "--proxy-mode=nftables",
+    ]
+    nft = "add table ip kube-proxy; delete table ip kube-proxy; add table ip6 kube-proxy; delete table ip6 kube-proxy"
+    assert components.kube_proxy_cleanup_argv(BINARIES, OLDEST) == ["nft", nft]  # no ipset needed
     current = components.kube_proxy_argv(BINARIES, Path("/k"), "node", "10.244.0.0/24", 1, 2)
     assert not [arg for arg in current if arg.startswith("--feature-gates")]
 
