@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 from helpers.host_tools import require
 from helpers.reset_support import node_events
-from helpers.waits import until
+from helpers.waits import stays, until
 
 from ix_device_plugin.apiserver.connection import ApiConnection
 from ix_device_plugin.apiserver.settings import settings_from
@@ -158,8 +158,8 @@ async def test_a_label_written_while_the_api_server_is_down_is_written_once_it_a
     report = DeviceAccessReport(NodeOptions(dev_root=tmp_path, device_access="runtime"), api, None, Registry())
     report.check()
     task = asyncio.create_task(report.run())
-    await asyncio.sleep(0.5)
-    assert label(apiserver) is None
+    await until(lambda: any(r.method == "GET" for r in apiserver.requests) or report.access is not None, timeout=10.0)
+    await stays(lambda: label(apiserver) is None, for_=0.5, message="no label while the API server refuses")
     await apiserver.accept()
     await until(lambda: label(apiserver) == "runtime", timeout=10.0)
     assert not task.done()  # a node task runs until the agent stops
@@ -188,9 +188,8 @@ async def test_the_device_plugin_stays_up_without_its_gpus_and_shows_why(
     await until(lambda: label(apiserver) == "privileged", timeout=10.0)
     assert not daemon.current.state.inventory.boards
     await until(lambda: len(node_events(apiserver, MISSING_REASON)) == 1, timeout=20.0)
-    await asyncio.sleep(1.0)  # a node task that ended would be down (and started again) by now
-    assert daemon.live() == (True, "ok") or daemon.live()[0], daemon.live()
-    assert not daemon.service.down()
+    # A node task that ended would be down (and started again) within this time.
+    await stays(lambda: daemon.live()[0] and not daemon.service.down(), for_=1.0, message="the daemon stays live")
 
 
 def test_options_default_to_nothing_shown() -> None:
