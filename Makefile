@@ -102,7 +102,8 @@ e2e-build: e2e-packages ## build the end-to-end cluster (Kubernetes, etcd, conta
 # Lanes: clusters of other releases or configuration (e2e/lanes/NAME.env over e2e/versions.env; docs/testing.md),
 # each built into a folder of its own (a lane pinning no version uses the default lane's) and run one after another.
 E2E_LANES ?= $(sort $(basename $(notdir $(wildcard e2e/lanes/*.env))))
-E2E_LANE_TESTS ?= e2e/tests/test_lane_cluster.py
+# What every lane runs: its cluster's smoke test and the scenarios a user meets there (docs/testing.md, "Lanes").
+E2E_LANE_TESTS ?= e2e/tests/test_lane_cluster.py e2e/tests/test_lanes.py
 
 e2e-build-lanes: e2e-packages ## build every lane's cluster (E2E_LANES, default e2e/lanes/*.env), verified
 	@for lane in $(E2E_LANES); do echo "e2e/cluster/build.sh $$lane"; e2e/cluster/build.sh $$lane || exit 1; done
@@ -118,9 +119,11 @@ e2e-root:
 
 # The injector's tests run first, in the end-to-end build's Go caches (its image is built from them too).
 E2E_CACHE ?= $(or $(IX_E2E_CACHE),/var/cache/ix-device-plugin-e2e)
-e2e: e2e-root e2e-build $(VENV)/.stamp-dev ## the end-to-end suite on a real one-node Kubernetes (root, Go; docs/testing.md)
+# Then every lane (E2E_LANES), each a cluster of its own, one after another.
+e2e: e2e-root e2e-build e2e-build-lanes $(VENV)/.stamp-dev ## the end-to-end suite on a real one-node Kubernetes, then its lanes (root, Go; docs/testing.md)
 	$(MAKE) --no-print-directory nri-test GOMODCACHE=$(E2E_CACHE)/go/mod GOCACHE=$(E2E_CACHE)/go/build
 	$(VENV_PY) -m pytest -p no:cacheprovider -n 0 --durations=20 e2e/tests $(E2E_PYTEST_ARGS)  # one cluster: one process
+	$(MAKE) --no-print-directory e2e-lanes
 
 clean: ## remove build outputs (not the virtualenv)
 	rm -rf build dist src/*.egg-info
