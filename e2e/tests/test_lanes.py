@@ -1,6 +1,7 @@
 """What every lane (e2e/lanes/, and the default lane) must show, as a user would meet it on that cluster: the GPUs
-served by the chart's default values, by the static file applied over a running Iluvatar 4.4.0 DaemonSet, and after
-`helm upgrade` from the previous release; never a pod waiting in Init.
+served by the chart's default values, by the static file applied over a running Iluvatar 4.4.0 DaemonSet, after
+`helm upgrade` from the previous release, and by the chart installed beside Iluvatar's chart, through that one's
+uninstall; never a pod waiting in Init.
 
 Where the lane's runtime serves NRI, the agent runs unprivileged (CapEff 0, its injector giving it the nodes) and
 labels its node iluvatar.com/gpu.device-access=nri. Where it does not (containerd 1.7 as shipped, containerd 2.x with
@@ -23,6 +24,7 @@ from harness.build import REPO_ROOT, versions
 from harness.cluster import Cluster
 from harness.helm import CHART, load_objects, node_values, static_objects
 from harness.kube import Kubectl, KubectlError, Obj
+from harness.nodewatch import KUBELET, ResourceRecorder
 from harness.plugin import devices_yaml, write_atomically
 from harness.pods import SHOW_DEVICES, STAY, busybox_pod, node_resource, run_and_read, shown_devices
 from harness.project_image import BuiltImage
@@ -55,6 +57,7 @@ OUT = CHIPS[3]  # gets an XID 64 (it needs an operator: no reset races the check
 PREVIOUS_RELEASE = "75e3c21bc541692cefed777d4b5d42e1426c2598"
 VAP = "admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy"
 ROLLOUT = 300  # seconds a rollout may take on a busy 2-core machine
+SHORT_GAP = 30.0  # seconds an older kubelet may go without the resource while one plugin hands over to another
 
 
 def serves_its_gpus(cluster: Cluster, admin: Kubectl, namespace: str, devices: Path) -> None:
@@ -128,6 +131,38 @@ def test_the_static_file_applied_over_a_running_4_4_0_daemonset_completes_its_ro
             until(lambda: agent_pods(admin, SERVING) == [], 120, "the agent's pods gone", [])
 
 
+def test_helm_install_beside_iluvatars_chart_and_its_uninstall_keep_the_gpus_served(
+    cluster: Cluster, admin: Kubectl, namespace: str, project_image: BuiltImage, tmp_path: Path
+) -> None:
+    """Iluvatar's chart (release ix-device-plugin: the DaemonSet ix-device-plugin, the ConfigMap ix-config) runs;
+    ours is installed beside it reading the same ConfigMap (config.create=false), then Iluvatar's is uninstalled. The
+    GPUs stay served: on a kubelet 1.37+ without a drop (both register, the newest serves), on an older one with the
+    short gap of its stop, no longer than SHORT_GAP."""
+    corex = tmp_path / "iluvatar-corex"
+    corex.mkdir()
+    theirs = corex / "devices.yaml"
+    theirs.write_text(devices_yaml(CHIPS))
+    release = {"app.kubernetes.io/name": "ix-device-plugin", "app.kubernetes.io/instance": "ix-device-plugin"}
+    with node_labelled(cluster), applied_4_4_0(admin, project_image, theirs, name="ix-device-plugin", labels=release):
+        until(lambda: node_resource(admin, cluster.node_name, RESOURCE) == (4, 4), 180, "Iluvatar's chart serving", [])
+        with (
+            ResourceRecorder(cluster, RESOURCE) as recorder,
+            installed(cluster, tmp_path, {"config": {"create": False}}, release="iluvatar") as ours,
+        ):
+            until(lambda: node_label(admin, cluster.node_name) == ACCESS, 180, f"{ACCESS_LABEL}={ACCESS}", [])
+            running_pod(cluster, SERVING)
+            admin.delete("daemonset", "ix-device-plugin", NAMESPACE)
+            until(lambda: not [p for p in agent_pods(admin, "ix-device-plugin")], 120, "Iluvatar's pod gone", [])
+            until(lambda: node_resource(admin, cluster.node_name, RESOURCE) == (4, 4), 120, "ours serving alone", [])
+            write_atomically(ours.devices, devices_yaml([replace(OUT, xids=(64,)) if c == OUT else c for c in CHIPS]))
+            until(lambda: node_resource(admin, cluster.node_name, RESOURCE) == (4, 3), 60, "ours taking a chip out", [])
+        gap = longest_drop(recorder, below=3)
+        if kubelet_keeps_several_endpoints():
+            assert gap == 0.0, f"the kubelet's allocatable dropped for {gap:.1f} s: {recorder.summary()}"
+        else:
+            assert gap <= SHORT_GAP, f"the kubelet's allocatable dropped for {gap:.1f} s: {recorder.summary()}"
+
+
 if not NRI_ON:
 
     def test_strict_mode_without_nri_gives_no_gpus_and_says_why_once(
@@ -162,6 +197,25 @@ if not NRI_ON:
 # ---------------------------------------------------------------------- helpers
 
 
+def kubelet_keeps_several_endpoints() -> bool:
+    """A kubelet 1.37+ keeps one endpoint per socket of a resource: a plugin registering beside another cuts nothing."""
+    major, minor = versions()["KUBERNETES_VERSION"].removeprefix("v").split(".")[:2]
+    return (int(major), int(minor)) >= (1, 37)
+
+
+def longest_drop(recorder: ResourceRecorder, below: int) -> float:
+    """The longest time (seconds) the kubelet's allocatable devices were fewer than below."""
+    longest, since = 0.0, None
+    for sample in recorder.of(KUBELET):
+        if sample.allocatable < below and since is None:
+            since = sample.at
+        elif sample.allocatable >= below and since is not None:
+            longest, since = max(longest, sample.at - since), None
+    if since is not None:
+        longest = max(longest, recorder.of(KUBELET)[-1].at - since)
+    return longest
+
+
 def served(admin: Kubectl, resource: str) -> bool:
     """Whether the API server serves group/version/Kind (as helm's .Capabilities.APIVersions.Has reads it)."""
     group_version, kind = resource.rsplit("/", 1)
@@ -193,10 +247,12 @@ def node_labelled(cluster: Cluster) -> Iterator[None]:
         forget_node_labels(cluster, GPU_LABEL)
 
 
-def daemonset_4_4_0(image: str, devices: Path) -> list[Obj]:
+def daemonset_4_4_0(image: str, devices: Path, name: str = PLUGIN, labels: dict[str, str] | None = None) -> list[Obj]:
     """Iluvatar's 4.4.0 static install as its README gives it (privileged, the host's /dev, /sys and /run/udev, the
     fixed socket iluvatar-gpu.sock: no POD_UID), running this image as root over the simulated chips (the 4.4.0 image
-    is not here): the shape the static file is applied over."""
+    is not here): the shape the static file is applied over. name and labels: its chart's instead (a release of
+    Iluvatar's chart names the DaemonSet after the release and selects by name and instance)."""
+    selector = labels or {"app.kubernetes.io/name": PLUGIN}
     mounts = {
         "device-plugin": "/var/lib/kubelet/device-plugins",
         "sys": "/sys",
@@ -213,16 +269,16 @@ def daemonset_4_4_0(image: str, devices: Path) -> list[Obj]:
         {
             "apiVersion": "apps/v1",
             "kind": "DaemonSet",
-            "metadata": {"name": PLUGIN, "namespace": NAMESPACE, "labels": {"app.kubernetes.io/name": PLUGIN}},
+            "metadata": {"name": name, "namespace": NAMESPACE, "labels": selector},
             "spec": {
-                "selector": {"matchLabels": {"app.kubernetes.io/name": PLUGIN}},
+                "selector": {"matchLabels": selector},
                 "template": {
-                    "metadata": {"labels": {"app.kubernetes.io/name": PLUGIN, "ix-e2e/shape": "4.4.0"}},
+                    "metadata": {"labels": {**selector, "ix-e2e/shape": "4.4.0"}},
                     "spec": {
                         "priorityClassName": "system-node-critical",
                         "containers": [
                             {
-                                "name": PLUGIN,
+                                "name": "ix-device-plugin",
                                 "image": image,
                                 "imagePullPolicy": "IfNotPresent",
                                 # uid 0: 4.4.0's image runs as root; this image's default user is 10001
@@ -260,8 +316,8 @@ def daemonset_4_4_0(image: str, devices: Path) -> list[Obj]:
 
 
 @contextlib.contextmanager
-def applied_4_4_0(admin: Kubectl, image: BuiltImage, devices: Path) -> Iterator[None]:
-    objects = daemonset_4_4_0(image.name, devices)
+def applied_4_4_0(admin: Kubectl, image: BuiltImage, devices: Path, **shape: Any) -> Iterator[None]:
+    objects = daemonset_4_4_0(image.name, devices, **shape)
     admin.apply(objects)
     try:
         yield
