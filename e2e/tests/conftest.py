@@ -37,6 +37,7 @@ from harness.kube import Kubectl, Obj
 from harness.plugin import bi_v150_chips, device_nodes
 from harness.procs import describe_logs
 from harness.project_image import BuiltImage, build_project_image, missing_tools, package_version
+from harness.release import forget_node_labels
 from harness.runs import exclusive_run, leftover_pids
 from harness.skips import register as register_skip_report
 
@@ -121,6 +122,15 @@ def kill_leftovers(binaries: Binaries, workdir: Path) -> list[str]:
             os.kill(pid, signal.SIGKILL)
             problems.append(f"process left running, killed: {pid} {argv[:200]}")
     return problems
+
+
+@pytest.fixture(autouse=True)
+def _node_without_device_access_label(request: pytest.FixtureRequest) -> None:
+    """Each scenario on the cluster starts with the node as a new one is: without the label
+    iluvatar.com/gpu.device-access that an agent of an earlier scenario wrote (it outlives the agent: the soak's
+    privileged agent's `privileged` would keep the chart's unprivileged DaemonSet off the node)."""
+    if "cluster" in request.fixturenames:
+        forget_node_labels(request.getfixturevalue("cluster"))
 
 
 @pytest.fixture(scope="session")
