@@ -40,6 +40,9 @@ template that renders an agent.
 {{- define "ix-device-plugin.validate" -}}
 {{- $_ := include "ix-device-plugin.privileged" . -}}
 {{- $_ := include "ix-device-plugin.kubeletRoot" . -}}
+{{- if not (kindIs "slice" (.Values.volcanoSchedulerUsers | default list)) -}}
+{{- fail (printf "volcanoSchedulerUsers is %q: a list of user names (system:serviceaccount:<namespace>:<name>)" (toString .Values.volcanoSchedulerUsers)) -}}
+{{- end -}}
 {{- end -}}
 
 {{/*
