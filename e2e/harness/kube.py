@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import json
+import ssl
 import subprocess
+import urllib.error
+import urllib.request
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -117,3 +120,22 @@ class Kubectl:
 
     def with_kubeconfig(self, kubeconfig: Path) -> Kubectl:
         return Kubectl(self.binary, kubeconfig, self.timeout)
+
+
+def api_request(account: Kubectl, method: str, path: str, body: Obj, content_type: str = "application/json") -> Obj:
+    """One request to the API server with the bearer token of account's kubeconfig, as a client that does not read
+    the object first (kubectl patch does) makes it: its JSON answer; KubectlError with the server's answer."""
+    config = yaml.safe_load(account.kubeconfig.read_text())
+    cluster, user = config["clusters"][0]["cluster"], config["users"][0]["user"]
+    request = urllib.request.Request(
+        cluster["server"] + path,
+        data=json.dumps(body).encode(),
+        method=method,
+        headers={"Authorization": f"Bearer {user['token']}", "Content-Type": content_type},
+    )
+    context = ssl.create_default_context(cafile=cluster["certificate-authority"])
+    try:
+        with urllib.request.urlopen(request, context=context, timeout=30) as answer:
+            return json.loads(answer.read())
+    except urllib.error.HTTPError as error:
+        raise KubectlError([method, path], error.code, error.read().decode(errors="replace")) from None

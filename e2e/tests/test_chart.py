@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 import yaml
+from harness import volcano
 from harness.cluster import Cluster
 from harness.dra import pod_bound_kubeconfig
 from harness.helm import CHART, Helm, by_key, load_objects, of_kind, static_objects
@@ -27,6 +28,7 @@ from harness.pods import (
     node_resource,
     phase_is,
     run_and_read,
+    running_and_printed,
     shown_devices,
     wait_pod,
 )
@@ -245,15 +247,19 @@ def test_volcano_mode_with_the_charts_rbac(
         info = until(published, 30, info_name, [plugin.process.log])
         assert set(json.loads(info["data"]["DeviceInfoCfg"])["DeviceInfo"]) == {chips[0].uuid, chips[2].uuid}
         chosen = chips[2].uuid  # what Volcano's scheduler would have written: the second board
-        pod = busybox_pod(
-            "volcano",
-            SHOW_DEVICES + STAY,
-            gpus=1,
-            annotations={"iluvatar.com/DevVolcano": chosen, "predicate-time": "1"},
-        )
-        pod["spec"]["nodeName"] = cluster.node_name  # bound as Volcano's scheduler binds it
-        # Written as Volcano's scheduler writes: the API server records its field manager, vc-scheduler.
-        _, output = run_and_read(admin, namespace, pod, create_args=("--field-manager=vc-scheduler",))
+        pod = busybox_pod("volcano", SHOW_DEVICES + STAY, gpus=1)
+        pod["spec"]["schedulerName"] = volcano.SCHEDULER_NAME  # it waits for Volcano's scheduler
+        admin.create(pod, "-n", namespace)
+        # Volcano's scheduler's two steps, with its account (the chart's admission policy lets only it and the plugin
+        # write these keys): its choice in the annotations (field manager vc-scheduler), then the binding.
+        with volcano.volcano_scheduler(cluster, tmp_path / "volcano.kubeconfig") as scheduler:
+            volcano.annotate(
+                scheduler, namespace, "volcano", {volcano.DEV_VOLCANO: chosen, volcano.PREDICATE_TIME: "1"}
+            )
+            volcano.bind(scheduler, namespace, "volcano", cluster.node_name)
+        printed = running_and_printed(admin, namespace)
+        wait_pod(admin, namespace, "volcano", printed, "printed its devices", 120, [plugin.process.log])
+        output = admin("logs", "volcano", "-n", namespace)
         assert shown_devices(output)[1]["IX_REPLICA_DEVICES"] == chosen
 
         def annotated() -> dict[str, str] | None:
@@ -271,9 +277,11 @@ def test_volcano_mode_with_the_charts_rbac(
 def test_a_tenants_forged_volcano_annotations_are_refused(
     cluster: Cluster, admin: Kubectl, namespace: str, chart_account: Path, tmp_path: Path
 ) -> None:
-    """A pod whose Volcano annotations its owner wrote (kubectl create records kubectl-create as their field manager,
-    not Volcano's scheduler) is refused: the kubelet's Allocate fails naming the pod and why, and its predicate-time
-    is not taken."""
+    """A pod whose Volcano annotations another field manager than Volcano's scheduler wrote is refused by the plugin
+    itself: the kubelet's Allocate fails naming the pod and why, and its predicate-time is not taken. Written here by
+    kubectl annotate (field manager kubectl-annotate) with the scheduler's account, which the chart's admission
+    policy lets write them: a tenant's own forgery never gets that far (test_volcano_admission.py), so this is the
+    plugin's check behind the policy, and all there is on a cluster without it (1.29)."""
     chips = bi_v150_chips()
     plugin = start_with_account(
         cluster, tmp_path / "p", "chart-volcano-forged", chart_account, {"flags": {"usevolcano": True}}, []
@@ -281,15 +289,18 @@ def test_a_tenants_forged_volcano_annotations_are_refused(
     try:
         info_name = f"ix-device-info-cm-{cluster.node_name}"
         until(lambda: admin.get_or_none("configmap", info_name, NAMESPACE), 30, info_name, [plugin.process.log])
-        notes = {"iluvatar.com/DevVolcano": chips[2].uuid, "predicate-time": "0"}
-        pod = busybox_pod("forged", SHOW_DEVICES + STAY, gpus=1, annotations=notes)
-        pod["spec"]["nodeName"] = cluster.node_name
+        notes = {volcano.DEV_VOLCANO: chips[2].uuid, volcano.PREDICATE_TIME: "0"}
+        pod = busybox_pod("forged", SHOW_DEVICES + STAY, gpus=1)
+        pod["spec"]["schedulerName"] = volcano.SCHEDULER_NAME
         admin.create(pod, "-n", namespace)
+        with volcano.volcano_scheduler(cluster, tmp_path / "volcano.kubeconfig") as scheduler:
+            volcano.annotate(scheduler, namespace, "forged", notes, field_manager="kubectl-annotate")
+            volcano.bind(scheduler, namespace, "forged", cluster.node_name)
         logs = [plugin.process.log]
         failed = wait_pod(admin, namespace, "forged", phase_is("Failed"), "refused at admission", 60, logs)
         assert failed["status"].get("reason") == "UnexpectedAdmissionError", failed["status"]
         message = failed["status"].get("message", "")
-        assert f"pod {namespace}/forged" in message and '"kubectl-create"' in message, message
+        assert f"pod {namespace}/forged" in message and '"kubectl-annotate"' in message, message
         assert failed["metadata"]["annotations"]["predicate-time"] == "0"
         assert f"pod {namespace}/forged's choice of devices is not believed" in plugin.process.log_text()
         # The refusal is an Event on the pod too, written with the chart's grant and allowed by its Events policy.
@@ -299,7 +310,7 @@ def test_a_tenants_forged_volcano_annotations_are_refused(
         )
         (event,) = events
         assert (event["type"], event["involvedObject"]["kind"]) == ("Warning", "Pod"), event
-        assert event["source"]["host"] == cluster.node_name and '"kubectl-create"' in event["message"], event
+        assert event["source"]["host"] == cluster.node_name and '"kubectl-annotate"' in event["message"], event
         no_refusals(plugin)
     finally:
         admin.delete("pod", "forged", namespace, wait=False)

@@ -14,6 +14,7 @@ from helpers.manifest_support import (
     by_kind,
     load_file,
     load_render_module,
+    render_failure,
     render_objects,
     schema_errors,
 )
@@ -144,6 +145,111 @@ def test_the_refusal_event_the_code_writes_carries_what_the_policy_checks() -> N
     assert '[object.?source.?host.orValue(""), object.?reportingInstance.orValue("")]' in rules["reporters"]
     assert event["source"]["host"] == event["reportingInstance"] == "node-a"
     assert 'request.operation == "CREATE"' in rules["podRefusal"]
+
+
+# Volcano mode's guard on the annotations Volcano's scheduler and the plugin write (admission.yaml): every other
+# user's create or update of a pod keeps them as they were. Its behaviour on a real API server:
+# e2e/tests/test_volcano_admission.py.
+VOLCANO_KEYS = f"{PLUGIN}-volcano-keys"
+# Volcano's scheduler: the ServiceAccount volcano-scheduler in volcano-system (volcano-sh/volcano,
+# installer/volcano-development.yaml), the chart's default volcanoSchedulerUsers.
+VOLCANO_SCHEDULER = "system:serviceaccount:volcano-system:volcano-scheduler"
+VOLCANO_ONLY = {"features": {**NONE_ON, "volcano": True}}
+
+
+def cel_list(items: list[str]) -> str:
+    return "[" + ", ".join(f'"{item}"' for item in items) + "]"
+
+
+def test_volcano_mode_keeps_the_volcano_keys_to_volcanos_scheduler_and_the_plugin() -> None:
+    objects = render_objects(VOLCANO_ONLY)
+    spec = policy(objects, VOLCANO_KEYS)["spec"]
+    assert spec["failurePolicy"] == "Fail"  # fails closed
+    # Creates and updates of pods, at every version; not their subresources (no tenant role writes pods/status or
+    # pods/binding, the two that carry annotations); deleting a pod is not checked.
+    assert spec["matchConstraints"] == {
+        "matchPolicy": "Equivalent",
+        "resourceRules": [
+            {"apiGroups": [""], "apiVersions": ["*"], "operations": ["CREATE", "UPDATE"], "resources": ["pods"]}
+        ],
+    }
+    # Every user but Volcano's scheduler and the plugin's ServiceAccount, whichever namespace or token.
+    writers = [VOLCANO_SCHEDULER, f"system:serviceaccount:kube-system:{PLUGIN}"]
+    (condition,) = spec["matchConditions"]
+    assert condition["expression"] == f"!(request.userInfo.username in {cel_list(writers)})"
+    variables = {v["name"]: v["expression"] for v in spec["variables"]}
+    assert variables["writers"] == cel_list(writers)  # named in the message
+    # The keys the plugin believes and those it writes, as the code names them.
+    keys = sorted({volcano.DEV_VOLCANO, volcano.PREDICATE_TIME, volcano.DEV_REAL_ALLOC, volcano.DEV_KUBELET})
+    assert variables["keys"] == cel_list(keys)
+    assert variables["newAnnotations"] == "object.metadata.?annotations.orValue({})"
+    # None before a create (oldObject is null then, and read only on an update).
+    assert variables["oldAnnotations"] == (
+        'request.operation == "UPDATE" ? oldObject.metadata.?annotations.orValue({}) : {}'
+    )
+    # A key counts as changed when it is on one side only, or on both with other values.
+    changed = variables["changed"]
+    assert changed.startswith("variables.keys.filter(k, k in variables.newAnnotations ?")
+    assert "!(k in variables.oldAnnotations)" in changed
+    assert "variables.oldAnnotations[k] != variables.newAnnotations[k]" in changed
+    assert changed.endswith(": k in variables.oldAnnotations)")
+    (check,) = spec["validations"]
+    assert check["expression"] == "variables.changed.size() == 0" and check["reason"] == "Forbidden"
+    assert "variables.changed.join" in check["messageExpression"]
+    assert "variables.writers.join" in check["messageExpression"]
+    (binding,) = [
+        b for b in by_kind(objects, "ValidatingAdmissionPolicyBinding") if b["metadata"]["name"] == VOLCANO_KEYS
+    ]
+    assert binding["spec"] == {"policyName": VOLCANO_KEYS, "validationActions": ["Deny"]}  # every pod, refused
+
+
+def test_the_plugins_exemption_is_the_account_its_pods_policy_binds() -> None:
+    """The plugin's own writes of the keys pass this policy and are bound by its pods policy instead: its own node's
+    pods, three of the keys, nothing else of the pod."""
+    objects = render_objects({**VOLCANO_ONLY, "fullnameOverride": "gpu-agent"}, policies=True)
+    (bound,) = policy(objects, "gpu-agent-pods")["spec"]["matchConditions"]
+    plugin_user = bound["expression"].rpartition(" == ")[2].strip('"')
+    assert plugin_user == "system:serviceaccount:kube-system:gpu-agent"
+    (condition,) = policy(objects, "gpu-agent-volcano-keys")["spec"]["matchConditions"]
+    assert condition["expression"] == f"!(request.userInfo.username in {cel_list([VOLCANO_SCHEDULER, plugin_user])})"
+
+
+def test_volcanos_scheduler_accounts_are_a_chart_value() -> None:
+    accounts = ["system:serviceaccount:vc:vc-scheduler", "system:serviceaccount:vc:vc-scheduler-gpu"]
+    objects = render_objects({**VOLCANO_ONLY, "volcanoSchedulerUsers": accounts})
+    writers = cel_list([*accounts, f"system:serviceaccount:kube-system:{PLUGIN}"])
+    spec = policy(objects, VOLCANO_KEYS)["spec"]
+    assert spec["matchConditions"][0]["expression"] == f"!(request.userInfo.username in {writers})"
+    assert {v["name"]: v["expression"] for v in spec["variables"]}["writers"] == writers
+    alone = policy(render_objects({**VOLCANO_ONLY, "volcanoSchedulerUsers": []}), VOLCANO_KEYS)["spec"]
+    plugin_only = cel_list([f"system:serviceaccount:kube-system:{PLUGIN}"])
+    assert alone["matchConditions"][0]["expression"] == f"!(request.userInfo.username in {plugin_only})"
+
+
+def test_volcanos_scheduler_accounts_are_refused_as_anything_but_a_list() -> None:
+    failure = render_failure({**VOLCANO_ONLY, "volcanoSchedulerUsers": VOLCANO_SCHEDULER})
+    assert f'volcanoSchedulerUsers is "{VOLCANO_SCHEDULER}": a list of user names' in failure
+
+
+def test_the_volcano_keys_policy_comes_only_with_volcano_mode_and_the_policy_api() -> None:
+    def names(objects: list[dict[str, Any]]) -> set[str]:
+        kinds = ("ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding")
+        return {obj["metadata"]["name"] for kind in kinds for obj in by_kind(objects, kind)}
+
+    assert VOLCANO_KEYS in names(render_objects(VOLCANO_ONLY))
+    assert VOLCANO_KEYS in names(render_objects({"dra": {"enabled": True}, "features": dict.fromkeys(FEATURES, True)}))
+    for values in ({}, {"features": dict.fromkeys(FEATURES, True) | {"volcano": False}}, render.DRA_VALUES):
+        assert VOLCANO_KEYS not in names(render_objects(values))
+    assert names(render_objects(VOLCANO_ONLY, policies=False)) == set()  # Kubernetes 1.29: RBAC only
+    without = {"dra": {"enabled": True}, "devicePlugin": {"enabled": False}, "features": {"volcano": True}}
+    assert VOLCANO_KEYS not in names(render_objects(without))  # Volcano mode is the device plugin's
+    assert VOLCANO_KEYS not in str(STATIC_DIR.joinpath("ix-device-plugin-admission.yaml").read_text())
+
+
+def test_without_the_policy_api_the_notes_say_the_volcano_keys_are_unguarded() -> None:
+    notes = render.notes(overrides=VOLCANO_ONLY)  # a client-side dry run knows no ValidatingAdmissionPolicy
+    assert f"the admission\npolicy {VOLCANO_KEYS} keeps them to Volcano's scheduler" in notes
+    assert VOLCANO_KEYS not in render.notes()
 
 
 def test_the_dra_driver_holds_what_it_uses() -> None:

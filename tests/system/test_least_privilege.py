@@ -1,6 +1,6 @@
 """The DaemonSets run without privilege by default (but the privileged fallbacks, which run only on the nodes the
-agent labelled iluvatar.com/gpu.device-access=privileged), and every host path they mount is one the code uses, at
-the narrowest directory, read-only unless written.
+agent labelled iluvatar.com/gpu.device-access=privileged), every host path they mount is one the code uses, at
+the narrowest directory, read-only unless written, and the pod's API token reaches the agent's container alone.
 
 The allow-list is built from the code's own defaults, so a path the agent stops using, or a mount wider than the
 directories it touches (all of the kubelet's plugins directory, /sys, /run/udev), fails here. It covers every render
@@ -23,6 +23,7 @@ from helpers.manifest_support import (
     render_objects,
 )
 
+from ix_device_plugin.apiserver.settings import SERVICE_ACCOUNT_DIR, settings_from
 from ix_device_plugin.deviceplugin.outputs import DEFAULT_CDI_DIR
 from ix_device_plugin.dra.registration import DRIVER
 from ix_device_plugin.hardware.ixml.library import DEFAULT_LIBRARY_PATHS
@@ -241,3 +242,74 @@ def test_the_notes_say_how_devices_reach_the_agent_and_what_the_reset_needs() ->
     privileged = render.notes(overrides={"privileged": True})  # nothing about running without privilege
     assert "without privilege" not in privileged and "nri-injector" not in privileged
     assert "--set privileged=true" not in privileged and "--set deviceInjection=privileged" not in privileged
+
+
+# The kubelet's automount of a pod's ServiceAccount token (the ServiceAccount admission plugin's TokenVolumeSource,
+# kubernetes plugin/pkg/admission/serviceaccount/admission.go): the agent's container mounts the same, under the
+# name that plugin gives it (without its random suffix), where in-cluster clients read it.
+NAMESPACE_FIELD: dict[str, Any] = {"apiVersion": "v1", "fieldPath": "metadata.namespace"}
+TOKEN_VOLUME: dict[str, Any] = {
+    "name": "kube-api-access",
+    "projected": {
+        "defaultMode": 0o644,
+        "sources": [
+            {"serviceAccountToken": {"path": "token", "expirationSeconds": 3607}},
+            {"configMap": {"name": "kube-root-ca.crt", "items": [{"key": "ca.crt", "path": "ca.crt"}]}},
+            {"downwardAPI": {"items": [{"path": "namespace", "fieldRef": NAMESPACE_FIELD}]}},
+        ],
+    },
+}
+TOKEN_MOUNT = {"name": "kube-api-access", "mountPath": str(SERVICE_ACCOUNT_DIR), "readOnly": True}
+
+
+# Both agents with every feature that talks to the API server off: the device plugin runs as no ServiceAccount.
+NO_API = {
+    "dra": {"enabled": True},
+    "features": dict.fromkeys(("perNodeConfig", "gpuReset", "volcano", "selfHealing", "deviceAccessLabel"), False),
+}
+
+
+@pytest.mark.parametrize("source", [*STATIC_FILES, *sorted(RENDERS), "chart-no-api"])
+def test_only_the_agents_container_gets_the_api_token(source: str) -> None:
+    """No pod automounts its ServiceAccount token (the kubelet would give it to every container, the NRI injector
+    sidecar too); the agent's container alone mounts it, as the automount would, and only where the pod runs as a
+    ServiceAccount (a feature that talks to the API server; the DRA driver always)."""
+    found = by_kind(render_objects(NO_API), "DaemonSet") if source == "chart-no-api" else daemonsets(source)
+    assert sum("serviceAccountName" not in pod_spec(d) for d in found) == (1 if source == "chart-no-api" else 0)
+    for daemonset in found:
+        spec = pod_spec(daemonset)
+        name = f"{source}: {daemonset['metadata']['name']}"
+        assert spec["automountServiceAccountToken"] is False, name
+        (agent,) = spec["containers"]
+        token_mounts = [
+            (container["name"], mount)
+            for container in containers(daemonset)
+            for mount in container.get("volumeMounts", [])
+            if mount["name"] == TOKEN_MOUNT["name"] or mount["mountPath"].startswith("/var/run/secrets")
+        ]
+        credentials = [
+            v for v in spec["volumes"] if v["name"] == TOKEN_VOLUME["name"] or {"projected", "secret"} & set(v)
+        ]
+        for sidecar in spec.get("initContainers", []):
+            assert sidecar["name"] == INJECTOR and all(who != sidecar["name"] for who, _ in token_mounts), name
+        if "serviceAccountName" in spec:
+            assert token_mounts == [(agent["name"], TOKEN_MOUNT)], name
+            assert credentials == [TOKEN_VOLUME], name
+        else:
+            assert token_mounts == [] and credentials == [], name
+
+
+def test_the_api_token_volume_holds_the_files_the_agent_reads_there(tmp_path: Path) -> None:
+    """apiserver/settings.py finds the API server with the token, the CA and the namespace the volume projects."""
+    sources = TOKEN_VOLUME["projected"]["sources"]
+    files = [
+        sources[0]["serviceAccountToken"]["path"],
+        *(item["path"] for s in sources[1:] for item in s[next(iter(s))]["items"]),
+    ]
+    for name in files:
+        (tmp_path / name).write_text(f"{name}-content")
+    env = {"NODE_NAME": "node-a", "KUBERNETES_SERVICE_HOST": "10.0.0.1", "KUBERNETES_SERVICE_PORT": "443"}
+    found = settings_from(env, None, "the test", service_account_dir=tmp_path)
+    assert found.in_cluster is not None
+    assert (found.in_cluster.token_file, found.in_cluster.ca_file) == (tmp_path / "token", tmp_path / "ca.crt")
+    assert found.namespace == "namespace-content"  # no POD_NAMESPACE: the projected namespace file

@@ -40,6 +40,9 @@ template that renders an agent.
 {{- define "ix-device-plugin.validate" -}}
 {{- $_ := include "ix-device-plugin.privileged" . -}}
 {{- $_ := include "ix-device-plugin.kubeletRoot" . -}}
+{{- if not (kindIs "slice" (.Values.volcanoSchedulerUsers | default list)) -}}
+{{- fail (printf "volcanoSchedulerUsers is %q: a list of user names (system:serviceaccount:<namespace>:<name>)" (toString .Values.volcanoSchedulerUsers)) -}}
+{{- end -}}
 {{- end -}}
 
 {{/*
@@ -341,6 +344,43 @@ every capability and no seccomp filter, so the lines saying otherwise are left o
 overrides. */}}
 {{- define "ix-device-plugin.privilegedSecurityContext" -}}
 {{- toYaml (merge (dict "privileged" true) (omit .Values.securityContext "allowPrivilegeEscalation" "capabilities" "seccompProfile")) }}
+{{- end -}}
+
+{{/*
+The agent's API token: the pod sets automountServiceAccountToken: false, so that no container gets the token by
+default (not the NRI injector sidecar, which talks to no API server), and the agent's container alone mounts this
+volume, the same as the kubelet's automount (the ServiceAccount admission plugin's kube-api-access-<suffix>): a
+token bound to the pod, and so naming its node, which the admission policies read; expirationSeconds 3607 as there,
+so that the API server and the kubelet treat it alike (the kubelet refreshes it before it expires); the cluster's
+CA from the ConfigMap kube-root-ca.crt; the pod's namespace. Only where the pod runs as a ServiceAccount.
+*/}}
+{{- define "ix-device-plugin.apiTokenVolume" -}}
+- name: kube-api-access
+  projected:
+    defaultMode: 420
+    sources:
+      - serviceAccountToken:
+          path: token
+          expirationSeconds: 3607
+      - configMap:
+          name: kube-root-ca.crt
+          items:
+            - key: ca.crt
+              path: ca.crt
+      - downwardAPI:
+          items:
+            - path: namespace
+              fieldRef:
+                apiVersion: v1
+                fieldPath: metadata.namespace
+{{- end -}}
+
+{{/* Where the agent's container mounts its API token (apiTokenVolume): where the kubelet's automount puts it and
+in-cluster clients read it (apiserver/settings.py SERVICE_ACCOUNT_DIR). */}}
+{{- define "ix-device-plugin.apiTokenMount" -}}
+- name: kube-api-access
+  mountPath: /var/run/secrets/kubernetes.io/serviceaccount
+  readOnly: true
 {{- end -}}
 
 {{/* The injector's status file, in its state directory (the emptyDir nri-injector-state, /run/ix-nri-injector). */}}
