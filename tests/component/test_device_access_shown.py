@@ -36,6 +36,7 @@ from ix_device_plugin.runtime.backoff import Backoff
 from ix_device_plugin.runtime.lazymetrics import Registry
 from ix_device_plugin.settings.options import NodeOptions
 from ix_device_plugin.standins.apiserver import ApiServerStandIn
+from ix_device_plugin.standins.kubelet import KubeletStandIn
 
 NODE = "gpu-node-1"
 FAST = Backoff(initial=0.05, cap=0.2)
@@ -173,8 +174,13 @@ def test_without_the_charts_word_nothing_is_shown(tmp_path: Path) -> None:
     assert report.check() is None and report.tasks() == {}
 
 
-async def test_the_device_plugin_stays_up_without_its_gpus_and_shows_why(
-    refused_dev: Path, api: ApiConnection, apiserver: ApiServerStandIn, tmp_path: Path, start_daemon: Any
+async def test_the_device_plugin_stays_up_without_its_gpus_registers_nothing_and_shows_why(
+    refused_dev: Path,
+    api: ApiConnection,
+    apiserver: ApiServerStandIn,
+    tmp_path: Path,
+    start_daemon: Any,
+    kubelet: KubeletStandIn,
 ) -> None:
     """flags.failOnInitError is true by default: without device access the agent would have exited and restarted for
     ever; it serves 0 GPUs and labels its Node instead."""
@@ -190,6 +196,11 @@ async def test_the_device_plugin_stays_up_without_its_gpus_and_shows_why(
     await until(lambda: len(node_events(apiserver, MISSING_REASON)) == 1, timeout=20.0)
     # A node task that ended would be down (and started again) within this time.
     await stays(lambda: daemon.live()[0] and not daemon.service.down(), for_=1.0, message="the daemon stays live")
+    # It registers nothing: 0 GPUs registered would replace what another plugin serves (a kubelet 1.37+ asks the
+    # newest endpoint); ready, so that a rollout of its DaemonSet goes on.
+    assert not daemon.endpoint.serving and not kubelet.registrations
+    ready, why = daemon.ready()
+    assert ready and why.startswith("standby: no device access, registering nothing: no GPU device nodes from the NRI")
 
 
 def test_options_default_to_nothing_shown() -> None:

@@ -245,7 +245,10 @@ class Daemon:
         # first update to this one, Iluvatar's own plugin) serves the fixed socket name: the same choice either way.
         role = self.node.role
         other_pod = not acting and not (role is not None and role.unusable)  # a bad lock: nobody acts
-        if other_pod or (fixed := fixed_name_served(self.endpoint.path)) is not None:
+        if (missing := self.node.device_access_missing()) is not None:
+            # Registering 0 GPUs would replace what a plugin beside it serves (a kubelet 1.37+ asks the newest).
+            self.serving_wanted, self._waiting_why = False, f"no device access, registering nothing: {missing}"
+        elif other_pod or (fixed := fixed_name_served(self.endpoint.path)) is not None:
             who = "another pod of the plugin serves this node" if other_pod else f"another plugin serves {fixed}"
             self.serving_wanted = await self._register_beside(who)
         if self.serving_wanted:
@@ -276,7 +279,7 @@ class Daemon:
 
     async def _act_for_node(self) -> None:
         """While this pod acts for the node (until cancelled): XIDs, the node files, and the node-wide tasks."""
-        if not self.serving_wanted:
+        if not self.serving_wanted and self.node.device_access_missing() is None:
             await until_fixed_name_free(self.endpoint.path)
             await asyncio.sleep(HANDOVER_SETTLE)
             self.serving_wanted = True

@@ -239,6 +239,12 @@ class NodeAgent(Generic[Guard]):
             fail_on_init_error = False
         return await self.monitor.start(fail_on_init_error, xids=xids)
 
+    def device_access_missing(self) -> str | None:
+        """What this node's agent lacks to reach the GPU device nodes (start_monitor decided), None when nothing is
+        or nothing was shown."""
+        access = self.device_access.access
+        return access.missing if access is not None and not access.usable else None
+
     # ---- tasks ----------------------------------------------------------------------------------
 
     def tasks(self) -> dict[str, TaskFactory]:
