@@ -62,7 +62,7 @@ def volcano_scheduler(cluster: Cluster, kubeconfig: Path) -> Iterator[Kubectl]:
     admin.apply(objects)
     try:
         scheduler = admin.with_kubeconfig(cluster.service_account_kubeconfig(NAMESPACE, ACCOUNT, kubeconfig))
-        until(lambda: scheduler.can_i("create", "pods/binding", "default"), 30, "the scheduler's grants in force")
+        until(lambda: scheduler.can_i("patch", "pods", "default"), 30, "the scheduler's grants in force")
         yield scheduler
     finally:
         for obj in reversed(objects):

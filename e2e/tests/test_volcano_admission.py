@@ -73,7 +73,12 @@ def annotations_of(admin: Kubectl, name: str) -> dict[str, str]:
 
 
 def managers_of(admin: Kubectl, name: str) -> set[str]:
-    return {entry["manager"] for entry in admin.get("pod", name, TENANTS)["metadata"].get("managedFields") or []}
+    return {entry["manager"] for entry in managed_fields(admin, name)}
+
+
+def managed_fields(admin: Kubectl, name: str) -> list[Obj]:
+    """The pod's metadata.managedFields (kubectl shows them only when asked)."""
+    return admin.get("pod", name, TENANTS, "--show-managed-fields")["metadata"].get("managedFields") or []
 
 
 def merge_patch(account: Kubectl, name: str, body: Obj, query: str = "") -> Obj:
@@ -201,7 +206,7 @@ def test_a_managed_fields_rewrite_naming_volcanos_scheduler_is_refused(
         "fieldsType": "FieldsV1",
         "fieldsV1": {"f:metadata": {"f:annotations": {f"f:{DEV_VOLCANO}": {}, f"f:{PREDICATE_TIME}": {}}}},
     }
-    owned = admin.get("pod", "rewriter", TENANTS)["metadata"]["managedFields"]
+    owned = managed_fields(admin, "rewriter")
     body = {
         "metadata": {
             "annotations": {DEV_VOLCANO: "GPU-forged", PREDICATE_TIME: "0"},
