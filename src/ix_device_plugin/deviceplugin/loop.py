@@ -241,12 +241,10 @@ class Daemon:
             raise StartupError(f"{self.config_path}: {problem}")
         self._swap(State.of(view.inventory, config))
         log_plan(self.plan)
-        # Another pod of the plugin acts for the node, or a plugin that holds no role (an earlier release during the
-        # first update to this one, Iluvatar's own plugin) serves the fixed socket name: the same choice either way.
+        # Another pod acts for the node, or a plugin with no role (an old release, Iluvatar's) serves the fixed name.
         role = self.node.role
         other_pod = not acting and not (role is not None and role.unusable)  # a bad lock: nobody acts
-        if (missing := self.node.device_access_missing()) is not None:
-            # Registering 0 GPUs would replace what a plugin beside it serves (a kubelet 1.37+ asks the newest).
+        if missing := self.node.device_access_missing():  # 0 GPUs registered would replace a plugin's beside it
             self.serving_wanted, self._waiting_why = False, f"no device access, registering nothing: {missing}"
         elif other_pod or (fixed := fixed_name_served(self.endpoint.path)) is not None:
             who = "another pod of the plugin serves this node" if other_pod else f"another plugin serves {fixed}"
