@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import subprocess
+import time
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -156,7 +157,8 @@ def test_helm_install_beside_iluvatars_chart_and_its_uninstall_keep_the_gpus_ser
             until(lambda: node_resource(admin, cluster.node_name, RESOURCE) == (4, 4), 120, "ours serving alone", [])
             write_atomically(ours.devices, devices_yaml([replace(OUT, xids=(64,)) if c == OUT else c for c in CHIPS]))
             until(lambda: node_resource(admin, cluster.node_name, RESOURCE) == (4, 3), 60, "ours taking a chip out", [])
-        gap = longest_drop(recorder, below=3)
+            served_until = time.monotonic()  # ours is uninstalled next: judged until here
+        gap = longest_drop(recorder, below=3, until=served_until)
         if kubelet_keeps_several_endpoints():
             assert gap == 0.0, f"the kubelet's allocatable dropped for {gap:.1f} s: {recorder.summary()}"
         else:
@@ -203,16 +205,17 @@ def kubelet_keeps_several_endpoints() -> bool:
     return (int(major), int(minor)) >= (1, 37)
 
 
-def longest_drop(recorder: ResourceRecorder, below: int) -> float:
-    """The longest time (seconds) the kubelet's allocatable devices were fewer than below."""
+def longest_drop(recorder: ResourceRecorder, below: int, until: float) -> float:
+    """The longest time (seconds) the kubelet's allocatable devices were fewer than below, up to until (monotonic)."""
     longest, since = 0.0, None
-    for sample in recorder.of(KUBELET):
+    samples = [sample for sample in recorder.of(KUBELET) if sample.at <= until]
+    for sample in samples:
         if sample.allocatable < below and since is None:
             since = sample.at
         elif sample.allocatable >= below and since is not None:
             longest, since = max(longest, sample.at - since), None
     if since is not None:
-        longest = max(longest, recorder.of(KUBELET)[-1].at - since)
+        longest = max(longest, samples[-1].at - since)
     return longest
 
 
