@@ -19,6 +19,7 @@ import pytest
 import yaml
 from harness.cluster import Cluster
 from harness.dra import pod_bound_kubeconfig
+from harness.grants import GRANT_KINDS, POLICY_API, refused
 from harness.helm import CHART, Helm, load_objects
 from harness.kube import Kubectl, KubectlError, Obj, kubeconfig_text
 from harness.pods import STAY, busybox_pod
@@ -26,8 +27,6 @@ from harness.waits import until
 
 NAMESPACE = "kube-system"
 PLUGIN, DRA = "iluvatar-device-plugin", "iluvatar-dra-driver"
-# What helm install finds this cluster serves and helm template is told: the chart renders its policies only then.
-POLICY_API = "admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy"
 ACCESS_LABEL = "iluvatar.com/gpu.device-access"  # core/deviceaccess.py
 DRIVER = "gpu.iluvatar.com"
 OTHER_NODE = "another-node"
@@ -35,26 +34,9 @@ VALUES = {
     "dra": {"enabled": True},
     "features": {"perNodeConfig": True, "gpuReset": True, "volcano": True, "selfHealing": True},
 }
-GRANT_KINDS = {
-    "ServiceAccount",
-    "ClusterRole",
-    "ClusterRoleBinding",
-    "Role",
-    "RoleBinding",
-    "ValidatingAdmissionPolicy",
-    "ValidatingAdmissionPolicyBinding",
-}
 REFUSED_REASON = "VolcanoAnnotationRefused"  # deviceplugin/features/volcanotrust.py
 NO_NODE = "a token bound to no node (not the agent pod's own token) writes nothing"
 SLICE_VERSIONS = ("resource.k8s.io/v1", "resource.k8s.io/v1beta2", "resource.k8s.io/v1beta1")
-
-
-def refused(call: Callable[[], Any], policy: str) -> str:
-    """The API server's refusal of call, which must be policy's; the message."""
-    with pytest.raises(KubectlError) as raised:
-        call()
-    assert f"ValidatingAdmissionPolicy '{policy}'" in raised.value.stderr, raised.value.stderr
-    return raised.value.stderr
 
 
 def config_map(name: str, namespace: str = NAMESPACE, **data: str) -> Obj:

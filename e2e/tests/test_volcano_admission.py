@@ -15,6 +15,8 @@ from typing import Any
 import pytest
 from harness.cluster import Cluster
 from harness.dra import pod_bound_kubeconfig
+from harness.grants import GRANT_KINDS, POLICY_API
+from harness.grants import refused as refused_by
 from harness.helm import CHART, Helm, load_objects
 from harness.kube import Kubectl, KubectlError, Obj, api_request
 from harness.pods import STAY, busybox_pod
@@ -26,18 +28,7 @@ NAMESPACE = "kube-system"
 PLUGIN = "iluvatar-device-plugin"
 POLICY = f"{PLUGIN}-volcano-keys"
 PODS_POLICY = f"{PLUGIN}-pods"
-# What helm install finds this cluster serves and helm template is told: the chart renders its policies only then.
-POLICY_API = "admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy"
 VALUES = {"features": {"volcano": True}}
-GRANT_KINDS = {
-    "ServiceAccount",
-    "ClusterRole",
-    "ClusterRoleBinding",
-    "Role",
-    "RoleBinding",
-    "ValidatingAdmissionPolicy",
-    "ValidatingAdmissionPolicyBinding",
-}
 TENANTS = "ix-volcano-tenant"  # the tenant's namespace
 TENANT = "tenant"  # its ServiceAccount, bound to the edit role there
 DEV_REAL_ALLOC, DEV_KUBELET = "iluvatar.com/DevRealAlloc", "iluvatar.com/DevKubelet"  # deviceplugin/features/volcano.py
@@ -45,11 +36,8 @@ TAKEN = str(2**64 - 1)  # the predicate-time the plugin writes on a pod it serve
 
 
 def refused(call: Callable[[], Any], policy: str = POLICY) -> str:
-    """The API server's refusal of call, which must be policy's; the message."""
-    with pytest.raises(KubectlError) as raised:
-        call()
-    assert f"ValidatingAdmissionPolicy '{policy}'" in raised.value.stderr, raised.value.stderr
-    return raised.value.stderr
+    """The API server's refusal of call, which must be policy's (this file's by default); the message."""
+    return refused_by(call, policy)
 
 
 def _refused_now(call: Callable[[], Any]) -> bool:
