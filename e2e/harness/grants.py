@@ -1,14 +1,18 @@
-"""What the admission scenarios share: the kinds of the chart's grants, the API its policies need, and a refusal that
-must be one policy's."""
+"""What the admission scenarios share: the chart's grants applied, the API its policies need, and a refusal that must
+be one policy's."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from .kube import KubectlError
+from .cluster import Cluster
+from .helm import CHART, Helm, load_objects
+from .kube import KubectlError, Obj
 
 # What helm install finds this cluster serves and helm template is told: the chart renders its policies only then.
 POLICY_API = "admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy"
@@ -29,3 +33,19 @@ def refused(call: Callable[[], Any], policy: str) -> str:
         call()
     assert f"ValidatingAdmissionPolicy '{policy}'" in raised.value.stderr, raised.value.stderr
     return raised.value.stderr
+
+
+@contextlib.contextmanager
+def applied_grants(cluster: Cluster, workdir: Path, values: dict[str, Any]) -> Iterator[list[Obj]]:
+    """The chart's ServiceAccounts, RBAC and admission policies for values, as it renders them where the server serves
+    ValidatingAdmissionPolicy, applied; deleted after."""
+    helm = Helm(cluster.binaries["helm"], workdir)
+    text = helm("template", "ix-device-plugin", str(CHART), "--namespace", "kube-system",
+                "--values", str(helm.values_file(values)), "--api-versions", POLICY_API)  # fmt: skip
+    objects = [obj for obj in load_objects(text) if obj["kind"] in GRANT_KINDS]
+    cluster.admin.apply(objects)
+    try:
+        yield objects
+    finally:
+        for obj in reversed(objects):
+            cluster.admin.delete(obj["kind"], obj["metadata"]["name"], obj["metadata"].get("namespace"), wait=False)

@@ -19,8 +19,7 @@ import pytest
 import yaml
 from harness.cluster import Cluster
 from harness.dra import pod_bound_kubeconfig
-from harness.grants import GRANT_KINDS, POLICY_API, refused
-from harness.helm import CHART, Helm, load_objects
+from harness.grants import applied_grants, refused
 from harness.kube import Kubectl, KubectlError, Obj, kubeconfig_text
 from harness.pods import STAY, busybox_pod
 from harness.waits import until
@@ -85,18 +84,9 @@ def events_event(name: str, kind: str, about: str) -> Obj:
 @pytest.fixture(scope="module")
 def grants(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[Obj]]:
     """Both agents' ServiceAccounts, RBAC and admission policies, as the chart renders them, applied."""
-    helm = Helm(cluster.binaries["helm"], tmp_path_factory.mktemp("helm-admission"))
-    values = str(helm.values_file(VALUES))
-    text = helm("template", "ix-device-plugin", str(CHART), "--namespace", NAMESPACE, "--values", values,
-                "--api-versions", POLICY_API)  # fmt: skip
-    objects = [obj for obj in load_objects(text) if obj["kind"] in GRANT_KINDS]
-    assert {obj["kind"] for obj in objects} >= {"ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}
-    cluster.admin.apply(objects)
-    try:
+    with applied_grants(cluster, tmp_path_factory.mktemp("helm-admission"), VALUES) as objects:
+        assert {obj["kind"] for obj in objects} >= {"ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}
         yield objects
-    finally:
-        for obj in reversed(objects):
-            cluster.admin.delete(obj["kind"], obj["metadata"]["name"], obj["metadata"].get("namespace"), wait=False)
 
 
 def pod_token(cluster: Cluster, service_account: str, directory: Path) -> tuple[Kubectl, str]:

@@ -5,9 +5,7 @@ pod, runs the releases its lane pins, and its containerd serves NRI exactly wher
 
 from __future__ import annotations
 
-import contextlib
 import json
-import socket
 from pathlib import Path
 
 from harness.build import current_lane, stack, versions
@@ -15,6 +13,8 @@ from harness.cluster import Cluster
 from harness.components import NRI_SOCKET
 from harness.kube import Kubectl
 from harness.pods import busybox_pod, phase_is, wait_pod
+
+from ix_device_plugin.kubelet.sockets import socket_answers
 
 
 def node_info(admin: Kubectl, node: str, field: str) -> str:
@@ -46,15 +46,7 @@ def test_a_busybox_pod_runs_and_prints(cluster: Cluster, admin: Kubectl, namespa
 def serving(path: Path) -> bool:
     """Whether something accepts connections on the unix socket at path (a socket file left by a containerd that
     was killed is there, but nobody answers)."""
-    if not path.is_socket():
-        return False
-    with contextlib.closing(socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)) as client:
-        client.settimeout(5)
-        try:
-            client.connect(str(path))
-        except OSError:
-            return False
-    return True
+    return path.is_socket() and socket_answers(path)
 
 
 def test_nri_is_served_only_where_the_lane_turns_it_on(cluster: Cluster) -> None:

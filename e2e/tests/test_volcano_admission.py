@@ -15,9 +15,8 @@ from typing import Any
 import pytest
 from harness.cluster import Cluster
 from harness.dra import pod_bound_kubeconfig
-from harness.grants import GRANT_KINDS, POLICY_API
+from harness.grants import applied_grants
 from harness.grants import refused as refused_by
-from harness.helm import CHART, Helm, load_objects
 from harness.kube import Kubectl, KubectlError, Obj, api_request
 from harness.pods import STAY, busybox_pod
 from harness.volcano import DEV_VOLCANO, FIELD_MANAGER, PREDICATE_TIME, annotate, volcano_scheduler
@@ -78,18 +77,9 @@ def merge_patch(account: Kubectl, name: str, body: Obj, query: str = "") -> Obj:
 @pytest.fixture(scope="module")
 def policies(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[Obj]]:
     """The chart's ServiceAccount, RBAC and admission policies in Volcano mode, as it renders them, applied."""
-    helm = Helm(cluster.binaries["helm"], tmp_path_factory.mktemp("helm-volcano-admission"))
-    values = str(helm.values_file(VALUES))
-    text = helm("template", "ix-device-plugin", str(CHART), "--namespace", NAMESPACE, "--values", values,
-                "--api-versions", POLICY_API)  # fmt: skip
-    objects = [obj for obj in load_objects(text) if obj["kind"] in GRANT_KINDS]
-    assert POLICY in {obj["metadata"]["name"] for obj in objects if obj["kind"] == "ValidatingAdmissionPolicy"}
-    cluster.admin.apply(objects)
-    try:
+    with applied_grants(cluster, tmp_path_factory.mktemp("helm-volcano-admission"), VALUES) as objects:
+        assert POLICY in {obj["metadata"]["name"] for obj in objects if obj["kind"] == "ValidatingAdmissionPolicy"}
         yield objects
-    finally:
-        for obj in reversed(objects):
-            cluster.admin.delete(obj["kind"], obj["metadata"]["name"], obj["metadata"].get("namespace"), wait=False)
 
 
 @pytest.fixture(scope="module")

@@ -100,8 +100,9 @@ class DeviceAccessReport:
         await asyncio.Event().wait()
 
     async def label_node(self) -> None:
-        """The label written, once the Node has it; returns at once without one to write, or after a refusal (said)."""
-        access = self.access or self.check()
+        """The label check() decided, written once the Node has it; returns at once without one to write, or after a
+        refusal (said)."""
+        access = self.access
         if access is None or self._api is None:
             return
         backoff = self._api.backoff()
