@@ -14,6 +14,7 @@ from helpers.manifest_support import (
     by_kind,
     load_file,
     load_render_module,
+    needs_helm,
     render_failure,
     render_objects,
     schema_errors,
@@ -247,6 +248,7 @@ def test_the_volcano_keys_policy_comes_only_with_volcano_mode_and_the_policy_api
 
 
 def test_without_the_policy_api_the_notes_say_the_volcano_keys_are_unguarded() -> None:
+    needs_helm()
     notes = render.notes(overrides=VOLCANO_ONLY)  # a client-side dry run knows no ValidatingAdmissionPolicy
     assert f"the admission\npolicy {VOLCANO_KEYS} keeps them to Volcano's scheduler" in notes
     assert VOLCANO_KEYS not in render.notes()
