@@ -119,11 +119,12 @@ e2e-root:
 
 # The injector's tests run first, in the end-to-end build's Go caches (its image is built from them too).
 E2E_CACHE ?= $(or $(IX_E2E_CACHE),/var/cache/ix-device-plugin-e2e)
-# Then every lane (E2E_LANES), each a cluster of its own, one after another.
-e2e: e2e-root e2e-build e2e-build-lanes $(VENV)/.stamp-dev ## the end-to-end suite on a real one-node Kubernetes, then its lanes (root, Go; docs/testing.md)
+# Then e2e/run.py: the suite spread over E2E_WORKERS clusters side by side, and beside them every lane (E2E_LANES)
+# built and run in one more, one lane after another (docs/testing.md, "Side by side").
+E2E_WORKERS ?= 2
+e2e: e2e-root e2e-build $(VENV)/.stamp-dev ## the end-to-end suite on real one-node Kubernetes clusters side by side, and its lanes (root, Go; docs/testing.md)
 	$(MAKE) --no-print-directory nri-test GOMODCACHE=$(E2E_CACHE)/go/mod GOCACHE=$(E2E_CACHE)/go/build
-	$(VENV_PY) -m pytest -p no:cacheprovider -n 0 --durations=20 e2e/tests $(E2E_PYTEST_ARGS)  # one cluster: one process
-	$(MAKE) --no-print-directory e2e-lanes
+	$(VENV_PY) e2e/run.py --workers $(E2E_WORKERS) --lanes "$(E2E_LANES)" --lane-tests "$(E2E_LANE_TESTS)" -- $(E2E_PYTEST_ARGS)
 
 clean: ## remove build outputs (not the virtualenv)
 	rm -rf build dist src/*.egg-info

@@ -32,7 +32,7 @@ from pathlib import Path
 
 import yaml
 
-from . import components, host, images
+from . import components, host, images, slots
 from .certs import Pki, make_pki
 from .components import Binaries, Ports, Stack
 from .kube import Kubectl, kubeconfig_text
@@ -40,7 +40,8 @@ from .procs import Process, describe_logs, run
 from .waits import until
 
 NODE_NAME = "ix-e2e-node"
-CGROUP_ROOT = "ix-e2e"
+# The kubelet's cgroup root: ix-e2e, or ix-e2e-slot<N> when clusters run side by side (harness/slots.py).
+CGROUP_ROOT = slots.cgroup_root(slots.number())
 SERVICE_CIDR = "10.0.0.0/24"
 SERVICE_IP = "10.0.0.1"
 POD_CIDR = "10.244.0.0/24"

@@ -55,8 +55,9 @@ def http_get(url: str, timeout: float = 5) -> bytes:
 
 
 def delete_link(name: str) -> None:
-    """Delete the network link name (a bridge), if there is one."""
-    if Path(f"/sys/class/net/{name}").exists():
+    """Delete the network link name (a bridge), if there is one in this process's network namespace (asked of the
+    kernel: /sys/class/net shows the namespace of whoever mounted /sys, the host's in a slot)."""
+    if run(["ip", "link", "show", name], check=False, timeout=30).returncode == 0:
         run(["ip", "link", "delete", name], check=False, timeout=30)
 
 

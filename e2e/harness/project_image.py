@@ -2,7 +2,9 @@
 an archive for containerd.
 
 `make base-image` (debootstrap, minutes) runs when no base archive for the current scripts/build-base-image.sh
-is in the cache; otherwise the cached base is loaded into buildah's store. `make image` runs every time.
+is in the cache; otherwise the cached base is loaded into buildah's store. `make image` runs every time, but for
+clusters side by side (e2e/run.py): the image needs the package index, which a slot cannot reach, so run.py builds
+it once beforehand and names the archive in PREPARED_VARIABLE.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from .procs import run
 BASE_TAG = "localhost/ix-python-base:3.11-bookworm"
 STORAGE = ["--storage-driver", os.environ.get("BUILDAH_STORAGE", "vfs")]
 TOOLS = ("debootstrap", "buildah", "make")
+PREPARED_VARIABLE = "IX_E2E_PROJECT_IMAGE"
 
 
 @dataclass(frozen=True)
@@ -82,5 +85,20 @@ def build_project_image(cache: Path) -> BuiltImage:
     seconds["make image"] = time.monotonic() - started
     make("image-archive")
     archive = REPO_ROOT / "dist" / f"ix-device-plugin-{version}-image.tar"
-    # What the manifests' `ix-device-plugin:<version>` means to the kubelet and containerd.
-    return BuiltImage(f"docker.io/library/ix-device-plugin:{version}", archive, seconds)
+    return BuiltImage(image_name(version), archive, seconds)
+
+
+def image_name(version: str) -> str:
+    """What the manifests' `ix-device-plugin:<version>` means to the kubelet and containerd."""
+    return f"docker.io/library/ix-device-plugin:{version}"
+
+
+def prepared_project_image() -> BuiltImage | None:
+    """The image archive built before this run ($IX_E2E_PROJECT_IMAGE, e2e/run.py), None when none was."""
+    value = os.environ.get(PREPARED_VARIABLE, "").strip()
+    if not value:
+        return None
+    archive = Path(value)
+    if not archive.is_file():
+        raise AssertionError(f"{PREPARED_VARIABLE}={value}: no such image archive")
+    return BuiltImage(image_name(package_version()), archive, {})

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from harness.cluster import Cluster
+from harness.cluster import CGROUP_ROOT, Cluster
 from harness.helm import CHART, Helm
 from harness.kube import KubectlError, Obj
 from harness.waits import WaitFailed, until
@@ -327,9 +327,10 @@ def container_id(pod: Obj) -> str:
     return running[0].get("containerID", "").split("://")[-1] if running else ""
 
 
-def container_mains(program: str) -> list[int]:
-    """Host PIDs of processes that are the first of their PID namespace (a container's main process) and run
-    program, oldest first."""
+def container_mains(program: str, cgroup_root: str = CGROUP_ROOT) -> list[int]:
+    """Host PIDs of processes that are the first of their PID namespace (a container's main process), run program
+    and are in a cgroup under cgroup_root (this cluster's pods: a cluster beside it, in another slot, runs the
+    same program), oldest first."""
     found = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -337,10 +338,12 @@ def container_mains(program: str) -> list[int]:
         try:
             status = (entry / "status").read_text()
             command = (entry / "cmdline").read_bytes()
+            cgroups = (entry / "cgroup").read_text()
         except OSError:
             continue
         nspid = re.search(r"^NSpid:\s+(.+)$", status, re.MULTILINE)
         ids = nspid.group(1).split() if nspid else []
-        if len(ids) > 1 and ids[-1] == "1" and program.encode() in command:
+        ours = any(line.split(":", 2)[-1].startswith(f"/{cgroup_root}/") for line in cgroups.splitlines())
+        if len(ids) > 1 and ids[-1] == "1" and program.encode() in command and ours:
             found.append(int(entry.name))
     return sorted(found)

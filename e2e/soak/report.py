@@ -15,6 +15,9 @@ if TYPE_CHECKING:
 AROUND_S = 15.0
 SUMMARIES: list[str] = []  # every soak's summary line, printed last in the run (e2e/tests/conftest.py)
 REPORTS: list[str] = []  # where each soak's report is, printed just before
+# The test's report properties (record_property) that carry those lines to the process that prints them.
+SUMMARY_PROPERTY = "soak-summary"
+REPORT_PROPERTY = "soak-report"
 
 
 def summary(soak: Soak) -> str:

@@ -24,6 +24,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from harness import slots
 from harness.build import CACHE, E2E_DIR, built_binaries, current_lane, stack
 from harness.cluster import Cluster
 from harness.components import Binaries
@@ -36,7 +37,13 @@ from harness.injector import injector_image
 from harness.kube import Kubectl, Obj
 from harness.plugin import bi_v150_chips, device_nodes
 from harness.procs import describe_logs
-from harness.project_image import BuiltImage, build_project_image, missing_tools, package_version
+from harness.project_image import (
+    BuiltImage,
+    build_project_image,
+    missing_tools,
+    package_version,
+    prepared_project_image,
+)
 from harness.release import forget_node_labels
 from harness.runs import exclusive_run, leftover_pids
 from harness.skips import register as register_skip_report
@@ -47,6 +54,33 @@ NEEDS_ROOT = "the end-to-end cluster needs root (kubelet, containerd, mounts, cg
 
 def pytest_configure(config: pytest.Config) -> None:
     register_skip_report(config)
+
+
+# The files that take longest, first: pytest-xdist's workers (e2e/run.py) take files in collection order as they
+# free up, so a long file taken last would keep one cluster running alone while the other has finished.
+LONGEST_FIRST = ("test_soak.py", "test_unprivileged.py", "test_fleet.py", "test_soak_checks.py")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    def rank(item: pytest.Item) -> int:
+        name = item.path.name
+        return LONGEST_FIRST.index(name) if name in LONGEST_FIRST else len(LONGEST_FIRST)
+
+    items.sort(key=rank)  # stable: within a file, and among the others, the order stays
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """The soak's lines, from each run's report (record_property): in the process that prints them, also when the
+    soak ran in a pytest-xdist worker."""
+    from soak import report as soak_report
+
+    if report.when != "call":
+        return
+    for name, value in report.user_properties:
+        if name == soak_report.REPORT_PROPERTY:
+            soak_report.REPORTS.append(str(value))
+        elif name == soak_report.SUMMARY_PROPERTY:
+            soak_report.SUMMARIES.append(str(value))
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
@@ -74,6 +108,9 @@ def binaries() -> Binaries:
 def log_dir() -> Path:
     default = E2E_DIR / ".logs" / time.strftime("%Y%m%d-%H%M%S")
     directory = Path(os.environ.get("IX_E2E_LOG_DIR") or default)
+    slot = slots.number()
+    if slot is not None:  # clusters side by side (e2e/run.py): each its own folder of logs
+        directory = directory.with_name(f"{directory.name}-slot{slot}")
     directory.mkdir(parents=True, exist_ok=True)
     return directory
 
@@ -116,7 +153,7 @@ def cluster(binaries: Binaries, log_dir: Path, gpu_device_nodes: list[Path]) -> 
 def kill_leftovers(binaries: Binaries, workdir: Path) -> list[str]:
     """Kill what still runs a cluster binary or names the work directory (a plugin a test did not stop)."""
     problems = []
-    for pid in leftover_pids(binaries, workdir):
+    for pid in leftover_pids(binaries, workdir, slots.netns()):
         with contextlib.suppress(OSError):
             argv = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
             os.kill(pid, signal.SIGKILL)
@@ -168,7 +205,7 @@ def project_image(cluster: Cluster, nri_injector_image: str) -> BuiltImage:
     if missing:
         needs = ", ".join(missing)
         pytest.skip(f"building the image offline needs {needs}: run e2e/cluster/packages.sh as root (make e2e does)")
-    built = build_project_image(CACHE)
+    built = prepared_project_image() or build_project_image(CACHE)
     cluster.import_image_file(built.archive)
     listed = cluster.ctr("images", "ls", "-q").stdout.split()
     assert built.name in listed, listed

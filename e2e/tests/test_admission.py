@@ -150,11 +150,19 @@ def cleanup(admin: Kubectl) -> Iterator[list[tuple[str, str, str | None]]]:
 # ------------------------------------------------------------------ ConfigMaps
 
 
+def forget_configmaps(admin: Kubectl, *names: str) -> None:
+    """The node's ConfigMaps gone before a scenario creates them: an agent of an earlier scenario on this cluster
+    (the chart's, the soak's) writes them and they outlive it."""
+    for name in names:
+        admin.delete("configmap", name, NAMESPACE)
+
+
 def test_the_plugin_writes_its_own_nodes_two_configmaps(
     cluster: Cluster, plugin: Kubectl, cleanup: list[tuple[str, str, str | None]]
 ) -> None:
     reset, info = f"ix-gpu-reset-{cluster.node_name}", f"ix-device-info-cm-{cluster.node_name}"
     cleanup += [("configmap", reset, NAMESPACE), ("configmap", info, NAMESPACE)]
+    forget_configmaps(cluster.admin, reset, info)
     plugin.create(config_map(reset, gpuReset="reset: false"))
     stored = plugin.get("configmap", reset, NAMESPACE)
     plugin("replace", "-f", "-", input_text=_json({**stored, "data": {"gpuReset": "reset: true"}}))
@@ -183,6 +191,7 @@ def test_the_dra_driver_writes_only_its_own_nodes_reset_handshake(
 ) -> None:
     reset = f"ix-gpu-reset-{cluster.node_name}"
     cleanup.append(("configmap", reset, NAMESPACE))
+    forget_configmaps(cluster.admin, reset)
     dra.create(config_map(reset, gpuReset="reset: false"))
     refused(lambda: dra.create(config_map(f"ix-device-info-cm-{cluster.node_name}")), f"{DRA}-configmaps")
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 import random
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -85,6 +85,7 @@ def test_soak(
     tmp_path: Path,
     clean_node: None,
     project_image: BuiltImage,
+    record_property: Callable[[str, object], None],
 ) -> None:
     minutes = minutes or float(os.environ.get("SOAK_MINUTES") or 1)
     hardware = Hardware(tmp_path / "hardware")
@@ -97,8 +98,10 @@ def test_soak(
         stop(soak)
         path = report.write(soak, log_dir, minutes)
         line = report.summary(soak)
-        report.REPORTS.append(f"soak {mode} seed {seed}: {time.monotonic() - began:.0f} s, report {path}")
-        report.SUMMARIES.append(line)
+        # Reaches the run's last lines through the test's report (conftest.py), also from a pytest-xdist worker.
+        took = time.monotonic() - began
+        record_property(report.REPORT_PROPERTY, f"soak {mode} seed {seed}: {took:.0f} s, report {path}")
+        record_property(report.SUMMARY_PROPERTY, line)
     violations = [(name, v) for name, i in soak.invariants.items() for v in i.violations]
     assert not violations, f"{line}\nreport: {path}\n" + "\n".join(f"{n}: t+{t:.1f}s {w}" for n, (t, w) in violations)
 
