@@ -28,13 +28,16 @@ func (t Target) Matches(pod *api.PodSandbox, container *api.Container) bool {
 }
 
 // GPUDevices lists the character devices under devDir (the host's /dev, mounted read-only) named iluvatar<N> or
-// itrctl, as the container sees them at /dev/<name>, with the numbers, mode and owner the host gives them.
-func GPUDevices(devDir string) ([]*api.LinuxDevice, error) {
+// itrctl whose major is one of majors (the Iluvatar driver's), as the container sees them at /dev/<name>, with the
+// numbers, mode and owner the host gives them; and, described, the nodes so named that were skipped for their major
+// (a node named like a GPU but another driver's, /dev/kmsg's 1:11 or a tty's 4:1, is never given).
+func GPUDevices(devDir string, majors Majors) ([]*api.LinuxDevice, []string, error) {
 	entries, err := os.ReadDir(devDir)
 	if err != nil {
-		return nil, fmt.Errorf("reading the host's device nodes in %s: %w", devDir, err)
+		return nil, nil, fmt.Errorf("reading the host's device nodes in %s: %w", devDir, err)
 	}
 	var devices []*api.LinuxDevice
+	var skipped []string
 	for _, entry := range entries {
 		if !gpuNodeName.MatchString(entry.Name()) {
 			continue
@@ -45,6 +48,10 @@ func GPUDevices(devDir string) ([]*api.LinuxDevice, error) {
 		}
 		if st.Mode&unix.S_IFMT != unix.S_IFCHR {
 			continue // not a device node (a link, a file, a block device): nothing IXML opens
+		}
+		if major := int64(unix.Major(st.Rdev)); !majors.Has(major) {
+			skipped = append(skipped, fmt.Sprintf("/dev/%s (c %d:%d)", entry.Name(), major, unix.Minor(st.Rdev)))
+			continue
 		}
 		devices = append(devices, &api.LinuxDevice{
 			Path:     "/dev/" + entry.Name(),
@@ -57,7 +64,8 @@ func GPUDevices(devDir string) ([]*api.LinuxDevice, error) {
 		})
 	}
 	sort.Slice(devices, func(i, j int) bool { return devices[i].Path < devices[j].Path })
-	return devices, nil
+	sort.Strings(skipped)
+	return devices, skipped, nil
 }
 
 // Adjustment adds devices to a container. For each one the runtime writes the node into the OCI spec and a device

@@ -3,6 +3,7 @@ package main
 import (
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/containerd/nri/pkg/api"
@@ -11,6 +12,9 @@ import (
 )
 
 const testMajor = 508 // unassigned: the nodes open nothing on the machine running the tests
+
+// testMajors is what the injector allows on the test host: the driver's major, as /proc/devices would name it.
+var testMajors = Majors{testMajor: "iluvatar"}
 
 // needsRoot skips where device nodes cannot be made (mknod needs CAP_MKNOD).
 func needsRoot(t *testing.T) {
@@ -55,7 +59,7 @@ func hostDev(t *testing.T) string {
 }
 
 func TestOnlyTheGPUCharacterDevicesAreFoundWithTheirNumbersModeAndOwner(t *testing.T) {
-	devices, err := GPUDevices(hostDev(t))
+	devices, _, err := GPUDevices(hostDev(t), testMajors)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -78,7 +82,7 @@ func TestOnlyTheGPUCharacterDevicesAreFoundWithTheirNumbersModeAndOwner(t *testi
 }
 
 func TestTheAdjustmentAddsEachNodeAndTheRuntimeAllowsItReadWrite(t *testing.T) {
-	devices, err := GPUDevices(hostDev(t))
+	devices, _, err := GPUDevices(hostDev(t), testMajors)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -98,7 +102,7 @@ func TestTheAdjustmentAddsEachNodeAndTheRuntimeAllowsItReadWrite(t *testing.T) {
 }
 
 func TestAHostDevWithoutGPUNodesGivesNothing(t *testing.T) {
-	devices, err := GPUDevices(t.TempDir())
+	devices, _, err := GPUDevices(t.TempDir(), testMajors)
 	if err != nil || len(devices) != 0 {
 		t.Fatalf("got %v, %v; want nothing", devices, err)
 	}
@@ -106,7 +110,107 @@ func TestAHostDevWithoutGPUNodesGivesNothing(t *testing.T) {
 
 func TestAMissingHostDevIsAnErrorNamingIt(t *testing.T) {
 	missing := filepath.Join(t.TempDir(), "dev")
-	if _, err := GPUDevices(missing); err == nil || !contains(err.Error(), missing) {
+	if _, _, err := GPUDevices(missing, testMajors); err == nil || !contains(err.Error(), missing) {
 		t.Fatalf("got %v, want an error naming %s", err, missing)
+	}
+}
+
+// withForeignNodes adds, to a stand-in host /dev, nodes named as GPUs that are other drivers' devices: /dev/kmsg's
+// 1:11 and tty1's 4:1.
+func withForeignNodes(t *testing.T, dir string) string {
+	t.Helper()
+	for name, numbers := range map[string][2]uint32{"iluvatar2": {1, 11}, "iluvatar4": {4, 1}} {
+		if err := unix.Mknod(filepath.Join(dir, name), unix.S_IFCHR|0o666, int(unix.Mkdev(numbers[0], numbers[1]))); err != nil {
+			t.Fatalf("mknod %s: %v", name, err)
+		}
+	}
+	return dir
+}
+
+func TestANodeNamedAsAGPUWithAnotherDriversMajorIsSkippedAndNamed(t *testing.T) {
+	devices, skipped, err := GPUDevices(withForeignNodes(t, hostDev(t)), testMajors)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := Describe(devices); got != "/dev/iluvatar0 (c 508:0 rw), /dev/iluvatar12 (c 508:12 rw), /dev/itrctl (c 508:255 rw)" {
+		t.Fatalf("gave %s", got)
+	}
+	if strings.Join(skipped, ", ") != "/dev/iluvatar2 (c 1:11), /dev/iluvatar4 (c 4:1)" {
+		t.Fatalf("skipped %q", skipped)
+	}
+}
+
+func TestWithoutTheDriversMajorNothingIsGiven(t *testing.T) {
+	devices, skipped, err := GPUDevices(hostDev(t), Majors{}) // no Iluvatar driver loaded
+	if err != nil || len(devices) != 0 || len(skipped) != 3 {
+		t.Fatalf("gave %s, skipped %v, err %v", Describe(devices), skipped, err)
+	}
+}
+
+const procDevices = `Character devices:
+  1 mem
+  4 /dev/vc/0
+  4 tty
+  5 /dev/tty
+ 10 misc
+508 iluvatar
+509 itr_ctl
+510 nvidia-frontend
+
+Block devices:
+  7 loop
+511 iluvatar_blk
+`
+
+func TestTheDriversMajorsAreReadFromProcDevicesCharacterSectionOnly(t *testing.T) {
+	majors, err := DriverMajors(strings.NewReader(procDevices))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := majors.String(); got != "508 (iluvatar), 509 (itr_ctl)" {
+		t.Fatalf("majors %s", got)
+	}
+}
+
+func TestAllowedMajorsAreReadAgainAtEachUseAndAddTheGivenOnes(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "devices")
+	given, err := ParseGivenMajors("600, 601")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, []byte("Character devices:\n  1 mem\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	before, err := AllowedMajors(path, given)
+	if err != nil || before.String() != "600 (given), 601 (given)" {
+		t.Fatalf("before the driver: %s, %v", before, err)
+	}
+	if err := os.WriteFile(path, []byte(procDevices), 0o644); err != nil { // the driver loaded since
+		t.Fatal(err)
+	}
+	after, err := AllowedMajors(path, given)
+	if err != nil || after.String() != "508 (iluvatar), 509 (itr_ctl), 600 (given), 601 (given)" {
+		t.Fatalf("after: %s, %v", after, err)
+	}
+}
+
+func TestAnUnreadableProcDevicesIsAnErrorNamingItUnlessMajorsAreGiven(t *testing.T) {
+	missing := filepath.Join(t.TempDir(), "devices")
+	if _, err := AllowedMajors(missing, Majors{}); err == nil || !strings.Contains(err.Error(), missing) {
+		t.Fatalf("got %v, want an error naming %s", err, missing)
+	}
+	if majors, err := AllowedMajors(missing, Majors{508: "given"}); err != nil || !majors.Has(508) {
+		t.Fatalf("got %s, %v", majors, err)
+	}
+}
+
+func TestGivenMajorsAreNumbersOfACharacterMajor(t *testing.T) {
+	for _, bad := range []string{"x", "-1", "5000", "508;509"} {
+		if _, err := ParseGivenMajors(bad); err == nil || !strings.Contains(err.Error(), "-device-majors") {
+			t.Errorf("%q: got %v, want an error naming -device-majors", bad, err)
+		}
+	}
+	if majors, err := ParseGivenMajors(""); err != nil || len(majors) != 0 {
+		t.Errorf("empty: got %s, %v", majors, err)
 	}
 }

@@ -58,14 +58,16 @@ func run(args []string, stderr io.Writer) int {
 
 // Config is what the injector acts on.
 type Config struct {
-	Socket     string
-	DevDir     string
-	ReadyFile  string
-	StatusFile string
-	Wait       time.Duration
-	PluginName string
-	PluginIdx  string
-	Target     Target
+	Socket      string
+	DevDir      string
+	ProcDevices string
+	GivenMajors Majors
+	ReadyFile   string
+	StatusFile  string
+	Wait        time.Duration
+	PluginName  string
+	PluginIdx   string
+	Target      Target
 }
 
 func parseConfig(args []string, stderr io.Writer) (Config, error) {
@@ -74,6 +76,10 @@ func parseConfig(args []string, stderr io.Writer) (Config, error) {
 	var c Config
 	flags.StringVar(&c.Socket, "socket", env("NRI_SOCKET", "/var/run/nri/nri.sock"), "the runtime's NRI socket")
 	flags.StringVar(&c.DevDir, "dev-dir", env("HOST_DEV", defaultDevDir), "the host's /dev, mounted read-only")
+	flags.StringVar(&c.ProcDevices, "proc-devices", env("PROC_DEVICES", "/proc/devices"),
+		"the kernel's list of device majors: a node is given only with a major of the Iluvatar driver's there")
+	majors := flags.String("device-majors", env("DEVICE_MAJORS", ""),
+		"character majors allowed besides the driver's in -proc-devices, comma-separated (a driver named otherwise)")
 	flags.StringVar(&c.ReadyFile, "ready-file", env("READY_FILE", defaultReadyFile),
 		"written once registered, or once NRI is known to be unavailable")
 	flags.StringVar(&c.StatusFile, "status-file", env("STATUS_FILE", defaultStatusFile),
@@ -86,6 +92,11 @@ func parseConfig(args []string, stderr io.Writer) (Config, error) {
 	if err := flags.Parse(args); err != nil {
 		return c, err
 	}
+	given, err := ParseGivenMajors(*majors)
+	if err != nil {
+		return c, err
+	}
+	c.GivenMajors = given
 	if c.Target.PodUID == "" || c.Target.Container == "" {
 		return c, errors.New("POD_UID (the downward API's metadata.uid) and AGENT_CONTAINER (the agent container's " +
 			"name) must both be set: without them no container is known to be the agent's")

@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"context"
 	"log"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -14,9 +16,50 @@ const podUID = "6c1f3a52-0d1e-4a43-9d0c-3f2b1f3e9e11"
 
 func injector(t *testing.T, out *bytes.Buffer) *Injector {
 	return &Injector{
-		Target: Target{PodUID: podUID, Container: "iluvatar-device-plugin"},
-		DevDir: hostDev(t),
-		Log:    log.New(out, "", 0),
+		Target:      Target{PodUID: podUID, Container: "iluvatar-device-plugin"},
+		DevDir:      hostDev(t),
+		ProcDevices: writeProcDevices(t, procDevices),
+		Log:         log.New(out, "", 0),
+	}
+}
+
+func writeProcDevices(t *testing.T, listing string) string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "devices")
+	if err := os.WriteFile(path, []byte(listing), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+func TestForeignMajorsAreSkippedInOneLineAndADriverLoadedLaterIsSeen(t *testing.T) {
+	var out bytes.Buffer
+	given := injector(t, &out)
+	given.DevDir = withForeignNodes(t, given.DevDir)
+	noDriver := "Character devices:\n  1 mem\n  4 tty\n"
+	if err := os.WriteFile(given.ProcDevices, []byte(noDriver), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	agent := &api.Container{Name: "iluvatar-device-plugin"}
+	adjustment, _, err := given.CreateContainer(context.Background(), pod(podUID), agent)
+	if err != nil || len(adjustment.GetLinux().GetDevices()) != 0 {
+		t.Fatalf("without the driver: %v, %v", adjustment, err)
+	}
+	if !strings.Contains(out.String(), "skipped /dev/iluvatar0 (c 508:0), /dev/iluvatar12 (c 508:12), "+
+		"/dev/iluvatar2 (c 1:11), /dev/iluvatar4 (c 4:1), /dev/itrctl (c 508:255): not a major of the Iluvatar "+
+		"driver (none in "+given.ProcDevices) {
+		t.Fatalf("log: %q", out.String())
+	}
+	out.Reset()
+	if err := os.WriteFile(given.ProcDevices, []byte(procDevices), 0o644); err != nil { // the driver loaded
+		t.Fatal(err)
+	}
+	adjustment, _, err = given.CreateContainer(context.Background(), pod(podUID), agent)
+	if err != nil || len(adjustment.GetLinux().GetDevices()) != 3 {
+		t.Fatalf("with the driver: %v, %v", adjustment, err)
+	}
+	if !strings.Contains(out.String(), "skipped /dev/iluvatar2 (c 1:11), /dev/iluvatar4 (c 4:1)") {
+		t.Fatalf("log: %q", out.String())
 	}
 }
 

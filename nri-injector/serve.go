@@ -90,7 +90,10 @@ func registerOnce(ctx context.Context, config Config, logger *log.Logger) (stub.
 		return nil, nil, &unavailableError{noNRI(config.Socket, errors.New("not a socket"))}
 	}
 	closed := make(chan struct{})
-	injector := &Injector{Target: config.Target, DevDir: config.DevDir, Log: logger}
+	injector := &Injector{
+		Target: config.Target, DevDir: config.DevDir, ProcDevices: config.ProcDevices, GivenMajors: config.GivenMajors,
+		Log: logger,
+	}
 	plugin, err := stub.New(injector,
 		stub.WithPluginName(config.PluginName),
 		stub.WithPluginIdx(config.PluginIdx),

@@ -69,7 +69,7 @@ func TestWithoutAnNRISocketTheInjectorSaysSoOnceIsReadyAndWaits(t *testing.T) {
 func TestASocketThatAppearsWhileRetryingIsRegisteredWith(t *testing.T) {
 	dir := t.TempDir()
 	socket := filepath.Join(dir, "nri.sock")
-	config := Config{Socket: socket, DevDir: hostDev(t), ReadyFile: filepath.Join(dir, "ready"),
+	config := Config{Socket: socket, DevDir: hostDev(t), GivenMajors: testMajors, ReadyFile: filepath.Join(dir, "ready"),
 		StatusFile: filepath.Join(dir, "status"), Wait: 20 * time.Second, PluginName: "test", PluginIdx: "50",
 		Target: Target{PodUID: podUID, Container: "agent"}}
 	var stderr syncBuffer
@@ -128,8 +128,8 @@ func TestThroughARealNRIRuntimeTheAgentContainerGetsTheNodes(t *testing.T) {
 	readyFile := filepath.Join(dir, "state", "ready")
 	statusFile := filepath.Join(dir, "state", "status")
 	var stderr syncBuffer
-	go run([]string{"-socket", socket, "-dev-dir", dev, "-pod-uid", podUID, "-container", "agent",
-		"-ready-file", readyFile, "-status-file", statusFile}, &stderr)
+	go run([]string{"-socket", socket, "-dev-dir", dev, "-proc-devices", writeProcDevices(t, procDevices),
+		"-pod-uid", podUID, "-container", "agent", "-ready-file", readyFile, "-status-file", statusFile}, &stderr)
 	waitReady(t, readyFile, &stderr)
 	if status, _ := os.ReadFile(statusFile); string(status) != "registered\n" {
 		t.Fatalf("status %q", status)

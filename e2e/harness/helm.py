@@ -13,6 +13,7 @@ import yaml
 from .build import REPO_ROOT
 from .cluster import Cluster
 from .kube import Obj
+from .plugin import DEVICE_MAJOR
 from .procs import run
 
 CHART = REPO_ROOT / "deployments" / "helm" / "ix-device-plugin"
@@ -61,9 +62,9 @@ class Helm:
 def node_values(
     cluster: Cluster, workdir: Path, plugins_dir: Path, simulated_devices: str | None = None
 ) -> dict[str, Any]:
-    """The chart's values that put a release on the test node: the simulated backend, the node's device plugin, CDI
-    and pod-resources folders, and the release's own folders (CoreX under workdir/corex, NFD features, and
-    plugins_dir for the node-health record, the node's role and DRA state) instead of the host's.
+    """The chart's values that put a release on the test node: the simulated backend, the simulated nodes' major, the
+    node's device plugin, CDI and pod-resources folders, and the release's own folders (CoreX under workdir/corex,
+    NFD features, and plugins_dir for the node-health record, the node's role and DRA state) instead of the host's.
 
     With simulated_devices (the devices file as the pod sees it), the chips are split (a device each) and their
     health looked at every 0.5 s.
@@ -76,6 +77,8 @@ def node_values(
         "cdi": {"specDir": str(cluster.cdi_dir)},
         "nodeFeatures": {"dir": str(workdir / "features.d")},
         "telemetry": {"interval": 2, "podResources": {"dir": str(cluster.pod_resources_socket.parent)}},
+        # The simulated GPUs' nodes have a major no driver registered (plugin.DEVICE_MAJOR): the injector is told it.
+        "nriInjector": {"deviceMajors": [DEVICE_MAJOR]},
     }
     if simulated_devices is not None:
         values["config"] = {"content": "flags:\n  splitboard: true\n"}

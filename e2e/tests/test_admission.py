@@ -42,9 +42,18 @@ def config_map(name: str, namespace: str = NAMESPACE, **data: str) -> Obj:
     return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name, "namespace": namespace}, "data": data}
 
 
-def resource_slice(name: str, node: str, driver: str = DRIVER, api_version: str = SLICE_VERSIONS[0]) -> Obj:
-    spec = {"driver": driver, "nodeName": node, "pool": {"name": node, "generation": 1, "resourceSliceCount": 1}}
+def resource_slice(
+    name: str, node: str, driver: str = DRIVER, api_version: str = SLICE_VERSIONS[0], pool: str | None = None
+) -> Obj:
+    pool_spec = {"name": pool or node, "generation": 1, "resourceSliceCount": 1}
+    spec = {"driver": driver, "nodeName": node, "pool": pool_spec}
     return {"apiVersion": api_version, "kind": "ResourceSlice", "metadata": {"name": name}, "spec": spec}
+
+
+def own_slice_name(node: str, version: str) -> str:
+    """A name of the node's pool (`<node>-gpu.iluvatar.com-<n>`) for a slice written at version, far above any the
+    driver itself uses."""
+    return f"{node}-{DRIVER}-9{SLICE_VERSIONS.index(version)}"
 
 
 def core_event(name: str, kind: str, about: str) -> Obj:
@@ -127,7 +136,7 @@ def dra(cluster: Cluster, plugin: Kubectl, tmp_path_factory: pytest.TempPathFact
     finally:
         cluster.admin.delete("pod", pod, NAMESPACE, wait=False)
         for version in SLICE_VERSIONS:
-            cluster.admin.delete("resourceslice", f"admission-own-{version.rpartition('/')[2]}", wait=False)
+            cluster.admin.delete("resourceslice", own_slice_name(cluster.node_name, version), wait=False)
 
 
 def _refused_now(call: Callable[[], Any]) -> bool:
@@ -391,13 +400,17 @@ def test_the_driver_writes_its_own_nodes_slices_at_every_served_version(
     cluster: Cluster, admin: Kubectl, dra: Kubectl
 ) -> None:
     """At v1 and at both beta versions, which the cluster serves (--runtime-config) as a cluster may: the policy
-    reads the same fields at each, and the API server checks each write at the version it was made."""
+    reads the same fields at each, and the API server checks each write at the version it was made. Refused at each:
+    another node's slice, a slice on this node in another node's pool (the scheduler knows a device by driver, pool
+    and name: node-b's free GPUs would become unallocatable), a slice under another node's name (taken first, it
+    would keep that node's driver from publishing), another driver's slice."""
     served = admin("api-versions").split()
     assert [version for version in SLICE_VERSIONS if version not in served] == []  # every version 1.37 has
     policy = f"{DRA}-resourceslices"
+    node = cluster.node_name
     for version in SLICE_VERSIONS:
-        name = f"admission-own-{version.rpartition('/')[2]}"
-        dra.create(resource_slice(name, cluster.node_name, api_version=version))
+        name = own_slice_name(node, version)
+        dra.create(resource_slice(name, node, api_version=version))
         stored = dra.get(f"resourceslices.{version.rpartition('/')[2]}.resource.k8s.io", name)
         stored["spec"]["pool"]["generation"] = 2
         dra("replace", "-f", "-", input_text=_json(stored))
@@ -409,8 +422,21 @@ def test_the_driver_writes_its_own_nodes_slices_at_every_served_version(
             policy,
         )
         assert f"writes only the slices of {DRIVER} on node {cluster.node_name}" in message
-        other_driver = resource_slice("admission-driver", cluster.node_name, "other.example.com", version)
+        other_pool = resource_slice(f"{node}-{DRIVER}-1", node, api_version=version, pool=OTHER_NODE)
+        message = refused(lambda s=other_pool: dra.create(s, "--dry-run=server"), policy)
+        assert f"the driver on node {node} publishes only its own pool, {node}" in message
+        other_driver = resource_slice(f"{node}-{DRIVER}-2", node, "other.example.com", version)
         refused(lambda s=other_driver: dra.create(s, "--dry-run=server"), policy)
+        # Names are checked on real writes only: a dry run stores nothing (the driver's probe of what the server keeps
+        # uses a name the server makes up).
+        dra.create(resource_slice(f"{node}-{DRIVER}-check-x7k2q", node, api_version=version), "--dry-run=server")
+        for wrong in (f"{OTHER_NODE}-{DRIVER}", f"{OTHER_NODE}-{DRIVER}-3", f"{node}-{DRIVER}-1x", "admission-own"):
+            try:
+                slice_ = resource_slice(wrong, node, api_version=version)
+                message = refused(lambda s=slice_: dra.create(s), policy)
+            finally:
+                admin.delete("resourceslice", wrong, wait=False)
+            assert f"names its slices {node}-{DRIVER} or {node}-{DRIVER}-<n>" in message
     admin.create(resource_slice("admission-theirs", cluster.node_name, "other.example.com"))
     try:
         assert dra.can_i("delete", "resourceslices/admission-theirs")

@@ -335,7 +335,8 @@ def is_4_4_0(pod: Obj) -> bool:
 
 def localized(objects: list[Obj], cluster: Cluster, workdir: Path, devices: Path) -> list[Obj]:
     """The static file's objects as a user of this node applies them: its kubelet's folders where the static file says
-    /var/lib/kubelet, and the simulated backend over devices instead of IXML (the only edits)."""
+    /var/lib/kubelet, the simulated backend over devices instead of IXML, and the simulated nodes' major for the
+    injector (the only edits)."""
     plugins = workdir / "kubelet-plugins"
     values = node_values(cluster, workdir, plugins, simulated_devices=str(devices))
     paths = {
@@ -356,11 +357,15 @@ def localized(objects: list[Obj], cluster: Cluster, workdir: Path, devices: Path
             obj["data"]["ix-config"] = values["config"]["content"]
         if obj["kind"] != "DaemonSet":
             continue
-        for container in obj["spec"]["template"]["spec"]["containers"]:
+        pod = obj["spec"]["template"]["spec"]
+        for container in pod["containers"]:
             env = [e for e in container.get("env", []) if e["name"] not in ("IX_BACKEND", *extra)]
             env += [{"name": "IX_BACKEND", "value": "simulated"}]
             env += [{"name": name, "value": value} for name, value in extra.items()]
             container["env"] = env
+        for container in (c for c in pod.get("initContainers", []) if c["name"] == "nri-injector"):
+            majors = ",".join(map(str, values["nriInjector"]["deviceMajors"]))
+            container["env"] = [*container.get("env", []), {"name": "DEVICE_MAJORS", "value": majors}]
     return result
 
 

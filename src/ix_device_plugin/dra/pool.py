@@ -5,16 +5,18 @@ devices in a slice, 64 when a device has taints or consumes counters), then the 
 of their own (a slice holds devices or shared counters, never both; at most 8 counter sets each), every one
 with the pool's generation and `resourceSliceCount`, owned by the Node so that they go with it. Names are
 `<node>-gpu.iluvatar.com`, then `-1`, `-2`, ...; a node name too long for that is cut and given a hash, so
-every name is a valid one. A slice is the pool's when it is this driver's, for this node, and labelled
-`app.kubernetes.io/managed-by: ix-device-plugin`, in the node's pool, or named as the pool's slices are (so that
-a slice whose label another writer removed is still found, and its label put back).
+every name is a valid one; a name held by a slice that is not the pool's is skipped (the next number is used). A
+slice is the pool's when it is this driver's, for this node, and labelled `app.kubernetes.io/managed-by:
+ix-device-plugin`, in the node's pool, or named as the pool's slices are (so that a slice whose label another
+writer removed is still found, and its label put back).
 """
 
 from __future__ import annotations
 
 import hashlib
+import itertools
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
@@ -45,10 +47,12 @@ def slice_base_name(node: str) -> str:
     return f"{node[:keep].rstrip('.-')}-{digest}{_SUFFIX}"
 
 
-def slice_names(node: str, count: int) -> list[str]:
-    """The names of a pool of count slices."""
+def slice_names(node: str, count: int, taken: Collection[str] = ()) -> list[str]:
+    """The names of a pool of count slices, in order, leaving out those in taken (held by slices that are not the
+    pool's, which it cannot take over)."""
     base = slice_base_name(node)
-    return [base if index == 0 else f"{base}-{index}" for index in range(count)]
+    names = (base if index == 0 else f"{base}-{index}" for index in itertools.count())
+    return list(itertools.islice((name for name in names if name not in taken), count))
 
 
 def pool_slice_name(node: str, name: str) -> bool:
@@ -87,8 +91,10 @@ def pool_objects(
     generation: int,
     node_uid: str | None,
     counter_sets: Sequence[dict[str, Any]] = (),
+    taken: Collection[str] = (),
 ) -> list[dict[str, Any]]:
-    """Every ResourceSlice of the pool, in name order, without resourceVersion: the devices, then the counters."""
+    """Every ResourceSlice of the pool, in name order (names in taken left out), without resourceVersion: the
+    devices, then the counters."""
     parts: list[tuple[str, list[dict[str, Any]]]] = [("devices", part) for part in chunks(devices)]
     for start in range(0, len(counter_sets), MAX_COUNTER_SETS):
         parts.append(("sharedCounters", list(counter_sets[start : start + MAX_COUNTER_SETS])))
@@ -96,7 +102,7 @@ def pool_objects(
         [{"apiVersion": "v1", "kind": "Node", "name": node, "uid": node_uid, "controller": True}] if node_uid else []
     )
     objects = []
-    for name, (field, part) in zip(slice_names(node, len(parts)), parts, strict=True):
+    for name, (field, part) in zip(slice_names(node, len(parts), taken), parts, strict=True):
         metadata: dict[str, Any] = {"name": name, "labels": dict(MANAGED_BY)}
         if owner:
             metadata["ownerReferences"] = owner

@@ -8,8 +8,9 @@ The slices are owned by the Node (an owner reference with its UID), so that they
 followed (`node_seen`, from a watch of the Node) and read again before any slice is created: a Node deleted
 and re-created gets its slices' owner references changed to it, and a Node that appears after the slices were
 written becomes their owner. The pool's slices are found by label, and by driver, node, pool and name too: a
-slice whose label another writer removed is adopted (the label put back); a name held by a slice that is not
-the pool's (another driver's or node's) is replaced; the log says what was found.
+slice whose label another writer removed is adopted (the label put back). A name held by a slice that is not the
+pool's (another driver's, or another node's, which the admission policy forbids this driver to delete) is left to
+it: the pool is published under the next free names, and the log says so once per name.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from ix_device_plugin.dra.pool import MANAGED_BY, labelled, owned_slice, pool_ob
 log = logging.getLogger("ix_device_plugin.dra.publisher")  # the publisher's voice: its writes are the publisher's
 
 WRITE_ATTEMPTS = 5  # a conflict means someone else wrote a slice: read them again, this many times
+MAX_TAKEN_NAMES = 64  # names of the pool found held by others before the write gives up (a server gone strange)
 
 
 class PoolWriter:
@@ -39,6 +41,7 @@ class PoolWriter:
         self.repairs = 0
         self._node_uid: str | None = None  # the Node's UID for the owner references: None not known, "" no Node
         self._last_owner = ""  # the last UID the Node had
+        self.taken: set[str] = set()  # names of the pool held by slices that are not its own
 
     def node_seen(self, uid: str) -> bool:
         """Remember the Node's UID, saying what changed; True when it did."""
@@ -74,28 +77,36 @@ class PoolWriter:
         """The stored slices once they say devices and counter sets, and whether anything was written; listed:
         the pool's slices as just read, if they were (a stale listing ends in a conflict, and a read again);
         published: the slices as last published (None: none yet), a write over others a repair."""
-        names = {obj["metadata"]["name"] for obj in pool_objects(self.node, devices, 0, None, sets)}
         node_read = False
-        for _ in range(WRITE_ATTEMPTS):
+        conflicts = 0
+        while conflicts < WRITE_ATTEMPTS:
             current = listed if listed is not None else await self.stored()
             listed = None
+            names = {obj["metadata"]["name"] for obj in pool_objects(self.node, devices, 0, None, sets, self.taken)}
             if self._node_uid is None or (not node_read and names - set(current)):
                 await self._read_node_uid()  # never a create owned by a Node that is gone
                 node_read = True
             generation = max((generation_of(obj) for obj in current.values()), default=0)
-            wanted = pool_objects(self.node, devices, generation, self._node_uid, sets)
+            wanted = pool_objects(self.node, devices, generation, self._node_uid, sets, self.taken)
             if _agrees(wanted, current):
                 return [current[obj["metadata"]["name"]] for obj in wanted], False
             if published is not None:
                 self.repairs += _differs_from_published(published, current)
             try:
-                objects = pool_objects(self.node, devices, generation + 1, self._node_uid, sets)
+                objects = pool_objects(self.node, devices, generation + 1, self._node_uid, sets, self.taken)
                 stored = await self._replace(objects, current)
+            except NameTaken:
+                if len(self.taken) > MAX_TAKEN_NAMES:
+                    held = f"the pool {self.node}: {len(self.taken)} of its names held by others"
+                    raise KubeError(held, 409) from None
+                continue  # not a conflict: the names are chosen again, without the one found taken
             except (KubeAlreadyExists, KubeNotFound):
+                conflicts += 1
                 continue
             except KubeError as error:
                 if error.status != 409:
                     raise
+                conflicts += 1
                 continue
             return stored, True
         message = f"update the ResourceSlices of pool {self.node}: still conflicting after {WRITE_ATTEMPTS} tries"
@@ -137,25 +148,27 @@ class PoolWriter:
         return [stored[obj["metadata"]["name"]] for obj in wanted]
 
     async def _create(self, obj: dict[str, Any]) -> dict[str, Any]:
-        """Create obj; when its name is taken by a slice the pool's listing did not find, take that one over."""
+        """Create obj; when its name is held by a slice that is not the pool's, remember the name as taken (NameTaken):
+        the pool goes under other names rather than delete another node's or driver's slice."""
         try:
             return await self.kube.create_object(RESOURCE_SLICE, obj)
         except KubeAlreadyExists:
-            existing = await self.kube.get_object(RESOURCE_SLICE, obj["metadata"]["name"])
+            name = obj["metadata"]["name"]
+            existing = await self.kube.get_object(RESOURCE_SLICE, name)
             if existing is None or owned_slice(existing, self.node):
                 raise  # deleted since, or one of the pool's written since: read them again
-            return await self._take_over(obj, existing)
+            self.taken.add(name)
+            log.warning(
+                "ResourceSlice %s, a name of this pool, is held by a slice that is not the pool's (%s): left to it, "
+                "the pool's slices are published under the next free names",
+                name,
+                _described(existing),
+            )
+            raise NameTaken(name) from None
 
-    async def _take_over(self, obj: dict[str, Any], existing: dict[str, Any]) -> dict[str, Any]:
-        """Replace the slice that holds obj's name and is not the pool's (another driver's, or another node's: a
-        slice's driver and node cannot be changed) with obj: deleted, then created."""
-        name = obj["metadata"]["name"]
-        log.warning(
-            "ResourceSlice %s, a name of this pool, held another slice (%s): replaced", name, _described(existing)
-        )
-        with contextlib.suppress(KubeNotFound):
-            await self.kube.delete_object(RESOURCE_SLICE, name)
-        return await self.kube.create_object(RESOURCE_SLICE, obj)
+
+class NameTaken(Exception):
+    """A name of the pool turned out held by a slice that is not the pool's."""
 
 
 def _described(obj: Mapping[str, Any]) -> str:

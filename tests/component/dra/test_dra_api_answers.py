@@ -231,14 +231,13 @@ async def test_a_slice_whose_label_another_writer_removed_is_adopted_and_kept_cu
     assert driver.publisher is not None and driver.publisher.repairs >= 1
 
 
-@pytest.mark.parametrize("held_by", ["another driver", "this driver, another node", "this driver, unlabelled"])
-async def test_the_slice_name_held_by_another_slice_is_taken_over(
-    node: DraNode, api: ApiServerStandIn, caplog: pytest.LogCaptureFixture, held_by: str
+async def test_the_slice_name_held_by_this_drivers_unlabelled_slice_on_the_node_is_adopted(
+    node: DraNode, api: ApiServerStandIn, caplog: pytest.LogCaptureFixture
 ) -> None:
     name = slice_base_name(node.node)
     spec = {
-        "driver": "net.example.com" if held_by == "another driver" else DRIVER,
-        "nodeName": "node-b" if held_by == "this driver, another node" else node.node,
+        "driver": DRIVER,
+        "nodeName": node.node,
         "pool": {"name": "elsewhere", "generation": 3, "resourceSliceCount": 1},
         "devices": [{"name": "nic-0"}],
     }
@@ -246,11 +245,47 @@ async def test_the_slice_name_held_by_another_slice_is_taken_over(
     await node.start()
     await node.wait_slice(lambda devices: len(devices) == 6)
     stored = node.slice()
-    assert stored is not None and stored["spec"]["driver"] == DRIVER and stored["metadata"]["labels"] == MANAGED_BY
+    assert stored is not None and stored["metadata"]["labels"] == MANAGED_BY
     assert stored["spec"]["pool"]["name"] == node.node
-    done = "adopted" if held_by == "this driver, unlabelled" else "replaced"
     found = [r.getMessage() for r in caplog.records if r.getMessage().startswith(f"ResourceSlice {name}")]
-    assert found and done in found[0] and f"driver {spec['driver']!r}" in found[0] and "'elsewhere'" in found[0]
+    assert found and "adopted" in found[0] and "'elsewhere'" in found[0]
+
+
+@pytest.mark.parametrize("held_by", ["another driver", "this driver, another node"])
+async def test_names_held_by_slices_not_the_pools_are_left_to_them_and_the_pool_takes_the_next_free_ones(
+    node: DraNode, api: ApiServerStandIn, caplog: pytest.LogCaptureFixture, held_by: str
+) -> None:
+    """A name squatted before the driver starts (another node's token under an older release's policy, which did not
+    pin slice names): the driver does not delete that slice (the policy forbids it, so it would be refused for
+    ever), it publishes under the next free names, within seconds, and says so once per name."""
+    base = slice_base_name(node.node)
+    squatted = [base, f"{base}-1"]
+    spec = {
+        "driver": "net.example.com" if held_by == "another driver" else DRIVER,
+        "nodeName": "node-b" if held_by == "this driver, another node" else node.node,
+        "pool": {"name": "node-b", "generation": 3, "resourceSliceCount": 1},
+        "devices": [{"name": "nic-0"}],
+    }
+    for name in squatted:
+        api.put("resourceslices", {"apiVersion": "resource.k8s.io/v1", "metadata": {"name": name}, "spec": spec})
+    driver = await node.start()
+
+    def published() -> dict[str, Any] | None:
+        return api.get("resourceslices", f"{base}-2")
+
+    await until(lambda: len((published() or {}).get("spec", {}).get("devices", [])) == 6, timeout=5)
+    stored = published()
+    assert stored is not None and stored["spec"]["pool"]["name"] == node.node
+    assert stored["metadata"]["labels"] == MANAGED_BY
+    for name in squatted:  # left as they were
+        assert (api.get("resourceslices", name) or {}).get("spec") == spec
+    assert not [r for r in api.requests if r.method == "DELETE" and "/resourceslices/" in r.path]
+    node.write_boards(BROKEN_CHIP)  # and kept current there
+    await until(lambda: "taints" in {d["name"]: d for d in published()["spec"]["devices"]}["gpu-3"], timeout=5)
+    said = [r.getMessage() for r in caplog.records if "is held by a slice that is not the pool's" in r.getMessage()]
+    assert sorted(message.split(",")[0] for message in said) == [f"ResourceSlice {name}" for name in squatted]
+    assert f"driver {spec['driver']!r}" in said[0] and "'node-b'" in said[0]
+    assert driver.publisher is not None
 
 
 # ---- claim status writes -------------------------------------------------------------------------------------

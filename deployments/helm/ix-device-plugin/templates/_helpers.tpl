@@ -414,12 +414,17 @@ container (the agent container's name).
       value: {{ $values.pluginIndex | quote }}
     - name: HOST_DEV
       value: /host/dev
+    {{- with $values.deviceMajors }}
+    - name: DEVICE_MAJORS
+      value: {{ join "," . | quote }}
+    {{- end }}
     - name: READY_FILE
       value: /run/ix-nri-injector/ready
     # "registered", or "unavailable: <why>" where the runtime offers no NRI; the agent reads it (IX_NRI_STATUS).
     - name: STATUS_FILE
       value: {{ include "ix-device-plugin.nriStatusFile" . }}
-  # Root: the NRI socket is root's. Nothing else: it stats device nodes and talks over one unix socket.
+  # Root: the NRI socket is root's. Nothing else: it stats device nodes, reads /proc/devices and talks over one unix
+  # socket.
   securityContext:
     runAsUser: 0
     allowPrivilegeEscalation: false
