@@ -47,6 +47,10 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
     "api-features": FEATURES,
     "dra": {"dra": {"enabled": True, "extendedResourceName": RESOURCE}, "devicePlugin": {"enabled": False}},
     "metrics-dashboard": {"metrics": {"enabled": True}, "dashboard": {"enabled": True}},
+    "network-policy": {
+        "networkPolicy": {"enabled": True, "metricsFrom": [{"namespaceSelector": {"matchLabels": {"team": "obs"}}}]},
+        "dra": {"enabled": True},
+    },
     "simulated-cdi-off": {"backend": "simulated", "cdi": {"enabled": False}, "nodeFeatures": {"enabled": False}},
 }
 # The Prometheus Operator's CRD is not part of Kubernetes: its ServiceMonitor cannot be dry-run here.

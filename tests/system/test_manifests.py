@@ -319,6 +319,32 @@ def test_metrics_add_a_service_and_a_service_monitor_that_find_the_plugin() -> N
     assert monitor["spec"]["endpoints"][0]["path"] == "/metrics"
 
 
+PROMETHEUS = [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}]
+
+
+@pytest.mark.parametrize("dra", [False, True])
+def test_the_network_policy_lets_only_the_health_port_in_and_only_from_the_named_peers(dra: bool) -> None:
+    """Off by default; on, it selects the pods of every DaemonSet (the fallbacks too) and lets in healthPort alone,
+    from metricsFrom alone; without peers, nothing."""
+    modes = {"dra": {"enabled": dra}}
+    assert by_kind(rendered(modes), "NetworkPolicy") == []
+    objects = rendered({**modes, "networkPolicy": {"enabled": True, "metricsFrom": PROMETHEUS}})
+    policy = only(objects, "NetworkPolicy")
+    (selector,) = policy["spec"]["podSelector"]["matchExpressions"]
+    daemonsets = by_kind(objects, "DaemonSet")
+    pods = {ds["spec"]["template"]["metadata"]["labels"]["app.kubernetes.io/name"] for ds in daemonsets}
+    assert selector["key"] == "app.kubernetes.io/name" and selector["operator"] == "In"
+    assert set(selector["values"]) == pods and len(pods) == (4 if dra else 2)
+    assert policy["spec"]["policyTypes"] == ["Ingress"]
+    (rule,) = policy["spec"]["ingress"]
+    assert rule["from"] == PROMETHEUS and rule["ports"] == [{"port": "http", "protocol": "TCP"}]
+    for ds in daemonsets:
+        agent = pod_spec(ds)["containers"][-1]
+        assert port_number(agent, "http") == HEALTH_PORT
+    closed = only(rendered({**modes, "networkPolicy": {"enabled": True}}), "NetworkPolicy")
+    assert closed["spec"]["ingress"] == []
+
+
 def test_the_service_monitor_needs_metrics_enabled() -> None:
     objects = rendered({"metrics": {"serviceMonitor": {"enabled": True}}})
     assert by_kind(objects, "ServiceMonitor") == [] and by_kind(objects, "Service") == []
