@@ -5,6 +5,9 @@ with the injected rules the open reaches the kernel (ENXIO: no driver behind the
 (EPERM). Served: capacity, Allocate (a pod gets its chips), prepare (a DRA claim), health and XIDs; the node is
 labelled iluvatar.com/gpu.device-access=nri.
 
+Neither container reaches the host's terminals or shared memory (harness/hostdev.py): the host's /dev they mount
+has empty folders over its pts and shm; a pod that mounts the host's /dev without them is caught by the same checks.
+
 Negative control: the same chart with the injector off, no privilege and no privileged fallback (deviceInjection=
 runtime on a runtime that gives nothing, strict=true): the agent logs the one line naming the fix, advertises
 nothing, labels its node `none` and says so in one Node Event, running (not restarting, not waiting in Init).
@@ -20,13 +23,15 @@ from typing import Any
 import pytest
 from harness.cluster import Cluster
 from harness.dra import DRA_VALUES, claim, driver_slices, minor_is, node_slice
+from harness.hostdev import container_pid, host_probe, seen_from_inside, seen_through_root
 from harness.kube import Kubectl, KubectlError, Obj
 from harness.plugin import devices_yaml, write_atomically
-from harness.pods import SHOW_DEVICES, STAY, busybox_pod, node_resource, run_and_read, shown_devices
+from harness.pods import SHOW_DEVICES, STAY, busybox_pod, node_resource, phase_is, run_and_read, shown_devices, wait_pod
 from harness.project_image import BuiltImage
 from harness.release import (
     CHIPS,
     DRA_DRIVER,
+    INJECTOR,
     NAMESPACE,
     PLUGIN,
     access_events,
@@ -45,6 +50,33 @@ OUT = CHIPS[3]  # gets an XID 64 (it needs an operator: no reset races the check
 ACCESS_LINE = "cannot open /dev/iluvatar0 (Operation not permitted): no GPU access here"
 
 
+def assert_no_host_terminal_or_shared_memory(cluster: Cluster, admin: Kubectl, pod: Obj, agent: str) -> None:
+    """From both containers of the agent's pod as the chart runs it: no host pty opens, no host shared memory is
+    seen, and what the agent writes to its /dev/shm stays its own."""
+    with host_probe() as probe:
+        for container, dev in ((agent, "/dev"), (INJECTOR, "/host/dev")):
+            assert seen_through_root(container_pid(cluster, pod, container), dev, probe) == [], container
+        assert seen_from_inside(admin, NAMESPACE, pod["metadata"]["name"], agent, "/dev", probe) == []
+
+
+def test_the_host_dev_checks_catch_a_container_that_mounts_the_hosts_dev_as_it_is(
+    cluster: Cluster, admin: Kubectl, namespace: str
+) -> None:
+    """The negative control of the checks above: a pod mounting the host's /dev read-only, as the agent's sidecar did
+    before its pts and shm were hidden, reaches both."""
+    pod = busybox_pod("host-dev", STAY)
+    pod["spec"]["volumes"] = [{"name": "dev", "hostPath": {"path": "/dev", "type": "Directory"}}]
+    pod["spec"]["containers"][0]["volumeMounts"] = [{"name": "dev", "mountPath": "/host/dev", "readOnly": True}]
+    admin.create(pod, "-n", namespace)
+    running = wait_pod(admin, namespace, "host-dev", phase_is("Running"), "running", 120)
+    with host_probe() as probe:
+        through_root = seen_through_root(container_pid(cluster, running, "main"), "/host/dev", probe)
+        wanted = ["the host's pty, opened read-write)", "the host's shared memory)"]
+        assert [line.split(" (")[1] for line in through_root] == wanted, through_root
+        inside = seen_from_inside(admin, namespace, "host-dev", "main", "/host/dev", probe)
+        assert len(inside) == 2 and "opened read-write from inside" in inside[0] and "on the host" in inside[1], inside
+
+
 def test_the_device_plugin_daemonset_runs_unprivileged_and_serves(
     cluster: Cluster, admin: Kubectl, namespace: str, project_image: BuiltImage, tmp_path: Path
 ) -> None:
@@ -52,6 +84,7 @@ def test_the_device_plugin_daemonset_runs_unprivileged_and_serves(
         devices = release.devices
         pod = running_pod(cluster, PLUGIN)
         assert_unprivileged_as_run(admin, pod, PLUGIN)
+        assert_no_host_terminal_or_shared_memory(cluster, admin, pod, PLUGIN)
         until(lambda: node_label(admin, cluster.node_name) == "nri", 60, "the node labelled nri", [])
         until(
             lambda: node_resource(admin, cluster.node_name, RESOURCE) == (4, 4),
@@ -86,6 +119,7 @@ def test_the_dra_driver_daemonset_runs_unprivileged_and_prepares_a_claim(
         devices = release.devices
         pod = running_pod(cluster, DRA_DRIVER)
         assert_unprivileged_as_run(admin, pod, DRA_DRIVER)
+        assert_no_host_terminal_or_shared_memory(cluster, admin, pod, DRA_DRIVER)
         until(lambda: node_label(admin, cluster.node_name) == "nri", 60, "the node labelled nri", [])
 
         def published() -> list[Obj]:

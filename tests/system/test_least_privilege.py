@@ -147,6 +147,31 @@ def test_no_host_path_is_mounted_twice(source: str) -> None:
             assert len(paths) == len(set(paths)), (daemonset["metadata"]["name"], container["name"])
 
 
+HOST_DEV_MOUNTS_HIDDEN = ("pts", "shm")  # the host's terminals and shared memory, recursive submounts of its /dev
+
+
+@pytest.mark.parametrize("source", [*STATIC_FILES, *sorted(RENDERS)])
+def test_under_every_mount_of_the_hosts_dev_its_terminals_and_shared_memory_are_hidden(source: str) -> None:
+    """A CRI bind mount is recursive and `readOnly` holds for its top only: a container mounting the host's /dev also
+    gets its /dev/pts (root's terminals, read and written) and /dev/shm. Each such mount has empty folders of the pod's
+    own (emptyDir) over both, the terminals' read-only; nothing of the host is mounted there."""
+    for daemonset in daemonsets(source):
+        spec = pod_spec(daemonset)
+        volumes = {v["name"]: v for v in spec["volumes"]}
+        for container in containers(daemonset):
+            mounts = {m["mountPath"]: m for m in container.get("volumeMounts", [])}
+            for host_path, at, _ in host_mounts(daemonset, container["name"]):
+                if host_path != "/dev":
+                    continue
+                for hidden in HOST_DEV_MOUNTS_HIDDEN:
+                    mask = mounts.get(f"{at}/{hidden}")
+                    where = f"{source}: {daemonset['metadata']['name']} {container['name']} {at}/{hidden}"
+                    assert mask is not None, f"{where}: the host's, not hidden"
+                    assert set(volumes[mask["name"]]) == {"name", "emptyDir"}, where
+                pts = mounts[f"{at}/pts"]
+                assert pts.get("readOnly") is True, f"{source}: {at}/pts must be read-only"
+
+
 def containers(daemonset: dict[str, Any]) -> list[dict[str, Any]]:
     spec = pod_spec(daemonset)
     return [*spec.get("initContainers", []), *spec["containers"]]

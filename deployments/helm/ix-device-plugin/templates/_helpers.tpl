@@ -451,6 +451,13 @@ container (the agent container's name).
     - name: dev
       mountPath: /host/dev
       readOnly: true
+    # The host's terminals and shared memory hidden under its /dev (the mount is recursive): it stats device nodes.
+    - name: dev-pts-mask
+      mountPath: /host/dev/pts
+      readOnly: true
+    - name: dev-pts-mask
+      mountPath: /host/dev/shm
+      readOnly: true
     - name: nri-injector-state
       mountPath: /run/ix-nri-injector
 {{- end -}}
