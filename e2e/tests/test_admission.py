@@ -411,7 +411,9 @@ def test_the_driver_writes_its_own_nodes_slices_at_every_served_version(
     for version in SLICE_VERSIONS:
         name = own_slice_name(node, version)
         dra.create(resource_slice(name, node, api_version=version))
-        stored = dra.get(f"resourceslices.{version.rpartition('/')[2]}.resource.k8s.io", name)
+        kind = f"resourceslices.{version.rpartition('/')[2]}.resource.k8s.io"
+        # Read until seen: a read just after the create was once answered NotFound (at v1beta1, machine busy).
+        stored = until(lambda k=kind, n=name: dra.get_or_none(k, n), 30, f"{name} read back at {version}", [])
         stored["spec"]["pool"]["generation"] = 2
         dra("replace", "-f", "-", input_text=_json(stored))
         dra("delete", "resourceslice", name)
