@@ -81,7 +81,10 @@ def seen_from_inside(admin: Kubectl, namespace: str, pod: str, container: str, d
     seen = []
     pty = f"{dev}/{probe.pty.removeprefix('/dev/')}"
     written = f"ix-e2e-inside-{uuid.uuid4().hex[:12]}"
-    script = f"exec 3<>{pty} && echo OPENED; echo x > {dev}/shm/{written} && echo WROTE; true"
+    # The open in a subshell: a failed redirection of `exec` ends the shell (dash). A character device only: `<>`
+    # would create a plain file where the path is free and writable.
+    opened = f"[ -c {pty} ] && (exec 3<>{pty}) 2>/dev/null && echo OPENED"
+    script = f"{opened}; echo x > {dev}/shm/{written} && echo WROTE; true"
     try:
         output = admin("exec", pod, "-n", namespace, "-c", container, "--", "sh", "-c", script)
     except KubectlError as error:
