@@ -18,6 +18,7 @@ from helpers.manifest_support import (
 )
 
 from ix_device_plugin import __version__
+from ix_device_plugin.dra import pool
 from ix_device_plugin.dra.config import GpuConfig, decode
 from ix_device_plugin.dra.registration import REGISTRATION_SOCKET, plugin_dir
 from ix_device_plugin.healing.record import record_path
@@ -286,3 +287,32 @@ def test_the_driver_takes_extra_env_of_its_own_over_the_shared_one() -> None:
     assert env["IX_SIMULATED_DEVICES"] == "/usr/local/corex/devices" and env["IX_LOG_FORMAT"] == "json"
     plugin_env, _ = _env_and_mounts(plugin)
     assert plugin_env["IX_SIMULATED_DEVICES"] == "/a/devices"
+
+
+SLICES_POLICY = "iluvatar-dra-driver-resourceslices"
+PINNED_SOURCES = {
+    "static": None,
+    "chart": render.DRA_VALUES,
+    "chart-strict": {**render.DRA_VALUES, "strict": True},
+    "chart-both-modes": {"dra": {"enabled": True}},
+}
+
+
+@pytest.mark.parametrize("source", sorted(PINNED_SOURCES))
+def test_the_slices_policy_pins_every_field_that_names_a_node(source: str) -> None:
+    """The driver's slices: its node in spec.nodeName and spec.pool.name, and the node's own names (the pool's
+    naming in dra/pool.py: `<node>-gpu.iluvatar.com`, `-<n>` after it, the long-name form cut with a 10-digit hash
+    when the name and `-999` would pass the API server's 253), in every render and the static admission file."""
+    values = PINNED_SOURCES[source]
+    objects = load_file(STATIC_DIR / "ix-dra-driver-admission.yaml") if values is None else rendered(values)
+    (policy,) = [p for p in by_kind(objects, "ValidatingAdmissionPolicy") if p["metadata"]["name"] == SLICES_POLICY]
+    variables = {v["name"]: v["expression"] for v in policy["spec"]["variables"]}
+    expressions = " ".join(v["expression"] for v in policy["spec"]["validations"])
+    assert variables["sliceBase"] == f'variables.node + "{pool._SUFFIX}"'
+    assert variables["longNames"] == f"size(variables.sliceBase) + {len('-999')} > {pool.MAX_NAME}"
+    assert 's.spec.?nodeName.orValue("") == variables.node' in expressions
+    assert 's.spec.?pool.?name.orValue("") == variables.node' in expressions
+    assert "s.metadata.name == variables.sliceBase" in expressions
+    assert 'substring(size(variables.sliceBase) + 1).matches("^[0-9]+$")' in expressions
+    digest = len(pool.slice_base_name("n" * 240).removesuffix(pool._SUFFIX).rpartition("-")[2])
+    assert f"-[0-9a-f]{{{digest}}}-gpu[.]iluvatar[.]com(-[0-9]+)?$" in expressions
