@@ -124,6 +124,10 @@ def test_the_soak_catches_a_broken_chip_handed_out_and_a_rollout_that_drops_allo
     steps = [Step(2.0, "xid-reset", (0,), 0.0, {"xid": 48})]
     steps += [Step(8.0 + i, "pod-create", (), 0.0, {"pod": f"selftest-{i}", "shape": "gpus-1"}) for i in range(2)]
     steps += [Step(14.0, "rollout")]
+    # The run goes on well past the rollout: on a busy machine (clusters side by side) the DaemonSet controller once
+    # had not replaced the pod before a run ending at 25 s, and a stalled controller is restarted only after
+    # agent.STALLED_S (45 s); the drop must fall inside the run to be seen.
+    steps += [Step(75.0, "pod-create", (), 0.0, {"pod": "selftest-late", "shape": "gpus-1"})]
     soak = Soak(cluster, namespace, "device-plugin", 0, steps, agent, hardware, settle_s=5)
     try:
         soak.run()
