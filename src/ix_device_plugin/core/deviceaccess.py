@@ -85,5 +85,6 @@ def parse_injector_status(text: str) -> InjectorStatus:
     word, colon, why = first.partition(":")
     if word == INJECTOR_UNAVAILABLE and colon:
         return InjectorStatus(registered=False, why=why.strip())
-    shown = first[:80] + ("..." if len(first) > 80 else "")
-    raise ValueError(f"{shown!r} is neither {INJECTOR_REGISTERED!r} nor {INJECTOR_UNAVAILABLE!r}: <why>")
+    quoted = repr(first)  # its escapes may make it longer than the text: cut what is shown, not what is read
+    shown = quoted if len(quoted) <= 100 else f"{quoted[:100]}..."
+    raise ValueError(f"{shown} is neither {INJECTOR_REGISTERED!r} nor {INJECTOR_UNAVAILABLE!r}: <why>")

@@ -21,6 +21,7 @@ from ix_device_plugin.settings.health import NOT_PRESENT, OPERATOR, RESET, Healt
 HEALTHY, OUT, WAITING, RESETTING, NEEDS_OPERATOR, OFF = "healthy", "out", "waiting", "resetting", "operator", "off"
 PHASES = (HEALTHY, OUT, WAITING, RESETTING, NEEDS_OPERATOR, OFF)
 CUT_SHORT_CAUSE = "its last reset was cut short"  # a chip still reserved by a reset that did not finish
+UNAVAILABLE_NOTE = "cannot be reset here"  # the note of a chip left for an operator: no reset can work on this node
 
 
 @dataclass(frozen=True)
@@ -114,7 +115,7 @@ def observe(care: Care, diagnosis: Diagnosis, now: float, rules: Rules, healing:
         return replace(care, phase=NEEDS_OPERATOR, note=f"needs an operator: {', '.join(diagnosis.operator)}")
     if not diagnosis.resettable:
         return replace(care, phase=OUT, note=f"out of service until it clears: {', '.join(diagnosis.other)}")
-    if care.attempts >= rules.attempts and care.phase == NEEDS_OPERATOR:
+    if care.phase == NEEDS_OPERATOR and (care.attempts >= rules.attempts or left_unreset(care)):
         return care
     if not healing:
         return replace(care, phase=OFF, note="self-healing is off: it stays out of service")
@@ -169,6 +170,32 @@ def reset_done(care: Care, after: Diagnosis, now: float, rules: Rules) -> Care:
         return Care(care.uuid, care.minor, note=f"back in service after a reset (attempt {care.attempts})")
     return failed(replace(care, causes=after.reasons), f"still unhealthy after the reset: {', '.join(after.reasons)}",
                   now, rules)  # fmt: skip
+
+
+def unavailable(care: Care, why: str) -> Care:
+    """No reset can work here as the agent is deployed (why: what is missing, and what provides it): the chip waits
+    for an operator, who resets it by hand and returns it; nothing was tried."""
+    return replace(care, phase=NEEDS_OPERATOR, operator_return=False, note=f"{UNAVAILABLE_NOTE}: {why}")
+
+
+def left_unreset(care: Care) -> bool:
+    """True for a chip left for an operator because no reset can work here."""
+    return care.phase == NEEDS_OPERATOR and care.note.startswith(UNAVAILABLE_NOTE)
+
+
+def returned_by_hand(care: Care, after: Diagnosis) -> Care:
+    """An operator returned the chip where no reset can work (they reset it by hand): back in service if its
+    health reads clear once the XIDs seen before are forgotten, else it waits for them again."""
+    if after.healthy:
+        return Care(care.uuid, care.minor, note="back in service: returned by an operator")
+    still = ", ".join(after.reasons)
+    return replace(
+        care,
+        phase=NEEDS_OPERATOR,
+        operator_return=False,
+        causes=after.reasons,
+        note=f"{UNAVAILABLE_NOTE}, and an operator returned it still unhealthy: {still}",
+    )
 
 
 def operator_asked(care: Care) -> Care:

@@ -63,6 +63,7 @@ from ix_device_plugin.runtime.errors import StartupError
 from ix_device_plugin.runtime.files import read_boot_id
 from ix_device_plugin.runtime.probes import ProbeHandlers
 from ix_device_plugin.runtime.service import Service, bounded
+from ix_device_plugin.settings.config import Config
 from ix_device_plugin.settings.health import HealthPolicy
 from ix_device_plugin.settings.options import DraOptions
 from ix_device_plugin.telemetry.holders import ClaimHolders
@@ -140,6 +141,11 @@ class DraDriver:
     def self_healing_switch(self) -> str:
         """selfHealing as read at start."""
         return self.options.config.self_healing
+
+    @property
+    def config(self) -> Config:
+        """The configuration as read at start."""
+        return self.options.config
 
     async def rediscover(self) -> Inventory:
         """Discover again after a GPU reset."""

@@ -6,7 +6,10 @@ from __future__ import annotations
 # A reset's outcome, as the gpu_resets metrics count it: cancelled is one cut short by a stop (its ixsmi killed, or
 # the release it waited for called off), not a failure of the reset.
 CANCELLED = "cancelled"
-RESET_RESULTS = ("ok", "failed", "refused", "uuid_changed", CANCELLED)
+# unavailable: no reset can work here as the agent is deployed (no privilege, no reset helper): nothing was tried,
+# no other IXML user was asked to let go.
+UNAVAILABLE = "unavailable"
+RESET_RESULTS = ("ok", "failed", "refused", "uuid_changed", CANCELLED, UNAVAILABLE)
 
 RESET_STOP_WAIT = 10.0  # a stop waits this long for a running ixsmi before killing it
 KILL_WAIT = 3.0  # ... and this long for it to be gone
@@ -17,4 +20,4 @@ class GpuResetError(Exception):
 
     def __init__(self, message: str, result: str = "failed") -> None:
         super().__init__(message)
-        self.result = result  # for the metric: failed, refused, uuid_changed
+        self.result = result  # for the metric: failed, refused, uuid_changed, unavailable

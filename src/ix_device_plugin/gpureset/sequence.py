@@ -29,8 +29,9 @@ from ix_device_plugin.apiserver.errors import KubeError
 from ix_device_plugin.core.inventory import Inventory
 from ix_device_plugin.gpureset.document import CONFIG_MAP_PREFIX, DATA_KEY, OUR_NAME, ResetInfo
 from ix_device_plugin.gpureset.handshake import ResetHandshake
-from ix_device_plugin.gpureset.outcome import CANCELLED, KILL_WAIT, RESET_STOP_WAIT, GpuResetError
+from ix_device_plugin.gpureset.outcome import CANCELLED, KILL_WAIT, RESET_STOP_WAIT, UNAVAILABLE, GpuResetError
 from ix_device_plugin.hardware.backend import BackendError
+from ix_device_plugin.hardware.resetpath import ResetRefusedNow, ResetUnavailable
 from ix_device_plugin.runtime.files import OutputError
 from ix_device_plugin.runtime.logs import OncePerError
 
@@ -160,7 +161,17 @@ class GpuReset:
                 self._metrics.gpu_reset_duration.observe(seconds)
                 log.info("GPU reset of %s: %s after %.1fs", ",".join(uuids), result, seconds)
 
+    async def problem(self) -> str | None:
+        """Why no reset can work here as the agent is deployed (hardware/resetpath.py); None when one can."""
+        try:
+            return await self._hardware.call("reset_problem", lambda backend: backend.reset_problem())
+        except BackendError as error:
+            return f"whether a reset can work here could not be told: {error}"
+
     async def _steps(self, uuids: list[str], check: Check | None) -> None:
+        problem = await self.problem()  # first: a reset that cannot work asks no one to let go
+        if problem is not None:
+            raise GpuResetError(f"the GPU reset is unavailable here: {problem}; the GPUs were not reset", UNAVAILABLE)
         handshake = await self._opened()
         if handshake is not None:
             try:
@@ -227,6 +238,10 @@ class GpuReset:
         self._command = asyncio.ensure_future(self._hardware.call("reset", work, timeout=timeout + 5))
         try:
             await self._command
+        except ResetUnavailable as error:
+            return GpuResetError(f"the GPU reset is unavailable here: {error}; the GPUs were not reset", UNAVAILABLE)
+        except ResetRefusedNow as error:
+            return GpuResetError(f"the reset helper did not reset {','.join(uuids)} now: {error}", "refused")
         except BackendError as error:
             return GpuResetError(f"resetting {','.join(uuids)} failed: {error}")
         return None

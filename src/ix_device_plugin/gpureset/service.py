@@ -40,6 +40,10 @@ class ResetService:
         """True while ixsmi (the backend's reset) runs."""
         return self._built is not None and self._built.command_running
 
+    async def problem(self) -> str | None:
+        """Why no reset can work here as the agent is deployed; None when one can (GpuReset.problem)."""
+        return await self._machinery().problem()
+
     async def reset(self, uuids: Sequence[str], check: Check | None = None) -> None:
         """Reset these chips and rediscover (GpuReset.reset)."""
         await self._machinery().reset(uuids, check)

@@ -51,6 +51,16 @@ class Backend(Protocol):
         is set (from another thread: the plugin is stopping) before it ends."""
         ...
 
+    def reset_problem(self) -> str | None:
+        """Why no reset can work here as the agent is deployed (what is missing, and what provides it); None when
+        one can. Asked before anything of a reset is done: a reset that cannot work is not tried."""
+        ...
+
+    def xids_watched(self) -> frozenset[str] | None:
+        """The chips whose XID events are being waited for now (the event set registered, its waiter alive); None
+        when this backend has no XID events at all (health comes from polling alone)."""
+        ...
+
     def watch_xids(self, sink: XidSink) -> None:
         """From the next discover() on, hand every critical XID event to sink (from a thread of the
         backend's own, re-registered after each rediscovery); a backend without events only says so."""

@@ -71,6 +71,7 @@ class HardwareMonitor:
         self._held_out: dict[str, str] = {}  # chip UUID -> why it is kept out of service (reserved for a reset)
         self._followed_xids: dict[str, frozenset[int]] = {}  # XIDs another pod of the agent saw (its record)
         self._own_xids: dict[str, frozenset[int]] = {}  # chip UUID -> the XIDs this process keeps for it
+        self._xid_seen: dict[tuple[str, int], float] = {}  # (chip UUID, XID kept) -> when it was last reported
         self.xids_watched = False
 
     # ---- what the front ends use ------------------------------------------------------------
@@ -88,12 +89,23 @@ class HardwareMonitor:
         """Call listener with every XID event on a chip the node serves, ignored ones too, as it arrives."""
         self._xid_listeners.append(listener)
 
-    async def clear_xids(self, uuid: str, xids: frozenset[int]) -> HardwareView:
-        """After a reset of the chip: read every chip's health again, then forget these XIDs of it; the view once
-        every subscriber has been handed it."""
+    async def clear_xids(self, uuid: str, xids: frozenset[int], before: float | None = None) -> HardwareView:
+        """After a reset of the chip: read every chip's health again, then forget these XIDs of it, except one
+        reported again at or after `before` (monotonic: when the reset started; it is still pending, the reset did
+        not clear it); the view once every subscriber has been handed it."""
         done: asyncio.Future[HardwareView] = asyncio.get_running_loop().create_future()
-        self._requests.put_nowait(ClearXids(uuid, xids, done))
+        self._requests.put_nowait(ClearXids(uuid, xids, done, before))
         return await done
+
+    def reported_since(self, uuid: str, since: float) -> frozenset[int]:
+        """The chip's kept XIDs reported (again) at or after since (monotonic)."""
+        return frozenset(xid for (chip, xid), when in self._xid_seen.items() if chip == uuid and when >= since)
+
+    async def xids_live(self, uuid: str) -> bool | None:
+        """Whether the chip's XID events are being waited for now (after a reset: the event set registered again);
+        None when the backend has no XID events at all. BackendError."""
+        watched = await self.hardware.call("xids_watched", lambda backend: backend.xids_watched())
+        return None if watched is None else uuid in watched
 
     def preset(self, *, followed_xids: Mapping[str, frozenset[int]], held_out: Mapping[str, str]) -> None:
         """Before start: what the node-health record says, laid over the chips from the first discovery on: another
@@ -312,10 +324,16 @@ class HardwareMonitor:
     async def _clear_xids(self, request: ClearXids) -> None:
         await self._poll()
         chip = next((chip for chip in self.view.inventory.chips() if chip.uuid == request.uuid), None)
-        if chip is not None and chip.status.xids & request.xids:
+        cleared = frozenset(
+            xid for xid in request.xids
+            if request.before is None or self._xid_seen.get((request.uuid, xid), 0.0) < request.before
+        )  # fmt: skip
+        if chip is not None and chip.status.xids & cleared:
             for kept in (self._own_xids, self._followed_xids):
                 if request.uuid in kept:
-                    kept[request.uuid] = kept[request.uuid] - request.xids
+                    kept[request.uuid] = kept[request.uuid] - cleared
+            for xid in cleared:
+                self._xid_seen.pop((request.uuid, xid), None)
             status = self._overlaid(chip.uuid, chip.status)
             self._publish(self.view.inventory.with_statuses({chip.uuid: status}), self.view.discovered)
         if not request.done.done():
@@ -340,6 +358,7 @@ class HardwareMonitor:
             return
         own = self._own_xids.get(chip.uuid, frozenset())
         if event.xid in own:
+            self._xid_seen[(chip.uuid, event.xid)] = time.monotonic()  # reported again: after a reset, still pending
             return  # the same XID again: the chip is Unhealthy already
         if len(own) >= MAX_XIDS:
             self.xid_log.log(
@@ -353,6 +372,7 @@ class HardwareMonitor:
             "XID %d on %s: a critical error; the chip is Unhealthy until a reset clears it", event.xid, chip.uuid
         )
         self._own_xids[chip.uuid] = own | {event.xid}
+        self._xid_seen[(chip.uuid, event.xid)] = time.monotonic()
         status = self._overlaid(chip.uuid, chip.status)
         self._publish(self.view.inventory.with_statuses({chip.uuid: status}), self.view.discovered)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from ix_device_plugin.hardware.backend import DEFAULT_IXSMI, Backend
+from ix_device_plugin.hardware.resetpath import Resetter, resetter_for
 from ix_device_plugin.settings.options import NodeOptions
 
 BackendFactory = Callable[[], Backend]
@@ -19,7 +20,7 @@ def backend_factory(options: NodeOptions) -> BackendFactory:
         def simulated() -> Backend:
             from ix_device_plugin.hardware.simulated import SimulatedBackend
 
-            return SimulatedBackend(spec, ixsmi, dev_root=options.dev_root)
+            return SimulatedBackend(spec, ixsmi, dev_root=options.dev_root, resetter=resetter(options, ixsmi))
 
         return simulated
 
@@ -31,6 +32,14 @@ def backend_factory(options: NodeOptions) -> BackendFactory:
             dev_root=options.dev_root,
             sysfs_root=options.sysfs_root,
             ixsmi_path=options.ixsmi_path,
+            resetter=resetter(options, options.ixsmi_path),
         )
 
     return ixml
+
+
+def resetter(options: NodeOptions, ixsmi_path: str | None) -> Resetter:
+    """Who runs ixsmi -r for the backend (hardware/resetpath.py), from --reset-via and --reset-helper-socket."""
+    from ix_device_plugin.hardware.resetaccess import reset_drivers_dir
+
+    return resetter_for(options.reset_via, options.reset_helper_socket, ixsmi_path, reset_drivers_dir(options))

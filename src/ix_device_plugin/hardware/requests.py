@@ -24,6 +24,7 @@ class ClearXids:
     uuid: str
     xids: frozenset[int]
     done: asyncio.Future[HardwareView]
+    before: float | None = None  # monotonic: an XID reported again since is kept (None: forget them all)
 
 
 @dataclass(frozen=True)

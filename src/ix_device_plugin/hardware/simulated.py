@@ -27,6 +27,7 @@ from ix_device_plugin.core.products import PRODUCTS, Product, lookup
 from ix_device_plugin.core.telemetry import ChipSample
 from ix_device_plugin.hardware.backend import BackendError, XidEvent, XidSink
 from ix_device_plugin.hardware.devnodes import device_access_problem
+from ix_device_plugin.hardware.resetpath import LocalReset, Resetter
 from ix_device_plugin.settings import yamlsafe
 from ix_device_plugin.settings.health import HEALTH_ERROR_NAMES
 from ix_device_plugin.settings.table import DEFAULT_SIMULATED_DEVICES
@@ -44,6 +45,7 @@ DEFAULT_DRIVER_VERSION = "4.4.0"
 MAX_DRIVER_VERSION = 79  # IXML writes the version into an 80-byte buffer, its NUL included
 _UUID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
 _UUID_NAMESPACE = uuidlib.UUID("6f1c1b0e-5d8e-4c1a-9a43-1e3e00000000")
+SIMULATED_DRIVERS_DIR = Path("/sys/bus/pci/drivers")  # no Iluvatar driver here: any PCI driver directory stands in
 _CHIP_KEYS = {"uuid", "minor", "bus_id", "numa_node", "memory_mib", "health", "present", "xids"}
 _BOARD_KEYS = {"product", "chips"}
 
@@ -53,15 +55,25 @@ class SimulatedBackend:
 
     name = "simulated"
 
-    def __init__(self, source: str = DEFAULT_SPEC, ixsmi_path: str | None = None, dev_root: str | Path = "/") -> None:
+    def __init__(
+        self,
+        source: str = DEFAULT_SPEC,
+        ixsmi_path: str | None = None,
+        dev_root: str | Path = "/",
+        resetter: Resetter | None = None,
+    ) -> None:
         self.source = source
         self.dev_root = Path(dev_root)  # where the host's /dev is mounted: its GPU nodes must open, as for IXML
         self.ixsmi_path = ixsmi_path  # run for each reset, as the IXML backend runs ixsmi, when given
+        # Who runs ixsmi -r: by default this process (a stand-in ixsmi when named, else the simulation itself), as
+        # strict as the real one: it needs what ixsmi -r needs (CAP_SYS_ADMIN, a writable PCI driver directory).
+        self.resetter: Resetter = resetter or LocalReset(ixsmi_path, SIMULATED_DRIVERS_DIR)
         self._path = _as_existing_file(source)
         self.resets: list[tuple[str, ...]] = []  # every reset asked for, in order
         self._renamed: dict[str, str] = {}  # UUID in the file -> UUID after a reset that changed it
         self._xid_sink: XidSink | None = None
         self._xids_sent: set[tuple[str, int]] = set()
+        self._vanished: set[str] = set()  # chips (their UUIDs in the file) that did not come back from a reset
 
     def discover(self) -> Inventory:
         """Boards and chips as the spec or file describes them now; BackendError, as the IXML backend raises it, when
@@ -81,25 +93,43 @@ class SimulatedBackend:
         return {chip.uuid: current.get(chip.uuid, ChipStatus(present=False)) for chip in inventory.chips()}
 
     def reset(self, uuids: Sequence[str], timeout: float, abort: threading.Event | None = None) -> None:
-        """A reset as the file's `reset:` mapping says: chips listed under `fail` fail it, chips under
-        `new_uuid` come back with another UUID; all others reset fine. With an ixsmi_path, that program is run first
-        as the IXML backend runs ixsmi (a failure fails the reset)."""
+        """A reset as the file's `reset:` mapping says (RESET_BEHAVIOURS): chips listed under `fail` fail it, under
+        `new_uuid` come back with another UUID, under `lie` are not reset though ixsmi exits 0 (their XIDs are
+        reported again), under `vanish` do not come back; all others reset fine. The resetter runs first, as the
+        IXML backend runs ixsmi (a failure fails the reset; without the privilege ixsmi -r needs, it refuses)."""
         self.resets.append(tuple(uuids))
-        if self.ixsmi_path is not None:
-            from ix_device_plugin.hardware.ixml.reset import run_ixsmi_reset
-
-            run_ixsmi_reset(self.ixsmi_path, uuids, timeout, abort)
+        self.resetter.run(uuids, timeout, abort)
         behaviour = reset_behaviour(self._path) if self._path is not None else {}
         original = {new: old for old, new in self._renamed.items()}
         failing = [uuid for uuid in uuids if behaviour.get(original.get(uuid, uuid)) == "fail"]
         if failing:
             raise BackendError(f"simulated ixsmi -r -i {','.join(uuids)}: {', '.join(failing)} did not reset")
         for uuid in uuids:
-            if behaviour.get(original.get(uuid, uuid)) == "new_uuid":
+            kind = behaviour.get(original.get(uuid, uuid))
+            if kind == "new_uuid":
                 self._renamed[original.get(uuid, uuid)] = f"{original.get(uuid, uuid)}-reset{len(self.resets)}"
+            elif kind == "lie":  # ixsmi said it reset the chip, which was not reset: its XIDs are still pending
+                self._xids_sent = {(chip, xid) for chip, xid in self._xids_sent if chip != uuid}
+            elif kind == "vanish":  # the chip does not come back from the reset
+                self._vanished.add(original.get(uuid, uuid))
+
+    def reset_problem(self) -> str | None:
+        """Why no reset can work here (the resetter's answer); None when one can."""
+        return self.resetter.problem()
+
+    def xids_watched(self) -> frozenset[str] | None:
+        """Every chip the file lists, once an XID sink is set (the simulation's events are never lost)."""
+        if self._xid_sink is None:
+            return frozenset()
+        return frozenset(chip.uuid for board in self._boards() for chip in board.chips if chip.status.present)
 
     def _boards(self) -> tuple[Board, ...]:
         boards = parse_spec(self.source) if self._path is None else self._sending_xids(load_file(self._path))
+        if self._vanished:
+            boards = tuple(
+                replace(board, chips=tuple(chip for chip in board.chips if chip.uuid not in self._vanished))
+                for board in boards
+            )
         if not self._renamed:
             return boards
         return tuple(
@@ -229,18 +259,23 @@ def _default_board(product: str, board_index: int, first_minor: int) -> Board:
     return Board(product=product, chips=chips)
 
 
-RESET_BEHAVIOURS = ("fail", "new_uuid")
+# What a reset does to a chip the file's `reset:` lists: fail (ixsmi fails), new_uuid (it comes back under another
+# UUID), lie (ixsmi exits 0 but the chip was not reset: its XIDs are reported again), vanish (it does not come back).
+RESET_BEHAVIOURS = ("fail", "new_uuid", "lie", "vanish")
 REWRITE_PAUSE = 0.05  # seconds before an empty devices file is read again
 
 
 def reset_behaviour(path: Path) -> dict[str, str]:
-    """UUID -> `fail` or `new_uuid`, from the file's optional `reset:` mapping; BackendError when malformed."""
+    """UUID -> one of RESET_BEHAVIOURS, from the file's optional `reset:` mapping; BackendError when malformed."""
     document = _read_document(path)
     section = document.get("reset") if isinstance(document, dict) else None
     if section is None:
         return {}
     if not isinstance(section, dict) or not set(section) <= set(RESET_BEHAVIOURS):
-        raise BackendError(f"simulated devices file {path}: reset: expected a mapping with fail and new_uuid lists")
+        raise BackendError(
+            f"simulated devices file {path}: reset: expected a mapping with lists of chip UUIDs under "
+            f"{', '.join(RESET_BEHAVIOURS)}"
+        )
     behaviour: dict[str, str] = {}
     for kind, uuids in section.items():
         if not isinstance(uuids, list) or not all(isinstance(uuid, str) for uuid in uuids):

@@ -33,8 +33,9 @@ from ix_device_plugin.core import healing as rules_of
 from ix_device_plugin.core.healing import HEALTHY, NEEDS_OPERATOR, OFF, WAITING, Care, Diagnosis, diagnose
 from ix_device_plugin.core.holding import UNKNOWN
 from ix_device_plugin.core.inventory import Chip, Inventory
-from ix_device_plugin.gpureset.outcome import GpuResetError
+from ix_device_plugin.gpureset.outcome import UNAVAILABLE, GpuResetError
 from ix_device_plugin.hardware.monitor import HardwareMonitor, HardwareView
+from ix_device_plugin.healing.proof import before_reset, diagnostic_failure, unproven
 from ix_device_plugin.healing.record import RecordFile
 from ix_device_plugin.healing.reservations import Reservations
 from ix_device_plugin.healing.settings import HealingSettings
@@ -258,6 +259,9 @@ class Healer:
                 care = self.cares.get(uuid) or care
                 if not rules_of.due(care, time.monotonic()) or not self.settings.acting():
                     return  # it came back by itself, or went to an operator, or another pod acts now
+                if (problem := await self.reset.problem()) is not None:  # no reset can work: none is tried
+                    await self._unresettable(care, problem)
+                    return
                 ends = self.reservations.begin(uuid)  # False: reserved already, a reset cut short
                 try:
                     # Held now: wait without reserving it. A reservation found held is ended at once, and each costs
@@ -281,6 +285,16 @@ class Healer:
                     self.reservations.finish(uuid, ends)
         except OutputError as error:  # the turn or the record: nothing was reset
             self._set(rules_of.refused(self.cares.get(uuid) or care, str(error), time.monotonic(), self.settings.rules))
+
+    async def _unresettable(self, care: Care, problem: str) -> None:
+        """No reset can work here: the chip waits for an operator (one Event naming what is missing, said by the
+        telling). An operator's return means they reset it by hand: its health is read again, without ixsmi."""
+        if not care.operator_return:
+            self._set(rules_of.unavailable(care, problem))
+            return
+        chip = self._chip(care.uuid)
+        view = await self.monitor.clear_xids(care.uuid, frozenset() if chip is None else chip.status.xids)
+        self._set(rules_of.returned_by_hand(care, self._diagnosis(view.inventory, care.uuid)))
 
     def _wait_for(self, care: Care, holder: str) -> None:
         waiting = rules_of.held(care, holder, time.monotonic() + self.settings.free_poll)
@@ -307,8 +321,7 @@ class Healer:
         if (news := self._diagnosis(self.monitor.view.inventory, care.uuid)).operator and not care.operator_return:
             self._set(rules_of.observe(care, news, time.monotonic(), self.settings.rules, self.healing))
             return False
-        chip = self._chip(care.uuid)
-        xids = frozenset() if chip is None else chip.status.xids
+        before = await before_reset(self.monitor, self._chip(care.uuid), care.uuid)
         care = rules_of.started(care)
         self._set(care)
         what = f"for {', '.join(care.causes)}" if care.causes else ""
@@ -324,7 +337,14 @@ class Healer:
         except GpuResetError as error:
             self._reset_failed(care, error)
             return False
-        view = await self.monitor.clear_xids(care.uuid, xids)
+        config, policy = self.settings.config(), self.settings.policy()
+        why = await unproven(self.monitor, before, policy) or await diagnostic_failure(
+            config.reset_diagnostic, care.uuid, config.reset_diagnostic_timeout
+        )
+        if why is not None:  # ixsmi exited 0, but the hardware does not show a reset: a failed attempt
+            self._reset_failed(care, GpuResetError(why, "unproven"))
+            return True
+        view = await self.monitor.clear_xids(care.uuid, before.xids, before=before.started)
         after = self._diagnosis(view.inventory, care.uuid)
         self.metrics.resets.labels(result="ok" if after.healthy else "still_unhealthy").inc()
         done = rules_of.reset_done(care, after, time.monotonic(), self.settings.rules)
@@ -335,11 +355,15 @@ class Healer:
 
     def _reset_failed(self, care: Care, error: GpuResetError) -> None:
         now = time.monotonic()
+        if error.result == UNAVAILABLE:  # found at the reset's first step (the configuration changed since)
+            self.metrics.resets.labels(result=UNAVAILABLE).inc()
+            self._set(rules_of.unavailable(replace(care, attempts=max(0, care.attempts - 1)), str(error)))
+            return
         if error.result == "refused":
             self.metrics.resets.labels(result="refused").inc()
             after = rules_of.refused(care, str(error), now, self.settings.rules)
         else:
-            self.metrics.resets.labels(result="failed").inc()
+            self.metrics.resets.labels(result=error.result if error.result == "unproven" else "failed").inc()
             after = rules_of.failed(care, str(error), now, self.settings.rules)
         self.telling.event(WARNING, "GPUHealingFailed", f"{care.name}: {after.note}")
         log.warning("healing %s: %s", care.name, after.note)

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ix_device_plugin.core.healing import Rules
+from ix_device_plugin.settings.config import Config
 from ix_device_plugin.settings.health import HealthPolicy
 
 FREE_POLL = 1.0  # seconds between looks at whether a waiting chip is free (and, on standby, at the node's role)
@@ -19,6 +20,10 @@ FREE_POLL = 1.0  # seconds between looks at whether a waiting chip is free (and,
 
 def _always() -> bool:
     return True
+
+
+def _defaults() -> Config:
+    return Config()
 
 
 @dataclass(frozen=True)
@@ -33,6 +38,7 @@ class HealingSettings:
     node_watched: the front end watches its Node already and hands on the operator's annotation.
     flush_interval: how often repeats of a Node Event are written (None: the Events' default).
     free_poll: seconds between looks at whether a waiting chip is free.
+    config: the configuration in force (the reset diagnostic: health.resetDiagnostic and its timeout).
     """
 
     policy: Callable[[], HealthPolicy]
@@ -45,3 +51,4 @@ class HealingSettings:
     node_watched: bool = False
     flush_interval: float | None = None
     free_poll: float = FREE_POLL
+    config: Callable[[], Config] = _defaults

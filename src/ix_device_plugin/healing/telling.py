@@ -14,7 +14,7 @@ import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
-from ix_device_plugin.core.healing import HEALTHY, NEEDS_OPERATOR, OFF, OUT, RESETTING, WAITING, Care
+from ix_device_plugin.core.healing import HEALTHY, NEEDS_OPERATOR, OFF, OUT, RESETTING, WAITING, Care, left_unreset
 from ix_device_plugin.hardware.backend import XidEvent
 from ix_device_plugin.hardware.monitor import HardwareMonitor
 from ix_device_plugin.healing.metrics import HealingMetrics
@@ -78,7 +78,12 @@ class Telling:
         elif care.phase == NEEDS_OPERATOR:
             self.metrics.outcomes.labels(outcome="needs_operator").inc()
             how = f"kubectl annotate --overwrite node {self.node or '<node>'} {RETURN_ANNOTATION}={care.uuid}"
-            self.event(WARNING, "GPUNeedsOperator", f"{care.name} {care.note}; once it is fixed, return it: {how}")
+            if left_unreset(care):  # one Event naming what is missing: no reset was tried
+                by_hand = f"reset it by hand on the node (ixsmi -r -i {care.uuid})"
+                said = f"{care.name} {care.note}; {by_hand}, then return it: {how}"
+                self.event(WARNING, "GPUResetUnavailable", said)
+            else:
+                self.event(WARNING, "GPUNeedsOperator", f"{care.name} {care.note}; once it is fixed, return it: {how}")
             log.warning("%s %s", care.name, care.note)
 
     def _back(self, before: Care, care: Care) -> None:

@@ -34,6 +34,7 @@ from ix_device_plugin.runtime.lazymetrics import Gated, Registry
 from ix_device_plugin.runtime.noderole import NodeRole
 from ix_device_plugin.runtime.probes import ProbeHandlers, ProbeServer, start_probes
 from ix_device_plugin.runtime.service import TaskFactory, bounded
+from ix_device_plugin.settings.config import Config
 from ix_device_plugin.settings.health import HealthPolicy
 from ix_device_plugin.settings.options import NodeOptions
 
@@ -115,6 +116,11 @@ class FrontEnd(Protocol[Guard]):
         """selfHealing as configured now."""
         ...
 
+    @property
+    def config(self) -> Config:
+        """The configuration in force (self-healing reads its reset diagnostic there)."""
+        ...
+
     async def rediscover(self) -> Inventory:
         """Discover again after a GPU reset; the inventory once it is served."""
         ...
@@ -181,7 +187,7 @@ class NodeAgent(Generic[Guard]):
         settings = HealingSettings(
             policy=front.current_health_policy, switch=front.self_healing_switch, story=mode.story,
             rules=mode.rules or Rules(), acting=lambda: self.acting, boot_id=mode.boot_id, writer=mode.writer,
-            node_watched=mode.node_watched,
+            node_watched=mode.node_watched, config=lambda: front.config,
         )  # fmt: skip
         return NodeHealing(
             self.monitor, self.gpu_reset, self.guard, self._api, settings, registry=registry, record=self.record

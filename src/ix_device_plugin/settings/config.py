@@ -26,6 +26,8 @@ class Config:
     health_reset: tuple[str, ...] = default("health_reset")  # `XID 48`, `ECC`: moved to the action named
     health_operator: tuple[str, ...] = default("health_operator")
     health_ignore: tuple[str, ...] = default("health_ignore")
+    reset_diagnostic: tuple[str, ...] = default("reset_diagnostic")  # run after a proven reset; () none
+    reset_diagnostic_timeout: float = default("reset_diagnostic_timeout")
     # Health error names not to act on (IX_DISABLE_HEALTHCHECKS); "all" ignores every error and XID,
     # "xids" every XID event, "XID <n>" that XID (besides the application XIDs always ignored).
     ignored_health_errors: frozenset[str] = frozenset()

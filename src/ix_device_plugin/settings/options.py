@@ -59,6 +59,8 @@ class NodeOptions:
     stop_timeout: float = 1.5  # shutdown abandons what has not stopped by then
     reset_wait_timeout: float = default("reset_wait_timeout")
     reset_timeout: float = default("reset_timeout")
+    reset_via: str = default("reset_via")  # who runs ixsmi -r: helper, local, none, auto
+    reset_helper_socket: str = ""  # the reset helper's socket ("": none named)
     device_access: str | None = None  # IX_DEVICE_ACCESS: how the chart gives the GPU nodes (None: not shown)
     device_access_fallback: str = "none"  # what a node whose nodes cannot be opened becomes (privileged, none)
     nri_status: Path | None = None  # the NRI injector's status file

@@ -30,6 +30,7 @@ NODE_CONFIG_LABEL = "iluvatar.com/device-plugin.config"
 # Volcano's scheduler (the vc-scheduler binary) patches pod annotations naming no field manager: the API server
 # records the program name its client-go user agent starts with.
 DEFAULT_VOLCANO_FIELD_MANAGER = "vc-scheduler"
+RESET_PATHS = ("auto", "helper", "local", "none")
 LOG_LEVELS = ("debug", "info", "warning", "error")
 # How a DaemonSet gives the agent's container the GPU device nodes, and what a node that cannot becomes
 # (core/deviceaccess.py; settings import nothing of ours but themselves).
@@ -150,6 +151,10 @@ SETTINGS: tuple[Setting, ...] = (
              (RUN, DRA)),
     _setting("reset_timeout", "--reset-timeout", "IX_RESET_TIMEOUT", 120.0, v.seconds, "SECONDS",
              "GPU reset: how long `ixsmi -r` may take", (RUN, DRA)),
+    _setting("reset_via", "--reset-via", "IX_RESET_VIA", "auto", v.choice(*RESET_PATHS), "|".join(RESET_PATHS),
+             "GPU reset: who runs `ixsmi -r`: helper (the privileged reset helper, at IX_RESET_HELPER_SOCKET), local "
+             "(this process: it must be privileged), none (resets are unavailable), auto (helper where a socket is "
+             "named, else local)", (RUN, DRA)),
     _setting("health_address", "--health-address", "IX_HEALTH_ADDRESS", ":8080", v.address, "HOST:PORT",
              "HTTP /healthz /readyz /metrics; `off` disables", DAEMONS),
     _setting("kubelet_registrar_directory_path", "--kubelet-registrar-directory-path",
@@ -225,6 +230,12 @@ SETTINGS: tuple[Setting, ...] = (
     _setting("self_healing", "--self-healing", "IX_SELF_HEALING", "auto", parse_self_healing, "auto|true|false",
              "reset a chip with a resettable error once no container holds it, and return it to service (auto: where "
              "other IXML users can be asked to let go, through the API server)", HEALTH_MODES, "health.selfHealing"),
+    _setting("reset_diagnostic", "--reset-diagnostic", "IX_RESET_DIAGNOSTIC", (), v.command, "COMMAND",
+             "self-healing: a check run after a proven reset, before the chip returns (no shell; {uuid} is the "
+             "chip's UUID); its exit status 0 returns the chip", HEALTH_MODES, "health.resetDiagnostic"),
+    _setting("reset_diagnostic_timeout", "--reset-diagnostic-timeout", "IX_RESET_DIAGNOSTIC_TIMEOUT", 300.0,
+             v.seconds, "SECONDS", "self-healing: how long the diagnostic may take (then it is killed: it failed)",
+             HEALTH_MODES, "health.resetDiagnosticTimeout"),
     _setting("health_reset", "--health-reset", "IX_HEALTH_RESET", (), parse_health_names, "LIST",
              "XIDs and health errors a GPU reset clears (besides the defaults)", HEALTH_MODES, "health.reset"),
     _setting("health_operator", "--health-operator", "IX_HEALTH_OPERATOR", (), parse_health_names, "LIST",

@@ -157,3 +157,29 @@ def field_manager(value: Any, from_text: bool = True) -> str:
     if not isinstance(value, str) or not value or not value.isprintable() or len(value) > FIELD_MANAGER_LIMIT:
         raise ValueError(f"expected a field manager's name: 1 to {FIELD_MANAGER_LIMIT} printable characters")
     return value
+
+
+MAX_COMMAND_ARGS, MAX_ARG_CHARS = 64, 4096
+
+
+def command(value: Any, from_text: bool = True) -> tuple[str, ...]:
+    """A command to run without a shell: a YAML list of arguments, or as text split as a shell would split it (its
+    quotes, nothing else); the program an absolute path. `off` or empty: none."""
+    import shlex
+
+    if isinstance(value, str):
+        if value.strip().lower() in {"", "off"}:
+            return ()
+        try:
+            value = shlex.split(value)
+        except ValueError as error:
+            raise ValueError(f"expected a command line ({error})") from None
+    if not isinstance(value, list) or not all(isinstance(arg, str) for arg in value):
+        raise ValueError("expected a command: a list of arguments, the first an absolute path")
+    if not value:
+        return ()
+    if len(value) > MAX_COMMAND_ARGS or any(len(arg) > MAX_ARG_CHARS or "\0" in arg for arg in value):
+        raise ValueError(f"expected at most {MAX_COMMAND_ARGS} arguments of at most {MAX_ARG_CHARS} characters")
+    if not value[0].startswith("/"):
+        raise ValueError(f"expected the program as an absolute path (no shell, no PATH lookup), got {value[0]!r}")
+    return tuple(value)

@@ -22,10 +22,12 @@ from ix_device_plugin.hardware.ixml.library import (
     find_library,
     load_library,
 )
-from ix_device_plugin.hardware.ixml.reset import run_ixsmi_reset
 from ix_device_plugin.hardware.ixml.sampling import Sampler
+from ix_device_plugin.hardware.resetpath import LocalReset, Resetter
 
 log = logging.getLogger(__name__)
+
+IXML_DRIVERS_DIR = "bus/pci/drivers/iluvatar"  # under the sysfs root: what ixsmi -r writes to rebind a chip
 
 _DRIVER_VERSION_BUFFER_SIZE = 80
 
@@ -45,9 +47,11 @@ class IxmlBackend:
         dev_root: str | Path = "/",
         sysfs_root: str | Path = "/sys",
         ixsmi_path: str = DEFAULT_IXSMI,
+        resetter: Resetter | None = None,
     ) -> None:
         self._library_path = library_path
-        self._ixsmi_path = ixsmi_path
+        # Who runs ixsmi -r (hardware/resetpath.py): by default this process, which must then be privileged.
+        self._resetter: Resetter = resetter or LocalReset(ixsmi_path, Path(sysfs_root) / IXML_DRIVERS_DIR)
         self._dev_root = Path(dev_root)
         self._library: Library | None = None
         self._initialized = False
@@ -110,7 +114,16 @@ class IxmlBackend:
         """Shut the library down and run `ixsmi -r -i <uuids>`; BackendError with ixsmi's words on failure
         (or when abort is set before it ends: it is killed)."""
         self.close()
-        run_ixsmi_reset(self._ixsmi_path, uuids, timeout, abort)
+        self._resetter.run(uuids, timeout, abort)
+
+    def reset_problem(self) -> str | None:
+        """Why no reset can work here (the resetter's answer); None when one can."""
+        return self._resetter.problem()
+
+    def xids_watched(self) -> frozenset[str] | None:
+        """The chips the XID waiter waits for now; None when the library has no XID events."""
+        with LIBRARY_LOCK:
+            return self._xids.watched()
 
     def close(self) -> None:
         """Stop the XID waiter, then shut the library down; a later discover() starts it again."""

@@ -57,6 +57,11 @@ class XidWaiter:
     def alive(self) -> bool:
         return self._thread.is_alive()
 
+    @property
+    def watched(self) -> frozenset[str]:
+        """The chips whose XID events this waiter waits for."""
+        return frozenset(self._uuids.values())
+
     def stop(self) -> bool:
         """Stop waiting and free the event set; False when the thread is still inside the library."""
         self._stop.set()
@@ -165,6 +170,16 @@ class XidWatch:
             return None
         log.info("waiting for XID events of %d chips", len(uuids))
         return event_set
+
+    def watched(self) -> frozenset[str] | None:
+        """The chips the waiter waits for now (none while it is not running); None when the library has no XID
+        events or no chip supports them."""
+        if self._unavailable_logged and self._waiter is None:
+            return None
+        waiter = self._waiter
+        if waiter is None or not waiter.alive:
+            return frozenset()
+        return waiter.watched
 
     def stop(self) -> bool:
         """Stop the XID waiter, if any; False when it did not stop (it is still inside the library)."""

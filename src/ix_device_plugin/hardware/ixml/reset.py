@@ -51,28 +51,40 @@ def run_ixsmi_reset(
 ) -> None:
     """Run `ixsmi -r -i <uuids>`; BackendError with ixsmi's words and exit code when it fails, outlasts timeout
     seconds, or abort is set (the plugin is stopping) before it ends."""
-    command = [ixsmi_path, "-r", "-i", ",".join(uuids)]
-    shown = " ".join(command)
+    output = run_bounded(
+        [ixsmi_path, "-r", "-i", ",".join(uuids)], timeout, abort, "install CoreX's ixsmi or set --ixsmi-path"
+    )
+    log.info("%s -r -i %s: %s", ixsmi_path, ",".join(uuids), output or "done")
+
+
+def run_bounded(
+    command: Sequence[str], timeout: float, abort: threading.Event | None = None, missing_hint: str = ""
+) -> str:
+    """Run command (no shell) in a session of its own; what it printed (the end of it) when it exits 0, else
+    BackendError with its words and exit code, or saying it outlasted timeout seconds or abort was set (the
+    plugin is stopping) and was killed with its whole process group."""
+    program, shown = command[0], " ".join(command)
+    hint = f": {missing_hint}" if missing_hint else ""
     try:
         process = subprocess.Popen(
-            command,
+            list(command),
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
     except FileNotFoundError:
-        raise BackendError(f"{ixsmi_path} not found: install CoreX's ixsmi or set --ixsmi-path") from None
+        raise BackendError(f"{program} not found{hint}") from None
     except PermissionError:
-        raise BackendError(f"{ixsmi_path} is not executable") from None
+        raise BackendError(f"{program} is not executable") from None
     except OSError as error:
-        raise BackendError(f"{ixsmi_path} cannot be run: {error.strerror or error}") from None
+        raise BackendError(f"{program} cannot be run: {error.strerror or error}") from None
     tail = _Tail(OUTPUT_KEPT)
     with process, selectors.DefaultSelector() as selector:
         assert process.stdout is not None
         selector.register(process.stdout, selectors.EVENT_READ)
         why = _follow(process, selector, tail, time.monotonic() + timeout, abort)
-        _kill_group(process)  # ixsmi ended or is overdue: nothing it started may outlive it
+        _kill_group(process)  # it ended or is overdue: nothing it started may outlive it
         _drain(selector, tail)
         code = process.wait()
     output = tail.text()
@@ -82,7 +94,7 @@ def run_ixsmi_reset(
         raise BackendError(f"{shown} was killed unfinished: the plugin is stopping: {output or 'no output'}")
     if code != 0:
         raise BackendError(f"{shown} exited with code {code}: {output or 'no output'}")
-    log.info("%s: %s", shown, output or "done")
+    return output
 
 
 def _follow(
