@@ -91,6 +91,7 @@ class ResetHelper:
         self._idle.set()
         self._stopping = asyncio.Event()
         self._connections = 0
+        self._answering: set[asyncio.Task[None]] = set()  # connections that asked for a reset
         self._problem: str | None = None
 
     def stop(self) -> None:
@@ -106,11 +107,16 @@ class ResetHelper:
         log.info("reset helper listening (one reset at a time, at most %d a minute)", self._rate.limit)
         await self._stopping.wait()
         server.close()
+        if self._resetting is not None:
+            log.info("stopping: the reset of %s may end within %gs, then its ixsmi is killed", self._resetting,
+                     STOP_GRACE)  # fmt: skip
         try:
             async with asyncio.timeout(STOP_GRACE + KILL_GRACE):
                 await self._idle.wait()
         except TimeoutError:
             log.error("the reset of %s did not end after its ixsmi was killed; exiting all the same", self._resetting)
+        if self._answering:  # the client of the last reset is told how it ended
+            await asyncio.wait(self._answering, timeout=WRITE_TIMEOUT)
         log.info("reset helper stopped")
         return 0
 
@@ -146,6 +152,9 @@ class ResetHelper:
             return Answer(REFUSED, f"malformed request: {error}")
         if not isinstance(request, ResetRequest):
             return self._status()
+        if (task := asyncio.current_task()) is not None:
+            self._answering.add(task)
+            task.add_done_callback(self._answering.discard)
         started = time.monotonic()
         answer = await self._reset(request.uuid, reader)
         level = logging.INFO if answer.kind == OK else logging.WARNING
