@@ -183,6 +183,8 @@ class ResetHelper:
         try:
             if (refusal := await self._unknown(uuid)) is not None:
                 return refusal
+            if self._stopping.is_set():  # asked to stop while the chips were enumerated: ixsmi is not started
+                return Answer(REFUSED, "the reset helper is stopping")
             self._rate.started()
             thread_started = True
             return await self._run_ixsmi(uuid, reader)
