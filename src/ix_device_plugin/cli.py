@@ -1,4 +1,4 @@
-"""Command line: `ix-device-plugin [run|list|demo|check-config|cdi generate|dra]`.
+"""Command line: `ix-device-plugin [run|list|demo|check-config|cdi generate|dra|reset-helper]`.
 
 Parse the command line once, resolve the mode's settings once (flags, environment, defaults), then hand
 the result to the command. Bad flags and variables exit 2 before anything starts.
@@ -30,7 +30,7 @@ from ix_device_plugin.settings.options import (
     options_from,
 )
 from ix_device_plugin.settings.resolve import Resolved, resolve
-from ix_device_plugin.settings.table import CDI_GENERATE, DEMO, DRA, LIST, LIST_DRA, RUN
+from ix_device_plugin.settings.table import CDI_GENERATE, DEMO, DRA, LIST, LIST_DRA, RESET_HELPER, RUN
 
 log = logging.getLogger("ix_device_plugin")
 USAGE_ERROR = 2  # as argparse exits for a bad flag
@@ -41,7 +41,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the console script."""
     env = dict(os.environ)
     command = parse_command_line(sys.argv[1:] if argv is None else argv, __version__)
-    if command.mode in {RUN, DRA}:
+    if command.mode in {RUN, DRA, RESET_HELPER}:
         earlystop.catch()  # (again: main() called without entry.py) a SIGTERM while starting is not lost
     else:
         earlystop.release()
@@ -59,7 +59,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return USAGE_ERROR
     setup_logging(settings["log_level"], settings["log_format"])
     if (note := settings.note()) is not None:
-        log.log(logging.WARNING if command.mode in {RUN, DRA} else logging.INFO, "%s", note)
+        log.log(logging.WARNING if command.mode in {RUN, DRA, RESET_HELPER} else logging.INFO, "%s", note)
     for conflict in settings.conflicts:
         log.warning("%s", conflict)
     return start()
@@ -109,6 +109,13 @@ def _list_dra(command: Command, settings: Resolved, env: Mapping[str, str]) -> S
     return lambda: dra_list_command(options, command.output)
 
 
+def _reset_helper(command: Command, settings: Resolved, env: Mapping[str, str]) -> Start:
+    from ix_device_plugin.resethelper.command import helper_options_from, run_reset_helper
+
+    options = helper_options_from(settings)
+    return lambda: run_reset_helper(options, run_until_done)
+
+
 _PREPARE: dict[str, Callable[[Command, Resolved, Mapping[str, str]], Start]] = {
     RUN: _run,
     LIST: _list,
@@ -116,6 +123,7 @@ _PREPARE: dict[str, Callable[[Command, Resolved, Mapping[str, str]], Start]] = {
     DEMO: _demo,
     DRA: _dra,
     LIST_DRA: _list_dra,
+    RESET_HELPER: _reset_helper,
 }
 
 

@@ -65,3 +65,13 @@ def tmpfs(mount: Path, options: str) -> Iterator[Path]:
         yield mount
     finally:
         subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+def cap_sys_admin_missing() -> str | None:
+    """Why this process cannot reset chips for a test (a reset needs CAP_SYS_ADMIN: hardware/resetaccess.py), or
+    None. CI runs as root with it; a developer's unprivileged shell or container lacks it."""
+    from ix_device_plugin.hardware.resetaccess import CAP_SYS_ADMIN, PROC_STATUS, has_capability
+
+    if has_capability(PROC_STATUS.read_text(errors="replace"), CAP_SYS_ADMIN):
+        return None
+    return "a GPU reset needs CAP_SYS_ADMIN, which this process lacks: run the tests as root with it (CI does)"

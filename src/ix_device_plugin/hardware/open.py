@@ -42,4 +42,5 @@ def resetter(options: NodeOptions, ixsmi_path: str | None) -> Resetter:
     """Who runs ixsmi -r for the backend (hardware/resetpath.py), from --reset-via and --reset-helper-socket."""
     from ix_device_plugin.hardware.resetaccess import reset_drivers_dir
 
-    return resetter_for(options.reset_via, options.reset_helper_socket, ixsmi_path, reset_drivers_dir(options))
+    socket = "" if options.reset_helper_socket is None else str(options.reset_helper_socket)
+    return resetter_for(options.reset_via, socket, ixsmi_path, reset_drivers_dir(options))

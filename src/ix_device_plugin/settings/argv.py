@@ -19,6 +19,7 @@ from ix_device_plugin.settings.table import (
     DRA,
     LIST,
     LIST_DRA,
+    RESET_HELPER,
     RUN,
     SETTINGS,
     Setting,
@@ -26,7 +27,7 @@ from ix_device_plugin.settings.table import (
 )
 
 CHECK_CONFIG = "check-config"
-COMMANDS = ("run", "list", "demo", CHECK_CONFIG, "cdi", "dra")
+COMMANDS = ("run", "list", "demo", CHECK_CONFIG, "cdi", "dra", RESET_HELPER)
 
 
 @dataclass(frozen=True)
@@ -121,6 +122,12 @@ def build_parser(version: str) -> tuple[argparse.ArgumentParser, dict[str, argpa
     generate.add_argument("--output", metavar="PATH", help="write the spec here (atomically) instead of printing it")
     dra = sub.add_parser("dra", help="run the DRA kubelet plugin for driver gpu.iluvatar.com", epilog=_env_only(DRA))
     _add_settings(dra, settings_of(DRA))
+    helper = sub.add_parser(
+        RESET_HELPER,
+        help="the privileged helper that resets chips (`ixsmi -r`) for the unprivileged agent, over a unix socket",
+        epilog=_env_only(RESET_HELPER),
+    )
+    _add_settings(helper, settings_of(RESET_HELPER), mode=RESET_HELPER)
     check = sub.add_parser(CHECK_CONFIG, help="validate a config file; exit 0 when valid, 1 otherwise")
     check.add_argument("path", metavar="PATH")
     check.add_argument(
@@ -130,16 +137,19 @@ def build_parser(version: str) -> tuple[argparse.ArgumentParser, dict[str, argpa
         "sharing.mps, an empty file, keys in other letter case or given twice)",
     )
     modes = {RUN: run, LIST: lister, LIST_DRA: lister, DEMO: demo, CDI_GENERATE: generate, DRA: dra}
+    modes[RESET_HELPER] = helper
     return parser, {**modes, CHECK_CONFIG: check}
 
 
-def _add_settings(parser: argparse.ArgumentParser, settings: Iterable[Setting], title: str | None = None) -> None:
+def _add_settings(
+    parser: argparse.ArgumentParser, settings: Iterable[Setting], title: str | None = None, mode: str | None = None
+) -> None:
     node = [s for s in settings if s.flag and s.key is None]
     config = [s for s in settings if s.flag and s.key is not None]
     if node:
         group = parser.add_argument_group(title or "node and daemon (flag > environment variable > default)")
         for setting in node:
-            shown = _shown(setting.default)
+            shown = _shown(setting.default_in(mode))
             help_text = f"{setting.help} (env {setting.env}{f'; default {shown}' if shown else ''})"
             _add_flag(group, setting, help_text)
     if config:

@@ -60,7 +60,7 @@ class NodeOptions:
     reset_wait_timeout: float = default("reset_wait_timeout")
     reset_timeout: float = default("reset_timeout")
     reset_via: str = default("reset_via")  # who runs ixsmi -r: helper, local, none, auto
-    reset_helper_socket: str = ""  # the reset helper's socket ("": none named)
+    reset_helper_socket: Path | None = None  # the reset helper's socket (None: none named)
     device_access: str | None = None  # IX_DEVICE_ACCESS: how the chart gives the GPU nodes (None: not shown)
     device_access_fallback: str = "none"  # what a node whose nodes cannot be opened becomes (privileged, none)
     nri_status: Path | None = None  # the NRI injector's status file

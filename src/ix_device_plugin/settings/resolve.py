@@ -94,7 +94,7 @@ def resolve(
             continue
         try:
             resolved[setting.name], sources[setting.name] = _pick(
-                setting, flags.get(setting.name), upstream, env, conflicts
+                setting, flags.get(setting.name), upstream, env, conflicts, mode
             )
         except SettingsError as error:
             errors.extend(error.messages)
@@ -113,6 +113,7 @@ def _pick(
     upstream: Mapping[str, tuple[str, str]],
     env: Mapping[str, str],
     conflicts: list[str],
+    mode: str,
 ) -> Picked:
     """Flag over variable; of one kind, our spelling over 4.4.0's, a differing value noted in conflicts.
     Only what is used is parsed (a bad variable under a flag is not an error)."""
@@ -129,7 +130,7 @@ def _pick(
                         f"using {chosen[1].split(' ', 1)[1]}"
                     )
         return chosen
-    return setting.default, DEFAULT
+    return setting.default_in(mode), DEFAULT
 
 
 def _candidates(

@@ -14,7 +14,8 @@ from ix_device_plugin.settings.health import parse_disabled_healthchecks, parse_
 
 # The modes: the commands that take settings (`check-config` takes none).
 RUN, LIST, CDI_GENERATE, DEMO, DRA, LIST_DRA = "run", "list", "cdi generate", "demo", "dra", "list --dra"
-MODES = (RUN, LIST, CDI_GENERATE, DEMO, DRA, LIST_DRA)
+RESET_HELPER = "reset-helper"  # the privileged helper that runs `ixsmi -r` for the unprivileged agent
+MODES = (RUN, LIST, CDI_GENERATE, DEMO, DRA, LIST_DRA, RESET_HELPER)
 DEVICE_PLUGIN_MODES = frozenset({RUN, LIST, CDI_GENERATE, DEMO})
 DRA_MODES = frozenset({DRA, LIST_DRA})
 
@@ -26,6 +27,8 @@ DEFAULT_KUBELET_PLUGINS_DIR = "/var/lib/kubelet/plugins"
 DEFAULT_SIMULATED_DEVICES = "BI-V150:2"
 DEFAULT_DEV_ROOT, DEFAULT_SYSFS_ROOT = "/", "/sys"
 DEFAULT_IXSMI = "/usr/local/corex/bin/ixsmi"  # CoreX's tool; resets chips for flags.reset_gpu
+DEFAULT_RESET_HELPER_SOCKET = "/run/ix-reset/reset.sock"
+MAX_RESETS_PER_MINUTE = 600
 NODE_CONFIG_LABEL = "iluvatar.com/device-plugin.config"
 # Volcano's scheduler (the vc-scheduler binary) patches pod annotations naming no field manager: the API server
 # records the program name its client-go user agent starts with.
@@ -57,6 +60,12 @@ class Setting:
     # command-line flags (Go's flag package takes `-name` and `--name`) and its environment variable.
     upstream_flags: tuple[str, ...] = ()
     upstream_env: str | None = None
+    # (mode, default) where a mode's default differs from `default`: one setting, one meaning, another default
+    mode_defaults: tuple[tuple[str, Any], ...] = ()
+
+    def default_in(self, mode: str | None) -> Any:
+        """The default of this setting in mode (None: the common one)."""
+        return dict(self.mode_defaults).get(mode, self.default) if mode is not None else self.default
 
     @property
     def boolean(self) -> bool:
@@ -86,7 +95,7 @@ def _modes(*modes: str) -> frozenset[str]:
     return frozenset(modes)
 
 
-HARDWARE = _modes(RUN, LIST, CDI_GENERATE, DRA, LIST_DRA)  # what discovery needs
+HARDWARE = _modes(RUN, LIST, CDI_GENERATE, DRA, LIST_DRA, RESET_HELPER)  # what discovery needs
 DAEMONS = _modes(RUN, DRA)
 PLUGIN_CONFIG = _modes(RUN, LIST)  # ix-config settings of the device plugin
 EVERY_MODE = frozenset(MODES)
@@ -96,8 +105,11 @@ HEALTH_MODES = _modes(*PLUGIN_CONFIG, *DRA_MODES)  # the health policy: both fro
 def _setting(
     name: str, flag: str | None, env: str | None, default: Any, parse: v.Parser, metavar: str, help: str,
     modes: Iterable[str], key: str | None = None, upstream: tuple[str, ...] = (), upstream_env: str | None = None,
+    mode_defaults: tuple[tuple[str, Any], ...] = (),
 ) -> Setting:  # fmt: skip
-    return Setting(name, flag, env, key, default, parse, metavar, help, frozenset(modes), upstream, upstream_env)
+    return Setting(
+        name, flag, env, key, default, parse, metavar, help, frozenset(modes), upstream, upstream_env, mode_defaults
+    )
 
 
 SETTINGS: tuple[Setting, ...] = (
@@ -116,7 +128,8 @@ SETTINGS: tuple[Setting, ...] = (
     _setting("dev_root", "--dev-root", "IX_DEV_ROOT", Path(DEFAULT_DEV_ROOT), v.path, "DIR",
              "directory holding the host's /dev", HARDWARE),
     _setting("sysfs_root", "--sysfs-root", "IX_SYSFS_ROOT", Path(DEFAULT_SYSFS_ROOT), v.path, "DIR",
-             "host sysfs, for NUMA nodes and PCIe roots", HARDWARE),
+             "host sysfs, for NUMA nodes and PCIe roots (reset-helper: also the driver directory a reset writes)",
+             HARDWARE),
     _setting("cdi_spec_dir", "--cdi-spec-dir", "IX_CDI_SPEC_DIR", Path("/var/run/cdi"), v.path_or_off, "DIR|off",
              "where the CDI specs for the node's chips (dra: for each claim) are written; `off` disables (not in dra)",
              DAEMONS),
@@ -144,17 +157,24 @@ SETTINGS: tuple[Setting, ...] = (
     _setting("backend_timeout", "--backend-timeout", "IX_BACKEND_TIMEOUT", None, v.seconds, "SECONDS",
              "deadline of one GPU library call (default: 3 health intervals, at least 10 s)", DAEMONS),
     _setting("ixsmi_path", "--ixsmi-path", "IX_IXSMI_PATH", DEFAULT_IXSMI, v.text, "PATH",
-             "ixsmi, which resets chips for flags.reset_gpu (dra: for claims configured with reset: true)",
-             (RUN, DRA)),
+             "ixsmi, which resets chips for flags.reset_gpu (dra: for claims configured with reset: true; "
+             "reset-helper: for the agent)", (RUN, DRA, RESET_HELPER)),
     _setting("reset_wait_timeout", "--reset-wait-timeout", "IX_RESET_WAIT_TIMEOUT", 60.0, v.seconds, "SECONDS",
              "GPU reset: how long to wait for other IXML users (ix-exporter) to let go, and to come back",
              (RUN, DRA)),
     _setting("reset_timeout", "--reset-timeout", "IX_RESET_TIMEOUT", 120.0, v.seconds, "SECONDS",
-             "GPU reset: how long `ixsmi -r` may take", (RUN, DRA)),
+             "GPU reset: how long `ixsmi -r` may take", (RUN, DRA, RESET_HELPER)),
     _setting("reset_via", "--reset-via", "IX_RESET_VIA", "auto", v.choice(*RESET_PATHS), "|".join(RESET_PATHS),
              "GPU reset: who runs `ixsmi -r`: helper (the privileged reset helper, at IX_RESET_HELPER_SOCKET), local "
              "(this process: it must be privileged), none (resets are unavailable), auto (helper where a socket is "
              "named, else local)", (RUN, DRA)),
+    _setting("reset_helper_socket", "--reset-helper-socket", "IX_RESET_HELPER_SOCKET", None, v.path, "PATH",
+             "the reset helper's unix socket (reset-helper: where it listens; run, dra: where the agent asks it to "
+             "reset a chip)", (RUN, DRA, RESET_HELPER),
+             mode_defaults=((RESET_HELPER, Path(DEFAULT_RESET_HELPER_SOCKET)),)),
+    _setting("max_resets_per_minute", "--max-resets-per-minute", "IX_RESET_HELPER_MAX_PER_MINUTE", 12,
+             v.whole_number(1, MAX_RESETS_PER_MINUTE), "N",
+             "resets the helper runs in any minute; more are refused, saying when to retry", (RESET_HELPER,)),
     _setting("health_address", "--health-address", "IX_HEALTH_ADDRESS", ":8080", v.address, "HOST:PORT",
              "HTTP /healthz /readyz /metrics; `off` disables", DAEMONS),
     _setting("kubelet_registrar_directory_path", "--kubelet-registrar-directory-path",

@@ -111,6 +111,19 @@ def address(value: Any, from_text: bool = True) -> str:
     return value
 
 
+def whole_number(low: int, high: int) -> Parser:
+    """A parser taking a whole number from low to high (as text: digits only)."""
+
+    def parse(value: Any, from_text: bool = True) -> int:
+        if from_text and isinstance(value, str) and value.strip().isascii() and value.strip().isdigit():
+            value = int(value.strip()) if len(value.strip()) <= 12 else high + 1
+        if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+            raise ValueError(f"expected a whole number from {low} to {high}")
+        return value
+
+    return parse
+
+
 def replicas(value: Any, from_text: bool) -> int:
     """Time-slicing replicas per GPU: 0 to MAX_REPLICAS; in a file also a whole number written as a float (2.0),
     which Iluvatar's plugin 4.4.0 takes (its YAML goes through JSON, where 2.0 is 2)."""

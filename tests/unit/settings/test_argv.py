@@ -16,6 +16,7 @@ from ix_device_plugin.settings.table import (
     LIST,
     LIST_DRA,
     MODES,
+    RESET_HELPER,
     RUN,
     SETTINGS,
     Setting,
@@ -36,7 +37,7 @@ def spellings(settings: Iterable[Setting]) -> set[str]:
     return {flag for s in settings for flag in (s.flag, *s.upstream_flags) if flag}
 
 
-@pytest.mark.parametrize("mode", [RUN, CDI_GENERATE, DEMO, DRA])
+@pytest.mark.parametrize("mode", [RUN, CDI_GENERATE, DEMO, DRA, RESET_HELPER])
 def test_the_help_of_a_mode_lists_exactly_the_flags_it_uses(mode: str) -> None:
     assert flags_in(help_of(mode)) == spellings(settings_of(mode))
 
@@ -68,6 +69,7 @@ def test_every_flag_is_taken_by_some_mode() -> None:
         (["list"], LIST),
         (["cdi", "generate"], CDI_GENERATE),
         (["check-config", "-"], CHECK_CONFIG),
+        (["reset-helper"], RESET_HELPER),
     ],
 )
 def test_the_mode_comes_from_the_command(argv: list[str], mode: str) -> None:
@@ -94,6 +96,9 @@ REFUSALS = [
     ),
     (["cdi", "generate", "--health-interval", "3"], "cdi generate does not use --health-interval (used by run, dra)"),
     (["dra", "--frobnicate"], "unrecognized arguments: --frobnicate"),
+    (["reset-helper", "--config", "/c"], "reset-helper does not use --config (used by run"),
+    (["reset-helper", "--kubeconfig", "/k"], "reset-helper does not use --kubeconfig (used by run"),
+    (["run", "--max-resets-per-minute", "3"], "run does not use --max-resets-per-minute (used by reset-helper)"),
 ]
 
 
