@@ -230,3 +230,23 @@ def only(objects: list[dict[str, Any]], kind: str) -> dict[str, Any]:
     found = by_kind(objects, kind)
     assert len(found) == 1, f"expected one {kind}, found {len(found)}"
     return found[0]
+
+
+# The GPU reset helper's container, beside the agent's in the pods of the unprivileged DaemonSets (resetHelper).
+RESET_HELPER = "reset-helper"
+# The agent's variables of the reset path (how it resets, the helper's socket), which the settings table names with
+# the reset helper.
+RESET_PATH_ENV = frozenset({"IX_RESET_VIA", "IX_RESET_HELPER_SOCKET"})
+
+
+def agent_container(obj: dict[str, Any]) -> dict[str, Any]:
+    """The agent's container of a DaemonSet or Pod: the one regular container that is not the reset helper."""
+    (agent,) = [c for c in pod_spec(obj)["containers"] if c["name"] != RESET_HELPER]
+    return agent
+
+
+def reset_helper_container(obj: dict[str, Any]) -> dict[str, Any] | None:
+    """The reset helper's container of a DaemonSet or Pod, or None."""
+    found = [c for c in pod_spec(obj)["containers"] if c["name"] == RESET_HELPER]
+    assert len(found) <= 1
+    return found[0] if found else None

@@ -14,6 +14,7 @@ import yaml
 from helpers.grant_support import grant_table, uncovered
 from helpers.manifest_support import (
     STATIC_DIR,
+    agent_container,
     by_kind,
     load_file,
     load_render_module,
@@ -42,8 +43,7 @@ def daemonsets(objects: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
 
 
 def agent(ds: dict[str, Any]) -> dict[str, Any]:
-    (container,) = pod_spec(ds)["containers"]
-    return container
+    return agent_container(ds)
 
 
 def env(ds: dict[str, Any]) -> dict[str, str | None]:

@@ -7,7 +7,9 @@ from typing import Any
 import helpers.manifest_support as manifest_support
 import pytest
 from helpers.manifest_support import (
+    RESET_PATH_ENV,
     STATIC_DIR,
+    agent_container,
     by_kind,
     load_file,
     load_render_module,
@@ -177,10 +179,10 @@ def test_the_rbac_is_the_narrowest() -> None:
 def test_the_daemonset_runs_dra_mode_with_the_kubelets_directories_mounted() -> None:
     objects = load_file(STATIC_DIR / "ix-dra-driver.yaml")
     spec = pod_spec(driver_daemonset(objects))
-    (container,) = spec["containers"]
+    container = agent_container(driver_daemonset(objects))
     assert container["args"] == ["dra"]
     env = {item["name"]: item.get("value") for item in container["env"]}
-    known = {setting.env for setting in settings_of(DRA)} | {"POD_NAMESPACE"}
+    known = {setting.env for setting in settings_of(DRA)} | {"POD_NAMESPACE"} | RESET_PATH_ENV
     assert set(env) <= known  # only settings the DRA mode uses
     command = parse_command_line(container["args"], __version__)
     settings = resolve(command.mode, command.flags, {k: v for k, v in env.items() if v is not None})
@@ -225,7 +227,7 @@ def test_the_examples_ask_for_one_chip_a_whole_board_and_a_shared_claim() -> Non
 
 
 def _env_and_mounts(daemonset: dict[str, Any]) -> tuple[dict[str, str | None], dict[str, dict[str, Any]]]:
-    (container,) = pod_spec(daemonset)["containers"]
+    container = agent_container(daemonset)
     env = {item["name"]: item.get("value") for item in container["env"]}
     return env, {mount["mountPath"]: mount for mount in container["volumeMounts"]}
 
@@ -236,7 +238,7 @@ def test_the_dra_daemonset_mounts_what_the_node_services_need_and_shares_the_plu
     objects = rendered({"dra": {"enabled": True}})
     daemonsets = by_kind(objects, "DaemonSet")
     driver = driver_daemonset(objects)
-    assert pod_spec(driver)["containers"][0].get("args") == ["dra"]
+    assert agent_container(driver).get("args") == ["dra"]
     (plugin,) = [d for d in daemonsets if d["metadata"]["name"] == "iluvatar-device-plugin"]
     env, mounts = _env_and_mounts(driver)
     assert env["IX_NODE_FEATURE_DIR"] in mounts and not mounts[env["IX_NODE_FEATURE_DIR"]].get("readOnly")
@@ -279,9 +281,9 @@ def test_the_driver_takes_extra_env_of_its_own_over_the_shared_one() -> None:
     objects = rendered({"dra": {"enabled": True, "extraEnv": own}, "extraEnv": shared})
     daemonsets = by_kind(objects, "DaemonSet")
     driver = driver_daemonset(objects)
-    assert pod_spec(driver)["containers"][0].get("args") == ["dra"]
+    assert agent_container(driver).get("args") == ["dra"]
     (plugin,) = [d for d in daemonsets if d["metadata"]["name"] == "iluvatar-device-plugin"]
-    names = [item["name"] for item in pod_spec(driver)["containers"][0]["env"]]
+    names = [item["name"] for item in agent_container(driver)["env"]]
     assert names.count("IX_SIMULATED_DEVICES") == 1
     env, _ = _env_and_mounts(driver)
     assert env["IX_SIMULATED_DEVICES"] == "/usr/local/corex/devices" and env["IX_LOG_FORMAT"] == "json"

@@ -14,7 +14,9 @@ from typing import Any
 
 import pytest
 from helpers.manifest_support import (
+    RESET_HELPER,
     STATIC_DIR,
+    agent_container,
     by_kind,
     load_file,
     load_render_module,
@@ -50,7 +52,7 @@ ALLOWED: dict[str, bool] = {
     str(DEFAULT_FEATURES_DIR): WRITES,  # NFD's local feature file
     str(DEFAULT_SOCKET.parent): not WRITES,  # the kubelet's pod-resources socket (connecting needs no write)
     "/dev": not WRITES,  # which /dev/iluvatar* nodes exist, and their coming and going
-    str(COREX): not WRITES,  # libixml.so
+    str(COREX): not WRITES,  # libixml.so; the reset helper's ixsmi
     NRI_SOCKET_DIR: not WRITES,  # the NRI injector's runtime socket (connecting needs no write)
 }
 
@@ -177,23 +179,37 @@ def containers(daemonset: dict[str, Any]) -> list[dict[str, Any]]:
     return [*spec.get("initContainers", []), *spec["containers"]]
 
 
+PRIVILEGED_CONTEXT = {"privileged": True, "readOnlyRootFilesystem": True, "runAsUser": 0}
+
+
 @pytest.mark.parametrize("source", [*STATIC_FILES, *sorted(RENDERS)])
 def test_no_container_is_privileged_by_default(source: str) -> None:
     """None but the privileged fallback DaemonSets', which run only on the nodes labelled
-    iluvatar.com/gpu.device-access=privileged (and the unprivileged DaemonSet beside each keeps off those)."""
+    iluvatar.com/gpu.device-access=privileged (and the unprivileged DaemonSet beside each keeps off those), and the
+    reset helper beside each unprivileged agent, which mounts no host path but CoreX read-only (ixsmi) and its
+    pod's own socket folder, and holds no token."""
     fallbacks = [daemonset for daemonset in daemonsets(source) if is_fallback(daemonset)]
     for daemonset in daemonsets(source):
         spec = pod_spec(daemonset)
         assert not spec.get("hostPID") and not spec.get("hostIPC") and not spec.get("hostNetwork")
         name = f"{source}: {daemonset['metadata']['name']}"
         if is_fallback(daemonset):
-            (container,) = spec["containers"]  # the agent alone, no sidecar
+            (container,) = spec["containers"]  # the agent alone, no sidecar, no reset helper
             assert "initContainers" not in spec, name
-            assert container["securityContext"] == {"privileged": True, "readOnlyRootFilesystem": True, "runAsUser": 0}
+            assert container["securityContext"] == PRIVILEGED_CONTEXT
             continue
         if fallbacks:
             assert all(OFF_PRIVILEGED_NODES in term["matchExpressions"] for term in node_terms(daemonset)), name
+        helper = [c for c in spec["containers"] if c["name"] == RESET_HELPER]
+        assert len(helper) == 1, name  # resetHelper.enabled by default
+        assert helper[0]["securityContext"] == PRIVILEGED_CONTEXT, name
+        assert "ports" not in helper[0] and not {"startupProbe", "livenessProbe", "readinessProbe"} & set(helper[0])
+        agent_paths = {host: at for host, at, _ in host_mounts(daemonset, agent_container(daemonset)["name"])}
+        # CoreX (ixsmi) where the agent has it, read-only, and no other host path
+        assert host_mounts(daemonset, RESET_HELPER) == [(str(COREX), agent_paths[str(COREX)], True)], name
         for container in containers(daemonset):
+            if container["name"] == RESET_HELPER:
+                continue
             context = container["securityContext"]
             assert context.get("privileged", False) is False, name
             assert context["allowPrivilegeEscalation"] is False, name
@@ -212,7 +228,7 @@ MODES = [{}, {"dra": {"enabled": True}, "devicePlugin": {"enabled": False}}]
 @pytest.mark.parametrize("mode", MODES)
 def test_privileged_is_a_named_opt_in_without_contradicting_lines(mode: dict[str, Any], opt_in: dict[str, Any]) -> None:
     (daemonset,) = by_kind(render_objects({**mode, **opt_in}), "DaemonSet")
-    (container,) = pod_spec(daemonset)["containers"]
+    (container,) = pod_spec(daemonset)["containers"]  # no reset helper: the agent resets chips itself
     # A privileged container gets every capability and no seccomp filter: a drop list or a profile would mislead.
     assert container["securityContext"] == {"privileged": True, "readOnlyRootFilesystem": True, "runAsUser": 0}
     assert "initContainers" not in pod_spec(daemonset)  # nothing to inject: no sidecar holding the NRI socket
@@ -224,7 +240,7 @@ def test_by_default_the_nri_injector_gives_the_agent_its_devices_and_mounts_only
 ) -> None:
     for daemonset in unprivileged(source):
         spec = pod_spec(daemonset)
-        (agent,) = spec["containers"]
+        agent = agent_container(daemonset)
         (injector,) = spec["initContainers"]
         assert injector["name"] == INJECTOR and injector["restartPolicy"] == "Always"  # a native sidecar
         assert injector["startupProbe"]["exec"]["command"] == ["/ix-nri-injector", "ready"]  # ready once registered
@@ -251,8 +267,7 @@ def test_a_runtime_that_injects_the_nodes_itself_gets_no_sidecar_and_no_privileg
     (daemonset,) = [d for d in found if not is_fallback(d)]  # and its privileged fallback, for nodes without
     assert "initContainers" not in pod_spec(daemonset)
     assert not any(v.get("hostPath", {}).get("path") == NRI_SOCKET_DIR for v in pod_spec(daemonset)["volumes"])
-    (container,) = pod_spec(daemonset)["containers"]
-    assert container["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    assert agent_container(daemonset)["securityContext"]["capabilities"] == {"drop": ["ALL"]}
 
 
 def test_the_notes_say_how_devices_reach_the_agent_and_what_the_reset_needs() -> None:
@@ -260,7 +275,7 @@ def test_the_notes_say_how_devices_reach_the_agent_and_what_the_reset_needs() ->
     render = load_render_module()
     default = render.notes()
     assert "nri-injector" in default and "iluvatar-device-plugin-privileged" in default  # the fallback, per node
-    assert "--set privileged=true" in default  # for the GPU reset
+    assert "reset-helper" in default and "--set privileged=true" not in default  # the GPU reset beside the agent
     no_fallback = render.notes(overrides={"features": {"deviceAccessLabel": False}})
     assert "nri-injector" in no_fallback and "--set deviceInjection=privileged" in no_fallback
     assert "--set deviceInjection=nri" in render.notes(overrides={"deviceInjection": "runtime"})
@@ -305,7 +320,9 @@ def test_only_the_agents_container_gets_the_api_token(source: str) -> None:
         spec = pod_spec(daemonset)
         name = f"{source}: {daemonset['metadata']['name']}"
         assert spec["automountServiceAccountToken"] is False, name
-        (agent,) = spec["containers"]
+        agent = agent_container(daemonset)
+        # beside every unprivileged agent the reset helper, which gets none either
+        assert any(c["name"] == RESET_HELPER for c in spec["containers"]) is not is_fallback(daemonset), name
         token_mounts = [
             (container["name"], mount)
             for container in containers(daemonset)

@@ -10,7 +10,9 @@ import pytest
 import yaml
 from helpers.manifest_support import (
     CHART_DIR,
+    RESET_PATH_ENV,
     STATIC_DIR,
+    agent_container,
     by_kind,
     load_file,
     load_render_module,
@@ -64,8 +66,7 @@ def daemonset(objects: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def container(objects: list[dict[str, Any]]) -> dict[str, Any]:
-    (plugin,) = pod_spec(daemonset(objects))["containers"]
-    return plugin
+    return agent_container(daemonset(objects))
 
 
 def env_of(plugin: dict[str, Any]) -> dict[str, str]:
@@ -182,10 +183,9 @@ def test_the_config_is_mounted_where_the_plugin_reads_it(objects: list[dict[str,
 
 
 def test_every_environment_variable_is_one_the_device_plugin_reads(objects: list[dict[str, Any]]) -> None:
-    known = {setting.env for setting in settings_of(RUN)} | {"POD_NAMESPACE"}
+    known = {setting.env for setting in settings_of(RUN)} | {"POD_NAMESPACE"} | RESET_PATH_ENV
     for ds in by_kind(objects, "DaemonSet"):  # the privileged fallback's too
-        (plugin,) = pod_spec(ds)["containers"]
-        for name in env_of(plugin):
+        for name in env_of(agent_container(ds)):
             assert name in known, (ds["metadata"]["name"], name)
 
 
@@ -310,9 +310,8 @@ def test_metrics_add_a_service_and_a_service_monitor_that_find_the_plugin() -> N
     assert sorted(services) == [f"{PLUGIN}-metrics", f"{PLUGIN}-privileged-metrics"]
     for ds in by_kind(objects, "DaemonSet"):
         service = services[f"{ds['metadata']['name']}-metrics"]
-        (plugin,) = pod_spec(ds)["containers"]
         (port,) = service["spec"]["ports"]
-        assert port_number(plugin, port["targetPort"]) == HEALTH_PORT
+        assert port_number(agent_container(ds), port["targetPort"]) == HEALTH_PORT
         assert service["spec"]["selector"] == ds["spec"]["template"]["metadata"]["labels"]
         assert monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
         assert monitor["spec"]["endpoints"][0]["port"] == port["name"]
@@ -339,8 +338,7 @@ def test_the_network_policy_lets_only_the_health_port_in_and_only_from_the_named
     (rule,) = policy["spec"]["ingress"]
     assert rule["from"] == PROMETHEUS and rule["ports"] == [{"port": "http", "protocol": "TCP"}]
     for ds in daemonsets:
-        agent = pod_spec(ds)["containers"][-1]
-        assert port_number(agent, "http") == HEALTH_PORT
+        assert port_number(agent_container(ds), "http") == HEALTH_PORT
     closed = only(rendered({**modes, "networkPolicy": {"enabled": True}}), "NetworkPolicy")
     assert closed["spec"]["ingress"] == []
 
