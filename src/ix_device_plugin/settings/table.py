@@ -225,6 +225,12 @@ SETTINGS: tuple[Setting, ...] = (
     _setting("self_healing", "--self-healing", "IX_SELF_HEALING", "auto", parse_self_healing, "auto|true|false",
              "reset a chip with a resettable error once no container holds it, and return it to service (auto: where "
              "other IXML users can be asked to let go, through the API server)", HEALTH_MODES, "health.selfHealing"),
+    _setting("reset_limit", "--reset-limit", "IX_RESET_LIMIT", 2, v.reset_limit, "INT",
+             "self-healing: a chip reset this many times (one per fault) within --reset-window is not reset again "
+             "at its next fault but left to an operator (GPUResetLimitReached); 0: no limit", HEALTH_MODES,
+             "health.resetLimit"),
+    _setting("reset_window", "--reset-window", "IX_RESET_WINDOW", 86400.0, v.reset_window, "SECONDS",
+             "self-healing: the window of --reset-limit, in seconds", HEALTH_MODES, "health.resetWindow"),
     _setting("health_reset", "--health-reset", "IX_HEALTH_RESET", (), parse_health_names, "LIST",
              "XIDs and health errors a GPU reset clears (besides the defaults)", HEALTH_MODES, "health.reset"),
     _setting("health_operator", "--health-operator", "IX_HEALTH_OPERATOR", (), parse_health_names, "LIST",
