@@ -25,7 +25,7 @@ from ix_device_plugin.apiserver.connection import ApiConnection
 from ix_device_plugin.apiserver.objects import NODE, RESOURCE_SLICE, uid_of
 from ix_device_plugin.apiserver.settings import KubeSettings
 from ix_device_plugin.apiserver.watch import Key, Mirror
-from ix_device_plugin.core.healing import Rules
+from ix_device_plugin.core.healing import ResetLimit, Rules
 from ix_device_plugin.core.inventory import Inventory
 from ix_device_plugin.dra.agentmode import dra_mode
 from ix_device_plugin.dra.apireads import ApiReads
@@ -140,6 +140,10 @@ class DraDriver:
     def self_healing_switch(self) -> str:
         """selfHealing as read at start."""
         return self.options.config.self_healing
+
+    def current_reset_limit(self) -> ResetLimit:
+        """The reset limit as read at start."""
+        return ResetLimit(self.options.config.reset_limit, self.options.config.reset_window)
 
     async def rediscover(self) -> Inventory:
         """Discover again after a GPU reset."""

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ix_device_plugin.core.healing import Rules
+from ix_device_plugin.core.healing import ResetLimit, Rules
 from ix_device_plugin.settings.health import HealthPolicy
 
 FREE_POLL = 1.0  # seconds between looks at whether a waiting chip is free (and, on standby, at the node's role)
@@ -21,12 +21,18 @@ def _always() -> bool:
     return True
 
 
+def _default_limit() -> ResetLimit:
+    return ResetLimit()
+
+
 @dataclass(frozen=True)
 class HealingSettings:
     """How one front end's self-healing works.
 
     policy and switch read the current configuration (the health policy, and health.selfHealing: auto, true,
-    false). story: the story file `list` shows (None: none). rules: how hard a chip is tried (attempts, backoff).
+    false); limit, the reset limit (health.resetLimit within health.resetWindow), read when a chip goes out of
+    service and when the record is written. story: the story file `list` shows (None: none). rules: how hard a
+    chip is tried (attempts, backoff).
     acting: whether this process acts for the node now (the pod holding the node's role; another pod on standby
     follows the chips but neither resets nor writes Events, the story or the record until it takes over).
     boot_id: the boot the record's times belong to; writer: who this process is, as the record names it.
@@ -37,6 +43,7 @@ class HealingSettings:
 
     policy: Callable[[], HealthPolicy]
     switch: Callable[[], str]
+    limit: Callable[[], ResetLimit] = _default_limit
     story: Path | None = None
     rules: Rules = field(default_factory=Rules)
     acting: Callable[[], bool] = _always

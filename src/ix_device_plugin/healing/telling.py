@@ -32,6 +32,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("ix_device_plugin.healing.healer")  # the healer's voice, whichever part of it speaks
 
 NORMAL, WARNING = "Normal", "Warning"  # the Kubernetes Event types
+RESET_LIMIT_REACHED = "GPUResetLimitReached"  # a chip reset too often within the window, left to an operator
 _MEANINGS = {row.name: row.meaning for row in HEALTH_POLICY}
 
 
@@ -76,10 +77,19 @@ class Telling:
         if care.phase == HEALTHY:
             self._back(before, care)
         elif care.phase == NEEDS_OPERATOR:
-            self.metrics.outcomes.labels(outcome="needs_operator").inc()
-            how = f"kubectl annotate --overwrite node {self.node or '<node>'} {RETURN_ANNOTATION}={care.uuid}"
-            self.event(WARNING, "GPUNeedsOperator", f"{care.name} {care.note}; once it is fixed, return it: {how}")
-            log.warning("%s %s", care.name, care.note)
+            self._needs_operator(care)
+
+    def _needs_operator(self, care: Care) -> None:
+        """The chip needs an operator: why, and the way back. The reset limit has its own reason, said in place of
+        GPUNeedsOperator."""
+        self.metrics.outcomes.labels(outcome="needs_operator").inc()
+        how = f"kubectl annotate --overwrite node {self.node or '<node>'} {RETURN_ANNOTATION}={care.uuid}"
+        if care.limited:
+            reason, said = RESET_LIMIT_REACHED, f"{care.name}: {care.note}"
+        else:
+            reason, said = "GPUNeedsOperator", f"{care.name} {care.note}"
+        self.event(WARNING, reason, f"{said}; once it is fixed, return it: {how}")
+        log.warning("%s", said)
 
     def _back(self, before: Care, care: Care) -> None:
         out = None if before.out_since is None else time.monotonic() - before.out_since

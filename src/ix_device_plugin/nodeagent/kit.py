@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
-from ix_device_plugin.core.healing import Rules
+from ix_device_plugin.core.healing import ResetLimit, Rules
 from ix_device_plugin.core.inventory import Inventory
 from ix_device_plugin.deviceaccess.service import DeviceAccessReport
 from ix_device_plugin.gpureset.purpose import reset_feature
@@ -115,6 +115,10 @@ class FrontEnd(Protocol[Guard]):
         """selfHealing as configured now."""
         ...
 
+    def current_reset_limit(self) -> ResetLimit:
+        """The reset limit as configured now (health.resetLimit within health.resetWindow)."""
+        ...
+
     async def rediscover(self) -> Inventory:
         """Discover again after a GPU reset; the inventory once it is served."""
         ...
@@ -179,7 +183,8 @@ class NodeAgent(Generic[Guard]):
     def _healing(self, mode: Mode, front: FrontEnd[Guard], registry: Registry) -> NodeHealing:
         """Self-healing, by the pod acting for the node, with the node-health record."""
         settings = HealingSettings(
-            policy=front.current_health_policy, switch=front.self_healing_switch, story=mode.story,
+            policy=front.current_health_policy, switch=front.self_healing_switch, limit=front.current_reset_limit,
+            story=mode.story,
             rules=mode.rules or Rules(), acting=lambda: self.acting, boot_id=mode.boot_id, writer=mode.writer,
             node_watched=mode.node_watched,
         )  # fmt: skip
