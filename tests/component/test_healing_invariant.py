@@ -89,7 +89,9 @@ async def test_a_reserved_chip_stays_out_of_service_when_its_error_clears_during
     write_document(apiserver, ResetInfo(NODE, True, {**info.occupy, EXPORTER: False}))  # it lets go at last
     await kubelet.wait_for(lambda: view.devices["GPU-x1"] == HEALTHY, timeout=10)
     assert ixsmi.runs() == ["-r -i GPU-x1"]
-    await until(lambda: "GPU-x1" not in record_of(daemon)["chips"])
+    await until(lambda: "reserved" not in record_of(daemon)["chips"]["GPU-x1"])  # released; its one reset kept
+    assert record_of(daemon)["chips"]["GPU-x1"]["phase"] == "healthy"
+    assert len(record_of(daemon)["chips"]["GPU-x1"]["resets"]) == 1
 
 
 async def test_a_chip_found_held_after_the_handshake_is_not_reset(

@@ -131,7 +131,8 @@ async def test_a_record_write_that_fails_as_a_reset_ends_is_tried_again_until_it
         await kubelet.allocate(RESOURCE, [["GPU-x1"]])
     full_disk.free()
     await kubelet.wait_for(lambda: view.devices["GPU-x1"] == HEALTHY, timeout=20)
-    assert recorded(short_dir, "GPU-x1") == {}  # written before the chip was offered
+    entry = recorded(short_dir, "GPU-x1")  # written before the chip was offered: healthy, its one reset kept
+    assert "reserved" not in entry and entry["phase"] == "healthy" and len(entry["resets"]) == 1
     response = await kubelet.allocate(RESOURCE, [["GPU-x1"]])
     assert len(response.container_responses) == 1
     assert ixsmi.runs() == ["-r -i GPU-x1"]

@@ -137,7 +137,8 @@ def a_record() -> dict[str, Any]:
 
 
 RECORD_FIELDS = ["kind", "version", "bootID", "writer", "written", "chips", "extra"]
-CHIP_FIELDS = ["minor", "xids", "phase", "causes", "attempts", "note", "outSince", "operatorReturn", "reserved", "x"]
+CHIP_FIELDS = ["minor", "xids", "phase", "causes", "attempts", "note", "outSince", "operatorReturn", "reserved",
+               "resets", "resetLimitReached", "x"]  # fmt: skip
 
 
 @given(HOSTILE_TEXT)
@@ -164,6 +165,26 @@ def test_any_value_in_any_record_field_is_read_or_refused_with_a_record_error(
             assert str(error)
         else:
             assert parse_record(record_text(record)).chips.keys() == record.chips.keys()  # written back, read again
+
+
+RESET_TIMES = st.one_of(
+    st.floats(allow_nan=True, allow_infinity=True), st.integers(-(1 << 70), 1 << 70), st.booleans(), st.none(), VALUES
+)
+
+
+@given(st.one_of(st.lists(RESET_TIMES, max_size=70), st.lists(st.floats(0, 1e10), max_size=70), VALUES))
+def test_any_reset_history_is_read_back_the_same_or_refused_naming_the_field(resets: Any) -> None:
+    document = a_record()
+    document["chips"]["GPU-a"]["resets"] = resets
+    try:
+        record = parse_record(json.dumps(document))
+    except RecordError as error:
+        assert str(error).startswith("chips.GPU-a.resets ")
+    else:
+        chip = record.chips["GPU-a"]
+        assert len(chip.resets) <= 64 and list(chip.resets) == sorted(chip.resets)
+        again = parse_record(record_text(record)).chips["GPU-a"]
+        assert again.resets == tuple(round(when, 3) for when in chip.resets)
 
 
 @ANY_FIXTURE

@@ -9,6 +9,17 @@ feeds it what it sees and does; these functions say the next Care. No clocks are
                                                                               -> operator (the last attempt failed)
     healthy -> operator (a reset cannot clear it)      operator -> waiting (an operator asked for one more reset)
     healthy -> out (a problem no reset fixes and that clears by itself)     healthy -> off (self-healing is off)
+    healthy -> operator (the reset limit: reset too often within its window; `limited`)
+
+The reset limit (ResetLimit: health.resetLimit resets within health.resetWindow) bounds the automatic resets. Each
+chip keeps the times of its resets, one per fault (an episode out of service), taken when the first reset of the
+episode starts: a reset the handshake refused, or that found the chip held, reset nothing and gives its time back;
+the retries of an episode and a reset cut short that is done again add none. A chip that goes out of service for a
+cause a reset clears while its history holds the limit's count within the window is not reset: it needs an operator
+(`limited`), and stays so, whatever the window says later, until it is healthy again or an operator returns it. An
+operator's return clears the history, and the reset it asks for is the operator's, not counted. The times are
+wall-clock (Unix) times, unlike the others here, since they outlive a restart and a reboot in the node-health
+record: the caller hands in `wall_now` beside the monotonic `now`.
 """
 
 from __future__ import annotations
@@ -17,11 +28,14 @@ from dataclasses import dataclass, replace
 
 from ix_device_plugin.core.inventory import ChipStatus
 from ix_device_plugin.settings.health import NOT_PRESENT, OPERATOR, RESET, HealthPolicy, xid_name
+from ix_device_plugin.settings.table import default
+from ix_device_plugin.settings.values import MAX_RESET_LIMIT
 
 HEALTHY, OUT, WAITING, RESETTING, NEEDS_OPERATOR, OFF = "healthy", "out", "waiting", "resetting", "operator", "off"
 PHASES = (HEALTHY, OUT, WAITING, RESETTING, NEEDS_OPERATOR, OFF)
 CUT_SHORT_CAUSE = "its last reset was cut short"  # a chip still reserved by a reset that did not finish
 UNAVAILABLE_NOTE = "cannot be reset here"  # the note of a chip left for an operator: no reset can work on this node
+MAX_RESETS = MAX_RESET_LIMIT  # reset times a chip keeps: the newest (a limit is never above it)
 
 
 @dataclass(frozen=True)
@@ -37,6 +51,25 @@ class Rules:
     def delay(self, failed: int) -> float:
         """Seconds before the next attempt after `failed` failed ones."""
         return min(self.backoff_cap, self.backoff * 2 ** max(0, failed - 1))
+
+
+@dataclass(frozen=True)
+class ResetLimit:
+    """At most count resets of a chip (one per fault) within window seconds; count 0: no limit."""
+
+    count: int = default("reset_limit")
+    window: float = default("reset_window")
+
+    def recent(self, resets: tuple[float, ...], wall_now: float) -> tuple[float, ...]:
+        """The reset times within the window before wall_now (one in the future, a clock set back, counts)."""
+        return tuple(when for when in resets if when > wall_now - self.window)
+
+    def reached(self, resets: tuple[float, ...], wall_now: float) -> bool:
+        """True when a chip with these reset times is not reset again automatically."""
+        return self.count > 0 and len(self.recent(resets, wall_now)) >= self.count
+
+
+NO_LIMIT = ResetLimit(count=0)
 
 
 @dataclass(frozen=True)
@@ -85,6 +118,8 @@ class Care:
     out_since: float | None = None  # monotonic time it went out of service
     note: str = ""  # the last step and its outcome
     operator_return: bool = False  # an operator asked for one more reset
+    resets: tuple[float, ...] = ()  # Unix times of the resets started for its faults (one each), oldest first
+    limited: bool = False  # it needs an operator because the reset limit was reached
 
     @property
     def name(self) -> str:
@@ -92,9 +127,10 @@ class Care:
         return f"GPU {'?' if self.minor is None else self.minor} ({self.uuid})"
 
 
-def observe(care: Care, diagnosis: Diagnosis, now: float, rules: Rules, healing: bool, cut_short: bool = False) -> Care:
+def observe(care: Care, diagnosis: Diagnosis, now: float, rules: Rules, healing: bool, cut_short: bool = False, *,
+            limit: ResetLimit = NO_LIMIT, wall_now: float = 0.0) -> Care:  # fmt: skip
     """care after the chip was seen with diagnosis (healing: self-healing is on). A reset under way keeps its
-    phase: its outcome decides what follows.
+    phase: its outcome decides what follows. limit: the reset limit in force; wall_now: Unix time, for it.
 
     cut_short: the chip is still reserved by a reset that did not finish (the agent stopped during it). It may be
     half reset, whatever its health reads now, so it is reset again before it is back in service: a reset cut short
@@ -106,7 +142,7 @@ def observe(care: Care, diagnosis: Diagnosis, now: float, rules: Rules, healing:
     if diagnosis.healthy:
         if care.phase == HEALTHY:
             return care
-        return Care(care.uuid, care.minor, note="back in service")
+        return Care(care.uuid, care.minor, note="back in service", resets=care.resets)
     out_since = care.out_since if care.out_since is not None else now
     care = replace(care, causes=diagnosis.reasons, out_since=out_since)
     if care.operator_return and care.phase == WAITING:
@@ -115,13 +151,30 @@ def observe(care: Care, diagnosis: Diagnosis, now: float, rules: Rules, healing:
         return replace(care, phase=NEEDS_OPERATOR, note=f"needs an operator: {', '.join(diagnosis.operator)}")
     if not diagnosis.resettable:
         return replace(care, phase=OUT, note=f"out of service until it clears: {', '.join(diagnosis.other)}")
-    if care.phase == NEEDS_OPERATOR and (care.attempts >= rules.attempts or left_unreset(care)):
+    if care.phase == NEEDS_OPERATOR and (care.attempts >= rules.attempts or care.limited or left_unreset(care)):
         return care
     if not healing:
         return replace(care, phase=OFF, note="self-healing is off: it stays out of service")
     if care.phase == WAITING:
         return care
+    if limit.reached(care.resets, wall_now):
+        return limit_reached(care, limit, wall_now)
     return replace(care, phase=WAITING, retry_at=max(care.retry_at, now + rules.settle), note="reset once free")
+
+
+def limit_reached(care: Care, limit: ResetLimit, wall_now: float) -> Care:
+    """care's chip was reset limit.count times within limit.window: it is left to an operator."""
+    count = len(limit.recent(care.resets, wall_now))
+    note = f"reset {count} times within {span(limit.window)}: not reset again automatically"
+    return replace(care, phase=NEEDS_OPERATOR, limited=True, note=note)
+
+
+def span(seconds: float) -> str:
+    """A window as people say it: `24h`, `90m`, `45s`."""
+    for unit, size in (("h", 3600), ("m", 60)):
+        if seconds >= size and seconds % size == 0:
+            return f"{seconds / size:g}{unit}"
+    return f"{seconds:g}s"
 
 
 def due(care: Care, now: float) -> bool:
@@ -134,10 +187,23 @@ def held(care: Care, holder: str, look_again: float) -> Care:
     return replace(care, retry_at=look_again, note=f"waiting to be reset: held by {holder}")
 
 
-def started(care: Care) -> Care:
-    """A reset of care's chip has started."""
+def started(care: Care, wall_now: float) -> Care:
+    """A reset of care's chip has started (wall_now: Unix time): the first of its episode is one in its history."""
     attempts = care.attempts + 1
-    return replace(care, phase=RESETTING, attempts=attempts, note=f"resetting (attempt {attempts})")
+    resets = (*care.resets, wall_now)[-MAX_RESETS:] if _first(care) else care.resets
+    return replace(care, phase=RESETTING, attempts=attempts, resets=resets, note=f"resetting (attempt {attempts})")
+
+
+def taken_back(care: Care) -> Care:
+    """The reset of care's chip that started reset nothing (refused, or the chip found held at the last look): it
+    waits again, and its attempt, and its place in the history if it took one, are given back."""
+    back = replace(care, phase=WAITING, attempts=max(0, care.attempts - 1))
+    return replace(back, resets=care.resets[:-1]) if _first(back) and care.resets else back
+
+
+def _first(care: Care) -> bool:
+    """True when the next reset of care's chip is the first automatic one of its episode (not an operator's)."""
+    return care.attempts == 0 and not care.operator_return
 
 
 def failed(care: Care, why: str, now: float, rules: Rules) -> Care:
@@ -156,9 +222,8 @@ def refused(care: Care, why: str, now: float, rules: Rules) -> Care:
     A reset refused once started gives its attempt back; one refused before it started (the node's reset turn, the
     record's write) had taken none."""
     return replace(
-        care,
+        taken_back(care) if care.phase == RESETTING and care.attempts > 0 else care,
         phase=WAITING,
-        attempts=care.attempts - 1 if care.phase == RESETTING and care.attempts > 0 else care.attempts,
         retry_at=now + rules.refused_wait,
         note=f"reset refused: {why}; trying again in {rules.refused_wait:g}s",
     )
@@ -167,7 +232,8 @@ def refused(care: Care, why: str, now: float, rules: Rules) -> Care:
 def reset_done(care: Care, after: Diagnosis, now: float, rules: Rules) -> Care:
     """The reset worked and the chip's health was read again: back in service, or a failed attempt."""
     if after.healthy:
-        return Care(care.uuid, care.minor, note=f"back in service after a reset (attempt {care.attempts})")
+        note = f"back in service after a reset (attempt {care.attempts})"
+        return Care(care.uuid, care.minor, note=note, resets=care.resets)
     return failed(replace(care, causes=after.reasons), f"still unhealthy after the reset: {', '.join(after.reasons)}",
                   now, rules)  # fmt: skip
 
@@ -199,9 +265,9 @@ def returned_by_hand(care: Care, after: Diagnosis) -> Care:
 
 
 def operator_asked(care: Care) -> Care:
-    """An operator asked to return the chip: one more reset and health check, if it is out for good."""
+    """An operator asked to return the chip: one more reset and health check, if it is out for good. Its history of
+    resets is cleared (the reset asked for is not counted in it): the chip starts again as if new."""
     if care.phase not in (NEEDS_OPERATOR, OFF):
         return care
-    return replace(
-        care, phase=WAITING, retry_at=0.0, operator_return=True, note="an operator asked to return it: one more reset"
-    )
+    note = "an operator asked to return it: one more reset"
+    return replace(care, phase=WAITING, retry_at=0.0, operator_return=True, resets=(), limited=False, note=note)

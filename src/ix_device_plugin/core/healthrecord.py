@@ -15,6 +15,13 @@ fallen off the bus) unless ix-config's `health.operator` names it; with them goe
 had nothing else. Any other XID whose action is `operator` (XID 64: the memory needs service) stays until an
 operator returns the chip (`iluvatar.com/gpu.return`), and so does that chip's story. Reservations end with the
 process that held them, or with the boot.
+
+A chip's reset history (`resets`: the Unix times of the resets started for its faults, one per fault, oldest first,
+at most MAX_RESETS; core/healing.py's reset limit counts them) is kept across restarts and reboots alike (a chip that
+faults again after a reboot is the same chip), also while the chip is healthy; only an operator's return clears it.
+It is written pruned to the limit's window. `resetLimitReached: true` says the chip needs an operator because of the
+limit. Both fields are optional (absent: no history, false), written only when they say something: an older agent
+keeps them as fields it does not know.
 """
 
 from __future__ import annotations
@@ -25,7 +32,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from ix_device_plugin.core.healing import HEALTHY, NEEDS_OPERATOR, PHASES, RESETTING, WAITING, Care
+from ix_device_plugin.core.healing import HEALTHY, MAX_RESETS, NEEDS_OPERATOR, PHASES, RESETTING, WAITING, Care
 from ix_device_plugin.settings.documents import DocumentError, Limits, load_json_text
 from ix_device_plugin.settings.health import HealthPolicy, xid_name
 
@@ -57,12 +64,14 @@ class ChipRecord:
     operator_return: bool = False
     reserved: str = ""
     reserved_since: float | None = None
+    resets: tuple[float, ...] = ()  # Unix times of the resets started for its faults, oldest first
+    reset_limited: bool = False  # it needs an operator because of the reset limit
     extra: Mapping[str, Any] = field(default_factory=dict)  # fields of a newer agent, kept as read
 
     @property
     def worth_keeping(self) -> bool:
-        """True when the entry says something a healthy chip would not."""
-        return bool(self.xids or self.phase != HEALTHY or self.reserved or self.extra)
+        """True when the entry says something a healthy chip without a history would not."""
+        return bool(self.xids or self.phase != HEALTHY or self.reserved or self.resets or self.extra)
 
 
 @dataclass(frozen=True)
@@ -125,13 +134,20 @@ def _chip_document(chip: ChipRecord) -> dict[str, Any]:
     }
     if chip.reserved:
         document["reserved"] = {"reason": chip.reserved, "since": round(chip.reserved_since or 0.0, 3)}
+    if chip.resets:
+        document["resets"] = [round(when, 3) for when in chip.resets]
+    if chip.reset_limited:
+        document["resetLimitReached"] = True
     return document
 
 
 def chip_record(care: Care, xids: frozenset[int], reserved: str, *, wall_now: float, mono_now: float,
-                reserved_since: float | None = None, extra: Mapping[str, Any] | None = None) -> ChipRecord:  # fmt: skip
-    """A chip's entry from its healing story (monotonic times turned into Unix times), its XIDs and reservation."""
+                reserved_since: float | None = None, extra: Mapping[str, Any] | None = None,
+                window: float | None = None) -> ChipRecord:  # fmt: skip
+    """A chip's entry from its healing story (monotonic times turned into Unix times), its XIDs and reservation;
+    window: the reset limit's, the reset times older than it left out (None: all kept)."""
     out_since = None if care.out_since is None else wall_now - (mono_now - care.out_since)
+    resets = care.resets if window is None else tuple(when for when in care.resets if when > wall_now - window)
     return ChipRecord(
         minor=care.minor,
         xids=xids,
@@ -143,6 +159,8 @@ def chip_record(care: Care, xids: frozenset[int], reserved: str, *, wall_now: fl
         operator_return=care.operator_return,
         reserved=reserved,
         reserved_since=(reserved_since or wall_now) if reserved else None,
+        resets=resets[-MAX_RESETS:],
+        reset_limited=care.limited,
         extra=dict(extra or {}),
     )
 
@@ -180,7 +198,8 @@ def parse_record(text: str) -> HealthRecord:
     )
 
 
-_CHIP_FIELDS = {"minor", "xids", "phase", "causes", "attempts", "note", "outSince", "operatorReturn", "reserved"}
+_CHIP_FIELDS = {"minor", "xids", "phase", "causes", "attempts", "note", "outSince", "operatorReturn", "reserved",
+                "resets", "resetLimitReached"}  # fmt: skip
 
 
 def _parse_chip(entry: Any, uuid: str) -> ChipRecord:
@@ -208,6 +227,9 @@ def _parse_chip(entry: Any, uuid: str) -> ChipRecord:
     if not isinstance(operator_return, bool):
         raise RecordError(f"{where}.operatorReturn is {operator_return!r}, not true or false")
     reserved, since = _reservation(entry.get("reserved"), where)
+    reset_limited = entry.get("resetLimitReached", False)
+    if not isinstance(reset_limited, bool):
+        raise RecordError(f"{where}.resetLimitReached is {reset_limited!r}, not true or false")
     return ChipRecord(
         minor=minor,
         xids=frozenset(xids),
@@ -219,8 +241,23 @@ def _parse_chip(entry: Any, uuid: str) -> ChipRecord:
         operator_return=operator_return,
         reserved=reserved,
         reserved_since=since,
+        resets=_resets(entry.get("resets", []), f"{where}.resets"),
+        reset_limited=reset_limited,
         extra={key: value for key, value in entry.items() if key not in _CHIP_FIELDS},
     )
+
+
+def _resets(value: Any, where: str) -> tuple[float, ...]:
+    """A chip's reset times, oldest first: a list of at most MAX_RESETS Unix times."""
+    if not isinstance(value, list) or len(value) > MAX_RESETS:
+        raise RecordError(f"{where} is not a list of at most {MAX_RESETS} times")
+    return tuple(sorted(_time(when, where) for when in value))
+
+
+def _time(value: Any, where: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
+        raise RecordError(f"{where} holds {value!r}, not a time")
+    return float(value)
 
 
 def _reservation(value: Any, where: str) -> tuple[str, float | None]:
@@ -270,8 +307,10 @@ def restore(record: HealthRecord, boot_id: str, policy: HealthPolicy, *, wall_no
                 forgotten.append(f"{uuid}: {', '.join(map(xid_name, sorted(chip.xids - kept)))}")
         if kept:
             xids[uuid] = kept
-        if rebooted and not kept:
-            continue  # the reboot reset the chip: its story starts again from its health
+        if rebooted and not kept:  # the reboot reset the chip: its story starts again from its health, its history kept
+            if chip.resets:
+                cares[uuid] = Care(uuid, chip.minor, resets=chip.resets)
+            continue
         care = _care(uuid, chip, wall_now=wall_now, mono_now=mono_now)
         if chip.reserved and not rebooted:
             reserved[uuid] = chip.reserved
@@ -279,7 +318,7 @@ def restore(record: HealthRecord, boot_id: str, policy: HealthPolicy, *, wall_no
                 care = replace(care, phase=WAITING, retry_at=0.0, note=CUT_SHORT)
         elif care.phase == RESETTING:  # a reboot ended it
             care = replace(care, phase=WAITING, retry_at=0.0, note=CUT_SHORT)
-        if care.phase != HEALTHY:
+        if care.phase != HEALTHY or care.resets:
             cares[uuid] = care
     return Restored(xids, cares, reserved, tuple(forgotten))
 
@@ -296,6 +335,8 @@ def _care(uuid: str, chip: ChipRecord, *, wall_now: float, mono_now: float) -> C
         out_since=out_since,
         note=chip.note,
         operator_return=chip.operator_return,
+        resets=chip.resets,
+        limited=chip.reset_limited,
     )
 
 

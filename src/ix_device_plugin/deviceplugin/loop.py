@@ -125,9 +125,7 @@ class Daemon:
 
     # ---- what the node agent asks of the device plugin (nodeagent.kit.FrontEnd) ------------------
 
-    def chip_guard(
-        self, pod_resources: PodResources, monitor: HardwareMonitor, record: RecordFile | None
-    ) -> PodHolders:
+    def chip_guard(self, pod_resources: PodResources, monitor: HardwareMonitor, record: RecordFile | None) -> Guard:
         """The device plugin's chip guard: the served plan, pod-resources, and the node's reset turn."""
         turn_timeout = self.options.reset_wait_timeout
         turn = reset_turn(self.options.kubelet_plugins_directory_path, turn_timeout)  # the node's, either mode
@@ -199,8 +197,7 @@ class Daemon:
         return True, f"serving {self.plan.capacity()} {self.plan.resource_name} on {self.socket_path}"
 
     def ready(self) -> tuple[bool, str]:
-        """Readiness: registered with the kubelet, or waiting on standby for the pod serving the node to stop (an
-        update goes on to stop that one)."""
+        """Readiness: registered with the kubelet, or on standby (an update goes on to stop the pod serving it)."""
         if not self.serving_wanted:
             return True, f"standby: {self._waiting_why}"
         if self.registered:
@@ -265,8 +262,7 @@ class Daemon:
         spawn("node" if self.node.role is None else "node-role", self.node.act(self._act_for_node))
 
     async def _register_beside(self, who: str) -> bool:
-        """Another plugin serves the node (who says which): whether to register beside it now, else wait on standby
-        until it stops."""
+        """Another plugin serves the node (who says which): register beside it now (True), or wait until it stops."""
         beside, why = await registration_beside(self.options.zero_downtime_upgrade, self.apiserver)
         if beside:
             log.info("%s: registering beside it (%s)", who, why)

@@ -216,11 +216,12 @@ class Healer:
         for uuid in [uuid for uuid in self.cares if uuid not in chips]:
             del self.cares[uuid]  # unplugged: nothing left to heal
         cut_short = self.reservations.cut_short()
-        rules = self.settings.rules
+        rules, limit, wall = self.settings.rules, self.settings.limit(), time.time()
         for uuid, chip in chips.items():
             care = self.cares.get(uuid) or Care(uuid, chip.minor)
             diagnosis = diagnose(chip.status, policy)
-            self._set(rules_of.observe(care, diagnosis, now, rules, healing, cut_short=uuid in cut_short))
+            self._set(rules_of.observe(care, diagnosis, now, rules, healing, cut_short=uuid in cut_short,
+                                       limit=limit, wall_now=wall))  # fmt: skip
 
     def _set(self, care: Care) -> None:
         """care is the chip's story now: told of when its phase changed."""
@@ -322,7 +323,7 @@ class Healer:
             self._set(rules_of.observe(care, news, time.monotonic(), self.settings.rules, self.healing))
             return False
         before = await before_reset(self.monitor, self._chip(care.uuid), care.uuid)
-        care = rules_of.started(care)
+        care = rules_of.started(care, time.time())
         self._set(care)
         what = f"for {', '.join(care.causes)}" if care.causes else ""
         self.telling.event(NORMAL, "GPUHealingReset", f"{care.name}: resetting it {what} (attempt {care.attempts})")
@@ -332,7 +333,7 @@ class Healer:
         except HeldError as held:
             self.metrics.resets.labels(result="refused").inc()
             log.warning("healing %s: not reset: held by %s since it was found free", care.name, held.holder)
-            self._wait_for(replace(care, attempts=care.attempts - 1, phase=WAITING), held.holder)
+            self._wait_for(rules_of.taken_back(care), held.holder)
             return False
         except GpuResetError as error:
             self._reset_failed(care, error)

@@ -85,11 +85,10 @@ class Reservations:
         self.cares.update(restored.cares)
         for line in restored.forgotten:
             log.info("node-health record: the reboot cleared %s", line)
-        if restored.cares:
-            log.info(
-                "node-health record %s: %s", self.record.path,
-                "; ".join(f"{care.name}: {care.phase} ({care.note})" for care in restored.cares.values()),
-            )  # fmt: skip
+        out = [care for care in restored.cares.values() if care.phase != HEALTHY]  # the others: a reset history only
+        if out:
+            log.info("node-health record %s: %s", self.record.path,
+                     "; ".join(f"{care.name}: {care.phase} ({care.note})" for care in out))  # fmt: skip
 
     async def follow_role(self) -> None:
         """Take over what the record says once this process acts for the node; on standby (again), leave it."""
@@ -227,13 +226,14 @@ class Reservations:
 
     def _record_now(self) -> HealthRecord:
         """The record as this process knows the node now (written: 0, set when it is written)."""
-        wall, mono = time.time(), time.monotonic()
+        wall, mono, window = time.time(), time.monotonic(), self.settings.limit().window
         chips: dict[str, ChipRecord] = {}
         xids = {chip.uuid: chip.status.xids for chip in self.monitor.view.inventory.chips()}
         for uuid in sorted({*self.cares, *self.reserved, *(u for u, x in xids.items() if x)}):
             care = self.cares.get(uuid) or Care(uuid, self._minor(uuid))
             entry = chip_record(care, xids.get(uuid, frozenset()), RESERVED if uuid in self.reserved else "",
-                                wall_now=wall, mono_now=mono, reserved_since=self.reserved.get(uuid))  # fmt: skip
+                                wall_now=wall, mono_now=mono, reserved_since=self.reserved.get(uuid),
+                                window=window)  # fmt: skip
             if entry.worth_keeping:
                 chips[uuid] = entry
         return HealthRecord(boot_id=self.settings.boot_id, writer=self.settings.writer, chips=chips)

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ix_device_plugin.core.healing import Rules
+from ix_device_plugin.core.healing import ResetLimit, Rules
 from ix_device_plugin.settings.config import Config
 from ix_device_plugin.settings.health import HealthPolicy
 
@@ -31,7 +31,9 @@ class HealingSettings:
     """How one front end's self-healing works.
 
     policy and switch read the current configuration (the health policy, and health.selfHealing: auto, true,
-    false). story: the story file `list` shows (None: none). rules: how hard a chip is tried (attempts, backoff).
+    false); limit, the reset limit (health.resetLimit within health.resetWindow), read when a chip goes out of
+    service and when the record is written. story: the story file `list` shows (None: none). rules: how hard a
+    chip is tried (attempts, backoff).
     acting: whether this process acts for the node now (the pod holding the node's role; another pod on standby
     follows the chips but neither resets nor writes Events, the story or the record until it takes over).
     boot_id: the boot the record's times belong to; writer: who this process is, as the record names it.
@@ -52,3 +54,8 @@ class HealingSettings:
     flush_interval: float | None = None
     free_poll: float = FREE_POLL
     config: Callable[[], Config] = _defaults
+
+    def limit(self) -> ResetLimit:
+        """The reset limit in force: health.resetLimit within health.resetWindow."""
+        config = self.config()
+        return ResetLimit(config.reset_limit, config.reset_window)

@@ -14,7 +14,7 @@ import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
-from ix_device_plugin.core.healing import HEALTHY, NEEDS_OPERATOR, OFF, OUT, RESETTING, WAITING, Care, left_unreset
+from ix_device_plugin.core.healing import HEALTHY, NEEDS_OPERATOR, OFF, OUT, RESETTING, WAITING, Care
 from ix_device_plugin.hardware.backend import XidEvent
 from ix_device_plugin.hardware.monitor import HardwareMonitor
 from ix_device_plugin.healing.metrics import HealingMetrics
@@ -32,6 +32,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("ix_device_plugin.healing.healer")  # the healer's voice, whichever part of it speaks
 
 NORMAL, WARNING = "Normal", "Warning"  # the Kubernetes Event types
+RESET_LIMIT_REACHED = "GPUResetLimitReached"  # a chip reset too often within the window, left to an operator
 _MEANINGS = {row.name: row.meaning for row in HEALTH_POLICY}
 
 
@@ -76,15 +77,19 @@ class Telling:
         if care.phase == HEALTHY:
             self._back(before, care)
         elif care.phase == NEEDS_OPERATOR:
-            self.metrics.outcomes.labels(outcome="needs_operator").inc()
-            how = f"kubectl annotate --overwrite node {self.node or '<node>'} {RETURN_ANNOTATION}={care.uuid}"
-            if left_unreset(care):  # one Event naming what is missing: no reset was tried
-                by_hand = f"reset it by hand on the node (ixsmi -r -i {care.uuid})"
-                said = f"{care.name} {care.note}; {by_hand}, then return it: {how}"
-                self.event(WARNING, "GPUResetUnavailable", said)
-            else:
-                self.event(WARNING, "GPUNeedsOperator", f"{care.name} {care.note}; once it is fixed, return it: {how}")
-            log.warning("%s %s", care.name, care.note)
+            self._needs_operator(care)
+
+    def _needs_operator(self, care: Care) -> None:
+        """The chip needs an operator: why, and the way back. The reset limit has its own reason, said in place of
+        GPUNeedsOperator."""
+        self.metrics.outcomes.labels(outcome="needs_operator").inc()
+        how = f"kubectl annotate --overwrite node {self.node or '<node>'} {RETURN_ANNOTATION}={care.uuid}"
+        if care.limited:
+            reason, said = RESET_LIMIT_REACHED, f"{care.name}: {care.note}"
+        else:
+            reason, said = "GPUNeedsOperator", f"{care.name} {care.note}"
+        self.event(WARNING, reason, f"{said}; once it is fixed, return it: {how}")
+        log.warning("%s", said)
 
     def _back(self, before: Care, care: Care) -> None:
         out = None if before.out_since is None else time.monotonic() - before.out_since

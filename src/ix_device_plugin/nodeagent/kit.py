@@ -185,7 +185,8 @@ class NodeAgent(Generic[Guard]):
     def _healing(self, mode: Mode, front: FrontEnd[Guard], registry: Registry) -> NodeHealing:
         """Self-healing, by the pod acting for the node, with the node-health record."""
         settings = HealingSettings(
-            policy=front.current_health_policy, switch=front.self_healing_switch, story=mode.story,
+            policy=front.current_health_policy, switch=front.self_healing_switch,
+            story=mode.story,
             rules=mode.rules or Rules(), acting=lambda: self.acting, boot_id=mode.boot_id, writer=mode.writer,
             node_watched=mode.node_watched, config=lambda: front.config,
         )  # fmt: skip

@@ -23,6 +23,8 @@ class Config:
     rename_by_default: bool = default("rename_by_default")
     fail_requests_greater_than_one: bool = default("fail_requests_greater_than_one")
     self_healing: str = default("self_healing")  # auto, true or false
+    reset_limit: int = default("reset_limit")  # resets of a chip within reset_window (0: no limit)
+    reset_window: float = default("reset_window")  # seconds
     health_reset: tuple[str, ...] = default("health_reset")  # `XID 48`, `ECC`: moved to the action named
     health_operator: tuple[str, ...] = default("health_operator")
     health_ignore: tuple[str, ...] = default("health_ignore")

@@ -256,6 +256,12 @@ SETTINGS: tuple[Setting, ...] = (
     _setting("reset_diagnostic_timeout", "--reset-diagnostic-timeout", "IX_RESET_DIAGNOSTIC_TIMEOUT", 300.0,
              v.seconds, "SECONDS", "self-healing: how long the diagnostic may take (then it is killed: it failed)",
              HEALTH_MODES, "health.resetDiagnosticTimeout"),
+    _setting("reset_limit", "--reset-limit", "IX_RESET_LIMIT", 2, v.reset_limit, "INT",
+             "self-healing: a chip reset this many times (one per fault) within --reset-window is not reset again "
+             "at its next fault but left to an operator (GPUResetLimitReached); 0: no limit", HEALTH_MODES,
+             "health.resetLimit"),
+    _setting("reset_window", "--reset-window", "IX_RESET_WINDOW", 86400.0, v.reset_window, "SECONDS",
+             "self-healing: the window of --reset-limit, in seconds", HEALTH_MODES, "health.resetWindow"),
     _setting("health_reset", "--health-reset", "IX_HEALTH_RESET", (), parse_health_names, "LIST",
              "XIDs and health errors a GPU reset clears (besides the defaults)", HEALTH_MODES, "health.reset"),
     _setting("health_operator", "--health-operator", "IX_HEALTH_OPERATOR", (), parse_health_names, "LIST",

@@ -14,6 +14,8 @@ Parser = Callable[[Any, bool], Any]
 
 MIN_INTERVAL, MAX_INTERVAL = 0.1, 3600.0
 MAX_REPLICAS = 1024
+MAX_RESET_LIMIT = 64  # resets a chip may have within the window: the node-health record keeps that many times
+MIN_RESET_WINDOW, MAX_RESET_WINDOW = 1.0, 365 * 86400.0
 # Go's strconv.ParseBool (Iluvatar's plugin reads its flags and variables with it) takes t and f too.
 _TRUE = frozenset({"true", "yes", "on", "1", "t"})
 _FALSE = frozenset({"false", "no", "off", "0", "f"})
@@ -85,6 +87,29 @@ def seconds(value: Any, from_text: bool = True) -> float:
     if isinstance(value, bool) or not math.isfinite(number) or not MIN_INTERVAL <= number <= MAX_INTERVAL:
         raise ValueError(f"expected a number of seconds from {MIN_INTERVAL:g} to {MAX_INTERVAL:g}")
     return number
+
+
+def reset_window(value: Any, from_text: bool = True) -> float:
+    """The reset limit's window: a number of seconds from MIN_RESET_WINDOW to MAX_RESET_WINDOW (a year)."""
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise ValueError("expected a number of seconds") from None
+    if isinstance(value, bool) or not math.isfinite(number) or not MIN_RESET_WINDOW <= number <= MAX_RESET_WINDOW:
+        raise ValueError(f"expected a number of seconds from {MIN_RESET_WINDOW:g} to {MAX_RESET_WINDOW:g} (a year)")
+    return number
+
+
+def reset_limit(value: Any, from_text: bool = True) -> int:
+    """Resets of a chip within the window before it is left to an operator: 0 (no limit) to MAX_RESET_LIMIT; as
+    text, digits."""
+    if from_text and isinstance(value, str):
+        digits = value.strip()
+        if digits.lstrip("-").isascii() and digits.lstrip("-").isdigit() and len(digits) <= 12:
+            value = int(digits)
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_RESET_LIMIT:
+        raise ValueError(f"expected a whole number from 0 (no limit) to {MAX_RESET_LIMIT}")
+    return value
 
 
 def seconds_or_off(value: Any, from_text: bool = True) -> float | None:

@@ -9,6 +9,7 @@ from helpers.reset_support import FAST_HEALING, Ixsmi, IxsmiBackend
 from helpers.waits import stays, until
 
 from ix_device_plugin.healing.record import record_path
+from ix_device_plugin.settings.config import Config
 from ix_device_plugin.standins.apiserver import ApiServerStandIn
 
 LOOKS_S = 3.5  # three looks of the healer at the held chip (one a second)
@@ -69,7 +70,12 @@ async def test_a_chip_out_of_service_and_back_is_published_without_reading_the_s
     when the watch shows the driver's own writes (even while it is a write behind). The first one, which learns
     whether the API server keeps device taints, reads them once."""
     ixsmi = Ixsmi(node.root)
-    await node.start(backend_factory=lambda: IxsmiBackend(node.devices_file, ixsmi.path), healing_rules=FAST_HEALING)
+    # Three faults of one chip, each reset: no reset limit (the default leaves the third to an operator).
+    await node.start(
+        backend_factory=lambda: IxsmiBackend(node.devices_file, ixsmi.path),
+        healing_rules=FAST_HEALING,
+        config=Config(reset_limit=0),
+    )
     await node.wait_slice(lambda devices: len(devices) == 6)
     await xid_reset_and_back(node, ixsmi, 48, resets=1)
     lists, writes = slice_lists(api), slice_writes(api)

@@ -28,6 +28,7 @@ pytestmark = pytest.mark.unit
 RULES = Rules(attempts=3, backoff=10.0, backoff_cap=25.0, refused_wait=60.0, settle=1.0)
 POLICY = HealthPolicy()
 XID48 = Diagnosis(resettable=("XID 48",))
+WALL = 1_700_000_000.0  # a Unix time: when a reset started
 
 
 def test_reasons_are_sorted_by_what_is_done_about_them() -> None:
@@ -55,11 +56,11 @@ def test_a_held_chip_is_looked_at_again_later() -> None:
 
 
 def test_a_reset_that_works_returns_the_chip() -> None:
-    care = healing.started(healing.observe(Care("GPU-a", 1), XID48, 100.0, RULES, True))
+    care = healing.started(healing.observe(Care("GPU-a", 1), XID48, 100.0, RULES, True), WALL)
     assert (care.phase, care.attempts) == (RESETTING, 1)
     assert healing.observe(care, Diagnosis(), 101.0, RULES, True) is care  # a reset under way keeps its phase
     back = healing.reset_done(care, Diagnosis(), 102.0, RULES)
-    assert back == Care("GPU-a", 1, note="back in service after a reset (attempt 1)")
+    assert back == Care("GPU-a", 1, note="back in service after a reset (attempt 1)", resets=(WALL,))
 
 
 def test_failures_back_off_then_need_an_operator() -> None:
@@ -67,7 +68,7 @@ def test_failures_back_off_then_need_an_operator() -> None:
     delays = []
     for attempt in range(1, 4):
         now = care.retry_at
-        care = healing.failed(healing.started(care), "ixsmi exited with code 3", now, RULES)
+        care = healing.failed(healing.started(care, WALL), "ixsmi exited with code 3", now, RULES)
         delays.append(care.retry_at - now)
         if attempt < 3:
             assert care.phase == WAITING and f"next attempt in {care.retry_at - now:g}s" in care.note
@@ -78,13 +79,13 @@ def test_failures_back_off_then_need_an_operator() -> None:
 
 
 def test_still_unhealthy_after_a_reset_counts_as_a_failed_attempt() -> None:
-    care = healing.started(healing.observe(Care("GPU-a", 1), XID48, 0.0, RULES, True))
+    care = healing.started(healing.observe(Care("GPU-a", 1), XID48, 0.0, RULES, True), WALL)
     after = healing.reset_done(care, Diagnosis(resettable=("ECC",)), 5.0, RULES)
     assert after.phase == WAITING and after.causes == ("ECC",) and "still unhealthy after the reset: ECC" in after.note
 
 
 def test_a_refused_reset_is_not_an_attempt() -> None:
-    care = healing.started(healing.observe(Care("GPU-a", 1), XID48, 0.0, RULES, True))
+    care = healing.started(healing.observe(Care("GPU-a", 1), XID48, 0.0, RULES, True), WALL)
     refused = healing.refused(care, "ix-exporter did not let go", 5.0, RULES)
     assert (refused.phase, refused.attempts, refused.retry_at) == (WAITING, 0, 65.0)
 
@@ -97,7 +98,7 @@ def test_a_reset_refused_before_it_started_takes_back_no_attempt() -> None:
     assert (refused.phase, refused.attempts) == (WAITING, 0)
     again = healing.refused(refused, "the node-health record: No space left on device", 70.0, RULES)
     assert again.attempts == 0
-    tried = healing.failed(healing.started(waiting), "ixsmi failed", 6.0, RULES)
+    tried = healing.failed(healing.started(waiting, WALL), "ixsmi failed", 6.0, RULES)
     assert healing.refused(tried, "the node's reset turn", 30.0, RULES).attempts == 1
 
 
@@ -108,7 +109,7 @@ def test_no_sequence_of_events_makes_a_negative_count_of_attempts(events: list[s
         if event == "observe":
             care = healing.observe(care, XID48, float(now), RULES, True)
         elif event == "started" and care.phase == WAITING:
-            care = healing.started(care)
+            care = healing.started(care, WALL)
         elif event == "failed" and care.phase == RESETTING:
             care = healing.failed(care, "ixsmi failed", float(now), RULES)
         elif event == "refused" and care.phase in (WAITING, RESETTING):
@@ -124,7 +125,7 @@ def test_an_operator_error_is_never_reset_and_an_operator_gets_one_more_try() ->
     asked = healing.operator_asked(care)
     assert asked.phase == WAITING and asked.operator_return and healing.due(asked, 0.0)
     assert healing.observe(asked, Diagnosis(operator=("XID 79",)), 1.0, RULES, True) == asked
-    again = healing.failed(healing.started(asked), "ixsmi failed", 2.0, RULES)
+    again = healing.failed(healing.started(asked, WALL), "ixsmi failed", 2.0, RULES)
     assert again.phase == NEEDS_OPERATOR and "the reset an operator asked for failed" in again.note
     assert healing.operator_asked(Care("GPU-b")) == Care("GPU-b")  # in service: nothing to return
 
@@ -150,7 +151,7 @@ def test_resets_never_exceed_the_bound_but_for_an_operators_asking(steps: list[s
             care, allowed = healing.operator_asked(care), allowed + 1
         if not healing.due(care, now):
             continue
-        care, resets = healing.started(care), resets + 1
+        care, resets = healing.started(care, WALL), resets + 1
         if step == "failed":
             care = healing.failed(care, "no", now, RULES)
         elif step == "refused":

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from ix_device_plugin.core.healing import NEEDS_OPERATOR, RESETTING, WAITING, Care
+from ix_device_plugin.core.healing import HEALTHY, NEEDS_OPERATOR, RESETTING, WAITING, Care
 from ix_device_plugin.core.healthrecord import (
     CUT_SHORT,
     ChipRecord,
@@ -57,6 +57,12 @@ def test_fields_of_a_newer_agent_are_kept_when_written_again() -> None:
         (lambda d: d["chips"][A].update(attempts=1 << 31), "chips.GPU-a.attempts is 2147483648"),
         (lambda d: d["chips"][A].update(reserved={"reason": ""}), "chips.GPU-a.reserved.reason is empty"),
         (lambda d: d.update(chips=[]), "chips is not an object"),
+        (lambda d: d["chips"][A].update(resets="yesterday"), "chips.GPU-a.resets is not a list of at most 64 times"),
+        (lambda d: d["chips"][A].update(resets=[1.0] * 65), "chips.GPU-a.resets is not a list of at most 64 times"),
+        (lambda d: d["chips"][A].update(resets=[1.0, "now"]), "chips.GPU-a.resets holds 'now', not a time"),
+        (lambda d: d["chips"][A].update(resets=[True]), "chips.GPU-a.resets holds True, not a time"),
+        (lambda d: d["chips"][A].update(resets=[-5]), "chips.GPU-a.resets holds -5, not a time"),
+        (lambda d: d["chips"][A].update(resetLimitReached="yes"), "chips.GPU-a.resetLimitReached is 'yes'"),
     ],
 )
 def test_a_malformed_record_is_refused_naming_what_is_wrong(change, named) -> None:  # type: ignore[no-untyped-def]
@@ -130,3 +136,36 @@ def test_a_record_with_the_negative_attempts_the_release_before_wrote_keeps_its_
     data["chips"][B]["attempts"] = -1
     read = parse_record(json.dumps(data))
     assert read.chips[A].phase == NEEDS_OPERATOR and read.chips[B].attempts == 0 and read.chips[B].xids == {48}
+
+
+def test_a_chips_reset_history_reads_back_pruned_to_the_window_and_is_kept_while_it_is_healthy() -> None:
+    care = Care(A, 0, phase=NEEDS_OPERATOR, note="reset 2 times within 24h", resets=(100.0, 90_000.0, 95_000.0),
+                limited=True)  # fmt: skip
+    entry = chip_record(care, frozenset(), "", wall_now=100_000.0, mono_now=5.0, window=86_400.0)
+    assert entry.resets == (90_000.0, 95_000.0) and entry.reset_limited  # the first is older than the window
+    written = HealthRecord(boot_id="b", writer="w", written=100_000.0, chips={A: entry})
+    document = json.loads(record_text(written))
+    assert document["chips"][A]["resets"] == [90_000.0, 95_000.0] and document["chips"][A]["resetLimitReached"]
+    assert parse_record(record_text(written)) == written
+    healthy = chip_record(Care(B, 1, resets=(95_000.0,)), frozenset(), "", wall_now=100_000.0, mono_now=5.0)
+    assert healthy.worth_keeping  # a healthy chip with a history is kept
+    assert not chip_record(Care(B, 1), frozenset(), "", wall_now=1.0, mono_now=1.0).worth_keeping
+    plain = json.loads(record_text(record(GPU_b=ChipRecord(minor=1, xids=frozenset({64})))))["chips"][B]
+    assert "resets" not in plain and "resetLimitReached" not in plain  # said only when they say something
+    assert parse_record(json.dumps({"kind": "ix-device-plugin/node-health", "version": 1, "chips": {
+        B: {"resets": [3.0, 1.0]}}})).chips[B].resets == (1.0, 3.0)  # fmt: skip
+
+
+def test_a_restart_and_a_reboot_keep_the_reset_history_and_a_restart_keeps_the_limit_reached() -> None:
+    kept = record(
+        GPU_a=ChipRecord(minor=0, xids=frozenset({48}), phase=NEEDS_OPERATOR, causes=("XID 48",),
+                         note="reset 2 times within 24h", resets=(10.0, 20.0), reset_limited=True),
+        GPU_b=ChipRecord(minor=1, resets=(30.0,)),
+    )  # fmt: skip
+    restarted = restore(kept, "boot-1", POLICY, wall_now=200.0, mono_now=10.0)
+    assert restarted.cares[A].limited and restarted.cares[A].resets == (10.0, 20.0)
+    assert restarted.cares[B] == Care(B, 1, resets=(30.0,))  # healthy, with its history
+    rebooted = restore(kept, "boot-2", POLICY, wall_now=200.0, mono_now=10.0)
+    assert rebooted.xids == {}  # the reboot reset the chips: XID 48 forgotten, and the limit's hold with it
+    assert rebooted.cares == {A: Care(A, 0, resets=(10.0, 20.0)), B: Care(B, 1, resets=(30.0,))}
+    assert rebooted.cares[A].phase == HEALTHY

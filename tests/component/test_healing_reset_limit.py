@@ -1,0 +1,81 @@
+"""Self-healing's reset limit in device plugin mode: a chip healed twice (the default health.resetLimit) within the
+window is left to an operator at its third fault, with one GPUResetLimitReached Event; its history is in the
+node-health record, so a restart in between changes nothing; the operator's return resets it and clears the history."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from helpers.reset_support import NODE, Ixsmi, node_events
+from helpers.support import RESOURCE, DaemonFactory, inject_xid
+from helpers.waits import stays, until
+from test_healing import start_healing
+from test_health_record import recorded
+
+from ix_device_plugin.api import HEALTHY, UNHEALTHY
+from ix_device_plugin.healing.telling import RESET_LIMIT_REACHED
+from ix_device_plugin.healing.wayback import RETURN_ANNOTATION
+from ix_device_plugin.standins.apiserver import ApiServerStandIn
+from ix_device_plugin.standins.kubelet import KubeletStandIn
+from ix_device_plugin.standins.podresources import PodResourcesStandIn
+
+CHIP = "GPU-x1"
+
+
+async def fault_and_heal(kubelet: KubeletStandIn, conf: Path, ixsmi: Ixsmi, resets: int) -> None:
+    """An XID 48 on GPU 1, which is reset (its resets-th) and back in service."""
+    view = await kubelet.wait_registered(RESOURCE, capacity=2)
+    inject_xid(conf, 1, 48)
+    await until(lambda: len(ixsmi.runs()) == resets, timeout=10)
+    await kubelet.wait_for(lambda: view.devices[CHIP] == HEALTHY, timeout=10)
+
+
+def returned_by_an_operator(apiserver: ApiServerStandIn) -> None:
+    node = apiserver.get("nodes", NODE)
+    assert node is not None
+    node["metadata"].setdefault("annotations", {})[RETURN_ANNOTATION] = CHIP
+    apiserver.put("nodes", node)
+
+
+async def test_a_chip_reset_twice_is_left_to_an_operator_at_its_third_fault_across_a_restart(
+    kubelet: KubeletStandIn,
+    start_daemon: DaemonFactory,
+    apiserver: ApiServerStandIn,
+    pod_resources: PodResourcesStandIn,
+    libs: dict[str, Path],
+    conf: Path,
+    short_dir: Path,
+) -> None:
+    ixsmi = Ixsmi(short_dir)
+    first = await start_healing(start_daemon, apiserver, pod_resources, libs, short_dir, ixsmi)
+    await fault_and_heal(kubelet, conf, ixsmi, resets=1)
+    await fault_and_heal(kubelet, conf, ixsmi, resets=2)
+    await until(lambda: len(recorded(short_dir, CHIP).get("resets", [])) == 2, timeout=5)
+    assert recorded(short_dir, CHIP)["phase"] == "healthy"
+    await first.shutdown()  # a restart: the history is the record's
+    shutil.rmtree(short_dir / "dev")  # made again by the next start
+
+    await start_healing(start_daemon, apiserver, pod_resources, libs, short_dir, ixsmi)
+    view = await kubelet.wait_registered(RESOURCE, capacity=2)
+    await kubelet.wait_for(lambda: view.devices[CHIP] == HEALTHY, timeout=10)
+    inject_xid(conf, 1, 48)  # the third fault within the window
+    await kubelet.wait_for(lambda: view.devices[CHIP] == UNHEALTHY, timeout=5)
+    await until(lambda: bool(node_events(apiserver, RESET_LIMIT_REACHED)), timeout=5)
+    await stays(lambda: len(ixsmi.runs()) == 2 and view.devices[CHIP] == UNHEALTHY, for_=1.0, message="not reset")
+    [limited] = node_events(apiserver, RESET_LIMIT_REACHED)
+    assert limited["type"] == "Warning"
+    assert limited["message"] == (
+        f"GPU 1 ({CHIP}): reset 2 times within 24h: not reset again automatically; once it is fixed, return it: "
+        f"kubectl annotate --overwrite node {NODE} {RETURN_ANNOTATION}={CHIP}"
+    )
+    assert node_events(apiserver, "GPUNeedsOperator") == []  # its own reason, not both
+    entry = recorded(short_dir, CHIP)
+    assert entry["phase"] == "operator" and entry["resetLimitReached"] is True and len(entry["resets"]) == 2
+
+    returned_by_an_operator(apiserver)  # reset once more, and the history starts again
+    await kubelet.wait_for(lambda: view.devices[CHIP] == HEALTHY, timeout=10)
+    assert len(ixsmi.runs()) == 3
+    await until(lambda: recorded(short_dir, CHIP) == {}, timeout=5)  # healthy, with no reset to remember
+    await fault_and_heal(kubelet, conf, ixsmi, resets=4)  # a fault after the return is healed again
+    assert len(node_events(apiserver, RESET_LIMIT_REACHED)) == 1
