@@ -155,7 +155,9 @@ async def _measure(
         "KUBECONFIG": str(kubeconfig),
         "IXML_DOUBLE_CONFIG": str(directory / "double.conf"),
     }
-    args = ("--backend", "ixml", "--ixml-library", str(library), "--ixsmi-path", str(ixsmi))
+    sysfs = directory / "sys"  # a node with Iluvatar's driver: the directory ixsmi -r writes
+    (sysfs / "bus" / "pci" / "drivers" / "iluvatar").mkdir(parents=True, exist_ok=True)
+    args = ("--backend", "ixml", "--ixml-library", str(library), "--ixsmi-path", str(ixsmi), "--sysfs-root", str(sysfs))
     args += ("--pod-resources-socket", str(pods.socket_path), "--health-interval", str(settings.health_interval))
     async with PluginProcess(CHIPS, extra_args=args, extra_env=env) as plugin:
         (plugin.workdir / "dev").mkdir(exist_ok=True)
@@ -190,7 +192,10 @@ async def _dra_episodes(api: ApiServerStandIn, runs: int, ixsmi: Path) -> list[f
     library = dra._double(directory)
     assert library is not None  # a compiler was there for the device plugin's runs
     kubeconfig = api.write_kubeconfig(directory / "kubeconfig")
-    command = dra._command(directory, kubeconfig, node, "--ixsmi-path", str(ixsmi), backend=dra._over_double(library))
+    sysfs = directory / "sys"  # a node with Iluvatar's driver: the directory ixsmi -r writes
+    (sysfs / "bus" / "pci" / "drivers" / "iluvatar").mkdir(parents=True, exist_ok=True)
+    reset = ("--ixsmi-path", str(ixsmi), "--sysfs-root", str(sysfs))
+    command = dra._command(directory, kubeconfig, node, *reset, backend=dra._over_double(library))
     env = {**os.environ, "IXML_DOUBLE_CONFIG": str(directory / "double.conf")}
     process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
     track(process)

@@ -44,7 +44,9 @@ def over_double(libs: dict[str, Path], short_dir: Path, ixsmi: Ixsmi) -> dict[st
     health looks and fast healing."""
     make_dev_root(short_dir, [0, 1], itrctl=False)
     return {
-        "backend_factory": lambda: IxmlBackend(str(libs["full"]), dev_root=short_dir, ixsmi_path=ixsmi.path),
+        "backend_factory": lambda: IxmlBackend(
+            str(libs["full"]), dev_root=short_dir, ixsmi_path=ixsmi.path, sysfs_root=ixsmi.sysfs
+        ),
         "health_interval": 0.1,
         "healing_rules": FAST_HEALING,
     }

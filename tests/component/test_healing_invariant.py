@@ -168,7 +168,9 @@ def _same_settings(
     """The first daemon's settings, for the same node started again (its directories, backend, API access)."""
     options = daemon.options
     return {
-        "backend_factory": lambda: IxmlBackend(str(libs["full"]), dev_root=options.dev_root, ixsmi_path=ixsmi.path),
+        "backend_factory": lambda: IxmlBackend(
+            str(libs["full"]), dev_root=options.dev_root, ixsmi_path=ixsmi.path, sysfs_root=ixsmi.sysfs
+        ),
         "kube": daemon.kube_settings,
         "healing_rules": FAST_HEALING,
         "pod_resources_socket": pod_resources.socket_path,

@@ -292,14 +292,16 @@ async def test_the_standby_refuses_a_chip_reserved_by_the_frozen_acting_pod_when
     make_dev_root(short_dir, [0, 1], itrctl=False)
     ixsmi = Ixsmi(short_dir)
     ixsmi.delay.write_text("10")
-    healing = ("--self-healing", "true", "--ixsmi-path", ixsmi.path)
+    healing = ("--self-healing", "true", "--ixsmi-path", ixsmi.path, "--sysfs-root", str(ixsmi.sysfs))
     old = spawn_old_pod(libs, conf, short_dir, plugin_dir, *healing, "--pod-resources-socket",
                         str(pod_resources.socket_path))  # fmt: skip
     try:
         await kubelet.wait_registered(RESOURCE, capacity=2, timeout=15)
         new, _ = await start_beside(
             kubelet, start_daemon, OLD_SOCKET, health_interval=0.1, dev_root=short_dir,
-            backend_factory=lambda: IxmlBackend(str(libs["full"]), dev_root=short_dir, ixsmi_path=ixsmi.path),
+            backend_factory=lambda: IxmlBackend(
+                str(libs["full"]), dev_root=short_dir, ixsmi_path=ixsmi.path, sysfs_root=ixsmi.sysfs
+            ),
             healing_rules=FAST_HEALING, given=config_flags(self_healing="true"),
             pod_resources_socket=pod_resources.socket_path,
         )  # fmt: skip

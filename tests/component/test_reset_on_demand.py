@@ -32,7 +32,9 @@ async def test_self_healing_turned_on_by_a_reload_resets_the_chip_it_left_out(
     configmap = ConfigMapDir(short_dir / "ixconfig")
     configmap.write("health:\n  selfHealing: false\n")
     daemon = await start_daemon(
-        backend_factory=lambda: IxmlBackend(str(libs["full"]), dev_root=short_dir, ixsmi_path=ixsmi.path),
+        backend_factory=lambda: IxmlBackend(
+            str(libs["full"]), dev_root=short_dir, ixsmi_path=ixsmi.path, sysfs_root=ixsmi.sysfs
+        ),
         health_interval=0.1,
         healing_rules=FAST_HEALING,
         config_path=configmap.path,

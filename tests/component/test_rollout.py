@@ -191,7 +191,7 @@ async def test_both_pods_advertise_the_xid_the_acting_one_saw_and_the_chip_stays
     make_dev_root(short_dir, [0, 1], itrctl=False)
 
     def backend() -> IxmlBackend:
-        return IxmlBackend(str(libs["full"]), dev_root=short_dir, ixsmi_path=ixsmi.path)
+        return IxmlBackend(str(libs["full"]), dev_root=short_dir, ixsmi_path=ixsmi.path, sysfs_root=ixsmi.sysfs)
 
     settings: dict[str, object] = {"backend_factory": backend, "health_interval": 0.1, "dev_root": short_dir}
     old = await start_daemon(pod_uid=OLD, **settings)
@@ -251,7 +251,9 @@ async def test_during_the_overlap_the_acting_pod_alone_resets_and_the_standby_re
     any ListAndWatch does, so it never hands out the chip the acting pod is resetting; it resets nothing itself."""
     make_dev_root(short_dir, [0, 1], itrctl=False)
     settings: dict[str, object] = {
-        "backend_factory": lambda: IxmlBackend(str(libs["full"]), dev_root=short_dir, ixsmi_path=ixsmi.path),
+        "backend_factory": lambda: IxmlBackend(
+            str(libs["full"]), dev_root=short_dir, ixsmi_path=ixsmi.path, sysfs_root=ixsmi.sysfs
+        ),
         "health_interval": 0.1,
         "dev_root": short_dir,
         "healing_rules": FAST_HEALING,

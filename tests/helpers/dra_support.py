@@ -36,6 +36,8 @@ class DraNode:
 
     def __init__(self, root: Path, api: ApiServerStandIn, node: str = NODE) -> None:
         self.root = root
+        # A node's PCI driver directories, which a reset writes (the simulated ixsmi -r refuses without them).
+        (root / "sys" / "bus" / "pci" / "drivers").mkdir(parents=True, exist_ok=True)
         self.api = api
         self.node = node
         self.devices_file = root / "devices.yaml"

@@ -48,6 +48,14 @@ def devices_file(path: Path, reset: dict[str, list[str]] | None = None) -> Path:
     return path
 
 
+def node_sysfs(directory: Path) -> Path:
+    """A sysfs root under directory as a node with Iluvatar's driver has it: the PCI driver directory ixsmi -r
+    writes (the agent runs ixsmi itself only where it can write there, as root with CAP_SYS_ADMIN)."""
+    root = directory / "sys"
+    (root / "bus" / "pci" / "drivers" / "iluvatar").mkdir(parents=True, exist_ok=True)
+    return root
+
+
 def fake_ixsmi(path: Path, script: str) -> str:
     """An executable shell script standing in for ixsmi."""
     path.write_text(f"#!/bin/sh\n{script}\n")
@@ -67,6 +75,7 @@ class Ixsmi:
         self.delay.write_text("0")
         script = f'echo "$@" >> {self.calls}; sleep $(cat {self.delay}); exit $(cat {self.code})'
         self.path = fake_ixsmi(directory / "ixsmi", script)
+        self.sysfs = node_sysfs(directory)  # the node's Iluvatar driver directory, which ixsmi -r writes
 
     def runs(self) -> list[str]:
         return self.calls.read_text().splitlines() if self.calls.exists() else []

@@ -87,6 +87,10 @@ def test_list_json_shows_sources_and_devices(tmp_path: Path) -> None:
         "health.reset": "default",
         "health.operator": "default",
         "health.ignore": "default",
+        "health.resetLimit": "default",
+        "health.resetWindow": "default",
+        "health.resetDiagnostic": "default",
+        "health.resetDiagnosticTimeout": "default",
     }
     assert [len(board["chips"]) for board in report["boards"]] == [2, 2]
 

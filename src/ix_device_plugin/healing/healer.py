@@ -35,7 +35,7 @@ from ix_device_plugin.core.holding import UNKNOWN
 from ix_device_plugin.core.inventory import Chip, Inventory
 from ix_device_plugin.gpureset.outcome import UNAVAILABLE, GpuResetError
 from ix_device_plugin.hardware.monitor import HardwareMonitor, HardwareView
-from ix_device_plugin.healing.proof import before_reset, diagnostic_failure, unproven
+from ix_device_plugin.healing.proof import PROOF_RESULTS, before_reset, diagnostic_failure, unproven
 from ix_device_plugin.healing.record import RecordFile
 from ix_device_plugin.healing.reservations import Reservations
 from ix_device_plugin.healing.settings import HealingSettings
@@ -339,11 +339,11 @@ class Healer:
             self._reset_failed(care, error)
             return False
         config, policy = self.settings.config(), self.settings.policy()
-        why = await unproven(self.monitor, before, policy) or await diagnostic_failure(
+        failure = await unproven(self.monitor, before, policy) or await diagnostic_failure(
             config.reset_diagnostic, care.uuid, config.reset_diagnostic_timeout
         )
-        if why is not None:  # ixsmi exited 0, but the hardware does not show a reset: a failed attempt
-            self._reset_failed(care, GpuResetError(why, "unproven"))
+        if failure is not None:  # ixsmi exited 0, but the hardware does not show a reset: a failed attempt
+            self._reset_failed(care, GpuResetError(failure.why, failure.result))
             return True
         view = await self.monitor.clear_xids(care.uuid, before.xids, before=before.started)
         after = self._diagnosis(view.inventory, care.uuid)
@@ -364,7 +364,7 @@ class Healer:
             self.metrics.resets.labels(result="refused").inc()
             after = rules_of.refused(care, str(error), now, self.settings.rules)
         else:
-            self.metrics.resets.labels(result=error.result if error.result == "unproven" else "failed").inc()
+            self.metrics.resets.labels(result=error.result if error.result in PROOF_RESULTS else "failed").inc()
             after = rules_of.failed(care, str(error), now, self.settings.rules)
         self.telling.event(WARNING, "GPUHealingFailed", f"{care.name}: {after.note}")
         log.warning("healing %s: %s", care.name, after.note)

@@ -12,7 +12,7 @@ if TYPE_CHECKING:
     from prometheus_client.metrics_core import Metric
 
 PREFIX = "ix_device_plugin"
-RESET_RESULTS = ("ok", "failed", "refused", "still_unhealthy", "unproven", "unavailable")
+RESET_RESULTS = ("ok", "failed", "refused", "still_unhealthy", "unproven", "diagnostic_failed", "unavailable")
 OUTCOMES = ("healed", "needs_operator")
 EVENT_WRITES = ("create", "patch", "failed")
 _OUT_BUCKETS = (1.0, 5.0, 15.0, 30.0, 60.0, 300.0, 900.0, 3600.0, 14400.0, 86400.0)

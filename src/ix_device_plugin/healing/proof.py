@@ -54,8 +54,37 @@ async def before_reset(monitor: HardwareMonitor, chip: Chip | None, uuid: str) -
     return BeforeReset(uuid, bus, xids, live, time.monotonic())
 
 
-async def unproven(monitor: HardwareMonitor, before: BeforeReset, policy: HealthPolicy) -> str | None:
+UNPROVEN, STILL_UNHEALTHY, DIAGNOSTIC_FAILED = "unproven", "still_unhealthy", "diagnostic_failed"  # metric results
+PROOF_RESULTS = (UNPROVEN, STILL_UNHEALTHY, DIAGNOSTIC_FAILED)
+
+
+@dataclass(frozen=True)
+class Failure:
+    """Why a reset after which ixsmi exited 0 counts as failed; result: how the metric counts it."""
+
+    result: str
+    why: str
+
+
+async def unproven(monitor: HardwareMonitor, before: BeforeReset, policy: HealthPolicy) -> Failure | None:
     """Why the reset of before's chip is not proven (ixsmi exited 0); None when the hardware shows it was."""
+    why = await _not_back(monitor, before)
+    if why is not None:
+        return Failure(UNPROVEN, why)
+    chip = next((chip for chip in monitor.view.inventory.chips() if chip.uuid == before.uuid), None)
+    assert chip is not None  # _not_back found it
+    again = monitor.reported_since(before.uuid, before.started)
+    if again:
+        xids = ", ".join(map(xid_name, sorted(again)))
+        return Failure(STILL_UNHEALTHY, f"{xids} reported again after the reset: it was not cleared")
+    rest = diagnose(replace(chip.status, xids=chip.status.xids - before.xids), policy)
+    if not rest.healthy:
+        return Failure(STILL_UNHEALTHY, f"still unhealthy after the reset: {', '.join(rest.reasons)}")
+    return None
+
+
+async def _not_back(monitor: HardwareMonitor, before: BeforeReset) -> str | None:
+    """Why the chip is not back as it was (enumerated at its address, its XID events waited for); None if it is."""
     chip = next((chip for chip in monitor.view.inventory.chips() if chip.uuid == before.uuid), None)
     if chip is None or not chip.status.present:
         return "it was not enumerated again after the reset"
@@ -68,16 +97,10 @@ async def unproven(monitor: HardwareMonitor, before: BeforeReset, policy: Health
             return f"whether its XID events are waited for again could not be told: {error}"
         if live is False:
             return "its XID events are not waited for again after the reset"
-    again = monitor.reported_since(before.uuid, before.started)
-    if again:
-        return f"{', '.join(map(xid_name, sorted(again)))} reported again after the reset: it was not cleared"
-    rest = diagnose(replace(chip.status, xids=chip.status.xids - before.xids), policy)
-    if not rest.healthy:
-        return f"still unhealthy after the reset: {', '.join(rest.reasons)}"
     return None
 
 
-async def diagnostic_failure(command: tuple[str, ...], uuid: str, timeout: float) -> str | None:
+async def diagnostic_failure(command: tuple[str, ...], uuid: str, timeout: float) -> Failure | None:
     """Run the diagnostic for the chip (its arguments' {uuid} replaced); why it failed, None when it passed or
     none is configured."""
     if not command:
@@ -88,5 +111,5 @@ async def diagnostic_failure(command: tuple[str, ...], uuid: str, timeout: float
     try:
         await asyncio.to_thread(run_bounded, argv, timeout)
     except BackendError as error:
-        return f"the diagnostic failed: {error}"
+        return Failure(DIAGNOSTIC_FAILED, f"the diagnostic failed: {error}")
     return None
