@@ -68,6 +68,9 @@ none
   emptyDir:
     medium: Memory
     sizeLimit: 1Mi
+{{- with .Values.resetHelper.extraVolumes }}
+{{ toYaml . }}
+{{- end }}
 {{- end -}}
 
 {{/*
@@ -113,6 +116,9 @@ agent's extra variables, which the helper takes too; a mode ignores the variable
     - name: corex
       mountPath: {{ .corex }}
       readOnly: true
+    {{- with $root.Values.resetHelper.extraVolumeMounts }}
+    {{- toYaml . | nindent 4 }}
+    {{- end }}
 {{- end -}}
 
 {{/* NOTES.txt: how the unprivileged agent's GPU resets run (not in strict mode, which has its own words). */}}
