@@ -32,6 +32,7 @@ DRA_DRIVER = "iluvatar-dra-driver"
 FALLBACK_SUFFIX = "-privileged"  # the privileged DaemonSet's name and pods' name label: <main>-privileged
 CHIPS = bi_v150_chips()
 INJECTOR = "nri-injector"
+RESET_HELPER = "reset-helper"
 # The open from inside the agent's container: EPERM where the device cgroup refuses, ENXIO where it lets it through.
 TRY_OPEN = "import os\ntry:\n    os.open('/dev/iluvatar0', os.O_RDWR)\nexcept OSError as e:\n    print(e.strerror)\n"
 
@@ -145,9 +146,14 @@ def assert_unprivileged_as_run(admin: Kubectl, pod: Obj, container: str) -> None
     and from inside the agent's container, no capability, no new privileges, seccomp filtering, and the device
     cgroup letting /dev/iluvatar0 through."""
     spec = pod["spec"]
-    (agent,) = spec["containers"]
+    containers = {c["name"]: c for c in spec["containers"]}
+    agent = containers.pop(container)
+    assert set(containers) <= {RESET_HELPER}, containers  # the reset helper beside it, privileged, holds no token
+    for helper in containers.values():
+        assert helper["securityContext"]["privileged"] is True and not helper.get("ports")
+        assert not any("serviceaccount" in m["mountPath"] for m in helper.get("volumeMounts", [])), helper
     (injector,) = spec["initContainers"]
-    assert agent["name"] == container and injector["name"] == INJECTOR and injector["restartPolicy"] == "Always"
+    assert injector["name"] == INJECTOR and injector["restartPolicy"] == "Always"
     for context in (agent["securityContext"], injector["securityContext"]):
         assert not context.get("privileged") and context["allowPrivilegeEscalation"] is False
         assert context["capabilities"] == {"drop": ["ALL"]}

@@ -264,6 +264,15 @@ def returned_by_hand(care: Care, after: Diagnosis) -> Care:
     )
 
 
+def shown(care: Care) -> str:
+    """A word for what is done about the chip, where it is published (a DRA device taint's value); "" in service."""
+    if care.phase == NEEDS_OPERATOR:
+        return (
+            "reset-unavailable" if left_unreset(care) else "reset-limit-reached" if care.limited else "needs-operator"
+        )
+    return {WAITING: "waiting-for-reset", RESETTING: "resetting", OFF: "self-healing-off"}.get(care.phase, "")
+
+
 def operator_asked(care: Care) -> Care:
     """An operator asked to return the chip: one more reset and health check, if it is out for good. Its history of
     resets is cleared (the reset asked for is not counted in it): the chip starts again as if new."""

@@ -64,6 +64,9 @@ class ChipStatus:
     present: bool = True
     xids: frozenset[int] = frozenset()
     held_out: str = ""
+    # What self-healing does about the chip while it is out of service (resetting, needs-operator, ...): shown where
+    # it is published (a DRA device taint), never a reason of its own.
+    care: str = ""
 
     def reasons(self, ignored: Ignored = frozenset()) -> tuple[str, ...]:
         """Why the chip is unusable (empty when healthy), leaving out the errors and XIDs ignored.
@@ -95,7 +98,7 @@ class ChipStatus:
     @property
     def own(self) -> ChipStatus:
         """The chip's own health: this status without the agent's hold."""
-        return replace(self, held_out="") if self.held_out else self
+        return replace(self, held_out="", care="") if self.held_out or self.care else self
 
     def with_problem(self, problem: str) -> ChipStatus:
         """This status with one more reason."""

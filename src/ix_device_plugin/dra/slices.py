@@ -19,7 +19,9 @@ Attributes are unqualified (the API server reads them as `gpu.iluvatar.com/<name
 `resource.kubernetes.io/pcieRoot`, `pciBusID` and `numaNode`; a string longer than the API allows (64
 characters) is cut where it describes (productName) and left out where it identifies (uuid, boardUUID).
 An unhealthy device carries the taint `gpu.iluvatar.com/unhealthy` (NoSchedule) where the API server keeps
-device taints; otherwise it is left out.
+device taints; otherwise it is left out. What self-healing does about it is the taint `gpu.iluvatar.com/healing`
+beside it, its value the step (waiting-for-reset, resetting, needs-operator, reset-unavailable, reset-limit-reached,
+self-healing-off).
 """
 
 from __future__ import annotations
@@ -35,6 +37,9 @@ from ix_device_plugin.core.plan import expected_chips, shortfall
 
 DRIVER = "gpu.iluvatar.com"
 UNHEALTHY_TAINT = f"{DRIVER}/unhealthy"
+# What self-healing does about an unhealthy device (resetting, needs-operator, reset-unavailable, ...): NoSchedule
+# like the other (the device is out already), which every API server that keeps device taints takes.
+HEALING_TAINT = f"{DRIVER}/healing"
 TAINT_EFFECT = "NoSchedule"
 PCIE_ROOT_ATTRIBUTE = "resource.kubernetes.io/pcieRoot"
 PCI_BUS_ID_ATTRIBUTE = "resource.kubernetes.io/pciBusID"
@@ -83,6 +88,11 @@ class SliceDevice:
     extended: bool = True
     counter_set: str = ""
     shares: int = 0
+
+    @property
+    def healing(self) -> str:
+        """What self-healing does about the device's chip (a board: its first chip that has a word); "" none."""
+        return next((chip.status.care for chip in self.chips if chip.status.care), "")
 
     @property
     def chip(self) -> Chip:
@@ -341,6 +351,8 @@ def slice_devices(
             body.pop("consumesCounters", None)
         if not device.healthy:
             body["taints"] = [unhealthy_taint(device)]
+            if device.healing:
+                body["taints"].append({"key": HEALING_TAINT, "value": device.healing, "effect": TAINT_EFFECT})
         bodies.append(body)
     return bodies
 

@@ -69,6 +69,7 @@ class HardwareMonitor:
         self.xid_log = Repeats(log, XID_SUMMARY_INTERVAL)
         # What the agent lays over the chips' own health, applied to every status published:
         self._held_out: dict[str, str] = {}  # chip UUID -> why it is kept out of service (reserved for a reset)
+        self._care: dict[str, str] = {}  # chip UUID -> what self-healing does about it (ChipStatus.care)
         self._followed_xids: dict[str, frozenset[int]] = {}  # XIDs another pod of the agent saw (its record)
         self._own_xids: dict[str, frozenset[int]] = {}  # chip UUID -> the XIDs this process keeps for it
         self._xid_seen: dict[tuple[str, int], float] = {}  # (chip UUID, XID kept) -> when it was last reported
@@ -117,6 +118,11 @@ class HardwareMonitor:
         """Keep exactly these chips (UUID -> why) out of service, whatever their health reads; the view once every
         subscriber has been handed it."""
         return await self._overlay(lambda: self._set_held_out(held))
+
+    def show_care(self, care: Mapping[str, str]) -> None:
+        """Say what self-healing does about each chip out of service (ChipStatus.care), without waiting."""
+        done: asyncio.Future[HardwareView] = asyncio.get_running_loop().create_future()
+        self._requests.put_nowait(Overlay(lambda: setattr(self, "_care", dict(care)), done))
 
     def ask_hold_out(self, held: Mapping[str, str]) -> None:
         """hold_out without waiting for it to be published (a release)."""
@@ -319,7 +325,7 @@ class HardwareMonitor:
         """status as published: with the XIDs kept for the chip (a poll or rediscovery does not clear them) and
         those another pod saw; held out when the agent holds it out."""
         xids = self._own_xids.get(uuid, frozenset()) | self._followed_xids.get(uuid, frozenset())
-        return replace(status, xids=xids, held_out=self._held_out.get(uuid, ""))
+        return replace(status, xids=xids, held_out=self._held_out.get(uuid, ""), care=self._care.get(uuid, ""))
 
     async def _clear_xids(self, request: ClearXids) -> None:
         await self._poll()

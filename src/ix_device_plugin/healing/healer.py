@@ -224,10 +224,12 @@ class Healer:
                                        limit=limit, wall_now=wall))  # fmt: skip
 
     def _set(self, care: Care) -> None:
-        """care is the chip's story now: told of when its phase changed."""
+        """care is the chip's story now: told of when its phase changed, and shown where the chip is published."""
         before = self.cares.get(care.uuid) or Care(care.uuid, care.minor)
         self.cares[care.uuid] = care
         self.telling.changed(before, care)
+        if rules_of.shown(before) != rules_of.shown(care):
+            self.monitor.show_care({uuid: word for uuid, c in self.cares.items() if (word := rules_of.shown(c))})
 
     # ---- resetting ----------------------------------------------------------------------------
 

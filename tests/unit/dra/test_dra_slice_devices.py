@@ -100,5 +100,18 @@ def test_unhealthy_chips_are_tainted_or_left_out() -> None:
     assert not taints_dropped(tainted, [{"spec": {"devices": tainted}}])
 
 
+def test_what_self_healing_does_about_an_unhealthy_chip_is_a_taint_beside_it_and_its_boards() -> None:
+    base = inventory("BI-V150:1")
+    chip = base.boards[0].chips[1]
+    healing = base.with_statuses({chip.uuid: ChipStatus(xids=frozenset({48}), care="reset-unavailable")})
+    published = {d["name"]: d for d in slice_devices(slice_content(healing), {}, taints=True)}
+    word = {"key": "gpu.iluvatar.com/healing", "value": "reset-unavailable", "effect": "NoSchedule"}
+    assert published["gpu-1"]["taints"][1] == word and published["board-0"]["taints"][1] == word
+    assert "taints" not in published["gpu-0"]
+    # A word for a chip in service (its status read healthy again) shows nothing: only the unhealthy are tainted.
+    back = base.with_statuses({chip.uuid: ChipStatus(care="waiting-for-reset")})
+    assert all("taints" not in d for d in slice_devices(slice_content(back), {}, taints=True))
+
+
 def test_a_board_without_chips_gives_no_devices() -> None:
     assert slice_content(Inventory(boards=(Board("BI-V100", ()),))).devices == ()
