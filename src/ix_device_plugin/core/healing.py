@@ -265,12 +265,14 @@ def returned_by_hand(care: Care, after: Diagnosis) -> Care:
 
 
 def shown(care: Care) -> str:
-    """A word for what is done about the chip, where it is published (a DRA device taint's value); "" in service."""
+    """A word for what is done about the chip, where it is published (a DRA device taint's value): being reset, or
+    waiting for an operator and why; "" otherwise (a chip waiting for its reset says so by its unhealthy taint alone:
+    each word costs a write of the slice)."""
     if care.phase == NEEDS_OPERATOR:
         return (
             "reset-unavailable" if left_unreset(care) else "reset-limit-reached" if care.limited else "needs-operator"
         )
-    return {WAITING: "waiting-for-reset", RESETTING: "resetting", OFF: "self-healing-off"}.get(care.phase, "")
+    return "resetting" if care.phase == RESETTING else ""
 
 
 def operator_asked(care: Care) -> Care:

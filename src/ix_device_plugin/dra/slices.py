@@ -20,8 +20,8 @@ Attributes are unqualified (the API server reads them as `gpu.iluvatar.com/<name
 characters) is cut where it describes (productName) and left out where it identifies (uuid, boardUUID).
 An unhealthy device carries the taint `gpu.iluvatar.com/unhealthy` (NoSchedule) where the API server keeps
 device taints; otherwise it is left out. What self-healing does about it is the taint `gpu.iluvatar.com/healing`
-beside it, its value the step (waiting-for-reset, resetting, needs-operator, reset-unavailable, reset-limit-reached,
-self-healing-off).
+beside it while it is being reset or waits for an operator: its value resetting, needs-operator, reset-unavailable
+or reset-limit-reached.
 """
 
 from __future__ import annotations

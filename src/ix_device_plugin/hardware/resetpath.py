@@ -32,6 +32,10 @@ NONE_WHY = (
 )
 
 
+CANNOT = "cannot reset here"  # the helper's refusal when it lacks what ixsmi -r needs
+NOT_THERE = "no reset helper at"  # the client's words when nothing listens on the socket
+
+
 class ResetUnavailable(BackendError):
     """Nothing was reset, and no reset can work here as the agent is deployed: the message says what is missing."""
 
@@ -84,10 +88,12 @@ class HelperReset:
     socket: str
 
     def problem(self) -> str | None:
+        """The helper's own answer that it cannot reset (no privilege); a helper not answering now (restarting) is
+        no such answer: the reset is tried, and refused for now if it still does not answer."""
         from ix_device_plugin.hardware.resetclient import ResetHelperClient
 
         why = ResetHelperClient(self.socket).status()
-        return None if why is None else f"the reset helper cannot reset: {why}"
+        return f"the reset helper cannot reset: {why}" if why is not None and CANNOT in why else None
 
     def run(self, uuids: Sequence[str], timeout: float, abort: threading.Event | None) -> None:
         from ix_device_plugin.hardware.resetclient import ResetHelperClient, ResetRefused
@@ -97,9 +103,13 @@ class HelperReset:
             try:
                 client.reset(uuid, timeout, abort)
             except ResetRefused as refused:
-                if "cannot reset here" in str(refused):
+                if CANNOT in str(refused):
                     raise ResetUnavailable(f"the reset helper cannot reset: {refused}") from None
                 raise ResetRefusedNow(str(refused)) from None
+            except BackendError as error:
+                if str(error).startswith(NOT_THERE):  # nothing was asked: the helper is not running now
+                    raise ResetRefusedNow(str(error)) from None
+                raise
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
-from ix_device_plugin.core.healing import HEALTHY, NEEDS_OPERATOR, OFF, OUT, RESETTING, WAITING, Care
+from ix_device_plugin.core.healing import HEALTHY, NEEDS_OPERATOR, OFF, OUT, RESETTING, WAITING, Care, left_unreset
 from ix_device_plugin.hardware.backend import XidEvent
 from ix_device_plugin.hardware.monitor import HardwareMonitor
 from ix_device_plugin.healing.metrics import HealingMetrics
@@ -32,6 +32,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("ix_device_plugin.healing.healer")  # the healer's voice, whichever part of it speaks
 
 NORMAL, WARNING = "Normal", "Warning"  # the Kubernetes Event types
+RESET_UNAVAILABLE = "GPUResetUnavailable"  # no reset can work here as the agent is deployed
 RESET_LIMIT_REACHED = "GPUResetLimitReached"  # a chip reset too often within the window, left to an operator
 _MEANINGS = {row.name: row.meaning for row in HEALTH_POLICY}
 
@@ -84,11 +85,16 @@ class Telling:
         GPUNeedsOperator."""
         self.metrics.outcomes.labels(outcome="needs_operator").inc()
         how = f"kubectl annotate --overwrite node {self.node or '<node>'} {RETURN_ANNOTATION}={care.uuid}"
-        if care.limited:
-            reason, said = RESET_LIMIT_REACHED, f"{care.name}: {care.note}"
+        if left_unreset(care):  # one Event naming what is missing: no reset was tried
+            said = f"{care.name} {care.note}"
+            by_hand = f"reset it by hand on the node (ixsmi -r -i {care.uuid})"
+            self.event(WARNING, RESET_UNAVAILABLE, f"{said}; {by_hand}, then return it: {how}")
         else:
-            reason, said = "GPUNeedsOperator", f"{care.name} {care.note}"
-        self.event(WARNING, reason, f"{said}; once it is fixed, return it: {how}")
+            if care.limited:
+                reason, said = RESET_LIMIT_REACHED, f"{care.name}: {care.note}"
+            else:
+                reason, said = "GPUNeedsOperator", f"{care.name} {care.note}"
+            self.event(WARNING, reason, f"{said}; once it is fixed, return it: {how}")
         log.warning("%s", said)
 
     def _back(self, before: Care, care: Care) -> None:

@@ -273,11 +273,13 @@ async def test_an_unhealthy_chip_is_tainted_and_still_prepared_for_a_claim_alloc
     driver = await node.start()
     await node.wait_slice(lambda devices: len(devices) == 6)
     node.write_boards([{"product": "BI-V150", "chips": [None, {"health": ["OverVoltage"]}]}, {"product": "BI-V150"}])
-    await node.wait_slice(lambda devices: "taints" in devices.get("gpu-1", {}))
+    await node.wait_slice(lambda devices: len(devices.get("gpu-1", {}).get("taints", [])) == 2)
     taint = {"key": UNHEALTHY_TAINT, "effect": "NoSchedule", "value": "OverVoltage"}
-    assert node.slice_devices()["gpu-1"]["taints"] == [taint]
+    waits = {"key": "gpu.iluvatar.com/healing", "effect": "NoSchedule", "value": "needs-operator"}  # what is done
+    assert node.slice_devices()["gpu-1"]["taints"] == [taint, waits]
     assert node.slice_devices()["board-0"]["taints"] == [
-        {"key": UNHEALTHY_TAINT, "effect": "NoSchedule", "value": "gpu-1-OverVoltage"}
+        {"key": UNHEALTHY_TAINT, "effect": "NoSchedule", "value": "gpu-1-OverVoltage"},
+        waits,
     ]  # the board of a sick chip is sick too
     kubelet = await node.kubelet(driver)  # an operator's error: no reset reserves the chip
     claim = node.claim("sick", ["gpu-1"])  # allocated before it broke, or tolerating the taint

@@ -109,7 +109,7 @@ def test_what_self_healing_does_about_an_unhealthy_chip_is_a_taint_beside_it_and
     assert published["gpu-1"]["taints"][1] == word and published["board-0"]["taints"][1] == word
     assert "taints" not in published["gpu-0"]
     # A word for a chip in service (its status read healthy again) shows nothing: only the unhealthy are tainted.
-    back = base.with_statuses({chip.uuid: ChipStatus(care="waiting-for-reset")})
+    back = base.with_statuses({chip.uuid: ChipStatus(care="resetting")})
     assert all("taints" not in d for d in slice_devices(slice_content(back), {}, taints=True))
 
 
