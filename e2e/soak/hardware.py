@@ -132,9 +132,7 @@ class Hardware:
             if chip.minor in self.absent:
                 entry["present"] = False
             boards.setdefault(chip.board, []).append(entry)
-        document: dict[str, object] = {
-            "boards": [{"product": "BI-V150", "chips": boards[b]} for b in sorted(boards)]
-        }
+        document: dict[str, object] = {"boards": [{"product": "BI-V150", "chips": boards[b]} for b in sorted(boards)]}
         if self.lying:
             document["reset"] = {"lie": [self.chips[chip].uuid for chip in sorted(self.lying)]}
         temporary = self.devices.with_name(f".{self.devices.name}.tmp")
