@@ -4,8 +4,11 @@ with the project's image) over the soak's simulated hardware, healing through th
 It runs privileged (`deviceInjection: privileged`), as a node that should reset its chips by itself must (README,
 "Resets need `privileged`"). The simulated hardware is where the pod already looks: the devices file and the ixsmi
 stand-in in the folder the chart mounts as CoreX's (`corexPath`, read-only), the stand-in's reset log in the node
-feature folder (`nodeFeatures.dir`, writable, the same path in the pod as on the host). Settings the chart has no
-value for go through `extraEnv` (IX_SIMULATED_DEVICES, IX_IXSMI_PATH, IX_RESET_TIMEOUT).
+feature folder (`nodeFeatures.dir`, writable, the same path in the pod as on the host). Where the chart runs the
+reset in its `reset-helper` container (an unprivileged agent: the stand-in runs there), that folder is the helper's
+too, at the same path (`resetHelper.extraVolumes` and `extraVolumeMounts`, in both DaemonSets). Settings the chart
+has no value for go through `extraEnv` (IX_SIMULATED_DEVICES, IX_IXSMI_PATH, IX_RESET_TIMEOUT), which the helper
+takes too.
 
 Both DaemonSets are installed, whatever the soak's mode, and the node's labels say which one runs there (docs/dra.md
 "Moving a node to DRA"): `iluvatar.com/gpu.present=true` always, `iluvatar.com/gpu.dra=true` while DRA acts. The
@@ -83,6 +86,7 @@ class Agent:
             "corexPath": str(hardware.corex),
             "cdi": {"specDir": str(cluster.cdi_dir)},
             "nodeFeatures": {"dir": str(hardware.state)},
+            "resetHelper": reset_helper_values(hardware.state),
             "telemetry": {"interval": 2, "podResources": {"dir": str(cluster.pod_resources_socket.parent)}},
             "config": {"content": yaml.safe_dump(config, sort_keys=False)},
             "podAnnotations": {ROLLOUT_ANNOTATION: str(self.rollouts)},
@@ -309,6 +313,16 @@ class Agent:
 
 
 CONFIG = "/ixconfig/ix-config"
+RESET_LOG_VOLUME = "soak-reset-log"
+
+
+def reset_helper_values(state: Path) -> dict[str, Any]:
+    """The chart's reset helper (the container that runs ixsmi beside an unprivileged agent, in either DaemonSet's
+    pod) given the stand-in's folder of its reset log and mode, writable at the same path as on the host."""
+    return {
+        "extraVolumes": [{"name": RESET_LOG_VOLUME, "hostPath": {"path": str(state), "type": "Directory"}}],
+        "extraVolumeMounts": [{"name": RESET_LOG_VOLUME, "mountPath": str(state)}],
+    }
 
 
 def ready(pod: Obj) -> bool:

@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable
+from datetime import datetime
 
 from harness.kube import KubectlError
 
 from . import checker as c
+from . import limits
 from .observe import read_resets
 from .run import SoakRun
-from .schedule import MODE_SWITCH, Step
+from .schedule import CHIPS, FLAPPING, LYING, MODE_SWITCH, RESET_XIDS, Step
 from .windows import Windows
 
 RETURN_ANNOTATION = "iluvatar.com/gpu.return"
@@ -27,6 +29,10 @@ class FaultActions:
         self.windows = Windows(soak.broken)  # what is broken and what heals it
         self.returned: dict[int, float] = {}  # chip -> when an operator returned it
         self.switched: tuple[float, int] | None = None  # while the other mode acts: (since, its quiet window's index)
+        self.counts = limits.ResetCounts(CHIPS)  # the reset limit and attempts, as far as the soak knows them
+        self.lies: list[tuple[int, float, float | None]] = []  # (chip, since, until) its resets lied
+        self.lied: dict[int, float] = {}  # chip -> when a reset that lied ended, while that left it broken
+        self.ending = False
 
     # ------------------------------------------------------------------ windows
 
@@ -36,19 +42,38 @@ class FaultActions:
     def close(self, match: Callable[[int, float, str, str], bool], at: float, how: str) -> None:
         self.windows.close(match, at, how)
 
-    def healed_by_reset(self, reset: c.Reset) -> None:
-        """A reset that succeeded heals what a reset heals on the simulated chips, and returns what an operator
-        returned before it."""
+    def reset_seen(self, reset: c.Reset) -> None:
+        """A run of ixsmi ended: one that succeeded and did not lie heals what a reset heals; each chip it ran for in
+        an episode of faults counts for the reset limit and its attempts (limits.py)."""
         assert reset.ended is not None
         ended = reset.ended
-        for chip in reset.chips:  # seen late (a step held the soak up): a bit set after the reset ended stays
+        lied = {chip for chip in reset.chips if limits.lying_at(self.lies, chip, ended)}
+        episode = {chip for chip in reset.chips if any(w[0] == chip and w[1] < ended for w in self.windows.open)}
+        if reset.ok:
+            self.healed_by_reset(reset, frozenset(reset.chips - lied))
+        for chip in sorted(episode):
+            healed = not any(w[0] == chip for w in self.windows.open)
+            if chip in lied and reset.ok:
+                self.lied.setdefault(chip, ended)
+            if self.counts.reset_seen(chip, healed):
+                self.needs_operator(chip)
+            if healed:
+                self.lied.pop(chip, None)
+                self.counts.healed(chip, ended)
+
+    def healed_by_reset(self, reset: c.Reset, chips: frozenset[int]) -> None:
+        """A reset that succeeded heals what a reset heals on the simulated chips (those of `chips`: not one whose
+        reset lied), and returns what an operator returned before it."""
+        assert reset.ended is not None
+        ended = reset.ended
+        for chip in chips:  # seen late (a step held the soak up): a bit set after the reset ended stays
             later = self.windows.opened_since(chip, ended)
             for bit in list(self.soak.hardware.bits.get(chip, ())):
                 if bit != "OverTemp" and f"health {bit}" not in later:
                     self.soak.hardware.set_bit(chip, bit, False)
 
         def heals(chip: int, since: float, by: str, why: str) -> bool:
-            return chip in reset.chips and since < ended and by == "reset"
+            return chip in chips and since < ended and by in ("reset", "either")
 
         self.close(heals, ended, f"healed by the reset ending at {ended:.1f}")
 
@@ -62,6 +87,7 @@ class FaultActions:
         """The agent's memory of broken chips made unreadable: what only it knew (an XID) it may have forgotten
         (windows.py); what the hardware still says (bits, absence) it has not."""
         self.windows.forget_xids(self.soak.now(), why)
+        self.counts.forget(self.soak.now())
 
     # ------------------------------------------------------------------ faults
 
@@ -76,7 +102,15 @@ class FaultActions:
                 self.later(step.duration, lambda: self.operator_returns(chips[0]))
         elif kind == "health-reset-bit":
             hardware.set_bit(chips[0], str(step.detail["bit"]), True)
-            self.broken(chips[0], "reset", f"health {step.detail['bit']}")
+            self.resettable(chips[0], f"health {step.detail['bit']}")
+        elif kind == FLAPPING:
+            self.flap(chips[0], soak.now() + step.duration, 0)
+        elif kind == LYING:
+            hardware.set_lying(chips, True)
+            index = len(self.lies)
+            self.lies.append((chips[0], soak.now(), None))
+            self.xid(chips[0], self.unsent(chips[0]), "xid-reset")
+            self.later(step.duration, lambda: self.lie_over(index))
         elif kind == "health-overtemp":
             hardware.set_bit(chips[0], "OverTemp", True)
             self.broken(chips[0], "clear", "health OverTemp")
@@ -121,9 +155,93 @@ class FaultActions:
             self.soak.note(f"XID {xid} on chip {chip} not sent: an agent process running now was sent it already")
             return
         if kind in ("xid-reset", "xid-storm"):
-            self.broken(chip, "reset", f"XID {xid}")
+            self.resettable(chip, f"XID {xid}")
         elif kind == "xid-operator":
             self.broken(chip, "return", f"XID {xid}")
+
+    def resettable(self, chip: int, why: str) -> None:
+        """A fault a reset clears: healed by a reset, or, where the reset limit leaves the chip to an operator (or may),
+        by the return the soak's operator makes RETURN_AFTER_S later."""
+        open_by = {by for ch, _, by, _ in self.windows.open if ch == chip}
+        outcome = self.counts.fault(chip, self.soak.now(), open_by)
+        self.broken(chip, "return" if outcome == limits.LIMITED else outcome, why)
+        if outcome != limits.RESET:
+            self.soak.note(
+                f"chip {chip}: {why} {'after' if outcome == limits.LIMITED else 'maybe after'} the reset limit"
+            )
+            self.later(limits.RETURN_AFTER_S, lambda: self.limit_return(chip))
+
+    def needs_operator(self, chip: int) -> None:
+        """The chip's resets are spent (or the one an operator asked for failed): it waits for the soak's operator."""
+        self.windows.to_operator(chip)
+        self.soak.note(f"chip {chip} needs an operator: its resets failed")
+        self.later(limits.RETURN_AFTER_S, lambda: self.limit_return(chip))
+
+    def limit_return(self, chip: int) -> None:
+        """The operator returns a chip left to one (after its cooling, if it is hot); one the limit left certainly must
+        have been said in a GPUResetLimitReached Node Event."""
+        mine = [by for ch, _, by, _ in self.windows.open if ch == chip]
+        if not {"return", "either"} & set(mine):
+            return
+        if "clear" in mine and not self.ending:
+            self.later(5.0, lambda: self.limit_return(chip))
+            return
+        since = self.counts.chips[chip].limited
+        if since is not None:
+            said = limit_events(self.soak, self.soak.hardware.uuids[chip], self.soak.start + since - 2)
+            what = f"chip {chip} left to an operator by the reset limit at {since:.1f}: no GPUResetLimitReached Event"
+            self.soak.invariants["reset limit"].check(said, self.soak.now(), what)
+        self.operator_returns(chip)
+
+    def flap(self, chip: int, until: float, flaps: int) -> None:
+        """chip-flapping: a new resettable XID on the chip each time it is back in service (healed, and in service),
+        until the reset limit leaves it to an operator or `until`."""
+        soak = self.soak
+        if self.ending:
+            return
+        if self.counts.chips[chip].limited is not None or soak.now() >= until:
+            limited = self.counts.chips[chip].limited is not None
+            soak.note(f"chip {chip} flapped {flaps} times: {'left to an operator' if limited else 'time is up'}")
+            return
+        if not any(w[0] == chip for w in self.windows.open) and self.in_service(chip):
+            self.xid(chip, self.unsent(chip), "xid-reset")
+            flaps += 1
+        self.later(1.0, lambda: self.flap(chip, until, flaps))
+
+    def in_service(self, chip: int) -> bool:
+        soak = self.soak
+        if soak.mode == "dra":
+            return chip in soak.last_up
+        return soak.counted_in(soak.in_service_units(), chip)
+
+    def unsent(self, chip: int) -> int:
+        """A resettable XID the running agent was not sent for the chip (the backend sends each once a process)."""
+        hardware = self.soak.hardware
+        done = hardware.sent.union(*hardware.earlier.values())
+        return next((x for x in (48, *RESET_XIDS) if (chip, x) not in done), 48)
+
+    def lie_over(self, index: int) -> None:
+        chip, since, _ = self.lies[index]
+        self.lies[index] = (chip, since, self.soak.now())
+        self.soak.hardware.set_lying([chip], False)
+        self.soak.note(f"chip {chip}'s resets honest again")
+
+    def judge_lies(self, sample: c.ServiceSample) -> None:
+        """Every tick: a chip whose reset lied and that is still broken is not in service (LIE_LAG_S after)."""
+        soak, at = self.soak, sample.at
+        open_chips = {w[0] for w in self.windows.open}
+        out = frozenset(
+            chip for chip, lied in self.lied.items() if at >= lied + limits.LIE_LAG_S and chip in open_chips
+        )
+        if not out or any(begin <= at <= end + limits.LIE_LAG_S for begin, end in soak.quiet):
+            return
+        ceiling = None if soak.mode == "dra" else soak.units_of(lambda chip: chip not in out)
+        limits.not_back_while_lying(soak.invariants["lying reset not trusted"], sample, out, ceiling)
+
+    def judge_limits(self, resets: list[c.Reset], end: float) -> None:
+        invariant = self.soak.invariants["reset limit"]
+        limits.no_reset_while_limited(invariant, resets, self.counts.limited, end)
+        limits.one_reset_per_return(invariant, resets, self.counts.returns, end)
 
     def later(self, seconds: float, action: Callable[[], None]) -> None:
         self.undo.append((self.soak.now() + seconds, action))
@@ -148,10 +266,12 @@ class FaultActions:
         named there is a request (README, "The operator's way back"), and the last return may have named this one."""
         uuid = self.soak.hardware.uuids[chip]
         self.returned[chip] = self.soak.now()
+        certain = any(ch == chip and by == "return" for ch, _, by, _ in self.windows.open)
+        self.counts.returned(chip, self.soak.now(), certain)
         with contextlib.suppress(KubectlError, AssertionError):
             self.soak.admin("annotate", "node", self.soak.cluster.node_name, f"{RETURN_ANNOTATION}-")
         self.close(
-            lambda ch, since, by, why: ch == chip and by == "return" and not why.startswith("XID"),
+            lambda ch, since, by, why: ch == chip and by == "return" and why.startswith("fell off the bus"),
             self.soak.now(),
             "returned by the operator",
         )
@@ -173,7 +293,7 @@ class FaultActions:
             {
                 chip
                 for chip, since, by, _ in self.windows.open
-                if by == "return" or any(c == chip and started >= since for c, started in failed)
+                if by in ("return", "either") or any(c == chip and started >= since for c, started in failed)
             }
         )
         if waiting and self.soak.now() - max(self.returned.values(), default=0) > 10:
@@ -256,6 +376,7 @@ class FaultActions:
     def heal_all(self) -> None:
         """The end of the soak: the hardware as good as new, ixsmi working, every chip that needs it returned."""
         hardware = self.soak.hardware
+        self.ending = True
         for _, action in sorted(self.undo, key=lambda u: u[0]):
             action()
         self.undo.clear()
@@ -265,3 +386,21 @@ class FaultActions:
                 self.cooled(chip)
             if chip in hardware.absent:
                 self.back_on_bus(chip)
+
+
+LIMIT_REASON = "GPUResetLimitReached"
+
+
+def limit_events(soak: SoakRun, uuid: str, since: float) -> bool:
+    """Whether a GPUResetLimitReached Event on the Node names the chip, said at `since` (Unix time) or later."""
+    try:
+        events = soak.api.items(f"/api/v1/events?fieldSelector=reason%3D{LIMIT_REASON}")
+    except OSError:
+        return False
+    for event in events:
+        said = event.get("lastTimestamp") or event.get("eventTime") or ""
+        when = datetime.fromisoformat(said.replace("Z", "+00:00")).timestamp() if said else 0.0
+        node = (event.get("involvedObject") or {}).get("kind") == "Node"
+        if node and uuid in event.get("message", "") and when >= since:
+            return True
+    return False

@@ -1,6 +1,11 @@
-"""The soak's simulated hardware: the simulated backend's devices file (health bits, XIDs, presence per chip), and
-an ixsmi stand-in (run by the agent inside its pod) that keeps an append-only log of every reset (start and end,
-with its exit status), which can be made to fail or to be slow."""
+"""The soak's simulated hardware: the simulated backend's devices file (health bits, XIDs, presence per chip, and the
+chips whose reset lies: `reset: {lie: [...]}`), and an ixsmi stand-in (run where the chart runs `ixsmi -r`: the
+reset-helper container, or a privileged agent's own) that keeps an append-only log of every reset (start and end,
+with its exit status), which can be made to fail or to be slow.
+
+The stand-in is as strict as the real ixsmi: without privilege (CAP_SYS_ADMIN in its effective set, and the PCI
+drivers' folder writable, which `ixsmi -r` writes) it refuses, exit 1, and logs the refused run's end with that code,
+so a chart that runs the reset where it cannot work shows in the log as failed resets."""
 
 from __future__ import annotations
 
@@ -12,10 +17,18 @@ from pathlib import Path
 import yaml
 from harness.plugin import Chip, bi_v150_chips
 
+PCI_DRIVERS = "/sys/bus/pci/drivers"  # what `ixsmi -r` writes: writable only to a privileged container
 IXSMI = """#!/bin/sh
 # The soak's ixsmi: every run is logged, start and end; {mode} says how it behaves (ok, fail, slow <seconds>, hang).
 log={log}
 echo "$(date +%s.%N) start $$ $*" >> "$log"
+# As strict as the real one: a reset needs CAP_SYS_ADMIN (bit 21 of CapEff) and a writable /sys/bus/pci/drivers.
+caps=$(sed -n 's/^CapEff:[[:space:]]*//p' /proc/self/status)
+if [ $(( (0x${{caps:-0}} >> 21) & 1 )) -ne 1 ] || [ ! -w {drivers} ]; then
+  echo "$(date +%s.%N) end $$ 1 $*" >> "$log"
+  echo "ixsmi: Permission denied: resetting a GPU needs privilege" >&2
+  exit 1
+fi
 mode=$(cat {mode} 2>/dev/null)
 case "$mode" in
   fail) echo "$(date +%s.%N) end $$ 1 $*" >> "$log"; echo "ixsmi: simulated failure" >&2; exit 1 ;;
@@ -39,6 +52,8 @@ class Hardware:
     # An agent process running when a new one was asked for (a rollout replaces it only once the DaemonSet
     # controller gets to it) -> the XIDs it had been sent, which it does not report again while it runs.
     earlier: dict[int, set[tuple[int, int]]] = field(default_factory=dict)
+    lying: set[int] = field(default_factory=set)  # chips whose reset lies: ixsmi exits 0, the chip is not reset
+    pci_drivers: str = PCI_DRIVERS  # the folder the stand-in must be able to write (a test names another)
 
     def __post_init__(self) -> None:
         # What the agent's pod reads (CoreX's folder, mounted read-only) and where the ixsmi stand-in writes (a
@@ -50,7 +65,7 @@ class Hardware:
         self.ixsmi = self.corex / "ixsmi"
         self.reset_log = self.state / "resets.log"
         self.ixsmi_mode = self.state / "ixsmi.mode"
-        self.ixsmi.write_text(IXSMI.format(log=self.reset_log, mode=self.ixsmi_mode))
+        self.ixsmi.write_text(IXSMI.format(log=self.reset_log, mode=self.ixsmi_mode, drivers=self.pci_drivers))
         self.ixsmi.chmod(0o755)
         self.reset_log.touch()
         self.set_ixsmi("ok")
@@ -93,6 +108,12 @@ class Hardware:
         (self.absent.discard if present else self.absent.add)(chip)
         self.write()
 
+    def set_lying(self, chips: Sequence[int], lying: bool) -> None:
+        """The chips' resets lie (the simulated backend's `reset: {lie: [...]}`: ixsmi exits 0, the chip is not reset
+        and reports its XIDs again) or are honest again."""
+        (self.lying.update if lying else self.lying.difference_update)(chips)
+        self.write()
+
     def set_ixsmi(self, mode: str) -> None:
         self.ixsmi_mode.write_text(mode + "\n")
 
@@ -111,7 +132,9 @@ class Hardware:
             if chip.minor in self.absent:
                 entry["present"] = False
             boards.setdefault(chip.board, []).append(entry)
-        document = {"boards": [{"product": "BI-V150", "chips": boards[b]} for b in sorted(boards)]}
+        document: dict[str, object] = {"boards": [{"product": "BI-V150", "chips": boards[b]} for b in sorted(boards)]}
+        if self.lying:
+            document["reset"] = {"lie": [self.chips[chip].uuid for chip in sorted(self.lying)]}
         temporary = self.devices.with_name(f".{self.devices.name}.tmp")
         temporary.write_text(yaml.safe_dump(document, sort_keys=False))
         os.replace(temporary, self.devices)

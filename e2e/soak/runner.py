@@ -71,6 +71,7 @@ class Soak:
     def __post_init__(self) -> None:
         names = ("devices match", "no reset under a holder", "broken not given", "back in service", "bounded")
         names += ("kept in a rollout", "API requests per minute", "no admission refused by the agent")
+        names += ("reset limit", "lying reset not trusted")
         self.invariants = {name: c.Invariant(name) for name in (*names, "nothing left")}
         self.api = Api(self.cluster.server, self.cluster.admin_tls())
         self.admin: Kubectl = self.cluster.admin
@@ -335,8 +336,7 @@ class Soak:
         for reset in resets[self.resets_seen :]:
             outcome = "ok" if reset.ok else "failed"
             self.note(f"agent reset chips {sorted(reset.chips)} ({reset.started:.1f}-{reset.ended:.1f} s, {outcome})")
-            if reset.ok:
-                self.actions.healed_by_reset(reset)
+            self.actions.reset_seen(reset)
         self.resets_seen = len(resets)
 
     def observe_service(self, at: float) -> None:
@@ -366,6 +366,7 @@ class Soak:
             c.kept_in_rollout(
                 self.invariants["kept in a rollout"], rollout, sample, self.broken, self.quiet, without, together
             )
+        self.actions.judge_lies(sample)
         if units != self.last_service:
             self.note(f"in service: {units}")
             self.last_service = units
@@ -426,6 +427,7 @@ class Soak:
             self.note(f"files in {directory}: {', '.join(files) or 'none'}")
         resets = read_resets(self.hardware.reset_log, self.chip_of, self.start)
         c.no_reset_under_holder(self.invariants["no reset under a holder"], resets, self.samples)
+        self.actions.judge_limits(resets, self.now())
         given = self.allocations
         if self.mode == "dra":
             given = c.given_by_prepare(self.allocations, self.away, self.running)

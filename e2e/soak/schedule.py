@@ -48,6 +48,14 @@ SWITCH_EVERY_S = 600.0  # one switch per this much soak (at least one in a soak 
 SWITCH_FROM_S = 180.0
 SWITCH_EARLIEST_S = 10.0
 SWITCH_S = (15.0, 30.0)  # how long the other mode acts
+# The reset limit's and the reset proof's faults, drawn on a stream of their own too (weight 0 in the kinds: what a
+# seed found its defect with stays as it was). `chip-flapping`: one chip reports a resettable XID again each time it is
+# back in service, until the agent's reset limit leaves it to an operator (limits.py). `ixsmi-lying`: a chip gets a
+# resettable XID while its resets lie (ixsmi exits 0, the chip is not reset).
+FLAPPING, LYING = "chip-flapping", "ixsmi-lying"
+FLAPPING_EVERY_S, FLAPPING_FROM_S, FLAPPING_S = 600.0, 180.0, 100.0  # FLAPPING_S: the longest it flaps
+LYING_EVERY_S, LYING_FROM_S, LYING_S = 300.0, 60.0, (5.0, 12.0)  # a lie ends before the agent's third attempt
+OWN_STREAMS = (MODE_SWITCH, FLAPPING, LYING)
 MODE_KINDS = {
     "device-plugin": {"config-change": 2},
     "dra": {"checkpoint-unreadable": 1, "config-change": 2},
@@ -96,7 +104,7 @@ class Step:
 
 def kinds_of(mode: str) -> dict[str, int]:
     """Every kind of fault a soak in this mode draws (the mode switch's weight 0: it has its own stream)."""
-    return drawn_kinds(mode) | {MODE_SWITCH: 0}
+    return drawn_kinds(mode) | dict.fromkeys(OWN_STREAMS, 0)
 
 
 def drawn_kinds(mode: str) -> dict[str, int]:
@@ -116,6 +124,7 @@ def draw(seed: int, minutes: float, mode: str) -> list[Step]:
     total = minutes * 60.0
     steps = _faults(rng, kinds, total) + _workload(random.Random(f"{seed}:{mode}:workload"), mode, total)
     steps += _switches(random.Random(f"{seed}:{mode}:switch"), mode, total)
+    steps += _healing_faults(random.Random(f"{seed}:{mode}:healing"), total)
     return sorted(steps, key=lambda step: (step.at, step.kind, step.chips))
 
 
@@ -174,6 +183,23 @@ def _switches(rng: random.Random, mode: str, total: float) -> list[Step]:
         at = round(SWITCH_EARLIEST_S + share * index + rng.uniform(0, share), 1)
         duration = round(rng.uniform(*SWITCH_S), 1)
         steps.append(Step(at, MODE_SWITCH, (), duration, {"to": other_mode(mode)}))
+    return steps
+
+
+def _healing_faults(rng: random.Random, total: float) -> list[Step]:
+    """The flapping chip (one in each FLAPPING_EVERY_S of a soak of FLAPPING_FROM_S or more) and the lying resets (one
+    in each LYING_EVERY_S of a soak of LYING_FROM_S or more), each over by 15 s before the soak ends."""
+    steps = []
+    for kind, every, since, lasting in ((FLAPPING, FLAPPING_EVERY_S, FLAPPING_FROM_S, (FLAPPING_S, FLAPPING_S)),
+                                        (LYING, LYING_EVERY_S, LYING_FROM_S, LYING_S)):  # fmt: skip
+        latest = total - lasting[1] - 15.0
+        if total < since or latest <= FIRST_FAULT_S:
+            continue
+        count = max(1, int(total // every))
+        share = (latest - FIRST_FAULT_S) / count
+        for index in range(count):
+            at = round(FIRST_FAULT_S + share * index + rng.uniform(0, share), 1)
+            steps.append(Step(at, kind, (rng.randrange(CHIPS),), round(rng.uniform(*lasting), 1)))
     return steps
 
 

@@ -23,7 +23,7 @@ from .checker import Broken
 # allocatable may still show what the agent served before the restart for one node-status update (10 s).
 SEEN_AFTER_S = 10.0
 
-Window = tuple[int, float, str, str]  # (chip, since, heals by: reset|return|clear, why)
+Window = tuple[int, float, str, str]  # (chip, since, heals by: reset|return|clear|either, why)
 
 
 class Windows:
@@ -50,9 +50,16 @@ class Windows:
         """An operator returned the chip: what waited for the return now waits for the reset the agent makes."""
         returned = f"returned at {at:.1f}"
         self.open = [
-            (ch, since, "reset", f"{why}, {returned}") if ch == chip and by == "return" else (ch, since, by, why)
+            (ch, since, "reset", f"{why}, {returned}")
+            if ch == chip and by in ("return", "either")
+            else (ch, since, by, why)
             for ch, since, by, why in self.open
         ]
+
+    def to_operator(self, chip: int) -> None:
+        """The chip's resets are spent: what waited for a reset now waits for an operator's return."""
+        self.open = [(ch, since, "return" if ch == chip and by in ("reset", "either") else by, why)
+                     for ch, since, by, why in self.open]  # fmt: skip
 
     def forget_xids(self, at: float, why: str) -> None:
         """The agent's record made unreadable: each chip's open XID windows end here, and one window it may have

@@ -1,0 +1,107 @@
+"""The soak's model of the agent's reset limit and attempts (e2e/soak/limits.py), its two faults of healing
+(chip-flapping, ixsmi-lying: e2e/soak/schedule.py) and the checker's rules over them, each with a violation."""
+
+from __future__ import annotations
+
+from tests.helpers.soak_modules import load
+
+checker = load("checker")
+limits = load("limits")
+schedule = load("schedule")
+
+
+def test_flapping_and_lying_are_drawn_on_their_own_stream_in_soaks_long_enough() -> None:
+    for mode in schedule.MODES:
+        assert {schedule.FLAPPING, schedule.LYING} <= set(schedule.kinds_of(mode))
+        assert not {schedule.FLAPPING, schedule.LYING} & set(schedule.drawn_kinds(mode))
+        assert [s for s in schedule.draw(5, 0.5, mode) if s.kind in (schedule.FLAPPING, schedule.LYING)] == []
+        for minutes, flapping, lying in ((1, 0, 1), (3, 1, 1), (30, 3, 6)):
+            steps = schedule.draw(5, minutes, mode)
+            flaps = [s for s in steps if s.kind == schedule.FLAPPING]
+            lies = [s for s in steps if s.kind == schedule.LYING]
+            assert (len(flaps), len(lies)) == (flapping, lying), (mode, minutes)
+            assert all(s.at + s.duration <= minutes * 60 - 15 and len(s.chips) == 1 for s in flaps + lies)
+            assert all(schedule.LYING_S[0] <= s.duration <= schedule.LYING_S[1] for s in lies)
+
+
+def test_a_flapping_chip_is_healed_limit_times_then_left_to_an_operator_until_returned() -> None:
+    counts = limits.ResetCounts(4)
+    at = 10.0
+    for _ in range(limits.LIMIT):
+        assert counts.fault(1, at, set()) == limits.RESET
+        assert not counts.reset_seen(1, healed=True)
+        counts.healed(1, at + 2)
+        at += 10
+    assert counts.fault(1, at, set()) == limits.LIMITED
+    assert counts.fault(1, at + 1, {"return"}) == limits.LIMITED  # the same episode
+    assert counts.fault(0, at, set()) == limits.RESET  # another chip's count is its own
+    counts.returned(1, at + 15, certain=True)
+    assert [(s.chip, s.since, s.until) for s in counts.limited] == [(1, at, at + 15)]
+    assert not counts.reset_seen(1, healed=True)  # the operator's reset: not counted
+    counts.healed(1, at + 17)
+    assert [(s.chip, s.since, s.until) for s in counts.returns] == [(1, at + 15, at + 17)]
+    assert counts.fault(1, at + 30, set()) == limits.RESET
+
+
+def test_what_the_soak_cannot_know_is_either_not_limited() -> None:
+    counts = limits.ResetCounts(4)
+    for at in (10.0, 20.0):
+        counts.fault(2, at, set())
+        counts.reset_seen(2, healed=True)
+        counts.healed(2, at + 1)
+    assert counts.fault(2, 22.0, set()) == limits.EITHER  # 1 s after its reset: maybe the same episode
+    counts = limits.ResetCounts(4)
+    for at in (10.0, 20.0):
+        counts.fault(2, at, set())
+        counts.reset_seen(2, healed=True)
+        counts.healed(2, at + 1)
+    counts.forget(25.0)  # the node-health record unreadable: the count may be gone
+    assert counts.fault(2, 40.0, set()) == limits.EITHER
+    assert counts.limited == []
+
+
+def test_three_failed_attempts_of_one_fault_need_an_operator_and_count_once() -> None:
+    counts = limits.ResetCounts(4)
+    counts.fault(3, 5.0, set())
+    assert [counts.reset_seen(3, healed=False) for _ in range(limits.ATTEMPTS)] == [False, False, True]
+    assert (counts.chips[3].lo, counts.chips[3].hi) == (1, 1)
+
+
+def test_a_reset_ending_within_a_lie_lied_and_one_at_its_edges_is_not_counted_either_way() -> None:
+    lies = [(0, 10.0, 20.0), (1, 30.0, None)]
+    assert limits.lying_at(lies, 0, 15.0) and limits.lying_at(lies, 1, 99.0)
+    assert not limits.lying_at(lies, 0, 19.5) and not limits.lying_at(lies, 0, 10.5)
+    assert not limits.lying_at(lies, 1, 15.0) and not limits.lying_at(lies, 2, 15.0)
+
+
+def test_a_limited_chip_reset_before_its_return_is_a_violation() -> None:
+    spans = [limits.Span(1, 50.0, 65.0), limits.Span(2, 70.0, None)]
+    resets = [checker.Reset(55.0, 56.0, frozenset({1}), ok=True), checker.Reset(66.0, 67.0, frozenset({1}), True)]
+    resets.append(checker.Reset(80.0, 81.0, frozenset({3}), ok=True))
+    invariant = checker.Invariant("reset limit")
+    limits.no_reset_while_limited(invariant, resets, spans, end=100.0)
+    assert invariant.checks == 2 and [v[0] for v in invariant.violations] == [50.0]
+    assert "reset at 55.0" in invariant.violations[0][1]
+
+
+def test_a_returned_chip_reset_more_than_once_before_it_healed_is_a_violation() -> None:
+    spans = [limits.Span(1, 65.0, 70.0), limits.Span(2, 80.0, 95.0)]
+    resets = [checker.Reset(66.0, 67.0, frozenset({1}), ok=True)]
+    resets += [checker.Reset(81.0, 83.0, frozenset({2})), checker.Reset(90.0, 91.0, frozenset({2}), ok=True)]
+    invariant = checker.Invariant("reset limit")
+    limits.one_reset_per_return(invariant, resets, spans, end=100.0)
+    assert invariant.checks == 2 and [v[0] for v in invariant.violations] == [80.0]
+
+
+def test_a_chip_back_in_service_after_a_lying_reset_is_a_violation() -> None:
+    invariant = checker.Invariant("lying reset not trusted")
+    limits.not_back_while_lying(
+        invariant, checker.ServiceSample(40.0, in_service=frozenset({0, 2, 3})), frozenset({1}), None
+    )
+    limits.not_back_while_lying(
+        invariant, checker.ServiceSample(41.0, in_service=frozenset({0, 1})), frozenset({1}), None
+    )
+    limits.not_back_while_lying(invariant, checker.ServiceSample(42.0, allocatable=3), frozenset({1}), 3)
+    limits.not_back_while_lying(invariant, checker.ServiceSample(43.0, allocatable=4), frozenset({1}), 3)
+    limits.not_back_while_lying(invariant, checker.ServiceSample(44.0, allocatable=4), frozenset(), 3)
+    assert invariant.checks == 4 and [v[0] for v in invariant.violations] == [41.0, 43.0]
