@@ -78,8 +78,16 @@ def devices_yaml(chips: Sequence[Chip]) -> str:
 
 def fake_ixsmi(path: Path, seconds: float = 0) -> Path:
     """An executable standing in for CoreX's ixsmi: each run appends its arguments to `<path>.calls`, takes
-    seconds (a slow reset), then appends them to `<path>.done`."""
-    script = f'#!/bin/sh\necho "$@" >> {path}.calls\n'
+    seconds (a slow reset), then appends them to `<path>.done`. As strict as the real one: without privilege
+    (CAP_SYS_ADMIN and a writable /sys/bus/pci/drivers) it refuses, exit 1, noting the run in `<path>.refused`."""
+    script = (
+        "#!/bin/sh\n"
+        "caps=$(sed -n 's/^CapEff:[[:space:]]*//p' /proc/self/status)\n"
+        'if [ $(( 0x$caps >> 21 & 1 )) -ne 1 ] || [ ! -w /sys/bus/pci/drivers ]; then\n'
+        f'  echo "$@" >> {path}.refused; echo "ixsmi: Permission denied" >&2; exit 1\n'
+        "fi\n"
+        f'echo "$@" >> {path}.calls\n'
+    )
     if seconds:
         script += f"sleep {seconds:g}\n"
     path.write_text(script + f'echo "$@" >> {path}.done\n')
