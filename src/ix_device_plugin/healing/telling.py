@@ -14,7 +14,7 @@ import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
-from ix_device_plugin.core.healing import HEALTHY, NEEDS_OPERATOR, OFF, OUT, RESETTING, WAITING, Care
+from ix_device_plugin.core.healing import HEALTHY, NEEDS_OPERATOR, OFF, OUT, RESETTING, WAITING, Care, left_unreset
 from ix_device_plugin.hardware.backend import XidEvent
 from ix_device_plugin.hardware.monitor import HardwareMonitor
 from ix_device_plugin.healing.metrics import HealingMetrics
@@ -33,6 +33,7 @@ log = logging.getLogger("ix_device_plugin.healing.healer")  # the healer's voice
 
 NORMAL, WARNING = "Normal", "Warning"  # the Kubernetes Event types
 RESET_LIMIT_REACHED = "GPUResetLimitReached"  # a chip reset too often within the window, left to an operator
+RESET_UNAVAILABLE = "GPUResetUnavailable"  # no reset can work on this node: the chip is left to an operator
 _MEANINGS = {row.name: row.meaning for row in HEALTH_POLICY}
 
 
@@ -80,10 +81,16 @@ class Telling:
             self._needs_operator(care)
 
     def _needs_operator(self, care: Care) -> None:
-        """The chip needs an operator: why, and the way back. The reset limit has its own reason, said in place of
+        """The chip needs an operator: why, and the way back. The reset limit, and a node where no reset can work
+        (one Event naming what is missing: nothing was tried), have their own reasons, said in place of
         GPUNeedsOperator."""
         self.metrics.outcomes.labels(outcome="needs_operator").inc()
         how = f"kubectl annotate --overwrite node {self.node or '<node>'} {RETURN_ANNOTATION}={care.uuid}"
+        if left_unreset(care):
+            by_hand = f"reset it by hand on the node (ixsmi -r -i {care.uuid})"
+            self.event(WARNING, RESET_UNAVAILABLE, f"{care.name} {care.note}; {by_hand}, then return it: {how}")
+            log.warning("%s %s", care.name, care.note)
+            return
         if care.limited:
             reason, said = RESET_LIMIT_REACHED, f"{care.name}: {care.note}"
         else:
