@@ -129,7 +129,9 @@ def test_a_vanishing_chip_is_not_enumerated_after_its_reset(tmp_path: Path, driv
     inventory = backend.discover()
     assert backend.xids_watched() == {CHIP_A, CHIP_B}
     backend.reset([CHIP_A], 5.0)
-    assert [chip.uuid for chip in backend.discover().chips()] == [CHIP_B]
+    after = backend.discover()
+    assert [chip.uuid for chip in after.chips()] == [CHIP_B]
+    assert len(after.boards) == 1  # as IXML lists them: its board, with no chip left, is not there either
     health = backend.health(inventory)
     assert not health[CHIP_A].present and health[CHIP_B].present
     assert backend.xids_watched() == {CHIP_B}  # nothing waits for its events any more
