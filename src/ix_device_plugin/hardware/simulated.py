@@ -125,11 +125,12 @@ class SimulatedBackend:
 
     def _boards(self) -> tuple[Board, ...]:
         boards = parse_spec(self.source) if self._path is None else self._sending_xids(load_file(self._path))
-        if self._vanished:
-            boards = tuple(
+        if self._vanished:  # as IXML lists them: a board whose every chip vanished is not there either
+            kept = (
                 replace(board, chips=tuple(chip for chip in board.chips if chip.uuid not in self._vanished))
                 for board in boards
             )
+            boards = tuple(board for board in kept if board.chips)
         if not self._renamed:
             return boards
         return tuple(

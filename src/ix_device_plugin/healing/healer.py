@@ -148,8 +148,13 @@ class Healer:
         if care is None or care.phase not in (NEEDS_OPERATOR, OFF):
             log.info("an operator asked to return GPU %s, which is not waiting for one; nothing to do", chip)
             return False
+        what = (
+            "its health is read again (reset by hand: no reset can work here)"
+            if rules_of.left_unreset(care)
+            else ("one more reset")
+        )
         self._set(rules_of.operator_asked(care))
-        self.telling.event(NORMAL, "GPUReturnRequested", f"{care.name}: an operator asked to return it: one more reset")
+        self.telling.event(NORMAL, "GPUReturnRequested", f"{care.name}: an operator asked to return it: {what}")
         self._wake.set()
         return True
 

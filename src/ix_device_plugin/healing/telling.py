@@ -32,8 +32,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("ix_device_plugin.healing.healer")  # the healer's voice, whichever part of it speaks
 
 NORMAL, WARNING = "Normal", "Warning"  # the Kubernetes Event types
-RESET_UNAVAILABLE = "GPUResetUnavailable"  # no reset can work here as the agent is deployed
 RESET_LIMIT_REACHED = "GPUResetLimitReached"  # a chip reset too often within the window, left to an operator
+RESET_UNAVAILABLE = "GPUResetUnavailable"  # no reset can work on this node: the chip is left to an operator
 _MEANINGS = {row.name: row.meaning for row in HEALTH_POLICY}
 
 
@@ -81,20 +81,21 @@ class Telling:
             self._needs_operator(care)
 
     def _needs_operator(self, care: Care) -> None:
-        """The chip needs an operator: why, and the way back. The reset limit has its own reason, said in place of
+        """The chip needs an operator: why, and the way back. The reset limit, and a node where no reset can work
+        (one Event naming what is missing: nothing was tried), have their own reasons, said in place of
         GPUNeedsOperator."""
         self.metrics.outcomes.labels(outcome="needs_operator").inc()
         how = f"kubectl annotate --overwrite node {self.node or '<node>'} {RETURN_ANNOTATION}={care.uuid}"
-        if left_unreset(care):  # one Event naming what is missing: no reset was tried
-            said = f"{care.name} {care.note}"
+        if left_unreset(care):
             by_hand = f"reset it by hand on the node (ixsmi -r -i {care.uuid})"
-            self.event(WARNING, RESET_UNAVAILABLE, f"{said}; {by_hand}, then return it: {how}")
+            self.event(WARNING, RESET_UNAVAILABLE, f"{care.name} {care.note}; {by_hand}, then return it: {how}")
+            log.warning("%s %s", care.name, care.note)
+            return
+        if care.limited:
+            reason, said = RESET_LIMIT_REACHED, f"{care.name}: {care.note}"
         else:
-            if care.limited:
-                reason, said = RESET_LIMIT_REACHED, f"{care.name}: {care.note}"
-            else:
-                reason, said = "GPUNeedsOperator", f"{care.name} {care.note}"
-            self.event(WARNING, reason, f"{said}; once it is fixed, return it: {how}")
+            reason, said = "GPUNeedsOperator", f"{care.name} {care.note}"
+        self.event(WARNING, reason, f"{said}; once it is fixed, return it: {how}")
         log.warning("%s", said)
 
     def _back(self, before: Care, care: Care) -> None:
@@ -104,7 +105,8 @@ class Telling:
         healed = before.phase == RESETTING
         if healed:
             self.metrics.outcomes.labels(outcome="healed").inc()
-        how = "after a reset" if healed else "the problem cleared"
+        by_hand = care.note.endswith("returned by an operator")
+        how = "after a reset" if healed else "returned by an operator" if by_hand else "the problem cleared"
         took = "" if out is None else f" after {out:.1f}s out of service"
         self.event(NORMAL, "GPUHealthy", f"{care.name} is back in service{took}: {how}")
         log.info("%s is back in service%s: %s", care.name, took, how)
