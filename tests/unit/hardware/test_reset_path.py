@@ -16,6 +16,7 @@ from ix_device_plugin.hardware.resetpath import (
     HelperReset,
     LocalReset,
     NoReset,
+    ResetRefusedNow,
     ResetUnavailable,
     resetter_for,
 )
@@ -66,9 +67,11 @@ def test_a_local_reset_without_the_driver_directory_says_which_and_refuses(tmp_p
         local.run([CHIP_A], 5.0, None)
 
 
-def test_a_helper_reset_with_no_helper_says_so(tmp_path: Path) -> None:
-    problem = HelperReset(str(tmp_path / "none.sock")).problem()
-    assert problem is not None and problem.startswith("the reset helper cannot reset: no reset helper at ")
+def test_a_helper_not_answering_now_is_a_refusal_for_now_not_a_reset_unavailable_for_good(tmp_path: Path) -> None:
+    helper = HelperReset(str(tmp_path / "none.sock"))  # its container restarting, say
+    assert helper.problem() is None  # no answer that it cannot reset: the reset goes on
+    with pytest.raises(ResetRefusedNow, match=r"no reset helper at .*the reset helper is not running"):
+        helper.run(["GPU-a"], 1.0, None)
 
 
 def chips_file(path: Path, reset: dict[str, list[str]] | object, xids: list[int] | None = None) -> Path:
