@@ -19,6 +19,7 @@ from ix_device_plugin.gpureset.sequence import OUR_NAME, ResetInfo
 from ix_device_plugin.hardware.ixml import IxmlBackend
 from ix_device_plugin.healing.record import RECORD_FILE, record_path
 from ix_device_plugin.healing.wayback import RETURN_ANNOTATION
+from ix_device_plugin.kubelet.podresources import KUBELET_SETTLE
 from ix_device_plugin.standins.apiserver import ApiServerStandIn
 from ix_device_plugin.standins.kubelet import KubeletStandIn, ResourceView
 from ix_device_plugin.standins.podresources import PodResourcesStandIn
@@ -310,3 +311,29 @@ async def test_an_xid_that_needs_an_operator_seen_while_a_reset_was_on_its_way_s
     await stays(lambda: ixsmi.runs() == [], for_=HELD_LONG_ENOUGH, message="no reset: the chip needs an operator")
     assert view.devices["GPU-x1"] == UNHEALTHY and {48, 64} <= xids()
     assert daemon.node.healing.healer.cares["GPU-x1"].note.startswith("needs an operator")
+
+
+async def test_a_kubelet_that_just_started_is_not_trusted_to_say_a_chip_is_free(
+    kubelet: KubeletStandIn,
+    start_daemon: DaemonFactory,
+    apiserver: ApiServerStandIn,
+    libs: dict[str, Path],
+    conf: Path,
+    short_dir: Path,
+) -> None:
+    """A kubelet answers pod-resources before it has the node's pods from the API server: the first answers after
+    its start can miss a container holding the chip. Until it has run KUBELET_SETTLE seconds the holder is not
+    known (a holder, then), and the chip is reset once it has."""
+    just_started = PodResourcesStandIn(short_dir / "fresh" / "kubelet.sock", started_ago=KUBELET_SETTLE - 3)
+    await just_started.start()
+    try:
+        ixsmi = Ixsmi(short_dir)
+        daemon = await start_healing(start_daemon, apiserver, just_started, libs, short_dir, ixsmi)
+        view = await kubelet.wait_registered(RESOURCE, capacity=2)
+        inject_xid(conf, 1, 48)
+        (waiting,) = await until(lambda: node_events(apiserver, "GPUHealingWaiting"), timeout=5)
+        assert "the kubelet started" in waiting["message"] and ixsmi.runs() == [], waiting
+        await kubelet.wait_for(lambda: view.devices["GPU-x1"] == HEALTHY, timeout=15)  # once it has run long enough
+        assert ixsmi.runs() == ["-r -i GPU-x1"] and daemon.plan.by_id["GPU-x1"].healthy
+    finally:
+        await just_started.stop()

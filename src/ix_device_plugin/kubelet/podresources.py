@@ -3,6 +3,8 @@ ix-exporter read it; the devices of DRA claims from each container's `dynamic_re
 
 from __future__ import annotations
 
+import os
+import time
 from collections.abc import Awaitable, Callable, Set
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
@@ -22,6 +24,8 @@ DEFAULT_SOCKET = Path("/var/lib/kubelet/pod-resources/kubelet.sock")
 # The kubelet answers for every pod of the node in one message: a few hundred pods are well under 1 MiB. A larger
 # answer is refused (decoded, 4 MiB of device IDs take about 15 MiB; 16 MiB would take over 50).
 MAX_MESSAGE = 4 * 1024 * 1024
+# Seconds after the kubelet's start (its socket made anew) before its answer decides that no container holds a chip.
+KUBELET_SETTLE = 15.0
 _Answer = TypeVar("_Answer")
 
 
@@ -130,7 +134,7 @@ class PodResources:
         """The container holding the chip under any resource name (core/holding.py), and through driver's claims
         unless claims is False; why that cannot be known; or None when no container does."""
         try:
-            holdings = await self._reader().holdings(timeout=2.0)
+            holdings = await self._settled_reader().holdings(timeout=2.0)
         except PodResourcesError as error:
             return unknown_holder("a container", error)
         if not claims:
@@ -140,7 +144,7 @@ class PodResources:
 
     async def read_holdings(self) -> Holdings:
         """Every device and claim device the node's containers hold; PodResourcesError when that cannot be known."""
-        return await self._reader().holdings(timeout=2.0)
+        return await self._settled_reader().holdings(timeout=2.0)
 
     async def allocations(self, resource_names: Set[str], errors: OncePerError) -> dict[str, PodRef]:
         """Device ID -> the container holding it (empty when unknown); a failure is said once through errors."""
@@ -149,6 +153,23 @@ class PodResources:
     async def holdings(self, errors: OncePerError) -> Holdings:
         """Every device and claim device the node's containers hold (none when unknown); a failure is said once."""
         return await self._said_once(lambda client: client.holdings(timeout=2.0), Holdings(), errors)
+
+    def _settled_reader(self) -> PodResourcesClient:
+        """The client, for an answer that decides whether a chip is free (a reset): PodResourcesError also while the
+        kubelet started less than KUBELET_SETTLE seconds ago (the socket is made anew at its every start). A kubelet
+        that just started answers pod-resources before it has the node's pods from the API server, and its first
+        answers can miss a container that holds a device."""
+        reader = self._reader()
+        try:
+            age = time.time() - os.stat(reader.socket_path).st_mtime
+        except OSError as error:
+            raise PodResourcesError(f"pod resources {reader.socket_path}: {error.strerror or error}") from None
+        if age < KUBELET_SETTLE:
+            raise PodResourcesError(
+                f"pod resources {reader.socket_path}: the kubelet started {max(age, 0.0):.0f}s ago and may not know "
+                f"every pod yet (it is asked again once it has run {KUBELET_SETTLE:g}s)"
+            )
+        return reader
 
     def _reader(self) -> PodResourcesClient:
         """The client, opened at first use; PodResourcesError when the socket is turned off or not there."""

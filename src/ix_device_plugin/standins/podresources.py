@@ -9,6 +9,8 @@ devices of the driver's devices before it too, so a reader must identify a devic
 
 from __future__ import annotations
 
+import os
+import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,8 +50,11 @@ Claims = Mapping[tuple[str, str], Mapping[str, Sequence[PodClaim]]]
 class PodResourcesStandIn(api_pb2_grpc.PodResourcesListerServicer):
     """Answers List (and Get) from `pods` and `claims`, which a test sets as the kubelet would know them."""
 
-    def __init__(self, socket_path: Path) -> None:
+    def __init__(self, socket_path: Path, started_ago: float = 3600.0) -> None:
         self.socket_path = socket_path
+        # As a kubelet that has run this long (its socket is made at its start): one just started may not know
+        # every pod yet, and the agent does not trust its answer that a chip is free until it has run a while.
+        self.started_ago = started_ago
         self.pods: Pods = {}
         self.claims: Claims = {}
         self.calls = 0
@@ -64,6 +69,8 @@ class PodResourcesStandIn(api_pb2_grpc.PodResourcesListerServicer):
         server.add_insecure_port(unix_target(self.socket_path))
         await server.start()
         self._server = server
+        started = time.time() - self.started_ago
+        os.utime(self.socket_path, (started, started))
 
     async def stop(self) -> None:
         """Stop serving and remove the socket."""
