@@ -128,6 +128,33 @@ async def test_a_lying_ixsmi_does_not_return_the_chip(
     assert view.devices[CHIP_B] == HEALTHY
 
 
+async def test_a_health_error_the_reset_has_not_cleared_yet_keeps_the_chip_out_until_it_does_its_xids_forgotten(
+    kubelet: KubeletStandIn,
+    start_daemon: DaemonFactory,
+    apiserver: ApiServerStandIn,
+    pod_resources: PodResourcesStandIn,
+    short_dir: Path,
+) -> None:
+    """The chip is back as it was and its XID is not reported again, but a health bit still reads set just after
+    ixsmi (it clears a moment later): a failed attempt, yet the reset cleared the XID, so once the bit clears the
+    chip returns, with no XID left to keep it out."""
+    ixsmi = Ixsmi(short_dir)
+    devices = broken_chips(short_dir / "devices.yaml")
+    document = yaml.safe_load(devices.read_text())
+    document["boards"][0]["chips"][0]["health"] = ["MC"]
+    devices.write_text(yaml.safe_dump(document))
+    config = config_flags(reset_limit=0)
+    daemon = await start_proving(start_daemon, apiserver, pod_resources, short_dir, local(devices, ixsmi), given=config)
+    view = await kubelet.wait_registered(RESOURCE, capacity=2)
+    await until(lambda: metric(daemon, RESETS, result="still_unhealthy") >= 1, timeout=10, message="a failed attempt")
+    # Out for the bit alone now: the XID the reset cleared is forgotten.
+    await until(lambda: daemon.plan.by_id[CHIP_A].reasons == (f"{CHIP_A}: MC",), timeout=5, message="out for MC alone")
+    document["boards"][0]["chips"][0]["health"] = []  # the bit clears after the reset
+    devices.write_text(yaml.safe_dump(document))
+    await kubelet.wait_for(lambda: view.devices[CHIP_A] == HEALTHY, timeout=10)
+    assert daemon.plan.by_id[CHIP_A].healthy
+
+
 async def test_a_chip_not_enumerated_again_stays_out(
     kubelet: KubeletStandIn,
     start_daemon: DaemonFactory,

@@ -350,6 +350,8 @@ class Healer:
             config.reset_diagnostic, care.uuid, config.reset_diagnostic_timeout
         )
         if failure is not None:  # ixsmi exited 0, but the hardware does not show a reset: a failed attempt
+            if failure.cleared:
+                await self.monitor.clear_xids(care.uuid, before.xids, before=before.started)
             self._reset_failed(care, GpuResetError(failure.why, failure.result))
             return True
         view = await self.monitor.clear_xids(care.uuid, before.xids, before=before.started)

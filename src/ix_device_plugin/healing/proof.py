@@ -13,7 +13,9 @@ failed unless every answer is right:
   its whole process group when it overruns; its words are kept for the Event.
 
 Only then are the XIDs seen before the reset forgotten (HardwareMonitor.clear_xids): until then they keep the chip
-out of service, whatever a later poll reads.
+out of service, whatever a later poll reads. One exception: the chip is back as it was and no XID was reported
+again, but a health error it reads (a bit the reset did not clear yet) keeps it out: the reset cleared the XIDs, so
+they are forgotten, and the chip returns once that error clears (or the next attempt resets it).
 """
 
 from __future__ import annotations
@@ -60,10 +62,13 @@ PROOF_RESULTS = (UNPROVEN, STILL_UNHEALTHY, DIAGNOSTIC_FAILED)
 
 @dataclass(frozen=True)
 class Failure:
-    """Why a reset after which ixsmi exited 0 counts as failed; result: how the metric counts it."""
+    """Why a reset after which ixsmi exited 0 counts as failed; result: how the metric counts it. cleared: the
+    hardware shows the reset done (the chip back as it was, no XID reported again) though a health error it reads
+    still keeps it out: the XIDs seen before are forgotten, and the chip returns once that error clears."""
 
     result: str
     why: str
+    cleared: bool = False
 
 
 async def unproven(monitor: HardwareMonitor, before: BeforeReset, policy: HealthPolicy) -> Failure | None:
@@ -79,7 +84,7 @@ async def unproven(monitor: HardwareMonitor, before: BeforeReset, policy: Health
         return Failure(STILL_UNHEALTHY, f"{xids} reported again after the reset: it was not cleared")
     rest = diagnose(replace(chip.status, xids=chip.status.xids - before.xids), policy)
     if not rest.healthy:
-        return Failure(STILL_UNHEALTHY, f"still unhealthy after the reset: {', '.join(rest.reasons)}")
+        return Failure(STILL_UNHEALTHY, f"still unhealthy after the reset: {', '.join(rest.reasons)}", cleared=True)
     return None
 
 
