@@ -83,7 +83,7 @@ def fake_ixsmi(path: Path, seconds: float = 0) -> Path:
     script = (
         "#!/bin/sh\n"
         "caps=$(sed -n 's/^CapEff:[[:space:]]*//p' /proc/self/status)\n"
-        'if [ $(( 0x$caps >> 21 & 1 )) -ne 1 ] || [ ! -w /sys/bus/pci/drivers ]; then\n'
+        "if [ $(( 0x$caps >> 21 & 1 )) -ne 1 ] || [ ! -w /sys/bus/pci/drivers ]; then\n"
         f'  echo "$@" >> {path}.refused; echo "ixsmi: Permission denied" >&2; exit 1\n'
         "fi\n"
         f'echo "$@" >> {path}.calls\n'

@@ -49,6 +49,8 @@ class FaultActions:
         ended = reset.ended
         lied = {chip for chip in reset.chips if limits.lying_at(self.lies, chip, ended)}
         episode = {chip for chip in reset.chips if any(w[0] == chip and w[1] < ended for w in self.windows.open)}
+        for chip in sorted(set(reset.chips) - episode):
+            self.counts.unexplained(chip)
         if reset.ok:
             self.healed_by_reset(reset, frozenset(reset.chips - lied))
         for chip in sorted(episode):

@@ -99,6 +99,14 @@ class ResetCounts:
             count.attempts += 1
         return not healed and count.attempts >= ATTEMPTS
 
+    def unexplained(self, chip: int) -> None:
+        """A reset of the chip in no episode the soak knows: a fault it did not cause (an XID a new agent process was
+        sent again for a chip it took for broken, its reset's end not seen yet) may have made an episode of the
+        agent's own, which it counted: the count may be one more."""
+        count = self.chips[chip]
+        if count.limited is None:
+            count.hi = min(count.hi + 1, self.limit)
+
     def healed(self, chip: int, at: float) -> None:
         """Every window of the chip closed by a reset ending at `at`: its episode is over."""
         count = self.chips[chip]

@@ -223,7 +223,8 @@ def test_an_unhealthy_chip_is_tainted_and_the_scheduler_keeps_off_it(
             devices = {d["name"]: d for d in node_slice(cluster)["spec"]["devices"]}
             return devices.get("gpu-3", {}).get("taints")
 
-        (taint,) = until(tainted, 30, "gpu-3 tainted in the ResourceSlice", [driver.log])
+        found = until(tainted, 30, "gpu-3 tainted in the ResourceSlice", [driver.log])
+        (taint,) = [t for t in found if t["key"] != f"{DRIVER}/healing"]  # beside it: what self-healing does
         assert taint["key"] == f"{DRIVER}/unhealthy" and taint["effect"] == "NoSchedule"
         template = named(example("dra-whole-board", namespace), "ResourceClaimTemplate", "whole-iluvatar-board")
         template["metadata"]["name"] = "all-chips"

@@ -121,6 +121,7 @@ def test_in_strict_mode_the_chip_stays_out_with_one_event_and_no_ixsmi_run_or_ha
         )
         assert event["type"] == "Warning" and "strict" in event["message"], event
         assert "ixsmi -r -i" in event["message"] and "iluvatar.com/gpu.return" in event["message"], event
+        until(lambda: _out(cluster, mode, BROKEN), 30, "the chip out of service", [])  # the node's status lags
         stays(lambda: _out(cluster, mode, BROKEN), 8, "the chip out of service")
         assert len(new_events(admin, cluster.node_name, "GPUResetUnavailable", BROKEN, before)) == 1
         for reason in ("GPUHealingReset", "GPUHealingFailed", "GPUNeedsOperator"):

@@ -105,3 +105,15 @@ def test_a_chip_back_in_service_after_a_lying_reset_is_a_violation() -> None:
     limits.not_back_while_lying(invariant, checker.ServiceSample(43.0, allocatable=4), frozenset({1}), 3)
     limits.not_back_while_lying(invariant, checker.ServiceSample(44.0, allocatable=4), frozenset(), 3)
     assert invariant.checks == 4 and [v[0] for v in invariant.violations] == [41.0, 43.0]
+
+
+def test_a_reset_in_no_episode_the_soak_knows_may_have_counted_so_the_next_fault_may_find_the_limit() -> None:
+    counts = limits.ResetCounts(2)
+    assert counts.fault(0, 5.0, set()) == limits.RESET
+    counts.reset_seen(0, healed=True)
+    counts.healed(0, 18.2)
+    counts.unexplained(0)  # an XID sent again to a new agent process: an episode of the agent's own, maybe counted
+    assert (
+        counts.fault(0, 39.1, set()) == limits.EITHER
+    )  # healed by a reset, or left to the soak's operator: not judged
+    assert counts.fault(1, 39.1, set()) == limits.RESET  # the other chip's count is its own
