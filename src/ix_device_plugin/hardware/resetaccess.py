@@ -47,10 +47,15 @@ def local_reset_problem(drivers_dir: Path, status_path: Path = PROC_STATUS) -> s
 
 
 def reset_drivers_dir(options: NodeOptions) -> Path:
+    """The sysfs directory a reset writes, for the options' backend (drivers_dir)."""
+    return drivers_dir(options.sysfs_root, simulated=options.backend == "simulated")
+
+
+def drivers_dir(sysfs_root: Path, *, simulated: bool) -> Path:
     """The sysfs directory a reset writes: the Iluvatar driver's for IXML; for the simulated backend the drivers
     directory above it (a test machine has no Iluvatar driver), as strict otherwise."""
-    drivers = options.sysfs_root / "bus" / "pci" / "drivers"
-    return drivers if options.backend == "simulated" else drivers / IXML_DRIVER
+    drivers = sysfs_root / "bus" / "pci" / "drivers"
+    return drivers if simulated else drivers / IXML_DRIVER
 
 
 def _has_sys_admin(status_path: Path) -> bool:

@@ -23,6 +23,7 @@ from typing import Protocol
 
 from ix_device_plugin.hardware.backend import BackendError
 from ix_device_plugin.hardware.resetaccess import local_reset_problem
+from ix_device_plugin.hardware.resetprotocol import CANNOT_RESET
 
 # What gives an unprivileged agent its resets, as the chart spells it.
 CHART_FIX = "the chart's reset helper (resetHelper.enabled: true with strict: false, the defaults) or privileged: true"
@@ -32,7 +33,6 @@ NONE_WHY = (
 )
 
 
-CANNOT = "cannot reset here"  # the helper's refusal when it lacks what ixsmi -r needs
 NOT_THERE = "no reset helper at"  # the client's words when nothing listens on the socket
 
 
@@ -93,7 +93,7 @@ class HelperReset:
         from ix_device_plugin.hardware.resetclient import ResetHelperClient
 
         why = ResetHelperClient(self.socket).status()
-        return f"the reset helper cannot reset: {why}" if why is not None and CANNOT in why else None
+        return f"the reset helper cannot reset: {why}" if why is not None and CANNOT_RESET in why else None
 
     def run(self, uuids: Sequence[str], timeout: float, abort: threading.Event | None) -> None:
         from ix_device_plugin.hardware.resetclient import ResetHelperClient, ResetRefused
@@ -103,7 +103,7 @@ class HelperReset:
             try:
                 client.reset(uuid, timeout, abort)
             except ResetRefused as refused:
-                if CANNOT in str(refused):
+                if CANNOT_RESET in str(refused):
                     raise ResetUnavailable(f"the reset helper cannot reset: {refused}") from None
                 raise ResetRefusedNow(str(refused)) from None
             except BackendError as error:

@@ -20,6 +20,7 @@ MAX_REQUEST = 256
 MAX_ANSWER = 4096
 UUID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}")  # the simulated backend's rule; IXML's GPU-... fits
 OK, REFUSED, FAILED = "ok", "refused", "failed"
+CANNOT_RESET = "cannot reset here"  # a refusal's first words where the helper lacks what ixsmi -r needs
 KINDS = (OK, REFUSED, FAILED)
 _PRINTABLE = re.compile(r"[ -~]*")  # printable ASCII, space included
 

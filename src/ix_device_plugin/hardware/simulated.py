@@ -27,6 +27,7 @@ from ix_device_plugin.core.products import PRODUCTS, Product, lookup
 from ix_device_plugin.core.telemetry import ChipSample
 from ix_device_plugin.hardware.backend import BackendError, XidEvent, XidSink
 from ix_device_plugin.hardware.devnodes import device_access_problem
+from ix_device_plugin.hardware.resetaccess import drivers_dir
 from ix_device_plugin.hardware.resetpath import LocalReset, Resetter
 from ix_device_plugin.settings import yamlsafe
 from ix_device_plugin.settings.health import HEALTH_ERROR_NAMES
@@ -45,7 +46,6 @@ DEFAULT_DRIVER_VERSION = "4.4.0"
 MAX_DRIVER_VERSION = 79  # IXML writes the version into an 80-byte buffer, its NUL included
 _UUID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
 _UUID_NAMESPACE = uuidlib.UUID("6f1c1b0e-5d8e-4c1a-9a43-1e3e00000000")
-SIMULATED_DRIVERS_DIR = Path("/sys/bus/pci/drivers")  # no Iluvatar driver here: any PCI driver directory stands in
 _CHIP_KEYS = {"uuid", "minor", "bus_id", "numa_node", "memory_mib", "health", "present", "xids"}
 _BOARD_KEYS = {"product", "chips"}
 
@@ -67,7 +67,7 @@ class SimulatedBackend:
         self.ixsmi_path = ixsmi_path  # run for each reset, as the IXML backend runs ixsmi, when given
         # Who runs ixsmi -r: by default this process (a stand-in ixsmi when named, else the simulation itself), as
         # strict as the real one: it needs what ixsmi -r needs (CAP_SYS_ADMIN, a writable PCI driver directory).
-        self.resetter: Resetter = resetter or LocalReset(ixsmi_path, SIMULATED_DRIVERS_DIR)
+        self.resetter: Resetter = resetter or LocalReset(ixsmi_path, drivers_dir(Path("/sys"), simulated=True))
         self._path = _as_existing_file(source)
         self.resets: list[tuple[str, ...]] = []  # every reset asked for, in order
         self._renamed: dict[str, str] = {}  # UUID in the file -> UUID after a reset that changed it

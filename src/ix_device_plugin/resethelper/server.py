@@ -25,6 +25,7 @@ from ix_device_plugin.hardware.backend import Backend, BackendError
 from ix_device_plugin.hardware.ixml.reset import DRAIN, POLL, run_ixsmi_reset
 from ix_device_plugin.hardware.resetaccess import local_reset_problem
 from ix_device_plugin.hardware.resetprotocol import (
+    CANNOT_RESET,
     FAILED,
     MAX_REQUEST,
     OK,
@@ -164,13 +165,13 @@ class ResetHelper:
 
     def _status(self) -> Answer:
         if (problem := self.problem()) is not None:
-            return Answer(REFUSED, f"cannot reset here: {problem}")
+            return Answer(REFUSED, f"{CANNOT_RESET}: {problem}")
         return Answer(OK, "ready" if self._resetting is None else f"ready; resetting {self._resetting}")
 
     async def _reset(self, uuid: str, reader: asyncio.StreamReader) -> Answer:
         """Every check, then the reset; the busy state is taken before the first wait, so no second one slips in."""
         if (problem := self.problem()) is not None:
-            return Answer(REFUSED, f"cannot reset here: {problem}")
+            return Answer(REFUSED, f"{CANNOT_RESET}: {problem}")
         if self._resetting is not None:
             return Answer(REFUSED, f"busy: resetting {self._resetting}")
         if self._stopping.is_set():

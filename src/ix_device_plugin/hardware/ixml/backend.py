@@ -23,11 +23,11 @@ from ix_device_plugin.hardware.ixml.library import (
     load_library,
 )
 from ix_device_plugin.hardware.ixml.sampling import Sampler
+from ix_device_plugin.hardware.resetaccess import drivers_dir
 from ix_device_plugin.hardware.resetpath import LocalReset, Resetter
 
 log = logging.getLogger(__name__)
 
-IXML_DRIVERS_DIR = "bus/pci/drivers/iluvatar"  # under the sysfs root: what ixsmi -r writes to rebind a chip
 
 _DRIVER_VERSION_BUFFER_SIZE = 80
 
@@ -51,7 +51,7 @@ class IxmlBackend:
     ) -> None:
         self._library_path = library_path
         # Who runs ixsmi -r (hardware/resetpath.py): by default this process, which must then be privileged.
-        self._resetter: Resetter = resetter or LocalReset(ixsmi_path, Path(sysfs_root) / IXML_DRIVERS_DIR)
+        self._resetter: Resetter = resetter or LocalReset(ixsmi_path, drivers_dir(Path(sysfs_root), simulated=False))
         self._dev_root = Path(dev_root)
         self._library: Library | None = None
         self._initialized = False
