@@ -89,9 +89,10 @@ def test_the_resource_slice_is_accepted_by_the_api_server(cluster: Cluster, driv
         assert devices[f"gpu-{chip.minor}"]["capacity"]["memory"]["value"] == "32Gi"
     board_uuids = {devices[f"gpu-{c.minor}"]["attributes"]["boardUUID"]["string"] for c in CHIPS}
     assert len(board_uuids) == 2
-    for board in boards:  # each board drawing on the counters of its two chips, in a slice of their own
+    for board in boards:  # each board drawing on the counters of its two chips and 2 `chips`, in a slice of their own
         consumed = devices[board]["consumesCounters"][0]
-        assert consumed["counterSet"] == board and len(consumed["counters"]) == 2
+        assert consumed["counterSet"] == board and len(consumed["counters"]) == 3
+        assert consumed["counters"]["chips"] == {"value": "2"}
     counter_sets = [
         counter_set["name"]
         for s in cluster.admin.items("resourceslices")

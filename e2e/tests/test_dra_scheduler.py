@@ -311,9 +311,10 @@ def test_iluvatar_gpu_2_gets_two_chips_on_a_split_node(
 
 
 def test_four_shares_of_a_chip_then_none(cluster: Cluster, admin: Kubectl, namespace: str, shared: Driver) -> None:
-    """With 4 replicas a chip is published shared: four claims get a share each (distinct shareIDs, one share and
-    no memory consumed), a fifth is unschedulable; the driver prepares the four with slots 0 to 3 and writes
-    each claim's status.devices with its shareID, which the server's validation accepts.
+    """With 4 replicas a chip is published shared: four claims, of the chip class or of share.gpu.iluvatar.com, get a
+    share each (distinct shareIDs, one share and no memory consumed), a fifth is unschedulable; the driver prepares
+    the four with slots 0 to 3 and writes each claim's status.devices with its shareID, which the server's
+    validation accepts.
     """
     devices = slice_devices(driver_slices(admin))
     for name, device in devices.items():
@@ -321,8 +322,9 @@ def test_four_shares_of_a_chip_then_none(cluster: Cluster, admin: Kubectl, names
         assert device["capacity"]["shares"]["value"] == "4", device["capacity"]
         assert not device.get("consumesCounters"), name
     names = [f"share-{i}" for i in range(4)]
-    for name in names:
-        create(admin, namespace, claim(name, selector=minor_is(0)), show_pod(name, name))
+    for i, name in enumerate(names):  # half through the chip class, half through the class of shares
+        device_class = "share.gpu.iluvatar.com" if i % 2 else DRIVER
+        create(admin, namespace, claim(name, device_class, selector=minor_is(0)), show_pod(name, name))
     allocated = {name: results(wait_allocated(admin, namespace, name, shared)) for name in names}
     for (result,) in allocated.values():
         assert result["device"] == "gpu-0" and result.get("shareID"), result
@@ -391,7 +393,7 @@ SHAPES = [
     ("40 x BI-V150, boards split", bi_v150(40), SPLIT, chip_names(80) + board_names(40), 2 + 5, None),
     ("2 x BI-V150 split, 4 shares", bi_v150(2), SHARED, chip_names(4), 1, "4"),
     ("40 x BI-V150 whole, 8 shares", bi_v150(40), ("--replicas", "8"), board_names(40), 1, "8"),
-    ("8 x MR-V50", boards_yaml([{"product": "MR-V50"} for _ in range(8)]), (), chip_names(8), 1, None),
+    ("8 x MR-V50", boards_yaml([{"product": "MR-V50"} for _ in range(8)]), (), chip_names(8), 1 + 1, None),
     (
         "40 x BI-V150, gpu-1 with an ECC error",
         bi_v150(40, sick=True),
@@ -441,8 +443,10 @@ def test_the_api_server_stores_every_pool_shape(cluster: Cluster, driver: Driver
             assert not counter_sets, what
             assert all(d.get("allowMultipleAllocations") for d in stored.values()), what
             assert {d["capacity"]["shares"]["value"] for d in stored.values()} == {shares}, what
-        else:
-            assert counter_sets == {name for name in names if name.startswith("board-")}, what
+        else:  # a set per board, single-chip ones too: every device charges its chips to the common `chips`
+            assert {name for name in names if name.startswith("board-")} <= counter_sets, what
+            charged = {n: [c["counters"]["chips"]["value"] for c in d["consumesCounters"]] for n, d in stored.items()}
+            assert all(v == (["2"] if n.startswith("board-") else ["1"]) for n, v in charged.items()), what
         tainted = sorted(name for name, d in stored.items() if d.get("taints"))
         assert tainted == (["board-0", "gpu-1"] if "ECC" in what else []), f"{what}: tainted {tainted}"
 

@@ -124,17 +124,19 @@ def checked(obj: dict[str, Any]) -> list[str]:
     return errors or manifest_support._construct("ResourceV1ResourceClaim", normalised)
 
 
-def test_the_device_classes_select_chips_and_whole_boards_and_can_name_the_extended_resource() -> None:
+def test_the_device_classes_select_chips_whole_boards_and_shares_and_can_name_the_extended_resource() -> None:
     classes = {
         c["metadata"]["name"]: c["spec"] for c in by_kind(load_file(STATIC_DIR / "ix-dra-driver.yaml"), "DeviceClass")
     }
-    assert sorted(classes) == ["board.gpu.iluvatar.com", "gpu.iluvatar.com"]
+    assert sorted(classes) == ["board.gpu.iluvatar.com", "gpu.iluvatar.com", "share.gpu.iluvatar.com"]
     chips = classes["gpu.iluvatar.com"]["selectors"][0]["cel"]["expression"]
     assert chips == (
         'device.driver == "gpu.iluvatar.com" && device.attributes["gpu.iluvatar.com"].?type.orValue("chip") == "chip"'
     )
     boards = classes["board.gpu.iluvatar.com"]["selectors"][0]["cel"]["expression"]
     assert boards.endswith('device.attributes["gpu.iluvatar.com"].?wholeBoard.orValue(false)')
+    shares = classes["share.gpu.iluvatar.com"]["selectors"][0]["cel"]["expression"]
+    assert shares.endswith('device.attributes["gpu.iluvatar.com"].?shared.orValue(false)')
     assert all("extendedResourceName" not in spec for spec in classes.values())
     values = {**render.DRA_VALUES, "dra": {"enabled": True, "extendedResourceName": "iluvatar.com/gpu"}}
     extended = {c["metadata"]["name"]: c["spec"] for c in by_kind(rendered(values), "DeviceClass")}

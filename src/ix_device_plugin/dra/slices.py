@@ -7,13 +7,17 @@ Every chip is a device named `gpu-<minor>` (a DNS label, the name of its /dev no
 A board of several chips (BI-V150) is also a device of its own, `board-<lowest minor>`: the board and its
 chips draw on the board's counter set (one counter per chip, of 2 units: the board takes both, a chip one), so
 that the scheduler never hands out a board and one of its chips at once, while a monitoring claim (adminAccess)
-can still take a chip a workload holds. A single-chip board is its chip. The attribute `type` (`chip` or `board`) tells
-them apart, `wholeBoard` is true for whatever gives a whole board, and `extendedResource` for what one
+can still take a chip a workload holds. A single-chip board is its chip. Every device also consumes the counter
+`chips` of its board's set (every board has one, single-chip boards included): a chip 1, a board its chip count,
+so that one quota pool (Kueue's counter source `chips`) charges chips and boards alike; the set holds twice the
+board's chips, so that this counter never limits what the per-chip counters allow. The attribute `type` (`chip`
+or `board`) tells them apart, `wholeBoard` is true for whatever gives a whole board, and `extendedResource` for what one
 `iluvatar.com/gpu` is on this node (chips with flags.splitboard, whole boards without).
 
 With time-slicing replicas N (sharing.timeSlicing.replicas >= 2) the node publishes what the device plugin
 would advertise, chips with flags.splitboard and whole boards without, each allowing multiple allocations
-with a consumable capacity `shares` of N (a claim takes one unless it asks for more), and no counters.
+with a consumable capacity `shares` of N (a claim takes one unless it asks for more), and no counters. The
+attribute `shared` says which devices are shared (the DeviceClass share.gpu.iluvatar.com selects them).
 
 Attributes are unqualified (the API server reads them as `gpu.iluvatar.com/<name>`), except the standard
 `resource.kubernetes.io/pcieRoot`, `pciBusID` and `numaNode`; a string longer than the API allows (64
@@ -48,6 +52,7 @@ MAX_ATTRIBUTE_LENGTH = 64  # DeviceAttributeMaxValueLength: string and version v
 DESCRIPTIVE_ATTRIBUTES = ("productName",)  # cut when too long; the others identify, and are left out
 CHIP, BOARD = "chip", "board"
 SHARES = "shares"  # the consumable capacity of a shared device
+CHIPS_COUNTER = "chips"  # the counter every device consumes, one per chip: the quota unit of chips and boards
 # A chip's counter holds 2 units: a board takes both units of each of its chips' counters, a chip one of its own.
 # So a board never goes with one of its chips, and yet a chip can go to a workload and to a monitoring claim
 # (adminAccess) at once: the scheduler checks counters for admin access too.
@@ -74,6 +79,7 @@ class SliceDevice:
     """One device of the slice: a chip, or a whole board (its chips, in minor order).
 
     reasons: why it is unhealthy (empty: healthy); counter_set: the board counter set it draws on ("" none);
+    chip_counters: it draws on its chips' own counters there too (a board device stands beside its chips);
     shares: how many allocations may share it (0: one, exclusively); extended: it is what one
     `iluvatar.com/gpu` is on this node.
     """
@@ -87,6 +93,7 @@ class SliceDevice:
     whole_board: bool = True
     extended: bool = True
     counter_set: str = ""
+    chip_counters: bool = False
     shares: int = 0
 
     @property
@@ -112,10 +119,12 @@ class SliceDevice:
 
 @dataclass(frozen=True)
 class CounterSet:
-    """A board's shared counters: one per chip (named as the chip's device), each of BOARD_UNITS."""
+    """A board's shared counters: `chips` (chips x BOARD_UNITS), and with a board device beside its chips one per
+    chip (named as the chip's device), each of BOARD_UNITS."""
 
     name: str
     counters: tuple[str, ...]
+    chips: int = 0
 
 
 @dataclass(frozen=True)
@@ -215,7 +224,8 @@ def _board_devices(
     warning = f"{board_name} left out of the ResourceSlice: a chip of board {board.uuid!r} has no device"
     publish_board = multi and not incomplete and not (policy.shared and policy.splitboard)
     publish_chips = not (multi and policy.shared and not policy.splitboard)
-    counters = multi and publish_board and publish_chips
+    counters = not policy.shared
+    chip_counters = multi and publish_board and publish_chips
     chips = [
         SliceDevice(
             name,
@@ -227,13 +237,17 @@ def _board_devices(
             whole_board=not multi,
             extended=policy.splitboard or not multi,
             counter_set=board_name if counters else "",
+            chip_counters=chip_counters,
             shares=shares,
         )
         for name, chip in named
         if publish_chips
     ]
+    counter_set = None
+    if counters:
+        counter_set = CounterSet(board_name, tuple(name for name, _ in named) if chip_counters else (), len(named))
     if not publish_board:
-        return chips, None, None, warning if incomplete else ""
+        return chips, None, counter_set, warning if incomplete else ""
     reasons = tuple(f"{name}: {reason}" for name, chip in named for reason in chip.status.reasons(ignored))
     reasons += shortfall(board, product)
     device = SliceDevice(
@@ -246,9 +260,9 @@ def _board_devices(
         whole_board=True,
         extended=not policy.splitboard,
         counter_set=board_name if counters else "",
+        chip_counters=chip_counters,
         shares=shares,
     )
-    counter_set = CounterSet(board_name, tuple(name for name, _ in named)) if counters else None
     return chips, device, counter_set, ""
 
 
@@ -275,6 +289,7 @@ def device_body(device: SliceDevice, driver_version: str | None, pcie_roots: Map
         type={"string": device.kind},
         wholeBoard={"bool": device.whole_board},
         extendedResource={"bool": device.extended},
+        shared={"bool": device.shares >= 2},
     )
     numa = {chip.numa_node for chip in device.chips}
     roots = {pcie_roots.get(chip.bus_id) if chip.bus_id else None for chip in device.chips}
@@ -306,11 +321,19 @@ def device_body(device: SliceDevice, driver_version: str | None, pcie_roots: Map
     if capacity:
         body["capacity"] = capacity
     if device.counter_set:
-        names, units = ([device.name], CHIP_UNITS) if device.kind == CHIP else (_chip_names(device), BOARD_UNITS)
-        body["consumesCounters"] = [
-            {"counterSet": device.counter_set, "counters": {name: {"value": str(units)} for name in names}}
-        ]
+        body["consumesCounters"] = [{"counterSet": device.counter_set, "counters": _consumed(device)}]
     return body
+
+
+def _consumed(device: SliceDevice) -> dict[str, dict[str, str]]:
+    """The counters device consumes from its board's set: its chips' own (with a board device beside them), and
+    `chips`, one per chip."""
+    counters = {}
+    if device.chip_counters:
+        names, units = ([device.name], CHIP_UNITS) if device.kind == CHIP else (_chip_names(device), BOARD_UNITS)
+        counters = {name: {"value": str(units)} for name in names}
+    counters[CHIPS_COUNTER] = {"value": str(len(device.chips))}
+    return counters
 
 
 def _chip_names(device: SliceDevice) -> list[str]:
@@ -319,7 +342,9 @@ def _chip_names(device: SliceDevice) -> list[str]:
 
 def counter_set_body(counter_set: CounterSet) -> dict[str, Any]:
     """The ResourceSlice v1 `spec.sharedCounters[]` entry for a board's counter set."""
-    return {"name": counter_set.name, "counters": {name: {"value": str(BOARD_UNITS)} for name in counter_set.counters}}
+    counters = {name: {"value": str(BOARD_UNITS)} for name in counter_set.counters}
+    counters[CHIPS_COUNTER] = {"value": str(BOARD_UNITS * counter_set.chips)}
+    return {"name": counter_set.name, "counters": counters}
 
 
 def unhealthy_taint(device: SliceDevice) -> dict[str, str]:

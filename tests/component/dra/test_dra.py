@@ -58,8 +58,8 @@ async def test_the_slice_holds_every_chip_with_its_attributes(node: DraNode) -> 
     assert stored["spec"]["pool"] == {"name": node.node, "generation": 1, "resourceSliceCount": 2}
     counters = node.api.get("resourceslices", f"{node.slice()['metadata']['name']}-1")
     assert counters["spec"]["sharedCounters"] == [
-        {"name": "board-0", "counters": {"gpu-0": {"value": "2"}, "gpu-1": {"value": "2"}}},
-        {"name": "board-2", "counters": {"gpu-2": {"value": "2"}, "gpu-3": {"value": "2"}}},
+        {"name": "board-0", "counters": {"gpu-0": {"value": "2"}, "gpu-1": {"value": "2"}, "chips": {"value": "4"}}},
+        {"name": "board-2", "counters": {"gpu-2": {"value": "2"}, "gpu-3": {"value": "2"}, "chips": {"value": "4"}}},
     ]
     devices = node.slice_devices()
     assert sorted(devices) == ["board-0", "board-2", "gpu-0", "gpu-1", "gpu-2", "gpu-3"]
@@ -67,7 +67,7 @@ async def test_the_slice_holds_every_chip_with_its_attributes(node: DraNode) -> 
     # No NUMA node or PCIe root for simulated chips; the bus ID is the standard attribute.
     assert set(first) == {
         "uuid", "productName", "boardUUID", "minor", "resource.kubernetes.io/pciBusID", "type", "wholeBoard",
-        "extendedResource", "driverVersion",
+        "extendedResource", "shared", "driverVersion",
     }  # fmt: skip
     assert first["driverVersion"] == {"version": "4.4.0"}
     assert first["productName"] == {"string": "BI-V150"} and first["minor"] == {"int": 0}
@@ -80,7 +80,10 @@ async def test_the_slice_holds_every_chip_with_its_attributes(node: DraNode) -> 
         "string": "board"
     }
     assert board["consumesCounters"] == [
-        {"counterSet": "board-2", "counters": {"gpu-2": {"value": "2"}, "gpu-3": {"value": "2"}}}
+        {
+            "counterSet": "board-2",
+            "counters": {"gpu-2": {"value": "2"}, "gpu-3": {"value": "2"}, "chips": {"value": "2"}},
+        }
     ]
 
 

@@ -71,9 +71,12 @@ def test_each_chip_is_a_device_with_the_contract_attributes() -> None:
         "type": {"string": "chip"},
         "wholeBoard": {"bool": False},
         "extendedResource": {"bool": False},
+        "shared": {"bool": False},
     }
     assert body["capacity"] == {"memory": {"value": f"{device.chip.memory_mib}Mi"}}
-    assert body["consumesCounters"] == [{"counterSet": "board-0", "counters": {"gpu-1": {"value": "1"}}}]
+    assert body["consumesCounters"] == [
+        {"counterSet": "board-0", "counters": {"gpu-1": {"value": "1"}, "chips": {"value": "1"}}}
+    ]
 
 
 def test_a_chip_without_a_minor_is_left_out_with_a_warning() -> None:

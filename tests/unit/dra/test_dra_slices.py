@@ -13,6 +13,7 @@ from helpers.dra_validation import pool_errors, slice_errors
 from ix_device_plugin.core.inventory import Board, Chip, ChipStatus, Inventory
 from ix_device_plugin.dra.pool import pool_objects, quantity
 from ix_device_plugin.dra.slices import (
+    CHIPS_COUNTER,
     SlicePolicy,
     counter_set_body,
     slice_content,
@@ -42,15 +43,15 @@ def attribute(device: dict[str, Any], name: str) -> Any:
     return next(iter(device["attributes"][name].values()))
 
 
-SHAPES = {
-    "BI-V100": ("BI-V100:1", WHOLE, 1, 0, 1),
-    "8 x BI-V100": ("BI-V100:8", WHOLE, 8, 0, 1),
+SHAPES = {  # every board has a counter set (its `chips`), single-chip ones too, unless shared
+    "BI-V100": ("BI-V100:1", WHOLE, 1, 1, 2),
+    "8 x BI-V100": ("BI-V100:8", WHOLE, 8, 8, 2),
     "BI-V150 whole": ("BI-V150:2", WHOLE, 6, 2, 2),
     "BI-V150 split": ("BI-V150:2", SPLIT, 6, 2, 2),
-    "MR-V50": ("MR-V50:4", WHOLE, 4, 0, 1),
+    "MR-V50": ("MR-V50:4", WHOLE, 4, 4, 2),
     "16 x BI-V150": ("BI-V150:16", WHOLE, 48, 16, 3),  # 48 devices in one slice, 16 counter sets in two
     "40 x BI-V150": ("BI-V150:40", SPLIT, 120, 40, 7),  # 64 + 56 devices, 5 slices of 8 counter sets
-    "BI-V150 and BI-V100": ("BI-V150:1,BI-V100:2", WHOLE, 5, 1, 2),
+    "BI-V150 and BI-V100": ("BI-V150:1,BI-V100:2", WHOLE, 5, 3, 2),
     "BI-V150 whole, 4 replicas": ("BI-V150:2", SlicePolicy(False, 4), 2, 0, 1),
     "BI-V150 split, 4 replicas": ("BI-V150:2", SlicePolicy(True, 4), 4, 0, 1),
     "BI-V100, 8 replicas": ("BI-V100:2", SlicePolicy(False, 8), 2, 0, 1),
@@ -99,6 +100,35 @@ def test_a_board_and_its_chips_draw_on_the_same_counters_so_never_both_go_out(po
     assert not fits("board-0", "gpu-0") and not fits("board-0", "gpu-1") and not fits("board-2", "gpu-3")
     # the scheduler checks counters for admin access too: a monitoring claim can still take a chip in use
     assert fits("gpu-0", "gpu-0") and not fits("gpu-0", "gpu-0", "gpu-0")
+
+
+@pytest.mark.parametrize("policy", [WHOLE, SPLIT], ids=["whole", "split"])
+def test_every_device_consumes_its_chip_count_of_one_common_counter(policy: SlicePolicy) -> None:
+    """One quota pool for chips and boards (Kueue's counter source `chips`): a chip 1, a board its chips, single-chip
+    boards included, and the set never limits what the per-chip counters allow (room for admin access)."""
+    objects = published(inventory("BI-V150:1,BI-V100:1"), policy)
+    devices = devices_of(objects)
+    sets = {s["name"]: s["counters"] for obj in objects for s in obj["spec"].get("sharedCounters") or []}
+    charged = {
+        name: [c["counters"][CHIPS_COUNTER]["value"] for c in device["consumesCounters"]]
+        for name, device in devices.items()
+    }
+    assert charged == {"gpu-0": ["1"], "gpu-1": ["1"], "gpu-2": ["1"], "board-0": ["2"]}
+    assert sets == {
+        "board-0": {"gpu-0": {"value": "2"}, "gpu-1": {"value": "2"}, CHIPS_COUNTER: {"value": "4"}},
+        "board-2": {CHIPS_COUNTER: {"value": "2"}},
+    }
+    assert devices["gpu-2"]["consumesCounters"][0]["counterSet"] == "board-2"
+
+
+def test_shared_devices_consume_no_counters_and_say_they_are_shared() -> None:
+    for policy in (SlicePolicy(True, 4), SlicePolicy(False, 4)):
+        objects = published(inventory("BI-V150:1,BI-V100:1"), policy)
+        devices = devices_of(objects)
+        assert all("consumesCounters" not in d and attribute(d, "shared") for d in devices.values())
+        assert not any(obj["spec"].get("sharedCounters") for obj in objects)
+    unshared = devices_of(published(inventory("BI-V150:1"), WHOLE))
+    assert not any(attribute(d, "shared") for d in unshared.values())
 
 
 def test_the_type_attributes_tell_boards_from_chips_and_name_the_extended_resource_unit() -> None:
