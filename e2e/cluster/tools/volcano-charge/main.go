@@ -5,12 +5,13 @@
 //	volcano-charge --version
 //
 // Input: {"cases": [{"name": "...", "capability": {"deviceclass/gpu.iluvatar.com": "2"},
-// "claims": [ResourceClaim...], "pods": [Pod...]}]}. Each case is one scheduling session (actions enqueue and
-// allocate and backfill, as Volcano's DRA quota guide configures them; the capacity plugin alone, DRA quota on) over one node with room for everything, one queue with
-// the case's capability, and one PodGroup per pod (pending, one member). A pod names its claims as in the API:
-// spec.resourceClaims, and for a template the claim the controller made in status.resourceClaimStatuses.
-// Output: per case, the pods the session allocated and the queue's status.allocated after the session, the
-// keys as Volcano writes them.
+// "claims": [ResourceClaim...], "pods": [Pod...]}]}. Each case is one scheduling session over one node with room
+// for everything, one queue with the case's capability, and one PodGroup per pod (pending, one member, its
+// minResources the pod's requests). The session runs the actions enqueue, allocate and backfill, as Volcano's DRA
+// quota guide configures them, with the capacity plugin alone and its DRA quota on. A pod names its claims as in
+// the API: spec.resourceClaims, and for a template the claim the controller made in status.resourceClaimStatuses.
+// Output: per case, the pods the session allocated and the queue's status.allocated after the session, the keys
+// as Volcano writes them.
 package main
 
 import (
