@@ -118,6 +118,7 @@ class Care:
     out_since: float | None = None  # monotonic time it went out of service
     note: str = ""  # the last step and its outcome
     operator_return: bool = False  # an operator asked for one more reset
+    returned_for: tuple[str, ...] | None = None  # its causes when the operator asked (None: not known)
     resets: tuple[float, ...] = ()  # Unix times of the resets started for its faults (one each), oldest first
     limited: bool = False  # it needs an operator because the reset limit was reached
 
@@ -281,4 +282,28 @@ def operator_asked(care: Care) -> Care:
     if care.phase not in (NEEDS_OPERATOR, OFF):
         return care
     note = "an operator asked to return it: one more reset"
-    return replace(care, phase=WAITING, retry_at=0.0, operator_return=True, resets=(), limited=False, note=note)
+    return replace(
+        care,
+        phase=WAITING,
+        retry_at=0.0,
+        operator_return=True,
+        returned_for=care.causes,
+        resets=(),
+        limited=False,
+        note=note,
+    )
+
+
+def not_returned(care: Care, diagnosis: Diagnosis) -> tuple[str, ...]:
+    """The errors that need an operator and that the operator's return did not cover: reported after they asked
+    (an operator who returns a chip vouches for what it had then, not for a fault that came while it waited)."""
+    if not care.operator_return or care.returned_for is None:
+        return ()
+    return tuple(reason for reason in diagnosis.operator if reason not in care.returned_for)
+
+
+def returned_too_early(care: Care, late: tuple[str, ...]) -> Care:
+    """care after an error that needs an operator came since the operator asked to return it: no reset, it waits
+    for an operator again."""
+    note = f"needs an operator: {', '.join(late)} reported since an operator asked to return it"
+    return replace(care, phase=NEEDS_OPERATOR, operator_return=False, returned_for=None, note=note)

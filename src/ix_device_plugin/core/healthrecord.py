@@ -62,6 +62,7 @@ class ChipRecord:
     note: str = ""
     out_since: float | None = None
     operator_return: bool = False
+    returned_for: tuple[str, ...] | None = None  # the chip's causes when the operator asked (None: not known)
     reserved: str = ""
     reserved_since: float | None = None
     resets: tuple[float, ...] = ()  # Unix times of the resets started for its faults, oldest first
@@ -132,6 +133,8 @@ def _chip_document(chip: ChipRecord) -> dict[str, Any]:
         "outSince": None if chip.out_since is None else round(chip.out_since, 3),
         "operatorReturn": chip.operator_return,
     }
+    if chip.operator_return and chip.returned_for is not None:
+        document["returnedFor"] = list(chip.returned_for)
     if chip.reserved:
         document["reserved"] = {"reason": chip.reserved, "since": round(chip.reserved_since or 0.0, 3)}
     if chip.resets:
@@ -157,6 +160,7 @@ def chip_record(care: Care, xids: frozenset[int], reserved: str, *, wall_now: fl
         note=care.note,
         out_since=out_since,
         operator_return=care.operator_return,
+        returned_for=care.returned_for if care.operator_return else None,
         reserved=reserved,
         reserved_since=(reserved_since or wall_now) if reserved else None,
         resets=resets[-MAX_RESETS:],
@@ -198,8 +202,8 @@ def parse_record(text: str) -> HealthRecord:
     )
 
 
-_CHIP_FIELDS = {"minor", "xids", "phase", "causes", "attempts", "note", "outSince", "operatorReturn", "reserved",
-                "resets", "resetLimitReached"}  # fmt: skip
+_CHIP_FIELDS = {"minor", "xids", "phase", "causes", "attempts", "note", "outSince", "operatorReturn", "returnedFor",
+                "reserved", "resets", "resetLimitReached"}  # fmt: skip
 
 
 def _parse_chip(entry: Any, uuid: str) -> ChipRecord:
@@ -226,6 +230,9 @@ def _parse_chip(entry: Any, uuid: str) -> ChipRecord:
     operator_return = entry.get("operatorReturn", False)
     if not isinstance(operator_return, bool):
         raise RecordError(f"{where}.operatorReturn is {operator_return!r}, not true or false")
+    returned_for = entry.get("returnedFor")
+    if returned_for is not None and (not isinstance(returned_for, list) or len(returned_for) > MAX_XIDS * 4):
+        raise RecordError(f"{where}.returnedFor is not a list")
     reserved, since = _reservation(entry.get("reserved"), where)
     reset_limited = entry.get("resetLimitReached", False)
     if not isinstance(reset_limited, bool):
@@ -239,6 +246,7 @@ def _parse_chip(entry: Any, uuid: str) -> ChipRecord:
         note=_text(entry.get("note", ""), f"{where}.note"),
         out_since=_number(entry.get("outSince"), f"{where}.outSince"),
         operator_return=operator_return,
+        returned_for=None if returned_for is None else tuple(_text(r, f"{where}.returnedFor") for r in returned_for),
         reserved=reserved,
         reserved_since=since,
         resets=_resets(entry.get("resets", []), f"{where}.resets"),
@@ -335,6 +343,7 @@ def _care(uuid: str, chip: ChipRecord, *, wall_now: float, mono_now: float) -> C
         out_since=out_since,
         note=chip.note,
         operator_return=chip.operator_return,
+        returned_for=chip.returned_for,
         resets=chip.resets,
         limited=chip.reset_limited,
     )

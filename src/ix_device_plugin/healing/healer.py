@@ -324,9 +324,13 @@ class Healer:
 
     async def _reset(self, care: Care) -> bool:
         """Reset care's chip and read its health again; True once ixsmi has reset it. The last look first: an
-        error that needs an operator (an XID of that class) seen since the reset was decided stops it, else the
-        reset would clear that XID with the one it was for."""
-        if (news := self._diagnosis(self.monitor.view.inventory, care.uuid)).operator and not care.operator_return:
+        error that needs an operator (an XID of that class) seen since the reset was decided, or since the operator
+        asked to return the chip, stops it, else the reset would clear that XID with the ones it was for."""
+        news = self._diagnosis(self.monitor.view.inventory, care.uuid)
+        if late := rules_of.not_returned(care, news):
+            self._set(rules_of.returned_too_early(care, late))
+            return False
+        if news.operator and not care.operator_return:
             self._set(rules_of.observe(care, news, time.monotonic(), self.settings.rules, self.healing))
             return False
         before = await before_reset(self.monitor, self._chip(care.uuid), care.uuid)

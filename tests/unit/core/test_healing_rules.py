@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -128,6 +130,21 @@ def test_an_operator_error_is_never_reset_and_an_operator_gets_one_more_try() ->
     again = healing.failed(healing.started(asked, WALL), "ixsmi failed", 2.0, RULES)
     assert again.phase == NEEDS_OPERATOR and "the reset an operator asked for failed" in again.note
     assert healing.operator_asked(Care("GPU-b")) == Care("GPU-b")  # in service: nothing to return
+
+
+def test_an_operators_return_covers_what_the_chip_had_when_they_asked_not_what_came_after() -> None:
+    care = healing.observe(Care("GPU-a", 1), Diagnosis(operator=("XID 64",)), 0.0, RULES, True)
+    asked = healing.operator_asked(care)
+    assert asked.returned_for == ("XID 64",)
+    assert healing.not_returned(asked, Diagnosis(resettable=("XID 48",), operator=("XID 64",))) == ()
+    late = healing.not_returned(asked, Diagnosis(operator=("XID 64", "XID 79")))
+    assert late == ("XID 79",)
+    again = healing.returned_too_early(asked, late)
+    assert again.phase == NEEDS_OPERATOR and not again.operator_return and again.returned_for is None
+    assert again.note == "needs an operator: XID 79 reported since an operator asked to return it"
+    unknown = replace(asked, returned_for=None)  # the return of an agent that did not record what it covered
+    assert healing.not_returned(unknown, Diagnosis(operator=("XID 79",))) == ()
+    assert healing.not_returned(care, Diagnosis(operator=("XID 79",))) == ()  # no return pending
 
 
 def test_other_problems_and_self_healing_off() -> None:

@@ -63,6 +63,8 @@ def test_fields_of_a_newer_agent_are_kept_when_written_again() -> None:
         (lambda d: d["chips"][A].update(resets=[True]), "chips.GPU-a.resets holds True, not a time"),
         (lambda d: d["chips"][A].update(resets=[-5]), "chips.GPU-a.resets holds -5, not a time"),
         (lambda d: d["chips"][A].update(resetLimitReached="yes"), "chips.GPU-a.resetLimitReached is 'yes'"),
+        (lambda d: d["chips"][A].update(returnedFor="XID 48"), "chips.GPU-a.returnedFor is not a list"),
+        (lambda d: d["chips"][A].update(returnedFor=[48]), "chips.GPU-a.returnedFor"),
     ],
 )
 def test_a_malformed_record_is_refused_naming_what_is_wrong(change, named) -> None:  # type: ignore[no-untyped-def]
@@ -169,3 +171,15 @@ def test_a_restart_and_a_reboot_keep_the_reset_history_and_a_restart_keeps_the_l
     assert rebooted.xids == {}  # the reboot reset the chips: XID 48 forgotten, and the limit's hold with it
     assert rebooted.cares == {A: Care(A, 0, resets=(10.0, 20.0)), B: Care(B, 1, resets=(30.0,))}
     assert rebooted.cares[A].phase == HEALTHY
+
+
+def test_what_an_operators_return_covered_is_kept_across_a_restart_while_the_return_is_pending() -> None:
+    asked = Care(A, 0, phase=WAITING, causes=("XID 48",), operator_return=True, returned_for=("XID 48",))
+    entry = chip_record(asked, frozenset({48, 64}), "", wall_now=100.0, mono_now=5.0)
+    document = json.loads(record_text(record(GPU_a=entry)))
+    assert document["chips"][A]["returnedFor"] == ["XID 48"]
+    restarted = restore(parse_record(record_text(record(GPU_a=entry))), "boot-1", POLICY, wall_now=200.0, mono_now=1.0)
+    assert restarted.cares[A].operator_return and restarted.cares[A].returned_for == ("XID 48",)
+    done = chip_record(Care(A, 0, phase=NEEDS_OPERATOR, returned_for=("XID 48",)), frozenset({64}), "", wall_now=1.0,
+                       mono_now=1.0)  # fmt: skip
+    assert "returnedFor" not in json.loads(record_text(record(GPU_a=done)))["chips"][A]  # only while pending

@@ -86,6 +86,9 @@ class IxmlBackend:
             with LIBRARY_LOCK:
                 library = self._start()
                 devices = self._devices.enumerate(library)
+                # A reset lets go of the library and its XID waiter; after one that failed no discovery follows, and
+                # the XIDs would go unheard until the next: the poll waits for them again (a no-op while it runs).
+                self._xids.watch(library, {d.handle: d.chip.uuid for d in devices if d.handle is not None})
         except BackendError as exc:
             lost = ChipStatus(present=False, problems=(str(exc),))
             return {chip.uuid: lost for chip in inventory.chips()}
