@@ -135,15 +135,19 @@ def prepare_failures(
     quiet: Sequence[tuple[float, float]],
     broken: Sequence[Broken],
     chip_of: dict[str, int],
-    changes: Sequence[float] = (),
+    changes: Sequence[tuple[float, float]] = (),
     allocated_at: dict[str, float] | None = None,
 ) -> None:
     """No claim's prepare fails for a reason the agent caused: rightly only while what the agent stands on is away
     (within RESTART_NEAR_S of a quiet window, saying so: QUIET_WORDS), for a chip the soak had broken then, which
     the driver holds out until it is healed (BROKEN_WORDS, naming only chips broken then), or for a claim allocated
-    before a config change (`changes`, its times; `allocated_at`: pod -> the earliest its claims may have been
-    allocated) that the config in force cannot serve (CONFIG_WORDS), or whose chip such a claim holds (the scheduler
-    counts a share allocated before the change as no hold on a device the change made whole)."""
+    before a config change that the config in force cannot serve (CONFIG_WORDS), or whose chip such a claim holds
+    (the scheduler counts a share allocated before the change as no hold on a device the change made whole).
+
+    `changes`: each config change as (began, in force): the driver restarted with the new config somewhere between,
+    so a claim allocated before it was in force may meet the new driver from its beginning on. `allocated_at`: pod
+    -> the earliest its claims may have been allocated (the soak's last look before it saw them allocated, or the
+    pod's creation when it never saw them: it does not look while it changes the config)."""
     allocated_at = allocated_at or {}
     for failure in failures:
         text = failure.message
@@ -154,6 +158,6 @@ def prepare_failures(
         held_out = held_out and all(broken_then(chip, failure.at, broken) for chip in chips)
         pods = [failure.pod] + [re.sub(r"-c\d+$", "", claim) for claim in HOLDER.findall(text)]
         allocated = min(allocated_at.get(pod, failure.at) for pod in pods)
-        stale = any(allocated <= change <= failure.at for change in changes)
+        stale = any(allocated <= in_force and began <= failure.at for began, in_force in changes)
         stale = stale and any(words in text for words in CONFIG_WORDS)
         invariant.check(away or held_out or stale, failure.at, f"{failure.pod}: prepare failed: {text}")

@@ -25,6 +25,8 @@ class DraWatch:
         self.counted: dict[str, int] = {}  # Event name -> its count seen
         self.failures: list[dracheck.PrepareFailure] = []
         self.deleted_at: dict[str, float] = {}
+        self.created_at: dict[str, float] = {}  # pod -> when the soak created it (its claims with it)
+        self.changes: list[tuple[float, float]] = []  # each config change: (began, in force)
 
     # ------------------------------------------------------------------ the config
 
@@ -43,15 +45,17 @@ class DraWatch:
         """The operator's live change: `helm upgrade` of `config.content` (and the pod annotation, so that the
         revision's pods are its config's), then the driver's pod restarted: the driver reads its config at start
         (docs/dra.md), and a DaemonSet's rolling update is not waited for."""
+        began = self.soak.now()  # the upgrade's rolling update may start a driver with the new config at once
         self.soak.agent.config_index = index
         self.soak.agent.rollout()
-        self.restart_for_config(self.soak.now())
+        self.restart_for_config(began)
 
-    def followed(self, configs_before: int) -> None:
-        """After a fault: one that set another config (a `helm rollback` brings its revision's back) has it in
-        force once the driver's pod is restarted."""
+    def followed(self, configs_before: int, began: float) -> None:
+        """After a fault that began at `began`: one that set another config (a `helm rollback` brings its revision's
+        back, its rolling update starting a driver with it at once) has it in force once the driver's pod is
+        restarted."""
         if self.soak.mode == "dra" and len(self.soak.configs) > configs_before:
-            self.restart_for_config(self.soak.configs[-1][0])
+            self.restart_for_config(began)
 
     def restart_for_config(self, began: float) -> None:
         soak, agent = self.soak, self.soak.agent
@@ -62,6 +66,7 @@ class DraWatch:
         agent.wait_settled(other_than=container_id(pod))
         index = agent.config_index
         soak.configs.append((soak.now(), index))
+        self.changes.append((began, soak.now()))
         soak.quiet.append((began, soak.now() + CONFIG_QUIET_S))
         soak.note(
             f"config {index} in force: {DEVICE_PLUGIN_CONFIGS[index]} (pod restarted, {soak.now() - began:.1f} s)"
@@ -89,6 +94,11 @@ class DraWatch:
 
     # ------------------------------------------------------------------ prepares that failed
 
+    def created(self, name: str) -> None:
+        """The soak created the workload `name` now: none of its claims was allocated before."""
+        for pod in workload.pods_of(name):
+            self.created_at[pod] = self.soak.now()
+
     def read_events(self, at: float) -> None:
         """The kubelet's FailedPrepareDynamicResources Events on the soak's pods since the last read; those of a
         pod the soak has deleted by then are its own doing (the claim deleted with it)."""
@@ -107,7 +117,9 @@ class DraWatch:
 
     def judge(self, invariant: c.Invariant) -> None:
         soak = self.soak
-        changes = [at for at, _ in soak.configs[1:]]
-        # the earliest its claims may have been allocated (the soak does not look while it restarts the agent)
-        allocated = {a.pod: a.after for a in reversed(soak.allocations)}
-        dracheck.prepare_failures(invariant, self.failures, soak.quiet, soak.broken, soak.chip_of, changes, allocated)
+        # the earliest its claims may have been allocated: the soak's last look before it saw them allocated, else
+        # the pod's creation (the soak does not look while it restarts the agent)
+        allocated = self.created_at | {a.pod: a.after for a in reversed(soak.allocations)}
+        dracheck.prepare_failures(
+            invariant, self.failures, soak.quiet, soak.broken, soak.chip_of, self.changes, allocated
+        )

@@ -14,7 +14,7 @@ from . import limits
 from .observe import read_resets
 from .run import SoakRun
 from .schedule import CHIPS, FLAPPING, LYING, MODE_SWITCH, RESET_XIDS, Step
-from .windows import Windows
+from .windows import OFF_BUS, Windows
 
 RETURN_ANNOTATION = "iluvatar.com/gpu.return"
 NODE_DIR, NODE_RECORD = "iluvatar.com", "node-health.json"  # in the kubelet's plugins directory (README)
@@ -119,7 +119,7 @@ class FaultActions:
             self.later(step.duration, lambda: self.cooled(chips[0]))
         elif kind == "off-bus":
             hardware.set_present(chips[0], False)
-            self.broken(chips[0], "return", "fell off the bus")
+            self.broken(chips[0], "return", OFF_BUS)
             self.later(step.duration, lambda: self.back_on_bus(chips[0]))
         elif kind in ("agent-kill", "agent-restart"):
             self.restart_agent(kill=kind == "agent-kill")
@@ -268,12 +268,12 @@ class FaultActions:
         named there is a request (README, "The operator's way back"), and the last return may have named this one."""
         uuid = self.soak.hardware.uuids[chip]
         self.returned[chip] = self.soak.now()
-        certain = any(ch == chip and by == "return" for ch, _, by, _ in self.windows.open)
+        certain = self.windows.waits_for_return(chip, present=chip not in self.soak.hardware.absent)
         self.counts.returned(chip, self.soak.now(), certain)
         with contextlib.suppress(KubectlError, AssertionError):
             self.soak.admin("annotate", "node", self.soak.cluster.node_name, f"{RETURN_ANNOTATION}-")
         self.close(
-            lambda ch, since, by, why: ch == chip and by == "return" and why.startswith("fell off the bus"),
+            lambda ch, since, by, why: ch == chip and by == "return" and why.startswith(OFF_BUS),
             self.soak.now(),
             "returned by the operator",
         )

@@ -148,9 +148,9 @@ class Soak:
             self.dra.change_config(int(str(step.detail["config"])))
         else:
             self.faults_done.append(step)
-            configs = len(self.configs)
+            configs, began = len(self.configs), self.now()
             self.actions.do(step)
-            self.dra.followed(configs)
+            self.dra.followed(configs, began)
 
     def wind_down(self) -> None:
         """Faults over: everything healed, returned and deleted; then every chip must come back within the bound
@@ -203,6 +203,7 @@ class Soak:
                 self.admin.create(busybox_pod(name, STAY, gpus=int(shape.split("-")[1])), "-n", self.namespace)
             else:
                 claims, pods = workload.objects(name, shape, self.dra.unit())
+                self.dra.created(name)
                 self.admin.create(claims, "-n", self.namespace)
                 self.admin.create(pods, "-n", self.namespace)
             self.actions.created.append(name)

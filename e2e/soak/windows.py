@@ -24,6 +24,7 @@ from .checker import Broken
 SEEN_AFTER_S = 10.0
 
 Window = tuple[int, float, str, str]  # (chip, since, heals by: reset|return|clear|either, why)
+OFF_BUS = "fell off the bus"  # the why of a chip's window while it is gone from the bus
 
 
 class Windows:
@@ -84,6 +85,16 @@ class Windows:
         """Why each of the chip's open windows that opened at `at` or later is open: a reset seen late (a step held
         the soak up) that ended at `at` heals none of them."""
         return {why for ch, since, _, why in self.open if ch == chip and since >= at}
+
+    def waits_for_return(self, chip: int, present: bool) -> bool:
+        """The agent certainly waits for an operator's return of the chip (it takes the return: the chip's count of
+        resets cleared, the reset it makes the operator's): a window only a return heals is open for it, but for its
+        fall off the bus once it is `present` again. "Not present" keeps a chip out only while it stands (README,
+        "Self-healing GPUs"): back on the bus, the agent may put it back in service, or reset it for its other faults
+        as its own (counted), before the return lands; then it ignores the return (the chip waits for none)."""
+        return any(
+            ch == chip and by == "return" and not (present and why.startswith(OFF_BUS)) for ch, _, by, why in self.open
+        )
 
     def certainly_broken(self, chip: int) -> bool:
         return any(w[0] == chip and (w[0], w[1]) not in self.maybe for w in self.open)

@@ -245,5 +245,27 @@ def test_a_claim_the_config_in_force_cannot_serve_is_refused_rightly_only_if_all
     ]
     allocated = {"before": 40.0, "after": 60.0, "gone": 10.0, "other": 10.0, "whole": 70.0, "whole2": 70.0}
     allocated |= {"held": 30.0, "new": 65.0}  # held: a share allocated before the change
-    dracheck.prepare_failures(invariant, failures, [], [], CHIP_OF, [50.0], allocated)
+    dracheck.prepare_failures(invariant, failures, [], [], CHIP_OF, [(48.0, 50.0)], allocated)
     assert [what.split(":")[0] for _, what in invariant.violations] == ["after", "other", "whole2"]
+
+
+def test_a_claim_allocated_before_a_change_is_in_force_may_be_refused_from_the_change_s_beginning() -> None:
+    """Seed 621430: a share claim made at 1110.8 (the soak never saw its allocation: a rollback to a config without
+    sharing held the soak up), refused at 1125.2 by the driver the rollback started, before the soak saw the config
+    in force (1125.4). Seed 902624: a claim refused at 1484.0 because a share allocated before a config change
+    (1481.3 - 1490.9) holds its chip. Neither is the agent's doing; a claim made after the change was in force, or
+    refused before it began, is."""
+    invariant = checker.Invariant("no admission refused by the agent")
+    unshared = "claim ns/soak-124-c0: device board-2 was allocated as a share, but it is not shared on this node now"
+    held = "claim ns/soak-166-c0: device gpu-2 (GPU-b2) is prepared for claim ns/soak-165-c1 (uid u)"
+    failures = [
+        dracheck.PrepareFailure(1125.2, "soak-124", unshared),
+        dracheck.PrepareFailure(1484.0, "soak-166", held),
+        dracheck.PrepareFailure(1130.0, "late", unshared),
+        dracheck.PrepareFailure(1111.0, "early", unshared),
+    ]
+    changes = [(1111.4, 1125.4), (1481.3, 1490.9)]
+    allocated = {"soak-124": 1110.8, "soak-166": 1483.5, "soak-165": 1470.0, "late": 1126.0, "early": 1100.0}
+    dracheck.prepare_failures(invariant, failures, [], [], CHIP_OF, changes, allocated)
+    assert invariant.checks == 4
+    assert [what.split(":")[0] for _, what in invariant.violations] == ["late", "early"]

@@ -8,6 +8,7 @@ from tests.helpers.soak_modules import load
 checker = load("checker")
 limits = load("limits")
 schedule = load("schedule")
+windows = load("windows")
 
 
 def test_flapping_and_lying_are_drawn_on_their_own_stream_in_soaks_long_enough() -> None:
@@ -117,3 +118,46 @@ def test_a_reset_in_no_episode_the_soak_knows_may_have_counted_so_the_next_fault
         counts.fault(0, 39.1, set()) == limits.EITHER
     )  # healed by a reset, or left to the soak's operator: not judged
     assert counts.fault(1, 39.1, set()) == limits.RESET  # the other chip's count is its own
+
+
+def back_on_the_bus(model: object, counts: object, chip: int, at: float, present: bool = True) -> None:
+    """The soak's operator returns a chip that fell off the bus, as faults.py does once it is back (or not yet)."""
+    counts.returned(chip, at, model.waits_for_return(chip, present))
+    model.close(lambda ch, since, by, why: ch == chip and why.startswith(windows.OFF_BUS), at, "returned")
+
+
+def test_a_chip_back_on_the_bus_may_be_reset_by_the_agent_before_the_return_so_its_count_is_not_known() -> None:
+    """Seed 621430, chip 3: reset once (1679.3), off the bus at 1699 with XIDs 46 and 62 meanwhile, back at 1704.0
+    and returned at once. The agent saw it present first and reset it for its XIDs as its own (counted: 2), then
+    ignored the return (the chip waited for none); at the ECC error of 1717 the limit left it to an operator. The
+    soak took the return as certain (count cleared) and waited for a reset that could not come."""
+    counts, model = limits.ResetCounts(4), windows.Windows([])
+    assert counts.fault(3, 1622.1, set()) == limits.RESET
+    counts.reset_seen(3, healed=True)
+    counts.healed(3, 1679.3)
+    model.add(3, 1699.0, "return", windows.OFF_BUS)
+    assert counts.fault(3, 1700.0, {"return"}) == limits.RESET
+    model.add(3, 1700.0, "reset", "XID 46")
+    assert not model.waits_for_return(3, present=True)
+    back_on_the_bus(model, counts, 3, 1704.0)
+    counts.reset_seen(3, healed=True)  # the agent's own reset, or the one the return asked for
+    counts.healed(3, 1704.2)
+    assert counts.fault(3, 1717.0, set()) == limits.EITHER  # reset, or left to the operator: returned later
+
+
+def test_a_return_while_the_chip_is_off_the_bus_or_needs_an_operator_for_more_is_certain() -> None:
+    model = windows.Windows([])
+    model.add(1, 10.0, "return", windows.OFF_BUS)
+    assert model.waits_for_return(1, present=False)
+    model.add(1, 11.0, "return", "XID 64")
+    assert model.waits_for_return(1, present=True)  # XID 64 keeps it out until the return, on the bus or not
+    assert not model.waits_for_return(0, present=True)
+    counts = limits.ResetCounts(2)
+    for at in (1.0, 5.0):
+        counts.fault(1, at, set())
+        counts.reset_seen(1, healed=True)
+        counts.healed(1, at + 1)
+    back_on_the_bus(model, counts, 1, 20.0)
+    counts.reset_seen(1, healed=True)  # the operator's: not counted, the count cleared
+    counts.healed(1, 20.5)
+    assert counts.fault(1, 40.0, set()) == limits.RESET

@@ -9,8 +9,9 @@ whole), with their legacy `ILUVATAR_COREX_*` twins, are set where `containers.py
 spec's own edits, in a device's, or nowhere, so that each container is told what it holds. Until then (and for a
 claim no known container uses) the spec's own edits name the claim's chips.
 
-One more CDI device, `<claim UID>-record`, which no container is given, sets the claim's own chips: the record a
-claim is read back from when the checkpoint is lost. Where containers.py places one, a relay (`Relay`): two
+One more CDI device, `<claim UID>-record`, which no container is given, sets the claim's own chips, and names its
+devices allocated with admin access (`IX_DRA_ADMIN_ACCESS`): the record a claim is read back from when the
+checkpoint is lost. Where containers.py places one, a relay (`Relay`): two
 env-only devices answered among the CDI IDs of two of the claim's devices. Its own kind keeps the spec apart from
 the device plugin's node-wide `iluvatar.com/gpu` spec, so both modes can share a node while it moves from one to
 the other.
@@ -49,6 +50,9 @@ _NODE = re.compile(rf"^{re.escape(DEVICE_NODE_PREFIX)}(\d{{1,{_MAX_DIGITS}}})$")
 
 _SPEC_FILE_PREFIX = f"{CLAIM_CDI_VENDOR}-{CLAIM_CDI_CLASS}_"
 RECORD_DEVICE = "record"  # <claim UID>-record: the claim's own chips, for the driver alone
+# In the record only: the claim's CDI devices (`<device>`, `<device>-<share ID>`) allocated with admin access, which
+# hold their chip for nobody; a claim read back without it would hold them whole and refuse the claims beside it.
+ADMIN_ACCESS_ENV = "IX_DRA_ADMIN_ACCESS"
 RELAY_DEVICE = "relay_env"  # <claim UID>-relay_env: no request name (a DNS label) or device name can be it
 RELAY_FIRST_DEVICE = "relay_first"  # <claim UID>-relay_first, likewise
 
@@ -68,7 +72,12 @@ def claim_spec_files(directory: Path) -> list[tuple[str, Path]]:
 
 def cdi_device_name(uid: str, device: str, share_id: str = "") -> str:
     """The claim's CDI device name for one allocated device (and share)."""
-    return f"{uid}-{device}-{share_id}" if share_id else f"{uid}-{device}"
+    return f"{uid}-{_device_part(device, share_id)}"
+
+
+def _device_part(device: str, share_id: str) -> str:
+    """A CDI device name of the claim without its UID: `<device>`, or `<device>-<share ID>` for a share."""
+    return f"{device}-{share_id}" if share_id else device
 
 
 def cdi_id(uid: str, device: str, share_id: str = "") -> str:
@@ -87,7 +96,9 @@ def claim_spec(
         name = cdi_device_name(uid, prepared.device, prepared.share_id)
         entries.append({"name": name, "containerEdits": {"deviceNodes": nodes}})
     own = Holding.of(prepared for prepared, _ in devices)
-    entries.append({"name": record_device_name(uid), "containerEdits": {"env": own.env()}})
+    admin = [_device_part(d.device, d.share_id) for d, _ in devices if d.admin]
+    record_env = [*own.env(), f"{ADMIN_ACCESS_ENV}={','.join(admin)}"] if admin else own.env()
+    entries.append({"name": record_device_name(uid), "containerEdits": {"env": record_env}})
     edits: dict[str, Any] = {}
     if control_nodes:
         edits["deviceNodes"] = [device_node(node, dev_root) for node in control_nodes]
@@ -273,7 +284,8 @@ def claim_from_spec(uid: str, spec: Any, pool: str) -> PreparedClaim:
     field when it is not one. Total: whatever another writer put in the file, nothing else is raised.
 
     Each device's chips are found by its device nodes: IX_VISIBLE_DEVICES lists the chips' UUIDs in the order
-    the devices first name them; its shares' slots come from IX_REPLICA_DEVICES.
+    the devices first name them; its shares' slots come from IX_REPLICA_DEVICES; its admin access from the record's
+    IX_DRA_ADMIN_ACCESS (a spec written before it was recorded reads as none).
     """
     if not isinstance(spec, dict):
         raise SpecError(f"expected a CDI spec (an object), got {kind_of(spec)}")
@@ -299,11 +311,13 @@ def claim_from_spec(uid: str, spec: Any, pool: str) -> PreparedClaim:
     if len(by_minor) != len(uuids) or len(named) != len(uuids):
         raise SpecError(f"{VISIBLE_DEVICES_ENV} names {len(uuids)} chips, the devices {len(named)} device nodes")
     replicas = [item for item in env.get(REPLICA_DEVICES_ENV, "").split(",") if "::" in item]
+    admin = set(env.get(ADMIN_ACCESS_ENV, "").split(",")) if record else set()
     devices = []
     for device, share_id, minors in listed:
         chips = tuple(by_minor[minor] for minor in minors)
         kind = BOARD if device.startswith(f"{BOARD}-") else CHIP
-        slots = _slots(chips[0] if chips else "", replicas, listed, device, share_id)
+        admin_access = _device_part(device, share_id) in admin
+        slots = () if admin_access else _slots(chips[0] if chips else "", replicas, listed, device, share_id)
         devices.append(
             PreparedDevice(
                 (),
@@ -311,6 +325,7 @@ def claim_from_spec(uid: str, spec: Any, pool: str) -> PreparedClaim:
                 device,
                 chips[0] if chips else "",
                 (cdi_id(uid, device, share_id),),
+                admin=admin_access,
                 share_id=share_id,
                 shares=max(1, len(slots)) if share_id else 0,
                 slots=slots,

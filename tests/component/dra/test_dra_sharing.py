@@ -100,6 +100,35 @@ async def test_four_shares_of_one_chip_and_unpreparing_one_leaves_three(node: Dr
     await kubelet.close()
 
 
+async def test_a_claim_with_admin_access_rebuilt_from_its_spec_still_holds_its_chip_for_nobody(
+    node: DraNode, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A monitoring claim (adminAccess) on gpu-0 and all the shares of gpu-1, the checkpoint made unreadable and the
+    driver stopped (a soak's checkpoint-unreadable fault and kill): at start both claims come back from their CDI
+    specs, the monitoring one still holding gpu-0 for nobody, so a share the scheduler allocated beside it (the
+    monitoring pod being deleted, its unprepare still to come) is prepared. Rebuilt without its admin access, it held
+    gpu-0 whole and refused it ("is prepared for claim unnamed")."""
+    driver = await node.start(config=SHARED)
+    await node.wait_slice(lambda devices: sorted(devices) == ["gpu-0", "gpu-1", "gpu-2", "gpu-3"])
+    kubelet = await node.kubelet(driver)
+    monitor, held = node.claim("monitor", ["gpu-0"], admin_access=True), node.claim("held", ["gpu-1"], shares=4)
+    for claim in (monitor, held):
+        assert answer(await kubelet.prepare([claim]), claim[2]).error == ""
+    await kubelet.close()
+    node.checkpoint_file.write_bytes(b"\x00{not json \xff")
+    await node.stop(driver)
+    restarted = await node.start(config=SHARED)
+    assert "2 claims rebuilt from their CDI specs" in caplog.text
+    assert [device.admin for device in restarted.state.claims[monitor[2]].devices] == [True]
+    assert json.loads(node.checkpoint_file.read_text())["claims"][monitor[2]]["devices"][0]["admin"] is True
+    kubelet = await node.kubelet(restarted)
+    work, rival = node.claim("work", ["gpu-0"], shares=1), node.claim("rival", ["gpu-1"])
+    assert answer(await kubelet.prepare([work]), work[2]).error == ""
+    assert "is prepared for claim unnamed" in answer(await kubelet.prepare([rival]), rival[2]).error  # shares held
+    assert answer(await kubelet.unprepare([monitor]), monitor[2]).error == ""
+    await kubelet.close()
+
+
 async def test_whole_boards_are_shared_when_boards_are_not_split(node: DraNode) -> None:
     driver = await node.start(config=Config(splitboard=False, replicas=2))
     await node.wait_slice(lambda devices: sorted(devices) == ["board-0", "board-2"])

@@ -195,6 +195,21 @@ def test_a_claim_is_rebuilt_from_its_spec_with_its_boards_and_shares() -> None:
         claim_from_spec("other", board.spec, POOL)
 
 
+def test_a_claim_rebuilt_from_its_spec_keeps_which_devices_were_given_with_admin_access() -> None:
+    view = node(policy=SlicePolicy(True, 4))
+    watched = claim("m", "gpu-0", "gpu-1", shares=1)
+    watched["status"]["allocation"]["devices"]["results"][0]["adminAccess"] = True
+    monitor = prepare(ClaimRef("default", "m", "m"), watched, view, {})
+    assert [d.admin for d in monitor.devices] == [True, False]
+    (record,) = [d for d in monitor.spec["devices"] if d["name"] == "m-record"]
+    assert f"IX_DRA_ADMIN_ACCESS=gpu-0-{monitor.devices[0].share_id}" in record["containerEdits"]["env"]
+    rebuilt = claim_from_spec("m", monitor.spec, POOL)
+    assert [(d.device, d.admin, d.slots) for d in rebuilt.devices] == [("gpu-0", True, ()), ("gpu-1", False, (0,))]
+    whole = prepared("w", "gpu-2")  # no admin access: the record says nothing of it
+    assert "IX_DRA_ADMIN_ACCESS" not in json.dumps(whole.spec)
+    assert [d.admin for d in claim_from_spec("w", whole.spec, POOL).devices] == [False]
+
+
 def test_the_claim_status_names_a_boards_chips_and_a_shares_id_and_slots() -> None:
     view = node(policy=SlicePolicy(True, 4))
     share = prepared("s", "gpu-1", view=view, shares=2)
