@@ -13,8 +13,8 @@ from . import checker as c
 from . import limits
 from .observe import read_resets
 from .run import SoakRun
-from .schedule import CHIPS, FLAPPING, LYING, MODE_SWITCH, RESET_XIDS, Step
-from .windows import OFF_BUS, Windows
+from .schedule import CHIPS, FLAPPING, LYING, MODE_SWITCH, OPERATOR_XID, RESET_XIDS, Step
+from .windows import OFF_BUS, Windows, listening_began
 
 RETURN_ANNOTATION = "iluvatar.com/gpu.return"
 NODE_DIR, NODE_RECORD = "iluvatar.com", "node-health.json"  # in the kubelet's plugins directory (README)
@@ -29,6 +29,7 @@ class FaultActions:
         self.windows = Windows(soak.broken)  # what is broken and what heals it
         self.returned: dict[int, float] = {}  # chip -> when an operator returned it
         self.switched: tuple[float, int] | None = None  # while the other mode acts: (since, its quiet window's index)
+        self.starts: list[tuple[float, float | None]] = []  # restarts and switches: while a new process may start
         self.counts = limits.ResetCounts(CHIPS)  # the reset limit and attempts, as far as the soak knows them
         self.lies: list[tuple[int, float, float | None]] = []  # (chip, since, until) its resets lied
         self.lied: dict[int, float] = {}  # chip -> when a reset that lied ended, while that left it broken
@@ -65,7 +66,9 @@ class FaultActions:
 
     def healed_by_reset(self, reset: c.Reset, chips: frozenset[int]) -> None:
         """A reset that succeeded heals what a reset heals on the simulated chips (those of `chips`: not one whose
-        reset lied), and returns what an operator returned before it."""
+        reset lied), and returns what an operator returned before it; the devices file no longer lists the XIDs it
+        healed, which a process that began listening before the soak saw the reset may have been sent
+        (windows.py)."""
         assert reset.ended is not None
         ended = reset.ended
         for chip in chips:  # seen late (a step held the soak up): a bit set after the reset ended stays
@@ -78,6 +81,14 @@ class FaultActions:
             return chip in chips and since < ended and by in ("reset", "either")
 
         self.close(heals, ended, f"healed by the reset ending at {ended:.1f}")
+        starts = [*self.starts, *((rollout.began, rollout.done) for rollout in self.soak.rollouts)]
+        for chip in sorted(chips):
+            dropped = self.soak.hardware.reset_healed(chip, self.windows.still_broken_xids().get(chip, []))
+            if dropped and listening_began(starts, ended):
+                self.soak.note(f"chip {chip}: XIDs {dropped} maybe sent again to a process that began listening")
+                self.windows.maybe_sent_again(chip, ended, dropped, (OPERATOR_XID,))
+                if OPERATOR_XID in dropped:
+                    self.later(limits.RETURN_AFTER_S, lambda chip=chip: self.limit_return(chip))
 
     def returned_awaits_reset(self, chip: int) -> None:
         """A return is no cure for an XID: the agent resets the chip once more and only a reset that succeeds brings
@@ -311,6 +322,7 @@ class FaultActions:
         elif not kill:
             soak.agent.restart()
         soak.quiet.append((began, soak.now()))
+        self.starts.append((began, soak.now()))
         how = "its container killed (SIGKILL), restarted by the kubelet" if kill else "its pod deleted, made again"
         soak.note(f"agent {how}: Ready again (pid {soak.agent.pid})")
 
@@ -362,6 +374,7 @@ class FaultActions:
             soak.quiet[index] = (since, soak.now() + 5)
             soak.away[-1] = (since, soak.now())
             self.switched = None
+        self.starts.append((began, soak.now()))
         soak.note(f"node switched to {to}: its pod Ready ({soak.now() - began:.1f} s, pid {soak.agent.pid})")
 
     def unreadable(self, kind: str) -> None:

@@ -100,6 +100,17 @@ class Hardware:
         self.sent = {(chip, xid) for chip, xids in self.xids.items() for xid in xids}
         self.write()
 
+    def reset_healed(self, chip: int, still_broken: Sequence[int]) -> list[int]:
+        """A reset healed the chip: its XIDs but `still_broken` (reported since the reset ended) leave the file, as a
+        chip reset no longer reports them to a process that begins listening after; the ones that left. A process
+        that was sent them keeps them in `sent`: it would not report them again while it runs."""
+        kept = self.xids.get(chip, [])
+        dropped = [xid for xid in kept if xid not in still_broken]
+        if dropped:
+            self.xids[chip] = [xid for xid in kept if xid in still_broken]
+            self.write()
+        return dropped
+
     def set_bit(self, chip: int, bit: str, on: bool) -> None:
         (self.bits.setdefault(chip, set()).add if on else self.bits.setdefault(chip, set()).discard)(bit)
         self.write()

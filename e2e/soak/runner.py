@@ -408,11 +408,8 @@ class Soak:
         return replicas * sum(1 for board in boards if all(healthy(chip) for chip in board))
 
     def counted_in(self, allocatable: int, chip: int) -> bool:
-        """Device plugin: whether the chip is in service, as far as one count tells: allocatable reaches what every
-        chip not certainly broken gives, and that is more than without this one (its unit counts)."""
-        broken = self.actions.windows.certainly_broken
-        serving = self.units_of(lambda other: not broken(other))
-        return allocatable >= serving > self.units_of(lambda other: not broken(other) and other != chip)
+        """Device plugin: whether the chip is in service, as far as one count tells (Windows.counted_in)."""
+        return self.actions.windows.counted_in(allocatable, chip, self.now(), self.units_of)
 
     def full_units(self) -> int:
         return CHIPS if self.mode == "dra" else self.units_of(lambda chip: True)

@@ -9,12 +9,17 @@ once, from what it knows: every chip it keeps out stays out) or the kill came fi
 hardware (the XIDs forgotten, the chips back in service). Both are right, and which one happened is up to timing, so
 each forgotten XID becomes a window that may have been forgotten (`maybe`): "broken not given" does not judge it,
 and its chip is not expected back in service until a reset or a return heals it, or it is seen in service again.
+
+The hardware's side has one such doubt too: a reset heals the chip, but the soak sees it only at its next look, and
+until then the devices file still lists the chip's XIDs; an agent process that began listening meanwhile (a pod on
+standby taking over, a restarted one) was sent them, and rightly takes the chip for broken again. Those XIDs become
+windows the agent may have been sent (`maybe` too), healed as the XID needs or once the chip is seen in service.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import replace
 
 from .checker import Broken
@@ -22,9 +27,19 @@ from .checker import Broken
 # A chip that may have been forgotten counts as forgotten once it is seen in service this long after: the node's
 # allocatable may still show what the agent served before the restart for one node-status update (10 s).
 SEEN_AFTER_S = 10.0
+# A chip broken this recently may still count in the node's allocatable: the agent's health poll, then the node's
+# status, updated every 10 s.
+STATUS_LAG_S = 12.0
 
 Window = tuple[int, float, str, str]  # (chip, since, heals by: reset|return|clear|either, why)
 OFF_BUS = "fell off the bus"  # the why of a chip's window while it is gone from the bus
+Healthy = Callable[[int], bool]  # chip -> whether it counts as healthy
+
+
+def listening_began(starts: Collection[tuple[float, float | None]], since: float) -> bool:
+    """Whether an agent process may have begun listening for XIDs at `since` or later: `starts` are the spans in
+    which one may (a restart until its pod is Ready, a rollout until it is done: None, not yet)."""
+    return any(end is None or end >= since for _, end in starts)
 
 
 class Windows:
@@ -64,12 +79,14 @@ class Windows:
 
     def forget_xids(self, at: float, why: str) -> None:
         """The agent's record made unreadable: each chip's open XID windows end here, and one window it may have
-        forgotten opens in their place, healed by a return if any of them waited for one, else by a reset."""
+        forgotten opens in their place, healed by a return if any of them waited for one, by either if one may have
+        (the reset limit), else by a reset."""
         xids = [w for w in self.open if w[3].startswith("XID")]
         self.close(lambda *window: window in xids, at, why)
         for chip in sorted({w[0] for w in xids}):
             mine = [w for w in xids if w[0] == chip]
-            heals_by = "return" if any(w[2] == "return" for w in mine) else "reset"
+            by = {w[2] for w in mine}
+            heals_by = "return" if "return" in by else "either" if "either" in by else "reset"
             self.add(chip, at, heals_by, f"{'; '.join(w[3] for w in mine)}; maybe forgotten", maybe=True)
 
     def seen_back(self, at: float, in_service: Callable[[int], bool]) -> None:
@@ -81,6 +98,26 @@ class Windows:
 
         self.close(forgotten, at, "in service again: the agent forgot it")
 
+    def maybe_sent_again(self, chip: int, at: float, xids: list[int], operator_xids: Collection[int]) -> None:
+        """A reset ending at `at` healed the chip, but the soak saw it late and a process may have begun listening
+        since: it may have been sent these XIDs, which the file still listed, and keep the chip out for them. One
+        window (a window is known by its chip and start), healed by a return if one of them needs an operator."""
+        heals_by = "return" if set(xids) & set(operator_xids) else "reset"
+        why = "; ".join(f"XID {xid}" for xid in xids)
+        self.add(chip, at, heals_by, f"{why}; maybe sent again after the reset", maybe=True)
+
+    def counted_in(self, allocatable: int, chip: int, at: float, units_of: Callable[[Healthy], int]) -> bool:
+        """Device plugin: whether the chip is in service, as far as one count tells: allocatable reaches what every
+        chip not certainly broken gives, and is more than the other chips could give, a chip broken less than
+        STATUS_LAG_S ago counting as one the node may still show (its allocatable lags the agent)."""
+
+        def shown(other: int) -> bool:
+            since = min((s for c, s, _, _ in self.open if c == other and (c, s) not in self.maybe), default=None)
+            return since is None or at - since < STATUS_LAG_S
+
+        serving = units_of(lambda other: not self.certainly_broken(other))
+        return allocatable >= serving and allocatable > units_of(lambda other: other != chip and shown(other))
+
     def opened_since(self, chip: int, at: float) -> set[str]:
         """Why each of the chip's open windows that opened at `at` or later is open: a reset seen late (a step held
         the soak up) that ended at `at` heals none of them."""
@@ -91,10 +128,13 @@ class Windows:
         resets cleared, the reset it makes the operator's): a window only a return heals is open for it, but for its
         fall off the bus once it is `present` again. "Not present" keeps a chip out only while it stands (README,
         "Self-healing GPUs"): back on the bus, the agent may put it back in service, or reset it for its other faults
-        as its own (counted), before the return lands; then it ignores the return (the chip waits for none)."""
-        return any(
-            ch == chip and by == "return" and not (present and why.startswith(OFF_BUS)) for ch, _, by, why in self.open
-        )
+        as its own (counted), before the return lands; then it ignores the return (the chip waits for none). A window
+        the agent may have forgotten makes no return certain either."""
+
+        def certain(ch: int, since: float, by: str, why: str) -> bool:
+            return ch == chip and by == "return" and (ch, since) not in self.maybe
+
+        return any(certain(*w) and not (present and w[3].startswith(OFF_BUS)) for w in self.open)
 
     def certainly_broken(self, chip: int) -> bool:
         return any(w[0] == chip and (w[0], w[1]) not in self.maybe for w in self.open)

@@ -8,9 +8,12 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import yaml
 
+from ix_device_plugin.hardware import simulated
+from ix_device_plugin.hardware.backend import XidEvent
 from tests.helpers.host_tools import cap_sys_admin_missing, require
 from tests.helpers.soak_modules import SOAK, load
 
@@ -48,6 +51,89 @@ def test_an_xid_of_a_chip_still_broken_is_in_the_file_for_the_new_process(tmp_pa
     chips.agent_restarted({2: [48]}, [OLD])
     assert "48" in chips.devices.read_text()
     assert not chips.raise_xid(2, 48, [NEW])  # in the file: the new process reports it when it reads the file
+
+
+def xids_sent_to_a_process_listening_now(chips: object, dev_root: Path) -> list[tuple[int, int]]:
+    """What the agent's simulated backend, started on the soak's devices file and listening for XIDs now, is sent."""
+    backend = simulated.SimulatedBackend(str(chips.devices), dev_root=dev_root)  # type: ignore[attr-defined]
+    sent: list[XidEvent] = []
+    backend.watch_xids(sent.append)
+    backend.discover()
+    return [(chips.uuids.index(event.uuid), event.xid) for event in sent]  # type: ignore[attr-defined]
+
+
+def test_a_reset_that_healed_a_chip_takes_its_xids_out_of_the_file_kept_for_a_process_on_standby(
+    tmp_path: Path,
+) -> None:
+    """Seed 464865 (device plugin, 30 min): chip 1 with XIDs 48 and 64 when a rollout was asked for, so the file kept
+    them for the new pod; the old pod reset the chip 9 s later and the new one, on standby, took over 5 s after that:
+    sent XIDs 48 and 64 as it began listening, it rightly left the chip to an operator, which "back in service" called
+    a chip not back. A healed chip no longer reports them; the process that was sent them does not report them again."""
+    chips = hardware.Hardware(tmp_path / "hardware")
+    assert chips.raise_xid(1, 48, [OLD]) and chips.raise_xid(1, 64, [OLD]) and chips.raise_xid(3, 61, [OLD])
+    chips.agent_restarted({1: [48, 64], 3: [61]}, [OLD])  # the rollout: the new pod starts on standby
+    assert xids_sent_to_a_process_listening_now(chips, tmp_path) == [(1, 48), (1, 64), (3, 61)]
+    assert chips.reset_healed(1, []) == [48, 64]  # the old pod's reset of chip 1, seen by the soak
+    assert xids_sent_to_a_process_listening_now(chips, tmp_path) == [(3, 61)]  # the new pod takes over now
+    assert not chips.raise_xid(1, 48, [OLD, NEW])  # the old process would still ignore it
+    assert chips.reset_healed(3, [61]) == []  # XID 61 reported again after the reset ended: it stays
+    assert chips.reset_healed(1, []) == []
+
+
+class SoakStandIn:
+    """What the fault actions see of a soak (e2e/soak/run.py's SoakRun), at a time the test sets."""
+
+    def __init__(self, directory: Path) -> None:
+        self.hardware = hardware.Hardware(directory)
+        self.agent = SimpleNamespace(pids=[OLD])
+        self.broken: list[object] = []
+        self.rollouts: list[object] = []
+        self.notes: list[str] = []
+        self.at = 0.0
+
+    def now(self) -> float:
+        return self.at
+
+    def note(self, text: str) -> None:
+        self.notes.append(text)
+
+
+def rollout_then_reset(tmp_path: Path, rollout_done: float | None) -> tuple[SoakStandIn, object]:
+    """Seed 464865's chip 1: XID 48, then XID 64 (returned, so it waits for a reset), a rollout asked for at 428.0,
+    the old pod's reset ending at 437.5, seen by the soak at 438.3."""
+    faults, checker = load("faults"), load("checker")
+    soak = SoakStandIn(tmp_path / "hardware")
+    actions = faults.FaultActions(soak)
+    soak.at = 360.9
+    actions.xid(1, 48, "xid-reset")
+    soak.at = 385.3
+    actions.xid(1, 64, "xid-operator")
+    actions.windows.awaits_reset(1, 400.9)
+    soak.rollouts.append(checker.Rollout(428.0, 8, "rollout to revision 13", rollout_done))
+    soak.hardware.agent_restarted(actions.windows.still_broken_xids(), soak.agent.pids)  # as new_agent_process
+    soak.at = 438.3
+    actions.reset_seen(checker.Reset(437.3, 437.5, frozenset({1}), ok=True))
+    return soak, actions
+
+
+def test_a_reset_seen_after_a_pod_on_standby_may_have_begun_listening_leaves_its_xids_in_doubt(tmp_path: Path) -> None:
+    """The rollout not done when the reset ended: the new pod may have taken over in the 0.8 s before the soak saw
+    the reset, and been sent both XIDs; the chip is not expected back until seen in service, or healed."""
+    checker = load("checker")
+    soak, actions = rollout_then_reset(tmp_path, rollout_done=None)
+    assert xids_sent_to_a_process_listening_now(soak.hardware, tmp_path) == []
+    assert not checker.healthy_since(1, 467.6, soak.broken, [])  # the first violation's time: not judged now
+    assert not actions.windows.certainly_broken(1) and any("maybe sent again" in note for note in soak.notes)
+    actions.windows.seen_back(447.6, lambda chip: True)  # the new pod did not get them: the chip in service
+    assert checker.healthy_since(1, 447.6 + checker.BOUND_S, soak.broken, [])
+
+
+def test_a_reset_after_the_rollout_was_done_heals_its_chip_for_certain(tmp_path: Path) -> None:
+    checker = load("checker")
+    soak, actions = rollout_then_reset(tmp_path, rollout_done=436.0)
+    assert xids_sent_to_a_process_listening_now(soak.hardware, tmp_path) == []
+    assert actions.windows.open == [] and soak.notes == []
+    assert checker.healthy_since(1, 467.6, soak.broken, [])
 
 
 def run_ixsmi(chips: object, *prefix: str) -> subprocess.CompletedProcess[str]:

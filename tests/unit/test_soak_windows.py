@@ -7,6 +7,7 @@ from __future__ import annotations
 from tests.helpers.soak_modules import load
 
 checker = load("checker")
+limits = load("limits")
 windows = load("windows")
 
 FORGOTTEN_AT = 20.0
@@ -90,3 +91,78 @@ def test_a_reset_seen_late_heals_only_what_broke_before_it_ended() -> None:
     assert model.opened_since(3, 31.2) == {"health Memory"}
     model.close(lambda chip, since, by, why: chip == 3 and since < 31.2 and by == "reset", 31.2, "healed")
     assert model.open == [(3, 31.8, "reset", "health Memory")]
+
+
+def split_replicas_2(healthy) -> int:  # type: ignore[no-untyped-def]
+    """The device plugin's allocatable with splitboard and 2 replicas: 2 a chip."""
+    return 2 * sum(1 for chip in range(4) if healthy(chip))
+
+
+def test_a_chip_broken_moments_ago_may_still_count_in_allocatable_so_another_is_not_taken_as_forgotten() -> None:
+    """Seed 464865 (device plugin, 30 min): chip 1's XID 48 maybe forgotten at 1708.2; chip 2 got MC at 1728.2, and
+    at 1728.3 the node's allocatable, 6, still counted chip 2 (the agent had not said it yet) and not chip 1, which
+    the agent remembered at its reset limit. Taken as chip 1 in service, the model forgot it, expected it reset at
+    its next XID and reported it never healed."""
+    broken: list = []
+    model = windows.Windows(broken)
+    model.add(1, 1668.9, "reset", "XID 48")
+    model.forget_xids(1708.2, "the node-health record made unreadable")
+    model.add(2, 1728.2, "reset", "health MC")
+    assert not model.counted_in(6, 1, 1728.3, split_replicas_2)
+    model.seen_back(1728.3, lambda chip: model.counted_in(6, chip, 1728.3, split_replicas_2))
+    assert any(window[0] == 1 for window in model.open)
+    settled = 1728.2 + windows.STATUS_LAG_S + 1  # the node's allocatable shows chip 2 out by now
+    assert not model.counted_in(4, 1, settled, split_replicas_2)  # chips 0 and 3
+    assert model.counted_in(6, 1, settled, split_replicas_2)  # chips 0, 1 and 3: the agent forgot chip 1
+    assert model.counted_in(8, 1, 1728.3, split_replicas_2)  # every chip: chip 1 with them
+
+
+def test_a_return_of_a_chip_only_back_on_the_bus_is_no_certain_request_and_its_resets_may_count() -> None:
+    """Seed 464865: chip 1 back on the bus at 1456.2 and returned at 1456.5; the agent saw it back first (the chip
+    not present no longer stood) and took the return for no request, so its next reset (1487.6) was its own and
+    counted, and with the one at 1572.6 chip 1 was at its limit at XID 48 (1668.9). The model took the return for
+    certain, the reset for the operator's, and expected a reset that the limit rightly forbade."""
+    broken: list = []
+    model = windows.Windows(broken)
+    counts = limits.ResetCounts(4)
+    model.add(1, 1446.0, "return", "fell off the bus")
+    assert not model.waits_for_return(1, present=True)
+    counts.returned(1, 1456.5, model.waits_for_return(1, present=True))
+    for fault, ended in ((1463.2, 1487.6), (1570.3, 1572.6)):
+        assert counts.fault(1, fault, set()) == limits.RESET
+        assert not counts.reset_seen(1, healed=True)
+        counts.healed(1, ended)
+    assert counts.fault(1, 1668.9, set()) == limits.EITHER  # the soak's operator returns it: healed either way
+    model.add(3, 1500.0, "return", "fell off the bus")
+    model.add(3, 1501.0, "return", "XID 64")
+    assert model.waits_for_return(3, present=True)  # an XID that needs an operator: the agent waits for the return
+
+
+def test_xids_a_process_may_have_been_sent_after_the_reset_that_healed_them_are_not_held_against_it() -> None:
+    """A reset the soak saw late, while a rollout's new pod may have taken over (and begun listening): the XIDs the
+    file still listed may have reached it, so its chip is not expected back until the XID's cure or seen in
+    service; nothing of it is judged broken either."""
+    assert windows.listening_began([(428.0, None)], 437.5)  # a rollout under way
+    assert windows.listening_began([(428.0, 451.0)], 437.5)
+    assert not windows.listening_began([(428.0, 451.0), (300.0, 309.0)], 452.0)  # done before the reset ended
+    broken: list = []
+    model = windows.Windows(broken)
+    model.maybe_sent_again(1, 437.5, [48, 64], (64,))
+    assert model.open == [(1, 437.5, "return", "XID 48; XID 64; maybe sent again after the reset")]
+    model.maybe_sent_again(2, 437.5, [61], (64,))
+    assert model.open[-1] == (2, 437.5, "reset", "XID 61; maybe sent again after the reset")
+    assert (
+        all(b.maybe for b in broken) and not model.certainly_broken(1) and not model.waits_for_return(1, present=True)
+    )
+    assert not checker.healthy_since(1, 437.5 + checker.BOUND_S + 1, broken, [])
+    assert model.still_broken_xids() == {}  # a new process is not sent them again
+    model.seen_back(437.5 + windows.SEEN_AFTER_S + 1, lambda chip: True)
+    assert model.open == [] and all(b.until == 437.5 + windows.SEEN_AFTER_S + 1 for b in broken)
+
+
+def test_a_forgotten_xid_that_may_have_been_left_to_an_operator_is_still_returned() -> None:
+    broken: list = []
+    model = windows.Windows(broken)
+    model.add(1, 10.0, "either", "XID 48")  # maybe past the reset limit: the soak's operator returns it
+    model.forget_xids(FORGOTTEN_AT, "unreadable")
+    assert model.open == [(1, FORGOTTEN_AT, "either", "XID 48; maybe forgotten")]
