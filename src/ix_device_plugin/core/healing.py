@@ -149,6 +149,8 @@ def observe(care: Care, diagnosis: Diagnosis, now: float, rules: Rules, healing:
     if care.operator_return and care.phase == WAITING:
         return care  # one more reset, whatever the causes
     if diagnosis.operator:
+        if care.phase == NEEDS_OPERATOR and (care.limited or left_unreset(care)):
+            return care  # left to an operator for a reason of its own, which its note keeps saying (and decides on)
         return replace(care, phase=NEEDS_OPERATOR, note=f"needs an operator: {', '.join(diagnosis.operator)}")
     if not diagnosis.resettable:
         return replace(care, phase=OUT, note=f"out of service until it clears: {', '.join(diagnosis.other)}")

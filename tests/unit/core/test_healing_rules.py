@@ -216,3 +216,16 @@ def test_a_chip_whose_reset_was_cut_short_is_reset_again_whatever_its_health_rea
     assert healing.observe(Care("GPU-a", 0), healthy, 10.0, RULES, False, cut_short=True).phase == OFF
     operator = Diagnosis(operator=("XID 64",))
     assert healing.observe(cut, operator, 10.0, RULES, True, cut_short=True).phase == NEEDS_OPERATOR
+
+
+def test_a_chip_left_to_an_operator_for_a_reason_of_its_own_keeps_it_through_a_passing_operator_error() -> None:
+    """A chip that cannot be reset here, or is at its reset limit, gets an OverTemp that cools again: its note still
+    says why it waits (and, for the first, still decides that an operator's return runs no ixsmi)."""
+    unavailable = healing.unavailable(Care("GPU-a", 0, causes=("XID 48",)), "ixsmi needs CAP_SYS_ADMIN")
+    limited = replace(unavailable, note="reset 2 times within 24h: not reset again automatically", limited=True)
+    for care in (unavailable, limited):
+        hot = healing.observe(care, Diagnosis(resettable=("XID 48",), operator=("OverTemp",)), 1.0, RULES, True)
+        assert hot.note == care.note and hot.causes == ("XID 48", "OverTemp")
+        cooled = healing.observe(hot, Diagnosis(resettable=("XID 48",)), 2.0, RULES, True)
+        assert cooled.phase == NEEDS_OPERATOR and cooled.note == care.note
+    assert healing.left_unreset(cooled) is False and healing.left_unreset(unavailable)
