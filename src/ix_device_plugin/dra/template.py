@@ -64,7 +64,7 @@ def check_node_name(node: str) -> str:
 def template_slices(
     product: str,
     boards: int | str,
-    policy: SlicePolicy = SlicePolicy(),
+    policy: SlicePolicy,
     node: str = DEFAULT_NODE,
     driver_version: str = DEFAULT_DRIVER_VERSION,
 ) -> list[dict[str, Any]]:
@@ -75,4 +75,3 @@ def template_slices(
     devices, counter_sets = pool_devices(content, {})  # no PCIe roots: the simulated node's sysfs has none
     objects = pool_objects(check_node_name(node), devices, FIRST_GENERATION, None, counter_sets)
     return [{"apiVersion": RESOURCE_SLICE.api_version, "kind": RESOURCE_SLICE.kind, **obj} for obj in objects]
-
