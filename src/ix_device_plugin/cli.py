@@ -1,4 +1,4 @@
-"""Command line: `ix-device-plugin [run|list|demo|check-config|cdi generate|dra|reset-helper]`.
+"""Command line: `ix-device-plugin [run|list|demo|check-config|cdi generate|dra|reset-helper|template]`.
 
 Parse the command line once, resolve the mode's settings once (flags, environment, defaults), then hand
 the result to the command. Bad flags and variables exit 2 before anything starts.
@@ -19,7 +19,7 @@ from ix_device_plugin.apiserver.settings import KubeConfigError, KubeSettings, s
 from ix_device_plugin.runtime import earlystop
 from ix_device_plugin.runtime.logs import setup as setup_logging
 from ix_device_plugin.runtime.memory import limit_malloc_arenas
-from ix_device_plugin.settings.argv import CHECK_CONFIG, Command, parse_command_line
+from ix_device_plugin.settings.argv import CHECK_CONFIG, TEMPLATE, Command, parse_command_line
 from ix_device_plugin.settings.errors import SettingsError
 from ix_device_plugin.settings.options import (
     DraOptions,
@@ -50,6 +50,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         assert command.path is not None
         return check_config(command.path, command.strict)
+    if command.mode == TEMPLATE:
+        from ix_device_plugin.tools.nodetemplate import template_command
+
+        return template_command(command.arguments, command.output)
     try:
         settings = resolve(command.mode, command.flags, env, command.upstream)
         start = _PREPARE[command.mode](command, settings, env)

@@ -299,3 +299,20 @@ async def test_dra_says_once_which_variables_and_config_keys_it_does_not_use(sho
         "IX_USE_VOLCANO (a device plugin setting)"
     ) in log
     assert log.count(f"{config}: keys dra does not use, ignored: sharing.timeSlicing.renameByDefault (line 5)") == 1
+
+
+def test_template_prints_the_slices_and_refuses_bad_input_with_exit_2(tmp_path: Path) -> None:
+    result = cli("template", "--product", "BI-V150", "--boards", "2", "--output", "json")
+    assert result.returncode == 0, result.stderr
+    assert [item["kind"] for item in json.loads(result.stdout)["items"]] == ["ResourceSlice", "ResourceSlice"]
+    config = tmp_path / "ix-config"
+    config.write_text("flags: [")
+    for argv, said in [
+        (["--product", "XYZ", "--boards", "2"], "--product: unknown product 'XYZ' (known: BI-V150, "),
+        (["--product", "BI-V150", "--boards", "-1"], "--boards: expected a whole number from 1 to 256, got '-1'"),
+        (["--product", "BI-V150", "--boards", "2", "--config", str(config)], f"{config}: "),
+    ]:
+        result = cli("template", *argv)
+        assert (result.returncode, result.stdout) == (2, ""), argv
+        assert result.stderr.startswith(f"ix-device-plugin template: error: {said}"), result.stderr
+        assert "Traceback" not in result.stderr

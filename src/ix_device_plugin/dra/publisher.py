@@ -253,14 +253,7 @@ class SlicePublisher:
         with whatever is not known yet, as if the server kept it."""
         counters = self.counters is not False
         boards = counters if assume_kept else self.counters is True
-        devices = slice_devices(content, roots, self.taints is not False, counters, boards)
-        sets = [counter_set_body(counter_set) for counter_set in content.counter_sets] if counters else []
-        if self.sharing is False:  # as the server stores them, so that nothing is written again at rest
-            for device in devices:
-                device.pop("allowMultipleAllocations", None)
-                for capacity in (device.get("capacity") or {}).values():
-                    capacity.pop("requestPolicy", None)
-        return devices, sets
+        return pool_devices(content, roots, self.taints is not False, counters, boards, self.sharing is not False)
 
     def _learn_from_stored(self, stored: list[dict[str, Any]]) -> None:
         """What the slices stored by an earlier run show the server keeps: a restart that changes nothing writes
@@ -321,8 +314,7 @@ class SlicePublisher:
         content, roots = self._wanted
         if self.counters is not False or not content.counter_sets:
             return
-        devices = slice_devices(content, roots, self.taints is not False, counters=True, boards=True)
-        sets = [counter_set_body(counter_set) for counter_set in content.counter_sets]
+        devices, sets = pool_devices(content, roots, self.taints is not False)
         try:
             answers = await self._dry_run_pool(devices, sets)
         except KubeInvalid as error:
@@ -371,6 +363,26 @@ class SlicePublisher:
             f"; unhealthy, left out: {', '.join(left_out)}" if left_out else "",
             f"; unhealthy, tainted: {', '.join(tainted)}" if tainted else "",
         )
+
+
+def pool_devices(
+    content: SliceContent,
+    roots: Mapping[str, str],
+    taints: bool = True,
+    counters: bool = True,
+    boards: bool = True,
+    sharing: bool = True,
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The devices and counter sets the pool publishes for content, as far as the API server keeps device taints,
+    shared counters (boards: and the board devices that need them) and allowMultipleAllocations (sharing)."""
+    devices = slice_devices(content, roots, taints, counters, boards)
+    sets = [counter_set_body(counter_set) for counter_set in content.counter_sets] if counters else []
+    if not sharing:  # as the server stores them, so that nothing is written again at rest
+        for device in devices:
+            device.pop("allowMultipleAllocations", None)
+            for capacity in (device.get("capacity") or {}).values():
+                capacity.pop("requestPolicy", None)
+    return devices, sets
 
 
 def _said(error: KubeError) -> str:

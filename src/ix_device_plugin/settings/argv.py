@@ -27,7 +27,9 @@ from ix_device_plugin.settings.table import (
 )
 
 CHECK_CONFIG = "check-config"
-COMMANDS = ("run", "list", "demo", CHECK_CONFIG, "cdi", "dra", RESET_HELPER)
+TEMPLATE = "template"
+COMMANDS = ("run", "list", "demo", CHECK_CONFIG, "cdi", "dra", RESET_HELPER, TEMPLATE)
+TEMPLATE_ARGUMENTS = ("product", "boards", "config_file", "node", "driver_version")
 
 
 @dataclass(frozen=True)
@@ -41,6 +43,7 @@ class Command:
     output: str | None = None  # list, demo: text or json; cdi generate: the file to write
     path: str | None = None  # check-config: the file to check
     strict: bool = False  # check-config --strict
+    arguments: dict[str, str | None] = field(default_factory=dict)  # template: its own flags, by name (None: not given)
 
 
 def parse_command_line(argv: Sequence[str], version: str) -> Command:
@@ -68,7 +71,8 @@ def parse_command_line(argv: Sequence[str], version: str) -> Command:
         if (given := getattr(namespace, _upstream_dest(setting), None)) is not None
     }
     output, path, strict = (getattr(namespace, name, None) for name in ("output", "path", "strict"))
-    return Command(mode, flags, upstream_flags, output, path, bool(strict))
+    arguments = {name: getattr(namespace, name) for name in TEMPLATE_ARGUMENTS} if mode == TEMPLATE else {}
+    return Command(mode, flags, upstream_flags, output, path, bool(strict), arguments)
 
 
 def _mode(namespace: argparse.Namespace) -> str:
@@ -138,7 +142,24 @@ def build_parser(version: str) -> tuple[argparse.ArgumentParser, dict[str, argpa
     )
     modes = {RUN: run, LIST: lister, LIST_DRA: lister, DEMO: demo, CDI_GENERATE: generate, DRA: dra}
     modes[RESET_HELPER] = helper
-    return parser, {**modes, CHECK_CONFIG: check}
+    return parser, {**modes, CHECK_CONFIG: check, TEMPLATE: _template_parser(sub)}
+
+
+def _template_parser(sub: Any) -> argparse.ArgumentParser:
+    """`template`: the ResourceSlices a node of a given shape would publish (its flags are its own, in no table)."""
+    template = sub.add_parser(
+        TEMPLATE,
+        help="print the ResourceSlices a node of a given shape and ix-config would publish (autoscalers' templates)",
+    )
+    template.add_argument("--product", required=True, help="the boards' product, e.g. BI-V150")
+    template.add_argument("--boards", required=True, metavar="N", help="how many boards the node has")
+    template.add_argument(
+        "--config", dest="config_file", metavar="PATH", help="the node's ix-config file (default: the defaults)"
+    )
+    template.add_argument("--node", metavar="NAME", help="the node name the slices and their pool carry")
+    template.add_argument("--driver-version", metavar="V", help="the CoreX driver version the node reports")
+    template.add_argument("--output", choices=("yaml", "json"), default="yaml")
+    return template
 
 
 def _add_settings(
