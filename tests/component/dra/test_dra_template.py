@@ -28,7 +28,7 @@ SHAPES = [  # product, boards, ix-config, what the pool holds (devices, slices)
     pytest.param("BI-V150", 2, SPLIT, (6, 2), id="split"),
     pytest.param("BI-V150", 2, SHARED_BOARDS, (2, 1), id="replicas-2-boards"),
     pytest.param("BI-V150", 2, SHARED_CHIPS, (4, 1), id="replicas-4-chips"),
-    pytest.param("MR-V50", 3, SPLIT, (3, 1), id="single-chip"),
+    pytest.param("MR-V50", 3, SPLIT, (3, 2), id="single-chip"),  # a counter set per board: chips
     pytest.param("BI-V150", 40, UNSPLIT, (120, 2 + 5), id="40-boards-in-7-slices"),
 ]
 
