@@ -44,8 +44,9 @@ class FaultActions:
         self.windows.close(match, at, how)
 
     def reset_seen(self, reset: c.Reset) -> None:
-        """A run of ixsmi ended: one that succeeded and did not lie heals what a reset heals; each chip it ran for in
-        an episode of faults counts for the reset limit and its attempts (limits.py)."""
+        """A run of ixsmi ended: one that succeeded and did not lie heals what a reset heals, and one certainly honest
+        ends the chip's lie; each chip it ran for in an episode of faults counts for the reset limit and its attempts
+        (limits.py)."""
         assert reset.ended is not None
         ended = reset.ended
         lied = {chip for chip in reset.chips if limits.lying_at(self.lies, chip, ended)}
@@ -54,6 +55,9 @@ class FaultActions:
             self.counts.unexplained(chip)
         if reset.ok:
             self.healed_by_reset(reset, frozenset(reset.chips - lied))
+            for chip in reset.chips:  # truly reset: an XID it may be sent again is no lie (windows.py judges it)
+                if limits.honest_at(self.lies, chip, ended):
+                    self.lied.pop(chip, None)
         for chip in sorted(episode):
             healed = not any(w[0] == chip for w in self.windows.open)
             if chip in lied and reset.ok:

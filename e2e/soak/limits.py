@@ -179,3 +179,9 @@ def lying_at(lies: Sequence[tuple[int, float, float | None]], chip: int, ended: 
     return any(
         c == chip and since + margin <= ended and (until is None or ended <= until - margin) for c, since, until in lies
     )
+
+
+def honest_at(lies: Sequence[tuple[int, float, float | None]], chip: int, ended: float, margin: float = 1.0) -> bool:
+    """Whether a reset of the chip ending at `ended` certainly did not lie: it ended `margin` or more outside each of
+    the chip's lies."""
+    return not lying_at(lies, chip, ended, -margin)

@@ -5,8 +5,9 @@ from __future__ import annotations
 import ast
 import importlib.util
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from types import ModuleType
+from types import ModuleType, SimpleNamespace
 
 SOAK = Path(__file__).resolve().parents[2] / "e2e" / "soak"
 
@@ -36,3 +37,32 @@ def imported_modules(path: Path) -> set[str]:
         elif isinstance(node, ast.ImportFrom):
             found.add("." * node.level + (node.module or ""))
     return found
+
+
+class SoakStandIn:
+    """What the fault actions (e2e/soak/faults.py) see of a soak (e2e/soak/run.py's SoakRun), at a time the test
+    sets: the simulated hardware in `directory`, one agent process `pid`, the device plugin's mode with one unit per
+    board of two chips, each counted while both its chips are healthy."""
+
+    def __init__(self, directory: Path, pid: int) -> None:
+        if str(SOAK.parent) not in sys.path:
+            sys.path.insert(0, str(SOAK.parent))  # hardware.py names the chips as the e2e harness does
+        checker = load("checker")
+        self.hardware = load("hardware").Hardware(directory)
+        self.agent = SimpleNamespace(pids=[pid])
+        self.mode = "device-plugin"
+        self.broken: list[object] = []
+        self.rollouts: list[object] = []
+        self.quiet: list[tuple[float, float]] = []
+        self.invariants = {"lying reset not trusted": checker.Invariant("lying reset not trusted")}
+        self.notes: list[str] = []
+        self.at = 0.0
+
+    def now(self) -> float:
+        return self.at
+
+    def note(self, text: str) -> None:
+        self.notes.append(text)
+
+    def units_of(self, healthy: Callable[[int], bool]) -> int:
+        return sum(1 for board in (0, 2) if healthy(board) and healthy(board + 1))

@@ -8,14 +8,13 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
-from types import SimpleNamespace
 
 import yaml
 
 from ix_device_plugin.hardware import simulated
 from ix_device_plugin.hardware.backend import XidEvent
 from tests.helpers.host_tools import cap_sys_admin_missing, require
-from tests.helpers.soak_modules import SOAK, load
+from tests.helpers.soak_modules import SOAK, SoakStandIn, load
 
 if str(SOAK.parent) not in sys.path:
     sys.path.insert(0, str(SOAK.parent))  # hardware.py names the chips as the e2e harness does
@@ -80,29 +79,11 @@ def test_a_reset_that_healed_a_chip_takes_its_xids_out_of_the_file_kept_for_a_pr
     assert chips.reset_healed(1, []) == []
 
 
-class SoakStandIn:
-    """What the fault actions see of a soak (e2e/soak/run.py's SoakRun), at a time the test sets."""
-
-    def __init__(self, directory: Path) -> None:
-        self.hardware = hardware.Hardware(directory)
-        self.agent = SimpleNamespace(pids=[OLD])
-        self.broken: list[object] = []
-        self.rollouts: list[object] = []
-        self.notes: list[str] = []
-        self.at = 0.0
-
-    def now(self) -> float:
-        return self.at
-
-    def note(self, text: str) -> None:
-        self.notes.append(text)
-
-
 def rollout_then_reset(tmp_path: Path, rollout_done: float | None) -> tuple[SoakStandIn, object]:
     """Seed 464865's chip 1: XID 48, then XID 64 (returned, so it waits for a reset), a rollout asked for at 428.0,
     the old pod's reset ending at 437.5, seen by the soak at 438.3."""
     faults, checker = load("faults"), load("checker")
-    soak = SoakStandIn(tmp_path / "hardware")
+    soak = SoakStandIn(tmp_path / "hardware", pid=OLD)
     actions = faults.FaultActions(soak)
     soak.at = 360.9
     actions.xid(1, 48, "xid-reset")
