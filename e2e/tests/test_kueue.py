@@ -175,8 +175,10 @@ def kueue(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterato
         cluster.admin.apply(resource_flavor())
         yield running
     finally:
-        cluster.admin.delete("resourceflavor.kueue.x-k8s.io", resource_flavor()["metadata"]["name"])
-        running.stop()
+        try:
+            cluster.admin.delete("resourceflavor.kueue.x-k8s.io", resource_flavor()["metadata"]["name"])
+        finally:
+            running.stop()
 
 
 @dataclass(frozen=True)
