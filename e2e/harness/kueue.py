@@ -21,6 +21,8 @@ from typing import Any
 
 import yaml
 
+from ix_device_plugin.core.labels import PRODUCT
+
 from . import host
 from .certs import make_leaf
 from .cluster import Cluster
@@ -43,7 +45,9 @@ EXTENDED_CLASS = f"extended-resource.{DRIVER}"
 # Capacity sources are alpha in Kueue 0.19. The visibility server is off: it would listen on every address, port
 # 8082, with certificates it writes to /visibility.
 FEATURE_GATES = {"KueueDRAIntegrationConsumableCapacity": True, "VisibilityOnDemand": False}
-FLAVOR = "ix-gpu"
+# The ResourceFlavor of docs/quota.md: the node's GPU model, keyed on the label both modes write (core/labels.py).
+FLAVOR = "bi-v150"
+FLAVOR_LABELS = {PRODUCT: "BI-V150"}
 # Kueue's hard-coded folder of the metrics server's certificate (cmd/kueue/main.go), relative to /etc/kueue.
 ETC = Path("/etc/kueue")
 METRICS_CERTS = Path("metrics/certs")
@@ -200,8 +204,10 @@ def condition(obj: Obj, kind: str) -> Obj | None:
 # ---------------------------------------------------------------------- queues, Jobs and Workloads
 
 
-def resource_flavor(name: str = FLAVOR) -> Obj:
-    return {"apiVersion": API, "kind": "ResourceFlavor", "metadata": {"name": name}}
+def resource_flavor(name: str = FLAVOR, node_labels: dict[str, str] | None = None) -> Obj:
+    """A ResourceFlavor: the nodes of node_labels (FLAVOR_LABELS by default), which Kueue gives admitted pods."""
+    labels = FLAVOR_LABELS if node_labels is None else node_labels
+    return {"apiVersion": API, "kind": "ResourceFlavor", "metadata": {"name": name}, "spec": {"nodeLabels": labels}}
 
 
 def cluster_queue(name: str, quotas: dict[str, int], flavor: str = FLAVOR) -> Obj:

@@ -26,6 +26,7 @@ from harness.kube import Kubectl, Obj
 from harness.kueue import (
     BOARD_CLASS,
     CHIP_CLASS,
+    FLAVOR_LABELS,
     GPU,
     SHARE_CLASS,
     SHARES,
@@ -39,6 +40,7 @@ from harness.kueue import (
     workload_of,
 )
 from harness.kueue import CHIPS as CHIP_QUOTA
+from harness.nfd import NfdLocalSource
 from harness.pods import busybox_pod
 from harness.waits import until
 
@@ -181,6 +183,21 @@ def kueue(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterato
             running.stop()
 
 
+@pytest.fixture(scope="module")
+def node_labels(cluster: Cluster, driver: Driver) -> Iterator[NfdLocalSource]:
+    """The driver's node labels on the Node (NFD's local source, modelled), which the flavor's nodeLabels name."""
+    source = NfdLocalSource(cluster.admin, cluster.node_name, driver.workdir / "features.d").start()
+    try:
+        yield source
+    finally:
+        source.stop()
+
+
+def has_flavor_labels(admin: Kubectl, node: str) -> bool:
+    labels = admin.get("node", node)["metadata"].get("labels") or {}
+    return all(labels.get(name) == value for name, value in FLAVOR_LABELS.items())
+
+
 @dataclass(frozen=True)
 class Batch:
     """The Jobs of one node configuration, submitted: in namespace, each shape's `<shape>-fits` and `<shape>-over`
@@ -226,14 +243,20 @@ def batch_objects(config: NodeConfig, namespace: str) -> list[Obj]:
 
 @pytest.fixture(scope="module")
 def batch(
-    request: pytest.FixtureRequest, kueue: Kueue, driver: Driver, dra_objects: list[Obj], extended_class: Obj
+    request: pytest.FixtureRequest,
+    kueue: Kueue,
+    driver: Driver,
+    node_labels: NfdLocalSource,
+    dra_objects: list[Obj],
+    extended_class: Obj,
 ) -> Iterator[Batch]:
-    """The driver in the configuration named by the parameter, and its batch submitted; its namespace and
-    ClusterQueues deleted after (while Kueue runs, which releases them)."""
+    """The driver in the configuration named by the parameter, its node labelled for the flavor, and its batch
+    submitted; its namespace and ClusterQueues deleted after (while Kueue runs, which releases them)."""
     config = BY_NAME[request.param]
     admin = driver.cluster.admin
     driver.configure(flags=config.flags)
     until(lambda: tuple(sorted(slice_devices(driver_slices(admin)))) == config.devices, 30, f"the {config.name} pool")
+    until(lambda: has_flavor_labels(admin, driver.cluster.node_name), 30, "the node's labels", [driver.log])
     namespace = f"kueue-{config.name}"
     admin("create", "namespace", namespace)
     admin("label", "namespace", namespace, f"{ADMIN_ACCESS_LABEL}=true")
