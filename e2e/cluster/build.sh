@@ -350,7 +350,7 @@ build_kube_proxy() { # the service network (the `kubernetes` Service for pods); 
 build_kueue() { # the manager, with the version stamped in as Kueue's release builds do, and the CRDs of its module
     # (config/components/crd/bases, without the conversion webhooks the release's kustomization adds: none runs here)
     local m=sigs.k8s.io/kueue
-    GOBIN=$out CGO_ENABLED=0 go install -ldflags "-X $m/pkg/version.GitVersion=$KUEUE_VERSION" "$m/cmd/kueue@$KUEUE_VERSION"
+    GOBIN=$out CGO_ENABLED=0 go install -ldflags "-s -w -X $m/pkg/version.GitVersion=$KUEUE_VERSION" "$m/cmd/kueue@$KUEUE_VERSION"
     local module
     module=$(go mod download -json "$m@$KUEUE_VERSION" | sed -n 's/^\t"Dir": "\(.*\)",$/\1/p')
     [[ -n $module && -d $module/config/components/crd/bases ]] || die "kueue: no CRDs in the module $m@$KUEUE_VERSION"

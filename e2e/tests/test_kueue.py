@@ -270,12 +270,9 @@ def batch(
         admin(*queues, "--timeout=60s", timeout=90)
 
 
-def fits_cases() -> list[object]:
-    return [pytest.param(c.name, s, id=f"{c.name}-{s.name}") for c in CONFIGS for s in c.shapes]
-
-
-def refused_cases() -> list[object]:
-    return [pytest.param(c.name, r, id=f"{c.name}-{r.shape.name}") for c in CONFIGS for r in c.refused]
+def configs(with_refused: bool = False) -> list[object]:
+    """The node configurations as parameters of `batch` (with_refused: those with shapes Kueue refuses)."""
+    return [pytest.param(c.name, id=c.name) for c in CONFIGS if c.refused or not with_refused]
 
 
 def wait_workload(batch: Batch, job: str, what: str, check: Callable[[Obj], bool]) -> Obj:
@@ -317,32 +314,38 @@ def record(log_dir: Path, case: str, workload: Obj) -> None:
         file.write(f"{case}\treason={found.get('reason')}\t{found.get('message', '')}\n")
 
 
-@pytest.mark.parametrize(("batch", "shape"), fits_cases(), indirect=["batch"])
-def test_a_job_its_quota_exactly_fits_is_admitted_charged_as_documented_and_runs(batch: Batch, shape: Shape) -> None:
-    job = f"{shape.name}-fits"
-    workload = wait_workload(batch, job, "admitted", quota_reserved)
-    assert resource_usage(workload) == {shape.resource: str(shape.charge)}, workload["status"]
-    outcome = until(lambda: job_outcome(batch.admin, batch.namespace, job), 120, f"job {job} finished", batch.logs)
-    assert outcome == "Complete", batch.admin.get("job", job, batch.namespace)["status"]
+@pytest.mark.parametrize("batch", configs(), indirect=True)
+def test_each_job_its_quota_exactly_fits_is_admitted_charged_as_documented_and_runs(batch: Batch) -> None:
+    shapes = batch.config.shapes
+    charged = {
+        s.name: resource_usage(wait_workload(batch, f"{s.name}-fits", "admitted", quota_reserved)) for s in shapes
+    }
+    assert charged == {shape.name: {shape.resource: str(shape.charge)} for shape in shapes}
+    outcomes = {}
+    for shape in shapes:
+        job = f"{shape.name}-fits"
+        outcomes[shape.name] = until(
+            lambda job=job: job_outcome(batch.admin, batch.namespace, job), 120, f"job {job} finished", batch.logs
+        )
+    assert outcomes == dict.fromkeys(outcomes, "Complete")
 
 
-@pytest.mark.parametrize(("batch", "shape"), fits_cases(), indirect=["batch"])
-def test_a_job_one_unit_over_its_quota_stays_pending_naming_the_resource(
-    batch: Batch, shape: Shape, log_dir: Path
-) -> None:
-    job = f"{shape.name}-over"
-    workload = wait_workload(
-        batch, job, "pending for quota", not_reserved_saying(f"insufficient quota for {shape.resource}")
-    )
-    record(log_dir, f"{batch.config.name} {job}", workload)
-    assert workload["status"].get("admission") is None
-    assert batch.admin.get("job", job, batch.namespace)["spec"]["suspend"] is True
+@pytest.mark.parametrize("batch", configs(), indirect=True)
+def test_each_job_one_unit_over_its_quota_stays_pending_naming_the_resource(batch: Batch, log_dir: Path) -> None:
+    for shape in batch.config.shapes:
+        job = f"{shape.name}-over"
+        says = f"insufficient quota for {shape.resource}"
+        workload = wait_workload(batch, job, f"pending: {says}", not_reserved_saying(says))
+        record(log_dir, f"{batch.config.name} {job}", workload)
+        assert workload["status"].get("admission") is None
+        assert batch.admin.get("job", job, batch.namespace)["spec"]["suspend"] is True
 
 
-@pytest.mark.parametrize(("batch", "refused"), refused_cases(), indirect=["batch"])
-def test_kueue_refuses_a_shape_it_cannot_charge_saying_why(batch: Batch, refused: Refused, log_dir: Path) -> None:
-    job = refused.shape.name
-    workload = wait_workload(batch, job, f"refused: {refused.says}", not_reserved_saying(refused.says))
-    record(log_dir, f"{batch.config.name} {job}", workload)
-    assert workload["status"].get("admission") is None
-    assert batch.admin.get("job", job, batch.namespace)["spec"]["suspend"] is True
+@pytest.mark.parametrize("batch", configs(with_refused=True), indirect=True)
+def test_kueue_refuses_the_shapes_it_cannot_charge_saying_why(batch: Batch, log_dir: Path) -> None:
+    for refused in batch.config.refused:
+        job = refused.shape.name
+        workload = wait_workload(batch, job, f"refused: {refused.says}", not_reserved_saying(refused.says))
+        record(log_dir, f"{batch.config.name} {job}", workload)
+        assert workload["status"].get("admission") is None
+        assert batch.admin.get("job", job, batch.namespace)["spec"]["suspend"] is True

@@ -42,7 +42,7 @@ def test_a_cache_from_before_kueue_builds_kueue_alone_with_its_version_and_crds(
     assert host.go_installs() == ["kueue"]
     version = versions()["KUEUE_VERSION"]
     log = host.go_log.read_text()
-    assert f"-X sigs.k8s.io/kueue/pkg/version.GitVersion={version} sigs.k8s.io/kueue/cmd/kueue@{version}" in log
+    assert f"-s -w -X sigs.k8s.io/kueue/pkg/version.GitVersion={version} sigs.k8s.io/kueue/cmd/kueue@{version}" in log
     assert f"mod download -json sigs.k8s.io/kueue@{version}" in log
     crds = (host.dest / "kueue" / "kueue-crds.yaml").read_text()
     assert crds.count("kind: CustomResourceDefinition") == 4
