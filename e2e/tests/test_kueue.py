@@ -3,7 +3,8 @@ scheduler and kubelet with our DRA driver.
 
 Kueue v0.19.2 runs as a host process (harness/kueue.py), started once for the file. The driver runs as in
 test_dra_scheduler.py, over the node's 2 x BI-V150, and is restarted once for each node configuration: boards whole
-(`iluvatar.com/gpu` is a board), split (`--splitboard true`: it is a chip) and shared (`--replicas 4`). For each,
+(`iluvatar.com/gpu` is a board), split (`--splitboard true`: it is a chip), shared (`--replicas 4`), and a BI-V150
+beside an MR-V50 (a single-chip board; a board claim that may get either is charged the larger). For each,
 every shape the configuration offers is submitted at once: a Job (created suspended, with the queue label: no
 webhook is registered) against a ClusterQueue whose nominal quota is exactly the shape's documented charge, and the
 same Job against a ClusterQueue one unit smaller. The first is admitted, its Workload's
@@ -21,7 +22,7 @@ from pathlib import Path
 
 import pytest
 from harness.cluster import Cluster
-from harness.dra import CHIPS, DRIVER, Driver, driver_slices, slice_devices
+from harness.dra import CHIPS, DRIVER, Driver, boards_yaml, driver_slices, slice_devices
 from harness.kube import Kubectl, Obj
 from harness.kueue import (
     BOARD_CLASS,
@@ -50,11 +51,16 @@ MESSAGES_FILE = "kueue-messages.txt"
 CONFIG_LABEL = "ix-e2e/node-config"  # on each ClusterQueue: the node configuration whose batch made it
 
 
-def request(name: str, device_class: str, count: int = 1, shares: int | None = None) -> Obj:
-    """One ExactCount request of a ResourceClaim's devices, with a capacity request of shares."""
+def request(
+    name: str, device_class: str, count: int = 1, shares: int | None = None, selector: str | None = None
+) -> Obj:
+    """One ExactCount request of a ResourceClaim's devices, with a capacity request of shares, narrowed by a CEL
+    selector."""
     exactly: Obj = {"deviceClassName": device_class, "allocationMode": "ExactCount", "count": count}
     if shares is not None:
         exactly["capacity"] = {"requests": {"shares": str(shares)}}
+    if selector is not None:
+        exactly["selectors"] = [{"cel": {"expression": selector}}]
     return {"name": name, "exactly": exactly}
 
 
@@ -102,6 +108,11 @@ SHARE = Shape("share", SHARES, 1, (request("gpu", SHARE_CLASS),))
 TWO_SHARES = Shape("two-shares", SHARES, 2, (request("gpu", SHARE_CLASS, shares=2),))
 TWO_SHARE_REQUESTS = Shape("two-share-requests", SHARES, 2, (request("a", SHARE_CLASS), request("b", SHARE_CLASS)))
 UNITS = Shape("gpu-units", GPU, 2, gpus=2)
+# On a node of a BI-V150 and an MR-V50, a board claim may get either: Kueue charges the largest, 2; narrowed to the
+# MR-V50, a single-chip board (its chip is the whole board), 1.
+ANY_BOARD = Shape("any-board", CHIP_QUOTA, 2, BOARD.requests)
+MR_V50 = f'device.attributes["{DRIVER}"].productName.endsWith("MR-V50")'
+SINGLE_CHIP_BOARD = Shape("single-chip-board", CHIP_QUOTA, 1, (request("gpu", BOARD_CLASS, selector=MR_V50),))
 
 
 @dataclass(frozen=True)
@@ -150,6 +161,7 @@ class NodeConfig:
     devices: tuple[str, ...]
     shapes: tuple[Shape, ...]
     refused: tuple[Refused, ...] = field(default=())
+    devices_file: str | None = None  # the simulated boards (None: the node's 2 x BI-V150)
 
 
 CHIP_NAMES = tuple(f"gpu-{chip.minor}" for chip in CHIPS)
@@ -158,6 +170,13 @@ EXCLUSIVE_SHAPES = (CHIP, BOARD, BOARD_AS_CHIPS, UNITS)
 CONFIGS = (
     NodeConfig("unsplit", (), CHIPS_AND_BOARDS, EXCLUSIVE_SHAPES, REFUSED_ANYWHERE),
     NodeConfig("split", ("--splitboard", "true"), CHIPS_AND_BOARDS, EXCLUSIVE_SHAPES),
+    NodeConfig(
+        "mixed",
+        (),
+        ("board-0", "gpu-0", "gpu-1", "gpu-2"),
+        (ANY_BOARD, SINGLE_CHIP_BOARD),
+        devices_file=boards_yaml([{"product": "BI-V150"}, {"product": "MR-V50"}]),
+    ),
     NodeConfig(
         "shared",
         ("--splitboard", "true", "--replicas", "4"),
@@ -254,7 +273,7 @@ def batch(
     submitted; its namespace and ClusterQueues deleted after (while Kueue runs, which releases them)."""
     config = BY_NAME[request.param]
     admin = driver.cluster.admin
-    driver.configure(flags=config.flags)
+    driver.configure(config.devices_file, config.flags)
     until(lambda: tuple(sorted(slice_devices(driver_slices(admin)))) == config.devices, 30, f"the {config.name} pool")
     until(lambda: has_flavor_labels(admin, driver.cluster.node_name), 30, "the node's labels", [driver.log])
     namespace = f"kueue-{config.name}"
