@@ -4,8 +4,9 @@
 #
 #   bin/      etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kubelet, kubectl, kube-proxy,
 #             containerd, containerd-shim-runc-v2, ctr, runc, helm, cdi-validate,
-#             dra-metadata-check, pause
+#             dra-metadata-check, pause, kueue
 #   cni/bin/  bridge, host-local, loopback
+#   kueue/    kueue-crds.yaml: the CustomResourceDefinitions of the Kueue release kueue runs
 #   complete  written last: the harness only uses a folder that has it
 #
 # <key> is derived from versions.env, so a version change builds into a fresh folder; Go's module and
@@ -85,12 +86,13 @@ components=(
     "helm build_helm bin/helm"
     "kubernetes build_kubernetes bin/kube-apiserver bin/kube-controller-manager bin/kube-scheduler bin/kubelet bin/kubectl"
     "kube-proxy build_kube_proxy bin/kube-proxy"
+    "kueue build_kueue bin/kueue kueue/kueue-crds.yaml"
 )
 # The lines of versions.env each component is built from (and BUILD_RECIPE, which all are).
 declare -A component_pins=(
     [tools]=CDI_VERSION [runc]=RUNC_VERSION [containerd]=CONTAINERD_VERSION [cni-plugins]=CNI_PLUGINS_VERSION
     [etcd]=ETCD_VERSION [helm]=HELM_VERSION [kubernetes]="KUBERNETES_VERSION KUBERNETES_STAGING_VERSION"
-    [kube-proxy]="KUBERNETES_VERSION KUBERNETES_STAGING_VERSION"
+    [kube-proxy]="KUBERNETES_VERSION KUBERNETES_STAGING_VERSION" [kueue]=KUEUE_VERSION
 )
 
 reports() { # reports FILE EXPECTED ARG...: `FILE ARG...` prints EXPECTED (whitespace-separated words, any
@@ -106,9 +108,28 @@ reports() { # reports FILE EXPECTED ARG...: `FILE ARG...` prints EXPECTED (white
     return 1
 }
 
+contains() { # contains FILE TEXT ARG...: `FILE ARG...` prints TEXT somewhere (a log line, JSON); else prints what
+    # it said instead
+    local file=$1 text=$2 output status=0
+    shift 2
+    output=$(timeout 60 "$file" "$@" </dev/null 2>&1) || status=$?
+    [[ $output == *"$text"* ]] && return 0
+    local said=${output%%$'\n'*}
+    echo "\`${file##*/}${*:+ $*}\` does not say '$text' (exit $status${said:+, it says: ${said:0:300}})"
+    return 1
+}
+
+crds() { # crds FILE: FILE holds the CustomResourceDefinitions the Kueue manager needs; else prints what is missing
+    local file=$1 kind
+    for kind in workloads clusterqueues localqueues resourceflavors; do
+        grep -q "^  name: $kind.kueue.x-k8s.io\$" "$file" || { echo "no CustomResourceDefinition $kind.kueue.x-k8s.io"; return 1; }
+    done
+}
+
 verify() { # verify FILE: the binary at FILE runs and reports what versions.env pins; else prints why not
     local file=$1 name=${1##*/}
     [[ -f $file ]] || { echo "missing"; return 1; }
+    [[ $name != kueue-crds.yaml ]] || { crds "$file"; return; }
     [[ -x $file ]] || { echo "not executable"; return 1; }
     case $name in
     runc)
@@ -127,6 +148,9 @@ verify() { # verify FILE: the binary at FILE runs and reports what versions.env 
     kubelet | kube-*) reports "$file" "Kubernetes $KUBERNETES_VERSION" --version ;;
     cdi-validate) reports "$file" "usage: cdi-validate [--inject NAME[,NAME...]] SPEC_DIR..." ;;
     dra-metadata-check) reports "$file" "usage: dra-metadata-check FILE..." ;;
+    # Kueue has no version flag: it logs its version as it starts, and exits where it finds no cluster (KUBECONFIG
+    # names none, so that it never reaches one)
+    kueue) KUBECONFIG=/nonexistent contains "$file" "\"gitVersion\":\"$KUEUE_VERSION\"" ;;
     pause) ;; # runs until signalled; built from this repository's tools, rebuilt when they change (tools.sum)
     *) die "no verification for $name" ;;
     esac
@@ -149,7 +173,7 @@ export PATH=$PATH:/usr/local/go/bin
 command -v go >/dev/null || die "Go is needed (https://go.dev/dl/)"
 export GOMODCACHE=$cache_root/go/mod GOCACHE=$cache_root/go/build GOPATH=$cache_root/go/path
 export GOFLAGS="-buildvcs=false -trimpath" GOTOOLCHAIN=${GOTOOLCHAIN:-auto}
-mkdir -p "$dest/bin" "$dest/cni/bin" "$dest/src" 2>/dev/null ||
+mkdir -p "$dest/bin" "$dest/cni/bin" "$dest/kueue" "$dest/src" 2>/dev/null ||
     die "cannot create $dest: run as root, or set IX_E2E_CACHE to a folder you can write"
 exec 9>"$cache_root/.lock"
 flock -w 3600 9 || die "another build has held $cache_root/.lock for an hour"
@@ -321,6 +345,20 @@ build_kubernetes() {
 build_kube_proxy() { # the service network (the `kubernetes` Service for pods); its own module folder, so that a
     # cache built before it was added builds only kube-proxy (the packages it shares come from Go's build cache)
     kubernetes_commands "$dest/src/kube-proxy" kube-proxy
+}
+
+build_kueue() { # the manager, with the version stamped in as Kueue's release builds do, and the CRDs of its module
+    # (config/components/crd/bases, without the conversion webhooks the release's kustomization adds: none runs here)
+    local m=sigs.k8s.io/kueue
+    GOBIN=$out CGO_ENABLED=0 go install -ldflags "-s -w -X $m/pkg/version.GitVersion=$KUEUE_VERSION" "$m/cmd/kueue@$KUEUE_VERSION"
+    local module
+    module=$(go mod download -json "$m@$KUEUE_VERSION" | sed -n 's/^\t"Dir": "\(.*\)",$/\1/p')
+    [[ -n $module && -d $module/config/components/crd/bases ]] || die "kueue: no CRDs in the module $m@$KUEUE_VERSION"
+    local crd
+    for crd in "$module"/config/components/crd/bases/*.yaml; do
+        echo "---"
+        cat "$crd"
+    done >"$out/kueue-crds.yaml"
 }
 
 rm -f "$dest/complete"

@@ -64,12 +64,16 @@ def make_ca(directory: Path) -> KeyPair:
     return pair
 
 
-def make_leaf(ca: KeyPair, directory: Path, name: str, subject: str, server_names: list[str] | None = None) -> KeyPair:
-    """A certificate signed by ca: a client certificate, also a serving one when server_names are given."""
+def make_leaf(
+    ca: KeyPair | None, directory: Path, name: str, subject: str, server_names: list[str] | None = None
+) -> KeyPair:
+    """A certificate signed by ca (self-signed without one): a client certificate, also a serving one when
+    server_names are given."""
     pair = KeyPair(directory / f"{name}.crt", directory / f"{name}.key")
     usage = "serverAuth,clientAuth" if server_names else "clientAuth"
     argv = ["openssl", "req", "-x509", *CURVE, "-keyout", str(pair.key), "-out", str(pair.cert), "-days", DAYS]
-    argv += ["-CA", str(ca.cert), "-CAkey", str(ca.key), "-subj", subject]
+    argv += [] if ca is None else ["-CA", str(ca.cert), "-CAkey", str(ca.key)]
+    argv += ["-subj", subject]
     argv += ["-addext", "basicConstraints=critical,CA:FALSE", "-addext", f"extendedKeyUsage={usage}"]
     argv += ["-addext", "keyUsage=critical,digitalSignature,keyEncipherment"]
     if server_names:

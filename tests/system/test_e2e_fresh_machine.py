@@ -238,6 +238,11 @@ def version_outputs(*, seccomp: bool = True, containerd: str | None = None) -> d
         "bin/etcd": f"etcd Version: {v['ETCD_VERSION'].removeprefix('v')}\nGit SHA: Not provided\n",
         "bin/helm": v["HELM_VERSION"],
         "bin/kubectl": f"Client Version: {kube}\nKustomize Version: v5.7.1\n",
+        "bin/kueue": f'{{"level":"info","msg":"Initializing","gitVersion":"{v["KUEUE_VERSION"]}"}}\n',
+        "kueue/kueue-crds.yaml": "".join(
+            f"---\nkind: CustomResourceDefinition\nmetadata:\n  name: {kind}.kueue.x-k8s.io\n"
+            for kind in ("clusterqueues", "localqueues", "resourceflavors", "workloads")
+        ),
     }
     for name in ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubelet", "kube-proxy"):
         outputs[f"bin/{name}"] = f"Kubernetes {kube}\n"
