@@ -143,10 +143,10 @@ def stay_unwritten(admin: Kubectl, driver: Driver, what: str) -> None:
 
 
 def test_the_device_classes_cel_is_compiled_and_kept(cluster: Cluster, device_classes: list[Obj]) -> None:
-    """The chart's three DeviceClasses (CEL with `.?` optional attributes) are stored as written; a class whose
+    """The chart's four DeviceClasses (CEL with `.?` optional attributes) are stored as written; a class whose
     CEL does not compile is refused, so the server really compiled them.
     """
-    assert len(device_classes) == 3, [c["metadata"]["name"] for c in device_classes]
+    assert len(device_classes) == 4, [c["metadata"]["name"] for c in device_classes]
     assert any(".?" in s["cel"]["expression"] for c in device_classes for s in c["spec"]["selectors"])
     for device_class in device_classes:
         stored = cluster.admin.get("deviceclass", device_class["metadata"]["name"])
