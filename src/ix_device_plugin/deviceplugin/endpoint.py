@@ -66,6 +66,11 @@ class Endpoint:
         """True while the server runs and its socket is still the one it created."""
         return self._server is not None and identity(self.path) == self._identity
 
+    @property
+    def followed(self) -> bool:
+        """True while it serves and a kubelet follows its ListAndWatch (a stream is open)."""
+        return self.serving and self.service is not None and self.service.streams > 0
+
     async def start(self, resource_name: str) -> None:
         """Clear the way, listen on the socket and serve; raises StartupError saying why not."""
         self._clear_the_way()

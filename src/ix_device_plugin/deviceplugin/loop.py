@@ -110,9 +110,8 @@ class Daemon:
         )  # fmt: skip
         socket = plugin_socket(options.plugin_dir, options.pod_uid)
         self.endpoint = Endpoint(socket, self.current, self.metrics.observe_call, self._before_allocate)
-        self.registrar = Registrar(
-            options.plugin_dir, socket.name, lambda: self.plan.resource_name, self.metrics, options.poll_interval
-        )
+        self.registrar = Registrar(options.plugin_dir, socket.name, lambda: self.plan.resource_name, self.metrics,
+                                   options.poll_interval, followed=lambda: self.endpoint.followed)  # fmt: skip
         self.metrics.read_state_from(lambda: self.current.state, lambda: self.registrar.registered, lambda: self.acting)
         self.metrics.read_role_from(lambda: self.acting)
         self.config_source = ConfigSource(options, self.apiserver)

@@ -25,6 +25,10 @@ log = logging.getLogger(__name__)
 
 BACKOFF_START = 0.05  # seconds before the first retry of a failed registration, doubled each time
 BACKOFF_MAX = 5.0
+# Kubelet 1.37's refusal of a socket it already has an endpoint for. It then forgets its client of that socket but
+# keeps the endpoint, so every later registration of the socket is refused the same way while the first connection
+# goes on serving (pkg/kubelet/cm/devicemanager: manager.PluginConnected, handler.connectClient).
+ALREADY_CONNECTED = "device plugin already connected"
 
 
 class Registrar:
@@ -37,8 +41,10 @@ class Registrar:
         resource_name: Callable[[], str],
         metrics: Metrics,
         poll_interval: float = 1.0,
+        followed: Callable[[], bool] | None = None,
     ) -> None:
         self._plugin_dir = plugin_dir
+        self._followed = followed  # True while a kubelet follows the endpoint's ListAndWatch
         self._endpoint = endpoint
         self._resource_name = resource_name
         self._metrics = metrics
@@ -116,13 +122,29 @@ class Registrar:
         try:
             await register(self._plugin_dir, self._endpoint, name)
         except RegistrationError as error:
-            self._metrics.registration_failures.inc()
-            if self._failing_since is None:
-                self._failing_since = time.monotonic()
-            self._errors.failed("%s; retrying with backoff up to %gs", error, BACKOFF_MAX)
-            return False
+            if not self._already_followed(error):
+                return self._failed(error)
         finally:
             self._attempting_with = None
+        return self._succeeded(answering, kubelet, name)
+
+    def _already_followed(self, error: RegistrationError) -> bool:
+        """True when the kubelet refused the registration as already connected and does follow the endpoint's
+        ListAndWatch now: it has the plugin (a second registration of one socket, 20 ms after the first, was so
+        refused after a kubelet restart, and every retry after it)."""
+        if ALREADY_CONNECTED not in str(error) or self._followed is None or not self._followed():
+            return False
+        log.info("the kubelet is already connected to %s and follows it: registered", self._endpoint)
+        return True
+
+    def _failed(self, error: RegistrationError) -> bool:
+        self._metrics.registration_failures.inc()
+        if self._failing_since is None:
+            self._failing_since = time.monotonic()
+        self._errors.failed("%s; retrying with backoff up to %gs", error, BACKOFF_MAX)
+        return False
+
+    def _succeeded(self, answering: int, kubelet: Identity | None, name: str) -> bool:
         self._failing_since = None
         self._errors.succeeded()
         self._waiting_logged = False

@@ -58,9 +58,11 @@ class ResourceView:
 class KubeletStandIn(api_pb2_grpc.RegistrationServicer):
     """The kubelet side of the device plugin API, on a real unix socket."""
 
-    def __init__(self, plugin_dir: Path, several_endpoints: bool = True) -> None:
+    def __init__(self, plugin_dir: Path, several_endpoints: bool = True, refuses_connected: bool = False) -> None:
         self.plugin_dir = Path(plugin_dir)
         self.several_endpoints = several_endpoints
+        # Kubelet 1.37: a registration of a socket it still follows is refused (before 1.37 it replaced the old one).
+        self.refuses_connected = refuses_connected
         self.resources: dict[str, ResourceView] = {}
         self.registrations: list[api_pb2.RegisterRequest] = []
         self._server: grpc.aio.Server | None = None
@@ -113,6 +115,10 @@ class KubeletStandIn(api_pb2_grpc.RegistrationServicer):
         if "/" not in request.resource_name:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"invalid resource {request.resource_name!r}")
         target = unix_target(self.plugin_dir / request.endpoint)
+        followed = self._endpoints.get(request.resource_name, {}).get(request.endpoint)
+        if self.refuses_connected and followed is not None and not followed.task.done():
+            path = self.plugin_dir / request.endpoint
+            await context.abort(grpc.StatusCode.UNKNOWN, f"device plugin already connected: {path}")
         channel = grpc.aio.insecure_channel(target, options=CHANNEL_OPTIONS)
         try:
             async with asyncio.timeout(DIAL_TIMEOUT):
