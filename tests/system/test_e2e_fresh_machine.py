@@ -304,6 +304,11 @@ class FakeBuildHost:
         self.go_log.write_text("")
         self.dest = Path(self.build("--print-dir").stdout.strip())
 
+    def wrap_go(self, script: str) -> None:
+        """Put script in front of the fake go, which it runs as `go.stand-in` (to add what a module download leaves)."""
+        (self.bin / "go").rename(self.bin / "go.stand-in")
+        write_script(self.bin / "go", script)
+
     def fill_cache(self, outputs: dict[str, str]) -> None:
         for relative, output in outputs.items():
             fake_binary(self.dest / relative, output)

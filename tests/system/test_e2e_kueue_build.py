@@ -27,8 +27,7 @@ fi
 @pytest.fixture
 def host(tmp_path: Path) -> FakeBuildHost:
     made = FakeBuildHost(tmp_path)
-    (made.bin / "go").rename(made.bin / "go.stand-in")
-    write_script(made.bin / "go", KUEUE_MODULE_GO)
+    made.wrap_go(KUEUE_MODULE_GO)
     return made
 
 

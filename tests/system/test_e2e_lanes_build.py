@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from test_e2e_fresh_machine import E2E_DIR, FakeBuildHost, clean_env, fake_binary, version_outputs, write_script
+from test_e2e_fresh_machine import E2E_DIR, FakeBuildHost, clean_env, fake_binary, version_outputs
 
 LANE_KUBERNETES = "v1.29.15"
 LANE_CONTAINERD = "v1.7.35"
@@ -41,8 +41,7 @@ fi
 @pytest.fixture
 def host(tmp_path: Path) -> FakeBuildHost:
     made = FakeBuildHost(tmp_path)
-    (made.bin / "go").rename(made.bin / "go.stand-in")
-    write_script(made.bin / "go", MODULE_DIR_GO)
+    made.wrap_go(MODULE_DIR_GO)
     return made
 
 
