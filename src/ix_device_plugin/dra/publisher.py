@@ -54,6 +54,10 @@ COUNTER_FIELDS = ("sharedCounters", "consumesCounters")  # a 422 naming these re
 # scheduler does not give out a chip that broke meanwhile from the slice it still has. An unanswered try sends
 # no request; a server that answers with an error is given the full backoff.
 UNANSWERED_RETRY_S = 1.0
+# A change is written this long after it is wished for, with whatever else wished meanwhile: one fault changes the
+# slices a few times within milliseconds (the chip's health, then what healing does about it, then the reset and
+# its end), and each write replaces every slice of the pool (a new pool generation).
+COALESCE_S = 0.05
 
 
 @dataclass(frozen=True)
@@ -154,6 +158,8 @@ class SlicePublisher:
                 self._changed.clear()
                 if not await self._wait_for_change():
                     await self._recheck_counters()
+                else:
+                    await asyncio.sleep(COALESCE_S)
                 continue
             generation = self._generation
             try:
