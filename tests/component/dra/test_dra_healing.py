@@ -155,7 +155,7 @@ async def test_an_operator_returns_a_chip_through_the_node_the_driver_watches_al
     assert len(node_watches) == 1  # one watch of the Node, not one more for the annotation
 
 
-async def test_a_fault_healed_by_a_reset_rewrites_the_pool_twice_not_at_each_step(
+async def test_a_fault_healed_by_a_reset_rewrites_the_pool_three_times_not_at_each_step(
     node: DraNode, api: ApiServerStandIn
 ) -> None:
     """Seed 845231: an XID storm made each chip's fault four pool writes within 0.1 s (its health, healing's
