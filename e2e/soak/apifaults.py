@@ -101,9 +101,11 @@ class ApiFaults:
         if step.kind == "apiserver-restart":
             soak.cluster.restart_apiserver()
             soak.note(f"API server restarted in {soak.now() - began:.1f} s")
+            soak.outages.append((began, soak.now()))
             soak.quiet.append((began, soak.now() + AFTER_S))
         elif step.kind == "apiserver-slow":
             self.pause(step.duration)
+            soak.outages.append((began, began + step.duration))
             soak.quiet.append((began, began + step.duration + AFTER_S))
         elif step.kind == "disk-full":
             fillers = self.disk.fill()

@@ -220,9 +220,16 @@ def no_reset_under_holder(invariant: Invariant, resets: Iterable[Reset], samples
             )
 
 
-def broken_not_given(invariant: Invariant, allocations: Iterable[NewAllocation], broken: Sequence[Broken]) -> None:
+def broken_not_given(
+    invariant: Invariant,
+    allocations: Iterable[NewAllocation],
+    broken: Sequence[Broken],
+    outages: Sequence[tuple[float, float]] = (),
+) -> None:
     """A chip reported broken is not given to a new container until it is healed or returned: a new allocation
-    made wholly inside a broken window (after the grace) is a violation."""
+    made wholly inside a broken window (after the grace) is a violation. `outages`: (DRA) the API server not
+    answering, (began, back): a chip that broke in one, or just before, is tainted in its slice only once the
+    server is back, so its grace runs from then."""
     for allocation in allocations:
         for chip in sorted(allocation.chips):
             bad = [
@@ -230,11 +237,16 @@ def broken_not_given(invariant: Invariant, allocations: Iterable[NewAllocation],
                 for window in broken
                 if window.chip == chip
                 and not window.maybe
-                and allocation.after >= window.since + GRACE_S
+                and allocation.after >= _sayable_from(window.since, outages) + GRACE_S
                 and (window.until is None or allocation.seen <= window.until)
             ]
             what = f"{allocation.pod} got chip {chip} between {allocation.after:.1f} and {allocation.seen:.1f}"
             invariant.check(not bad, allocation.seen, what + "".join(f"; broken: {w.why}" for w in bad))
+
+
+def _sayable_from(since: float, outages: Sequence[tuple[float, float]]) -> float:
+    """When the agent can first tell the API server of a fault that began at since."""
+    return max([since] + [back for began, back in outages if began - GRACE_S <= since <= back])
 
 
 def given_by_prepare(

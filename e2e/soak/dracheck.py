@@ -20,6 +20,8 @@ REASON = "FailedPrepareDynamicResources"
 UUID = re.compile(r"GPU-[0-9a-f-]+")
 HOLDER = re.compile(r"is prepared for claim [^/\s]+/([^\s)]+)")  # the claim that holds the chip; the soak names a
 # pod's claims `<pod>-c<n>`
+# The same where the driver rebuilt the holder from its CDI spec (a lost checkpoint), which keeps no name: its UID.
+HOLDER_UID = re.compile(r"is prepared for claim unnamed \(uid ([0-9a-f-]+)\)")
 # What the kubelet or the driver says while what the agent stands on is away for a while (a quiet window: the agent
 # or the kubelet restarting, the API server restarted or stopped, the disk full, a config change restarting the
 # driver): the driver not registered or its socket gone, the claim not readable, the checkpoint not writable.
@@ -81,6 +83,16 @@ def given(
     return tuple(found)
 
 
+def claim_uids(claims: dict[str, list[Any]]) -> dict[str, str]:
+    """Claim UID -> its pod, of these pods' claims (pod -> its claims); anything without a UID is skipped."""
+    return {
+        uid: pod
+        for pod, made in claims.items()
+        for claim in made
+        if (uid := _text(_dict(_dict(claim).get("metadata")).get("uid")))
+    }
+
+
 @dataclass(frozen=True)
 class PrepareFailure:
     """One NodePrepareResources the kubelet reported failed for a pod: when (soak time) and what it said."""
@@ -137,6 +149,7 @@ def prepare_failures(
     chip_of: dict[str, int],
     changes: Sequence[tuple[float, float]] = (),
     allocated_at: dict[str, float] | None = None,
+    claim_pods: dict[str, str] | None = None,
 ) -> None:
     """No claim's prepare fails for a reason the agent caused: rightly only while what the agent stands on is away
     (within RESTART_NEAR_S of a quiet window, saying so: QUIET_WORDS), for a chip the soak had broken then, which
@@ -147,8 +160,9 @@ def prepare_failures(
     `changes`: each config change as (began, in force): the driver restarted with the new config somewhere between,
     so a claim allocated before it was in force may meet the new driver from its beginning on. `allocated_at`: pod
     -> the earliest its claims may have been allocated (the soak's last look before it saw them allocated, or the
-    pod's creation when it never saw them: it does not look while it changes the config)."""
-    allocated_at = allocated_at or {}
+    pod's creation when it never saw them: it does not look while it changes the config). `claim_pods`: claim UID
+    -> its pod, for a holder the driver names by its UID alone (rebuilt from its CDI spec)."""
+    allocated_at, claim_pods = allocated_at or {}, claim_pods or {}
     for failure in failures:
         text = failure.message
         near = any(begin - RESTART_NEAR_S <= failure.at <= end + RESTART_NEAR_S for begin, end in quiet)
@@ -157,6 +171,7 @@ def prepare_failures(
         held_out = any(words in text for words in BROKEN_WORDS) and bool(chips)
         held_out = held_out and all(broken_then(chip, failure.at, broken) for chip in chips)
         pods = [failure.pod] + [re.sub(r"-c\d+$", "", claim) for claim in HOLDER.findall(text)]
+        pods += [claim_pods[uid] for uid in HOLDER_UID.findall(text) if uid in claim_pods]
         allocated = min(allocated_at.get(pod, failure.at) for pod in pods)
         stale = any(allocated <= in_force and began <= failure.at for began, in_force in changes)
         stale = stale and any(words in text for words in CONFIG_WORDS)

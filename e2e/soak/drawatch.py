@@ -27,6 +27,7 @@ class DraWatch:
         self.deleted_at: dict[str, float] = {}
         self.created_at: dict[str, float] = {}  # pod -> when the soak created it (its claims with it)
         self.changes: list[tuple[float, float]] = []  # each config change: (began, in force)
+        self.claim_pods: dict[str, str] = {}  # claim UID -> its pod, of every claim seen allocated
 
     # ------------------------------------------------------------------ the config
 
@@ -81,6 +82,7 @@ class DraWatch:
         self.given = {
             pod: dracheck.given(made, draconfig.DRIVER, chips_of, hardware.uuids) for pod, made in claims.items()
         }
+        self.claim_pods |= dracheck.claim_uids(claims)
 
     def verified(self, invariant: c.Invariant, at: float, pod: str, env: dict[str, str]) -> None:
         """A container shown to hold what its allocation gives: its share slots apart from every other container's
@@ -121,5 +123,5 @@ class DraWatch:
         # the pod's creation (the soak does not look while it restarts the agent)
         allocated = self.created_at | {a.pod: a.after for a in reversed(soak.allocations)}
         dracheck.prepare_failures(
-            invariant, self.failures, soak.quiet, soak.broken, soak.chip_of, self.changes, allocated
+            invariant, self.failures, soak.quiet, soak.broken, soak.chip_of, self.changes, allocated, self.claim_pods
         )

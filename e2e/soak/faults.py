@@ -19,6 +19,7 @@ from .windows import OFF_BUS, Windows, listening_began
 RETURN_ANNOTATION = "iluvatar.com/gpu.return"
 NODE_DIR, NODE_RECORD = "iluvatar.com", "node-health.json"  # in the kubelet's plugins directory (README)
 UNREADABLE = b"\x00{not json \xff"
+RETURN_RETRY_S = 2.0  # a return the agent may not see now is made again this much later
 
 
 class FaultActions:
@@ -34,6 +35,7 @@ class FaultActions:
         self.lies: list[tuple[int, float, float | None]] = []  # (chip, since, until) its resets lied
         self.lied: dict[int, float] = {}  # chip -> when a reset that lied ended, while that left it broken
         self.ending = False
+        self.deferred: set[int] = set()  # chips whose return waits for the agent to see the Node again
 
     # ------------------------------------------------------------------ windows
 
@@ -280,7 +282,15 @@ class FaultActions:
 
     def operator_returns(self, chip: int) -> None:
         """The operator's `kubectl annotate node ... iluvatar.com/gpu.return=<uuid>`, removed first: only a chip newly
-        named there is a request (README, "The operator's way back"), and the last return may have named this one."""
+        named there is a request (README, "The operator's way back"), and the last return may have named this one.
+        Not while the agent may not see the Node change (a quiet window: it restarts, or the API server is away):
+        the removal and the setting again of one value in that time is not seen (docs/deployment.md), so the
+        operator asks once it is over."""
+        if any(begin <= self.soak.now() <= end for begin, end in self.soak.quiet):
+            if chip not in self.deferred and not self.ending:  # at the end, return_open asks again
+                self.deferred.add(chip)
+                self.later(RETURN_RETRY_S, lambda: self.deferred_return(chip))
+            return
         uuid = self.soak.hardware.uuids[chip]
         self.returned[chip] = self.soak.now()
         certain = self.windows.waits_for_return(chip, present=chip not in self.soak.hardware.absent)
@@ -298,6 +308,10 @@ class FaultActions:
                 "annotate", "node", self.soak.cluster.node_name, f"{RETURN_ANNOTATION}={uuid}", "--overwrite"
             )
             self.soak.note(f"operator returned chip {chip}")
+
+    def deferred_return(self, chip: int) -> None:
+        self.deferred.discard(chip)
+        self.operator_returns(chip)
 
     def return_open(self) -> None:
         """At the end: return (once more, one at a time) every chip still waiting for an operator, and every chip

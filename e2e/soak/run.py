@@ -28,6 +28,7 @@ class SoakRun(Protocol):
     start: float
     quiet: list[tuple[float, float]]
     away: list[tuple[float, float]]
+    outages: list[tuple[float, float]]
     broken: list[c.Broken]
     configs: list[tuple[float, int]]
     rollouts: list[c.Rollout]

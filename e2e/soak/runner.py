@@ -58,6 +58,7 @@ class Soak:
     broken: list[c.Broken] = field(default_factory=list)
     quiet: list[tuple[float, float]] = field(default_factory=list)
     away: list[tuple[float, float]] = field(default_factory=list)  # the soak's mode switched away: (since, back)
+    outages: list[tuple[float, float]] = field(default_factory=list)  # the API server not answering: (began, back)
     running: dict[str, float] = field(default_factory=dict)  # pod -> first seen running with its chips
     configs: list[tuple[float, int]] = field(default_factory=lambda: [(0.0, 1)])
     samples: list[c.HoldSample] = field(default_factory=list)
@@ -429,7 +430,8 @@ class Soak:
         given = self.allocations
         if self.mode == "dra":
             given = c.given_by_prepare(self.allocations, self.away, self.running)
-        c.broken_not_given(self.invariants["broken not given"], given, self.broken)
+        outages = self.outages if self.mode == "dra" else []  # the device plugin tells the kubelet directly
+        c.broken_not_given(self.invariants["broken not given"], given, self.broken, outages)
         c.admission_failures(
             self.invariants["no admission refused by the agent"], self.failures, self.quiet, self.broken
         )

@@ -207,6 +207,24 @@ async def test_a_restart_whose_record_already_says_so_writes_nothing(
     assert reset_document(apiserver) == ResetInfo(NODE, False, {EXPORTER: True, OUR_NAME: True})
 
 
+async def test_a_reset_with_no_one_else_holding_the_gpus_reads_the_record_only_before_each_write(
+    kubelet: KubeletStandIn, start_daemon: DaemonFactory, apiserver: ApiServerStandIn, short_dir: Path, tmp_path: Path
+) -> None:
+    """Seed 845231: every reset read the ConfigMap four times and wrote it twice; what a write left there (read just
+    before it, no other write between) needs no read to know that no one holds the GPUs, or is away."""
+    backend = SimulatedBackend(str(devices_file(tmp_path / "d.yaml")))
+    await start_with_api(start_daemon, apiserver, short_dir, backend)
+    await kubelet.wait_registered(RESOURCE, capacity=2)
+    record = "/configmaps/ix-gpu-reset-"
+    await until(lambda: reset_document(apiserver) is not None, timeout=5)
+    before = len(apiserver.requests)
+    await kubelet.allocate(RESOURCE, [[CHIP_A]])
+    assert backend.resets == [(CHIP_A,)]
+    calls = [r.method for r in apiserver.requests[before:] if record in r.path]
+    assert calls == ["GET", "PUT", "GET", "PUT"]
+    assert reset_document(apiserver) == ResetInfo(NODE, False, {OUR_NAME: True})
+
+
 async def test_the_exporter_lets_go_during_the_reset_and_takes_the_gpus_back(
     kubelet: KubeletStandIn, start_daemon: DaemonFactory, apiserver: ApiServerStandIn, short_dir: Path, tmp_path: Path
 ) -> None:

@@ -56,7 +56,12 @@ class SoakStandIn:
         self.quiet: list[tuple[float, float]] = []
         self.invariants = {"lying reset not trusted": checker.Invariant("lying reset not trusted")}
         self.notes: list[str] = []
+        self.cluster = SimpleNamespace(node_name="node")
+        self.admin_calls: list[tuple[str, ...]] = []
         self.at = 0.0
+
+    def admin(self, *args: str) -> None:
+        self.admin_calls.append(args)
 
     def now(self) -> float:
         return self.at

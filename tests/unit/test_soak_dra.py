@@ -269,3 +269,26 @@ def test_a_claim_allocated_before_a_change_is_in_force_may_be_refused_from_the_c
     dracheck.prepare_failures(invariant, failures, [], [], CHIP_OF, changes, allocated)
     assert invariant.checks == 4
     assert [what.split(":")[0] for _, what in invariant.violations] == ["late", "early"]
+
+
+def test_a_holder_rebuilt_from_its_spec_is_known_by_its_uid() -> None:
+    """Seed 845231: soak-15's share of board-0 (allocated at 122.0, before a rollback to split chips at 127.2 -
+    154.8) was rebuilt from its CDI spec after the checkpoint was spoiled, so the driver named it by its UID alone
+    when it refused soak-18 (167.8) and soak-20 (182.2) a share of gpu-1. Both are the change's doing; a holder
+    allocated after the change, or one the soak never saw, is not."""
+    invariant = checker.Invariant("no admission refused by the agent")
+    uid, late_uid = "88164948-1845-4143-bfd6-d83f75204f7f", "99999999-1845-4143-bfd6-d83f75204f7f"
+    held = "claim ns/{0}-c0 (uid u): device gpu-1 (GPU-a1) is prepared for claim unnamed (uid {1}) as part of board-0"
+    failures = [
+        dracheck.PrepareFailure(167.8, "soak-18", held.format("soak-18", uid)),
+        dracheck.PrepareFailure(182.2, "soak-20", held.format("soak-20", uid)),
+        dracheck.PrepareFailure(190.0, "late-held", held.format("late-held", late_uid)),
+        dracheck.PrepareFailure(190.0, "unknown", held.format("unknown", "00000000-0000-4000-8000-000000000000")),
+    ]
+    claims = {"soak-15": [{"metadata": {"uid": uid}}], "late": [{"metadata": {"uid": late_uid}}, "nonsense", {}]}
+    claim_pods = dracheck.claim_uids(claims)
+    assert claim_pods == {uid: "soak-15", late_uid: "late"}
+    allocated = {"soak-15": 122.0, "soak-18": 167.0, "soak-20": 181.9, "late": 160.0, "late-held": 189.0}
+    allocated["unknown"] = 189.0
+    dracheck.prepare_failures(invariant, failures, [], [], CHIP_OF, [(127.2, 154.8)], allocated, claim_pods)
+    assert [what.split(":")[0] for _, what in invariant.violations] == ["late-held", "unknown"]

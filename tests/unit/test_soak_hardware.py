@@ -159,3 +159,30 @@ def test_a_lying_chip_is_listed_under_reset_lie_in_the_devices_file_until_it_is_
     assert yaml.safe_load(chips.devices.read_text())["reset"] == {"lie": [chips.uuids[1], chips.uuids[3]]}
     chips.set_lying([1, 3], False)
     assert "reset" not in yaml.safe_load(chips.devices.read_text())
+
+
+def test_the_operator_returns_a_chip_only_once_the_agent_can_see_the_node_again(tmp_path: Path) -> None:
+    """Seed 845231: chip 3 left to an operator at its reset limit (1484.9); the soak's operator removed and set the
+    annotation naming it again at 1509.5, 0.8 s after the API server was back from a restart (1501.6 - 1508.7),
+    before the agent saw the Node again: the agent never saw the removal, so it never heard the return, and the chip
+    stayed out to the end. The operator now asks once the quiet window is over."""
+    faults = load("faults")
+    soak = SoakStandIn(tmp_path / "hardware", pid=OLD)
+    calls = soak.admin_calls
+    soak.quiet = [(1501.6, 1518.7)]
+    actions = faults.FaultActions(soak)
+    soak.at = 1509.5
+    actions.operator_returns(3)
+    actions.operator_returns(3)  # asked again meanwhile: one return waits
+    assert calls == [] and 3 not in actions.returned and len(actions.undo) == 1
+    soak.at = 1511.5
+    actions.undo_due(soak.at)
+    assert calls == [] and len(actions.undo) == 1  # still quiet: later again
+    soak.at = 1519.5
+    actions.undo_due(soak.at)
+    uuid = soak.hardware.uuids[3]
+    assert calls == [
+        ("annotate", "node", "node", f"{faults.RETURN_ANNOTATION}-"),
+        ("annotate", "node", "node", f"{faults.RETURN_ANNOTATION}={uuid}", "--overwrite"),
+    ]
+    assert actions.returned == {3: 1519.5} and soak.notes[-1] == "operator returned chip 3"

@@ -166,3 +166,24 @@ def test_a_forgotten_xid_that_may_have_been_left_to_an_operator_is_still_returne
     model.add(1, 10.0, "either", "XID 48")  # maybe past the reset limit: the soak's operator returns it
     model.forget_xids(FORGOTTEN_AT, "unreadable")
     assert model.open == [(1, FORGOTTEN_AT, "either", "XID 48; maybe forgotten")]
+
+
+def test_a_chip_that_broke_while_the_api_server_was_down_may_be_given_until_just_after_it_is_back() -> None:
+    """Seed 845231 (DRA): chip 0 overheated at 1691.8 as the API server restarted (1691.7 - 1700.2); the scheduler
+    gave it to soak-197 at 1703.2 from the slice the driver could not yet taint. A grace from the server's return
+    covers it; an allocation after that grace, or of a chip that broke after the server was back, is a violation."""
+    broken = [
+        checker.Broken(0, 1691.8, 1711.8, "health OverTemp, cooled"),
+        checker.Broken(1, 1701.0, None, "XID 48"),
+    ]
+    invariant = checker.Invariant("broken not given")
+    allocations = [
+        checker.NewAllocation("soak-197", frozenset({0}), 1701.1, 1711.5),
+        checker.NewAllocation("late", frozenset({0}), 1704.0, 1705.0),
+        checker.NewAllocation("after-back", frozenset({1}), 1704.5, 1705.0),
+    ]
+    checker.broken_not_given(invariant, allocations, broken, [(1691.7, 1700.2)])
+    assert [v[1].split()[0] for v in invariant.violations] == ["late", "after-back"]
+    unexcused = checker.Invariant("broken not given")
+    checker.broken_not_given(unexcused, allocations[:1], broken)
+    assert len(unexcused.violations) == 1

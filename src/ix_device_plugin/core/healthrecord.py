@@ -22,6 +22,11 @@ faults again after a reboot is the same chip), also while the chip is healthy; o
 It is written pruned to the limit's window. `resetLimitReached: true` says the chip needs an operator because of the
 limit. Both fields are optional (absent: no history, false), written only when they say something: an older agent
 keeps them as fields it does not know.
+
+`returnsSeen` (optional, at the top): the chips the operator's annotation `iluvatar.com/gpu.return` named when the
+pod acting for the node last read it, each one asked for already. The next agent counts only a chip named beyond
+them as a new request, so a return made while no agent watched (restarting, the API server away) is not lost, and
+one handled before is not made again.
 """
 
 from __future__ import annotations
@@ -84,6 +89,7 @@ class HealthRecord:
     written: float = 0.0
     chips: Mapping[str, ChipRecord] = field(default_factory=dict)
     extra: Mapping[str, Any] = field(default_factory=dict)
+    returns_seen: frozenset[str] | None = None  # None: not said (an older agent's record)
 
     def reserved(self) -> dict[str, str]:
         """Chip UUID -> why it is reserved, for the chips held out of service for a reset."""
@@ -118,6 +124,8 @@ def record_text(record: HealthRecord) -> str:
         "written": round(record.written, 3),
         "chips": {uuid: _chip_document(chip) for uuid, chip in sorted(record.chips.items())},
     }
+    if record.returns_seen is not None:
+        document["returnsSeen"] = sorted(record.returns_seen)
     return json.dumps(document, indent=1, sort_keys=False) + "\n"
 
 
@@ -192,14 +200,23 @@ def parse_record(text: str) -> HealthRecord:
         raise RecordError("chips is not an object")
     if len(chips) > MAX_CHIPS:
         raise RecordError(f"{len(chips)} chips, more than the {MAX_CHIPS} any node has")
-    known = {"kind", "version", "bootID", "writer", "written", "chips"}
+    known = {"kind", "version", "bootID", "writer", "written", "chips", "returnsSeen"}
     return HealthRecord(
         boot_id=_text(document.get("bootID", ""), "bootID"),
         writer=_text(document.get("writer", ""), "writer"),
         written=_number(document.get("written", 0.0), "written") or 0.0,
         chips={_text(uuid, "a chip's UUID"): _parse_chip(entry, uuid) for uuid, entry in chips.items()},
         extra={key: value for key, value in document.items() if key not in known},
+        returns_seen=_returns_seen(document.get("returnsSeen")),
     )
+
+
+def _returns_seen(value: Any) -> frozenset[str] | None:
+    if value is None:
+        return None
+    if not isinstance(value, list) or len(value) > MAX_CHIPS:
+        raise RecordError(f"returnsSeen is not a list of at most {MAX_CHIPS} chips")
+    return frozenset(_text(chip, "returnsSeen") for chip in value)
 
 
 _CHIP_FIELDS = {"minor", "xids", "phase", "causes", "attempts", "note", "outSince", "operatorReturn", "returnedFor",

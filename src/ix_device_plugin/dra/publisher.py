@@ -50,6 +50,14 @@ log = logging.getLogger(__name__)
 RECHECK_FIRST = 30.0  # seconds from "the server drops or refuses counters" to asking it again
 RECHECK_CAP = 600.0  # the delay doubles up to this (each +-20 %): a round of dry runs every ten minutes at most
 COUNTER_FIELDS = ("sharedCounters", "consumesCounters")  # a 422 naming these refuses the counters
+# While no API server answers, try again at least this often: the slices are written as soon as it is back, so the
+# scheduler does not give out a chip that broke meanwhile from the slice it still has. An unanswered try sends
+# no request; a server that answers with an error is given the full backoff.
+UNANSWERED_RETRY_S = 1.0
+# A change is written this long after it is wished for, with whatever else wished meanwhile: one fault changes the
+# slices a few times within milliseconds (the chip's health, then what healing does about it, then the reset and
+# its end), and each write replaces every slice of the pool (a new pool generation).
+COALESCE_S = 0.05
 
 
 @dataclass(frozen=True)
@@ -150,6 +158,8 @@ class SlicePublisher:
                 self._changed.clear()
                 if not await self._wait_for_change():
                     await self._recheck_counters()
+                else:
+                    await asyncio.sleep(COALESCE_S)
                 continue
             generation = self._generation
             try:
@@ -157,7 +167,9 @@ class SlicePublisher:
             except KubeError as error:
                 self._read_first = True  # what the failed write left stored is not known
                 errors.failed("cannot publish ResourceSlice %s: %s (retrying)", self.name, _said(error))
-                await backoff.sleep()
+                delay = backoff.next_delay()
+                unanswered = error.status is None and error.transient
+                await asyncio.sleep(min(delay, UNANSWERED_RETRY_S) if unanswered else delay)
                 continue
             errors.succeeded("API server answering again: ResourceSlice %s published", self.name)
             backoff.reset()

@@ -88,8 +88,8 @@ class ResetHandshake:
         deadline = time.monotonic() + timeout
         async with self._bounded(timeout, "asking the other IXML users to let go"):
             self.resetting = True
-            await self._write(resetting=True, remake=False)
-            info = await self._wait(lambda info: not info.holding(), deadline, remake=False)
+            written = await self._write(resetting=True, remake=False)
+            info = await self._wait(lambda info: not info.holding(), deadline, remake=False, first=written)
         if info.holding():
             raise GpuResetError(
                 f"{', '.join(info.holding())} did not let go of the GPUs within {timeout:g}s ({self.where}); "
@@ -103,9 +103,9 @@ class ResetHandshake:
         """
         deadline = time.monotonic() + timeout
         async with self._bounded(timeout, "handing the GPUs back"):
-            await self._write(resetting=False, remake=True)
+            written = await self._write(resetting=False, remake=True)
             self.resetting = False
-            info = await self._wait(lambda info: not self._awaited(info), deadline, remake=True)
+            info = await self._wait(lambda info: not self._awaited(info), deadline, remake=True, first=written)
         late = self._awaited(info)
         self.gone.update(late)
         return late
@@ -134,8 +134,9 @@ class ResetHandshake:
                 self.gone.discard(name)
                 log.info("%s took the GPUs back (%s); it is waited for again after a reset", name, self.where)
 
-    async def _write(self, *, resetting: bool, remake: bool) -> None:
+    async def _write(self, *, resetting: bool, remake: bool) -> ResetInfo:
         """Our part of the document; a missing ConfigMap is made again only when remake (never by asking for a reset).
+        The document as it stands once written (read just before a write that no other write came between).
 
         GpuResetError when the ConfigMap was deleted and not remake, or it keeps changing under us.
         """
@@ -145,25 +146,29 @@ class ResetHandshake:
             info, version, data = await self._read()
             if info is None and self.seen and not remake:
                 raise self._deleted()
-            text = (info or ResetInfo(self.node, occupy=dict(self.others))).ours(resetting=resetting).text()
+            written = (info or ResetInfo(self.node, occupy=dict(self.others))).ours(resetting=resetting)
+            text = written.text()
             if version is not None and data.get(DATA_KEY) == text:
-                return  # already says so (a restart, an upgrade, a rollout): nothing to write
+                return written  # already says so (a restart, an upgrade, a rollout): nothing to write
             try:
                 if version is None:
                     await self.kube.create_config_map(self.namespace, self.name, {DATA_KEY: text})
                 else:
                     await self.kube.replace_config_map(self.namespace, self.name, {**data, DATA_KEY: text}, version)
                 self.seen = True
-                return
+                return written
             except (KubeConflict, KubeAlreadyExists):
                 continue  # someone else wrote in between: read again
         raise GpuResetError(f"{self.where} kept changing under us ({WRITE_ATTEMPTS} attempts)")
 
-    async def _wait(self, done: Callable[[ResetInfo], bool], deadline: float, *, remake: bool) -> ResetInfo:
+    async def _wait(
+        self, done: Callable[[ResetInfo], bool], deadline: float, *, remake: bool, first: ResetInfo | None = None
+    ) -> ResetInfo:
         """Poll the document until done(info) or the deadline; the last info read. A deleted ConfigMap is made
-        again when remake, else GpuResetError."""
+        again when remake, else GpuResetError. first: the document as just written, looked at before any read
+        (a reset with no one to wait for costs no read)."""
         while True:
-            info, _, _ = await self._read()
+            info, first = (first, None) if first is not None else ((await self._read())[0], None)
             if info is None:
                 if not remake:
                     raise self._deleted()

@@ -158,6 +158,16 @@ class Healer:
         self._wake.set()
         return True
 
+    def returns_handled(self) -> frozenset[str] | None:
+        """The chips the operator's return annotation named, each asked for already (None: not known)."""
+        return self.reservations.returns_handled()
+
+    def returns_read(self, named: frozenset[str]) -> None:
+        """The annotation names these chips now, each new one asked for: the record says so."""
+        if named != self.reservations.returns_seen:
+            self.reservations.returns_seen = named
+            self.reservations.write()
+
     # ---- the task ---------------------------------------------------------------------------------
 
     def restore(self, policy: HealthPolicy | None = None) -> None:

@@ -62,6 +62,7 @@ class Reservations:
         self._acted = False  # this process has taken over what the record says (it acts for the node)
         self._followed_reserved: frozenset[str] = frozenset()  # on standby: the chips the followed record reserves
         self.releasing: set[str] = set()  # reservations ended here, still held out until the record says so
+        self.returns_seen: frozenset[str] | None = None  # the return annotation's chips, each asked for (None: unread)
 
     @property
     def acts(self) -> bool:
@@ -176,6 +177,8 @@ class Reservations:
         await self.monitor.adopt_followed()
         self.reserved = {uuid: time.time() for uuid in restored.reserved}
         await self.monitor.hold_out({u: RESERVED for u in self.reserved})
+        if self.returns_seen is None and record is not None:
+            self.returns_seen = record.returns_seen  # until this process reads the annotation itself
         self._acted = True
         if self.keeper is not None:
             self.keeper.write_anew()
@@ -236,7 +239,17 @@ class Reservations:
                                 window=window)  # fmt: skip
             if entry.worth_keeping:
                 chips[uuid] = entry
-        return HealthRecord(boot_id=self.settings.boot_id, writer=self.settings.writer, chips=chips)
+        return HealthRecord(
+            boot_id=self.settings.boot_id, writer=self.settings.writer, chips=chips, returns_seen=self.returns_seen
+        )
+
+    def returns_handled(self) -> frozenset[str] | None:
+        """The chips the return annotation named, each asked for already: as this process read it, else as the
+        node's record says (None: not known)."""
+        if self.returns_seen is not None or self.record is None:
+            return self.returns_seen
+        record = self.record.known()
+        return None if record is None else record.returns_seen
 
     def _minor(self, uuid: str) -> int | None:
         chip = next((chip for chip in self.monitor.view.inventory.chips() if chip.uuid == uuid), None)

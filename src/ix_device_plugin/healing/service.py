@@ -51,7 +51,8 @@ class NodeHealing:
         if api is not None:
             from ix_device_plugin.healing.wayback import ReturnRequests
 
-            self.requests = ReturnRequests(api, self.healer.operator_return)
+            healer = self.healer
+            self.requests = ReturnRequests(api, healer.operator_return, healer.returns_handled, healer.returns_read)
         self._watch_node = not settings.node_watched  # the front end watches its Node: it hands on the annotation
 
     def tasks(self) -> dict[str, Callable[[], Awaitable[None]]]:

@@ -339,6 +339,22 @@ async def test_the_api_server_down_at_start_and_mid_run(node: DraNode, api: ApiS
     await kubelet.close()
 
 
+async def test_a_chip_that_broke_while_the_api_server_was_down_is_tainted_as_soon_as_it_is_back(
+    node: DraNode, api: ApiServerStandIn
+) -> None:
+    """Seed 845231: chip 0 overheated as the API server restarted (8.5 s); the driver's retries had backed off to
+    6.4 s, so the scheduler, its server back, gave the chip from the untainted slice 3 s later. A try that finds no
+    server is made again within a second, whatever the backoff has reached."""
+    await node.start()
+    await node.wait_slice(lambda devices: len(devices) == 6)
+    await api.refuse()
+    node.write_boards([{"product": "BI-V150", "chips": [{"health": ["OverTemp"]}, None]}, {"product": "BI-V150"}])
+    await asyncio.sleep(8.0)  # the retries back off past 6 s (0.2 s doubling) while nothing answers
+    await api.accept()
+    taint = {"key": UNHEALTHY_TAINT, "effect": "NoSchedule", "value": "OverTemp"}
+    await node.wait_slice(lambda devices: taint in devices.get("gpu-0", {}).get("taints", []), timeout=2.0)
+
+
 async def test_a_corrupt_checkpoint_is_moved_aside(node: DraNode, caplog: pytest.LogCaptureFixture) -> None:
     directory = node.root / "plugins" / DRIVER
     directory.mkdir(parents=True)

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import fcntl
 import json
+import logging
 import os
 from pathlib import Path
 from typing import Any
 
+import pytest
 from helpers.dra_support import TWO_BOARDS, DraNode
 from helpers.reset_support import FAST_HEALING, Ixsmi, IxsmiBackend, node_events
 from helpers.waits import stays, until
@@ -151,6 +153,62 @@ async def test_an_operator_returns_a_chip_through_the_node_the_driver_watches_al
     assert node_events(api, "GPUReturnRequested")
     node_watches = [r for r in api.requests if r.path.endswith("/nodes") and r.query.get("watch") in ("true", "1")]
     assert len(node_watches) == 1  # one watch of the Node, not one more for the annotation
+
+
+async def test_a_fault_healed_by_a_reset_rewrites_the_pool_three_times_not_at_each_step(
+    node: DraNode, api: ApiServerStandIn
+) -> None:
+    """Seed 845231: an XID storm made each chip's fault four pool writes within 0.1 s (its health, healing's
+    taint, the reset's end, the taint gone), each replacing both slices of the pool: 222 requests a minute. What
+    one fault changes within a moment is written at once: out of service, resetting, back."""
+    ixsmi = Ixsmi(node.root)
+    await start(node, ixsmi)
+    await node.wait_slice(lambda devices: len(devices) == 6)
+    before = len(api.requests)
+    node.write_boards(with_xid(48))
+    await until(lambda: bool(ixsmi.runs()))
+    await node.wait_slice(lambda devices: not tainted(devices, "gpu-1"), timeout=10)
+    writes = [r.path for r in api.requests[before:] if r.method == "PUT" and "/resourceslices/" in r.path]
+    assert len(writes) <= 3 * len(set(writes)), writes  # each slice of the pool written three times at most
+
+
+def annotate_return(api: ApiServerStandIn, node: DraNode, value: str) -> None:
+    stored = api.get("nodes", node.node)
+    assert stored is not None
+    stored["metadata"].setdefault("annotations", {})[RETURN_ANNOTATION] = value
+    api.put("nodes", stored)
+
+
+async def test_a_return_made_while_the_driver_was_away_is_heard_by_the_next_one_and_one_heard_is_not_made_again(
+    node: DraNode, api: ApiServerStandIn, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Seed 845231: an operator named a chip that needed one while the driver restarted; the next driver took what
+    the annotation named at its first read as named before it started, and the chip stayed out for good. The
+    node-health record now says which chips the annotation named, each asked for already (`returnsSeen`)."""
+    caplog.set_level(logging.INFO, logger="ix_device_plugin.healing")
+    ixsmi = Ixsmi(node.root)
+    driver = await start(node, ixsmi)
+    await node.wait_slice(lambda devices: len(devices) == 6)
+    annotate_return(api, node, "0")  # a chip that needs none: heard, nothing to do
+    await until(lambda: "names GPU 0: an operator asks to return it" in caplog.text)
+    node.write_boards(with_xid(79))
+    await node.wait_slice(lambda devices: tainted(devices, "gpu-1"))
+    await until(lambda: bool(node_events(api, "GPUNeedsOperator")))
+    await node.stop(driver)
+    annotate_return(api, node, "0,1")  # gpu-1 returned while no driver watches
+    driver = await start(node, ixsmi)
+    await node.wait_slice(lambda devices: not tainted(devices, "gpu-1"), timeout=10)
+    assert ixsmi.runs() == [f"-r -i {uuid_of(node, 'gpu-1')}"]
+    await until(lambda: "returnsSeen" in record_path(node.root / "plugins").read_text())
+    record = json.loads(record_path(node.root / "plugins").read_text())
+    assert record["returnsSeen"] == ["0", "1"]
+
+    node.write_boards(with_xid(64))  # it needs an operator again; the annotation still names it, from before
+    await node.wait_slice(lambda devices: tainted(devices, "gpu-1"))
+    await node.stop(driver)
+    await start(node, ixsmi)
+    await node.wait_slice(lambda devices: tainted(devices, "gpu-1"))
+    await stays(lambda: len(ixsmi.runs()) == 1, for_=1.0, message="the return heard before is not made again")
 
 
 async def test_only_the_pod_holding_the_nodes_role_heals(node: DraNode, api: ApiServerStandIn) -> None:

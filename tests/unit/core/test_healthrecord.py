@@ -38,6 +38,13 @@ def test_the_text_reads_back_as_the_same_record() -> None:
     assert record_text(written) == record_text(parse_record(record_text(written)))  # stable bytes
 
 
+def test_the_chips_the_return_annotation_named_read_back_and_an_older_record_says_none() -> None:
+    written = HealthRecord(boot_id="b", writer="w", written=1000.0, returns_seen=frozenset({"1", A}))
+    assert json.loads(record_text(written))["returnsSeen"] == ["1", A]
+    assert parse_record(record_text(written)) == written
+    assert "returnsSeen" not in record_text(record()) and parse_record(record_text(record())).returns_seen is None
+
+
 def test_fields_of_a_newer_agent_are_kept_when_written_again() -> None:
     text = record_text(record(GPU_a=ChipRecord(minor=0, xids=frozenset({64}), phase=NEEDS_OPERATOR)))
     document = json.loads(text)
@@ -65,6 +72,8 @@ def test_fields_of_a_newer_agent_are_kept_when_written_again() -> None:
         (lambda d: d["chips"][A].update(resetLimitReached="yes"), "chips.GPU-a.resetLimitReached is 'yes'"),
         (lambda d: d["chips"][A].update(returnedFor="XID 48"), "chips.GPU-a.returnedFor is not a list"),
         (lambda d: d["chips"][A].update(returnedFor=[48]), "chips.GPU-a.returnedFor"),
+        (lambda d: d.update(returnsSeen="1"), "returnsSeen is not a list of at most 1024 chips"),
+        (lambda d: d.update(returnsSeen=[1]), "returnsSeen is not a text"),
     ],
 )
 def test_a_malformed_record_is_refused_naming_what_is_wrong(change, named) -> None:  # type: ignore[no-untyped-def]
