@@ -13,6 +13,7 @@ Pods of the release before this one held a role per front end, `iluvatar.com/dev
 `gpu.iluvatar.com/publisher.lock`, and the DRA driver reset under `gpu.iluvatar.com/reset.lock`: a pod takes those of
 them its DaemonSet mounts too (NodeLocks), after the node's, so that it does not act, or reset, while an older pod
 still does under the old name. An old name that cannot serve as a lock (a directory) is one no older pod holds.
+The old names are kept through 0.2.x and removed in 0.3.0 (EARLIER_NAMES_REMOVED_IN).
 
 A node-local lock rather than a coordination.k8s.io Lease: it costs the API server nothing (a Lease renewed by
 every node is a write per node every few seconds at fleet scale), it is handed over within POLL instead of a
@@ -47,6 +48,10 @@ TURN_POLL = 0.05  # seconds between looks at the reset turn another pod holds (a
 NODE_DIR = "iluvatar.com"  # under the kubelet's plugins directory, mounted by both DaemonSets
 ROLE_FILE = "node-role.lock"
 RESET_FILE = "reset.lock"  # the device plugin's reset turn had this name already
+# The names the release before 0.1.0 used. They are kept through 0.2.x, so that an update that skips one release
+# still waits for its old pods, and removed in EARLIER_NAMES_REMOVED_IN (tests/unit/runtime/test_noderole.py fails
+# once the package's version reaches it).
+EARLIER_NAMES_REMOVED_IN = "0.3.0"
 EARLIER_PLUGIN_ROLE = f"{NODE_DIR}/device-plugin.lock"  # the release before: the device plugin's role
 EARLIER_DRA_ROLE = "gpu.iluvatar.com/publisher.lock"  # the release before: the DRA driver's role
 EARLIER_DRA_RESET = "gpu.iluvatar.com/reset.lock"  # the release before: the DRA driver's reset turn

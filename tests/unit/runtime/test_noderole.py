@@ -10,12 +10,15 @@ from pathlib import Path
 
 import pytest
 from helpers.waits import stays, until
+from packaging.version import Version
 
+import ix_device_plugin
 from ix_device_plugin.runtime.files import OutputError
 from ix_device_plugin.runtime.locks import FileLock
 from ix_device_plugin.runtime.noderole import (
     EARLIER_DRA_RESET,
     EARLIER_DRA_ROLE,
+    EARLIER_NAMES_REMOVED_IN,
     EARLIER_PLUGIN_ROLE,
     NODE_DIR,
     RESET_FILE,
@@ -44,6 +47,16 @@ def old_pod(path: Path) -> Iterator[FileLock]:
         yield lock
     finally:
         lock.release()
+
+
+def test_the_earlier_names_are_gone_by_the_release_that_removes_them() -> None:
+    # A pre-release of that release (0.3.0rc1) is that release too: the names go before it ships.
+    version = Version(ix_device_plugin.__version__).release
+    assert version < Version(EARLIER_NAMES_REMOVED_IN).release, (
+        f"ix-device-plugin {ix_device_plugin.__version__} has reached {EARLIER_NAMES_REMOVED_IN}: remove the "
+        "earlier lock names (runtime/noderole.py EARLIER_*) and what the README and docs/deployment.md say of the "
+        "update from the release before 0.1.0"
+    )
 
 
 def test_both_modes_take_the_same_role_and_reset_turn_in_the_directory_both_daemonsets_mount(tmp_path: Path) -> None:
