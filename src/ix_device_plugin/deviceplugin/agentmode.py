@@ -1,5 +1,7 @@
-"""What the device plugin hands its node agent (nodeagent/kit.py) besides itself: what its mode fixes, as plain
-values, and the process's one connection to the API server."""
+"""What the device plugin hands its node agent (nodeagent/kit.py) besides itself.
+
+What its mode fixes, as plain values, and the process's one connection to the API server.
+"""
 
 from __future__ import annotations
 

@@ -1,5 +1,7 @@
-"""What the reconcile loop says of each change it serves: the plan at start, each chip whose health changed, and
-what a configuration reload changed."""
+"""What the reconcile loop says of each change it serves.
+
+The plan at start, each chip whose health changed, and what a configuration reload changed.
+"""
 
 from __future__ import annotations
 

@@ -1,6 +1,7 @@
-"""Two pods of the agent on one node during an update or a switch between modes: the node's reset turn as the
-device plugin takes it (runtime/noderole.py), whether a new pod registers beside an old one
-(kubelet/endpoints.py has the rule), and what every Allocate checks whichever pod answers it.
+"""The device plugin's side of two pods of the agent on one node, in an update or a switch between modes.
+
+The node's reset turn as the device plugin takes it (runtime/noderole.py), whether a new pod registers beside an old
+one (kubelet/endpoints.py has the rule), and what every Allocate checks whichever pod answers it.
 
 The kubelet's version comes from the Node, read once and only when another pod already serves the node: a pod
 alone on its node registers at once whatever the kubelet.

@@ -1,6 +1,8 @@
-"""The DRA driver's reads of one object from the API server while the kubelet waits (a claim to prepare, the pods
-using it): retried with backoff for claim_read_timeout seconds, the errors said once each, and a failure a
-`ClaimError` whose message names the object. Writes are elsewhere (claimstatus.py, publisher.py).
+"""The DRA driver's reads of one object from the API server while the kubelet waits.
+
+A claim to prepare, the pods using it: retried with backoff for claim_read_timeout seconds, the errors said once
+each, and a failure a `ClaimError` whose message names the object. Writes are elsewhere (claimstatus.py,
+publisher.py).
 """
 
 from __future__ import annotations

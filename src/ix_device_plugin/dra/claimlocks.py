@@ -1,6 +1,8 @@
-"""The turns the prepared claims are changed in: the claims' lock and the node's reset turn, each this process's
-asyncio lock and a file lock shared with the other pods of the driver; and the kubelet's calls on one claim, one at
-a time in the order they came. `DraState` holds them; nothing here knows what a claim is.
+"""The turns the prepared claims are changed in.
+
+The claims' lock and the node's reset turn, each this process's asyncio lock and a file lock shared with the other
+pods of the driver; and the kubelet's calls on one claim, one at a time in the order they came. `DraState` holds
+them; nothing here knows what a claim is.
 """
 
 from __future__ import annotations

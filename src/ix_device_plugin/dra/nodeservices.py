@@ -1,6 +1,8 @@
-"""The node services on a DRA node, fed by the hardware monitor and the slice content the driver serves: the
-node's labels (the device plugin's and the DRA driver's own), and the node-state gauges the dashboard reads in
-both modes; and who holds each chip, for the node agent's telemetry (nodeagent/kit.py)."""
+"""The node services on a DRA node, fed by the hardware monitor and the slice content the driver serves.
+
+The node's labels (the device plugin's and the DRA driver's own), and the node-state gauges the dashboard reads in
+both modes; and who holds each chip, for the node agent's telemetry (nodeagent/kit.py).
+"""
 
 from __future__ import annotations
 

@@ -1,5 +1,7 @@
-"""How the kubelet finds the DRA driver: its sockets, and the plugin watcher's Registration service; the node's reset
-turn as the driver takes it (runtime/noderole.py)."""
+"""How the kubelet finds the DRA driver: its sockets and the plugin watcher's Registration service.
+
+The node's reset turn as the driver takes it (runtime/noderole.py) is here too.
+"""
 
 from __future__ import annotations
 

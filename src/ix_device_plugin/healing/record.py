@@ -1,6 +1,7 @@
-"""The node-health record's file: `<kubelet plugins dir>/iluvatar.com/node-health.json`, shared by every pod of the
-agent on the node in either mode (the directory survives a reboot and the kubelet's restarts, unlike the
-device-plugin socket directory and the CDI tmpfs).
+"""The node-health record's file, `<kubelet plugins dir>/iluvatar.com/node-health.json`.
+
+Shared by every pod of the agent on the node in either mode (the directory survives a reboot and the kubelet's
+restarts, unlike the device-plugin socket directory and the CDI tmpfs).
 
 One writer at a time: the pod holding the node's role (the healer that acts). Writes are atomic (temporary file,
 fsync, rename), so a reader sees the old record or the new one. Every other pod reads it: at start, under the claims'

@@ -1,5 +1,7 @@
-"""Exclusive locks on files that two pods of one node share (flock): taken with a deadline, the wait said in the
-log, and given up at once when the waiting task is cancelled (a SIGTERM while waiting stops the wait).
+"""Exclusive locks on files that two pods of one node share (flock).
+
+Taken with a deadline, the wait said in the log, and given up at once when the waiting task is cancelled (a SIGTERM
+while waiting stops the wait).
 
 The kernel lets go of a lock when its holder dies, so a pod that was killed holds nothing. A lock file is never
 removed: a lock taken on a file that was removed or replaced meanwhile guards nothing, so a lock counts only while

@@ -1,5 +1,7 @@
-"""The node's one role and one reset turn, held by one pod of the agent at a time whatever its mode: file locks on
-the node in `<plugins dir>/iluvatar.com/`, the directory both DaemonSets mount for the node-health record.
+"""The node's one role and one reset turn, held by one pod of the agent at a time whatever its mode.
+
+File locks on the node in `<plugins dir>/iluvatar.com/`, the directory both DaemonSets mount for the node-health
+record.
 
 The pod holding `node-role.lock` acts for the node: in device plugin mode it resets and heals, writes the CDI spec,
 node labels, Events and GPU metrics; in DRA mode it also publishes the node's ResourceSlices. A pod of either mode

@@ -1,4 +1,4 @@
-"""The ix-config file: its schema, checked with messages naming the file, line and key; ConfigMap manifests.
+"""The ix-config file's schema, and its ConfigMap manifests, checked with messages naming the file, line and key.
 
 Every file that Iluvatar's plugin 4.4.0 runs with is read, with its meaning: 4.4.0 reads the file with
 sigs.k8s.io/yaml (gopkg.in/yaml.v2 to JSON, then encoding/json), so keys match in any letter case, unknown keys

@@ -1,5 +1,6 @@
-"""The API features that Allocate waits for: flags.reset_gpu and flags.usevolcano, and their background
-passes (the reset handshake's record at start, Volcano's ConfigMap and pod annotations).
+"""The API features that Allocate waits for, flags.reset_gpu and flags.usevolcano, and their background passes.
+
+The passes: the reset handshake's record at start, Volcano's ConfigMap and pod annotations.
 
 A shell over the daemon's Current state: it reads the plan and config there and changes nothing in it; the GPU
 reset service it asks is the node agent's (nodeagent/kit.py), built once for the node's other resets too.
