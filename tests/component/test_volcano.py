@@ -67,6 +67,14 @@ def test_device_info_names_each_gpu_and_its_links_as_upstream() -> None:
     assert info[b]["Links"] == {a: [{"TypeName": "P2PLinkSingleSwitch", "TypeIndex": 5}]}, "unknown links left out"
 
 
+def test_device_info_names_a_chip_as_ixml_gives_it_with_the_vendor_once() -> None:
+    inventory = SimulatedBackend("BI-V100:1").discover()
+    (board,) = inventory.boards
+    as_ixml = replace(board, chips=tuple(replace(chip, product="Iluvatar BI-V100") for chip in board.chips))
+    (info,) = device_info(plan(replace(inventory, boards=(as_ixml,)), Config())).values()
+    assert info["Name"] == "Iluvatar BI-V100"
+
+
 def test_replicas_are_listed_free_and_grouped_under_their_gpu() -> None:
     inventory = SimulatedBackend("BI-V100:1").discover()
     (chip,) = inventory.chips()

@@ -2,8 +2,8 @@
 
 ixsmi -r unbinds and rebinds the chip through the driver's sysfs directory, which takes CAP_SYS_ADMIN and a writable
 /sys. An unprivileged container has neither, and ixsmi would fail only after the agent had taken the chip away from
-its users; so the answer is known before, with what exactly is missing, and said where an operator looks (the
-helper's log and `status`, the agent's reset refusal).
+its users; so the answer is found first, and said where an operator looks (the helper's log and `status`, the
+agent's reset refusal).
 """
 
 from __future__ import annotations
