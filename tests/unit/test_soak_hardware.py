@@ -186,3 +186,25 @@ def test_the_operator_returns_a_chip_only_once_the_agent_can_see_the_node_again(
         ("annotate", "node", "node", f"{faults.RETURN_ANNOTATION}={uuid}", "--overwrite"),
     ]
     assert actions.returned == {3: 1519.5} and soak.notes[-1] == "operator returned chip 3"
+
+
+def test_a_chip_back_on_the_bus_is_healed_of_its_absence_before_a_return_that_waits_out_a_quiet_window(
+    tmp_path: Path,
+) -> None:
+    """Seed 577175's chip 2: off the bus at 200.6, back at 212.5 during a config change's quiet window; the agent put
+    it back in service at once ("not present" keeps a chip out only while it stands) and gave it at 215.9, before
+    the operator's return, deferred by the window, landed at 227.0."""
+    checker, faults = load("checker"), load("faults")
+    soak = SoakStandIn(tmp_path / "hardware", pid=OLD)
+    actions = faults.FaultActions(soak)
+    soak.at = 200.6
+    soak.hardware.set_present(2, False)
+    actions.broken(2, "return", faults.OFF_BUS)
+    soak.quiet.append((209.3, 218.6))
+    soak.at = 212.5
+    actions.back_on_bus(2)
+    assert soak.admin_calls == [] and 2 in actions.deferred  # the return waits for the window's end
+    invariant = checker.Invariant("broken not given")
+    checker.broken_not_given(invariant, [checker.NewAllocation("soak-25", frozenset({2}), 214.5, 215.9)], soak.broken)
+    assert invariant.checks == 1 and invariant.violations == []
+    assert [(w.until, w.why) for w in soak.broken] == [(212.5, f"{faults.OFF_BUS}, back on the bus")]
