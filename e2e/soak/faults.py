@@ -276,9 +276,9 @@ class FaultActions:
         self.close(lambda ch, since, by, why: ch == chip and by == "clear", self.soak.now(), "cooled")
 
     def back_on_bus(self, chip: int) -> None:
-        """"Not present" keeps a chip out only while it stands (README, "Self-healing GPUs"): back on the bus, the
-        agent may put it back at once, so its absence is healed now; the operator returns it too, once the agent can
-        see the Node (a return may wait out a quiet window), for what else may wait for one."""
+        """A chip's absence ("not present") keeps it out only while it stands (README, "Self-healing GPUs"): back
+        on the bus, the agent may put it back at once, so its absence is healed now; the operator returns it too, once
+        the agent can see the Node (a return may wait out a quiet window), for what else may wait for one."""
         self.soak.hardware.set_present(chip, True)
         self.soak.note(f"chip {chip} back on the bus")
         self.close(
