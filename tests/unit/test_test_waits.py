@@ -1,12 +1,11 @@
-"""The suites wait on events, never by sleeping and then asserting: a fixed sleep is either too short on a busy
-machine (a flake) or longer than needed everywhere else. These checks walk the syntax tree of every module of the
-tests and of the end-to-end suite (its harness, scenarios and soak)."""
+"""The suites wait on events, never by sleeping and then asserting, nor by sleeping, acting and then asserting: a fixed
+sleep is either too short on a busy machine (a flake) or longer than needed everywhere else. These checks walk the
+syntax tree of every module of the tests and of the end-to-end suite (its harness, scenarios and soak)."""
 
 from __future__ import annotations
 
 import ast
 from collections.abc import Iterator
-from itertools import pairwise
 from pathlib import Path
 
 from helpers.support import REPO_ROOT, TESTS_DIR
@@ -21,6 +20,9 @@ WAITS = {TESTS_DIR / "helpers" / "waits.py", E2E_DIR / "harness" / "waits.py"}
 # or, end to end, e2e/harness/waits.py.
 ALLOWED_SLEEP_THEN_ASSERT: dict[str, str] = {}
 WAIT_COPY_NAMES = {"until", "_until", "eventually", "_eventually", "wait_until", "poll_until", "stays", "always"}
+# Calls that wait on an event (or for a stated period): a sleep followed by one of them before its assert is a pause,
+# not a guess. wait* covers the stand-ins' wait_for, wait_registered, wait_slice, an Event's or a process's wait.
+WAIT_CALLS = {"until", "stays", "until_sync", "stays_sync", "watching", "sleep"}
 
 
 def is_sleep(statement: ast.stmt) -> bool:
@@ -44,14 +46,36 @@ def blocks(tree: ast.AST) -> Iterator[list[ast.stmt]]:
                 yield block
 
 
+def waits(statement: ast.stmt) -> bool:
+    """A statement that calls something waiting on an event: until, stays, a stand-in's watching, any wait*, a sleep."""
+    for node in ast.walk(statement):
+        if isinstance(node, ast.Call):
+            function = node.func
+            name = function.attr if isinstance(function, ast.Attribute) else getattr(function, "id", "")
+            if name in WAIT_CALLS or name.startswith("wait"):
+                return True
+    return False
+
+
+def asserted_after(block: list[ast.stmt]) -> bool:
+    """Whether an assert comes in block before any statement that waits: the statements before it only act."""
+    for statement in block:
+        if isinstance(statement, ast.Assert):
+            return True
+        if waits(statement):
+            return False
+    return False
+
+
 def sleeps_then_asserts(source: str) -> list[int]:
-    """Lines of each sleep statement followed directly, in the same block, by an assert."""
+    """Lines of each sleep statement followed, in the same block, by an assert: directly, or after actions none of
+    which waits on an event (sleep, act, assert guesses that the sleep was long enough for what the act needs)."""
     tree = ast.parse(source)
     return sorted(
-        first.lineno
+        statement.lineno
         for block in blocks(tree)
-        for first, second in pairwise(block)
-        if is_sleep(first) and isinstance(second, ast.Assert)
+        for index, statement in enumerate(block)
+        if is_sleep(statement) and asserted_after(block[index + 1 :])
     )
 
 
@@ -89,7 +113,38 @@ def test_the_detector_finds_a_sleep_then_assert_in_either_form_and_nothing_else(
         "    await until(lambda: x)\n"
         "    assert x\n"
     )
-    assert sleeps_then_asserts(source) == [3, 8]
+    assert sleeps_then_asserts(source) == [3, 8, 11]
+
+
+def test_the_detector_finds_a_sleep_then_an_action_then_an_assert_unless_a_wait_comes_between() -> None:
+    source = (
+        "import asyncio\n"
+        "async def acts_once():\n"
+        "    await asyncio.sleep(0.3)  # the watch is open, it is hoped\n"
+        "    server.put(changed)\n"
+        "    assert seen\n"
+        "async def acts_twice():\n"
+        "    await asyncio.sleep(0.3)\n"
+        "    task = start()\n"
+        "    answer = await task\n"
+        "    assert answer\n"
+        "async def waits_between():\n"
+        "    await asyncio.sleep(0.3)\n"
+        "    server.put(changed)\n"
+        "    await until(lambda: seen)\n"
+        "    assert seen\n"
+        "async def watches_between():\n"
+        "    await asyncio.sleep(0.3)\n"
+        "    await server.watching('pods')\n"
+        "    server.put(changed)\n"
+        "    assert seen\n"
+        "async def paces():\n"
+        "    for _ in range(3):\n"
+        "        await asyncio.sleep(0.1)\n"
+        "        server.put(changed)\n"
+        "    assert seen\n"
+    )
+    assert sleeps_then_asserts(source) == [3, 7]
 
 
 def test_no_test_sleeps_and_then_asserts() -> None:
