@@ -1,4 +1,5 @@
-"""Fixtures of the component tests: the API-server and pod-resources stand-ins, the C double's device file."""
+"""Fixtures of the component tests: the API-server and pod-resources stand-ins, the C double's device file, and the
+node set-ups several files share (Volcano mode)."""
 
 from __future__ import annotations
 
@@ -6,9 +7,11 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-from helpers.support import IXML_DOUBLE_CONFIG, TWO_CHIPS
+from helpers.support import IXML_DOUBLE_CONFIG, TWO_CHIPS, DaemonFactory
+from helpers.volcano_support import Volcano
 
 from ix_device_plugin.standins.apiserver import ApiServerStandIn
+from ix_device_plugin.standins.kubelet import KubeletStandIn
 from ix_device_plugin.standins.podresources import PodResourcesStandIn
 
 NODE = "gpu-node-1"
@@ -38,3 +41,16 @@ def conf(short_dir: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     path.write_text(TWO_CHIPS)
     monkeypatch.setenv(IXML_DOUBLE_CONFIG, str(path))
     return path
+
+
+@pytest.fixture
+def volcano(
+    kubelet: KubeletStandIn,
+    start_daemon: DaemonFactory,
+    apiserver: ApiServerStandIn,
+    pod_resources: PodResourcesStandIn,
+    short_dir: Path,
+    tmp_path: Path,
+) -> Volcano:
+    """A node in Volcano mode, not started yet: `await volcano.start()`."""
+    return Volcano(kubelet, apiserver, pod_resources, start_daemon, short_dir, tmp_path)
