@@ -75,7 +75,6 @@ async def test_at_rest_volcano_mode_asks_the_api_server_and_the_kubelet_nothing(
     apiserver.add_pod("ml", "running", NODE, annotations=held(CHIP_A, "7"), limits={"main": {RESOURCE: "1"}})
     apiserver.add_pod("ml", "no-gpu", NODE)
     await _started(volcano)
-    await asyncio.sleep(0.3)
     first, calls = len(apiserver.requests), pod_resources.calls
     await stays(
         lambda: [(r.method, r.path) for r in apiserver.requests[first:]] == [], for_=1.0, message="about 20 passes"

@@ -327,7 +327,8 @@ _END = "END"  # not sent: ends a watch stream cleanly before any event
 
 
 def _there(request: web.BaseRequest) -> bool:
-    """Whether the client of request is still connected (a watch it left counts as open until the next write)."""
+    """Whether request's client is still connected: a watch whose client left stays registered until a write to it
+    fails, but is no longer open."""
     return request.transport is not None and not request.transport.is_closing()
 
 
