@@ -49,6 +49,7 @@ from ix_device_plugin.dra.prepared import ClaimRef
 from ix_device_plugin.settings.config import Config
 from ix_device_plugin.settings.options import DraOptions, NodeOptions, Options
 from ix_device_plugin.settings.table import DRA, RUN
+from ix_device_plugin.standins.waits import until
 
 NAMESPACE = "kube-system"
 COMMAND_LIMIT = 64 * 2**20  # bytes of one command line
@@ -245,9 +246,8 @@ class HollowNode:
 
     async def _status_written(self) -> None:
         writer = self._running().claim_status
-        async with asyncio.timeout(STATUS_TIMEOUT):
-            while writer is not None and writer.under_way:
-                await asyncio.sleep(0.05)
+        if writer is not None:
+            await until(lambda: not writer.under_way, timeout=STATUS_TIMEOUT, interval=0.05, message="claim status")
 
 
 class HollowPluginNode(HollowNode):

@@ -24,6 +24,7 @@ from helpers.reset_support import (
     devices_file,
     exporter,
     fake_ixsmi,
+    handed_back,
     reset_document,
     start_resetting,
     start_with_api,
@@ -287,8 +288,7 @@ async def test_a_stop_during_a_reset_says_reset_false_only_once_ixsmi_is_over(
     else:  # killed after the stop's wait: it never ended on its own, and no longer runs
         assert not ended.exists() and 0.8 < stopped_in < 6
         assert_gone(int(started.read_text()))
-    info = reset_document(apiserver)
-    assert info is not None and info.reset is False and info.occupy[OUR_NAME] is True
+    assert handed_back(apiserver)
 
 
 async def test_the_handshakes_background_task_runs_on_and_is_never_taken_for_down(

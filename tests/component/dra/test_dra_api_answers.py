@@ -183,7 +183,8 @@ async def test_a_node_re_created_owns_its_slices_again_without_a_write_loop(
     await node.wait_slice(lambda devices: len(devices) == 6)
     old = api.get("nodes", node.node)["metadata"]["uid"]  # type: ignore[index]
     assert owners(api) == [[old], [old]]
-    await asyncio.sleep(0.3)  # the watches are open
+    await api.watching("nodes")
+    await api.watching("resourceslices")
     api.delete("nodes", node.node)
     new = api.add_node(node.node)["metadata"]["uid"]  # the garbage collector deletes what the old UID owns
     await until(lambda: owners(api) == [[new], [new]])
@@ -218,7 +219,7 @@ async def test_a_slice_whose_label_another_writer_removed_is_adopted_and_kept_cu
 ) -> None:
     driver = await node.start()
     await node.wait_slice(lambda devices: len(devices) == 6)
-    await asyncio.sleep(0.3)  # the watch of the node's slices is open
+    await api.watching("resourceslices")
     stored = node.slice()
     assert stored is not None
     stored["metadata"]["labels"] = {}

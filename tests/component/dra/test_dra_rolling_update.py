@@ -151,7 +151,7 @@ async def test_the_standby_writes_nothing_while_the_publisher_repairs_another_wr
     old = await node.start(pod_uid="pod-old")
     await node.wait_slice(unshared)
     new = await node.start(pod_uid="pod-new", config=Config(replicas=2))
-    await asyncio.sleep(0.3)  # both watches of the node's slices are open
+    await api.watching("resourceslices", count=2)  # the publisher's and the standby's
     stored = node.slice()
     assert stored is not None
     stored["spec"]["devices"] = stored["spec"]["devices"][:1]

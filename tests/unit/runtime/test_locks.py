@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 
 import pytest
+from helpers.waits import until
 
 from ix_device_plugin.runtime.locks import FileLock, LockError
 
@@ -63,18 +64,29 @@ async def test_a_wait_is_said_in_the_log_and_ends_at_its_deadline(
     holder.release()
 
 
+class Counted(FileLock):
+    """A FileLock that counts its tries: a waiter that tried twice is inside its wait."""
+
+    tries = 0
+
+    def try_take(self) -> bool:
+        self.tries += 1
+        return super().try_take()
+
+
 async def test_a_wait_ends_when_cancelled_and_one_let_go_meanwhile_is_taken(tmp_path: Path) -> None:
     holder = FileLock(tmp_path / "x.lock")
     assert holder.try_take()
-    waiter = FileLock(tmp_path / "x.lock")
+    waiter = Counted(tmp_path / "x.lock")
     waiting = asyncio.create_task(waiter.take(60, poll=0.01, purpose="tests"))
-    await asyncio.sleep(0.05)
+    await until(lambda: waiter.tries >= 2, message="the waiter inside its wait")
     waiting.cancel()
     with pytest.raises(asyncio.CancelledError):
         await waiting
     assert not waiter.held
+    tried = waiter.tries
     later = asyncio.create_task(waiter.take(60, poll=0.01, purpose="tests"))
-    await asyncio.sleep(0.05)
+    await until(lambda: waiter.tries >= tried + 2, message="the second waiter inside its wait")
     holder.release()
     async with asyncio.timeout(1):
         await later
