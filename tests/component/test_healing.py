@@ -26,7 +26,6 @@ from helpers.waits import stays, until
 
 from ix_device_plugin.api import HEALTHY, UNHEALTHY
 from ix_device_plugin.apiserver.settings import settings_from
-from ix_device_plugin.deviceplugin import loop
 from ix_device_plugin.deviceplugin.loop import Daemon
 from ix_device_plugin.gpureset import sequence
 from ix_device_plugin.gpureset.sequence import OUR_NAME, ResetInfo
@@ -34,6 +33,7 @@ from ix_device_plugin.hardware.ixml import IxmlBackend
 from ix_device_plugin.healing.events import FLUSH_INTERVAL
 from ix_device_plugin.healing.story import read_story, story_path
 from ix_device_plugin.healing.wayback import RETURN_ANNOTATION
+from ix_device_plugin.nodeagent import kit
 from ix_device_plugin.standins.apiserver import ApiServerStandIn
 from ix_device_plugin.standins.kubelet import KubeletStandIn
 from ix_device_plugin.standins.podresources import PodResourcesStandIn
@@ -320,7 +320,7 @@ async def test_a_stop_while_ixsmi_hangs_kills_it_after_the_wait_and_counts_the_r
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setattr(sequence, "RESET_STOP_WAIT", 1.0)  # the README's 10 s, shortened
-    monkeypatch.setattr(loop, "RESET_STOP_WAIT", 1.0)
+    monkeypatch.setattr(kit, "RESET_STOP_WAIT", 1.0)
     ixsmi = Ixsmi(short_dir)
     ixsmi.delay.write_text("60")
     daemon = await start_healing(start_daemon, apiserver, pod_resources, libs, short_dir, ixsmi, reset_timeout=120.0)
