@@ -109,7 +109,9 @@ class DraDriver:
         factory, mode = backend_factory or open_backend(base), dra_mode(options, boot_id, healing_rules)
         self._boot_id = boot_id
         self.node: NodeAgent[ClaimGuard] = NodeAgent(base, mode, self, self.metrics, factory, self.api)
-        self.gauges = DraNodeGauges(lambda: self.node.inventory, lambda: self.content, self.metrics, self.registration)
+        node = self.node
+        self.gauges = DraNodeGauges(lambda: node.inventory, lambda: self.content, self.metrics, self.registration,
+                                    lambda: node.acting)  # fmt: skip
 
     # ---- what the node agent asks of the driver (nodeagent.frontend.FrontEnd) -------------------
 

@@ -13,6 +13,7 @@ from ix_device_plugin.dra.metrics import DraMetrics
 from ix_device_plugin.dra.registration import RegistrationService
 from ix_device_plugin.dra.slices import CHIP, DRIVER, SliceContent
 from ix_device_plugin.kubelet.podresources import PodResources
+from ix_device_plugin.runtime.lazymetrics import Gated
 from ix_device_plugin.settings.config import Config
 from ix_device_plugin.settings.options import DraOptions
 from ix_device_plugin.telemetry.holders import ClaimHolders
@@ -50,7 +51,8 @@ def claim_holders(
 
 
 class DraNodeGauges:
-    """The node-state gauges the dashboard reads in both modes, for the devices the driver serves.
+    """The node-state gauges the dashboard reads in both modes, for the devices the driver serves, exported by the pod
+    acting for the node (as in device plugin mode: the dashboard counts each node once).
 
     metrics: the driver's (the gauges join its registry); registration: the kubelet's registration of the driver.
     """
@@ -61,10 +63,12 @@ class DraNodeGauges:
         content: Callable[[], SliceContent],
         metrics: DraMetrics,
         registration: RegistrationService,
+        acting: Callable[[], bool],
     ) -> None:
         self._content = content
         registered = registration.registered.is_set
-        metrics.registry.register(NodeStateCollector(self._devices, monitor_inventory, registered))
+        gauges = NodeStateCollector(self._devices, monitor_inventory, registered)
+        metrics.registry.register(Gated(gauges, acting))
 
     def _devices(self) -> Devices:
         devices = self._content().devices
