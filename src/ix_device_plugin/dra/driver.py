@@ -33,7 +33,6 @@ from ix_device_plugin.dra.driverapi import DriverApi
 from ix_device_plugin.dra.healguard import ClaimGuard
 from ix_device_plugin.dra.health import DeviceHealthBoard
 from ix_device_plugin.dra.kubeletsockets import KubeletSockets
-from ix_device_plugin.dra.metadata import NodeFacts
 from ix_device_plugin.dra.metrics import DraMetrics
 from ix_device_plugin.dra.nodeservices import DraNodeGauges, claim_holders, dra_label_set
 from ix_device_plugin.dra.prepared import ClaimRef, PreparedClaim
@@ -45,7 +44,8 @@ from ix_device_plugin.dra.registration import (
     registration_socket,
     socket_paths_problem,
 )
-from ix_device_plugin.dra.slices import BOARD, DRIVER, SliceContent, SlicePolicy, slice_content
+from ix_device_plugin.dra.served import Served
+from ix_device_plugin.dra.slices import BOARD, DRIVER, SliceContent, SlicePolicy
 from ix_device_plugin.dra.state import DraState
 from ix_device_plugin.dra.watches import node_watches
 from ix_device_plugin.gpureset.outcome import GpuResetError
@@ -53,7 +53,6 @@ from ix_device_plugin.gpureset.purpose import CLAIM_RESET, resetting_for
 from ix_device_plugin.hardware.monitor import HardwareView
 from ix_device_plugin.hardware.open import BackendFactory
 from ix_device_plugin.hardware.open import backend_factory as open_backend
-from ix_device_plugin.hardware.pcie import pcie_roots
 from ix_device_plugin.nodeagent.kit import NodeAgent, NodeParts
 from ix_device_plugin.runtime.errors import StartupError
 from ix_device_plugin.runtime.files import read_boot_id
@@ -93,8 +92,8 @@ class DraDriver:
         self.kube = kube
         self.api = ApiConnection(kube_settings) if kube_settings is not None else None
         self.api_side: DriverApi | None = None  # built at start, once the API client is known
-        self.content = SliceContent((), None, policy=SlicePolicy(options.config.splitboard, options.config.replicas))
-        self.roots: dict[str, str] = {}  # PCIe roots by chip UUID, as the slice says them
+        policy = SlicePolicy(options.config.splitboard, options.config.replicas)
+        self.served = Served(policy, self.health_policy, base.sysfs_root)
         self.endpoint = dra_socket(options.plugins_dir, options.pod_uid)
         self.registrar_socket = registration_socket(options.registrar_dir, options.pod_uid)
         self.health = DeviceHealthBoard(options.node_name)
@@ -103,8 +102,6 @@ class DraDriver:
         self.ready = asyncio.Event()
         self.sockets = KubeletSockets(self.registrar_socket, self.endpoint)
         self.metrics = DraMetrics(self._figures, self._prepared_devices)
-        self._facts_changed = asyncio.Event()  # what the node says of its devices changed since metadata was written
-        self._facts_seen = False  # the monitor has given a view: the facts are the node's, not empty
         boot_id = read_boot_id(options.boot_id_path)
         factory, mode = backend_factory or open_backend(base), dra_mode(options, boot_id, healing_rules)
         self._boot_id = boot_id
@@ -122,7 +119,7 @@ class DraDriver:
         self.state = DraState(
             plugin_dir(self.options.plugins_dir), self.options.cdi_spec_dir, self.options.node_name,
             self.options.base.dev_root, self._boot_id, parts.reset_turn,
-            reserved=record.reserved_now if record is not None else dict, facts=self.facts,
+            reserved=record.reserved_now if record is not None else dict, facts=self.served.facts,
         )  # fmt: skip
         return ClaimGuard(self.state, parts.pod_resources, lambda: parts.monitor.inventory)
 
@@ -198,11 +195,12 @@ class DraDriver:
             assert self.api is not None
             self.kube = await self.api.kube()
         boards = any(device.kind == BOARD for claim in self.state.claims.values() for device in claim.devices)
+        served, node = self.served, self.options.node_name
+        wanted = (served.content, served.roots)
         api_side = self.api_side = DriverApi(
-            self.kube, self.options.node_name, self.state, self.options.claim_read_timeout, (self.content, self.roots),
-            counters=boards,
-        )  # fmt: skip
-        api, node = self.api, self.options.node_name
+            self.kube, node, self.state, self.options.claim_read_timeout, wanted, counters=boards
+        )
+        api = self.api
         watches = node_watches(api, node, self._slices_seen, self._node_seen) if api is not None else {}
         duties = {"publish-slice": api_side.publisher.run, "device-metadata": self._keep_metadata}  # acting only
         for name, task in {**watches, **self.node.tasks(duties)}.items():
@@ -246,37 +244,31 @@ class DraDriver:
     # ---- the hardware, as the monitor sees it -------------------------------------------------
 
     def hardware_changed(self, view: HardwareView) -> None:
-        """A new view of the hardware: the slice content, the health stream, the publisher and the node labels
-        follow, in that order (the labels read the new content)."""
-        content = slice_content(view.inventory, self.health_policy, self.policy)
-        roots = pcie_roots(view.inventory, self.options.base.sysfs_root)
-        if content == self.content and roots == self.roots:
+        """A new view of the hardware: what is served, the health stream, the publisher and the node labels follow,
+        in that order (the labels read the new content)."""
+        if not self.served.take(view):
             return
-        for warning in content.warnings:
-            if warning not in self.content.warnings:
-                log.warning("%s", warning)
-        self.content, self.roots = content, roots
-        self._facts_seen = True
-        self._facts_changed.set()
-        self.health.update(content)
+        self.health.update(self.content)
         if self.publisher is not None:
-            self.publisher.want(content, roots)
+            self.publisher.want(self.content, self.served.roots)
         self.node.labels_changed()
 
-    def facts(self) -> NodeFacts:
-        """What the node publishes of its devices now, as the claims' device metadata says it."""
-        return NodeFacts(self.content, self.roots, known=self._facts_seen)
+    @property
+    def content(self) -> SliceContent:
+        """The slice content served now."""
+        return self.served.content
 
     async def _keep_metadata(self) -> None:
         """While this pod acts for the node (publishing its slices): bring the prepared claims' device metadata up to
         date when what the node says of its devices changes (health, a reset, a hot-plug): one writer at a time, and
         the new pod of an update writes what it publishes once it takes over."""
-        while not self._facts_seen:
+        served = self.served
+        while not served.known:
             await asyncio.sleep(METADATA_POLL)
         while True:
-            self._facts_changed.clear()
-            await self.state.refresh_metadata(self.facts())
-            await self._facts_changed.wait()
+            served.changed.clear()
+            await self.state.refresh_metadata(served.facts())
+            await served.changed.wait()
 
     # ---- claims ---------------------------------------------------------------------------------
 
