@@ -26,13 +26,13 @@ from helpers.support import RESOURCE, TWO_CHIPS, DaemonFactory, config_flags, me
 from helpers.waits import stays, until
 
 from ix_device_plugin.api import HEALTHY, UNHEALTHY
-from ix_device_plugin.deviceplugin import loop
 from ix_device_plugin.deviceplugin.loop import Daemon
 from ix_device_plugin.gpureset import sequence
 from ix_device_plugin.gpureset.sequence import OUR_NAME, ResetInfo
 from ix_device_plugin.healing.events import FLUSH_INTERVAL
 from ix_device_plugin.healing.story import read_story, story_path
 from ix_device_plugin.healing.wayback import RETURN_ANNOTATION
+from ix_device_plugin.nodeagent import kit
 from ix_device_plugin.standins.apiserver import ApiServerStandIn
 from ix_device_plugin.standins.kubelet import KubeletStandIn
 from ix_device_plugin.standins.podresources import PodResourcesStandIn
@@ -218,7 +218,7 @@ async def test_a_stop_while_ixsmi_hangs_kills_it_after_the_wait_and_counts_the_r
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setattr(sequence, "RESET_STOP_WAIT", 1.0)  # the README's 10 s, shortened
-    monkeypatch.setattr(loop, "RESET_STOP_WAIT", 1.0)
+    monkeypatch.setattr(kit, "RESET_STOP_WAIT", 1.0)
     ixsmi.delay.write_text("60")
     daemon, view = await broken_chip.started(reset_timeout=120.0)
     assert metric(daemon, "ix_device_plugin_gpu_resets_total", result="cancelled") == 0  # there from the start

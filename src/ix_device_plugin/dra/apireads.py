@@ -54,3 +54,17 @@ class ApiReads:
             raise ClaimError(f"{what}: cannot read it from the API server within {self.timeout:g}s") from None
         except KubeError as error:
             raise ClaimError(f"{what}: {error.message}") from None
+
+
+class ClaimMemo:
+    """The claims one NodePrepareResources reads, each read once through reads and kept by UID: the prepare decides
+    from the claim, the status write and the containers' tellers start from the same object."""
+
+    def __init__(self, reads: ApiReads) -> None:
+        self._reads = reads
+        self.read: dict[str, dict[str, Any]] = {}  # claim UID -> the ResourceClaim, as read for this call
+
+    async def __call__(self, ref: ClaimRef) -> dict[str, Any]:
+        """The ResourceClaim (read again when asked again: a prepare that lost its turn reads it anew)."""
+        self.read[ref.uid] = found = await self._reads.claim(ref)
+        return found

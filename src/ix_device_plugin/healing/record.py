@@ -66,6 +66,11 @@ class RecordFile:
         written when the file is gone or cannot be used (only the pod acting for the node may forget: it writes)."""
         return self.read() or self.last_good
 
+    def reserved_now(self) -> dict[str, str]:
+        """Chips reserved for a reset by any pod of the agent (chip UUID -> why), as known() says now."""
+        record = self.known()
+        return {} if record is None else record.reserved()
+
     def holds_written(self, found: HealthRecord | None) -> bool:
         """True when found, read from the file, is the record this process wrote last (a pod acting for the node
         checks that no one removed, spoiled or changed it)."""

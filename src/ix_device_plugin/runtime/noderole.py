@@ -27,17 +27,15 @@ and the update's deletion of the old pod end it, and the kernel lets go.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ix_device_plugin.runtime.backoff import Backoff
-from ix_device_plugin.runtime.files import OutputError
-from ix_device_plugin.runtime.locks import FileLock, LockError
+from ix_device_plugin.runtime.locks import FileLock, LockError, TurnLock
 from ix_device_plugin.runtime.logs import OncePerError
 
 log = logging.getLogger(__name__)
@@ -66,6 +64,10 @@ class NodeLocks:
 
     role: tuple[Path, ...]
     reset: tuple[Path, ...]
+
+    def reset_turn(self, timeout: float) -> TurnLock:
+        """The node's reset turn over these lock files, waited for at most timeout seconds."""
+        return reset_turn(self.reset, timeout)
 
     @classmethod
     def device_plugin(cls, plugins_dir: Path) -> NodeLocks:
@@ -229,47 +231,16 @@ class NodeRole:
             lock.release()
 
 
-class ResetTurn:
+def reset_turn(paths: Sequence[Path], timeout: float, *, poll: float = TURN_POLL) -> TurnLock:
     """The node's turn to reset GPUs, shared by every pod of the agent whatever its mode: this process's turn, then
-    each lock file of paths in order (see NodeLocks.reset)."""
-
-    def __init__(self, paths: Sequence[Path], timeout: float, *, poll: float = TURN_POLL) -> None:
-        self.paths = tuple(paths)
-        self.timeout = timeout
-        self._poll = poll
-        self._in_process = asyncio.Lock()
-
-    @contextlib.asynccontextmanager
-    async def held(self) -> AsyncIterator[None]:
-        """Inside the turn: every lock had within timeout seconds (a wait for another pod's is said in the log;
-        cancelling ends it); OutputError past it."""
-        deadline = time.monotonic() + self.timeout
-        try:
-            async with asyncio.timeout(self.timeout):
-                await self._in_process.acquire()
-        except TimeoutError:
-            raise OutputError(
-                f"this process's other GPU resets kept the node's reset turn for more than {self.timeout:g}s"
-            ) from None
-        taken: list[FileLock] = []
-        try:
-            for path in self.paths:
-                lock = FileLock(path)
-                _make_parent(path)
-                await lock.take(max(0.0, deadline - time.monotonic()), poll=self._poll, purpose="a GPU reset")
-                taken.append(lock)
-            yield
-        finally:
-            for lock in reversed(taken):
-                lock.release()
-            self._in_process.release()
-
-
-def _make_parent(path: Path) -> None:
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as error:
-        raise LockError(f"cannot make the directory of the lock file {path}: {error}") from None
+    each lock file of paths in order (see NodeLocks.reset), had within timeout seconds."""
+    return TurnLock(
+        paths,
+        timeout,
+        poll=poll,
+        purpose="a GPU reset",
+        busy="this process's other GPU resets kept the node's reset turn",
+    )
 
 
 async def _first_of(*works: Coroutine[Any, Any, None]) -> None:

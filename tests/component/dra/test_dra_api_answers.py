@@ -350,16 +350,16 @@ async def test_the_unprepare_has_the_last_word_on_the_claim_status_after_a_slow_
     api.slow_down("PATCH", "/resourceclaims/slow/status", 0.6)  # the prepare's write lands late
     assert answer(await kubelet.prepare([claim]), claim[2]).error == ""
     await until(lambda: status_patches(api, "slow") == 1, timeout=2)  # sent, held up in the server
-    assert driver.claim_status is not None and driver.claim_status.under_way == 1
+    assert driver.api_side is not None and driver.api_side.claim_status.under_way == 1
     assert answer(await kubelet.unprepare([claim]), claim[2]).error == ""
     # the unprepare's write, after the prepare's late one, leaves the claim with no devices
     await until(
-        lambda: status_patches(api, "slow") == 2 and driver.claim_status.under_way == 0,
+        lambda: status_patches(api, "slow") == 2 and driver.api_side.claim_status.under_way == 0,
         timeout=5,
         message="the unprepare's status write after the prepare's",
     )
     assert claim_devices(api, "slow") == []
-    assert driver.claim_status.under_way == 0
+    assert driver.api_side.claim_status.under_way == 0
     await kubelet.close()
 
 

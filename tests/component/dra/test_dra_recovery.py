@@ -374,7 +374,9 @@ async def test_a_prepare_and_an_unprepare_racing_on_one_claim_end_as_the_last_on
     await node.wait_slice(lambda devices: len(devices) == 6)
     claim = node.claim("racing", ["gpu-0"])
     reading, release = asyncio.Event(), asyncio.Event()
-    read_claim = driver._read_claim
+    assert driver.api_side is not None
+    reads = driver.api_side.reads
+    read_claim = reads.claim
 
     async def slow_read(ref: Any) -> Any:  # the API server answers the prepare's read late
         reading.set()
@@ -387,7 +389,7 @@ async def test_a_prepare_and_an_unprepare_racing_on_one_claim_end_as_the_last_on
         unprepare_asked.set()
         return await state_unprepare(ref)
 
-    driver._read_claim = slow_read  # type: ignore[method-assign]
+    reads.claim = slow_read  # type: ignore[method-assign]
     driver.state.unprepare = noted_unprepare  # type: ignore[method-assign]
     kubelet = await node.kubelet(driver)
     prepare = asyncio.create_task(kubelet.prepare([claim]))

@@ -57,9 +57,10 @@ def test_the_plugins_node_agent_loads_no_reset_no_events_writer_and_no_hashes_th
     assert loaded_after(BUILT_ALONE.format(root=str(tmp_path))) == []
 
 
-def test_the_plugins_node_files_load_the_labels_only_when_written(tmp_path: Path) -> None:
-    off = "from pathlib import Path\nfrom ix_device_plugin.deviceplugin.nodefiles import NodeFiles\n"
-    off += "NodeFiles(None, None, Path('/dev'), Path('/sys'))"
+def test_the_node_agent_loads_the_labels_only_when_written(tmp_path: Path) -> None:
+    off = "from pathlib import Path\nfrom ix_device_plugin.nodeagent.kit import NodeAgent\n"
+    off += "from ix_device_plugin.settings.options import NodeOptions\n"
+    off += "NodeAgent._labels(NodeOptions(node_feature_dir=None))"
     assert loaded_after(off) == []
-    on = off.replace("NodeFiles(None, None", f"NodeFiles(None, Path({str(tmp_path)!r})")
+    on = off.replace("node_feature_dir=None", f"node_feature_dir=Path({str(tmp_path)!r})")
     assert "ix_device_plugin.nodelabels.service" in loaded_after(on)

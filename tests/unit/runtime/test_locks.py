@@ -1,4 +1,5 @@
-"""FileLock: one holder at a time, a deadline on every wait, and a lock file that is what it should be."""
+"""FileLock: one holder at a time, a deadline on every wait, and a lock file that is what it should be; TurnLock:
+this process's turn, then every file lock, within one deadline."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ from pathlib import Path
 import pytest
 from helpers.waits import until
 
-from ix_device_plugin.runtime.locks import FileLock, LockError
+from ix_device_plugin.runtime.files import OutputError
+from ix_device_plugin.runtime.locks import FileLock, LockError, TurnLock
 
 
 def test_one_holder_at_a_time_and_the_next_after_release(tmp_path: Path) -> None:
@@ -100,3 +102,41 @@ def test_taking_or_releasing_twice_changes_nothing(tmp_path: Path) -> None:
     lock.release()
     lock.release()
     assert not lock.held and FileLock(tmp_path / "x.lock").try_take()
+
+
+async def test_a_turn_is_one_task_at_a_time_and_holds_every_file_inside(tmp_path: Path) -> None:
+    paths = (tmp_path / "node" / "a.lock", tmp_path / "b.lock")
+    turn = TurnLock(paths, 5, poll=0.01, purpose="a test")
+    inside: list[int] = []
+    most = 0
+
+    async def take(n: int) -> None:
+        nonlocal most
+        async with turn.held():
+            inside.append(n)
+            most = max(most, len(inside))
+            assert not any(FileLock(path).try_take() for path in paths)  # another pod would wait
+            await asyncio.sleep(0.01)
+            inside.remove(n)
+
+    await asyncio.gather(*(take(n) for n in range(4)))
+    assert most == 1
+    assert all(FileLock(path).try_take() for path in paths)  # all let go after the turn
+
+
+async def test_a_turn_this_process_keeps_past_the_deadline_is_an_error_saying_who(tmp_path: Path) -> None:
+    turn = TurnLock((tmp_path / "x.lock",), 5, poll=0.01, purpose="a test", busy="the other tests kept it")
+    async with turn.held():
+        with pytest.raises(OutputError, match=r"^the other tests kept it for more than 0.1s$"):
+            async with turn.held(0.1):
+                pytest.fail("two tasks inside one turn")
+
+
+async def test_a_turn_another_process_holds_past_the_deadline_names_the_file_and_the_purpose(tmp_path: Path) -> None:
+    path = tmp_path / "x.lock"
+    other = FileLock(path)
+    assert other.try_take()
+    with pytest.raises(OutputError, match=f"{path}.*a test"):
+        async with TurnLock((path,), 0.1, poll=0.01, purpose="a test").held():
+            pytest.fail("inside while another holds the file")
+    other.release()

@@ -14,7 +14,7 @@ from packaging.version import Version
 
 import ix_device_plugin
 from ix_device_plugin.runtime.files import OutputError
-from ix_device_plugin.runtime.locks import FileLock
+from ix_device_plugin.runtime.locks import FileLock, TurnLock
 from ix_device_plugin.runtime.noderole import (
     EARLIER_DRA_RESET,
     EARLIER_DRA_ROLE,
@@ -25,7 +25,7 @@ from ix_device_plugin.runtime.noderole import (
     ROLE_FILE,
     NodeLocks,
     NodeRole,
-    ResetTurn,
+    reset_turn,
 )
 
 
@@ -148,12 +148,12 @@ async def test_an_old_name_replaced_on_the_node_stops_the_work_until_the_role_is
 
 
 async def test_the_reset_turn_is_one_at_a_time_across_modes(tmp_path: Path) -> None:
-    plugin = ResetTurn(NodeLocks.device_plugin(tmp_path).reset, timeout=5, poll=0.01)
-    dra = ResetTurn(NodeLocks.dra(tmp_path).reset, timeout=5, poll=0.01)
+    plugin = reset_turn(NodeLocks.device_plugin(tmp_path).reset, timeout=5, poll=0.01)
+    dra = reset_turn(NodeLocks.dra(tmp_path).reset, timeout=5, poll=0.01)
     inside: list[str] = []
     most = 0
 
-    async def reset(turn: ResetTurn, name: str) -> None:
+    async def reset(turn: TurnLock, name: str) -> None:
         nonlocal most
         async with turn.held():
             inside.append(name)
@@ -171,7 +171,7 @@ async def test_the_reset_turn_is_one_at_a_time_across_modes(tmp_path: Path) -> N
 async def test_a_reset_waits_for_an_old_pods_reset_under_the_old_name_and_gives_up_naming_it(
     tmp_path: Path, locks: Callable[[Path], NodeLocks], earlier: str
 ) -> None:
-    turn = ResetTurn(locks(tmp_path).reset, timeout=0.3, poll=0.01)
+    turn = reset_turn(locks(tmp_path).reset, timeout=0.3, poll=0.01)
     with old_pod(tmp_path / earlier), pytest.raises(OutputError, match=f"{earlier}.*a GPU reset"):
         async with turn.held():
             pytest.fail("reset while an old pod resets")
@@ -180,7 +180,7 @@ async def test_a_reset_waits_for_an_old_pods_reset_under_the_old_name_and_gives_
 
 
 async def test_a_reset_turn_given_up_lets_go_of_what_it_had(tmp_path: Path) -> None:
-    turn = ResetTurn(NodeLocks.dra(tmp_path).reset, timeout=0.2, poll=0.01)
+    turn = reset_turn(NodeLocks.dra(tmp_path).reset, timeout=0.2, poll=0.01)
     with old_pod(tmp_path / EARLIER_DRA_RESET), pytest.raises(OutputError):
         async with turn.held():
             pass
