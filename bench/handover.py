@@ -18,7 +18,7 @@ from typing import Any
 from bench.plugin import short_dir
 from bench.settings import Settings
 from bench.stats import summary_ms
-from ix_device_plugin.deviceplugin.loop import Daemon
+from ix_device_plugin.deviceplugin.daemon import Daemon
 from ix_device_plugin.hardware.simulated import SimulatedBackend
 from ix_device_plugin.settings.options import Options
 from ix_device_plugin.standins.kubelet import KubeletStandIn

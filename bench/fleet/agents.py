@@ -42,7 +42,7 @@ from typing import Any
 import yaml
 
 from ix_device_plugin.apiserver.settings import InCluster, KubeSettings
-from ix_device_plugin.deviceplugin.loop import Daemon
+from ix_device_plugin.deviceplugin.daemon import Daemon
 from ix_device_plugin.deviceplugin.registrar import Registrar
 from ix_device_plugin.dra.driver import DraDriver
 from ix_device_plugin.dra.prepared import ClaimRef

@@ -26,12 +26,12 @@ from helpers.support import RESOURCE, TWO_CHIPS, DaemonFactory, config_flags, me
 from helpers.waits import stays, until
 
 from ix_device_plugin.api import HEALTHY, UNHEALTHY
-from ix_device_plugin.deviceplugin.loop import Daemon
+from ix_device_plugin.deviceplugin.daemon import Daemon
 from ix_device_plugin.gpureset import sequence
 from ix_device_plugin.gpureset.sequence import OUR_NAME, ResetInfo
 from ix_device_plugin.healing.events import FLUSH_INTERVAL
+from ix_device_plugin.healing.operatorreturn import RETURN_ANNOTATION
 from ix_device_plugin.healing.story import read_story, story_path
-from ix_device_plugin.healing.wayback import RETURN_ANNOTATION
 from ix_device_plugin.nodeagent import kit
 from ix_device_plugin.standins.apiserver import ApiServerStandIn
 from ix_device_plugin.standins.kubelet import KubeletStandIn

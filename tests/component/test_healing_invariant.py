@@ -14,7 +14,7 @@ from helpers.support import RESOURCE, TWO_CHIPS, config_flags
 from helpers.waits import stays, until
 
 from ix_device_plugin.api import HEALTHY, UNHEALTHY
-from ix_device_plugin.deviceplugin.loop import Daemon
+from ix_device_plugin.deviceplugin.daemon import Daemon
 from ix_device_plugin.gpureset.sequence import OUR_NAME, ResetInfo
 from ix_device_plugin.healing.record import RECORD_FILE, record_path
 from ix_device_plugin.kubelet.podresources import KUBELET_SETTLE

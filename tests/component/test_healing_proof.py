@@ -19,7 +19,7 @@ from helpers.support import RESOURCE, config_flags, metric
 from helpers.waits import stays, until
 
 from ix_device_plugin.api import HEALTHY, UNHEALTHY
-from ix_device_plugin.deviceplugin.loop import Daemon
+from ix_device_plugin.deviceplugin.daemon import Daemon
 from ix_device_plugin.hardware.backend import Backend
 from ix_device_plugin.hardware.open import backend_factory
 from ix_device_plugin.hardware.resetpath import LocalReset

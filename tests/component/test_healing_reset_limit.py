@@ -14,8 +14,8 @@ from helpers.waits import stays, until
 from test_health_record import recorded
 
 from ix_device_plugin.api import HEALTHY, UNHEALTHY
+from ix_device_plugin.healing.operatorreturn import RETURN_ANNOTATION
 from ix_device_plugin.healing.telling import RESET_LIMIT_REACHED
-from ix_device_plugin.healing.wayback import RETURN_ANNOTATION
 from ix_device_plugin.standins.apiserver import ApiServerStandIn
 from ix_device_plugin.standins.kubelet import KubeletStandIn
 

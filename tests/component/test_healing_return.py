@@ -14,7 +14,7 @@ from helpers.waits import stays, until
 from test_health_record import recorded
 
 from ix_device_plugin.api import HEALTHY, UNHEALTHY
-from ix_device_plugin.healing.wayback import RETURN_ANNOTATION
+from ix_device_plugin.healing.operatorreturn import RETURN_ANNOTATION
 from ix_device_plugin.standins.apiserver import ApiServerStandIn
 from ix_device_plugin.standins.kubelet import KubeletStandIn
 from ix_device_plugin.standins.podresources import PodResourcesStandIn

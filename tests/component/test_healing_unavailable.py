@@ -15,9 +15,9 @@ from helpers.waits import stays, until
 from test_health_record import recorded
 
 from ix_device_plugin.api import HEALTHY, UNHEALTHY
-from ix_device_plugin.deviceplugin.loop import Daemon
+from ix_device_plugin.deviceplugin.daemon import Daemon
 from ix_device_plugin.hardware.open import BackendFactory, backend_factory
-from ix_device_plugin.healing.wayback import RETURN_ANNOTATION
+from ix_device_plugin.healing.operatorreturn import RETURN_ANNOTATION
 from ix_device_plugin.settings.options import NodeOptions
 from ix_device_plugin.standins.apiserver import ApiServerStandIn
 from ix_device_plugin.standins.kubelet import KubeletStandIn, ResourceView

@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ix_device_plugin.core.inventory import Board, Chip, Inventory
-from ix_device_plugin.deviceplugin.holders import WHOLE_BOARDS_FILE, PodHolders, WholeBoardsMark
+from ix_device_plugin.deviceplugin.chipguard import WHOLE_BOARDS_FILE, PodHolders, WholeBoardsMark
 from ix_device_plugin.deviceplugin.state import Current, State
 from ix_device_plugin.kubelet.podresources import PodResources
 from ix_device_plugin.runtime.noderole import reset_turn

@@ -14,7 +14,7 @@ from helpers.support import DaemonFactory
 from helpers.waits import until
 from prometheus_client.parser import text_string_to_metric_families
 
-from ix_device_plugin.deviceplugin.loop import Daemon
+from ix_device_plugin.deviceplugin.daemon import Daemon
 from ix_device_plugin.dra.driver import DraDriver
 from ix_device_plugin.standins.apiserver import ApiServerStandIn
 from ix_device_plugin.standins.kubelet import KubeletStandIn

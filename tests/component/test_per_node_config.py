@@ -15,8 +15,8 @@ from helpers.support import RESOURCE, DaemonFactory
 from helpers.waits import until
 
 from ix_device_plugin.apiserver.settings import settings_from
-from ix_device_plugin.deviceplugin.loop import Daemon
-from ix_device_plugin.healing.wayback import RETURN_ANNOTATION
+from ix_device_plugin.deviceplugin.daemon import Daemon
+from ix_device_plugin.healing.operatorreturn import RETURN_ANNOTATION
 from ix_device_plugin.standins.apiserver import ApiServerStandIn
 from ix_device_plugin.standins.kubelet import KubeletStandIn
 from ix_device_plugin.tools.demo import ConfigMapDir

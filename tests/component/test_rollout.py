@@ -16,8 +16,8 @@ from helpers.waits import stays, until
 from ix_device_plugin.api import HEALTHY, UNHEALTHY, api_pb2
 from ix_device_plugin.apiserver.settings import KubeSettings, settings_from
 from ix_device_plugin.core.allocation import AllocationError
+from ix_device_plugin.deviceplugin.daemon import Daemon
 from ix_device_plugin.deviceplugin.endpoint import plugin_socket
-from ix_device_plugin.deviceplugin.loop import Daemon
 from ix_device_plugin.standins.apiserver import ApiServerStandIn
 from ix_device_plugin.standins.kubelet import KubeletStandIn
 from ix_device_plugin.standins.podresources import PodResourcesStandIn

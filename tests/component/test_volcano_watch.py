@@ -26,8 +26,8 @@ from helpers.waits import stays, until
 
 from ix_device_plugin.apiserver.watch import Mirror
 from ix_device_plugin.deviceplugin import features
+from ix_device_plugin.deviceplugin.daemon import Daemon
 from ix_device_plugin.deviceplugin.features.volcano import DEVICE_INFO_KEY, DEVICE_LIST_KEY, VolcanoMode
-from ix_device_plugin.deviceplugin.loop import Daemon
 from ix_device_plugin.standins.apiserver import ApiServerStandIn, Recorded
 from ix_device_plugin.standins.kubelet import KubeletStandIn
 from ix_device_plugin.standins.podresources import PodResourcesStandIn

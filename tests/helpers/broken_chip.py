@@ -15,9 +15,9 @@ from pathlib import Path
 from helpers.reset_support import FAST_HEALING, NAMESPACE, NODE, Ixsmi
 from helpers.support import RESOURCE, DaemonFactory, inject_xid, make_dev_root
 from ix_device_plugin.apiserver.settings import settings_from
-from ix_device_plugin.deviceplugin.loop import Daemon
+from ix_device_plugin.deviceplugin.daemon import Daemon
 from ix_device_plugin.hardware.ixml import IxmlBackend
-from ix_device_plugin.healing.wayback import RETURN_ANNOTATION
+from ix_device_plugin.healing.operatorreturn import RETURN_ANNOTATION
 from ix_device_plugin.standins.apiserver import ApiServerStandIn
 from ix_device_plugin.standins.kubelet import KubeletStandIn, ResourceView
 from ix_device_plugin.standins.podresources import PodResourcesStandIn

@@ -17,7 +17,7 @@ from ix_device_plugin.apiserver.settings import settings_from
 from ix_device_plugin.core.healing import Rules
 from ix_device_plugin.core.inventory import Inventory
 from ix_device_plugin.core.telemetry import ChipSample
-from ix_device_plugin.deviceplugin.loop import Daemon
+from ix_device_plugin.deviceplugin.daemon import Daemon
 from ix_device_plugin.gpureset.sequence import DATA_KEY, OUR_NAME, ResetInfo, ResetSettings
 from ix_device_plugin.hardware.backend import Backend
 from ix_device_plugin.hardware.ixml.reset import run_ixsmi_reset

@@ -11,8 +11,8 @@ import yaml
 
 from helpers.support import RESOURCE, DaemonFactory, config_flags
 from ix_device_plugin.apiserver.settings import settings_from
+from ix_device_plugin.deviceplugin.daemon import Daemon
 from ix_device_plugin.deviceplugin.features.volcano import DEV_KUBELET, DEV_REAL_ALLOC, DEV_VOLCANO, PREDICATE_TIME
-from ix_device_plugin.deviceplugin.loop import Daemon
 from ix_device_plugin.hardware.simulated import SimulatedBackend
 from ix_device_plugin.standins.apiserver import ApiServerStandIn
 from ix_device_plugin.standins.apiserver.managedfields import Writer

@@ -11,7 +11,7 @@ from ix_device_plugin.core.plan import Plan
 from ix_device_plugin.settings.config import Config
 from ix_device_plugin.settings.table import FILE_SETTINGS
 
-log = logging.getLogger("ix_device_plugin.deviceplugin.loop")  # where operators and tests have always read them
+log = logging.getLogger("ix_device_plugin.deviceplugin.daemon")  # where operators and tests have always read them
 
 
 def log_plan(plan: Plan) -> None:

@@ -1,4 +1,4 @@
-"""The events the reconcile loop hears (deviceplugin/loop.py).
+"""The events the reconcile loop hears (deviceplugin/daemon.py).
 
 Each input only turns a happening into one of these events on the loop's one queue, and the loop, the one writer of
 the served State, takes them one at a time.

@@ -29,8 +29,8 @@ from ix_device_plugin.core.inventory import Inventory
 from ix_device_plugin.core.labels import LabelSet
 from ix_device_plugin.dra.agentmode import dra_mode
 from ix_device_plugin.dra.apireads import ClaimMemo
+from ix_device_plugin.dra.chipguard import ClaimGuard
 from ix_device_plugin.dra.driverapi import DriverApi
-from ix_device_plugin.dra.healguard import ClaimGuard
 from ix_device_plugin.dra.health import DeviceHealthBoard
 from ix_device_plugin.dra.kubeletsockets import KubeletSockets
 from ix_device_plugin.dra.metrics import DraMetrics

@@ -12,11 +12,11 @@ from typing import Any
 from ix_device_plugin.apiserver.client import Kube
 from ix_device_plugin.dra.apireads import ApiReads, ClaimMemo
 from ix_device_plugin.dra.claimstatus import ClaimStatusWriter
+from ix_device_plugin.dra.containerteller import ContainerTeller
 from ix_device_plugin.dra.prepared import ClaimRef, PreparedClaim
 from ix_device_plugin.dra.publisher import SlicePublisher
 from ix_device_plugin.dra.slices import SliceContent
 from ix_device_plugin.dra.state import DraState
-from ix_device_plugin.dra.teller import ContainerTeller
 from ix_device_plugin.runtime.service import bounded
 
 

@@ -13,7 +13,7 @@ from ix_device_plugin.apiserver.connection import ApiConnection
 from ix_device_plugin.apiserver.objects import NODE, RESOURCE_SLICE, uid_of
 from ix_device_plugin.apiserver.watch import Key, Mirror
 from ix_device_plugin.dra.publisher import StoredSlice, stored_slice
-from ix_device_plugin.healing.wayback import return_annotation
+from ix_device_plugin.healing.operatorreturn import return_annotation
 from ix_device_plugin.runtime.service import TaskFactory
 
 SlicesSeen = Callable[[Mapping[str, str]], None]  # this driver's slices as stored: name -> resourceVersion

@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from ix_device_plugin.apiserver.connection import ApiConnection
     from ix_device_plugin.gpureset.service import ResetService
     from ix_device_plugin.healing.events import NodeEvents
-    from ix_device_plugin.healing.wayback import ReturnRequests
+    from ix_device_plugin.healing.operatorreturn import ReturnRequests
 
 
 class NodeHealing:
@@ -51,7 +51,7 @@ class NodeHealing:
             self.events = NodeEvents(api, api.node_name, written=self._written, dropped=self._dropped, **timing)
         self.healer = Healer(monitor, reset, guard, settings, registry=registry, events=self.events, record=record)
         if api is not None:
-            from ix_device_plugin.healing.wayback import ReturnRequests
+            from ix_device_plugin.healing.operatorreturn import ReturnRequests
 
             healer = self.healer
             self.requests = ReturnRequests(api, healer.operator_return, healer.returns_handled, healer.returns_read)

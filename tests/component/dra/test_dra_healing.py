@@ -19,8 +19,8 @@ from ix_device_plugin.core.inventory import ChipStatus
 from ix_device_plugin.dra.driver import DraDriver
 from ix_device_plugin.dra.slices import UNHEALTHY_TAINT
 from ix_device_plugin.dra.state import RESET_LOCK_FILE
+from ix_device_plugin.healing.operatorreturn import RETURN_ANNOTATION
 from ix_device_plugin.healing.record import record_path
-from ix_device_plugin.healing.wayback import RETURN_ANNOTATION
 from ix_device_plugin.standins.apiserver import ApiServerStandIn
 
 STEPS = ("GPUXidError", "GPUUnhealthy", "GPUHealingReset", "GPUHealthy")

@@ -11,7 +11,7 @@ import pytest
 
 SOURCE = Path(__file__).resolve().parents[3] / "src" / "ix_device_plugin"
 KIT = SOURCE / "nodeagent" / "kit.py"
-FRONT_ENDS = (SOURCE / "deviceplugin" / "loop.py", SOURCE / "dra" / "driver.py")
+FRONT_ENDS = (SOURCE / "deviceplugin" / "daemon.py", SOURCE / "dra" / "driver.py")
 NODE_SERVICES = ("HardwareMonitor", "GpuReset", "NodeHealing", "NodeRole", "RecordFile", "TelemetrySampler")
 WIRED_AFTER = ("ignored", "node_turn", "quiet_others")  # what the front ends once set on a built collaborator
 

@@ -23,6 +23,7 @@ from ix_device_plugin.core.limits import device_list_problem
 from ix_device_plugin.core.plan import Plan
 from ix_device_plugin.deviceplugin.agentmode import api_connection, plugin_mode
 from ix_device_plugin.deviceplugin.changes import config_diff, log_plan, log_transitions
+from ix_device_plugin.deviceplugin.chipguard import PodHolders, WholeBoardsMark
 from ix_device_plugin.deviceplugin.configsource import ConfigSource
 from ix_device_plugin.deviceplugin.endpoint import Endpoint, plugin_socket
 from ix_device_plugin.deviceplugin.events import (
@@ -41,7 +42,6 @@ from ix_device_plugin.deviceplugin.handover import (
     registration_beside,
     until_fixed_name_free,
 )
-from ix_device_plugin.deviceplugin.holders import PodHolders, WholeBoardsMark
 from ix_device_plugin.deviceplugin.metrics import Metrics
 from ix_device_plugin.deviceplugin.nodefiles import NodeFiles
 from ix_device_plugin.deviceplugin.registrar import Registrar
@@ -51,7 +51,7 @@ from ix_device_plugin.hardware.backend import BackendError
 from ix_device_plugin.hardware.monitor import HardwareView
 from ix_device_plugin.hardware.open import BackendFactory
 from ix_device_plugin.hardware.open import backend_factory as open_backend
-from ix_device_plugin.healing.wayback import return_annotation
+from ix_device_plugin.healing.operatorreturn import return_annotation
 from ix_device_plugin.nodeagent.kit import NodeAgent, NodeParts
 from ix_device_plugin.runtime.errors import StartupError
 from ix_device_plugin.runtime.filewatch import Watcher
