@@ -145,9 +145,6 @@ class HollowDraDriver(DraDriver):
         if self.traffic is not None and self.kube is not None:
             self.traffic.install(self.kube._client._client._client)
 
-    async def _start_probes(self) -> None:
-        return None
-
 
 class NoKubelet(Registrar):
     """A registrar with no kubelet to register with: it waits for ever instead of looking for kubelet.sock."""
@@ -245,8 +242,9 @@ class HollowNode:
         return self.driver
 
     async def _status_written(self) -> None:
-        writer = self._running().claim_status
-        if writer is not None:
+        api_side = self._running().api_side
+        if api_side is not None:
+            writer = api_side.claim_status
             await until(lambda: not writer.under_way, timeout=STATUS_TIMEOUT, interval=0.05, message="claim status")
 
 
