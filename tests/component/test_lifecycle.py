@@ -80,28 +80,6 @@ async def test_kubelet_refusing_registration_is_retried(plugin_dir: Path, start_
         await kubelet.stop()
 
 
-async def test_a_registration_refused_as_already_connected_by_a_kubelet_that_follows_the_plugin_is_one(
-    plugin_dir: Path, start_daemon: DaemonFactory
-) -> None:
-    """Kubelet 1.37 refuses a second registration of a socket it follows ("device plugin already connected"), and so
-    every later one, while the first connection goes on serving: a plugin that registered twice after a kubelet
-    restart was never ready again. Refused so while the kubelet does follow its ListAndWatch, it is registered."""
-    kubelet = KubeletStandIn(plugin_dir, refuses_connected=True)
-    await kubelet.start()
-    try:
-        daemon = await start_daemon("BI-V100:2")
-        await kubelet.wait_registered(RESOURCE, capacity=2, timeout=5)
-        await until(lambda: daemon.registered, timeout=5)
-        daemon.registrar.request()  # a second registration of the same socket, as after the restart
-        await until(lambda: len(kubelet.registrations) >= 2, timeout=5)
-        await until(lambda: daemon.registered, timeout=5)
-        await stays(lambda: daemon.registered and daemon.ready()[0], for_=1.0, message="registered and ready")
-        assert len(kubelet.registrations) == 2  # not retried: the kubelet has it
-        assert metric(daemon, "ix_device_plugin_registration_failures_total") == 0
-    finally:
-        await kubelet.stop()
-
-
 def plugin_tasks() -> Counter[str]:
     """The tasks of the plugin under test, by what they run: its own coroutines (the stand-ins' and gRPC's
     machinery left out) and the gRPC handlers of its DevicePlugin calls (ListAndWatch: one per open stream)."""

@@ -23,6 +23,9 @@ from ix_device_plugin.runtime.logs import OncePerError
 
 log = logging.getLogger(__name__)
 
+# How long a registration waits for the kubelet to open the ListAndWatch of the socket it has just registered (it
+# dials, asks the options, answers, and only then opens the stream) before registering that socket again.
+FOLLOW_WAIT = 2.0
 BACKOFF_START = 0.05  # seconds before the first retry of a failed registration, doubled each time
 BACKOFF_MAX = 5.0
 # Kubelet 1.37's refusal of a socket it already has an endpoint for. It then forgets its client of that socket but
@@ -58,6 +61,9 @@ class Registrar:
         self._waiting_logged = False
         self._registered_with: Identity | None = None  # the kubelet.sock the last success went to
         self._attempting_with: Identity | None = None  # the kubelet.sock of the attempt under way
+        self._kubelet_has: tuple[Identity | None, Identity | None] | None = (
+            None  # kubelet.sock, our socket: last success
+        )
         self._kubelet_seen = identity(plugin_dir / KUBELET_SOCKET)  # as files_changed last saw it
         self._backoff = Backoff(initial=BACKOFF_START, cap=BACKOFF_MAX)
 
@@ -108,16 +114,45 @@ class Registrar:
                 self._note_waiting(kubelet)
                 await self._sleep_until_kicked(self._poll_interval)
                 continue
+            if not (self._plugin_dir / self._endpoint).exists():  # the endpoint asks again once it serves anew
+                await self._sleep_until_kicked(self._poll_interval)
+                continue
+            if await self._kubelet_follows_this_socket():
+                self._registered_for = self._requested
+                continue
             if await self._attempt():
                 self._backoff.reset()
             else:
                 await self._sleep_until_kicked(self._backoff.next_delay())
 
+    async def _kubelet_follows_this_socket(self) -> bool:
+        """True when the kubelet serving kubelet.sock now is the one the last registration went to, the socket is
+        the one it registered, and the kubelet follows its ListAndWatch (waited for up to FOLLOW_WAIT): asked again
+        meanwhile, by a kubelet restart and the endpoint's restart it caused, the answer is already in hand.
+        Kubelet 1.37 refuses a second registration of a socket it follows, forgets its client of it, and from then
+        on refuses that socket for good: the next process of the plugin would never be registered."""
+        if self._followed is None or self._kubelet_has is None:
+            return False
+        if self._kubelet_has != (
+            identity(self._plugin_dir / KUBELET_SOCKET),
+            identity(self._plugin_dir / self._endpoint),
+        ):
+            return False
+        followed = self._followed
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(FOLLOW_WAIT):
+                while not followed():
+                    await asyncio.sleep(0.05)
+        return followed()
+
+    def _sockets_now(self) -> tuple[Identity | None, Identity | None]:
+        return identity(self._plugin_dir / KUBELET_SOCKET), identity(self._plugin_dir / self._endpoint)
+
     async def _attempt(self) -> bool:
         answering = self._requested
         self._kick.clear()
         name = self._resource_name()
-        kubelet = identity(self._plugin_dir / KUBELET_SOCKET)
+        kubelet, ours = self._sockets_now()
         self._attempting_with = kubelet
         try:
             await register(self._plugin_dir, self._endpoint, name)
@@ -126,6 +161,7 @@ class Registrar:
                 return self._failed(error)
         finally:
             self._attempting_with = None
+        self._kubelet_has = (kubelet, ours)
         return self._succeeded(answering, kubelet, name)
 
     def _already_followed(self, error: RegistrationError) -> bool:

@@ -116,7 +116,10 @@ class KubeletStandIn(api_pb2_grpc.RegistrationServicer):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"invalid resource {request.resource_name!r}")
         target = unix_target(self.plugin_dir / request.endpoint)
         followed = self._endpoints.get(request.resource_name, {}).get(request.endpoint)
-        if self.refuses_connected and followed is not None and not followed.task.done():
+        if self.refuses_connected and followed is not None and (followed.orphaned or not followed.task.done()):
+            # As kubelet 1.37 does: it forgets its client of the socket but keeps the endpoint, which its stream's
+            # end then never removes; every later registration of the socket is refused, until a kubelet restart.
+            followed.orphaned = True
             path = self.plugin_dir / request.endpoint
             await context.abort(grpc.StatusCode.UNKNOWN, f"device plugin already connected: {path}")
         channel = grpc.aio.insecure_channel(target, options=CHANNEL_OPTIONS)
@@ -169,6 +172,8 @@ class KubeletStandIn(api_pb2_grpc.RegistrationServicer):
         except grpc.aio.AioRpcError:
             pass
         endpoints = self._endpoints.get(resource, {})
+        if endpoints.get(name) is not None and endpoints[name].orphaned:
+            return  # kept for good, its devices as last listed: no client is left to disconnect it
         if endpoints.get(name) is not None and endpoints[name].task is asyncio.current_task():
             del endpoints[name]
         elif self.several_endpoints or asyncio.current_task() not in self._replaced:
@@ -262,6 +267,7 @@ class _Endpoint:
 
     channel: grpc.aio.Channel
     task: asyncio.Task[None]
+    orphaned: bool = False  # a second registration of its socket was refused: the kubelet lost its client of it
 
     async def close(self) -> None:
         self.task.cancel()
