@@ -95,6 +95,22 @@ async def test_a_dead_socket_of_an_earlier_or_this_release_is_removed_by_the_nex
     assert not dead.exists() and daemon.endpoint.path.is_socket()
 
 
+async def test_a_socket_left_by_a_pod_killed_while_this_one_served_is_removed_as_this_one_stops(
+    kubelet: KubeletStandIn, start_daemon: DaemonFactory, plugin_dir: Path
+) -> None:
+    """A pod deleted as its container started may lose its SIGTERM and be killed 30 s later, its socket in place:
+    the pods that still run when the plugin is uninstalled are the last that can remove it. One that answers stays."""
+    daemon = await start_daemon(pod_uid=POD_UID)
+    await kubelet.wait_registered(RESOURCE, capacity=2)
+    dead, live = plugin_dir / "iluvatar-gpu-0b1d0000.sock", plugin_dir / "iluvatar-gpu-0b1d0001.sock"
+    with socket.socket(socket.AF_UNIX) as left, socket.socket(socket.AF_UNIX) as serving:
+        left.bind(str(dead))  # bound, never served again: what kill -9 leaves
+        serving.bind(str(live))
+        serving.listen()  # another pod, still stopping
+        await daemon.shutdown()
+        assert not dead.exists() and not daemon.endpoint.path.exists() and live.is_socket()
+
+
 async def test_a_live_socket_named_by_an_earlier_release_is_left_to_its_pod(
     kubelet: KubeletStandIn, start_daemon: DaemonFactory, plugin_dir: Path
 ) -> None:

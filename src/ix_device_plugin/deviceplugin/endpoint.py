@@ -118,9 +118,13 @@ class Endpoint:
         return reason
 
     def remove_socket(self) -> None:
-        """Remove our socket file, if it is still ours (a stop that could not finish still cleans up)."""
+        """Remove our socket file, if it is still ours (a stop that could not finish still cleans up), and the ones
+        other pods left when they were killed: a pod deleted as its container started may have had its SIGTERM
+        dropped before it could take it (runtime/earlystop.py), and been killed with its socket in place; the pods
+        still running when the plugin is uninstalled are the last that can remove it."""
         if self._identity is not None and identity(self.path) == self._identity:
             self.path.unlink(missing_ok=True)
+        remove_unanswered(unanswered(other_pods_sockets(self.path)))
 
     def check_path(self) -> None:
         """StartupError when the socket's path is too long for a unix socket (before anything else starts)."""

@@ -45,6 +45,7 @@ class KubeletSockets:
         self.registrar, self.endpoint = registrar, endpoint
         self._servers: list[grpc.aio.Server] = []
         self._sockets: dict[Path, Identity] = {}  # the sockets this pod put in place, to remove only those
+        self._dirs: tuple[Path, Path] | None = None  # the registrar and plugins directories, once served
 
     async def serve(
         self,
@@ -58,6 +59,7 @@ class KubeletSockets:
         endpoint, registrar = self.endpoint, self.registrar
         for path in (registrar, endpoint):
             path.parent.mkdir(parents=True, exist_ok=True)
+        self._dirs = dirs
         remove_stale_sockets(*dirs)  # left by a pod that was killed
         dra = grpc.aio.server()
         for pb2, grpc_module in ((dra_v1, dra_v1_grpc), (dra_v1beta1, dra_v1beta1_grpc)):
@@ -91,3 +93,5 @@ class KubeletSockets:
         for path, own in self._sockets.items():
             remove_own_socket(path, own)
         self._sockets.clear()
+        if self._dirs is not None:  # and those of pods killed since (see deviceplugin/endpoint.py remove_socket)
+            remove_stale_sockets(*self._dirs)

@@ -264,6 +264,21 @@ async def test_a_socket_nothing_answers_is_removed_at_start_and_a_live_one_kept(
     assert live.endpoint.is_socket() and live.registrar_socket.is_socket() and started.endpoint.is_socket()
 
 
+async def test_a_socket_left_by_a_pod_killed_while_this_one_served_is_removed_as_this_one_stops(
+    node: DraNode,
+) -> None:
+    """As the device plugin's (test_socket_paths.py): the pods still running at an uninstall are the last that can
+    remove the sockets of a pod killed without its SIGTERM."""
+    import socket
+
+    driver = await node.start(pod_uid="pod-last")
+    dead = node.root / "plugins" / DRIVER / "dra-pod-killed.sock"
+    with socket.socket(socket.AF_UNIX) as leftover:
+        leftover.bind(str(dead))  # bound, never listening
+    await node.stop(driver)
+    assert not dead.exists() and not driver.endpoint.exists() and not driver.registrar_socket.exists()
+
+
 async def test_a_socket_path_too_long_to_connect_to_is_a_clear_error_at_start(node: DraNode) -> None:
     registrar_dir = node.root / ("r" * 80) / "plugins_registry"  # a kubelet root too long for any socket name
     registrar = registration_socket(registrar_dir, "pod-long")
