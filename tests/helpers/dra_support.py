@@ -24,6 +24,9 @@ from ix_device_plugin.standins.dra_kubelet import DraKubeletStandIn
 NODE = "node-a"
 DRA_FIELDS = {field.name for field in fields(DraOptions)}
 TWO_BOARDS: list[dict[str, Any]] = [{"product": "BI-V150"}, {"product": "BI-V150"}]
+# A request's device tolerations that tolerate every taint (a burn-in job, or a claim a scenario needs allocated
+# on a chip out of service), copied into the allocation's results as the scheduler does.
+EVERY_TAINT: tuple[dict[str, str], ...] = ({"operator": "Exists"},)
 
 
 def answer(response: Any, uid: str) -> Any:
@@ -148,12 +151,14 @@ class DraNode:
         config: Sequence[dict[str, Any]] = (),
         pod: tuple[str, str] | None = None,
         reserved_for: Sequence[tuple[str, str]] = (),
+        tolerations: Sequence[dict[str, Any]] = (),
     ) -> tuple[str, str, str]:
         """Store an allocated ResourceClaim, as the scheduler leaves it; (namespace, name, uid).
 
         shares: each device allocated as a share taking this many of its shares; config: the allocation's
         config entries (see gpu_config); pod: (name, UID) of the pod it was made for from a template (and
-        reserved for); reserved_for: (name, UID) of the pods a claim made on its own is reserved for.
+        reserved for); reserved_for: (name, UID) of the pods a claim made on its own is reserved for;
+        tolerations: the request's device tolerations, which the scheduler copies into each result.
         """
         uid = str(uuid.uuid4())
         metadata: dict[str, Any] = {"name": name, "namespace": namespace, "uid": uid}
@@ -166,13 +171,18 @@ class DraNode:
                 result["adminAccess"] = True
             if shares is not None:
                 result.update(shareID=str(uuid.uuid4()), consumedCapacity={"shares": str(shares)})
+            if tolerations:
+                result["tolerations"] = [dict(toleration) for toleration in tolerations]
+        exactly: dict[str, Any] = {"deviceClassName": DRIVER}
+        if tolerations:
+            exactly["tolerations"] = [dict(toleration) for toleration in tolerations]
         self.api.put(
             "resourceclaims",
             {
                 "apiVersion": "resource.k8s.io/v1",
                 "kind": "ResourceClaim",
                 "metadata": metadata,
-                "spec": {"devices": {"requests": [{"name": request, "exactly": {"deviceClassName": DRIVER}}]}},
+                "spec": {"devices": {"requests": [{"name": request, "exactly": exactly}]}},
                 "status": {
                     "allocation": {"devices": {"results": results, "config": list(config)}},
                     "reservedFor": [

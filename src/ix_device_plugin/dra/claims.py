@@ -6,7 +6,8 @@ already in, plain data out. `claimspec.py` makes the claim's CDI spec, `state.py
 A device is a chip or a whole board, held whole or, where the node shares its devices, as a share (the
 allocation's `shareID`, taking the `shares` it consumed). No chip is held whole by one claim and by another in
 any way, and the shares of one device never add up to more than it has; each share gets numbered slots on its
-device (`<uuid>::<slot>` in IX_REPLICA_DEVICES, as the device plugin numbers replicas).
+device (`<uuid>::<slot>` in IX_REPLICA_DEVICES, as the device plugin numbers replicas). A device out of service
+(tainted in the slice) is given only to a claim whose allocation tolerates its taints (`tolerations.py`).
 """
 
 from __future__ import annotations
@@ -29,7 +30,8 @@ from ix_device_plugin.dra.config import (
 from ix_device_plugin.dra.metadata import check_request, pod_claim_name, requests_of, with_mount_ids
 from ix_device_plugin.dra.pool import quantity
 from ix_device_plugin.dra.prepared import ClaimError, ClaimRef, PreparedClaim, PreparedDevice
-from ix_device_plugin.dra.slices import CHIP, DRIVER, SHARES, SliceDevice
+from ix_device_plugin.dra.slices import CHIP, DRIVER, SHARES, SliceDevice, device_taints
+from ix_device_plugin.dra.tolerations import Toleration, read_tolerations, taint_text, untolerated
 
 SHARE_ID = re.compile(r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$")
 
@@ -46,13 +48,15 @@ class NodeView:
 
 @dataclass(frozen=True)
 class Result:
-    """One device of a claim's allocation for this driver (shares: what a share consumed, 0 when held whole)."""
+    """One device of a claim's allocation for this driver (shares: what a share consumed, 0 when held whole;
+    tolerations: its request's, copied at allocation)."""
 
     request: str
     device: str
     admin: bool = False
     share_id: str = ""
     shares: int = 0
+    tolerations: tuple[Toleration, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -95,9 +99,11 @@ def allocated(claim: Any, ref: ClaimRef, pool: str) -> tuple[list[Result], list[
 
 def _result(result: dict[str, Any], ref: ClaimRef) -> Result:
     request, device = str(result.get("request", "")), str(result.get("device", ""))
+    tolerations = read_tolerations(result.get("tolerations"), f"claim {ref}: device {device[:80]!r}")
+    admin = result.get("adminAccess") is True
     share_id = result.get("shareID")
     if share_id is None:
-        return Result(request, device, result.get("adminAccess") is True)
+        return Result(request, device, admin, tolerations=tolerations)
     if not isinstance(share_id, str) or not SHARE_ID.match(share_id):
         raise ClaimError(f"claim {ref}: device {device[:80]!r}: shareID {str(share_id)[:80]!r} is not a UUID")
     consumed = _mapping(result.get("consumedCapacity"), ref, f"device {device[:80]!r}: consumedCapacity")
@@ -108,7 +114,7 @@ def _result(result: dict[str, Any], ref: ClaimRef) -> Result:
             f"claim {ref}: device {device[:80]!r}: consumedCapacity {SHARES} {str(value)[:40]!r} is not a whole "
             f"number of shares from 1 to {MAX_SHARES}"
         )
-    return Result(request, device, result.get("adminAccess") is True, share_id.lower(), shares)
+    return Result(request, device, admin, share_id.lower(), shares, tolerations)
 
 
 def _shares(value: Any) -> int | None:
@@ -149,14 +155,18 @@ def slots_in_use(claims: Mapping[str, PreparedClaim]) -> dict[str, set[int]]:
     return used
 
 
-def prepare(ref: ClaimRef, claim: Any, node: NodeView, others: Mapping[str, PreparedClaim]) -> PreparedClaim:
+def prepare(
+    ref: ClaimRef, claim: Any, node: NodeView, others: Mapping[str, PreparedClaim], again: bool = False
+) -> PreparedClaim:
     """The prepared claim for claim; ClaimError for a device unknown, gone (a chip not enumerated, its device node
-    missing), held by another claim in a way that excludes this one, or configured in a way the device does not
-    allow. An unhealthy (tainted) device is prepared: the scheduler allocated it, so the request tolerates its
-    taint, or it broke after the allocation (its health reaches the pod's status).
+    missing), out of service (unhealthy: tainted in the slice) unless its allocation result tolerates every taint it
+    carries now, held by another claim in a way that excludes this one, or configured in a way the device does not
+    allow. A device that broke after the allocation, or was allocated from a slice nobody updated (the kubelet keeps
+    a gone driver's slices for a while), waits until the chip is back in service: the kubelet tries again.
 
     others: the claims prepared now, this one aside. A device allocated with adminAccess is prepared whoever
-    holds it.
+    holds it, under the same rule of health. again: the claim was prepared before (rebuilt from its CDI spec):
+    its devices are its own whatever their health now, as they are for a claim answered from the checkpoint.
     """
     results, configs = allocated(claim, ref, node.pool)
     groups: dict[tuple[str, str], list[Result]] = {}
@@ -177,6 +187,8 @@ def prepare(ref: ClaimRef, claim: Any, node: NodeView, others: Mapping[str, Prep
         admin = all(result.admin for result in group)
         shares = group[0].shares
         _check_present(ref, device)
+        if not again:
+            _check_in_service(ref, device, group)
         if not admin:
             _check(ref, device, share_id, shares, asked[name], config, held)
         taken = sorted(slots.setdefault(name, set()))
@@ -220,8 +232,7 @@ def check_not_reserved(prepared: PreparedClaim, reserved: Mapping[str, str]) -> 
 
 def _check_present(ref: ClaimRef, device: SliceDevice) -> None:
     """ClaimError when a chip of the device cannot be handed to a container now (gone from enumeration, its device
-    node missing): the runtime could not create the container. A health error or an XID is no reason: the scheduler
-    allocates a tainted device only to a request that tolerates the taint, and that is the user's decision."""
+    node missing): the runtime could not create the container, whatever the claim tolerates."""
     for chip in device.chips:
         why = chip.status.absence()
         if why is not None:
@@ -229,6 +240,23 @@ def _check_present(ref: ClaimRef, device: SliceDevice) -> None:
                 f"claim {ref}: device {device.name} ({chip.uuid}) cannot be given to a container now: {why}; "
                 "the kubelet tries again"
             )
+
+
+def _check_in_service(ref: ClaimRef, device: SliceDevice, group: list[Result]) -> None:
+    """ClaimError when device is out of service and a result of the group does not tolerate every taint it
+    carries now (where the API server keeps no device taints, the device was left out of the slice and no
+    result carries tolerations: it is refused)."""
+    taints = device_taints(device)
+    missing = next((left for result in group if (left := untolerated(taints, result.tolerations))), [])
+    if not missing:
+        return
+    uuids = ", ".join(chip.uuid for chip in device.chips)
+    healing = f" (self-healing: {device.healing})" if device.healing else ""
+    raise ClaimError(
+        f"claim {ref}: device {device.name} ({uuids}) is out of service: {', '.join(device.reasons)}{healing}; "
+        f"its allocation does not tolerate the taint {taint_text(missing[0])}, so it is prepared once the chip is "
+        "back in service (healed by a reset or returned by an operator); the kubelet tries again"
+    )
 
 
 def _check(

@@ -356,6 +356,16 @@ def unhealthy_taint(device: SliceDevice) -> dict[str, str]:
     return taint
 
 
+def device_taints(device: SliceDevice) -> list[dict[str, str]]:
+    """The taints device carries in the slice (none while it is healthy): unhealthy, and what self-healing does."""
+    if device.healthy:
+        return []
+    taints = [unhealthy_taint(device)]
+    if device.healing:
+        taints.append({"key": HEALING_TAINT, "value": device.healing, "effect": TAINT_EFFECT})
+    return taints
+
+
 def slice_devices(
     content: SliceContent, pcie_roots: Mapping[str, str], taints: bool, counters: bool = True, boards: bool = True
 ) -> list[dict[str, Any]]:
@@ -375,9 +385,7 @@ def slice_devices(
         if not counters:
             body.pop("consumesCounters", None)
         if not device.healthy:
-            body["taints"] = [unhealthy_taint(device)]
-            if device.healing:
-                body["taints"].append({"key": HEALING_TAINT, "value": device.healing, "effect": TAINT_EFFECT})
+            body["taints"] = device_taints(device)
         bodies.append(body)
     return bodies
 

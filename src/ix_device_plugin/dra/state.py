@@ -202,7 +202,7 @@ class DraState:
                     if claim is None:
                         continue  # another driver unprepared it meanwhile: read the claim, then decide
                     others = {uid: c for uid, c in self.claims.items() if uid != ref.uid}
-                    prepared = prepare(ref, claim, node, others)
+                    prepared = prepare(ref, claim, node, others, again=known is not None)
                     check_not_reserved(prepared, self.reserved())
                     if resets and prepared.reset_chips:
                         prepared = self._with_reset(prepared, rebuilt=known is not None)

@@ -8,13 +8,13 @@ import logging
 
 import pytest
 import yaml
-from helpers.dra_support import DraNode, answer
+from helpers.dra_support import EVERY_TAINT, DraNode, answer
 from helpers.waits import stays, until
 
 from ix_device_plugin.dra.checkpoint import CHECKPOINT_FILE
 from ix_device_plugin.dra.claimspec import cdi_spec_file
 from ix_device_plugin.dra.registration import DRA_SOCKET, SUPPORTED_VERSIONS, dra_socket, registration_socket
-from ix_device_plugin.dra.slices import DRIVER, UNHEALTHY_TAINT
+from ix_device_plugin.dra.slices import DRIVER, HEALING_TAINT, UNHEALTHY_TAINT
 from ix_device_plugin.standins.apiserver import ApiServerStandIn
 from ix_device_plugin.standins.dra_kubelet import DraKubeletStandIn, RegistrationRefused
 
@@ -235,13 +235,14 @@ async def test_a_subrequest_is_answered_as_its_request_which_is_what_containers_
 
 async def test_a_tainted_chip_a_claim_tolerates_is_prepared(node: DraNode) -> None:
     """The scheduler gives a tainted chip only to a request that tolerates the taint (a burn-in job): that is the
-    user's decision, and the prepare follows it; the chip stays tainted for everyone else."""
+    user's decision, and the prepare follows it, reading the tolerations the allocation result copied from the
+    request; the chip stays tainted for everyone else."""
     driver = await node.start()
     await node.wait_slice(lambda devices: len(devices) == 6)
     node.write_boards([{"product": "BI-V150", "chips": [None, {"health": ["OverTemp"]}]}, {"product": "BI-V150"}])
     await node.wait_slice(lambda devices: "taints" in devices.get("gpu-1", {}))
     kubelet = await node.kubelet(driver)
-    claim = node.claim("burn-in", ["gpu-1"])
+    claim = node.claim("burn-in", ["gpu-1"], tolerations=EVERY_TAINT)
     result = answer(await kubelet.prepare([claim]), claim[2])
     assert result.error == "" and [d.device_name for d in result.devices] == ["gpu-1"]
     assert node.slice_devices()["gpu-1"]["taints"][0]["value"] == "OverTemp"
@@ -272,21 +273,41 @@ async def test_a_chip_that_is_gone_cannot_be_prepared_and_the_error_says_the_kub
     await kubelet.close()
 
 
-async def test_an_unhealthy_chip_is_tainted_and_still_prepared_for_a_claim_allocated_on_it(node: DraNode) -> None:
+async def test_an_unhealthy_chip_is_refused_to_a_claim_that_does_not_tolerate_its_taints_until_it_is_back(
+    node: DraNode,
+) -> None:
+    """Seed 133482: claims allocated on a chip from slices nobody updated (the kubelet keeps a gone driver's slices
+    for a while) were prepared on it once the driver was back and had tainted it. A chip out of service is given
+    only to a claim whose allocation tolerates every taint it carries now; the others wait in ContainerCreating,
+    and the kubelet's next try prepares them once the chip is back in service."""
     driver = await node.start()
     await node.wait_slice(lambda devices: len(devices) == 6)
     node.write_boards([{"product": "BI-V150", "chips": [None, {"health": ["OverVoltage"]}]}, {"product": "BI-V150"}])
     await node.wait_slice(lambda devices: len(devices.get("gpu-1", {}).get("taints", [])) == 2)
     taint = {"key": UNHEALTHY_TAINT, "effect": "NoSchedule", "value": "OverVoltage"}
-    waits = {"key": "gpu.iluvatar.com/healing", "effect": "NoSchedule", "value": "needs-operator"}  # what is done
+    waits = {"key": HEALING_TAINT, "effect": "NoSchedule", "value": "needs-operator"}  # what is done
     assert node.slice_devices()["gpu-1"]["taints"] == [taint, waits]
     assert node.slice_devices()["board-0"]["taints"] == [
         {"key": UNHEALTHY_TAINT, "effect": "NoSchedule", "value": "gpu-1-OverVoltage"},
         waits,
     ]  # the board of a sick chip is sick too
     kubelet = await node.kubelet(driver)  # an operator's error: no reset reserves the chip
-    claim = node.claim("sick", ["gpu-1"])  # allocated before it broke, or tolerating the taint
-    result = answer(await kubelet.prepare([claim]), claim[2])
+    uuid = chip_uuids(node)["gpu-1"]
+    stale = node.claim("stale", ["gpu-1"])  # allocated before it broke, or from a slice nobody updated
+    half = node.claim("half", ["gpu-1"], tolerations=[{"key": UNHEALTHY_TAINT, "operator": "Exists"}])
+    for claim, untolerated in ((stale, "gpu.iluvatar.com/unhealthy=OverVoltage"), (half, "healing=needs-operator")):
+        result = answer(await kubelet.prepare([claim]), claim[2])
+        assert f"device gpu-1 ({uuid}) is out of service: OverVoltage (self-healing: needs-operator)" in result.error
+        assert f"{untolerated}:NoSchedule" in result.error and list(result.devices) == []
+        assert result.error.endswith("the kubelet tries again"), result.error
+    both = [{"key": UNHEALTHY_TAINT, "operator": "Exists"}, {"key": HEALING_TAINT, "value": "needs-operator"}]
+    tolerant = node.claim("tolerant", ["gpu-1"], tolerations=both)
+    result = answer(await kubelet.prepare([tolerant]), tolerant[2])
+    assert result.error == "" and [d.device_name for d in result.devices] == ["gpu-1"]
+    assert answer(await kubelet.unprepare([tolerant]), tolerant[2]).error == ""
+    node.write_boards([{"product": "BI-V150"}, {"product": "BI-V150"}])  # it recovers: back in service
+    await node.wait_slice(lambda devices: "taints" not in devices["gpu-1"])
+    result = answer(await kubelet.prepare([stale]), stale[2])  # the kubelet's next try
     assert result.error == "" and [d.device_name for d in result.devices] == ["gpu-1"]
     await kubelet.close()
 

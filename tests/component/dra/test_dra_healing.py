@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers.dra_support import TWO_BOARDS, DraNode
+from helpers.dra_support import EVERY_TAINT, TWO_BOARDS, DraNode
 from helpers.reset_support import FAST_HEALING, Ixsmi, IxsmiBackend, node_events
 from helpers.waits import stays, until
 
@@ -119,7 +119,8 @@ async def test_no_claim_is_prepared_on_a_chip_while_it_is_reset(node: DraNode) -
     kubelet = await node.kubelet(driver)
     node.write_boards(with_xid(48))
     await until(lambda: ixsmi.runs() != [], timeout=5)
-    monitoring = node.claim("monitor", ["gpu-1"], admin_access=True)  # admin access takes even an unhealthy chip
+    # tolerating its taints, so that the scheduler allocates it: only the reservation stops it
+    monitoring = node.claim("monitor", ["gpu-1"], admin_access=True, tolerations=EVERY_TAINT)
     result = (await kubelet.prepare([monitoring])).claims[monitoring[2]]
     assert "is reserved for a GPU reset (self-healing clears an error on it)" in result.error
     await node.wait_slice(lambda devices: not tainted(devices, "gpu-1"), timeout=10)
@@ -263,9 +264,10 @@ async def test_during_a_rolling_update_no_pod_prepares_a_claim_on_a_chip_being_r
     await until(lambda: ixsmi.runs() != [], timeout=5)  # the reset runs (3 s)
     await until(lambda: 48 in _chip_status(new, chip).xids, timeout=2)  # the standby knows the XID
     assert _chip_status(new, chip).held_out == "reserved for a GPU reset"
-    monitoring = node.claim("monitor", ["gpu-1"], admin_access=True)
-    ordinary = node.claim("work", ["gpu-1"])
-    error = (await kubelet.prepare([monitoring])).claims[monitoring[2]].error  # admin access: the reservation
+    # both tolerate the XID's taint, so that the scheduler allocates them: the reservation is what stops them
+    monitoring = node.claim("monitor", ["gpu-1"], admin_access=True, tolerations=EVERY_TAINT)
+    ordinary = node.claim("work", ["gpu-1"], tolerations=EVERY_TAINT)
+    error = (await kubelet.prepare([monitoring])).claims[monitoring[2]].error
     assert "is reserved for a GPU reset" in error, error
     error = (await kubelet.prepare([ordinary])).claims[ordinary[2]].error
     assert "device gpu-1" in error and "is reserved for a GPU reset" in error, error  # the record, not the XID

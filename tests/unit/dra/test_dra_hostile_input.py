@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +17,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ix_device_plugin.core.inventory import Inventory
+from ix_device_plugin.core.inventory import ChipStatus, Inventory
 from ix_device_plugin.dra.checkpoint import CheckpointError, checkpoint_text, parse_checkpoint
 from ix_device_plugin.dra.claims import NodeView, prepare
 from ix_device_plugin.dra.claimspec import SpecError, claim_from_spec
@@ -136,8 +137,6 @@ def test_a_wrong_type_anywhere_in_the_checkpoint_is_an_error_naming_the_field(ed
 
 
 def test_a_pending_reset_is_kept_in_the_checkpoint() -> None:
-    from dataclasses import replace
-
     ref = ClaimRef("default", "held", "uid-1")
     claim = replace(prepare(ref, shared_claim("uid-1", "gpu-0", "2"), view(), {}), reset_pending=True)
     text = checkpoint_text({"uid-1": claim}, "boot-1")
@@ -175,6 +174,38 @@ def test_any_value_in_any_checkpoint_field_is_read_or_refused_by_name(
             parse_checkpoint(json.dumps(document), "cp")
         except CheckpointError as error:
             assert str(error).startswith("cp: ")
+
+
+# ---- the claim's allocation ---------------------------------------------------------------------------------
+
+RESULT_FIELDS = ["request", "device", "adminAccess", "shareID", "consumedCapacity", "tolerations"]
+TOLERATION_FIELDS = ["key", "operator", "value", "effect", "tolerationSeconds"]
+
+
+def sick_view() -> NodeView:
+    """view(), its chips out of service for XID 64 (an operator's): every device tainted, tolerations compared."""
+    inventory = Inventory(boards=parse_spec("BI-V150:1"), control_nodes=("/dev/itrctl",))
+    sick = ChipStatus(xids=frozenset({64}), care="needs-operator")
+    boards = tuple(replace(b, chips=tuple(replace(c, status=sick) for c in b.chips)) for b in inventory.boards)
+    content = slice_content(replace(inventory, boards=boards), policy=SHARED)
+    return NodeView(content.by_name(), POOL, ("/dev/itrctl",), Path("/"))
+
+
+@given(st.sampled_from(RESULT_FIELDS), JSON, st.sampled_from(TOLERATION_FIELDS), JSON)
+def test_any_value_in_an_allocation_result_is_read_or_refused_as_that_claims_error(
+    field: str, value: Any, toleration_field: str, toleration_value: Any
+) -> None:
+    """Whatever the scheduler (or anyone who writes a claim's status) leaves in a result, tolerations included,
+    the prepare answers or fails with the claim's error, on healthy devices and on devices out of service."""
+    tolerating = {"operator": "Exists", toleration_field: toleration_value}
+    for node in (view(), sick_view()):
+        for edit in ({field: value}, {"tolerations": [tolerating]}, {"tolerations": [value]}):
+            claim = shared_claim("uid-1", "gpu-0", "1")
+            claim["status"]["allocation"]["devices"]["results"][0].update(edit)
+            try:
+                prepare(ClaimRef("default", "any", "uid-1"), claim, node, {})
+            except ClaimError as error:
+                assert str(error).startswith("claim default/any (uid uid-1): ")
 
 
 # ---- the claim specs ---------------------------------------------------------------------------------------
