@@ -149,10 +149,15 @@ class FaultActions:
 
     # ------------------------------------------------------------------ the agent's life
 
+    def new_agent_process(self) -> None:
+        """Before an agent process starts beside or after this one, the devices file keeps only the XIDs of chips
+        still broken (a new process reads the whole file; a broken chip goes on reporting, healed ones don't)."""
+        self.hardware.agent_restarted(self.healing.still_broken_xids(), self.agent.pids)
+
     def restart_agent(self, kill: bool) -> None:
         timeline, agent = self.timeline, self.agent
         began = timeline.now()
-        self.healing.before_new_process(agent.pids)
+        self.new_agent_process()
         if kill and not agent.kill():
             kill = False
             timeline.note("agent's container killed twice already: its pod deleted instead (the kubelet's back-off)")
@@ -187,7 +192,7 @@ class FaultActions:
 
     def restart_for_config(self, began: float) -> None:
         timeline, agent = self.timeline, self.agent
-        self.healing.before_new_process(agent.pids)
+        self.new_agent_process()
         pod = agent.newest()
         self.cluster.admin.delete("pod", pod["metadata"]["name"], AGENT_NAMESPACE, wait=False)
         agent.starts += 1
@@ -204,7 +209,7 @@ class FaultActions:
         """`helm upgrade` (a pod annotation changed) or `helm rollback`: the DaemonSet rolls its pods as the chart's
         updateStrategy says, while the soak goes on; "kept in a rollout" judges what stayed in service."""
         timeline, agent = self.timeline, self.agent
-        self.healing.before_new_process(agent.pids)
+        self.new_agent_process()
         timeline.unsettled()
         before = self.view.before_rollout()
         began = timeline.now()
@@ -235,7 +240,7 @@ class FaultActions:
         the kubelet keeps are no agent's (checker.given_by_prepare)."""
         timeline = self.timeline
         began = timeline.now()
-        self.healing.before_new_process(self.agent.pids)
+        self.new_agent_process()
         timeline.unsettled()
         self.agent.switch(to)
         if to != self.view.mode:

@@ -91,12 +91,11 @@ class Healing:
             self.reset_seen(reset)
         self.resets_seen = len(ended)
 
-    def before_new_process(self, running: list[int]) -> None:
-        """Before an agent process starts beside or after this one, the devices file keeps only the XIDs of chips
-        still broken (a new process reads the whole file; a broken chip goes on reporting, healed ones don't): the
-        resets done since the last look heal theirs first (a step that held the soak up let them wait)."""
+    def still_broken_xids(self) -> dict[int, list[int]]:
+        """The XIDs of chips still broken, once the resets done since the last look are seen (a step that held the
+        soak up let them wait): what a new agent process is sent again."""
         self.catch_up()
-        self.hardware.agent_restarted(self.windows.still_broken_xids(), running)
+        return self.windows.still_broken_xids()
 
     def reset_seen(self, reset: c.Reset) -> None:
         """A run of ixsmi ended: one that succeeded and did not lie heals what a reset heals, and one certainly honest

@@ -90,7 +90,7 @@ def rollout_then_reset(tmp_path: Path, rollout_done: float | None) -> SoakStandI
     soak.faults.xid(1, 64, "xid-operator")
     soak.windows.awaits_reset(1, 400.9)
     soak.timeline.rollouts.append(checker.Rollout(428.0, 8, "rollout to revision 13", rollout_done))
-    soak.hardware.agent_restarted(soak.windows.still_broken_xids(), soak.agent.pids)  # as before_new_process
+    soak.hardware.agent_restarted(soak.windows.still_broken_xids(), soak.agent.pids)  # as new_agent_process
     soak.at = 438.3
     soak.healing.reset_seen(checker.Reset(437.3, 437.5, frozenset({1}), ok=True))
     return soak
