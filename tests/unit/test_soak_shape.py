@@ -84,3 +84,12 @@ def test_the_soak_composes_its_parts_for_the_mode_and_no_part_holds_the_soak(tmp
     holding = [type(part).__name__ for part in parts if any(value is soak for value in vars(part).values())]
     assert holding == []
     assert soak.faults.healing is soak.observer.healing is soak.judge.healing  # one model of healing
+
+
+def test_every_fault_kind_the_schedule_draws_has_one_way_to_be_caused(tmp_path: Path) -> None:
+    faults = SoakStandIn(tmp_path / "hardware", pid=100).faults
+    schedule, api_kinds = load("schedule"), set(load("apifaults").KINDS)
+    for mode in schedule.MODES:
+        kinds = set(schedule.kinds_of(mode))
+        assert kinds - api_kinds == set(faults.causes) & kinds and not api_kinds & set(faults.causes), mode
+    assert set(faults.causes) <= set(schedule.kinds_of("device-plugin")) | set(schedule.kinds_of("dra"))
