@@ -77,14 +77,6 @@ async def _rss(settings: Settings, args: tuple[str, ...] = (), env: dict[str, st
         return {"rss_mib": procfs.rss_mib(plugin.pid), "threads": procfs.threads(plugin.pid)}
 
 
-async def _until(ready: Callable[[], bool], what: str, plugin: PluginProcess) -> None:
-    deadline = time.monotonic() + READY_TIMEOUT
-    while not ready():
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"{what} did not happen within {READY_TIMEOUT:g}s:\n{plugin.log_tail()}")
-        await asyncio.sleep(0.05)
-
-
 async def _window(settings: Settings, feature: str, watches_end: str | None = None) -> tuple[float, list[Recorded]]:
     """The requests the plugin with `feature` on makes over the idle window, once started (and the window)."""
     workdir = short_dir()
@@ -93,7 +85,7 @@ async def _window(settings: Settings, feature: str, watches_end: str | None = No
             api.add_node(NODE)
             async with PluginProcess(ONE_GPU, extra_args=FEATURES[feature], extra_env=_env(api, workdir)) as plugin:
                 await plugin.launch()
-                await _until(lambda: READY[feature](api), f"{feature}'s start-up work", plugin)
+                await plugin.waits_for(lambda: READY[feature](api), f"{feature}'s start-up work", READY_TIMEOUT)
                 await asyncio.sleep(settings.settle_seconds)
                 if watches_end is not None:  # the open watches end too: from now on every one ends so
                     api.watches_end = watches_end

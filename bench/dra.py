@@ -27,6 +27,7 @@ from ix_device_plugin.dra.pool import slice_base_name
 from ix_device_plugin.dra.slices import DRIVER
 from ix_device_plugin.standins.apiserver import ApiServerStandIn
 from ix_device_plugin.standins.dra_kubelet import DraKubeletStandIn
+from ix_device_plugin.standins.waits import until
 
 NODE = "bench-node"
 START_TIMEOUT = 15.0
@@ -50,9 +51,8 @@ def _command(
 
 
 async def _wait(predicate: Any, what: str) -> None:
-    async with asyncio.timeout(START_TIMEOUT):
-        while not predicate():
-            await asyncio.sleep(0.002)
+    """Wait until predicate() holds, looking every 2 ms (the latencies measured start from what it sees)."""
+    await until(predicate, timeout=START_TIMEOUT, interval=0.002, message=what)
 
 
 async def _registered(directory: Path) -> DraKubeletStandIn:

@@ -19,7 +19,6 @@ import shutil
 import subprocess
 import time
 from collections import Counter
-from collections.abc import Callable
 from typing import Any
 
 from bench.dra import _command
@@ -28,6 +27,7 @@ from bench.settings import Settings
 from ix_device_plugin.dra.slices import DRIVER
 from ix_device_plugin.standins.apiserver import ApiServerStandIn, Recorded
 from ix_device_plugin.standins.dra_kubelet import DraKubeletStandIn
+from ix_device_plugin.standins.waits import until
 
 NODE = "bench-api-node"
 TIMEOUT = 20.0
@@ -48,15 +48,6 @@ def _devices(api: ApiServerStandIn) -> int:
 
 def _owners(api: ApiServerStandIn) -> set[str]:
     return {o["uid"] for s in api.objects("resourceslices") for o in s["metadata"].get("ownerReferences") or []}
-
-
-async def _until(ready: Callable[[], bool], what: str) -> None:
-    try:
-        async with asyncio.timeout(TIMEOUT):
-            while not ready():
-                await asyncio.sleep(0.01)
-    except TimeoutError:
-        raise RuntimeError(f"{what}: not within {TIMEOUT:g}s") from None
 
 
 def _verb(request: Recorded) -> str:
@@ -82,9 +73,9 @@ async def run(settings: Settings) -> dict[str, Any]:
         )
         try:
             kubelet = DraKubeletStandIn(DRIVER)
-            await _until(socket.is_socket, "registration socket")
+            await until(socket.is_socket, TIMEOUT, 0.01, "the registration socket")
             await kubelet.register(socket)
-            await _until(lambda: _devices(api) == 6, "the whole pool")
+            await until(lambda: _devices(api) == 6, TIMEOUT, 0.01, "the whole pool")
             start = _by_verb(api.requests)
             start_writes = sum(_is_slice_write(r) and r.query.get("dryRun") != "All" for r in api.requests)
             await asyncio.sleep(settings.settle_seconds)
@@ -95,7 +86,7 @@ async def run(settings: Settings) -> dict[str, Any]:
             api.delete("nodes", NODE)
             uid = api.add_node(NODE)["metadata"]["uid"]
             first = len(api.requests)
-            await _until(lambda: _owners(api) == {uid} and _devices(api) == 6, "the slices owned by the new Node")
+            await until(lambda: _owners(api) == {uid} and _devices(api) == 6, TIMEOUT, 0.01, "the new Node's slices")
             await asyncio.sleep(settings.settle_seconds)
             to_follow = sum(_is_slice_write(r) for r in api.requests[first:])
             first, began = len(api.requests), time.monotonic()

@@ -13,7 +13,6 @@ import asyncio
 import shutil
 import socket
 import subprocess
-import time
 import urllib.request
 from typing import Any
 
@@ -25,6 +24,7 @@ from bench.settings import Settings
 from ix_device_plugin.dra.slices import DRIVER
 from ix_device_plugin.standins.apiserver import ApiServerStandIn
 from ix_device_plugin.standins.podresources import ClaimResource, PodClaim, PodResourcesStandIn
+from ix_device_plugin.standins.waits import until
 
 BOARDS = 16
 TELEMETRY_INTERVAL = "15"  # the default
@@ -103,8 +103,7 @@ def _scrape(port: int) -> str:
 
 
 async def _wait_for(predicate: Any, what: str) -> None:
-    deadline = time.monotonic() + START_TIMEOUT
-    while not await asyncio.to_thread(predicate):
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"the DRA driver: no {what} within {START_TIMEOUT:g}s")
-        await asyncio.sleep(0.05)
+    """Wait until predicate() (a look at the driver's files or its metrics, made off the loop) holds."""
+    await until(
+        lambda: asyncio.to_thread(predicate), timeout=START_TIMEOUT, interval=0.05, message=f"the DRA driver's {what}"
+    )

@@ -9,7 +9,6 @@ node-health record at every call.
 
 from __future__ import annotations
 
-import asyncio
 import shutil
 import time
 import uuid
@@ -19,10 +18,11 @@ from typing import Any
 from bench.plugin import short_dir
 from bench.settings import Settings
 from bench.stats import summary_ms
-from ix_device_plugin.deviceplugin.loop import Daemon
+from ix_device_plugin.deviceplugin.daemon import Daemon
 from ix_device_plugin.hardware.simulated import SimulatedBackend
 from ix_device_plugin.settings.options import Options
 from ix_device_plugin.standins.kubelet import KubeletStandIn
+from ix_device_plugin.standins.waits import until
 
 RESOURCE = "iluvatar.com/gpu"
 DEVICES = "BI-V150:8"  # 8 boards: 8 GPUs
@@ -51,12 +51,6 @@ async def _start(root: Path) -> Daemon:
     return daemon
 
 
-async def _until(predicate: Any, timeout: float = 10.0) -> None:
-    async with asyncio.timeout(timeout):
-        while not predicate():
-            await asyncio.sleep(0.001)
-
-
 def _beside_and_followed(kubelet: KubeletStandIn, messages_before: int) -> bool:
     """Two pods registered, and a ListAndWatch message read since messages_before (the new pod's first)."""
     view = kubelet.resources[RESOURCE]
@@ -82,7 +76,7 @@ async def run(settings: Settings) -> dict[str, Any]:
             started = time.perf_counter()
             new = await _start(root)
             # registered, and its first ListAndWatch message read: the kubelet follows the new pod from then on
-            await _until(lambda: _beside_and_followed(kubelet, messages))  # noqa: B023 (awaited in the round)
+            await until(lambda: _beside_and_followed(kubelet, messages), timeout=10, interval=0.001)  # noqa: B023 (awaited in the round)
             beside.append(time.perf_counter() - started)
             for _ in range(ALLOCATES):
                 called = time.perf_counter()
@@ -91,7 +85,7 @@ async def run(settings: Settings) -> dict[str, Any]:
             stopping = time.perf_counter()
             await old.shutdown()
             stopped = time.perf_counter()
-            await _until(lambda: new.acting)  # noqa: B023 (awaited within the round)
+            await until(lambda: new.acting, timeout=10, interval=0.001)  # noqa: B023 (awaited within the round)
             stops.append(stopped - stopping)
             takeovers.append(time.perf_counter() - stopped)
             old = new

@@ -58,15 +58,6 @@ def _health_is(plugin: PluginProcess, device: str, health: str) -> bool:
     return view is not None and view.devices.get(device) == health
 
 
-async def _until(condition: Any, what: str, plugin: PluginProcess, timeout: float = TIMEOUT) -> None:
-    try:
-        async with asyncio.timeout(timeout):
-            while not condition():
-                await asyncio.sleep(0.005)
-    except TimeoutError:
-        raise RuntimeError(f"healing bench: no {what} within {timeout:g}s:\n{plugin.log_tail()}") from None
-
-
 class _Node:
     """The plugin over the double, with the stand-ins it talks to."""
 
@@ -93,13 +84,15 @@ class _Node:
         plugin = self.plugin
         self.held("GPU-h0")
         self.xid(0, XID)
-        await _until(lambda: _health_is(plugin, "GPU-h0", UNHEALTHY), "Unhealthy", plugin)
+        await plugin.waits_for(lambda: _health_is(plugin, "GPU-h0", UNHEALTHY), "Unhealthy", TIMEOUT, 0.005)
         looked = self.pods.calls
-        await _until(lambda: self.pods.calls >= looked + 2, "look at pod-resources", plugin)  # it waits, held
+        await plugin.waits_for(
+            lambda: self.pods.calls >= looked + 2, "looks at pod-resources", TIMEOUT, 0.005
+        )  # it waits, held
         await asyncio.sleep(phase * FREE_POLL)
         self.pods.pods = {}
         freed = time.perf_counter()
-        await _until(lambda: _health_is(plugin, "GPU-h0", HEALTHY), "Healthy again", plugin)
+        await plugin.waits_for(lambda: _health_is(plugin, "GPU-h0", HEALTHY), "Healthy again", TIMEOUT, 0.005)
         return time.perf_counter() - freed
 
     async def storm(self, count: int) -> dict[str, Any]:
@@ -108,7 +101,9 @@ class _Node:
         before = self.writes(_is_event_write)
         began = time.perf_counter()
         self.xid(1, STORM_XID, count)
-        await _until(lambda: self.xid_event_count() >= count, f"an Event counting {count} XIDs", self.plugin, 60)
+        await self.plugin.waits_for(
+            lambda: self.xid_event_count() >= count, f"an Event counting {count} XIDs", 60, 0.005
+        )
         return {
             "xids": count,
             "event_writes": self.writes(_is_event_write) - before,

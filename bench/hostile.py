@@ -32,7 +32,7 @@ from ix_device_plugin.apiserver.settings import settings_from
 from ix_device_plugin.gpureset.document import GpuResetError, ResetInfo
 from ix_device_plugin.hardware.backend import BackendError
 from ix_device_plugin.hardware.ixml.reset import run_ixsmi_reset
-from ix_device_plugin.settings.configfile import load_document
+from ix_device_plugin.settings.configmap import load_document
 from ix_device_plugin.settings.errors import SettingsError
 from ix_device_plugin.settings.resolve import config_from
 from ix_device_plugin.standins.apiserver import ApiServerStandIn, bodies

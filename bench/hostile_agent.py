@@ -11,6 +11,7 @@ plugin's peak resident memory (VmHWM) is read and it is sent SIGTERM.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import shutil
 import time
 from typing import Any
@@ -25,6 +26,7 @@ from ix_device_plugin.deviceplugin.features.volcano import DEV_VOLCANO, PREDICAT
 from ix_device_plugin.hardware.simulated import default_uuid
 from ix_device_plugin.standins.apiserver import ApiServerStandIn, bodies
 from ix_device_plugin.standins.apiserver.managedfields import Writer
+from ix_device_plugin.standins.waits import WaitFailed, until
 
 SCHEDULER = Writer("vc-scheduler", "v1")  # the annotations as Volcano's scheduler writes them
 FEATURES = ("--per-node-config", "true", "--reset-gpu", "true", "--use-volcano", "true", "--telemetry-interval", "1")
@@ -46,7 +48,10 @@ async def run(settings: Settings) -> dict[str, Any]:
             api.patch("pods", "placed", "bench", {"metadata": {"annotations": annotations}}, SCHEDULER)
             async with PluginProcess(ONE_GPU, extra_args=FEATURES, extra_env=env) as plugin:
                 await plugin.launch()
-                await _until(lambda: api.get("configmaps", f"ix-device-info-cm-{NODE}", NAMESPACE) is not None)
+                config_map = f"ix-device-info-cm-{NODE}"
+                await plugin.waits_for(
+                    lambda: api.get("configmaps", config_map, NAMESPACE) is not None, "its ConfigMap", READY_TIMEOUT
+                )
                 await asyncio.sleep(settings.settle_seconds)
                 at_rest = procfs.rss_mib(plugin.pid)
                 api.bodies = bodies.ENDLESS
@@ -61,8 +66,8 @@ async def run(settings: Settings) -> dict[str, Any]:
                 process, plugin.process = plugin.process, None
                 started = time.monotonic()
                 process.terminate()
-                while process.poll() is None and time.monotonic() - started < 10:
-                    await asyncio.sleep(0.01)
+                with contextlib.suppress(WaitFailed):  # not stopped within 10 s: that is the figure, then it is killed
+                    await until(lambda: process.poll() is not None, timeout=10, interval=0.01)
                 stopped_s = time.monotonic() - started
                 await stop_process(process)
                 return {
@@ -86,11 +91,3 @@ async def _allocate_refused(plugin: PluginProcess) -> float:
             raise RuntimeError(f"the Allocate was refused for another reason: {error.details()}") from None
         return (time.perf_counter() - started) * 1000
     raise RuntimeError("an Allocate whose reset handshake could not read the ConfigMap was answered OK")
-
-
-async def _until(ready: Any) -> None:
-    deadline = time.monotonic() + READY_TIMEOUT
-    while not ready():
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"the plugin's start-up work did not happen within {READY_TIMEOUT:g}s")
-        await asyncio.sleep(0.05)

@@ -1,6 +1,6 @@
 """Kubernetes API client candidates: import time and resident memory, each in fresh interpreters.
 
-Every sample is a new `python -c` process that first imports `ix_device_plugin.deviceplugin.loop` (what the plugin
+Every sample is a new `python -c` process that first imports `ix_device_plugin.deviceplugin.daemon` (what the plugin
 has loaded anyway), then imports the client, then creates a client from a kubeconfig and reads one Node
 from the API server stand-in. Import time is measured around the client's import only; VmRSS is read
 from /proc/self/status after the daemon's import (the baseline), after the client's import and after
@@ -32,7 +32,7 @@ def rss_mib():
     for line in open("/proc/self/status"):
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) / 1024
-import ix_device_plugin.deviceplugin.loop
+import ix_device_plugin.deviceplugin.daemon
 baseline = rss_mib()
 started = time.perf_counter()
 """

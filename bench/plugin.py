@@ -5,12 +5,14 @@ from __future__ import annotations
 import asyncio
 import atexit
 import contextlib
+import math
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -25,6 +27,7 @@ from ix_device_plugin.deviceplugin.endpoint import ENDPOINT
 from ix_device_plugin.hardware.simulated import default_uuid
 from ix_device_plugin.kubelet.sockets import unix_target
 from ix_device_plugin.standins.kubelet import KubeletStandIn, ResourceView
+from ix_device_plugin.standins.waits import WaitFailed, until
 
 RESOURCE = "iluvatar.com/gpu"
 START_TIMEOUT = 15.0
@@ -215,9 +218,16 @@ class PluginProcess:
         except TimeoutError:
             raise RuntimeError(f"the plugin did not register within {timeout:g}s:\n{self.log_tail()}") from None
 
+    async def waits_for(self, done: Callable[[], Any], what: str, timeout: float, interval: float = 0.05) -> None:
+        """Wait until done() holds; a RuntimeError naming what, with the plugin's log tail, if not within timeout."""
+        try:
+            await until(done, timeout=timeout, interval=interval, message=what)
+        except WaitFailed as failed:
+            raise RuntimeError(f"{failed}:\n{self.log_tail()}") from None
+
     async def _exited(self) -> None:
-        while self.process is not None and self.process.poll() is None:
-            await asyncio.sleep(0.05)
+        """Return once the process has exited (the caller cancels this wait once the plugin is listed)."""
+        await until(lambda: self.process is None or self.process.poll() is not None, timeout=math.inf, interval=0.05)
 
     def log_tail(self, lines: int = 20) -> str:
         """The last lines the plugin logged."""
@@ -240,9 +250,8 @@ async def stop_process(process: subprocess.Popen[bytes], grace: float = 5.0) -> 
     if process.poll() is None:
         with contextlib.suppress(OSError):
             process.terminate()
-        deadline = time.monotonic() + grace
-        while process.poll() is None and time.monotonic() < deadline:
-            await asyncio.sleep(0.02)
+        with contextlib.suppress(WaitFailed):  # still running after grace: killed below
+            await until(lambda: process.poll() is not None, timeout=grace, interval=0.02)
         if process.poll() is None:
             with contextlib.suppress(OSError):
                 process.kill()

@@ -16,7 +16,7 @@ import pytest
 from helpers.host_tools import missing
 from hypothesis import settings
 
-from ix_device_plugin.deviceplugin.loop import Daemon
+from ix_device_plugin.deviceplugin.daemon import Daemon
 from ix_device_plugin.hardware.simulated import SimulatedBackend
 from ix_device_plugin.runtime.logs import LIBRARIES
 from ix_device_plugin.settings.options import Options

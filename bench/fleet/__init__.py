@@ -45,6 +45,7 @@ from bench.fleet import scheduling, traffic
 from bench.fleet.admin import Admin, add_nodes, chart_objects
 from bench.fleet.plane import ControlPlane, control_plane
 from bench.settings import Settings
+from ix_device_plugin.standins.waits import until
 
 BOARDS = 8  # BI-V150 boards per hollow node: 16 chips
 DEVICES = BOARDS * 3  # what one node's pool holds with the default ix-config: 16 chips and 8 boards
@@ -156,12 +157,14 @@ async def pool_devices(admin: Admin) -> tuple[int, int]:
 
 async def until_pool(admin: Admin, devices: int, boards: int | None) -> float:
     """Wait until the fleet's pools hold this many devices (and boards, when given); when that was seen."""
-    async with asyncio.timeout(POOL_TIMEOUT):
-        while True:
-            stored, stored_boards = await pool_devices(admin)
-            if stored == devices and (boards is None or stored_boards == boards):
-                return time.time()
-            await asyncio.sleep(0.5)
+
+    async def complete() -> bool:
+        stored, stored_boards = await pool_devices(admin)
+        return stored == devices and (boards is None or stored_boards == boards)
+
+    what = f"{devices} devices ({boards} boards) in the pools"
+    await until(complete, timeout=POOL_TIMEOUT, interval=0.5, message=what)
+    return time.time()
 
 
 class Phases:
@@ -291,18 +294,15 @@ async def _rollout(admin: Admin, fleet: Fleet, phases: Phases, nodes: int, pods:
 
 
 async def _until_shared(admin: Admin, nodes: int) -> float:
-    async with asyncio.timeout(POOL_TIMEOUT):
-        while True:
-            slices = await admin.items("/apis/resource.k8s.io/v1/resourceslices")
-            shared = sum(
-                1
-                for obj in slices
-                for device in obj["spec"].get("devices") or []
-                if device.get("allowMultipleAllocations")
-            )
-            if shared >= nodes * BOARDS * 2:
-                return time.time()
-            await asyncio.sleep(0.5)
+    """Wait until every node's pool shares its chips (two shareable devices a board); when that was seen."""
+
+    async def shared() -> bool:
+        slices = await admin.items("/apis/resource.k8s.io/v1/resourceslices")
+        devices = [device for obj in slices for device in obj["spec"].get("devices") or []]
+        return sum(1 for device in devices if device.get("allowMultipleAllocations")) >= nodes * BOARDS * 2
+
+    await until(shared, timeout=POOL_TIMEOUT, interval=0.5, message="the shared chips in every pool")
+    return time.time()
 
 
 async def xid_phase(fleet: Fleet, phases: Phases, nodes: int, settings: Settings, name: str = "xid") -> None:

@@ -42,13 +42,14 @@ from typing import Any
 import yaml
 
 from ix_device_plugin.apiserver.settings import InCluster, KubeSettings
-from ix_device_plugin.deviceplugin.loop import Daemon
+from ix_device_plugin.deviceplugin.daemon import Daemon
 from ix_device_plugin.deviceplugin.registrar import Registrar
 from ix_device_plugin.dra.driver import DraDriver
 from ix_device_plugin.dra.prepared import ClaimRef
 from ix_device_plugin.settings.config import Config
 from ix_device_plugin.settings.options import DraOptions, NodeOptions, Options
 from ix_device_plugin.settings.table import DRA, RUN
+from ix_device_plugin.standins.waits import until
 
 NAMESPACE = "kube-system"
 COMMAND_LIMIT = 64 * 2**20  # bytes of one command line
@@ -143,9 +144,6 @@ class HollowDraDriver(DraDriver):
             self.publisher.counters = False
         if self.traffic is not None and self.kube is not None:
             self.traffic.install(self.kube._client._client._client)
-
-    async def _start_probes(self) -> None:
-        return None
 
 
 class NoKubelet(Registrar):
@@ -244,10 +242,10 @@ class HollowNode:
         return self.driver
 
     async def _status_written(self) -> None:
-        writer = self._running().claim_status
-        async with asyncio.timeout(STATUS_TIMEOUT):
-            while writer is not None and writer.under_way:
-                await asyncio.sleep(0.05)
+        api_side = self._running().api_side
+        if api_side is not None:
+            writer = api_side.claim_status
+            await until(lambda: not writer.under_way, timeout=STATUS_TIMEOUT, interval=0.05, message="claim status")
 
 
 class HollowPluginNode(HollowNode):

@@ -24,6 +24,7 @@ from bench.fleet.admin import Admin, bounded_all, device_plugin_objects
 from bench.fleet.agents import DEVICE_PLUGIN, NAMESPACE
 from bench.fleet.plane import ControlPlane
 from bench.settings import Settings
+from ix_device_plugin.standins.waits import until
 
 CONFIG_MAP_PREFIX = "ix-device-info-cm-"
 DEVICE_LIST_KEY = "DeviceListCfg"
@@ -62,13 +63,13 @@ def replicas_listed(data: dict[str, str]) -> bool:
 async def until_config_maps(admin: Admin, names: list[str], ready: Callable[[dict[str, str]], bool]) -> float:
     """Wait until every node's Volcano ConfigMap exists and ready(its data) holds; when that was seen."""
     wanted = {CONFIG_MAP_PREFIX + name for name in names}
-    async with asyncio.timeout(WAIT_TIMEOUT):
-        while True:
-            maps = await admin.items(f"/api/v1/namespaces/{NAMESPACE}/configmaps")
-            done = {m["metadata"]["name"] for m in maps if ready(m.get("data") or {})}
-            if wanted <= done:
-                return time.time()
-            await asyncio.sleep(0.5)
+
+    async def all_ready() -> bool:
+        maps = await admin.items(f"/api/v1/namespaces/{NAMESPACE}/configmaps")
+        return wanted <= {m["metadata"]["name"] for m in maps if ready(m.get("data") or {})}
+
+    await until(all_ready, timeout=WAIT_TIMEOUT, interval=0.5, message="every node's Volcano ConfigMap")
+    return time.time()
 
 
 async def _label_rollout(admin: Admin, fleet: Fleet, phases: Phases, names: list[str]) -> None:

@@ -21,6 +21,7 @@ from typing import Any
 
 from bench.fleet.admin import EXTENDED_RESOURCE, Admin, Obj, bounded_all
 from bench.stats import percentile
+from ix_device_plugin.standins.waits import WaitFailed, until
 
 NAMESPACE = "fleet-bench"
 DRIVER = "gpu.iluvatar.com"
@@ -77,12 +78,15 @@ async def prepare_namespace(admin: Admin) -> None:
         await admin.request(
             "POST", f"/apis/resource.k8s.io/v1/namespaces/{NAMESPACE}/resourceclaimtemplates", template(shape)
         )
-    async with asyncio.timeout(60):
-        while True:
-            with contextlib.suppress(RuntimeError):
-                await admin.request("GET", f"/api/v1/namespaces/{NAMESPACE}/serviceaccounts/default")
-                return
-            await asyncio.sleep(0.5)
+
+    async def account() -> bool:
+        try:
+            await admin.request("GET", f"/api/v1/namespaces/{NAMESPACE}/serviceaccounts/default")
+        except RuntimeError:
+            return False
+        return True
+
+    await until(account, timeout=60, interval=0.5, message=f"the default ServiceAccount of {NAMESPACE}")
 
 
 async def place(admin: Admin, shape: str, count: int) -> dict[str, Any]:
@@ -101,10 +105,8 @@ async def place(admin: Admin, shape: str, count: int) -> dict[str, Any]:
     started = time.time()
     try:
         await bounded_all([lambda index=index: create(index) for index in range(count)], CREATE_CONCURRENCY)
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(BIND_TIMEOUT):
-                while not await _all_bound(admin, pods_path, count, bound):
-                    await asyncio.sleep(CHECK_EVERY)
+        with contextlib.suppress(WaitFailed):  # the figures say how many were bound by then
+            await until(lambda: _all_bound(admin, pods_path, count, bound), timeout=BIND_TIMEOUT, interval=CHECK_EVERY)
     finally:
         watcher.cancel()
         with contextlib.suppress(asyncio.CancelledError):
@@ -195,6 +197,8 @@ async def clean(admin: Admin) -> None:
     base = f"/api/v1/namespaces/{NAMESPACE}"
     claims = f"/apis/resource.k8s.io/v1/namespaces/{NAMESPACE}/resourceclaims"
     await admin.request("DELETE", f"{base}/pods", gracePeriodSeconds="0")
-    async with asyncio.timeout(CLEAN_TIMEOUT):
-        while await admin.items(f"{base}/pods") or await admin.items(claims):
-            await asyncio.sleep(1.0)
+
+    async def gone() -> bool:
+        return not (await admin.items(f"{base}/pods") or await admin.items(claims))
+
+    await until(gone, timeout=CLEAN_TIMEOUT, interval=1.0, message="the bench's pods and their claims gone")

@@ -43,7 +43,7 @@ def visible_devices_one_short() -> None:
 def holder_always_free() -> None:
     """Device plugin: the chip guard's holder question answers "free" whatever pod-resources says, so a chip with an
     XID of the reset class is reset under the container that holds it: "no reset under a holder"."""
-    from ix_device_plugin.deviceplugin.holders import PodHolders
+    from ix_device_plugin.deviceplugin.chipguard import PodHolders
 
     async def free(self: Any, uuid: str) -> str | None:
         return None

@@ -139,8 +139,12 @@ class FaultActions:
         self.later.after(step.duration, lambda: self.back_on_bus(chip))
 
     def back_on_bus(self, chip: int) -> None:
+        """A chip's absence ("not present") keeps it out only while it stands (README, "Self-healing GPUs"): back
+        on the bus, the agent may put it back at once, so its absence is healed now; the operator returns it too, once
+        the agent can see the Node (a return may wait out a quiet window), for what else may wait for one."""
         self.hardware.set_present(chip, True)
         self.timeline.note(f"chip {chip} back on the bus")
+        self.healing.back_on_bus(chip, OFF_BUS)
         self.returns.operator_returns(chip)
 
     def ixsmi(self, step: Step) -> None:

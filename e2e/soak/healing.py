@@ -62,6 +62,14 @@ class Healing:
         """The chip's faults that clear by themselves are over."""
         self.windows.close(lambda ch, since, by, why: ch == chip and by == "clear", self.timeline.now(), how)
 
+    def back_on_bus(self, chip: int, absence: str) -> None:
+        """The chip's absence (the window whose why begins with `absence`) is over: it is back on the bus."""
+        self.windows.close(
+            lambda ch, since, by, why: ch == chip and by == "return" and why.startswith(absence),
+            self.timeline.now(),
+            "back on the bus",
+        )
+
     def limited(self, chip: int) -> bool:
         """Whether the reset limit certainly left the chip to an operator."""
         return self.counts.chips[chip].limited is not None

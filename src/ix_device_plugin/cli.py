@@ -149,7 +149,7 @@ def api_access(settings: Resolved, env: Mapping[str, str], needs: str | None) ->
 
 def run_device_plugin(options: Options, kube: KubeSettings | None) -> int:
     """Run the device plugin until SIGTERM or SIGINT."""
-    from ix_device_plugin.deviceplugin.loop import Daemon
+    from ix_device_plugin.deviceplugin.daemon import Daemon
 
     log.info("ix-device-plugin %s starting (backend %s)", __version__, options.backend)
 

@@ -1,5 +1,8 @@
-"""The console script `ix-device-plugin`: it takes SIGTERM before anything slow is imported (runtime/earlystop.py
-says why), then runs the command line (cli.py), which lets go of it again for the commands that are no daemon."""
+"""The console script `ix-device-plugin`, which takes SIGTERM before anything slow is imported.
+
+runtime/earlystop.py says why. It then runs the command line (cli.py), which lets go of SIGTERM again for the
+commands that are no daemon.
+"""
 
 from __future__ import annotations
 

@@ -57,7 +57,7 @@ def connects(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 def test_plain_plugging_does_not_import_the_client_library():
     script = (
         "import sys\n"
-        "import ix_device_plugin.deviceplugin.loop, ix_device_plugin.cli\n"
+        "import ix_device_plugin.deviceplugin.daemon, ix_device_plugin.cli\n"
         "import ix_device_plugin.apiserver.client, ix_device_plugin.apiserver.nodelabel\n"
         "print(sorted(m for m in sys.modules if m.split('.')[0] in ('lightkube', 'httpx2', 'httpx', 'httpcore2')))\n"
     )

@@ -302,6 +302,30 @@ async def test_hostile_watches_are_answered_410_or_ended_at_once(http, server):
         assert (await _Watch(response).next())["type"] == "ADDED"
 
 
+async def test_watching_returns_once_a_watch_of_that_kind_is_open_and_a_change_made_then_reaches_it(http, server):
+    waiting = asyncio.create_task(server.watching("nodes"))
+    async with http.get("/api/v1/pods", params={"watch": "true"}):
+        assert server.open_watches("pods") == 1
+        assert not waiting.done(), "a watch of another kind"
+    async with http.get("/api/v1/nodes", params={"watch": "true"}) as response:
+        await waiting
+        server.add_node("n1")
+        assert (await _Watch(response).next())["object"]["metadata"]["name"] == "n1"
+        with pytest.raises(TimeoutError, match=r"not 2 open watch\(es\) of nodes within 0.1s \(open: \[.*'nodes'"):
+            await server.watching("nodes", count=2, timeout=0.1)
+        server.drop_watches()
+        assert server.open_watches("nodes") == 0, "a dropped watch counts as closed at once"
+        assert await _Watch(response).ended()
+
+
+async def test_a_watch_that_ends_at_once_is_never_open(http, server):
+    server.watches_end = "at once"
+    async with http.get("/api/v1/nodes", params={"watch": "true"}) as response:
+        assert await _Watch(response).ended()
+    with pytest.raises(TimeoutError, match=r"\(open: none\)"):
+        await server.watching("nodes", timeout=0.1)
+
+
 async def test_watch_timeout_seconds_ends_the_stream(http, server):
     params = {"watch": "true", "timeoutSeconds": "1"}
     async with http.get("/api/v1/nodes", params=params) as response:

@@ -15,7 +15,7 @@ import pytest
 from helpers.support import RESOURCE, DaemonFactory, metric
 from helpers.waits import stays, until
 
-from ix_device_plugin.deviceplugin.loop import Daemon
+from ix_device_plugin.deviceplugin.daemon import Daemon
 from ix_device_plugin.deviceplugin.registrar import Registrar
 from ix_device_plugin.hardware.simulated import SimulatedBackend
 from ix_device_plugin.runtime.filewatch import Watcher
@@ -161,7 +161,7 @@ async def test_a_resource_name_change_while_the_plugin_directory_is_missing_is_r
     await kubelet.wait_registered(RESOURCE, capacity=2)
     await kubelet.stop()
     shutil.rmtree(plugin_dir)  # sockets, and the directory of the health story
-    caplog.set_level(logging.ERROR, logger="ix_device_plugin.deviceplugin.loop")
+    caplog.set_level(logging.ERROR, logger="ix_device_plugin.deviceplugin.daemon")
     configmap.write("resourceName: iluvatar.com/vgpu\n")
     await until(lambda: daemon.plan.resource_name == "iluvatar.com/vgpu", timeout=3)
 

@@ -17,6 +17,7 @@ from helpers.reset_support import (
     devices_file,
     exporter,
     fake_ixsmi,
+    handed_back,
     reset_document,
     start_resetting,
     start_with_api,
@@ -260,8 +261,7 @@ async def test_an_exporter_that_does_not_let_go_is_named_and_reset_true_is_not_l
     assert "ix-exporter did not let go of the GPUs within 0.5s" in (refused.value.details() or "")
     assert backend.resets == []
     assert metric(daemon, "ix_device_plugin_gpu_resets_total", result="refused") == 1
-    info = reset_document(apiserver)
-    assert info is not None and info.reset is False and info.occupy[OUR_NAME] is True
+    assert handed_back(apiserver)
 
 
 async def test_a_stop_in_the_middle_of_a_reset_leaves_reset_false(
@@ -280,8 +280,7 @@ async def test_a_stop_in_the_middle_of_a_reset_leaves_reset_false(
             await pending
     finally:
         other.cancel()
-    info = reset_document(apiserver)
-    assert info is not None and info.reset is False and info.occupy[OUR_NAME] is True
+    assert handed_back(apiserver)
     assert backend.resets == []
 
 

@@ -24,6 +24,7 @@ from helpers.reset_support import (
     devices_file,
     exporter,
     fake_ixsmi,
+    handed_back,
     reset_document,
     start_resetting,
     start_with_api,
@@ -32,12 +33,12 @@ from helpers.reset_support import (
 from helpers.support import RESOURCE, DaemonFactory, metric
 from helpers.waits import stays, until
 
-from ix_device_plugin.deviceplugin import loop
 from ix_device_plugin.gpureset import sequence
 from ix_device_plugin.gpureset.sequence import OUR_NAME, ResetInfo, ResetSettings
 from ix_device_plugin.hardware.backend import BackendError
 from ix_device_plugin.hardware.ixml import IxmlBackend
 from ix_device_plugin.hardware.simulated import SimulatedBackend
+from ix_device_plugin.nodeagent import kit
 from ix_device_plugin.standins.apiserver import ApiServerStandIn
 from ix_device_plugin.standins.kubelet import KubeletStandIn
 
@@ -260,7 +261,7 @@ async def test_a_stop_during_a_reset_says_reset_false_only_once_ixsmi_is_over(
     takes: float,
 ) -> None:
     monkeypatch.setattr(sequence, "RESET_STOP_WAIT", 1.0)
-    monkeypatch.setattr(loop, "RESET_STOP_WAIT", 1.0)
+    monkeypatch.setattr(kit, "RESET_STOP_WAIT", 1.0)
     started, ended = tmp_path / "started", tmp_path / "ended"
     ixsmi = fake_ixsmi(tmp_path / "ixsmi", f"echo $$ > {started}; sleep {takes}; touch {ended}")
     backend = IxsmiBackend(devices_file(tmp_path / "d.yaml"), ixsmi)
@@ -287,8 +288,7 @@ async def test_a_stop_during_a_reset_says_reset_false_only_once_ixsmi_is_over(
     else:  # killed after the stop's wait: it never ended on its own, and no longer runs
         assert not ended.exists() and 0.8 < stopped_in < 6
         assert_gone(int(started.read_text()))
-    info = reset_document(apiserver)
-    assert info is not None and info.reset is False and info.occupy[OUR_NAME] is True
+    assert handed_back(apiserver)
 
 
 async def test_the_handshakes_background_task_runs_on_and_is_never_taken_for_down(

@@ -10,69 +10,32 @@ import time
 from pathlib import Path
 
 import pytest
+from helpers.broken_chip import BrokenChip
 from helpers.reset_support import (
     EXPORTER,
     FAST_HEALING,
-    NAMESPACE,
     NODE,
     Ixsmi,
     exporter,
+    handed_back,
     node_events,
     reset_document,
     write_document,
 )
-from helpers.support import RESOURCE, TWO_CHIPS, DaemonFactory, config_flags, inject_xid, make_dev_root, metric
+from helpers.support import RESOURCE, TWO_CHIPS, DaemonFactory, config_flags, metric
 from helpers.waits import stays, until
 
 from ix_device_plugin.api import HEALTHY, UNHEALTHY
-from ix_device_plugin.apiserver.settings import settings_from
-from ix_device_plugin.deviceplugin import loop
-from ix_device_plugin.deviceplugin.loop import Daemon
+from ix_device_plugin.deviceplugin.daemon import Daemon
 from ix_device_plugin.gpureset import sequence
 from ix_device_plugin.gpureset.sequence import OUR_NAME, ResetInfo
-from ix_device_plugin.hardware.ixml import IxmlBackend
 from ix_device_plugin.healing.events import FLUSH_INTERVAL
+from ix_device_plugin.healing.operatorreturn import RETURN_ANNOTATION
 from ix_device_plugin.healing.story import read_story, story_path
-from ix_device_plugin.healing.wayback import RETURN_ANNOTATION
+from ix_device_plugin.nodeagent import kit
 from ix_device_plugin.standins.apiserver import ApiServerStandIn
 from ix_device_plugin.standins.kubelet import KubeletStandIn
 from ix_device_plugin.standins.podresources import PodResourcesStandIn
-
-
-def over_double(libs: dict[str, Path], short_dir: Path, ixsmi: Ixsmi) -> dict[str, object]:
-    """Daemon settings for the C double's two chips (their /dev nodes under short_dir), the fake ixsmi, fast
-    health looks and fast healing."""
-    make_dev_root(short_dir, [0, 1], itrctl=False)
-    return {
-        "backend_factory": lambda: IxmlBackend(
-            str(libs["full"]), dev_root=short_dir, ixsmi_path=ixsmi.path, sysfs_root=ixsmi.sysfs
-        ),
-        "health_interval": 0.1,
-        "healing_rules": FAST_HEALING,
-    }
-
-
-async def start_healing(
-    start_daemon: DaemonFactory,
-    apiserver: ApiServerStandIn,
-    pod_resources: PodResourcesStandIn,
-    libs: dict[str, Path],
-    short_dir: Path,
-    ixsmi: Ixsmi,
-    **overrides: object,
-) -> Daemon:
-    """A daemon over the C double's two chips, with API access (the handshake, Events) and pod-resources."""
-    kubeconfig = apiserver.write_kubeconfig(short_dir / "kubeconfig", namespace=NAMESPACE)
-    kube = settings_from({"NODE_NAME": NODE, "POD_NAMESPACE": NAMESPACE}, str(kubeconfig), "test")
-    settings: dict[str, object] = {
-        **over_double(libs, short_dir, ixsmi),
-        "kube": kube,
-        "pod_resources_socket": pod_resources.socket_path,
-        "reset_wait_timeout": 2.0,
-        "reset_timeout": 5.0,
-        **overrides,
-    }
-    return await start_daemon(**settings)
 
 
 def event_writes(apiserver: ApiServerStandIn) -> int:
@@ -80,18 +43,10 @@ def event_writes(apiserver: ApiServerStandIn) -> int:
 
 
 async def test_an_xid_on_a_free_chip_resets_that_chip_only_and_returns_it(
-    kubelet: KubeletStandIn,
-    start_daemon: DaemonFactory,
-    apiserver: ApiServerStandIn,
-    pod_resources: PodResourcesStandIn,
-    libs: dict[str, Path],
-    conf: Path,
-    short_dir: Path,
+    broken_chip: BrokenChip, ixsmi: Ixsmi, kubelet: KubeletStandIn, apiserver: ApiServerStandIn
 ) -> None:
-    ixsmi = Ixsmi(short_dir)
-    daemon = await start_healing(start_daemon, apiserver, pod_resources, libs, short_dir, ixsmi)
-    view = await kubelet.wait_registered(RESOURCE, capacity=2)
-    inject_xid(conf, 1, 48)
+    daemon, view = await broken_chip.started()
+    broken_chip.breaks(1, 48)
     await kubelet.wait_for(lambda: view.devices["GPU-x1"] == UNHEALTHY, timeout=3)
     assert view.devices["GPU-x0"] == HEALTHY
     await kubelet.wait_for(lambda: view.devices["GPU-x1"] == HEALTHY, timeout=10)
@@ -110,27 +65,18 @@ async def test_an_xid_on_a_free_chip_resets_that_chip_only_and_returns_it(
     assert metric(daemon, "ix_device_plugin_healing_outcomes_total", outcome="healed") == 1
     assert metric(daemon, "ix_device_plugin_gpu_out_of_service_seconds_count") == 1
     assert metric(daemon, "ix_device_plugin_gpu_resets_total", result="ok") == 1
-    document = reset_document(apiserver)
-    assert document is not None and document.reset is False and document.occupy[OUR_NAME] is True
+    assert handed_back(apiserver)
     await until(lambda: (read_story(story_path(daemon.options.plugin_dir)) or {}).get("chips", [{}])[1].get("note")
                 == "back in service after a reset (attempt 1)")  # fmt: skip
 
 
 async def test_a_chip_held_by_a_pod_waits_until_it_is_released(
-    kubelet: KubeletStandIn,
-    start_daemon: DaemonFactory,
-    apiserver: ApiServerStandIn,
-    pod_resources: PodResourcesStandIn,
-    libs: dict[str, Path],
-    conf: Path,
-    short_dir: Path,
+    broken_chip: BrokenChip, ixsmi: Ixsmi, kubelet: KubeletStandIn, apiserver: ApiServerStandIn
 ) -> None:
-    ixsmi = Ixsmi(short_dir)
-    await start_healing(start_daemon, apiserver, pod_resources, libs, short_dir, ixsmi)
-    view = await kubelet.wait_registered(RESOURCE, capacity=2)
+    _, view = await broken_chip.started()
     await kubelet.allocate(RESOURCE, [["GPU-x1"]])
-    pod_resources.pods = {("ml", "trainer-0"): {"main": {RESOURCE: ["GPU-x1"]}}}
-    inject_xid(conf, 1, 63)
+    broken_chip.held("GPU-x1")
+    broken_chip.breaks(1, 63)
     await kubelet.wait_for(lambda: view.devices["GPU-x1"] == UNHEALTHY, timeout=3)
     await until(lambda: bool(node_events(apiserver, "GPUHealingWaiting")))
     await stays(lambda: ixsmi.runs() == [], for_=1.0, message="settle time and several looks at pod-resources")
@@ -139,26 +85,18 @@ async def test_a_chip_held_by_a_pod_waits_until_it_is_released(
     assert "held by ml/trainer-0 (main)" in waiting["message"]
     with pytest.raises(Exception, match="Unhealthy"):
         await kubelet.allocate(RESOURCE, [["GPU-x1"]])  # nothing new lands on it meanwhile
-    pod_resources.pods = {}  # the pod was deleted
+    broken_chip.released()  # the pod was deleted
     await kubelet.wait_for(lambda: view.devices["GPU-x1"] == HEALTHY, timeout=10)
     assert ixsmi.runs() == ["-r -i GPU-x1"]
 
 
 async def test_a_failing_reset_is_retried_within_the_bound_then_needs_an_operator_who_can_return_it(
-    kubelet: KubeletStandIn,
-    start_daemon: DaemonFactory,
-    apiserver: ApiServerStandIn,
-    pod_resources: PodResourcesStandIn,
-    libs: dict[str, Path],
-    conf: Path,
-    short_dir: Path,
+    broken_chip: BrokenChip, ixsmi: Ixsmi, kubelet: KubeletStandIn, apiserver: ApiServerStandIn
 ) -> None:
-    ixsmi = Ixsmi(short_dir)
     ixsmi.code.write_text("3")
-    daemon = await start_healing(start_daemon, apiserver, pod_resources, libs, short_dir, ixsmi)
-    view = await kubelet.wait_registered(RESOURCE, capacity=2)
+    daemon, view = await broken_chip.started()
     seen: list[str] = []
-    inject_xid(conf, 0, 48)
+    broken_chip.breaks(0, 48)
     await kubelet.wait_for(lambda: view.devices["GPU-x0"] == UNHEALTHY, timeout=3)
     async with asyncio.timeout(10):
         while metric(daemon, "ix_device_plugin_healing_outcomes_total", outcome="needs_operator") < 1:
@@ -179,29 +117,18 @@ async def test_a_failing_reset_is_retried_within_the_bound_then_needs_an_operato
     assert len(node_events(apiserver, "GPUHealingFailed")) == 3
 
     ixsmi.code.write_text("0")  # the operator fixed it; the agent is not restarted
-    node = apiserver.get("nodes", NODE)
-    assert node is not None
-    node["metadata"].setdefault("annotations", {})[RETURN_ANNOTATION] = "GPU-x0"
-    apiserver.put("nodes", node)
+    broken_chip.returned_by_an_operator("GPU-x0")
     await kubelet.wait_for(lambda: view.devices["GPU-x0"] == HEALTHY, timeout=10)
     assert ixsmi.runs() == ["-r -i GPU-x0"] * 4
     await until(lambda: bool(node_events(apiserver, "GPUReturnRequested")))
 
 
 async def test_an_xid_storm_of_one_kind_is_one_event_with_a_count(
-    kubelet: KubeletStandIn,
-    start_daemon: DaemonFactory,
-    apiserver: ApiServerStandIn,
-    pod_resources: PodResourcesStandIn,
-    libs: dict[str, Path],
-    conf: Path,
-    short_dir: Path,
+    broken_chip: BrokenChip, apiserver: ApiServerStandIn
 ) -> None:
-    ixsmi = Ixsmi(short_dir)
-    daemon = await start_healing(start_daemon, apiserver, pod_resources, libs, short_dir, ixsmi)
-    await kubelet.wait_registered(RESOURCE, capacity=2)
-    pod_resources.pods = {("ml", "trainer-0"): {"main": {RESOURCE: ["GPU-x1"]}}}  # it waits: no reset mid-storm
-    inject_xid(conf, 1, 94, times=100)
+    daemon, _ = await broken_chip.started()
+    broken_chip.held("GPU-x1")  # it waits: no reset mid-storm
+    broken_chip.breaks(1, 94, times=100)
     await until(lambda: metric(daemon, "ix_device_plugin_xid_events_total", xid="94") == 100, timeout=20)
     await until(lambda: [e.get("count") for e in node_events(apiserver, "GPUXidError")] == [100], timeout=15)
     writes = event_writes(apiserver)
@@ -220,23 +147,15 @@ def xid_series(daemon: Daemon) -> dict[str, float]:
 
 
 async def test_thousands_of_distinct_xids_on_one_chip_keep_event_writes_and_metric_series_bounded(
-    kubelet: KubeletStandIn,
-    start_daemon: DaemonFactory,
-    apiserver: ApiServerStandIn,
-    pod_resources: PodResourcesStandIn,
-    libs: dict[str, Path],
-    conf: Path,
-    short_dir: Path,
+    broken_chip: BrokenChip, apiserver: ApiServerStandIn
 ) -> None:
-    ixsmi = Ixsmi(short_dir)
-    daemon = await start_healing(start_daemon, apiserver, pod_resources, libs, short_dir, ixsmi)
-    await kubelet.wait_registered(RESOURCE, capacity=2)
-    pod_resources.pods = {("ml", "trainer-0"): {"main": {RESOURCE: ["GPU-x1"]}}}  # it waits: no reset mid-storm
+    daemon, _ = await broken_chip.started()
+    broken_chip.held("GPU-x1")  # it waits: no reset mid-storm
     started = time.monotonic()
-    inject_xid(conf, 1, 48)
+    broken_chip.breaks(1, 48)
     for xid in range(1000, 3000):
-        inject_xid(conf, 1, xid)
-    inject_xid(conf, 1, 79)  # needs an operator: an Event of its own, not lost in the storm
+        broken_chip.breaks(1, xid)
+    broken_chip.breaks(1, 79)  # needs an operator: an Event of its own, not lost in the storm
     await until(lambda: sum(xid_series(daemon).values()) == 2002, timeout=60)
     assert xid_series(daemon) == {"48": 1, "other": 2000, "79": 1}
     await until(lambda: sorted(e.get("count") for e in node_events(apiserver, "GPUXidError")) == [1, 2001],
@@ -253,24 +172,15 @@ async def test_thousands_of_distinct_xids_on_one_chip_keep_event_writes_and_metr
 
 
 async def test_a_stop_during_healing_is_prompt_and_leaves_the_handshake_as_others_expect(
-    kubelet: KubeletStandIn,
-    start_daemon: DaemonFactory,
-    apiserver: ApiServerStandIn,
-    pod_resources: PodResourcesStandIn,
-    libs: dict[str, Path],
-    conf: Path,
-    short_dir: Path,
+    broken_chip: BrokenChip, ixsmi: Ixsmi, kubelet: KubeletStandIn, apiserver: ApiServerStandIn
 ) -> None:
     write_document(apiserver, ResetInfo(NODE, occupy={EXPORTER: True}))
     seen: list[tuple[bool, dict[str, bool]]] = []
     holding = asyncio.create_task(exporter(apiserver, seen, lets_go=False))  # ix-exporter does not let go
     try:
-        ixsmi = Ixsmi(short_dir)
-        daemon = await start_healing(
-            start_daemon, apiserver, pod_resources, libs, short_dir, ixsmi, reset_wait_timeout=30.0
-        )
+        daemon = await broken_chip.start(reset_wait_timeout=30.0)
         view = await kubelet.wait_registered(RESOURCE, capacity=2)
-        inject_xid(conf, 1, 48)
+        broken_chip.breaks(1, 48)
         await kubelet.wait_for(lambda: view.devices["GPU-x1"] == UNHEALTHY, timeout=3)
         await until(lambda: (reset_document(apiserver) or ResetInfo(NODE)).reset, timeout=5)  # asking it to let go
         started = time.monotonic()
@@ -287,67 +197,51 @@ async def test_a_stop_during_healing_is_prompt_and_leaves_the_handshake_as_other
 
 
 async def test_a_stop_while_ixsmi_runs_waits_for_it_and_says_the_reset_is_over(
-    kubelet: KubeletStandIn,
-    start_daemon: DaemonFactory,
-    apiserver: ApiServerStandIn,
-    pod_resources: PodResourcesStandIn,
-    libs: dict[str, Path],
-    conf: Path,
-    short_dir: Path,
+    broken_chip: BrokenChip, ixsmi: Ixsmi, kubelet: KubeletStandIn, apiserver: ApiServerStandIn
 ) -> None:
-    ixsmi = Ixsmi(short_dir)
     ixsmi.delay.write_text("1")
-    daemon = await start_healing(start_daemon, apiserver, pod_resources, libs, short_dir, ixsmi)
-    view = await kubelet.wait_registered(RESOURCE, capacity=2)
-    inject_xid(conf, 1, 48)
+    daemon, view = await broken_chip.started()
+    broken_chip.breaks(1, 48)
     await kubelet.wait_for(lambda: view.devices["GPU-x1"] == UNHEALTHY, timeout=3)
     await until(lambda: ixsmi.runs() != [], timeout=5)
     started = time.monotonic()
     await daemon.shutdown()
     assert time.monotonic() - started < 2.5  # ixsmi's second, then the hand-back: a chip is never left half reset
-    document = reset_document(apiserver)
-    assert document is not None and document.reset is False and document.occupy[OUR_NAME] is True
+    assert handed_back(apiserver)
 
 
 async def test_a_stop_while_ixsmi_hangs_kills_it_after_the_wait_and_counts_the_reset_cancelled(
+    broken_chip: BrokenChip,
+    ixsmi: Ixsmi,
     kubelet: KubeletStandIn,
-    start_daemon: DaemonFactory,
     apiserver: ApiServerStandIn,
-    pod_resources: PodResourcesStandIn,
-    libs: dict[str, Path],
-    conf: Path,
-    short_dir: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setattr(sequence, "RESET_STOP_WAIT", 1.0)  # the README's 10 s, shortened
-    monkeypatch.setattr(loop, "RESET_STOP_WAIT", 1.0)
-    ixsmi = Ixsmi(short_dir)
+    monkeypatch.setattr(kit, "RESET_STOP_WAIT", 1.0)
     ixsmi.delay.write_text("60")
-    daemon = await start_healing(start_daemon, apiserver, pod_resources, libs, short_dir, ixsmi, reset_timeout=120.0)
-    view = await kubelet.wait_registered(RESOURCE, capacity=2)
+    daemon, view = await broken_chip.started(reset_timeout=120.0)
     assert metric(daemon, "ix_device_plugin_gpu_resets_total", result="cancelled") == 0  # there from the start
     assert 'ix_device_plugin_gpu_resets_total{result="cancelled"} 0.0' in daemon.metrics.render().decode()
-    inject_xid(conf, 1, 48)
+    broken_chip.breaks(1, 48)
     await kubelet.wait_for(lambda: view.devices["GPU-x1"] == UNHEALTHY, timeout=3)
     await until(lambda: ixsmi.runs() != [], timeout=5)
     started = time.monotonic()
     await daemon.shutdown()
     took = time.monotonic() - started
     assert 1.0 <= took < 1.0 + sequence.KILL_WAIT + daemon.options.stop_timeout, took
-    document = reset_document(apiserver)
-    assert document is not None and document.reset is False and document.occupy[OUR_NAME] is True
+    assert handed_back(apiserver)
     assert metric(daemon, "ix_device_plugin_gpu_resets_total", result="cancelled") == 1
     assert metric(daemon, "ix_device_plugin_gpu_resets_total", result="failed") == 0
     assert metric(daemon, "ix_device_plugin_healing_resets_total", result="failed") == 0
 
 
 async def test_without_api_access_auto_leaves_the_chip_out_and_says_why(
-    kubelet: KubeletStandIn, start_daemon: DaemonFactory, libs: dict[str, Path], conf: Path, short_dir: Path
+    broken_chip: BrokenChip, ixsmi: Ixsmi, kubelet: KubeletStandIn, start_daemon: DaemonFactory
 ) -> None:
-    ixsmi = Ixsmi(short_dir)
-    daemon = await start_daemon(**over_double(libs, short_dir, ixsmi))
+    daemon = await start_daemon(**broken_chip.over_double())
     view = await kubelet.wait_registered(RESOURCE, capacity=2)
-    inject_xid(conf, 1, 48)
+    broken_chip.breaks(1, 48)
     await kubelet.wait_for(lambda: view.devices["GPU-x1"] == UNHEALTHY, timeout=3)
     await stays(lambda: ixsmi.runs() == [], for_=0.6, message="ixsmi.runs() == []")
     story = read_story(story_path(daemon.options.plugin_dir))
@@ -356,23 +250,21 @@ async def test_without_api_access_auto_leaves_the_chip_out_and_says_why(
 
 
 async def test_self_healing_true_resets_without_api_access(
+    broken_chip: BrokenChip,
+    ixsmi: Ixsmi,
     kubelet: KubeletStandIn,
     start_daemon: DaemonFactory,
     pod_resources: PodResourcesStandIn,
-    libs: dict[str, Path],
-    conf: Path,
-    short_dir: Path,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     caplog.set_level(logging.WARNING, logger="ix_device_plugin")
-    ixsmi = Ixsmi(short_dir)
     await start_daemon(
-        **over_double(libs, short_dir, ixsmi),
+        **broken_chip.over_double(),
         given=config_flags(self_healing="true"),
         pod_resources_socket=pod_resources.socket_path,
     )
     view = await kubelet.wait_registered(RESOURCE, capacity=2)
-    inject_xid(conf, 0, 48)
+    broken_chip.breaks(0, 48)
     await kubelet.wait_for(lambda: view.devices["GPU-x0"] == UNHEALTHY, timeout=3)
     await kubelet.wait_for(lambda: view.devices["GPU-x0"] == HEALTHY, timeout=10)
     assert ixsmi.runs() == ["-r -i GPU-x0"]
@@ -384,19 +276,11 @@ async def test_self_healing_true_resets_without_api_access(
 
 
 async def test_an_operator_error_is_not_reset_and_a_health_error_that_stays_fails_the_attempt(
-    kubelet: KubeletStandIn,
-    start_daemon: DaemonFactory,
-    apiserver: ApiServerStandIn,
-    pod_resources: PodResourcesStandIn,
-    libs: dict[str, Path],
-    conf: Path,
-    short_dir: Path,
+    broken_chip: BrokenChip, ixsmi: Ixsmi, kubelet: KubeletStandIn, conf: Path
 ) -> None:
-    ixsmi = Ixsmi(short_dir)
     conf.write_text(TWO_CHIPS.replace("minor=1 ", "minor=1 health=0x10 "))  # ECC on GPU-x1, which no reset clears
-    daemon = await start_healing(start_daemon, apiserver, pod_resources, libs, short_dir, ixsmi)
-    view = await kubelet.wait_registered(RESOURCE, capacity=2)
-    inject_xid(conf, 0, 79)  # fallen off the bus: an operator's
+    daemon, view = await broken_chip.started()
+    broken_chip.breaks(0, 79)  # fallen off the bus: an operator's
     await until(lambda: metric(daemon, "ix_device_plugin_healing_outcomes_total", outcome="needs_operator") == 2,
                 timeout=15)  # fmt: skip
     assert ixsmi.runs() == ["-r -i GPU-x1"] * 3

@@ -11,15 +11,15 @@ from pathlib import Path
 
 import pytest
 import yaml
+from helpers.broken_chip import BrokenChip
 from helpers.host_tools import cap_sys_admin_missing, require
 from helpers.reset_helper_support import chips, live_in_group, running_helper
-from helpers.reset_support import CHIP_A, CHIP_B, FAST_HEALING, NAMESPACE, NODE, Ixsmi, node_events
-from helpers.support import RESOURCE, DaemonFactory, config_flags, metric
+from helpers.reset_support import CHIP_A, CHIP_B, FAST_HEALING, Ixsmi, node_events
+from helpers.support import RESOURCE, config_flags, metric
 from helpers.waits import stays, until
 
 from ix_device_plugin.api import HEALTHY, UNHEALTHY
-from ix_device_plugin.apiserver.settings import settings_from
-from ix_device_plugin.deviceplugin.loop import Daemon
+from ix_device_plugin.deviceplugin.daemon import Daemon
 from ix_device_plugin.hardware.backend import Backend
 from ix_device_plugin.hardware.open import backend_factory
 from ix_device_plugin.hardware.resetpath import LocalReset
@@ -27,7 +27,6 @@ from ix_device_plugin.hardware.simulated import SimulatedBackend
 from ix_device_plugin.settings.options import NodeOptions
 from ix_device_plugin.standins.apiserver import ApiServerStandIn
 from ix_device_plugin.standins.kubelet import KubeletStandIn, ResourceView
-from ix_device_plugin.standins.podresources import PodResourcesStandIn
 
 RESETS = "ix_device_plugin_healing_resets_total"
 OUTCOMES = "ix_device_plugin_healing_outcomes_total"
@@ -55,29 +54,6 @@ def broken_chips(
     return path
 
 
-async def start_proving(
-    start_daemon: DaemonFactory,
-    apiserver: ApiServerStandIn,
-    pod_resources: PodResourcesStandIn,
-    short_dir: Path,
-    factory: Callable[[], Backend],
-    **overrides: object,
-) -> Daemon:
-    """A daemon over factory's chips with API access (the handshake, Events), pod-resources and fast healing."""
-    kubeconfig = apiserver.write_kubeconfig(short_dir / "kubeconfig", namespace=NAMESPACE)
-    kube = settings_from({"NODE_NAME": NODE, "POD_NAMESPACE": NAMESPACE}, str(kubeconfig), "test")
-    return await start_daemon(
-        backend_factory=factory,
-        kube=kube,
-        pod_resources_socket=pod_resources.socket_path,
-        health_interval=0.1,
-        healing_rules=FAST_HEALING,
-        reset_wait_timeout=2.0,
-        reset_timeout=5.0,
-        **overrides,
-    )
-
-
 def local(devices: Path, ixsmi: Ixsmi) -> Callable[[], Backend]:
     """Simulated chips from devices, reset by this process running the ixsmi stand-in."""
     drivers = ixsmi.sysfs / "bus" / "pci" / "drivers"
@@ -97,16 +73,10 @@ async def never_back_until_an_operator(daemon: Daemon, view: ResourceView, chip:
 
 
 async def test_a_lying_ixsmi_does_not_return_the_chip(
-    kubelet: KubeletStandIn,
-    start_daemon: DaemonFactory,
-    apiserver: ApiServerStandIn,
-    pod_resources: PodResourcesStandIn,
-    short_dir: Path,
+    broken_chip: BrokenChip, ixsmi: Ixsmi, kubelet: KubeletStandIn, apiserver: ApiServerStandIn, short_dir: Path
 ) -> None:
-    ixsmi = Ixsmi(short_dir)
     devices = broken_chips(short_dir / "devices.yaml", {"lie": [CHIP_A]})  # ixsmi exits 0; the chip is not reset
-    daemon = await start_proving(start_daemon, apiserver, pod_resources, short_dir, local(devices, ixsmi))
-    view = await kubelet.wait_registered(RESOURCE, capacity=2)
+    daemon, view = await broken_chip.started(backend_factory=local(devices, ixsmi))
     await kubelet.wait_for(lambda: view.devices[CHIP_A] == UNHEALTHY, timeout=5)
     await never_back_until_an_operator(daemon, view, CHIP_A)
     assert ixsmi.runs() == [f"-r -i {CHIP_A}"] * FAST_HEALING.attempts  # each attempt ran it, and it exited 0
@@ -129,23 +99,17 @@ async def test_a_lying_ixsmi_does_not_return_the_chip(
 
 
 async def test_a_health_error_the_reset_has_not_cleared_yet_keeps_the_chip_out_until_it_does_its_xids_forgotten(
-    kubelet: KubeletStandIn,
-    start_daemon: DaemonFactory,
-    apiserver: ApiServerStandIn,
-    pod_resources: PodResourcesStandIn,
-    short_dir: Path,
+    broken_chip: BrokenChip, ixsmi: Ixsmi, kubelet: KubeletStandIn, short_dir: Path
 ) -> None:
     """The chip is back as it was and its XID is not reported again, but a health bit still reads set just after
     ixsmi (it clears a moment later): a failed attempt, yet the reset cleared the XID, so once the bit clears the
     chip returns, with no XID left to keep it out."""
-    ixsmi = Ixsmi(short_dir)
     devices = broken_chips(short_dir / "devices.yaml")
     document = yaml.safe_load(devices.read_text())
     document["boards"][0]["chips"][0]["health"] = ["MC"]
     devices.write_text(yaml.safe_dump(document))
     config = config_flags(reset_limit=0)
-    daemon = await start_proving(start_daemon, apiserver, pod_resources, short_dir, local(devices, ixsmi), given=config)
-    view = await kubelet.wait_registered(RESOURCE, capacity=2)
+    daemon, view = await broken_chip.started(backend_factory=local(devices, ixsmi), given=config)
     await until(lambda: metric(daemon, RESETS, result="still_unhealthy") >= 1, timeout=10, message="a failed attempt")
     # Out for the bit alone now: the XID the reset cleared is forgotten.
     await until(lambda: daemon.plan.by_id[CHIP_A].reasons == (f"{CHIP_A}: MC",), timeout=5, message="out for MC alone")
@@ -156,16 +120,10 @@ async def test_a_health_error_the_reset_has_not_cleared_yet_keeps_the_chip_out_u
 
 
 async def test_a_chip_not_enumerated_again_stays_out(
-    kubelet: KubeletStandIn,
-    start_daemon: DaemonFactory,
-    apiserver: ApiServerStandIn,
-    pod_resources: PodResourcesStandIn,
-    short_dir: Path,
+    broken_chip: BrokenChip, ixsmi: Ixsmi, kubelet: KubeletStandIn, apiserver: ApiServerStandIn, short_dir: Path
 ) -> None:
-    ixsmi = Ixsmi(short_dir)
     devices = broken_chips(short_dir / "devices.yaml", {"vanish": [CHIP_A]})
-    daemon = await start_proving(start_daemon, apiserver, pod_resources, short_dir, local(devices, ixsmi))
-    view = await kubelet.wait_registered(RESOURCE, capacity=2)
+    daemon, view = await broken_chip.started(backend_factory=local(devices, ixsmi))
     await kubelet.wait_for(lambda: view.devices[CHIP_A] == UNHEALTHY, timeout=5)
     await until(lambda: ixsmi.runs() == [f"-r -i {CHIP_A}"], timeout=10, message="one reset")
     await until(lambda: node_events(apiserver, "GPUHealingFailed"), message="GPUHealingFailed")
@@ -202,18 +160,12 @@ class Diagnostic:
 
 
 async def test_the_diagnostic_decides_the_return(
-    kubelet: KubeletStandIn,
-    start_daemon: DaemonFactory,
-    apiserver: ApiServerStandIn,
-    pod_resources: PodResourcesStandIn,
-    short_dir: Path,
+    broken_chip: BrokenChip, ixsmi: Ixsmi, apiserver: ApiServerStandIn, short_dir: Path
 ) -> None:
-    ixsmi = Ixsmi(short_dir)
     diagnostic = Diagnostic(short_dir, "1\n0\n")  # fails after the first reset, passes after the second
     given = config_flags(reset_diagnostic=f"{diagnostic.path} --chip {{uuid}} --level 2")
     devices = broken_chips(short_dir / "devices.yaml")
-    daemon = await start_proving(start_daemon, apiserver, pod_resources, short_dir, local(devices, ixsmi), given=given)
-    view = await kubelet.wait_registered(RESOURCE, capacity=2)
+    daemon, view = await broken_chip.started(backend_factory=local(devices, ixsmi), given=given)
     seen: set[str] = set()
 
     def back() -> bool:
@@ -232,18 +184,12 @@ async def test_the_diagnostic_decides_the_return(
 
 
 async def test_a_diagnostic_that_overruns_is_killed_and_the_chip_stays_out(
-    kubelet: KubeletStandIn,
-    start_daemon: DaemonFactory,
-    apiserver: ApiServerStandIn,
-    pod_resources: PodResourcesStandIn,
-    short_dir: Path,
+    broken_chip: BrokenChip, ixsmi: Ixsmi, apiserver: ApiServerStandIn, short_dir: Path
 ) -> None:
-    ixsmi = Ixsmi(short_dir)
     diagnostic = Diagnostic(short_dir, "0\n", delay=60)  # it would pass, too late
     given = config_flags(reset_diagnostic=str(diagnostic.path), reset_diagnostic_timeout="0.5")
     devices = broken_chips(short_dir / "devices.yaml")
-    daemon = await start_proving(start_daemon, apiserver, pod_resources, short_dir, local(devices, ixsmi), given=given)
-    view = await kubelet.wait_registered(RESOURCE, capacity=2)
+    daemon, view = await broken_chip.started(backend_factory=local(devices, ixsmi), given=given)
     await until(lambda: metric(daemon, RESETS, result="diagnostic_failed") == 1, timeout=10, message="one overrun")
     group = int(diagnostic.pid.read_text())  # its own session: its PID is its group
     await until(lambda: live_in_group(group) == [], message="the diagnostic and its sleep killed")
@@ -256,11 +202,7 @@ async def test_a_diagnostic_that_overruns_is_killed_and_the_chip_stays_out(
 
 
 async def test_a_reset_through_the_reset_helper_is_proven_and_returns_the_chip(
-    kubelet: KubeletStandIn,
-    start_daemon: DaemonFactory,
-    apiserver: ApiServerStandIn,
-    pod_resources: PodResourcesStandIn,
-    short_dir: Path,
+    broken_chip: BrokenChip, kubelet: KubeletStandIn, apiserver: ApiServerStandIn, short_dir: Path
 ) -> None:
     first, second = chips()  # the helper's chips: the node's
     devices = broken_chips(short_dir / "devices.yaml", uuids=(first, second))
@@ -271,9 +213,7 @@ async def test_a_reset_through_the_reset_helper_is_proven_and_returns_the_chip(
             reset_via="helper",
             reset_helper_socket=helper.socket_path,
         )
-        daemon = await start_proving(
-            start_daemon, apiserver, pod_resources, short_dir, backend_factory(options), reset_via="helper"
-        )
+        daemon = await broken_chip.start(backend_factory=backend_factory(options), reset_via="helper")
         view = await kubelet.wait_registered(RESOURCE, capacity=2)
         await kubelet.wait_for(lambda: view.devices[first] == HEALTHY and helper.ixsmi.runs(), timeout=15)
         assert helper.ixsmi.called_with() == [str(helper.ixsmi.path), "-r", "-i", first]

@@ -7,59 +7,43 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+from helpers.broken_chip import BrokenChip
 from helpers.reset_support import NODE, Ixsmi, node_events
-from helpers.support import RESOURCE, DaemonFactory, inject_xid
+from helpers.support import RESOURCE
 from helpers.waits import stays, until
-from test_healing import start_healing
 from test_health_record import recorded
 
 from ix_device_plugin.api import HEALTHY, UNHEALTHY
+from ix_device_plugin.healing.operatorreturn import RETURN_ANNOTATION
 from ix_device_plugin.healing.telling import RESET_LIMIT_REACHED
-from ix_device_plugin.healing.wayback import RETURN_ANNOTATION
 from ix_device_plugin.standins.apiserver import ApiServerStandIn
 from ix_device_plugin.standins.kubelet import KubeletStandIn
-from ix_device_plugin.standins.podresources import PodResourcesStandIn
 
 CHIP = "GPU-x1"
 
 
-async def fault_and_heal(kubelet: KubeletStandIn, conf: Path, ixsmi: Ixsmi, resets: int) -> None:
+async def fault_and_heal(broken_chip: BrokenChip, resets: int) -> None:
     """An XID 48 on GPU 1, which is reset (its resets-th) and back in service."""
-    view = await kubelet.wait_registered(RESOURCE, capacity=2)
-    inject_xid(conf, 1, 48)
-    await until(lambda: len(ixsmi.runs()) == resets, timeout=10)
-    await kubelet.wait_for(lambda: view.devices[CHIP] == HEALTHY, timeout=10)
-
-
-def returned_by_an_operator(apiserver: ApiServerStandIn) -> None:
-    node = apiserver.get("nodes", NODE)
-    assert node is not None
-    node["metadata"].setdefault("annotations", {})[RETURN_ANNOTATION] = CHIP
-    apiserver.put("nodes", node)
+    view = await broken_chip.kubelet.wait_registered(RESOURCE, capacity=2)
+    broken_chip.breaks(1, 48)
+    await until(lambda: len(broken_chip.ixsmi.runs()) == resets, timeout=10)
+    await broken_chip.kubelet.wait_for(lambda: view.devices[CHIP] == HEALTHY, timeout=10)
 
 
 async def test_a_chip_reset_twice_is_left_to_an_operator_at_its_third_fault_across_a_restart(
-    kubelet: KubeletStandIn,
-    start_daemon: DaemonFactory,
-    apiserver: ApiServerStandIn,
-    pod_resources: PodResourcesStandIn,
-    libs: dict[str, Path],
-    conf: Path,
-    short_dir: Path,
+    broken_chip: BrokenChip, ixsmi: Ixsmi, kubelet: KubeletStandIn, apiserver: ApiServerStandIn, short_dir: Path
 ) -> None:
-    ixsmi = Ixsmi(short_dir)
-    first = await start_healing(start_daemon, apiserver, pod_resources, libs, short_dir, ixsmi)
-    await fault_and_heal(kubelet, conf, ixsmi, resets=1)
-    await fault_and_heal(kubelet, conf, ixsmi, resets=2)
+    first = await broken_chip.start()
+    await fault_and_heal(broken_chip, resets=1)
+    await fault_and_heal(broken_chip, resets=2)
     await until(lambda: len(recorded(short_dir, CHIP).get("resets", [])) == 2, timeout=5)
     assert recorded(short_dir, CHIP)["phase"] == "healthy"
     await first.shutdown()  # a restart: the history is the record's
     shutil.rmtree(short_dir / "dev")  # made again by the next start
 
-    await start_healing(start_daemon, apiserver, pod_resources, libs, short_dir, ixsmi)
-    view = await kubelet.wait_registered(RESOURCE, capacity=2)
+    _, view = await broken_chip.started()
     await kubelet.wait_for(lambda: view.devices[CHIP] == HEALTHY, timeout=10)
-    inject_xid(conf, 1, 48)  # the third fault within the window
+    broken_chip.breaks(1, 48)  # the third fault within the window
     await kubelet.wait_for(lambda: view.devices[CHIP] == UNHEALTHY, timeout=5)
     await until(lambda: bool(node_events(apiserver, RESET_LIMIT_REACHED)), timeout=5)
     await stays(lambda: len(ixsmi.runs()) == 2 and view.devices[CHIP] == UNHEALTHY, for_=1.0, message="not reset")
@@ -73,9 +57,9 @@ async def test_a_chip_reset_twice_is_left_to_an_operator_at_its_third_fault_acro
     entry = recorded(short_dir, CHIP)
     assert entry["phase"] == "operator" and entry["resetLimitReached"] is True and len(entry["resets"]) == 2
 
-    returned_by_an_operator(apiserver)  # reset once more, and the history starts again
+    broken_chip.returned_by_an_operator(CHIP)  # reset once more, and the history starts again
     await kubelet.wait_for(lambda: view.devices[CHIP] == HEALTHY, timeout=10)
     assert len(ixsmi.runs()) == 3
     await until(lambda: recorded(short_dir, CHIP) == {}, timeout=5)  # healthy, with no reset to remember
-    await fault_and_heal(kubelet, conf, ixsmi, resets=4)  # a fault after the return is healed again
+    await fault_and_heal(broken_chip, resets=4)  # a fault after the return is healed again
     assert len(node_events(apiserver, RESET_LIMIT_REACHED)) == 1

@@ -18,8 +18,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from helpers.broken_chip import BrokenChip
 from helpers.host_tools import missing
-from helpers.reset_support import FAST_HEALING, Ixsmi
+from helpers.reset_support import Ixsmi
 from helpers.support import (
     IXML_DOUBLE_CONFIG,
     NO_NODE_FILES,
@@ -27,21 +28,16 @@ from helpers.support import (
     TWO_CHIPS,
     DaemonFactory,
     config_flags,
-    inject_xid,
-    make_dev_root,
 )
 from helpers.waits import stays, until
-from test_healing import start_healing
 from test_rollout import OLD, OLD_SOCKET, advertised, start_beside
 
 from ix_device_plugin.api import HEALTHY, UNHEALTHY, api_pb2
 from ix_device_plugin.core.allocation import AllocationError
 from ix_device_plugin.core.healthrecord import KIND, ChipRecord, HealthRecord, record_text
-from ix_device_plugin.hardware.ixml import IxmlBackend
 from ix_device_plugin.healing.keeper import RecordKeeper
 from ix_device_plugin.healing.record import ASIDE_KEPT, RECORD_FILE, RecordFile, record_path
 from ix_device_plugin.runtime.files import OutputError, read_boot_id
-from ix_device_plugin.standins.apiserver import ApiServerStandIn
 from ix_device_plugin.standins.kubelet import KubeletStandIn
 from ix_device_plugin.standins.podresources import PodResourcesStandIn
 
@@ -105,24 +101,15 @@ def full_disk(short_dir: Path) -> Iterator[FullDisk]:
 
 
 async def test_a_record_write_that_fails_as_a_reset_ends_is_tried_again_until_it_lands(
-    kubelet: KubeletStandIn,
-    start_daemon: DaemonFactory,
-    apiserver: ApiServerStandIn,
-    pod_resources: PodResourcesStandIn,
-    libs: dict[str, Path],
-    conf: Path,
-    short_dir: Path,
-    full_disk: FullDisk,
+    broken_chip: BrokenChip, ixsmi: Ixsmi, kubelet: KubeletStandIn, short_dir: Path, full_disk: FullDisk
 ) -> None:
     """The disk fills while GPU-x1 is reset: the write that ends its reservation fails, so the chip stays held out
     of service (Unhealthy to the kubelet) for as long as the record says it is reserved: a kubelet is never offered
     a chip whose Allocate is refused (it fails the pod for good). Once space returns the write lands with no other
     change on the node, and the chip is offered and given."""
-    ixsmi = Ixsmi(short_dir)
     ixsmi.delay.write_text("1")
-    await start_healing(start_daemon, apiserver, pod_resources, libs, short_dir, ixsmi)
-    view = await kubelet.wait_registered(RESOURCE, capacity=2)
-    inject_xid(conf, 1, 48)
+    _, view = await broken_chip.started()
+    broken_chip.breaks(1, 48)
     await until(lambda: "reserved" in recorded(short_dir, "GPU-x1"), timeout=5)
     full_disk.fill()
     await stays(lambda: view.devices["GPU-x1"] == UNHEALTHY, for_=3.0, message="held out while the record says so")
@@ -139,17 +126,10 @@ async def test_a_record_write_that_fails_as_a_reset_ends_is_tried_again_until_it
 
 
 async def test_a_record_removed_or_spoiled_is_written_again_by_the_acting_pod(
-    kubelet: KubeletStandIn,
-    start_daemon: DaemonFactory,
-    apiserver: ApiServerStandIn,
-    pod_resources: PodResourcesStandIn,
-    libs: dict[str, Path],
-    conf: Path,
-    short_dir: Path,
+    broken_chip: BrokenChip, short_dir: Path
 ) -> None:
-    await start_healing(start_daemon, apiserver, pod_resources, libs, short_dir, Ixsmi(short_dir))
-    await kubelet.wait_registered(RESOURCE, capacity=2)
-    inject_xid(conf, 1, 64)
+    await broken_chip.started()
+    broken_chip.breaks(1, 64)
     await until(lambda: recorded(short_dir, "GPU-x1").get("xids") == [64], timeout=5)
     record = record_path(short_dir / "plugins")
     written = record.read_text()
@@ -172,21 +152,13 @@ def cut_short_record(short_dir: Path) -> None:
 
 
 async def test_a_reset_cut_short_is_done_again_although_the_chips_error_cleared(
-    kubelet: KubeletStandIn,
-    start_daemon: DaemonFactory,
-    apiserver: ApiServerStandIn,
-    pod_resources: PodResourcesStandIn,
-    libs: dict[str, Path],
-    conf: Path,
-    short_dir: Path,
+    broken_chip: BrokenChip, ixsmi: Ixsmi, kubelet: KubeletStandIn, short_dir: Path
 ) -> None:
     """A stop during the reset of GPU-x1 left it reserved; its error reads cleared at the next start. It may be half
     reset: it stays out of service until it is reset again."""
     cut_short_record(short_dir)
-    ixsmi = Ixsmi(short_dir)
     ixsmi.delay.write_text("1")  # the first ListAndWatch message is read long before the reset is over
-    await start_healing(start_daemon, apiserver, pod_resources, libs, short_dir, ixsmi)
-    view = await kubelet.wait_registered(RESOURCE, capacity=2)
+    _, view = await broken_chip.started()
     assert view.devices["GPU-x1"] == UNHEALTHY
     await kubelet.wait_for(lambda: view.devices["GPU-x1"] == HEALTHY, timeout=10)
     assert ixsmi.runs() == ["-r -i GPU-x1"]
@@ -194,21 +166,13 @@ async def test_a_reset_cut_short_is_done_again_although_the_chips_error_cleared(
 
 
 async def test_a_chip_whose_reset_was_cut_short_and_fails_again_stays_reserved_for_an_operator(
-    kubelet: KubeletStandIn,
-    start_daemon: DaemonFactory,
-    apiserver: ApiServerStandIn,
-    pod_resources: PodResourcesStandIn,
-    libs: dict[str, Path],
-    conf: Path,
-    short_dir: Path,
+    broken_chip: BrokenChip, ixsmi: Ixsmi, kubelet: KubeletStandIn, short_dir: Path
 ) -> None:
     """The same, but ixsmi fails: the resets left (the bound counts the one cut short) fail, and the chip, reading
     healthy, stays out of service and reserved until an operator returns it."""
     cut_short_record(short_dir)
-    ixsmi = Ixsmi(short_dir)
     ixsmi.code.write_text("3")
-    await start_healing(start_daemon, apiserver, pod_resources, libs, short_dir, ixsmi)
-    view = await kubelet.wait_registered(RESOURCE, capacity=2)
+    _, view = await broken_chip.started()
     await until(lambda: recorded(short_dir, "GPU-x1").get("phase") == "operator", timeout=10)
     assert ixsmi.runs() == ["-r -i GPU-x1"] * 2
     assert "reserved" in recorded(short_dir, "GPU-x1")
@@ -220,14 +184,14 @@ async def test_a_chip_whose_reset_was_cut_short_and_fails_again_stays_reserved_f
 # ---- two pods: the standby keeps what it followed ---------------------------------------------------------------
 
 
-def spawn_old_pod(
-    libs: dict[str, Path], conf: Path, short_dir: Path, plugin_dir: Path, *args: str
-) -> subprocess.Popen[bytes]:
+def spawn_old_pod(broken_chip: BrokenChip, plugin_dir: Path, *args: str) -> subprocess.Popen[bytes]:
     """The old pod of an update as a process of its own (so that it can be frozen and killed), over the C double."""
+    broken_chip.dev_nodes()
     env = {key: value for key, value in os.environ.items() if not key.startswith("IX_")}
-    env[IXML_DOUBLE_CONFIG] = str(conf)
+    env[IXML_DOUBLE_CONFIG] = str(broken_chip.conf)
+    short_dir, library = broken_chip.short_dir, str(broken_chip.libs()["full"])
     command = [
-        *(sys.executable, "-m", "ix_device_plugin", "run", "--backend", "ixml", "--ixml-library", str(libs["full"])),
+        *(sys.executable, "-m", "ix_device_plugin", "run", "--backend", "ixml", "--ixml-library", library),
         *("--dev-root", str(short_dir), "--device-plugin-path", str(plugin_dir), *NO_NODE_FILES),
         *("--kubelet-plugins-directory-path", str(short_dir / "plugins"), "--pod-uid", OLD),
         *("--health-address", "off", "--health-interval", "0.1", *args),
@@ -236,25 +200,18 @@ def spawn_old_pod(
 
 
 async def test_the_standby_keeps_a_chip_needing_an_operator_out_when_the_record_goes_and_after_the_handover(
-    kubelet: KubeletStandIn,
-    start_daemon: DaemonFactory,
-    libs: dict[str, Path],
-    conf: Path,
-    short_dir: Path,
-    plugin_dir: Path,
+    broken_chip: BrokenChip, kubelet: KubeletStandIn, start_daemon: DaemonFactory, short_dir: Path, plugin_dir: Path
 ) -> None:
     """XID 64 on GPU-x1 during an update, seen and recorded by the old pod; the old pod freezes (it writes nothing
     more) and the record is removed, then spoiled: the standby keeps GPU-x1 out of service and refuses it; the old
     pod is killed, and the new one acts from what it knew: GPU-x1 stays out and the record is written again."""
-    make_dev_root(short_dir, [0, 1], itrctl=False)
-    old = spawn_old_pod(libs, conf, short_dir, plugin_dir)
+    old = spawn_old_pod(broken_chip, plugin_dir)
     try:
         await kubelet.wait_registered(RESOURCE, capacity=2, timeout=15)
-        backend = {"backend_factory": lambda: IxmlBackend(str(libs["full"]), dev_root=short_dir)}
-        new, _ = await start_beside(kubelet, start_daemon, OLD_SOCKET, health_interval=0.1,
-                                    dev_root=short_dir, **backend)  # fmt: skip
+        settings = {**broken_chip.over_double(), "dev_root": short_dir}
+        new, _ = await start_beside(kubelet, start_daemon, OLD_SOCKET, **settings)
         assert not new.acting
-        inject_xid(conf, 1, 64)
+        broken_chip.breaks(1, 64)
         await until(lambda: advertised(new) == {"GPU-x0": HEALTHY, "GPU-x1": UNHEALTHY}, timeout=10)
         old.send_signal(signal.SIGSTOP)
         record = record_path(short_dir / "plugins")
@@ -278,10 +235,11 @@ async def test_the_standby_keeps_a_chip_needing_an_operator_out_when_the_record_
 
 
 async def test_the_standby_refuses_a_chip_reserved_by_the_frozen_acting_pod_when_the_record_goes_then_resets_it(
+    broken_chip: BrokenChip,
+    ixsmi: Ixsmi,
     kubelet: KubeletStandIn,
     start_daemon: DaemonFactory,
     pod_resources: PodResourcesStandIn,
-    libs: dict[str, Path],
     conf: Path,
     short_dir: Path,
     plugin_dir: Path,
@@ -289,23 +247,16 @@ async def test_the_standby_refuses_a_chip_reserved_by_the_frozen_acting_pod_when
     """The old pod reserves GPU-x1 for an XID 48 and is frozen in the middle of its reset; the record is removed,
     then spoiled: the standby still refuses GPU-x1 as reserved. The old pod is killed: the new one takes over the
     reservation it knew, resets GPU-x1 itself and returns it."""
-    make_dev_root(short_dir, [0, 1], itrctl=False)
-    ixsmi = Ixsmi(short_dir)
     ixsmi.delay.write_text("10")
     healing = ("--self-healing", "true", "--ixsmi-path", ixsmi.path, "--sysfs-root", str(ixsmi.sysfs))
-    old = spawn_old_pod(libs, conf, short_dir, plugin_dir, *healing, "--pod-resources-socket",
-                        str(pod_resources.socket_path))  # fmt: skip
+    old = spawn_old_pod(broken_chip, plugin_dir, *healing, "--pod-resources-socket", str(pod_resources.socket_path))
     try:
         await kubelet.wait_registered(RESOURCE, capacity=2, timeout=15)
         new, _ = await start_beside(
-            kubelet, start_daemon, OLD_SOCKET, health_interval=0.1, dev_root=short_dir,
-            backend_factory=lambda: IxmlBackend(
-                str(libs["full"]), dev_root=short_dir, ixsmi_path=ixsmi.path, sysfs_root=ixsmi.sysfs
-            ),
-            healing_rules=FAST_HEALING, given=config_flags(self_healing="true"),
-            pod_resources_socket=pod_resources.socket_path,
+            kubelet, start_daemon, OLD_SOCKET, **broken_chip.over_double(), dev_root=short_dir,
+            given=config_flags(self_healing="true"), pod_resources_socket=pod_resources.socket_path,
         )  # fmt: skip
-        inject_xid(conf, 1, 48)
+        broken_chip.breaks(1, 48)
         await until(lambda: ixsmi.runs() == ["-r -i GPU-x1"], timeout=10)  # the old pod's reset runs
         await until(lambda: "reserved" in recorded(short_dir, "GPU-x1"), timeout=5)
         old.send_signal(signal.SIGSTOP)

@@ -13,10 +13,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ix_device_plugin.core.inventory import Board, Chip, Inventory
-from ix_device_plugin.deviceplugin.holders import WHOLE_BOARDS_FILE, PodHolders, WholeBoardsMark
+from ix_device_plugin.deviceplugin.chipguard import WHOLE_BOARDS_FILE, PodHolders, WholeBoardsMark
 from ix_device_plugin.deviceplugin.state import Current, State
 from ix_device_plugin.kubelet.podresources import PodResources
-from ix_device_plugin.runtime.noderole import ResetTurn
+from ix_device_plugin.runtime.noderole import reset_turn
 from ix_device_plugin.settings.config import Config
 from ix_device_plugin.standins.podresources import PodResourcesStandIn
 
@@ -35,7 +35,7 @@ def plugin(pod_resources: PodResourcesStandIn, config: Config, mark: WholeBoards
     """One process of the plugin's chip guard, serving BOARD under config."""
     current = Current(State.of(BOARD, config))
     reader = PodResources(pod_resources.socket_path)
-    turn = ResetTurn((), 1.0)
+    turn = reset_turn((), 1.0)
     return PodHolders(reader, current, applied, settle=0.0, reset_turn=turn, turn_timeout=1.0, whole_boards=mark)
 
 

@@ -85,7 +85,7 @@ async def test_a_chip_gone_from_enumeration_keeps_its_board_unhealthy(
 async def test_a_device_list_too_large_for_the_kubelet_is_refused_like_a_bad_config(
     kubelet: KubeletStandIn, start_daemon: DaemonFactory, short_dir: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.ERROR, logger="ix_device_plugin.deviceplugin.loop")
+    caplog.set_level(logging.ERROR, logger="ix_device_plugin.deviceplugin.daemon")
     configmap = ConfigMapDir(short_dir / "ixconfig")
     configmap.write("sharing:\n  timeSlicing:\n    replicas: 2\n")
     await start_daemon(

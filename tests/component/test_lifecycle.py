@@ -16,7 +16,7 @@ from helpers.support import RESOURCE, DaemonFactory, config_flags, metric, spawn
 from helpers.waits import WaitFailed, stays, until, until_sync
 
 from ix_device_plugin.api import HEALTHY, UNHEALTHY
-from ix_device_plugin.deviceplugin.loop import Daemon
+from ix_device_plugin.deviceplugin.daemon import Daemon
 from ix_device_plugin.hardware.simulated import SimulatedBackend
 from ix_device_plugin.settings.options import Options
 from ix_device_plugin.standins.kubelet import KubeletStandIn

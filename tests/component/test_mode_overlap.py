@@ -11,7 +11,7 @@ from helpers.dra_support import DraNode
 from helpers.support import DaemonFactory
 from helpers.waits import stays, until
 
-from ix_device_plugin.deviceplugin.loop import Daemon
+from ix_device_plugin.deviceplugin.daemon import Daemon
 from ix_device_plugin.runtime.locks import FileLock
 from ix_device_plugin.runtime.noderole import EARLIER_PLUGIN_ROLE
 from ix_device_plugin.standins.apiserver import ApiServerStandIn

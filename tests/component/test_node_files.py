@@ -69,7 +69,7 @@ async def test_spec_and_labels_follow_hot_plug_and_reload(
 async def test_an_unwritable_feature_dir_is_logged_once_and_retried(
     kubelet: KubeletStandIn, start_daemon: DaemonFactory, short_dir: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.ERROR, logger="ix_device_plugin.deviceplugin.loop")
+    caplog.set_level(logging.ERROR, logger="ix_device_plugin.deviceplugin.daemon")
     blocked = short_dir / "features.d"
     blocked.write_text("a file where the directory should be")
     await start_daemon("BI-V100:2", node_feature_dir=blocked)

@@ -7,7 +7,7 @@ import logging
 from pathlib import Path
 
 import pytest
-from helpers.waits import until
+from helpers.waits import stays, until
 
 from ix_device_plugin.apiserver.connection import ApiConnection
 from ix_device_plugin.apiserver.nodelabel import NodeLabelWatcher
@@ -135,11 +135,15 @@ async def test_a_node_unchanged_since_the_history_kept_is_watched_once(api, apis
     puts = _Puts()
     task = await _run_watcher(api, puts)
     await puts.wait("small")
-    await asyncio.sleep(1.0)  # FAST backs off at most 0.2 s: a re-read loop would show by now
+
+    def one_read_and_one_watch() -> bool:
+        reads = [r for r in apiserver.requests if "nodes" in r.path and r.query.get("watch") != "true"]
+        watches = [r for r in apiserver.requests if "nodes" in r.path and r.query.get("watch") == "true"]
+        return (len(reads), len(watches)) == (1, 1)
+
+    # FAST backs off at most 0.2 s: a re-read loop would show within the second.
+    await stays(one_read_and_one_watch, for_=1.0, message="one read of the node and one watch")
     await _stop(task)
-    reads = [r for r in apiserver.requests if "nodes" in r.path and r.query.get("watch") != "true"]
-    watches = [r for r in apiserver.requests if "nodes" in r.path and r.query.get("watch") == "true"]
-    assert (len(reads), len(watches)) == (1, 1), [(r.method, r.path, r.query) for r in apiserver.requests]
 
 
 async def test_one_watch_of_the_node_brings_the_label_and_what_else_is_followed_on_it(api, apiserver):

@@ -14,7 +14,7 @@ from helpers.support import DaemonFactory
 from helpers.waits import until
 from prometheus_client.parser import text_string_to_metric_families
 
-from ix_device_plugin.deviceplugin.loop import Daemon
+from ix_device_plugin.deviceplugin.daemon import Daemon
 from ix_device_plugin.dra.driver import DraDriver
 from ix_device_plugin.standins.apiserver import ApiServerStandIn
 from ix_device_plugin.standins.kubelet import KubeletStandIn
@@ -114,8 +114,9 @@ async def test_an_agent_stopping_after_the_next_one_started_leaves_the_next_ones
     try:
         daemon = await start_plugin(start_daemon, kubelet, node, features)
         await start_driver(node, features)
-        daemon.files.changed()
-        daemon.files.apply(daemon.current.state)  # the plugin writes last (a health change, say)
+        node_labels = daemon.node.labels
+        assert node_labels is not None
+        node_labels.apply(daemon.node_labels(node_labels.machine))  # the plugin writes last (a health change, say)
         assert "iluvatar.com/dra.driver" not in labels(read(features))
         async with sampled(features) as samples:
             await daemon.shutdown()

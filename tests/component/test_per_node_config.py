@@ -15,8 +15,8 @@ from helpers.support import RESOURCE, DaemonFactory
 from helpers.waits import until
 
 from ix_device_plugin.apiserver.settings import settings_from
-from ix_device_plugin.deviceplugin.loop import Daemon
-from ix_device_plugin.healing.wayback import RETURN_ANNOTATION
+from ix_device_plugin.deviceplugin.daemon import Daemon
+from ix_device_plugin.healing.operatorreturn import RETURN_ANNOTATION
 from ix_device_plugin.standins.apiserver import ApiServerStandIn
 from ix_device_plugin.standins.kubelet import KubeletStandIn
 from ix_device_plugin.tools.demo import ConfigMapDir
@@ -191,7 +191,7 @@ async def test_the_node_is_watched_once_for_its_label_and_the_operators_annotati
     daemon = await start_labelled(start_daemon, apiserver, configmap, short_dir, "split")
     await kubelet.wait_registered(RESOURCE, capacity=4)
     assert daemon.node.healing.requests is not None  # self-healing follows gpu.return: through the label's watch
-    await asyncio.sleep(0.5)
+    await apiserver.watching("nodes")
     node = apiserver.get("nodes", NODE)
     assert node is not None
     node["metadata"].setdefault("annotations", {})[RETURN_ANNOTATION] = "0"

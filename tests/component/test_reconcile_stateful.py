@@ -21,7 +21,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 from ix_device_plugin.api import HEALTHY, UNHEALTHY
 from ix_device_plugin.core.allocation import AllocationError, allocate
 from ix_device_plugin.core.plan import Plan, plan
-from ix_device_plugin.deviceplugin.loop import Daemon
+from ix_device_plugin.deviceplugin.daemon import Daemon
 from ix_device_plugin.hardware.devnodes import with_control_nodes
 from ix_device_plugin.hardware.simulated import SimulatedBackend
 from ix_device_plugin.settings.config import Config

@@ -61,7 +61,7 @@ async def test_broken_edit_keeps_the_last_good_state(
     daemon = await start_daemon("BI-V150:2", config_path=configmap.path, config_required=True)
     view = await kubelet.wait_registered(RESOURCE, capacity=8)
     updates = view.updates
-    caplog.set_level(logging.ERROR, logger="ix_device_plugin.deviceplugin.loop")
+    caplog.set_level(logging.ERROR, logger="ix_device_plugin.deviceplugin.daemon")
     configmap.write(broken)
     await until(lambda: metric(daemon, "ix_device_plugin_config_reload_failures_total") == 1, timeout=2)
     errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]

@@ -7,42 +7,24 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from helpers.reset_support import CHIP_A, CHIP_B, FAST, FAST_HEALING, Ixsmi, devices_file
-from helpers.support import RESOURCE, DaemonFactory, inject_xid, make_dev_root, metric
+from helpers.broken_chip import BrokenChip
+from helpers.reset_support import CHIP_A, CHIP_B, FAST, Ixsmi, devices_file
+from helpers.support import RESOURCE, DaemonFactory, metric
 from helpers.waits import stays, until
 
 from ix_device_plugin.api import HEALTHY, UNHEALTHY
-from ix_device_plugin.hardware.ixml import IxmlBackend
 from ix_device_plugin.hardware.simulated import SimulatedBackend
 from ix_device_plugin.standins.kubelet import KubeletStandIn
-from ix_device_plugin.standins.podresources import PodResourcesStandIn
 from ix_device_plugin.tools.demo import ConfigMapDir
 
 
 async def test_self_healing_turned_on_by_a_reload_resets_the_chip_it_left_out(
-    kubelet: KubeletStandIn,
-    start_daemon: DaemonFactory,
-    pod_resources: PodResourcesStandIn,
-    libs: dict[str, Path],
-    conf: Path,
-    short_dir: Path,
+    broken_chip: BrokenChip, ixsmi: Ixsmi, kubelet: KubeletStandIn, short_dir: Path
 ) -> None:
-    ixsmi = Ixsmi(short_dir)
-    make_dev_root(short_dir, [0, 1], itrctl=False)
     configmap = ConfigMapDir(short_dir / "ixconfig")
     configmap.write("health:\n  selfHealing: false\n")
-    daemon = await start_daemon(
-        backend_factory=lambda: IxmlBackend(
-            str(libs["full"]), dev_root=short_dir, ixsmi_path=ixsmi.path, sysfs_root=ixsmi.sysfs
-        ),
-        health_interval=0.1,
-        healing_rules=FAST_HEALING,
-        config_path=configmap.path,
-        config_required=True,
-        pod_resources_socket=pod_resources.socket_path,
-    )
-    view = await kubelet.wait_registered(RESOURCE, capacity=2)
-    inject_xid(conf, 1, 48)
+    daemon, view = await broken_chip.started(kube=None, config_path=configmap.path, config_required=True)
+    broken_chip.breaks(1, 48)
     await kubelet.wait_for(lambda: view.devices["GPU-x1"] == UNHEALTHY, timeout=3)
     await stays(lambda: ixsmi.runs() == [], for_=0.5, message="ixsmi.runs() == []")
     assert not daemon.node.gpu_reset.built  # told, not reset: nothing needed the machinery yet

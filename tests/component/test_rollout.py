@@ -8,16 +8,16 @@ import socket
 from pathlib import Path
 
 import pytest
-from helpers.reset_support import FAST_HEALING, NAMESPACE, NODE, Ixsmi
-from helpers.support import RESOURCE, DaemonFactory, config_flags, inject_xid, make_dev_root, metric
+from helpers.broken_chip import BrokenChip
+from helpers.reset_support import NAMESPACE, NODE, Ixsmi
+from helpers.support import RESOURCE, DaemonFactory, config_flags, metric
 from helpers.waits import stays, until
 
 from ix_device_plugin.api import HEALTHY, UNHEALTHY, api_pb2
 from ix_device_plugin.apiserver.settings import KubeSettings, settings_from
 from ix_device_plugin.core.allocation import AllocationError
+from ix_device_plugin.deviceplugin.daemon import Daemon
 from ix_device_plugin.deviceplugin.endpoint import plugin_socket
-from ix_device_plugin.deviceplugin.loop import Daemon
-from ix_device_plugin.hardware.ixml import IxmlBackend
 from ix_device_plugin.standins.apiserver import ApiServerStandIn
 from ix_device_plugin.standins.kubelet import KubeletStandIn
 from ix_device_plugin.standins.podresources import PodResourcesStandIn
@@ -172,33 +172,18 @@ def node_with_kubelet(apiserver: ApiServerStandIn, short_dir: Path, version: str
     return settings_from({"NODE_NAME": NODE, "POD_NAMESPACE": NAMESPACE}, str(kubeconfig), "test")
 
 
-@pytest.fixture
-def ixsmi(short_dir: Path) -> Ixsmi:
-    return Ixsmi(short_dir)
-
-
 async def test_both_pods_advertise_the_xid_the_acting_one_saw_and_the_chip_stays_out_after_the_handover(
-    kubelet: KubeletStandIn,
-    start_daemon: DaemonFactory,
-    libs: dict[str, Path],
-    conf: Path,
-    short_dir: Path,
-    ixsmi: Ixsmi,
+    broken_chip: BrokenChip, kubelet: KubeletStandIn, start_daemon: DaemonFactory, short_dir: Path
 ) -> None:
     """XID 64 (it needs an operator) while both pods run: the acting pod sees it (the standby listens for none),
     records it, and the standby advertises it too, so every ListAndWatch message says the same; after the old pod
     stops the chip is still out."""
-    make_dev_root(short_dir, [0, 1], itrctl=False)
-
-    def backend() -> IxmlBackend:
-        return IxmlBackend(str(libs["full"]), dev_root=short_dir, ixsmi_path=ixsmi.path, sysfs_root=ixsmi.sysfs)
-
-    settings: dict[str, object] = {"backend_factory": backend, "health_interval": 0.1, "dev_root": short_dir}
+    settings: dict[str, object] = {**broken_chip.over_double(), "dev_root": short_dir}
     old = await start_daemon(pod_uid=OLD, **settings)
     view = await kubelet.wait_registered(RESOURCE, capacity=2)
     new, _ = await start_beside(kubelet, start_daemon, OLD_SOCKET, **settings)
     assert not new.node.monitor.xids_watched
-    inject_xid(conf, 1, 64)
+    broken_chip.breaks(1, 64)
     await until(lambda: advertised(old) == advertised(new) == {"GPU-x0": HEALTHY, "GPU-x1": UNHEALTHY}, timeout=5)
     await kubelet.wait_for(lambda: view.devices.get("GPU-x1") == UNHEALTHY)
     await old.shutdown()
@@ -239,24 +224,18 @@ async def test_the_socket_of_a_pod_that_was_killed_is_removed_by_the_next_pod(
 
 
 async def test_during_the_overlap_the_acting_pod_alone_resets_and_the_standby_refuses_the_chip_meanwhile(
+    broken_chip: BrokenChip,
+    ixsmi: Ixsmi,
     kubelet: KubeletStandIn,
     start_daemon: DaemonFactory,
     pod_resources: PodResourcesStandIn,
-    libs: dict[str, Path],
-    conf: Path,
     short_dir: Path,
-    ixsmi: Ixsmi,
 ) -> None:
     """The standby answers every Allocate during the overlap: it reads the record, which says a reservation before
     any ListAndWatch does, so it never hands out the chip the acting pod is resetting; it resets nothing itself."""
-    make_dev_root(short_dir, [0, 1], itrctl=False)
     settings: dict[str, object] = {
-        "backend_factory": lambda: IxmlBackend(
-            str(libs["full"]), dev_root=short_dir, ixsmi_path=ixsmi.path, sysfs_root=ixsmi.sysfs
-        ),
-        "health_interval": 0.1,
+        **broken_chip.over_double(),
         "dev_root": short_dir,
-        "healing_rules": FAST_HEALING,
         "given": config_flags(self_healing="true"),
         "pod_resources_socket": pod_resources.socket_path,
     }
@@ -266,7 +245,7 @@ async def test_during_the_overlap_the_acting_pod_alone_resets_and_the_standby_re
     request = api_pb2.AllocateRequest(container_requests=[api_pb2.ContainerAllocateRequest(devices_ids=["GPU-x1"])])
     assert await new._before_allocate(new.plan, request) is None  # free: nothing to do
     ixsmi.delay.write_text("2")
-    inject_xid(conf, 1, 48)
+    broken_chip.breaks(1, 48)
     await until(lambda: "GPU-x1" in old.node.healing.healer.reserved, timeout=5)
     with pytest.raises(AllocationError, match="held out of service for a reset"):
         await new._before_allocate(new.plan, request)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 from helpers.dra_support import DraNode
-from helpers.support import IXML_DOUBLE_CONFIG, RESOURCE, DaemonFactory, make_dev_root
+from helpers.support import RESOURCE, DaemonFactory, make_dev_root
 
 from ix_device_plugin.api import HEALTHY, UNHEALTHY
 from ix_device_plugin.dra.slices import UNHEALTHY_TAINT
@@ -36,11 +36,10 @@ async def apiserver() -> AsyncIterator[ApiServerStandIn]:
 
 
 @pytest.fixture
-def double_conf(short_dir: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    path = short_dir / "double.conf"
-    path.write_text(TWO_CHIPS)
-    monkeypatch.setenv(IXML_DOUBLE_CONFIG, str(path))
-    return path
+def double_conf(conf: Path) -> Path:
+    """The C double's device file (the conf fixture's) with this file's two chips, GPU-s0 and GPU-s1."""
+    conf.write_text(TWO_CHIPS)
+    return conf
 
 
 def dra_node(short_dir: Path, apiserver: ApiServerStandIn) -> DraNode:

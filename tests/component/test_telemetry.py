@@ -23,7 +23,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from ix_device_plugin.api import HEALTHY
 from ix_device_plugin.core.inventory import Inventory
 from ix_device_plugin.core.telemetry import ChipSample, Holder, PodRef
-from ix_device_plugin.deviceplugin.loop import Daemon
+from ix_device_plugin.deviceplugin.daemon import Daemon
 from ix_device_plugin.hardware.ixml import IxmlBackend
 from ix_device_plugin.hardware.simulated import SimulatedBackend
 from ix_device_plugin.standins.kubelet import KubeletStandIn

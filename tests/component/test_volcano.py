@@ -12,7 +12,7 @@ from pathlib import Path
 import grpc
 import pytest
 from helpers.support import RESOURCE, DaemonFactory, config_flags
-from helpers.volcano_support import CHIP_A, CHIP_B, CHIP_C, NODE, SCHEDULER, devices, placed, published, start_volcano
+from helpers.volcano_support import CHIP_A, CHIP_B, CHIP_C, NODE, SCHEDULER, Volcano, devices, placed, published
 from helpers.waits import until
 
 from ix_device_plugin.apiserver.objects import ContainerLimits, PodDoc
@@ -65,6 +65,14 @@ def test_device_info_names_each_gpu_and_its_links_as_upstream() -> None:
         c: [{"TypeName": "P2PLinkCrossCPU", "TypeIndex": 1}],
     }
     assert info[b]["Links"] == {a: [{"TypeName": "P2PLinkSingleSwitch", "TypeIndex": 5}]}, "unknown links left out"
+
+
+def test_device_info_names_a_chip_as_ixml_gives_it_with_the_vendor_once() -> None:
+    inventory = SimulatedBackend("BI-V100:1").discover()
+    (board,) = inventory.boards
+    as_ixml = replace(board, chips=tuple(replace(chip, product="Iluvatar BI-V100") for chip in board.chips))
+    (info,) = device_info(plan(replace(inventory, boards=(as_ixml,)), Config())).values()
+    assert info["Name"] == "Iluvatar BI-V100"
 
 
 def test_replicas_are_listed_free_and_grouped_under_their_gpu() -> None:
@@ -134,15 +142,9 @@ def test_allocated_pods_get_upstreams_two_annotations_once() -> None:
 
 
 async def test_the_device_info_config_map_is_published_in_upstreams_format(
-    kubelet: KubeletStandIn,
-    start_daemon: DaemonFactory,
-    apiserver: ApiServerStandIn,
-    pod_resources: PodResourcesStandIn,
-    short_dir: Path,
-    tmp_path: Path,
+    volcano: Volcano, apiserver: ApiServerStandIn
 ) -> None:
-    await start_volcano(start_daemon, apiserver, pod_resources, short_dir, tmp_path)
-    await kubelet.wait_registered(RESOURCE, capacity=2)
+    await volcano.start()
     await until(lambda: DEVICE_INFO_KEY in published(apiserver), timeout=10)
     data = published(apiserver)
     assert set(data[DEVICE_INFO_KEY]) == {"DeviceInfo", "UpdateTime"}
@@ -152,18 +154,12 @@ async def test_the_device_info_config_map_is_published_in_upstreams_format(
 
 
 async def test_allocate_gives_the_oldest_waiting_pod_what_volcano_chose_and_annotates_it(
-    kubelet: KubeletStandIn,
-    start_daemon: DaemonFactory,
-    apiserver: ApiServerStandIn,
-    pod_resources: PodResourcesStandIn,
-    short_dir: Path,
-    tmp_path: Path,
+    volcano: Volcano, kubelet: KubeletStandIn, apiserver: ApiServerStandIn, pod_resources: PodResourcesStandIn
 ) -> None:
     # The ConfigMap is read late and written late, as under load: the pass that annotates the pods writes it.
     apiserver.slow_down("GET", "/configmaps", 1.0)
     apiserver.slow_down("POST", "/configmaps", 0.5)
-    await start_volcano(start_daemon, apiserver, pod_resources, short_dir, tmp_path)
-    await kubelet.wait_registered(RESOURCE, capacity=2)
+    await volcano.start()
     placed(apiserver, "newer", CHIP_A, "200")
     placed(apiserver, "older", CHIP_B, "100")
     placed(apiserver, "elsewhere", CHIP_A, "1", node="other-node")
@@ -192,16 +188,9 @@ async def test_allocate_gives_the_oldest_waiting_pod_what_volcano_chose_and_anno
 
 
 async def test_a_device_volcano_gave_twice_is_handed_out_once(
-    kubelet: KubeletStandIn,
-    start_daemon: DaemonFactory,
-    apiserver: ApiServerStandIn,
-    pod_resources: PodResourcesStandIn,
-    short_dir: Path,
-    tmp_path: Path,
-    caplog: pytest.LogCaptureFixture,
+    volcano: Volcano, kubelet: KubeletStandIn, apiserver: ApiServerStandIn, caplog: pytest.LogCaptureFixture
 ) -> None:
-    await start_volcano(start_daemon, apiserver, pod_resources, short_dir, tmp_path)
-    await kubelet.wait_registered(RESOURCE, capacity=2)
+    await volcano.start()
     placed(apiserver, "first", CHIP_A, "100")
     first = await kubelet.allocate(RESOURCE, [[CHIP_B]])
     assert first.container_responses[0].envs["IX_VISIBLE_DEVICES"] == CHIP_A
@@ -216,15 +205,9 @@ async def test_a_device_volcano_gave_twice_is_handed_out_once(
 
 
 async def test_no_waiting_pod_is_an_allocate_error_that_says_so(
-    kubelet: KubeletStandIn,
-    start_daemon: DaemonFactory,
-    apiserver: ApiServerStandIn,
-    pod_resources: PodResourcesStandIn,
-    short_dir: Path,
-    tmp_path: Path,
+    volcano: Volcano, kubelet: KubeletStandIn, apiserver: ApiServerStandIn
 ) -> None:
-    await start_volcano(start_daemon, apiserver, pod_resources, short_dir, tmp_path)
-    await kubelet.wait_registered(RESOURCE, capacity=2)
+    await volcano.start()
     placed(apiserver, "wants-two", f"{CHIP_A},{CHIP_B}", "5")
     with pytest.raises(grpc.aio.AioRpcError) as refused:
         await kubelet.allocate(RESOURCE, [[CHIP_A]])

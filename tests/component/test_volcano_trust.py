@@ -4,20 +4,18 @@ that does not pass is refused with an Event on it, and never takes another pod's
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import grpc
 import pytest
-from helpers.support import RESOURCE, DaemonFactory
-from helpers.volcano_support import CHIP_A, CHIP_B, NODE, SCHEDULER, placed, start_volcano
+from helpers.support import RESOURCE
+from helpers.volcano_support import CHIP_A, CHIP_B, NODE, SCHEDULER, Volcano, placed
 from helpers.waits import until
 
 from ix_device_plugin.deviceplugin.features.volcano import DEV_VOLCANO, PREDICATE_TIME, TAKEN
 from ix_device_plugin.standins.apiserver import ApiServerStandIn
 from ix_device_plugin.standins.apiserver.managedfields import Writer
 from ix_device_plugin.standins.kubelet import KubeletStandIn
-from ix_device_plugin.standins.podresources import PodResourcesStandIn
 
 REFUSED = "VolcanoAnnotationRefused"
 
@@ -39,15 +37,9 @@ def annotation(apiserver: ApiServerStandIn, namespace: str, pod: str, key: str) 
 
 
 async def test_a_tenants_forged_annotations_are_refused_with_an_event_and_take_no_other_pods_allocate(
-    kubelet: KubeletStandIn,
-    start_daemon: DaemonFactory,
-    apiserver: ApiServerStandIn,
-    pod_resources: PodResourcesStandIn,
-    short_dir: Path,
-    tmp_path: Path,
+    volcano: Volcano, kubelet: KubeletStandIn, apiserver: ApiServerStandIn
 ) -> None:
-    await start_volcano(start_daemon, apiserver, pod_resources, short_dir, tmp_path)
-    await kubelet.wait_registered(RESOURCE, capacity=2)
+    await volcano.start()
     placed(apiserver, "victim", CHIP_B, "100")
     # A tenant's own pod asks for a GPU and claims to be first: `kubectl annotate` writes as kubectl-annotate.
     placed(apiserver, "thief", CHIP_A, "0", manager="kubectl-annotate", namespace="tenant")
@@ -72,15 +64,9 @@ async def test_a_tenants_forged_annotations_are_refused_with_an_event_and_take_n
 
 
 async def test_a_pod_that_asks_for_no_gpu_is_passed_over(
-    kubelet: KubeletStandIn,
-    start_daemon: DaemonFactory,
-    apiserver: ApiServerStandIn,
-    pod_resources: PodResourcesStandIn,
-    short_dir: Path,
-    tmp_path: Path,
+    volcano: Volcano, kubelet: KubeletStandIn, apiserver: ApiServerStandIn
 ) -> None:
-    await start_volcano(start_daemon, apiserver, pod_resources, short_dir, tmp_path)
-    await kubelet.wait_registered(RESOURCE, capacity=2)
+    await volcano.start()
     placed(apiserver, "cpu-only", CHIP_A, "1", gpus=0)
     placed(apiserver, "asks", CHIP_B, "100")
     response = await kubelet.allocate(RESOURCE, [[CHIP_A]])
@@ -92,14 +78,9 @@ async def test_a_pod_that_asks_for_no_gpu_is_passed_over(
 
 
 async def test_the_scheduler_is_the_field_manager_the_setting_names(
-    kubelet: KubeletStandIn,
-    start_daemon: DaemonFactory,
-    apiserver: ApiServerStandIn,
-    pod_resources: PodResourcesStandIn,
-    short_dir: Path,
-    tmp_path: Path,
+    volcano: Volcano, kubelet: KubeletStandIn, apiserver: ApiServerStandIn
 ) -> None:
-    await start_volcano(start_daemon, apiserver, pod_resources, short_dir, tmp_path, volcano_field_manager="sched-x")
+    await volcano.start(volcano_field_manager="sched-x")
     await kubelet.wait_registered(RESOURCE, capacity=2)
     placed(apiserver, "default-name", CHIP_A, "1")  # written as vc-scheduler: not the scheduler of this cluster
     placed(apiserver, "ours", CHIP_B, "100", manager="sched-x")
@@ -109,15 +90,9 @@ async def test_the_scheduler_is_the_field_manager_the_setting_names(
 
 
 async def test_a_refused_pod_that_the_scheduler_then_writes_is_believed(
-    kubelet: KubeletStandIn,
-    start_daemon: DaemonFactory,
-    apiserver: ApiServerStandIn,
-    pod_resources: PodResourcesStandIn,
-    short_dir: Path,
-    tmp_path: Path,
+    volcano: Volcano, kubelet: KubeletStandIn, apiserver: ApiServerStandIn
 ) -> None:
-    await start_volcano(start_daemon, apiserver, pod_resources, short_dir, tmp_path)
-    await kubelet.wait_registered(RESOURCE, capacity=2)
+    await volcano.start()
     placed(apiserver, "early", CHIP_A, "0", manager="kubectl-annotate")
     with pytest.raises(grpc.aio.AioRpcError):
         await kubelet.allocate(RESOURCE, [[CHIP_A]])

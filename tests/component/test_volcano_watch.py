@@ -9,30 +9,25 @@ from pathlib import Path
 
 import grpc
 import pytest
-from helpers.support import RESOURCE, DaemonFactory
+from helpers.support import RESOURCE
 from helpers.volcano_support import (
     CHIP_A,
     CHIP_B,
     CONFIG_MAP,
     NAMESPACE,
     NODE,
+    Volcano,
     devices,
+    held,
     placed,
     published,
-    start_volcano,
 )
 from helpers.waits import stays, until
 
-from ix_device_plugin.deviceplugin.features import volcano
-from ix_device_plugin.deviceplugin.features.volcano import (
-    DEV_KUBELET,
-    DEV_REAL_ALLOC,
-    DEV_VOLCANO,
-    DEVICE_INFO_KEY,
-    DEVICE_LIST_KEY,
-    PREDICATE_TIME,
-    VolcanoMode,
-)
+from ix_device_plugin.apiserver.watch import Mirror
+from ix_device_plugin.deviceplugin import features
+from ix_device_plugin.deviceplugin.daemon import Daemon
+from ix_device_plugin.deviceplugin.features.volcano import DEVICE_INFO_KEY, DEVICE_LIST_KEY, VolcanoMode
 from ix_device_plugin.standins.apiserver import ApiServerStandIn, Recorded
 from ix_device_plugin.standins.kubelet import KubeletStandIn
 from ix_device_plugin.standins.podresources import PodResourcesStandIn
@@ -41,7 +36,7 @@ from ix_device_plugin.standins.podresources import PodResourcesStandIn
 @pytest.fixture
 def frequent_passes(monkeypatch: pytest.MonkeyPatch) -> None:
     """A pass every 50 ms instead of every 5 s: whatever a pass asks at rest shows a hundredfold."""
-    monkeypatch.setattr(volcano, "PASS_PERIOD", 0.05)
+    monkeypatch.setattr(features.volcano, "PASS_PERIOD", 0.05)
 
 
 def _is_watch(request: Recorded) -> bool:
@@ -65,28 +60,21 @@ def _device_list(apiserver: ApiServerStandIn) -> list[str] | None:
         return None
 
 
-async def _started(kubelet: KubeletStandIn, apiserver: ApiServerStandIn) -> None:
-    """Registered, the ConfigMap written and both watches open."""
-    await kubelet.wait_registered(RESOURCE, capacity=2)
-    await until(lambda: DEVICE_INFO_KEY in published(apiserver), timeout=10)
-    await until(lambda: sum(_is_watch(r) for r in apiserver.requests) >= 2, timeout=10)
+async def _started(volcano: Volcano) -> Daemon:
+    """Started and registered, the ConfigMap written and both watches open."""
+    daemon = await volcano.start()
+    await until(lambda: DEVICE_INFO_KEY in published(volcano.apiserver), timeout=10)
+    await volcano.apiserver.watching("pods", timeout=10)
+    await volcano.apiserver.watching("configmaps", timeout=10)
+    return daemon
 
 
 async def test_at_rest_volcano_mode_asks_the_api_server_and_the_kubelet_nothing(
-    kubelet: KubeletStandIn,
-    start_daemon: DaemonFactory,
-    apiserver: ApiServerStandIn,
-    pod_resources: PodResourcesStandIn,
-    short_dir: Path,
-    tmp_path: Path,
-    frequent_passes: None,
+    volcano: Volcano, apiserver: ApiServerStandIn, pod_resources: PodResourcesStandIn, frequent_passes: None
 ) -> None:
-    annotations = {DEV_VOLCANO: CHIP_A, PREDICATE_TIME: "7", DEV_KUBELET: CHIP_A, DEV_REAL_ALLOC: CHIP_A}
-    apiserver.add_pod("ml", "running", NODE, annotations=annotations, limits={"main": {RESOURCE: "1"}})
+    apiserver.add_pod("ml", "running", NODE, annotations=held(CHIP_A, "7"), limits={"main": {RESOURCE: "1"}})
     apiserver.add_pod("ml", "no-gpu", NODE)
-    await start_volcano(start_daemon, apiserver, pod_resources, short_dir, tmp_path)
-    await _started(kubelet, apiserver)
-    await asyncio.sleep(0.3)
+    await _started(volcano)
     first, calls = len(apiserver.requests), pod_resources.calls
     await stays(
         lambda: [(r.method, r.path) for r in apiserver.requests[first:]] == [], for_=1.0, message="about 20 passes"
@@ -97,15 +85,9 @@ async def test_at_rest_volcano_mode_asks_the_api_server_and_the_kubelet_nothing(
 
 
 async def test_only_what_changed_is_written_each_time_with_a_newer_update_time(
-    kubelet: KubeletStandIn,
-    start_daemon: DaemonFactory,
-    apiserver: ApiServerStandIn,
-    pod_resources: PodResourcesStandIn,
-    short_dir: Path,
-    tmp_path: Path,
+    volcano: Volcano, apiserver: ApiServerStandIn, tmp_path: Path
 ) -> None:
-    await start_volcano(start_daemon, apiserver, pod_resources, short_dir, tmp_path)
-    await _started(kubelet, apiserver)
+    await _started(volcano)
     before = published(apiserver)
     devices(tmp_path / "devices.yaml", unhealthy=(CHIP_B,))  # the simulated backend reads it at every poll
     await until(lambda: published(apiserver)[DEVICE_LIST_KEY]["DeviceList"] == [CHIP_A], timeout=10)
@@ -117,16 +99,8 @@ async def test_only_what_changed_is_written_each_time_with_a_newer_update_time(
     assert (second.method, set(second.body["data"])) == ("PATCH", {DEVICE_LIST_KEY})
 
 
-async def test_a_deleted_or_edited_config_map_is_written_again(
-    kubelet: KubeletStandIn,
-    start_daemon: DaemonFactory,
-    apiserver: ApiServerStandIn,
-    pod_resources: PodResourcesStandIn,
-    short_dir: Path,
-    tmp_path: Path,
-) -> None:
-    await start_volcano(start_daemon, apiserver, pod_resources, short_dir, tmp_path)
-    await _started(kubelet, apiserver)
+async def test_a_deleted_or_edited_config_map_is_written_again(volcano: Volcano, apiserver: ApiServerStandIn) -> None:
+    await _started(volcano)
     good = published(apiserver)
     apiserver.remove("configmaps", CONFIG_MAP, NAMESPACE)
     await until(lambda: DEVICE_INFO_KEY in published(apiserver), timeout=10)
@@ -140,18 +114,12 @@ async def test_a_deleted_or_edited_config_map_is_written_again(
 
 
 async def test_a_restart_finding_the_config_map_current_writes_nothing(
-    kubelet: KubeletStandIn,
-    start_daemon: DaemonFactory,
-    apiserver: ApiServerStandIn,
-    pod_resources: PodResourcesStandIn,
-    short_dir: Path,
-    tmp_path: Path,
+    volcano: Volcano, apiserver: ApiServerStandIn
 ) -> None:
-    daemon = await start_volcano(start_daemon, apiserver, pod_resources, short_dir, tmp_path)
-    await _started(kubelet, apiserver)
+    daemon = await _started(volcano)
     await daemon.shutdown()
     first = len(apiserver.requests)
-    await start_volcano(start_daemon, apiserver, pod_resources, short_dir, tmp_path)
+    await volcano.start()
     await until(lambda: sum(_is_watch(r) for r in apiserver.requests[first:]) >= 2, timeout=10)
     await stays(
         lambda: _writes(apiserver.requests[first:]) == [], for_=0.5, message="_writes(apiserver.requests[first:]) == []"
@@ -159,17 +127,18 @@ async def test_a_restart_finding_the_config_map_current_writes_nothing(
 
 
 async def test_allocate_reads_the_watch_and_waits_for_a_pod_placed_just_now(
-    kubelet: KubeletStandIn,
-    start_daemon: DaemonFactory,
-    apiserver: ApiServerStandIn,
-    pod_resources: PodResourcesStandIn,
-    short_dir: Path,
-    tmp_path: Path,
+    volcano: Volcano, kubelet: KubeletStandIn, apiserver: ApiServerStandIn, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    await start_volcano(start_daemon, apiserver, pod_resources, short_dir, tmp_path)
-    await _started(kubelet, apiserver)
+    waiting, changed = asyncio.Event(), Mirror.changed
+
+    async def noted(mirror: Mirror, timeout: float | None = None) -> bool:
+        waiting.set()  # Allocate found no pod: it waits for the watch to bring one
+        return await changed(mirror, timeout)
+
+    monkeypatch.setattr(Mirror, "changed", noted)
+    await _started(volcano)
     allocating = asyncio.create_task(kubelet.allocate(RESOURCE, [[CHIP_A]]))
-    await asyncio.sleep(0.3)  # Allocate is waiting for the watch to bring a pod
+    await waiting.wait()
     placed(apiserver, "just-now", CHIP_B, "10")
     response = await allocating
     assert response.container_responses[0].envs["IX_VISIBLE_DEVICES"] == CHIP_B
@@ -180,16 +149,10 @@ async def test_allocate_reads_the_watch_and_waits_for_a_pod_placed_just_now(
 
 
 async def test_allocate_without_a_view_of_the_pods_says_why(
-    kubelet: KubeletStandIn,
-    start_daemon: DaemonFactory,
-    apiserver: ApiServerStandIn,
-    pod_resources: PodResourcesStandIn,
-    short_dir: Path,
-    tmp_path: Path,
+    volcano: Volcano, kubelet: KubeletStandIn, apiserver: ApiServerStandIn
 ) -> None:
     await apiserver.refuse()
-    await start_volcano(start_daemon, apiserver, pod_resources, short_dir, tmp_path)
-    await kubelet.wait_registered(RESOURCE, capacity=2)
+    await volcano.start()
     with pytest.raises(grpc.aio.AioRpcError) as refused:
         await kubelet.allocate(RESOURCE, [[CHIP_A]])
     details = refused.value.details() or ""
@@ -198,14 +161,7 @@ async def test_allocate_without_a_view_of_the_pods_says_why(
 
 
 async def test_watches_that_end_by_a_failure_are_started_again(
-    kubelet: KubeletStandIn,
-    start_daemon: DaemonFactory,
-    apiserver: ApiServerStandIn,
-    pod_resources: PodResourcesStandIn,
-    short_dir: Path,
-    tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
-    frequent_passes: None,
+    volcano: Volcano, monkeypatch: pytest.MonkeyPatch, frequent_passes: None
 ) -> None:
     follow, failures = VolcanoMode.follow, []
 
@@ -216,6 +172,5 @@ async def test_watches_that_end_by_a_failure_are_started_again(
         await follow(mode)
 
     monkeypatch.setattr(VolcanoMode, "follow", fails_once)
-    await start_volcano(start_daemon, apiserver, pod_resources, short_dir, tmp_path)
-    await _started(kubelet, apiserver)  # the ConfigMap is written only once both watches have read
+    await _started(volcano)  # the ConfigMap is written only once both watches have read
     assert failures == ["once"]

@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
 
 import pytest
-from helpers.waits import until
+from helpers.waits import stays, until
 
 from ix_device_plugin.apiserver.connection import ApiConnection
 from ix_device_plugin.apiserver.objects import NODE, POD, labels_of, pod_doc
@@ -40,6 +40,12 @@ async def api(apiserver: ApiServerStandIn, tmp_path: Path):
     connection = ApiConnection(settings_from({"NODE_NAME": NODE_NAME}, str(kubeconfig), "test"))
     yield connection
     await connection.close()
+
+
+async def lived(apiserver: ApiServerStandIn, seconds: float = 0.4) -> None:
+    """The node's watch stays open for seconds: longer than the followings' healthy_for, so it counts as lived."""
+    await apiserver.watching("nodes")
+    await stays(lambda: apiserver.open_watches("nodes") == 1, for_=seconds, message="the node's watch open")
 
 
 RUNNING: list[Following] = []  # stopped after each test, whatever its outcome (see the autouse fixture)
@@ -120,7 +126,7 @@ async def test_a_watch_that_lived_is_resumed_from_its_last_version_without_a_rea
     apiserver.set_node_labels(NODE_NAME, {LABEL: "second"})
     await following.label("second")
     seen_version = apiserver.resource_version
-    await asyncio.sleep(0.4)  # the watch has lived: its end is the server's timeout
+    await lived(apiserver)  # its end is the server's timeout
     apiserver.drop_watches()
     await until(lambda: len(_node_requests(apiserver)) == 3, timeout=10.0)
     apiserver.set_node_labels(NODE_NAME, {LABEL: "third"})
@@ -137,7 +143,7 @@ async def test_a_watch_that_lived_is_resumed_from_its_last_version_without_a_rea
 async def test_410_on_resume_reads_again_and_says_so(api, apiserver, caplog):
     following = Following(api, Backoff(0.05, 0.2), healthy_for=0.3)
     await following.label("first")
-    await asyncio.sleep(0.4)
+    await lived(apiserver)
     with caplog.at_level(logging.WARNING, logger=LOGGER):
         # While no watch is open the label changes and the server forgets the history: resuming gets 410.
         apiserver.drop_watches()
@@ -222,9 +228,9 @@ async def test_the_backoff_starts_again_only_after_a_watch_lived(api, apiserver)
     apiserver.drop_watches()
     await until(lambda: following.mirror.backoff.attempt >= 7, timeout=10.0)  # the next delay has grown past 1 s
     apiserver.watches_end = None
-    await until(lambda: len(apiserver._watches) == 1, timeout=10.0)
+    await apiserver.watching("nodes", timeout=10.0)
     assert following.mirror.backoff.attempt >= 7  # a watch open, not yet lived: no reset
-    await asyncio.sleep(0.7)  # now it has lived
+    await lived(apiserver, 0.7)
     apiserver.watches_end = "expired"
     ended, before = time.monotonic(), len(apiserver.requests)
     apiserver.drop_watches()

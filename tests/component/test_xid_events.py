@@ -59,6 +59,11 @@ def shutdown_while_waiting(library: Path) -> int:
     return int(ctypes.CDLL(str(library)).ixml_double_shutdown_while_waiting())
 
 
+def waiting_now(library: Path) -> int:
+    """How many threads are inside the double's nvmlEventSetWait_v2."""
+    return int(ctypes.CDLL(str(library)).ixml_double_waiting())
+
+
 def test_an_xid_reaches_the_sink_from_a_thread_of_its_own(libs: dict[str, Path], conf: Path) -> None:
     sink = Sink()
     backend = waiting_backend(libs["full"], sink)
@@ -72,7 +77,7 @@ def test_an_xid_reaches_the_sink_from_a_thread_of_its_own(libs: dict[str, Path],
 
 def test_close_stops_the_waiter_promptly_and_never_shuts_down_under_it(libs: dict[str, Path], conf: Path) -> None:
     backend = waiting_backend(libs["full"], Sink())
-    time.sleep(0.1)  # the waiter is inside nvmlEventSetWait_v2 now
+    until_sync(lambda: waiting_now(libs["full"]), message="the waiter inside nvmlEventSetWait_v2")
     started = time.monotonic()
     backend.close()
     assert time.monotonic() - started < 1.5

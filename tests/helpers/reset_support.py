@@ -17,8 +17,8 @@ from ix_device_plugin.apiserver.settings import settings_from
 from ix_device_plugin.core.healing import Rules
 from ix_device_plugin.core.inventory import Inventory
 from ix_device_plugin.core.telemetry import ChipSample
-from ix_device_plugin.deviceplugin.loop import Daemon
-from ix_device_plugin.gpureset.sequence import DATA_KEY, ResetInfo, ResetSettings
+from ix_device_plugin.deviceplugin.daemon import Daemon
+from ix_device_plugin.gpureset.sequence import DATA_KEY, OUR_NAME, ResetInfo, ResetSettings
 from ix_device_plugin.hardware.backend import Backend
 from ix_device_plugin.hardware.ixml.reset import run_ixsmi_reset
 from ix_device_plugin.hardware.simulated import SimulatedBackend
@@ -113,6 +113,12 @@ def reset_document(apiserver: ApiServerStandIn) -> ResetInfo | None:
     """The handshake's document as the API server holds it now (None: no ConfigMap)."""
     found = apiserver.get("configmaps", CONFIG_MAP, NAMESPACE)
     return None if found is None else ResetInfo.parse(found["data"][DATA_KEY], NODE)
+
+
+def handed_back(apiserver: ApiServerStandIn) -> bool:
+    """Whether the handshake's document says the reset is over and the agent holds the GPUs again."""
+    info = reset_document(apiserver)
+    return info is not None and info.reset is False and info.occupy.get(OUR_NAME) is True
 
 
 def write_document(apiserver: ApiServerStandIn, info: ResetInfo | str) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -10,10 +11,12 @@ import yaml
 
 from helpers.support import RESOURCE, DaemonFactory, config_flags
 from ix_device_plugin.apiserver.settings import settings_from
-from ix_device_plugin.deviceplugin.features.volcano import DEV_VOLCANO, PREDICATE_TIME
+from ix_device_plugin.deviceplugin.daemon import Daemon
+from ix_device_plugin.deviceplugin.features.volcano import DEV_KUBELET, DEV_REAL_ALLOC, DEV_VOLCANO, PREDICATE_TIME
 from ix_device_plugin.hardware.simulated import SimulatedBackend
 from ix_device_plugin.standins.apiserver import ApiServerStandIn
 from ix_device_plugin.standins.apiserver.managedfields import Writer
+from ix_device_plugin.standins.kubelet import KubeletStandIn
 from ix_device_plugin.standins.podresources import PodResourcesStandIn
 
 NODE = "gpu-node-1"
@@ -52,6 +55,11 @@ def placed(
     apiserver.patch("pods", name, namespace, {"metadata": {"annotations": annotations}}, Writer(manager, "v1"))
 
 
+def held(device: str, predicate_time: str) -> dict[str, str]:
+    """The annotations of a pod Volcano placed on device and the plugin allocated it: Volcano's two and the plugin's."""
+    return {DEV_VOLCANO: device, PREDICATE_TIME: predicate_time, DEV_KUBELET: device, DEV_REAL_ALLOC: device}
+
+
 def published(apiserver: ApiServerStandIn) -> dict[str, dict[str, Any]]:
     """The ConfigMap's documents, by key ({} when there is none)."""
     found = apiserver.get("configmaps", CONFIG_MAP, NAMESPACE)
@@ -65,23 +73,29 @@ def _chip(uuid: str, minor: int, unhealthy: bool) -> dict[str, Any]:
     return chip
 
 
-async def start_volcano(
-    start_daemon: DaemonFactory,
-    apiserver: ApiServerStandIn,
-    pod_resources: PodResourcesStandIn,
-    short_dir: Path,
-    tmp_path: Path,
-    **options: Any,
-):  # type: ignore[no-untyped-def]
-    """The daemon on chips A and B with flags.usevolcano, the API server and the pod-resources stand-in; options:
-    other Options fields."""
-    kubeconfig = apiserver.write_kubeconfig(short_dir / "kubeconfig", namespace=NAMESPACE)
-    kube = settings_from({"NODE_NAME": NODE, "POD_NAMESPACE": NAMESPACE}, str(kubeconfig), "flags.usevolcano")
-    backend = SimulatedBackend(devices(tmp_path / "devices.yaml"))
-    return await start_daemon(
-        backend_factory=lambda: backend,
-        given=config_flags(use_volcano=True),
-        kube=kube,
-        pod_resources_socket=pod_resources.socket_path,
-        **options,
-    )
+@dataclass
+class Volcano:
+    """A node in Volcano mode (the `volcano` fixture): the daemon on chips A and B with flags.usevolcano, the API
+    server playing Volcano's scheduler, the kubelet and its pod-resources API."""
+
+    kubelet: KubeletStandIn
+    apiserver: ApiServerStandIn
+    pod_resources: PodResourcesStandIn
+    start_daemon: DaemonFactory
+    short_dir: Path
+    tmp_path: Path
+
+    async def start(self, **options: Any) -> Daemon:
+        """The daemon started, and registered with its two GPUs; options: other Options fields."""
+        kubeconfig = self.apiserver.write_kubeconfig(self.short_dir / "kubeconfig", namespace=NAMESPACE)
+        kube = settings_from({"NODE_NAME": NODE, "POD_NAMESPACE": NAMESPACE}, str(kubeconfig), "flags.usevolcano")
+        backend = SimulatedBackend(devices(self.tmp_path / "devices.yaml"))
+        daemon = await self.start_daemon(
+            backend_factory=lambda: backend,
+            given=config_flags(use_volcano=True),
+            kube=kube,
+            pod_resources_socket=self.pod_resources.socket_path,
+            **options,
+        )
+        await self.kubelet.wait_registered(RESOURCE, capacity=2)
+        return daemon

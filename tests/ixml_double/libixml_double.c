@@ -292,6 +292,9 @@ static volatile int shutdown_while_waiting;
 /* 1 once nvmlShutdown ran while a thread was inside nvmlEventSetWait_v2 (a use-after-free on real drivers). */
 int ixml_double_shutdown_while_waiting(void) { return shutdown_while_waiting; }
 
+/* How many threads are inside nvmlEventSetWait_v2 now. */
+int ixml_double_waiting(void) { return waiting; }
+
 nvmlReturn_t nvmlShutdown(void) {
     if (init_count == 0) return NVML_ERROR_UNINITIALIZED;
     if (waiting) shutdown_while_waiting = 1;

@@ -90,7 +90,7 @@ def test_the_check_finds_a_policy_that_lets_a_token_without_a_node_through() -> 
 def test_the_plugin_by_default_holds_what_self_healing_the_handshake_and_the_device_access_label_use() -> None:
     assert grant_table(render_objects({})) == {
         ("nodes.core", "get", PLUGIN),  # deviceplugin/handover.py: the Node's kubelet version (auto)
-        ("nodes.core", "list", PLUGIN),  # healing/wayback.py: the node annotation iluvatar.com/gpu.return
+        ("nodes.core", "list", PLUGIN),  # healing/operatorreturn.py: the node annotation iluvatar.com/gpu.return
         ("nodes.core", "watch", PLUGIN),
         ("nodes.core", "patch", PLUGIN),  # the label iluvatar.com/gpu.device-access of its own Node
         ("configmaps.core", "get", PLUGIN),  # gpureset/handshake.py: ix-gpu-reset-<node>

@@ -22,7 +22,8 @@ from helpers.waits import WaitFailed, stays
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ix_device_plugin.settings.configfile import load_document, parse_bytes
+from ix_device_plugin.settings.configfile import parse_bytes
+from ix_device_plugin.settings.configmap import load_document
 from ix_device_plugin.settings.errors import SettingsError
 from ix_device_plugin.settings.resolve import config_from
 from ix_device_plugin.standins.kubelet import KubeletStandIn

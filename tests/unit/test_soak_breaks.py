@@ -20,7 +20,7 @@ from ix_device_plugin.api import UNHEALTHY
 from ix_device_plugin.core.inventory import ChipStatus
 from ix_device_plugin.core.plan import plan
 from ix_device_plugin.deviceplugin import service
-from ix_device_plugin.deviceplugin.holders import PodHolders
+from ix_device_plugin.deviceplugin.chipguard import PodHolders
 from ix_device_plugin.dra.claimspec import cdi_spec_file
 from ix_device_plugin.dra.specfiles import ClaimSpecFiles
 from ix_device_plugin.hardware import simulated

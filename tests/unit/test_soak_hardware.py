@@ -184,3 +184,25 @@ def test_the_operator_returns_a_chip_only_once_the_agent_can_see_the_node_again(
         ("annotate", "node", "node", f"{returns.RETURN_ANNOTATION}={uuid}", "--overwrite"),
     ]
     assert soak.returns.returned == {3: 1519.5} and soak.notes[-1] == "operator returned chip 3"
+
+
+def test_a_chip_back_on_the_bus_is_healed_of_its_absence_before_a_return_that_waits_out_a_quiet_window(
+    tmp_path: Path,
+) -> None:
+    """Seed 577175's chip 2: off the bus at 200.6, back at 212.5 during a config change's quiet window; the agent put
+    it back in service at once ("not present" keeps a chip out only while it stands) and gave it at 215.9, before
+    the operator's return, deferred by the window, landed at 227.0."""
+    checker, faults = load("checker"), load("faults")
+    soak = SoakStandIn(tmp_path / "hardware", pid=OLD)
+    soak.at = 200.6
+    soak.hardware.set_present(2, False)
+    soak.healing.broken(2, "return", faults.OFF_BUS)
+    soak.timeline.quiet.append((209.3, 218.6))
+    soak.at = 212.5
+    soak.faults.back_on_bus(2)
+    assert soak.admin_calls == [] and len(soak.later.due) == 1  # the return waits for the window's end
+    invariant = checker.Invariant("broken not given")
+    allocation = checker.NewAllocation("soak-25", frozenset({2}), 214.5, 215.9)
+    checker.broken_not_given(invariant, [allocation], soak.timeline.broken)
+    assert invariant.checks == 1 and invariant.violations == []
+    assert [(w.until, w.why) for w in soak.timeline.broken] == [(212.5, f"{faults.OFF_BUS}, back on the bus")]

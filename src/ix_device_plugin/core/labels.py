@@ -23,6 +23,7 @@ import re
 from collections import Counter
 from dataclasses import dataclass
 
+from ix_device_plugin.core import products
 from ix_device_plugin.core.inventory import Chip, Inventory
 from ix_device_plugin.core.plan import Plan
 from ix_device_plugin.settings.config import Config
@@ -48,8 +49,6 @@ DRA_SHARES = f"{PREFIX}/dra.shares"
 SHARING_NONE = "none"
 SHARING_TIME_SLICING = "time-slicing"
 MAX_LABEL_VALUE_LENGTH = 63
-# The product name as IXML gives it starts with the vendor ("Iluvatar BI-V150S"); the label has the model.
-_VENDOR_PREFIX = "iluvatar "
 
 _LABEL_VALUE = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)?$")
 _NOT_VALUE_CHARACTER = re.compile(r"[^A-Za-z0-9_.\-\s]")
@@ -115,21 +114,13 @@ def dra_labels(driver: str, chips: int, boards: int, shares: int) -> dict[str, s
     return result
 
 
-def product_model(name: str) -> str:
-    """The model part of an IXML product name: `Iluvatar BI-V150S` gives `BI-V150S`."""
-    stripped = name.strip()
-    if stripped.lower().startswith(_VENDOR_PREFIX):
-        return stripped[len(_VENDOR_PREFIX) :].strip()
-    return stripped
-
-
 def _main_product(chips: list[Chip], notes: list[str]) -> tuple[str, list[Chip]]:
-    counts = Counter(product_model(chip.product) for chip in chips)
+    counts = Counter(products.model(chip.product) for chip in chips)
     product = counts.most_common(1)[0][0]  # ties: the product seen first
     if len(counts) > 1:
         described = ", ".join(f"{count} x {name}" for name, count in counts.most_common())
         notes.append(f"chips of several products on this node ({described}); labels describe {product}")
-    return product, [chip for chip in chips if product_model(chip.product) == product]
+    return product, [chip for chip in chips if products.model(chip.product) == product]
 
 
 def _memory_mib(chips: list[Chip]) -> int | None:

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 
 from ix_device_plugin.core.inventory import Board, Chip, Inventory, link_key
-from ix_device_plugin.core.products import lookup
+from ix_device_plugin.core.products import expected_chips
 from ix_device_plugin.core.topology import Topology, build_topology
 from ix_device_plugin.settings.config import Config
 from ix_device_plugin.settings.devicelist import DEVICE_SPECS
@@ -131,19 +131,6 @@ def physical_groups(inventory: Inventory, splitboard: bool) -> list[Group]:
     if splitboard:
         return [(chip.uuid, (chip,), ()) for chip in inventory.chips()]
     return [(board.uuid, board.chips, shortfall(board)) for board in inventory.boards]
-
-
-def expected_chips(board: Board) -> int:
-    """How many chips the board should have: the product table's count, else what its first discovery saw.
-
-    A board whose membership the library did not report is the chips it has.
-    """
-    if not board.membership_known:
-        return len(board.chips)
-    product = lookup(board.product)
-    if product is not None:
-        return product.chips_per_board
-    return board.expected_chips or len(board.chips)
 
 
 def shortfall(board: Board, product: str | None = None) -> tuple[str, ...]:

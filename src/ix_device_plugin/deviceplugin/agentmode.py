@@ -1,5 +1,7 @@
-"""What the device plugin hands its node agent (nodeagent/kit.py) besides itself: what its mode fixes, as plain
-values, and the process's one connection to the API server."""
+"""What the device plugin hands its node agent (nodeagent/kit.py) besides itself.
+
+What its mode fixes, as plain values, and the process's one connection to the API server.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +10,7 @@ from typing import TYPE_CHECKING
 
 from ix_device_plugin.core.healing import Rules
 from ix_device_plugin.healing.story import story_path
-from ix_device_plugin.nodeagent.kit import Mode
+from ix_device_plugin.nodeagent.frontend import Mode
 from ix_device_plugin.runtime.files import read_boot_id
 from ix_device_plugin.runtime.noderole import NodeLocks
 from ix_device_plugin.settings.options import Options
@@ -27,7 +29,7 @@ def plugin_mode(options: Options, healing_rules: Rules | None) -> Mode:
         node_name=options.node_name,
         writer=f"device-plugin {options.pod_uid or os.getpid()}",
         plugins_dir=plugins_dir,
-        role_locks=() if plugins_dir is None else NodeLocks.device_plugin(plugins_dir).role,
+        locks=None if plugins_dir is None else NodeLocks.device_plugin(plugins_dir),
         duty=f"acting for node {options.node_name}'s GPUs",
         story=story_path(options.plugin_dir),
         boot_id=read_boot_id(),

@@ -1,5 +1,7 @@
-"""What the reconcile loop says of each change it serves: the plan at start, each chip whose health changed, and
-what a configuration reload changed."""
+"""What the reconcile loop says of each change it serves.
+
+The plan at start, each chip whose health changed, and what a configuration reload changed.
+"""
 
 from __future__ import annotations
 
@@ -9,7 +11,7 @@ from ix_device_plugin.core.plan import Plan
 from ix_device_plugin.settings.config import Config
 from ix_device_plugin.settings.table import FILE_SETTINGS
 
-log = logging.getLogger("ix_device_plugin.deviceplugin.loop")  # where operators and tests have always read them
+log = logging.getLogger("ix_device_plugin.deviceplugin.daemon")  # where operators and tests have always read them
 
 
 def log_plan(plan: Plan) -> None:

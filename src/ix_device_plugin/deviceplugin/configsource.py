@@ -65,6 +65,11 @@ class ConfigSource:
             self.path, self.reason = self.options.config_path, f"{self.options.config_path} (fallback)"
             return self.load()
 
+    def label_seen(self, value: str | None) -> None:
+        """The node's configuration label now (None: not set); changed() then tells whether another file is in
+        force."""
+        self.label = value
+
     def changed(self) -> bool:
         """True when the file in force is another one now (the label moved), or its bytes changed since load()."""
         path, self.reason = config_file_for(self.options, self.label)

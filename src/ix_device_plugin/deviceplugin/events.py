@@ -1,5 +1,8 @@
-"""What the reconcile loop hears (deviceplugin/loop.py): each input only turns a happening into one of these events
-on the loop's one queue, and the loop, the one writer of the served State, takes them one at a time."""
+"""The events the reconcile loop hears (deviceplugin/daemon.py).
+
+Each input only turns a happening into one of these events on the loop's one queue, and the loop, the one writer of
+the served State, takes them one at a time.
+"""
 
 from __future__ import annotations
 

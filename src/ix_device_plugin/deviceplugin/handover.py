@@ -1,6 +1,7 @@
-"""Two pods of the agent on one node during an update or a switch between modes: the node's reset turn as the
-device plugin takes it (runtime/noderole.py), whether a new pod registers beside an old one
-(kubelet/endpoints.py has the rule), and what every Allocate checks whichever pod answers it.
+"""The device plugin's side of two pods of the agent on one node, in an update or a switch between modes.
+
+Whether a new pod registers beside an old one (kubelet/endpoints.py has the rule), and what every Allocate checks
+whichever pod answers it.
 
 The kubelet's version comes from the Node, read once and only when another pod already serves the node: a pod
 alone on its node registers at once whatever the kubelet.
@@ -21,7 +22,6 @@ from ix_device_plugin.deviceplugin.features.hook import chips_of
 from ix_device_plugin.healing.record import RecordFile
 from ix_device_plugin.kubelet.endpoints import register_beside
 from ix_device_plugin.kubelet.sockets import socket_answers
-from ix_device_plugin.runtime.noderole import NodeLocks, ResetTurn
 
 if TYPE_CHECKING:
     from ix_device_plugin.apiserver.connection import ApiConnection
@@ -32,11 +32,6 @@ HANDOVER_SETTLE = 1.0  # seconds a pod that waited for the old one to stop waits
 # kubelet disconnects "the" endpoint of a resource when the old one's stream ends, and must have done so first
 KUBELET_VERSION_WAIT = 5.0  # seconds the Node's read may take
 FIXED_NAME_POLL = 0.2  # seconds between looks at a plugin without the node's role that serves the fixed socket name
-
-
-def reset_turn(plugins_dir: Path | None, timeout: float) -> ResetTurn:
-    """The node's reset turn, waited for at most timeout seconds (without the plugins directory: this process's)."""
-    return ResetTurn(() if plugins_dir is None else NodeLocks.device_plugin(plugins_dir).reset, timeout)
 
 
 def fixed_name_served(own: Path) -> Path | None:

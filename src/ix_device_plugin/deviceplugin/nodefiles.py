@@ -1,21 +1,18 @@
 """The files the plugin keeps on the node for other tools, kept in step with the served State.
 
-Each output takes the whole State on every change and writes only what differs: the CDI spec
-for container runtimes and, through the node-labels service, the NFD local feature file.
+Each output takes the whole State on every change and writes only what differs: the CDI spec for container
+runtimes. (The node labels are the node-agent kit's: nodeagent/kit.py.)
 """
 
 from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 from ix_device_plugin.deviceplugin.outputs import CdiSpecWriter, OutputError
 from ix_device_plugin.deviceplugin.state import State
 from ix_device_plugin.runtime.logs import OncePerError
-
-if TYPE_CHECKING:
-    from ix_device_plugin.nodelabels.service import NodeLabels
 
 log = logging.getLogger(__name__)
 
@@ -55,50 +52,19 @@ class CdiSpecFile:
         """Keep the spec: a container restarted while the plugin is down still needs it."""
 
 
-class NodeLabelFile:
-    """The node's GPU labels as the served State describes them (the node-labels service writes them)."""
-
-    name = "node labels"
-
-    def __init__(self, labels: NodeLabels) -> None:
-        self.labels = labels
-
-    def apply(self, state: State) -> None:
-        """Write the labels for state when they changed."""
-        from ix_device_plugin.core.labels import label_set
-
-        machine = self.labels.machine
-        self.labels.apply(label_set(state.inventory, state.plan, state.config, machine, state.inventory.cuda_version))
-
-    def close(self) -> None:
-        """At a clean shutdown: the labels are kept for the agent that follows, as the node-labels service does."""
-        self.labels.close()
-
-
 class NodeFiles:
     """Every node file turned on, kept in step with the served State; a failed write is logged once and retried."""
 
-    def __init__(
-        self, cdi_spec_dir: Path | None, node_feature_dir: Path | None, dev_root: Path, sysfs_root: Path
-    ) -> None:
+    def __init__(self, cdi_spec_dir: Path | None, dev_root: Path) -> None:
         self.files: list[NodeFile] = []
         if cdi_spec_dir is not None:
             self.files.append(CdiSpecFile(CdiSpecWriter(cdi_spec_dir, dev_root)))
-        if node_feature_dir is not None:
-            from ix_device_plugin.nodelabels.service import NodeLabels  # loaded only when the feature file is on
-
-            self.files.append(NodeLabelFile(NodeLabels(node_feature_dir, sysfs_root)))
         self._errors = {file.name: OncePerError(log) for file in self.files}
         self.due = bool(self.files)
 
     def changed(self) -> None:
         """The State changed: write at the next apply."""
         self.due = bool(self.files)
-
-    @property
-    def labels(self) -> NodeLabels | None:
-        """The node-labels service, when the feature file is written."""
-        return next((file.labels for file in self.files if isinstance(file, NodeLabelFile)), None)
 
     def apply(self, state: State) -> None:
         """Write what is due for state; a file that fails stays due."""
@@ -116,7 +82,7 @@ class NodeFiles:
                 errors.succeeded("%s written again", file.name)
 
     def close(self) -> None:
-        """Clean up every file at a clean shutdown (the CDI spec stays, the labels are handed over)."""
+        """Clean up every file at a clean shutdown (the CDI spec stays)."""
         for file in self.files:
             try:
                 file.close()

@@ -7,7 +7,7 @@ import os
 from ix_device_plugin.core.healing import Rules
 from ix_device_plugin.dra.registration import plugin_dir
 from ix_device_plugin.healing.story import story_path
-from ix_device_plugin.nodeagent.kit import Mode
+from ix_device_plugin.nodeagent.frontend import Mode
 from ix_device_plugin.runtime.noderole import NodeLocks
 from ix_device_plugin.settings.options import DraOptions
 
@@ -22,7 +22,7 @@ def dra_mode(options: DraOptions, boot_id: str, healing_rules: Rules | None) -> 
         node_name=options.node_name,
         writer=f"dra {options.pod_uid or os.getpid()}",
         plugins_dir=options.plugins_dir,
-        role_locks=NodeLocks.dra(options.plugins_dir).role,  # the device plugin's pods take the node's too
+        locks=NodeLocks.dra(options.plugins_dir),  # the device plugin's pods take the node's too
         duty=f"publishing the ResourceSlices of node {options.node_name}",
         story=story_path(plugin_dir(options.plugins_dir)),
         boot_id=boot_id,

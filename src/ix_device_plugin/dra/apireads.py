@@ -1,6 +1,8 @@
-"""The DRA driver's reads of one object from the API server while the kubelet waits (a claim to prepare, the pods
-using it): retried with backoff for claim_read_timeout seconds, the errors said once each, and a failure a
-`ClaimError` whose message names the object. Writes are elsewhere (claimstatus.py, publisher.py).
+"""The DRA driver's reads of one object from the API server while the kubelet waits.
+
+A claim to prepare, the pods using it: retried with backoff for claim_read_timeout seconds, the errors said once
+each, and a failure a `ClaimError` whose message names the object. Writes are elsewhere (claimstatus.py,
+publisher.py).
 """
 
 from __future__ import annotations
@@ -52,3 +54,17 @@ class ApiReads:
             raise ClaimError(f"{what}: cannot read it from the API server within {self.timeout:g}s") from None
         except KubeError as error:
             raise ClaimError(f"{what}: {error.message}") from None
+
+
+class ClaimMemo:
+    """The claims one NodePrepareResources reads, each read once through reads and kept by UID: the prepare decides
+    from the claim, the status write and the containers' tellers start from the same object."""
+
+    def __init__(self, reads: ApiReads) -> None:
+        self._reads = reads
+        self.read: dict[str, dict[str, Any]] = {}  # claim UID -> the ResourceClaim, as read for this call
+
+    async def __call__(self, ref: ClaimRef) -> dict[str, Any]:
+        """The ResourceClaim (read again when asked again: a prepare that lost its turn reads it anew)."""
+        self.read[ref.uid] = found = await self._reads.claim(ref)
+        return found

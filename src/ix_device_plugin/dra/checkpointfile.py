@@ -1,5 +1,7 @@
-"""The checkpoint file of the DRA driver's prepared claims: read again only when another driver changed it, written
-atomically, and rebuilt from the claims' CDI specs when it cannot be read (checkpoint.py holds its format).
+"""The checkpoint file of the DRA driver's prepared claims.
+
+Read again only when another driver changed it, written atomically, and rebuilt from the claims' CDI specs when it
+cannot be read (checkpoint.py holds its format).
 
 A checkpoint that cannot be read, or is missing while claim specs are there, is rebuilt from the specs, at start
 or while running: the rebuilt one is written before the old one is kept aside (checkpoint.json.corrupt-<Unix

@@ -1,44 +1,31 @@
-"""The turns the prepared claims are changed in: the claims' lock and the node's reset turn, each this process's
-asyncio lock and a file lock shared with the other pods of the driver; and the kubelet's calls on one claim, one at
-a time in the order they came. `DraState` holds them; nothing here knows what a claim is.
+"""The turns the prepared claims are changed in.
+
+The claims' turn (a `runtime/locks.py` TurnLock over a file shared with the other pods of the driver, as the node's
+reset turn is one), and the kubelet's calls on one claim, one at a time in the order they came. `DraState` holds
+them; nothing here knows what a claim is.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
-from ix_device_plugin.runtime.files import OutputError
-from ix_device_plugin.runtime.locks import FileLock
+from ix_device_plugin.runtime.locks import TurnLock
 
 LOCK_FILE = "serialize.lock"  # the name the upstream kubelet-plugin helper uses for the same purpose
 RESET_LOCK_FILE = "reset.lock"  # a driver's reset turn alone (tests); the node's is runtime/noderole.py NodeLocks.dra
 LOCK_POLL = 0.005  # another driver holds the lock for milliseconds (one prepare's writes)
 
 
-@contextlib.asynccontextmanager
-async def both_locks(turn: asyncio.Lock, path: Path, timeout: float, purpose: str) -> AsyncIterator[None]:
-    """This process's turn, then the file lock at path shared with the other pods, both within timeout seconds
-    (the wait for the file is said in the log; cancelling ends it); OutputError past it."""
-    deadline = time.monotonic() + timeout
-    try:
-        async with asyncio.timeout(timeout):
-            await turn.acquire()
-    except TimeoutError:
-        raise OutputError(f"{path}: this driver's other calls kept it for more than {timeout:g}s ({purpose})") from None
-    try:
-        lock = FileLock(path)
-        await lock.take(max(0.0, deadline - time.monotonic()), poll=LOCK_POLL, purpose=purpose)
-        try:
-            yield
-        finally:
-            lock.release()
-    finally:
-        turn.release()
+def claims_turn(directory: Path, timeout: float) -> TurnLock:
+    """The claims' turn: this driver's, then the file lock in directory shared with the other pods of the driver,
+    waited for timeout seconds by default; OutputError past it."""
+    lock = directory / LOCK_FILE
+    busy = f"{lock}: this driver's other calls kept it"
+    return TurnLock((lock,), timeout, poll=LOCK_POLL, purpose="prepared claims", busy=busy)
 
 
 class ClaimTurns:

@@ -1,6 +1,7 @@
-"""What each container is told: where the claims' CDI specs set the GPU variables, worked out from what every
-container using the claims holds (claimusers.py), so that each is told exactly its chips whatever order its claims
-come in.
+"""What each container is told of its chips through the claims' CDI specs.
+
+Where the claims' CDI specs set the GPU variables, worked out from what every container using the claims holds
+(claimusers.py), so that each is told exactly its chips whatever order its claims come in.
 
 Pure: the containers and the prepared claims in, plain data out. Besides the kubelet's lists (claimusers.py):
 

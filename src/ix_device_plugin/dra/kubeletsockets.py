@@ -1,7 +1,10 @@
-"""The DRA driver's gRPC servers on the kubelet's two unix sockets: the DRAPlugin and resource-health services
-(v1 and v1beta1 / v1alpha1) on `<plugins dir>/gpu.iluvatar.com/dra.sock`, the registration service on
-`<registrar dir>/gpu.iluvatar.com-reg.sock`. Each socket is put in place from a staging name, so that the name
-never lacks a socket that answers, and only the sockets this pod put in place are removed when it stops."""
+"""The DRA driver's gRPC servers on the kubelet's two unix sockets.
+
+The DRAPlugin and resource-health services (v1 and v1beta1 / v1alpha1) on `<plugins dir>/gpu.iluvatar.com/dra.sock`,
+the registration service on `<registrar dir>/gpu.iluvatar.com-reg.sock`. Each socket is put in place from a staging
+name, so that the name never lacks a socket that answers, and only the sockets this pod put in place are removed
+when it stops.
+"""
 
 from __future__ import annotations
 

@@ -1,5 +1,7 @@
-"""The device metadata files of the prepared claims, and the CDI specs that mount them: written, brought up to date
-and removed here only, by `DraState` under its lock (see metadata.py for what they hold and where they are).
+"""The device metadata files of the prepared claims, and the CDI specs that mount them.
+
+Written, brought up to date and removed here only, by `DraState` under its lock (see metadata.py for what they hold
+and where they are).
 
 A file is written when its claim is prepared (generation 1), written again with the next generation when what it
 says changes (a chip's health, a reset, another driver version), and left alone when it says the same: a driver

@@ -1,5 +1,7 @@
-"""The DRA mode's metrics on /metrics: what the kubelet asked and how it went, and the driver's state
-(prometheus_client is loaded at the first scrape)."""
+"""The DRA mode's metrics on /metrics: what the kubelet asked and how it went, and the driver's state.
+
+prometheus_client is loaded at the first scrape.
+"""
 
 from __future__ import annotations
 

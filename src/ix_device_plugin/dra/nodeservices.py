@@ -1,6 +1,8 @@
-"""The node services on a DRA node, fed by the hardware monitor and the slice content the driver serves: the
-node's labels (the device plugin's and the DRA driver's own), and the node-state gauges the dashboard reads in
-both modes; and who holds each chip, for the node agent's telemetry (nodeagent/kit.py)."""
+"""What the node agent's services read of a DRA node, from the slice content the driver serves.
+
+The node's labels (the device plugin's and the DRA driver's own), who holds each chip for telemetry, and the
+node-state gauges the dashboard reads in both modes (nodeagent/kit.py runs them).
+"""
 
 from __future__ import annotations
 
@@ -12,10 +14,8 @@ from ix_device_plugin.core.plan import Plan, plan
 from ix_device_plugin.dra.metrics import DraMetrics
 from ix_device_plugin.dra.registration import RegistrationService
 from ix_device_plugin.dra.slices import CHIP, DRIVER, SliceContent
-from ix_device_plugin.hardware.monitor import HardwareMonitor, HardwareView
 from ix_device_plugin.kubelet.podresources import PodResources
-from ix_device_plugin.nodelabels.service import NodeLabels
-from ix_device_plugin.runtime.service import TaskFactory
+from ix_device_plugin.runtime.lazymetrics import Gated
 from ix_device_plugin.settings.config import Config
 from ix_device_plugin.settings.options import DraOptions
 from ix_device_plugin.telemetry.holders import ClaimHolders
@@ -52,52 +52,25 @@ def claim_holders(
     return ClaimHolders(pod_resources, DRIVER, options.node_name, device_chips, node_plan)
 
 
-class DraNodeServices:
-    """What the DRA driver does for the node beside serving claims and beside the node agent's services: its labels
-    and the node-state gauges.
+class DraNodeGauges:
+    """The node-state gauges the dashboard reads in both modes, for the devices the driver serves, exported by the pod
+    acting for the node (as in device plugin mode: the dashboard counts each node once).
 
     metrics: the driver's (the gauges join its registry); registration: the kubelet's registration of the driver.
     """
 
     def __init__(
         self,
-        options: DraOptions,
-        monitor: HardwareMonitor,
+        monitor_inventory: Callable[[], Inventory],
         content: Callable[[], SliceContent],
         metrics: DraMetrics,
         registration: RegistrationService,
+        acting: Callable[[], bool],
     ) -> None:
-        base = options.base
-        self._config = options.config
-        self._monitor = monitor
         self._content = content
-        self.labels = NodeLabels(base.node_feature_dir, base.sysfs_root) if base.node_feature_dir else None
         registered = registration.registered.is_set
-        metrics.registry.register(NodeStateCollector(self._devices, lambda: monitor.inventory, registered))
-        monitor.subscribe(self._hardware_changed)  # after the driver's own subscription: the content is new
-
-    def tasks(self) -> dict[str, TaskFactory]:
-        """The background tasks to supervise, by name."""
-        return {} if self.labels is None else {"node-labels": self._keep_labels}
-
-    def changed(self) -> None:
-        """Write the labels for what the node has and the driver serves now."""
-        if self.labels is not None:
-            inventory = self._monitor.inventory
-            self.labels.want(dra_label_set(inventory, self._config, self._content(), self.labels.machine))
-
-    def close(self) -> None:
-        """At a clean stop: the labels as the node-labels service leaves them."""
-        if self.labels is not None:
-            self.labels.close()
-
-    def _hardware_changed(self, view: HardwareView) -> None:
-        self.changed()
-
-    async def _keep_labels(self) -> None:
-        assert self.labels is not None
-        self.changed()
-        await self.labels.run()
+        gauges = NodeStateCollector(self._devices, monitor_inventory, registered)
+        metrics.registry.register(Gated(gauges, acting))
 
     def _devices(self) -> Devices:
         devices = self._content().devices

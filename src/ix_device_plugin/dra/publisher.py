@@ -74,21 +74,32 @@ def stored_slice(obj: Mapping[str, Any], node: str) -> StoredSlice:
 
 
 class SlicePublisher:
-    """Publishes the content it is given; `published` holds the pool's slices as the API server stored them last."""
+    """Publishes the content it is given; `published` holds the pool's slices as the API server stored them last.
 
-    def __init__(self, kube: Kube, node: str) -> None:
+    counters: whether the server is known to keep shared counters (None: not known yet); wanted: the content to
+    publish first, with its PCIe roots.
+    """
+
+    def __init__(
+        self,
+        kube: Kube,
+        node: str,
+        *,
+        counters: bool | None = None,
+        wanted: tuple[SliceContent, Mapping[str, str]] | None = None,
+    ) -> None:
         self.kube = kube
         self.node = node
         self.name = slice_base_name(node)
         self.taints: bool | None = None  # None: not known yet whether the API server keeps device taints
-        self.counters: bool | None = None  # the same for shared counters (boards and chips from one pool)
+        self.counters = counters  # the same for shared counters (boards and chips from one pool)
         self.sharing: bool | None = None  # the same for allowMultipleAllocations (shared devices)
         self.published: list[dict[str, Any]] | None = None
         self.writer = PoolWriter(kube, node)
         self._recheck = Backoff(initial=RECHECK_FIRST, cap=RECHECK_CAP)
         self._recheck_at: float | None = None  # when to ask again whether the server keeps counters (monotonic)
         self._seen: Mapping[str, str] | None = None  # this driver's slices as the watch last saw them, by name
-        self._wanted: tuple[SliceContent, Mapping[str, str]] = (SliceContent((), None), {})
+        self._wanted: tuple[SliceContent, Mapping[str, str]] = wanted or (SliceContent((), None), {})
         self._generation = 0  # bumped with every new wish
         self._changed = asyncio.Event()
         self._read_first = True  # read the stored slices before the next write (not known to be those published)

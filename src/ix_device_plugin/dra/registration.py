@@ -1,5 +1,4 @@
-"""How the kubelet finds the DRA driver: its sockets, and the plugin watcher's Registration service; the node's reset
-turn as the driver takes it (runtime/noderole.py)."""
+"""How the kubelet finds the DRA driver: its sockets and the plugin watcher's Registration service."""
 
 from __future__ import annotations
 
@@ -28,7 +27,6 @@ from ix_device_plugin.kubelet.sockets import (
 )
 from ix_device_plugin.runtime.errors import StartupError
 from ix_device_plugin.runtime.files import TEMPORARY_MAX_AGE, reason
-from ix_device_plugin.runtime.noderole import NodeLocks, ResetTurn
 
 log = logging.getLogger(__name__)
 
@@ -42,11 +40,6 @@ SUPPORTED_VERSIONS = ("v1.DRAPlugin", "v1beta1.DRAPlugin", "v1.DRAResourceHealth
 def plugin_dir(plugins_dir: Path) -> Path:
     """The driver's directory under the kubelet's plugins directory (socket and checkpoint)."""
     return plugins_dir / DRIVER
-
-
-def reset_turn(plugins_dir: Path, timeout: float) -> ResetTurn:
-    """The node's reset turn, waited for at most timeout seconds."""
-    return ResetTurn(NodeLocks.dra(plugins_dir).reset, timeout)
 
 
 # What to do about a socket path too long to serve: the kubelet dials these paths itself.

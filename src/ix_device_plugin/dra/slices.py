@@ -35,9 +35,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from ix_device_plugin.core import products
 from ix_device_plugin.core.inventory import Board, Chip, Ignored, Inventory
-from ix_device_plugin.core.labels import product_model
-from ix_device_plugin.core.plan import expected_chips, shortfall
+from ix_device_plugin.core.plan import shortfall
 
 DRIVER = "gpu.iluvatar.com"
 UNHEALTHY_TAINT = f"{DRIVER}/unhealthy"
@@ -216,8 +216,8 @@ def _board_devices(
 ) -> tuple[list[SliceDevice], SliceDevice | None, CounterSet | None, str]:
     """board's devices as policy says: its chips, its board device and counter set (a multi-chip board), and why
     the board device is left out ("" when it is not)."""
-    product = product_model(named[0][1].product or board.product)
-    multi = expected_chips(board) > 1
+    product = products.model(named[0][1].product or board.product)
+    multi = products.expected_chips(board) > 1
     shares = policy.replicas if policy.shared else 0
     board_name = board_device_name([name for name, _ in named])
     incomplete = multi and len(named) < len(board.chips)
@@ -231,7 +231,7 @@ def _board_devices(
             name,
             (chip,),
             board.uuid,
-            product_model(chip.product or board.product),
+            products.model(chip.product or board.product),
             chip.status.reasons(ignored),
             CHIP,
             whole_board=not multi,

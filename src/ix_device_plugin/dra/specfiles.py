@@ -1,6 +1,8 @@
-"""The prepared claims' CDI spec files in the CDI directory: written, removed, and read back into claims when the
-checkpoint cannot say what is prepared. Written and removed only by `DraState` under its lock (claimspec.py says
-what a spec holds). A spec this driver cannot read is skipped with a message naming it, never removed.
+"""The prepared claims' CDI spec files in the CDI directory.
+
+Written, removed, and read back into claims when the checkpoint cannot say what is prepared. Written and removed
+only by `DraState` under its lock (claimspec.py says what a spec holds). A spec this driver cannot read is skipped
+with a message naming it, never removed.
 """
 
 from __future__ import annotations

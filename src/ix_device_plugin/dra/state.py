@@ -39,7 +39,7 @@ from typing import Any
 from ix_device_plugin.core.holding import unknown_holder
 from ix_device_plugin.dra.checkpoint import CHECKPOINT_FILE, CheckpointError, CheckpointTooNew
 from ix_device_plugin.dra.checkpointfile import CheckpointFile
-from ix_device_plugin.dra.claimlocks import LOCK_FILE, RESET_LOCK_FILE, ClaimTurns, both_locks, forget_when_done
+from ix_device_plugin.dra.claimlocks import RESET_LOCK_FILE, ClaimTurns, claims_turn, forget_when_done
 from ix_device_plugin.dra.claims import NodeView, check_not_reserved, prepare
 from ix_device_plugin.dra.claimspec import ClaimEnv, with_env, with_relay_ids
 from ix_device_plugin.dra.metadata import NodeFacts
@@ -49,7 +49,8 @@ from ix_device_plugin.dra.slices import SliceDevice
 from ix_device_plugin.dra.specfiles import ClaimSpecFiles
 from ix_device_plugin.runtime.errors import StartupError
 from ix_device_plugin.runtime.files import OutputError, reason, remove_stale_temporaries
-from ix_device_plugin.runtime.noderole import ResetTurn
+from ix_device_plugin.runtime.locks import TurnLock
+from ix_device_plugin.runtime.noderole import reset_turn as node_reset_turn
 
 log = logging.getLogger(__name__)
 
@@ -75,7 +76,7 @@ class DraState:
         pool: str,
         dev_root: Path,
         boot_id: str = "",
-        reset_turn: ResetTurn | None = None,
+        reset_turn: TurnLock | None = None,
         *,
         reserved: Reserved = dict,
         facts: Callable[[], NodeFacts] = NodeFacts,
@@ -85,7 +86,7 @@ class DraState:
         self.pool = pool
         self.dev_root = dev_root
         self.boot_id = boot_id
-        self._reset_turn = reset_turn or ResetTurn((directory / RESET_LOCK_FILE,), RESET_WAIT)  # the node's
+        self._reset_turn = reset_turn or node_reset_turn((directory / RESET_LOCK_FILE,), RESET_WAIT)  # the node's
         self.reserved = reserved
         self.facts = facts
         self.claims: dict[str, PreparedClaim] = {}
@@ -93,7 +94,7 @@ class DraState:
         self.specs = ClaimSpecFiles(cdi_dir, pool)
         self.checkpoint = CheckpointFile(directory, boot_id, self.specs)
         self.metadata = MetadataFiles(directory, cdi_dir)
-        self._lock = asyncio.Lock()
+        self._claims_turn = claims_turn(directory, LOCK_TIMEOUT)  # shared with the other pods of the driver
         self.lock_timeout = LOCK_TIMEOUT  # seconds a prepare or unprepare waits for the lock
         self.start_lock_timeout = START_LOCK_TIMEOUT  # the same at start
         self._turns = ClaimTurns()
@@ -423,8 +424,7 @@ class DraState:
     async def _locked(self, timeout: float | None = None) -> AsyncIterator[None]:
         """Hold this driver's turn and the file lock shared with the other pods of the driver, both had within
         timeout (lock_timeout by default); OutputError past it."""
-        lock = self.directory / LOCK_FILE
-        async with both_locks(self._lock, lock, timeout or self.lock_timeout, "prepared claims"):
+        async with self._claims_turn.held(timeout or self.lock_timeout):
             yield
 
     @contextlib.asynccontextmanager

@@ -1,5 +1,7 @@
-"""What the users of the GPU reset service know of a reset without loading its machinery: its error, its outcomes as
-the metrics count them, and how long a stop waits for a running ixsmi."""
+"""What the users of the GPU reset service know of a reset without loading its machinery.
+
+Its error, its outcomes as the metrics count them, and how long a stop waits for a running ixsmi.
+"""
 
 from __future__ import annotations
 

@@ -1,6 +1,8 @@
-"""Which feature a GPU reset is for, so that what is said about the reset names it: `flags.reset_gpu` (before an
-Allocate), self-healing, or a DRA claim's `reset: true`. The caller says it around its call (`resetting_for`); the
-reset's task, made in the caller's context, carries it to the handshake and the log."""
+"""Which feature a GPU reset is for, so that what is said about the reset names it.
+
+`flags.reset_gpu` (before an Allocate), self-healing, or a DRA claim's `reset: true`. The caller says it around its
+call (`resetting_for`); the reset's task, made in the caller's context, carries it to the handshake and the log.
+"""
 
 from __future__ import annotations
 

@@ -1,5 +1,7 @@
-"""Resetting chips before a container gets them: `flags.reset_gpu` in plugin mode (the chips behind an Allocate),
-`reset: true` in a DRA claim's GpuConfig (the claim's chips, before the prepare is answered).
+"""Resetting chips before a container gets them.
+
+`flags.reset_gpu` in plugin mode (the chips behind an Allocate), `reset: true` in a DRA claim's GpuConfig (the
+claim's chips, before the prepare is answered).
 
 Other IXML users on the node (ix-exporter) are asked to let go first through Iluvatar's handshake
 (handshake.py, on the ConfigMap document of document.py). A reset is a small state machine, one step at a time and

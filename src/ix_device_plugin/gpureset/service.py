@@ -1,5 +1,6 @@
-"""The node's GPU reset service as its users hold it: the reset's machinery (sequence.py, the handshake and its
-document) is loaded and built at its first use.
+"""The node's GPU reset service as its users hold it.
+
+The reset's machinery (sequence.py, the handshake and its document) is loaded and built at its first use.
 
 Most nodes never reset a chip: self-healing and `flags.reset_gpu` off, and no API access whose reset handshake must
 be kept in order at start. There the machinery is never loaded (about 0.2 MiB of the device plugin's memory). A

@@ -1,7 +1,9 @@
-"""Can this process reset a chip here? ixsmi -r unbinds and rebinds the chip through the driver's sysfs directory,
-which takes CAP_SYS_ADMIN and a writable /sys. An unprivileged container has neither, and ixsmi would fail only
-after the agent had taken the chip away from its users; so the answer is known before, with what exactly is
-missing, and said where an operator looks (the helper's log and `status`, the agent's reset refusal).
+"""Whether this process can reset a chip here, known before any reset and said with what is missing.
+
+ixsmi -r unbinds and rebinds the chip through the driver's sysfs directory, which takes CAP_SYS_ADMIN and a writable
+/sys. An unprivileged container has neither, and ixsmi would fail only after the agent had taken the chip away from
+its users; so the answer is found first, and said where an operator looks (the helper's log and `status`, the
+agent's reset refusal).
 """
 
 from __future__ import annotations

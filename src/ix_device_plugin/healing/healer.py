@@ -164,9 +164,7 @@ class Healer:
 
     def returns_read(self, named: frozenset[str]) -> None:
         """The annotation names these chips now, each new one asked for: the record says so."""
-        if named != self.reservations.returns_seen:
-            self.reservations.returns_seen = named
-            self.reservations.write()
+        self.reservations.returns_read(named)
 
     # ---- the task ---------------------------------------------------------------------------------
 

@@ -1,6 +1,7 @@
-"""The node-health record's file: `<kubelet plugins dir>/iluvatar.com/node-health.json`, shared by every pod of the
-agent on the node in either mode (the directory survives a reboot and the kubelet's restarts, unlike the
-device-plugin socket directory and the CDI tmpfs).
+"""The node-health record's file, `<kubelet plugins dir>/iluvatar.com/node-health.json`.
+
+Shared by every pod of the agent on the node in either mode (the directory survives a reboot and the kubelet's
+restarts, unlike the device-plugin socket directory and the CDI tmpfs).
 
 One writer at a time: the pod holding the node's role (the healer that acts). Writes are atomic (temporary file,
 fsync, rename), so a reader sees the old record or the new one. Every other pod reads it: at start, under the claims'
@@ -64,6 +65,11 @@ class RecordFile:
         """What the node's record says as far as this process knows: the file now, or the last good record read or
         written when the file is gone or cannot be used (only the pod acting for the node may forget: it writes)."""
         return self.read() or self.last_good
+
+    def reserved_now(self) -> dict[str, str]:
+        """Chips reserved for a reset by any pod of the agent (chip UUID -> why), as known() says now."""
+        record = self.known()
+        return {} if record is None else record.reserved()
 
     def holds_written(self, found: HealthRecord | None) -> bool:
         """True when found, read from the file, is the record this process wrote last (a pod acting for the node

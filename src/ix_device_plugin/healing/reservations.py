@@ -251,6 +251,13 @@ class Reservations:
         record = self.record.known()
         return None if record is None else record.returns_seen
 
+    def returns_read(self, named: frozenset[str]) -> None:
+        """The annotation names these chips now, each new one asked for: the record says so (written when that
+        changed)."""
+        if named != self.returns_seen:
+            self.returns_seen = named
+            self.write()
+
     def _minor(self, uuid: str) -> int | None:
         chip = next((chip for chip in self.monitor.view.inventory.chips() if chip.uuid == uuid), None)
         return None if chip is None else chip.minor

@@ -1,5 +1,6 @@
-"""Each chip's health story, as the healer writes it for `ix-device-plugin list` to show: a small JSON file beside
-the front end's socket, replaced atomically whenever a story changes.
+"""Each chip's health story, as the healer writes it for `ix-device-plugin list` to show.
+
+A small JSON file beside the front end's socket, replaced atomically whenever a story changes.
 
 The file is the running agent's account; `list` (another process) reads it. A kubelet that starts again removes
 plain files from its device-plugin directory, not directories: the file lives in a directory of its own.

@@ -18,9 +18,9 @@ from ix_device_plugin.core.healing import HEALTHY, NEEDS_OPERATOR, OFF, OUT, RES
 from ix_device_plugin.hardware.backend import XidEvent
 from ix_device_plugin.hardware.monitor import HardwareMonitor
 from ix_device_plugin.healing.metrics import HealingMetrics
+from ix_device_plugin.healing.operatorreturn import RETURN_ANNOTATION
 from ix_device_plugin.healing.settings import HealingSettings
 from ix_device_plugin.healing.story import story_text
-from ix_device_plugin.healing.wayback import RETURN_ANNOTATION
 from ix_device_plugin.runtime.files import OutputError, write_atomically
 from ix_device_plugin.runtime.lazymetrics import Registry
 from ix_device_plugin.runtime.logs import OncePerError

@@ -1,5 +1,7 @@
-"""Which container holds which device: the kubelet's pod-resources API v1 (List), as dcgm-exporter and
-ix-exporter read it; the devices of DRA claims from each container's `dynamic_resources`."""
+"""Which container holds which device, from the kubelet's pod-resources API v1 (List).
+
+Read as dcgm-exporter and ix-exporter read it; the devices of DRA claims from each container's `dynamic_resources`.
+"""
 
 from __future__ import annotations
 

@@ -1,5 +1,7 @@
-"""Unix sockets shared with the kubelet: gRPC targets on them, telling a re-created socket from the old one,
-and whether anything still serves one."""
+"""Unix sockets shared with the kubelet.
+
+gRPC targets on them, telling a re-created socket from the old one, and whether anything still serves one.
+"""
 
 from __future__ import annotations
 

@@ -1,137 +1,74 @@
-"""The node-agent kit: the node services both front ends run, composed in one place.
+"""The node-agent kit: the node services both front ends run, composed in one place, and their life.
 
-A new node service is added here, once, for both modes: built in `NodeAgent.__init__` (or a helper beside it),
-its tasks returned by `tasks()` (every pod) or `acting_tasks()` (the pod acting for the node only), closed in
-`close()`. What differs between the modes is plain values (`Mode`) and what only the front end knows
-(`FrontEnd`): its chip guard, its health policy and switch, how it discovers again after a reset, the inventory it
-serves and who holds each chip. Nothing is set on a collaborator after it is built.
+A new node service is added here, once, for both modes: built in `NodeAgent.__init__`, its task returned by
+`tasks()`, stopped by `stop()`. A front end calls the kit's verbs (start, tasks, stop, problem, and the few
+questions below) and reaches into none of its parts. What differs between the modes is plain values (`Mode`) and
+what only the front end knows (`FrontEnd`, nodeagent/frontend.py). Nothing is set on a collaborator after it is
+built.
+
+Which pod runs what, the same in both modes (one pod of the agent acts for the node: the one holding its role,
+runtime/noderole.py; the other serves the kubelet beside it during an update or a switch between the modes):
+- every pod: the hardware monitor (discovery, health polls, hot-plug), the node-health record read at start and
+  followed, self-healing's task (which resets and heals only while its pod acts for the node), the Node's Events,
+  the device-access report, the operator's return annotation (unless the front end's own watch of its Node brings
+  it), the probes, and every reset a front end asks for in the node's reset turn;
+- only the pod acting for the node (the `node-role` task, cancelled when the role is lost): listening for XIDs (a
+  pod on standby learns them from the record), the node labels, the reset handshake's record
+  (`ix-gpu-reset-<node>`: a reset: true left behind ended at start, and said again when handing the GPUs back
+  failed), the GPU metrics (sampled and exported), and the front end's own node-wide duties (the device plugin's
+  node files and Volcano announcements; the DRA driver's ResourceSlices and claims' device metadata).
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
-from pathlib import Path
-from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from typing import TYPE_CHECKING, Generic
 
 from ix_device_plugin.core.healing import Rules
 from ix_device_plugin.core.inventory import Inventory
 from ix_device_plugin.deviceaccess.service import DeviceAccessReport
+from ix_device_plugin.gpureset.outcome import KILL_WAIT, RESET_STOP_WAIT
 from ix_device_plugin.gpureset.purpose import reset_feature
 from ix_device_plugin.gpureset.service import ResetService
 from ix_device_plugin.hardware.monitor import HardwareMonitor, MonitorSettings
 from ix_device_plugin.hardware.open import BackendFactory
 from ix_device_plugin.hardware.view import HardwareView
 from ix_device_plugin.hardware.worker import Hardware
-from ix_device_plugin.healing.healer import ChipGuard
 from ix_device_plugin.healing.record import RecordFile, record_path
 from ix_device_plugin.healing.service import NodeHealing
 from ix_device_plugin.healing.settings import HealingSettings
 from ix_device_plugin.kubelet.podresources import PodResources
+from ix_device_plugin.nodeagent.frontend import FrontEnd, Guard, Mode, NodeMetrics, NodeParts
 from ix_device_plugin.runtime.lazymetrics import Gated, Registry
-from ix_device_plugin.runtime.noderole import NodeRole
+from ix_device_plugin.runtime.noderole import NodeRole, reset_turn
 from ix_device_plugin.runtime.probes import ProbeHandlers, ProbeServer, start_probes
 from ix_device_plugin.runtime.service import TaskFactory, bounded
-from ix_device_plugin.settings.config import Config
 from ix_device_plugin.settings.health import HealthPolicy
 from ix_device_plugin.settings.options import NodeOptions
 
 if TYPE_CHECKING:
     from ix_device_plugin.apiserver.connection import ApiConnection
     from ix_device_plugin.gpureset.sequence import GpuReset, ResetHandshake
+    from ix_device_plugin.nodelabels.service import NodeLabels
     from ix_device_plugin.telemetry.collector import TelemetryCollector
-    from ix_device_plugin.telemetry.sampler import Holders, TelemetrySampler
+    from ix_device_plugin.telemetry.sampler import TelemetrySampler
 
 log = logging.getLogger(__name__)
 
+__all__ = ["Mode", "NodeAgent", "NodeParts"]
 
-@dataclass(frozen=True)
-class Mode:
-    """What a front end's mode fixes of the node agent: plain values.
-
-    plugins_dir: the kubelet's plugins directory, where the node-health record lives (None: no record, and no
-    role: this process is alone on the node); role_locks: the role's lock files, the node's first (none: no role,
-    runtime/noderole.py NodeLocks); duty: what holding
-    the role means, for its logs; writer: who writes the record; story: self-healing's story file; node_watched:
-    the front end watches its Node already (healing.service); claims: telemetry names the claims holding a chip
-    and every pod samples (DRA), else only the pod acting for the node samples and exports (device plugin).
-    """
-
-    node_name: str
-    writer: str
-    plugins_dir: Path | None
-    role_locks: tuple[Path, ...]
-    duty: str
-    story: Path | None
-    boot_id: str
-    rules: Rules | None = None
-    held_through_stop: bool = False
-    node_watched: bool = False
-    claims: bool = False
-
-
-class NodeMetrics(Protocol):
-    """A front end's metrics, as the kit uses them: its registry, the reset's counter and histogram, and what the
-    hardware monitor reports."""
-
-    registry: Registry
-    gpu_resets: Any
-    gpu_reset_duration: Any
-
-    def observe_xid(self, xid: int) -> None:
-        """One critical XID event."""
-        ...
-
-    def observe_health_poll(self) -> None:
-        """A successful health poll."""
-        ...
-
-
-Guard = TypeVar("Guard", bound=ChipGuard)
-
-
-class FrontEnd(Protocol[Guard]):
-    """What only the front end knows; the kit asks the first two once, while it is built."""
-
-    def chip_guard(self, pod_resources: PodResources, monitor: HardwareMonitor, record: RecordFile | None) -> Guard:
-        """Its chip guard: the node's reset turn and who holds a chip (healing.healer.ChipGuard)."""
-        ...
-
-    def chip_holders(self, pod_resources: PodResources, monitor: HardwareMonitor) -> Holders:
-        """Who holds each chip, for telemetry's labels."""
-        ...
-
-    @property
-    def inventory(self) -> Inventory:
-        """The inventory it serves now."""
-        ...
-
-    def current_health_policy(self) -> HealthPolicy:
-        """The health policy in force: the XIDs the monitor ignores, the ones self-healing acts on."""
-        ...
-
-    def self_healing_switch(self) -> str:
-        """selfHealing as configured now."""
-        ...
-
-    @property
-    def config(self) -> Config:
-        """The configuration in force (self-healing reads its reset diagnostic there)."""
-        ...
-
-    async def rediscover(self) -> Inventory:
-        """Discover again after a GPU reset; the inventory once it is served."""
-        ...
+Duty = Callable[[], Awaitable[None]]  # work done while this pod acts for the node, until cancelled
 
 
 class NodeAgent(Generic[Guard]):
-    """The hardware monitor, the node-health record, the node's role, the GPU reset service with its turn,
-    self-healing, telemetry and the probes of one front end.
+    """The hardware monitor, the node-health record, the node's role and its reset turn, the GPU reset service,
+    self-healing, the node labels, telemetry and the probes of one front end.
 
     factory: the GPUs' backend (telemetry opens an instance of its own); api: the process's API server connection
-    (None: no Events, no reset handshake).
+    (None: no Events, no reset handshake); the kit closes it at stop.
     """
 
     def __init__(
@@ -145,7 +82,6 @@ class NodeAgent(Generic[Guard]):
     ) -> None:
         self._options = options
         self._api = api
-        self._claims = mode.claims
         self._front = front
         self._metrics = metrics
         self._no_handshake_said: set[str] = set()  # the features said to reset without the handshake
@@ -156,18 +92,23 @@ class NodeAgent(Generic[Guard]):
             self.hardware, _monitor_settings(options), metrics.observe_xid, metrics.observe_health_poll,
             ignored=front.current_health_policy,
         )  # fmt: skip
+        self.monitor.subscribe(front.hardware_changed)  # the one subscriber: the front end hands each view on
         plugins_dir = mode.plugins_dir
         self.record = RecordFile(record_path(plugins_dir)) if plugins_dir is not None else None
         # One pod of either mode acts for the node while another may serve beside it (an update, a switch between
-        # modes); without the plugins directory this process is alone.
-        self.role = (
-            NodeRole(mode.role_locks, mode.duty, held_through_stop=mode.held_through_stop) if mode.role_locks else None
-        )
+        # modes); without the plugins directory this process is alone. The role's lock files and the reset turn's
+        # are the node's (NodeLocks), named in one place.
+        locks = mode.locks
+        self.role = NodeRole(locks.role, mode.duty, held_through_stop=mode.held_through_stop) if locks else None
+        timeout = options.reset_wait_timeout
+        self.reset_turn = locks.reset_turn(timeout) if locks is not None else reset_turn((), timeout)
         self.pod_resources = PodResources(options.pod_resources_socket)
-        self.telemetry, self.sampler = self._telemetry(mode, front, factory, metrics.registry)
-        self.guard = front.chip_guard(self.pod_resources, self.monitor, self.record)
+        parts = NodeParts(self.pod_resources, self.monitor, self.record, self.reset_turn)
+        self.labels = self._labels(options)
+        self.telemetry, self.sampler = self._telemetry(mode, front, factory, metrics.registry, parts)
+        self.guard = front.chip_guard(parts)
         # Every pod of the agent resets the node's GPUs in turn; the reset's machinery is built at its first use.
-        self.gpu_reset = ResetService(self._built_reset, node_turn=self.guard.turn)
+        self.gpu_reset = ResetService(self._built_reset, node_turn=self.reset_turn.held)
         self.healing = self._healing(mode, front, metrics.registry)
         self.device_access = DeviceAccessReport(options, api, self.healing.events, metrics.registry)
 
@@ -178,7 +119,7 @@ class NodeAgent(Generic[Guard]):
         settings = ResetSettings.of(self._options)
         return GpuReset(
             self.hardware, self._reset_handshake, self._front.rediscover, self._metrics, settings,
-            node_turn=self.guard.turn,
+            node_turn=self.reset_turn.held,
             quiet_others=self.paused,  # telemetry lets go of the GPU library during a reset
         )  # fmt: skip
 
@@ -194,10 +135,20 @@ class NodeAgent(Generic[Guard]):
             self.monitor, self.gpu_reset, self.guard, self._api, settings, registry=registry, record=self.record
         )
 
+    @staticmethod
+    def _labels(options: NodeOptions) -> NodeLabels | None:
+        """The node labels' NFD feature file (none without --node-feature-dir)."""
+        if options.node_feature_dir is None:
+            return None
+        from ix_device_plugin.nodelabels.service import NodeLabels  # loaded only when the feature file is on
+
+        return NodeLabels(options.node_feature_dir, options.sysfs_root)
+
     def _telemetry(
-        self, mode: Mode, front: FrontEnd[Guard], factory: BackendFactory, registry: Registry
+        self, mode: Mode, front: FrontEnd[Guard], factory: BackendFactory, registry: Registry, parts: NodeParts
     ) -> tuple[TelemetryCollector | None, TelemetrySampler | None]:
-        """ix-exporter's GPU metrics with who holds each chip (none without --telemetry-interval)."""
+        """ix-exporter's GPU metrics with who holds each chip (none without --telemetry-interval), exported by the
+        pod acting for the node."""
         interval = self._options.telemetry_interval
         if interval is None:
             return None, None
@@ -205,65 +156,156 @@ class NodeAgent(Generic[Guard]):
         from ix_device_plugin.telemetry.sampler import TelemetrySampler
 
         collector = TelemetryCollector(mode.node_name, claims=mode.claims)
-        # With the device plugin one pod per node exports them: the one acting for the node.
-        registry.register(collector if mode.claims else Gated(collector, lambda: self.acting))
+        registry.register(Gated(collector, lambda: self.acting))
         sampler = TelemetrySampler(
             Hardware(factory, self._options.call_timeout),  # its own worker and backend: a hung read stays its own
             collector,
             interval,
             lambda: front.inventory,
-            front.chip_holders(self.pod_resources, self.monitor),
+            front.chip_holders(parts),
         )
         return collector, sampler
 
-    # ---- the node's role ------------------------------------------------------------------------
+    # ---- starting -------------------------------------------------------------------------------
+
+    async def start(self, fail_on_init_error: bool, policy: HealthPolicy | None = None) -> bool:
+        """Take the node's role when no other pod holds it, restore what the node-health record says (before the
+        first discovery: a chip out of service is so from the start; policy: the health policy the start reads),
+        then decide and show this node's device access and start the hardware monitor, listening for XIDs when
+        acting (a pod on standby learns them from the record). Whether this pod acts for the node.
+
+        Where the device nodes cannot be opened the agent stays up with 0 GPUs whatever fail_on_init_error says: it
+        shows what is missing (label, Event, metric) instead of restarting, and the chart's privileged DaemonSet
+        takes the node where that is allowed."""
+        acting = self.role is None or self.role.take_at_start()  # a lock file that cannot serve: standby, said
+        self.healing.restore(policy)
+        access = self.device_access.check()
+        if access is not None and not access.usable:
+            fail_on_init_error = False
+        await self.monitor.start(fail_on_init_error, xids=acting)
+        return acting
+
+    async def start_probes(self, handlers: ProbeHandlers) -> None:
+        """Serve /healthz, /readyz and /metrics on --health-address (probe_port: the port, once bound)."""
+        started = await start_probes(self._options.health_address, handlers)
+        if started is not None:
+            self._probes, self.probe_port = started
+
+    # ---- what the front ends ask ----------------------------------------------------------------
 
     @property
     def acting(self) -> bool:
         """True while this pod acts for the node (always without a role: then it is alone)."""
         return self.role is None or self.role.held
 
-    def take_role_at_start(self) -> bool:
-        """Take the node's role when no other pod holds it; whether this pod acts for the node (a lock file that
-        cannot serve: standby, said)."""
-        return self.role is None or self.role.take_at_start()
+    @property
+    def role_problem(self) -> str:
+        """Why the role's lock file cannot serve as one ("" when it can, or when there is no role)."""
+        return self.role.unusable if self.role is not None else ""
 
-    def act(self, work: Callable[[], Awaitable[None]]) -> TaskFactory:
-        """A task running work while this pod acts for the node (cancelled when it lets go)."""
-        role = self.role
-        return work if role is None else lambda: role.run(work)
+    @property
+    def view(self) -> HardwareView:
+        """The hardware as the monitor sees it now."""
+        return self.monitor.view
 
-    # ---- the hardware -----------------------------------------------------------------------------
+    @property
+    def inventory(self) -> Inventory:
+        """The chips as the monitor sees them now."""
+        return self.monitor.inventory
 
-    async def start_monitor(self, fail_on_init_error: bool, xids: bool = True) -> HardwareView:
-        """Decide and show this node's device access, then start the hardware monitor (HardwareMonitor.start).
+    async def rediscover(self) -> HardwareView:
+        """Discover again now (after a GPU reset); the view found (BackendError when the hardware cannot answer)."""
+        return await self.monitor.rediscover()
 
-        Where the device nodes cannot be opened the agent stays up with 0 GPUs whatever fail_on_init_error says: it
-        shows what is missing (label, Event, metric) instead of restarting, and the chart's privileged DaemonSet
-        takes the node where that is allowed."""
-        access = self.device_access.check()
-        if access is not None and not access.usable:
-            fail_on_init_error = False
-        return await self.monitor.start(fail_on_init_error, xids=xids)
+    def problem(self) -> str | None:
+        """What keeps the node's hardware from being watched, for liveness; None when nothing does."""
+        return self.monitor.problem()
 
     def device_access_missing(self) -> str | None:
-        """What this node's agent lacks to reach the GPU device nodes (start_monitor decided), None when nothing is
-        or nothing was shown."""
+        """What this node's agent lacks to reach the GPU device nodes (start decided), None when nothing is or
+        nothing was shown."""
         access = self.device_access.access
         return access.missing if access is not None and not access.usable else None
 
+    def reserved(self) -> dict[str, str]:
+        """Chips reserved for a reset by any pod of the agent (chip UUID -> why): the node-health record, read now
+        (the last good one this pod read while it is gone or spoiled, until the acting pod writes it again)."""
+        return {} if self.record is None else self.record.reserved_now()
+
+    async def reset(self, chips: tuple[str, ...]) -> None:
+        """Reset these chips in the node's reset turn and discover again (GpuResetError when that failed)."""
+        await self.gpu_reset.reset(chips)
+
+    def chips_freed(self) -> None:
+        """A chip may be free now (a claim unprepared): self-healing looks again at once."""
+        self.healing.wake()
+
+    def settings_changed(self) -> None:
+        """The configuration changed: self-healing turned on resets the chips it left out, at once."""
+        self.healing.settings_changed()
+
+    @property
+    def follows_returns(self) -> bool:
+        """True when the operator's return annotation is followed (API access): a front end that watches its Node
+        hands each value to return_seen."""
+        return self.healing.follows_returns
+
+    def return_seen(self, value: str) -> None:
+        """The operator's return annotation `iluvatar.com/gpu.return`, as the front end's watch of its Node read it."""
+        self.healing.return_seen(value)
+
+    def labels_changed(self) -> None:
+        """What the front end serves changed: the node labels follow, written by the pod acting for the node."""
+        if self.labels is not None and self.acting:
+            self.labels.want(self._front.node_labels(self.labels.machine))
+
     # ---- tasks ----------------------------------------------------------------------------------
 
-    def tasks(self) -> dict[str, TaskFactory]:
-        """The node services' tasks every pod runs, by name."""
-        tasks = {**self.healing.tasks(), **self.device_access.tasks()}
-        if self.sampler is not None and self._claims:
-            tasks["telemetry"] = self.sampler.run
+    def tasks(self, duties: Mapping[str, Duty] | None = None, *, before: Duty | None = None) -> dict[str, TaskFactory]:
+        """Every node task, by name: those every pod runs, and `node-role` (`node` without a role): while this pod
+        acts for the node, once before() is done, XIDs heard, then the node's duties and the front end's (duties,
+        each until cancelled)."""
+        tasks: dict[str, TaskFactory] = {"hardware": self.monitor.run, **self.healing.tasks()}
+        tasks.update(self.device_access.tasks())
+        acting = self._acting_work(dict(duties or {}), before)
+        tasks["node" if self.role is None else "node-role"] = acting if self.role is None else self._in_role(acting)
         return tasks
 
-    def acting_tasks(self) -> list[TaskFactory]:
-        """The node services' work only the pod acting for the node does."""
-        return [self.sampler.run] if self.sampler is not None and not self._claims else []
+    def _in_role(self, work: Duty) -> TaskFactory:
+        role = self.role
+        assert role is not None
+        return lambda: role.run(work)
+
+    def _acting_work(self, duties: dict[str, Duty], before: Duty | None) -> Duty:
+        if self.labels is not None:
+            duties["node-labels"] = self._keep_labels
+        if self._api is not None:
+            duties["reset-record"] = self._keep_reset_record
+        if self.sampler is not None:
+            duties["telemetry"] = self.sampler.run
+
+        async def act() -> None:
+            if before is not None:
+                await before()
+            await self.monitor.watch_xids()
+            async with asyncio.TaskGroup() as group:
+                for name, duty in duties.items():
+                    group.create_task(duty(), name=name)
+                group.create_task(asyncio.Event().wait())  # until cancelled, even with nothing to run
+
+        return act
+
+    async def _keep_labels(self) -> None:
+        """Write the node labels for what the front end serves, and again whenever another agent hands the file
+        over; until cancelled."""
+        assert self.labels is not None
+        self.labels_changed()
+        await self.labels.run()
+
+    async def _keep_reset_record(self) -> None:
+        """Keep the reset handshake's ConfigMap in order (GpuReset.keep_record); until cancelled."""
+        assert self._api is not None
+        await self.gpu_reset.keep_record(self._api.backoff(), announce=self._front.announces_reset)
 
     @contextlib.asynccontextmanager
     async def paused(self) -> AsyncIterator[None]:
@@ -290,29 +332,29 @@ class NodeAgent(Generic[Guard]):
 
         return await open_handshake(self._api, self._api.node_name)
 
-    # ---- probes and stopping --------------------------------------------------------------------
+    # ---- stopping -------------------------------------------------------------------------------
 
-    async def start_probes(self, handlers: ProbeHandlers) -> None:
-        """Serve /healthz, /readyz and /metrics on --health-address (probe_port: the port, once bound)."""
-        started = await start_probes(self._options.health_address, handlers)
-        if started is not None:
-            self._probes, self.probe_port = started
-
-    async def stop_probes(self, timeout: float) -> None:
-        """Stop serving the probes (bounded)."""
+    async def stop(self, budget: float) -> None:
+        """Once the front end's tasks and servers have stopped, within about budget seconds: a GPU reset under way
+        ended (RESET_STOP_WAIT, then its ixsmi killed) before reset: false is said, the Events still pending
+        written, the API connection and the probes closed, the node labels handed over, the pod-resources channel,
+        telemetry's backend and the GPU library closed; then the role let go, for the pod that follows to act for
+        the node."""
+        ending = budget * 0.25 + (RESET_STOP_WAIT + KILL_WAIT if self.gpu_reset.command_running else 0)
+        await bounded("ending the GPU reset", self.gpu_reset.close(timeout=budget * 0.2), ending)
+        await self.healing.close(timeout=budget * 0.1)
+        if self._api is not None:
+            await bounded("closing the API connection", self._api.close(), budget * 0.05)
         if self._probes is not None:
-            await bounded("stopping the probe server", self._probes.stop(), timeout)
+            await bounded("stopping the probe server", self._probes.stop(), budget * 0.1)
             self._probes = None
-
-    async def close(self) -> None:
-        """Last at a stop, once the front end's own work is over: the pod-resources channel, telemetry's backend and
-        the GPU library closed (bounded), then the role let go, for the pod that follows to act for the node."""
-        timeout = self._options.stop_timeout
-        await bounded("closing the pod-resources channel", self.pod_resources.close(), timeout * 0.05)
+        if self.labels is not None:
+            self.labels.close()
+        await bounded("closing the pod-resources channel", self.pod_resources.close(), budget * 0.05)
         if self.sampler is not None:
-            await self.sampler.close(timeout=timeout * 0.1)
+            await self.sampler.close(timeout=budget * 0.1)
         # Room for the XID waiter's last bounded wait (EVENT_WAIT_MS), which must end before IXML shuts down.
-        await self.hardware.close(timeout=timeout * 0.4)
+        await self.hardware.close(timeout=budget * 0.4)
         if self.role is not None:
             self.role.release()
 

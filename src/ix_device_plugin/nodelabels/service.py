@@ -1,5 +1,7 @@
-"""Keeping the node's labels in the feature file: each front end hands over the label set it computes (`want`,
-or `apply` where the front end does its own retrying); a failed write is said once and retried.
+"""Keeping the node's labels in the feature file.
+
+Each front end hands over the label set it computes (`want`, or `apply` where the front end does its own retrying);
+a failed write is said once and retried.
 
 `run` also watches the file's directory: when the agent before or beside this one stops and retires the file,
 or an older agent removes it at its stop, this one's labels are written again at once (see featurefile.py on

@@ -1,6 +1,8 @@
-"""The helper's listening socket: made with mode 0600 (only root of the pod's containers may ask for a reset), in a
-directory made when missing, replacing a socket file only when nothing listens on it any more (a helper that was
-killed), and removed at exit only while it is still the one this process made."""
+"""The helper's listening socket, on which only root of the pod's containers may ask for a reset.
+
+Made with mode 0600, in a directory made when missing, replacing a socket file only when nothing listens on it any
+more (a helper that was killed), and removed at exit only while it is still the one this process made.
+"""
 
 from __future__ import annotations
 

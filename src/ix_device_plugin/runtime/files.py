@@ -1,5 +1,7 @@
-"""Files written for others to read: atomically (temporary file, fsync, rename), so no reader sees half a file;
-in place only where a reader holds the inode (a file bind-mounted into a container)."""
+"""Files written for others to read, atomically so that no reader sees half a file.
+
+Temporary file, fsync, rename; in place only where a reader holds the inode (a file bind-mounted into a container).
+"""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
-"""Counters, gauges, histograms and an info metric kept as plain numbers, exported exactly as
-prometheus_client exports its own (same families, samples and `_created` series).
+"""Counters, gauges, histograms and an info metric kept as plain numbers.
+
+Exported exactly as prometheus_client exports its own (same families, samples and `_created` series).
 
 prometheus_client imports an HTTP and e-mail stack with it (about 3 MiB resident); here it is imported
 when metrics are first rendered or read (a scrape of /metrics), never to count.

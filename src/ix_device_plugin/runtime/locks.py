@@ -1,5 +1,7 @@
-"""Exclusive locks on files that two pods of one node share (flock): taken with a deadline, the wait said in the
-log, and given up at once when the waiting task is cancelled (a SIGTERM while waiting stops the wait).
+"""Exclusive locks on files that two pods of one node share (flock), and the turns made of them.
+
+A `TurnLock` is an asyncio lock, then each file lock. Taken with a deadline, the wait said in the log, and given up at
+once when the waiting task is cancelled (a SIGTERM while waiting stops the wait).
 
 The kernel lets go of a lock when its holder dies, so a pod that was killed holds nothing. A lock file is never
 removed: a lock taken on a file that was removed or replaced meanwhile guards nothing, so a lock counts only while
@@ -9,12 +11,14 @@ the file at its path is still the one locked.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import fcntl
 import logging
 import os
 import stat
 import time
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 
 from ix_device_plugin.runtime.files import OutputError, reason
@@ -107,6 +111,55 @@ class FileLock:
         if announced:
             log.info("took %s after waiting %.1fs", self.path, waited)
         return waited
+
+
+class TurnLock:
+    """A turn that this process's tasks and the other pods of the node take one at a time: this process's asyncio
+    lock, then the file lock of each path in order, all had within one deadline; let go in reverse order.
+
+    purpose names the turn in the wait's log and errors ("prepared claims", "a GPU reset"); busy: the error when this
+    process's own tasks kept the turn past the deadline ("... kept it", completed by "for more than 10s"); timeout:
+    the default deadline, in seconds.
+    """
+
+    def __init__(self, paths: Sequence[Path], timeout: float, *, poll: float, purpose: str, busy: str = "") -> None:
+        self.paths = tuple(paths)
+        self.timeout = timeout
+        self.purpose = purpose
+        self._poll = poll
+        self._busy = busy or f"this process's other tasks kept the turn ({purpose})"
+        self._in_process = asyncio.Lock()
+
+    @contextlib.asynccontextmanager
+    async def held(self, timeout: float | None = None) -> AsyncIterator[None]:
+        """Inside the turn: every lock had within timeout seconds (self.timeout by default; a wait for another
+        pod's is said in the log; cancelling ends it); OutputError past it."""
+        limit = self.timeout if timeout is None else timeout
+        deadline = time.monotonic() + limit
+        try:
+            async with asyncio.timeout(limit):
+                await self._in_process.acquire()
+        except TimeoutError:
+            raise OutputError(f"{self._busy} for more than {limit:g}s") from None
+        taken: list[FileLock] = []
+        try:
+            for path in self.paths:
+                lock = FileLock(path)
+                _make_parent(path)
+                await lock.take(max(0.0, deadline - time.monotonic()), poll=self._poll, purpose=self.purpose)
+                taken.append(lock)
+            yield
+        finally:
+            for lock in reversed(taken):
+                lock.release()
+            self._in_process.release()
+
+
+def _make_parent(path: Path) -> None:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise LockError(f"cannot make the directory of the lock file {path}: {error}") from None
 
 
 def _open(path: Path) -> int:

@@ -1,5 +1,7 @@
-"""The node's one role and one reset turn, held by one pod of the agent at a time whatever its mode: file locks on
-the node in `<plugins dir>/iluvatar.com/`, the directory both DaemonSets mount for the node-health record.
+"""The node's one role and one reset turn, held by one pod of the agent at a time whatever its mode.
+
+File locks on the node in `<plugins dir>/iluvatar.com/`, the directory both DaemonSets mount for the node-health
+record.
 
 The pod holding `node-role.lock` acts for the node: in device plugin mode it resets and heals, writes the CDI spec,
 node labels, Events and GPU metrics; in DRA mode it also publishes the node's ResourceSlices. A pod of either mode
@@ -13,6 +15,7 @@ Pods of the release before this one held a role per front end, `iluvatar.com/dev
 `gpu.iluvatar.com/publisher.lock`, and the DRA driver reset under `gpu.iluvatar.com/reset.lock`: a pod takes those of
 them its DaemonSet mounts too (NodeLocks), after the node's, so that it does not act, or reset, while an older pod
 still does under the old name. An old name that cannot serve as a lock (a directory) is one no older pod holds.
+The old names are kept through 0.2.x and removed in 0.3.0 (EARLIER_NAMES_REMOVED_IN).
 
 A node-local lock rather than a coordination.k8s.io Lease: it costs the API server nothing (a Lease renewed by
 every node is a write per node every few seconds at fleet scale), it is handed over within POLL instead of a
@@ -24,17 +27,15 @@ and the update's deletion of the old pod end it, and the kernel lets go.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ix_device_plugin.runtime.backoff import Backoff
-from ix_device_plugin.runtime.files import OutputError
-from ix_device_plugin.runtime.locks import FileLock, LockError
+from ix_device_plugin.runtime.locks import FileLock, LockError, TurnLock
 from ix_device_plugin.runtime.logs import OncePerError
 
 log = logging.getLogger(__name__)
@@ -47,6 +48,10 @@ TURN_POLL = 0.05  # seconds between looks at the reset turn another pod holds (a
 NODE_DIR = "iluvatar.com"  # under the kubelet's plugins directory, mounted by both DaemonSets
 ROLE_FILE = "node-role.lock"
 RESET_FILE = "reset.lock"  # the device plugin's reset turn had this name already
+# The names the release before 0.1.0 used. They are kept through 0.2.x, so that an update that skips one release
+# still waits for its old pods, and removed in EARLIER_NAMES_REMOVED_IN (tests/unit/runtime/test_noderole.py fails
+# once the package's version reaches it).
+EARLIER_NAMES_REMOVED_IN = "0.3.0"
 EARLIER_PLUGIN_ROLE = f"{NODE_DIR}/device-plugin.lock"  # the release before: the device plugin's role
 EARLIER_DRA_ROLE = "gpu.iluvatar.com/publisher.lock"  # the release before: the DRA driver's role
 EARLIER_DRA_RESET = "gpu.iluvatar.com/reset.lock"  # the release before: the DRA driver's reset turn
@@ -59,6 +64,10 @@ class NodeLocks:
 
     role: tuple[Path, ...]
     reset: tuple[Path, ...]
+
+    def reset_turn(self, timeout: float) -> TurnLock:
+        """The node's reset turn over these lock files, waited for at most timeout seconds."""
+        return reset_turn(self.reset, timeout)
 
     @classmethod
     def device_plugin(cls, plugins_dir: Path) -> NodeLocks:
@@ -222,47 +231,16 @@ class NodeRole:
             lock.release()
 
 
-class ResetTurn:
+def reset_turn(paths: Sequence[Path], timeout: float, *, poll: float = TURN_POLL) -> TurnLock:
     """The node's turn to reset GPUs, shared by every pod of the agent whatever its mode: this process's turn, then
-    each lock file of paths in order (see NodeLocks.reset)."""
-
-    def __init__(self, paths: Sequence[Path], timeout: float, *, poll: float = TURN_POLL) -> None:
-        self.paths = tuple(paths)
-        self.timeout = timeout
-        self._poll = poll
-        self._in_process = asyncio.Lock()
-
-    @contextlib.asynccontextmanager
-    async def held(self) -> AsyncIterator[None]:
-        """Inside the turn: every lock had within timeout seconds (a wait for another pod's is said in the log;
-        cancelling ends it); OutputError past it."""
-        deadline = time.monotonic() + self.timeout
-        try:
-            async with asyncio.timeout(self.timeout):
-                await self._in_process.acquire()
-        except TimeoutError:
-            raise OutputError(
-                f"this process's other GPU resets kept the node's reset turn for more than {self.timeout:g}s"
-            ) from None
-        taken: list[FileLock] = []
-        try:
-            for path in self.paths:
-                lock = FileLock(path)
-                _make_parent(path)
-                await lock.take(max(0.0, deadline - time.monotonic()), poll=self._poll, purpose="a GPU reset")
-                taken.append(lock)
-            yield
-        finally:
-            for lock in reversed(taken):
-                lock.release()
-            self._in_process.release()
-
-
-def _make_parent(path: Path) -> None:
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as error:
-        raise LockError(f"cannot make the directory of the lock file {path}: {error}") from None
+    each lock file of paths in order (see NodeLocks.reset), had within timeout seconds."""
+    return TurnLock(
+        paths,
+        timeout,
+        poll=poll,
+        purpose="a GPU reset",
+        busy="this process's other GPU resets kept the node's reset turn",
+    )
 
 
 async def _first_of(*works: Coroutine[Any, Any, None]) -> None:

@@ -1,4 +1,4 @@
-"""The ix-config file: its schema, checked with messages naming the file, line and key; ConfigMap manifests.
+"""The ix-config file's schema, checked with messages naming the file, line and key.
 
 Every file that Iluvatar's plugin 4.4.0 runs with is read, with its meaning: 4.4.0 reads the file with
 sigs.k8s.io/yaml (gopkg.in/yaml.v2 to JSON, then encoding/json), so keys match in any letter case, unknown keys
@@ -106,7 +106,7 @@ def parse_text(
             "only the first document is read, as Iluvatar's plugin 4.4.0 reads it",
             "expected one YAML document",
         )
-    if root is None or _is_null(root):
+    if root is None or is_null(root):
         walker.lenient(
             f"{origin}: the file is empty",
             "every setting takes its default, as Iluvatar's plugin 4.4.0 reads it",
@@ -126,68 +126,6 @@ def _shifted(message: str, line_offset: int) -> str:
         if number.isdigit():
             return f"line {int(number) + line_offset},{rest}"
     return message
-
-
-# ---- ConfigMap manifests ----------------------------------------------------------------------
-
-
-def load_document(data: bytes, origin: str, strict: bool = False) -> dict[str, FileConfig]:
-    """The configurations in a ConfigMap manifest (by data key), or in a bare config file (under ix-config).
-
-    Every data key of a ConfigMap is checked as a configuration (ix-config, and the named ones a node
-    label can pick); a manifest without data.ix-config is an error. Raises SettingsError with every problem.
-    """
-    try:
-        documents = compose_all(decode(data))
-    except YamlError as error:
-        raise SettingsError([f"{origin}: {error}"]) from None
-    maps = [document for document in documents if _is_config_map(document)]
-    if not maps:
-        return {CONFIG_KEY: parse_bytes(data, origin, strict=strict)}
-    results: dict[str, FileConfig] = {}
-    errors: list[str] = []
-    for manifest in maps:
-        try:
-            results.update(_config_map_data(manifest, origin, strict))
-        except SettingsError as error:
-            errors.extend(error.messages)
-    if not errors and CONFIG_KEY not in results:
-        errors.append(f"{origin}: the ConfigMap has no data.{CONFIG_KEY} key, which the plugin reads")
-    if errors:
-        raise SettingsError(errors)
-    return results
-
-
-def _is_config_map(node: yaml.Node) -> bool:
-    if not isinstance(node, yaml.MappingNode):
-        return False
-    return any(
-        isinstance(key, yaml.ScalarNode) and key.value == "kind" and getattr(value, "value", None) == "ConfigMap"
-        for key, value in node.value
-    )
-
-
-def _config_map_data(manifest: yaml.MappingNode, origin: str, strict: bool) -> dict[str, FileConfig]:
-    data = next((value for key, value in manifest.value if getattr(key, "value", None) == "data"), None)
-    if data is None or _is_null(data):
-        raise SettingsError([f"{origin}: the ConfigMap has no data"])
-    if not isinstance(data, yaml.MappingNode):
-        raise SettingsError([f"{origin}: line {data.start_mark.line + 1}: data: expected a mapping of keys to text"])
-    results, errors = {}, []
-    for key, value in data.value:
-        where = f"{origin}: data.{getattr(key, 'value', '?')}"
-        if not isinstance(key, yaml.ScalarNode) or not isinstance(value, yaml.ScalarNode):
-            errors.append(f"{where}: line {key.start_mark.line + 1}: expected a key with text")
-            continue
-        # A block scalar's text starts on the line after its `|`; a quoted or plain one on its own line.
-        offset = value.start_mark.line + (1 if value.style in {"|", ">"} else 0)
-        try:
-            results[key.value] = parse_text(value.value, where, offset, strict=strict)
-        except SettingsError as error:
-            errors.extend(error.messages)
-    if errors:
-        raise SettingsError(errors)
-    return results
 
 
 # ---- the schema walk --------------------------------------------------------------------------
@@ -314,14 +252,14 @@ class _Walker:
         elif path in _SECTIONS or path == MPS:
             if path == MPS:
                 self.lenient(self.where(key_node, path), _NOT_ACTED_ON, _MPS_REFUSED)
-            if not _is_null(value_node):
+            if not is_null(value_node):
                 self.walk(value_node, path)
         elif path == MPS_REPLICAS:
             self.check_mps_replicas(value_node)
 
     def take(self, setting: Setting, node: yaml.Node) -> None:
         assert setting.key is not None
-        if _is_null(node):  # as encoding/json reads null: the field keeps what it had
+        if is_null(node):  # as encoding/json reads null: the field keeps what it had
             return
         try:
             value = _value_of(node)
@@ -339,7 +277,7 @@ class _Walker:
 
     def check_mps_replicas(self, node: yaml.Node) -> None:
         """sharing.mps.replicas is a whole number in 4.4.0's struct (any sign: its checks skip it), or null."""
-        if _is_null(node):
+        if is_null(node):
             return
         try:
             value = _value_of(node)
@@ -387,7 +325,8 @@ def _scalar_or_list(node: yaml.Node) -> Any:
     return None
 
 
-def _is_null(node: yaml.Node) -> bool:
+def is_null(node: yaml.Node) -> bool:
+    """Whether node is YAML's null (`null`, `~` or nothing)."""
     return isinstance(node, yaml.ScalarNode) and node.tag.endswith(":null")
 
 

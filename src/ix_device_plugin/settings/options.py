@@ -1,5 +1,8 @@
-"""What each front end is given: plain values, already checked. The backend is named by its kind here and
-built in hardware/; how to reach the API server is derived from these values by apiserver/."""
+"""What each front end is given: plain values, already checked.
+
+The backend is named by its kind here and built in hardware/; how to reach the API server is derived from these
+values by apiserver/.
+"""
 
 from __future__ import annotations
 

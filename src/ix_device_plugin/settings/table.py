@@ -1,5 +1,7 @@
-"""Every setting in one table: its flag, environment variable, config-file key, default, parser, and the
-modes that use it. A mode takes exactly the settings listed for it; adding one to a mode is one word here."""
+"""Every setting in one table: its flag, environment variable, config-file key, default, parser and modes.
+
+A mode takes exactly the settings listed for it; adding one to a mode is one word here.
+"""
 
 from __future__ import annotations
 

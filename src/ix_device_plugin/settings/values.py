@@ -1,6 +1,8 @@
-"""Parsers of setting values: each takes (value, from_text) and returns the typed value or raises
-ValueError saying what was expected. from_text is True for flags and environment variables, whose
-values are always strings; a config file gives YAML scalars and lists."""
+"""Parsers of setting values, each refusing a value with a ValueError that says what was expected.
+
+Each takes (value, from_text) and returns the typed value. from_text is True for flags and environment variables,
+whose values are always strings; a config file gives YAML scalars and lists.
+"""
 
 from __future__ import annotations
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ix_device_plugin.core.inventory import Inventory
-from ix_device_plugin.core.labels import product_model
+from ix_device_plugin.core.products import full_name
 from ix_device_plugin.core.telemetry import ChipHolders, ChipSample, Holder
 
 if TYPE_CHECKING:
@@ -67,7 +67,7 @@ def metric_families(
         sample = samples.get(chip.uuid)
         if sample is None:
             continue
-        chip_labels = [str(index), chip.uuid, f"Iluvatar {product_model(chip.product)}", node_name]
+        chip_labels = [str(index), chip.uuid, full_name(chip.product), node_name]
         chip_labels.append(inventory.driver_version)
         for holder in holders.get(chip.uuid) or (None,):
             labels = chip_labels + _holder_labels(holder, claims)

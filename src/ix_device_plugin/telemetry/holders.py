@@ -1,5 +1,8 @@
-"""Who holds each chip, asked of the kubelet's pod-resources API once per telemetry pass: on a device-plugin node
-through the plugin's device IDs, on a DRA node through the devices of the containers' ResourceClaims."""
+"""Who holds each chip, asked of the kubelet's pod-resources API once per telemetry pass.
+
+On a device-plugin node through the plugin's device IDs, on a DRA node through the devices of the containers'
+ResourceClaims.
+"""
 
 from __future__ import annotations
 

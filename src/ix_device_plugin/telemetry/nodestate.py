@@ -1,5 +1,7 @@
-"""The agent's view of the node at scrape time, the same in both front ends so that one dashboard reads both:
-its devices by health, the chips found and their health errors, and whether the kubelet has registered it."""
+"""The agent's view of the node at scrape time, the same in both front ends so that one dashboard reads both.
+
+Its devices by health, the chips found and their health errors, and whether the kubelet has registered it.
+"""
 
 from __future__ import annotations
 

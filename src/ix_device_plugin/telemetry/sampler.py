@@ -1,5 +1,7 @@
-"""GPU telemetry passes: every chip sampled in the background (one backend pass for all), labelled with the
-containers holding them, and handed to the collector whole."""
+"""GPU telemetry passes: every chip sampled in the background, one backend pass for all.
+
+Labelled with the containers holding them, and handed to the collector whole.
+"""
 
 from __future__ import annotations
 

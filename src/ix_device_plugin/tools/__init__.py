@@ -1,1 +1,1 @@
-"""Commands beside the daemon: list, demo."""
+"""Commands beside the daemons: list, cdi generate, check-config, demo and template."""

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import sys
 
-from ix_device_plugin.settings.configfile import CONFIG_KEY, load_document, read_bounded
+from ix_device_plugin.settings.configfile import CONFIG_KEY, read_bounded
+from ix_device_plugin.settings.configmap import load_document
 from ix_device_plugin.settings.errors import SettingsError
 from ix_device_plugin.settings.resolve import config_from
 from ix_device_plugin.settings.yamlsafe import MAX_BYTES

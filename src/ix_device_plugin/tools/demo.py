@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from ix_device_plugin import __version__
-from ix_device_plugin.deviceplugin.loop import Daemon
+from ix_device_plugin.deviceplugin.daemon import Daemon
 from ix_device_plugin.runtime.logs import setup as setup_logging
 from ix_device_plugin.settings.configfile import CONFIG_KEY, parse_text
 from ix_device_plugin.settings.options import Options

@@ -183,7 +183,8 @@ async def test_a_node_re_created_owns_its_slices_again_without_a_write_loop(
     await node.wait_slice(lambda devices: len(devices) == 6)
     old = api.get("nodes", node.node)["metadata"]["uid"]  # type: ignore[index]
     assert owners(api) == [[old], [old]]
-    await asyncio.sleep(0.3)  # the watches are open
+    await api.watching("nodes")
+    await api.watching("resourceslices")
     api.delete("nodes", node.node)
     new = api.add_node(node.node)["metadata"]["uid"]  # the garbage collector deletes what the old UID owns
     await until(lambda: owners(api) == [[new], [new]])
@@ -218,7 +219,7 @@ async def test_a_slice_whose_label_another_writer_removed_is_adopted_and_kept_cu
 ) -> None:
     driver = await node.start()
     await node.wait_slice(lambda devices: len(devices) == 6)
-    await asyncio.sleep(0.3)  # the watch of the node's slices is open
+    await api.watching("resourceslices")
     stored = node.slice()
     assert stored is not None
     stored["metadata"]["labels"] = {}
@@ -349,16 +350,16 @@ async def test_the_unprepare_has_the_last_word_on_the_claim_status_after_a_slow_
     api.slow_down("PATCH", "/resourceclaims/slow/status", 0.6)  # the prepare's write lands late
     assert answer(await kubelet.prepare([claim]), claim[2]).error == ""
     await until(lambda: status_patches(api, "slow") == 1, timeout=2)  # sent, held up in the server
-    assert driver.claim_status is not None and driver.claim_status.under_way == 1
+    assert driver.api_side is not None and driver.api_side.claim_status.under_way == 1
     assert answer(await kubelet.unprepare([claim]), claim[2]).error == ""
     # the unprepare's write, after the prepare's late one, leaves the claim with no devices
     await until(
-        lambda: status_patches(api, "slow") == 2 and driver.claim_status.under_way == 0,
+        lambda: status_patches(api, "slow") == 2 and driver.api_side.claim_status.under_way == 0,
         timeout=5,
         message="the unprepare's status write after the prepare's",
     )
     assert claim_devices(api, "slow") == []
-    assert driver.claim_status.under_way == 0
+    assert driver.api_side.claim_status.under_way == 0
     await kubelet.close()
 
 

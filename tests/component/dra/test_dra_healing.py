@@ -19,8 +19,8 @@ from ix_device_plugin.core.inventory import ChipStatus
 from ix_device_plugin.dra.driver import DraDriver
 from ix_device_plugin.dra.slices import UNHEALTHY_TAINT
 from ix_device_plugin.dra.state import RESET_LOCK_FILE
+from ix_device_plugin.healing.operatorreturn import RETURN_ANNOTATION
 from ix_device_plugin.healing.record import record_path
-from ix_device_plugin.healing.wayback import RETURN_ANNOTATION
 from ix_device_plugin.standins.apiserver import ApiServerStandIn
 
 STEPS = ("GPUXidError", "GPUUnhealthy", "GPUHealingReset", "GPUHealthy")
@@ -35,6 +35,19 @@ async def start(node: DraNode, ixsmi: Ixsmi) -> DraDriver:
     return await node.start(
         backend_factory=lambda: IxsmiBackend(node.devices_file, ixsmi.path), healing_rules=FAST_HEALING
     )
+
+
+async def acting_and_standby(node: DraNode, ixsmi: Ixsmi) -> tuple[DraDriver, DraDriver]:
+    """The pod acting for the node, its slices published, and a pod on standby beside it whose library tells it no
+    XID (the library hands an XID to one listener: the acting pod's)."""
+    acting = await start(node, ixsmi)
+    await node.wait_slice(lambda devices: len(devices) == 6)
+    quiet_file = node.root / "devices-without-xids.yaml"
+    quiet_file.write_text(node.devices_file.read_text())
+    standby = await node.start(
+        backend_factory=lambda: IxsmiBackend(quiet_file, ixsmi.path), healing_rules=FAST_HEALING, pod_uid="pod-new"
+    )
+    return acting, standby
 
 
 def tainted(devices: dict[str, dict[str, Any]], name: str) -> bool:
@@ -239,13 +252,7 @@ async def test_during_a_rolling_update_no_pod_prepares_a_claim_on_a_chip_being_r
     the middle of the reset, publishes the chip tainted and resets it itself before it is back in service."""
     ixsmi = Ixsmi(node.root)
     ixsmi.delay.write_text("3")
-    old = await start(node, ixsmi)
-    await node.wait_slice(lambda devices: len(devices) == 6)
-    quiet_file = node.root / "devices-without-xids.yaml"
-    quiet_file.write_text(node.devices_file.read_text())
-    new = await node.start(
-        backend_factory=lambda: IxsmiBackend(quiet_file, ixsmi.path), healing_rules=FAST_HEALING, pod_uid="pod-new"
-    )
+    old, new = await acting_and_standby(node, ixsmi)
     kubelet = await node.kubelet(new)  # the kubelet serves the newest registration
     assert (old.node.role.held, new.node.role.held) == (True, False)
     assert (
@@ -282,13 +289,7 @@ async def test_a_record_removed_or_spoiled_during_an_update_makes_no_pod_forget_
     the XID (the old pod writes the record again), and after the handover gpu-1 is published tainted and the record
     says it needs an operator."""
     ixsmi = Ixsmi(node.root)
-    old = await start(node, ixsmi)
-    await node.wait_slice(lambda devices: len(devices) == 6)
-    quiet_file = node.root / "devices-without-xids.yaml"
-    quiet_file.write_text(node.devices_file.read_text())
-    new = await node.start(
-        backend_factory=lambda: IxsmiBackend(quiet_file, ixsmi.path), healing_rules=FAST_HEALING, pod_uid="pod-new"
-    )
+    old, new = await acting_and_standby(node, ixsmi)
     chip = uuid_of(node, "gpu-1")
     node.write_boards(with_xid(64))  # the old pod's library only
     await until(lambda: 64 in _chip_status(new, chip).xids, timeout=5)

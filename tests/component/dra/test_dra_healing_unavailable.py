@@ -10,7 +10,7 @@ from helpers.waits import stays, until
 from test_dra_healing import tainted, uuid_of, with_xid
 
 from ix_device_plugin.gpureset.sequence import DATA_KEY, ResetInfo
-from ix_device_plugin.healing.wayback import RETURN_ANNOTATION
+from ix_device_plugin.healing.operatorreturn import RETURN_ANNOTATION
 from ix_device_plugin.standins.apiserver import ApiServerStandIn
 
 UNAVAILABLE = "GPUResetUnavailable"

@@ -308,7 +308,7 @@ async def test_a_slice_someone_else_changes_is_put_back_within_two_seconds(
     driver = await node.start(health_address="127.0.0.1:0")
     kubelet = await node.kubelet(driver)
     await node.wait_slice(lambda devices: len(devices) == 6)
-    await asyncio.sleep(0.3)  # the watch of the node's slices is open
+    await api.watching("resourceslices")
     stored = node.slice()  # the devices' slice (the boards' counters have one of their own)
     assert stored is not None and len(api.objects("resourceslices")) == 2
     name = stored["metadata"]["name"]
@@ -332,7 +332,7 @@ async def test_a_slice_someone_else_changes_as_a_chip_breaks_is_put_back_with_th
     yet it conflicts (or finds the slice gone) and reads them again; either way the stored slices end as wished."""
     driver = await node.start()
     await node.wait_slice(lambda devices: len(devices) == 6)
-    await asyncio.sleep(0.3)  # the watch of the node's slices is open
+    await api.watching("resourceslices")
     stored = node.slice()
     assert stored is not None
     if how == "deleted":
@@ -342,4 +342,6 @@ async def test_a_slice_someone_else_changes_as_a_chip_breaks_is_put_back_with_th
         api.put("resourceslices", stored)
     node.write_boards([{"product": "BI-V150", "chips": [None, {"health": ["OverTemp"]}]}, {"product": "BI-V150"}])
     await node.wait_slice(lambda devices: len(devices) == 6 and "taints" in devices.get("gpu-1", {}), timeout=3)
-    assert driver.publisher is not None and driver.publisher.missing() == []
+    publisher = driver.publisher
+    assert publisher is not None
+    await until(lambda: publisher.missing() == [], message="the publisher's watch sees the slices it wrote")

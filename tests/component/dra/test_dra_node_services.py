@@ -69,7 +69,13 @@ async def test_a_dra_node_has_the_device_plugins_labels_and_its_own(
     sysfs = machine(short_dir / "sys")
     plugin_dir, driver_dir = short_dir / "plugin-features", short_dir / "driver-features"
     given = config_flags(**flags)
-    daemon = await start_daemon(str(node.devices_file), node_feature_dir=plugin_dir, sysfs_root=sysfs, given=given)
+    # the plugin as on a node of its own: on one node the agent that started second would wait on standby, and only
+    # the pod acting for the node writes its labels
+    alone = short_dir / "plugin-plugins"
+    daemon = await start_daemon(
+        str(node.devices_file), node_feature_dir=plugin_dir, sysfs_root=sysfs, given=given,
+        kubelet_plugins_directory_path=alone,
+    )  # fmt: skip
     await kubelet.wait_registered(daemon.plan.resource_name)
     config = Config(splitboard=bool(flags.get("splitboard", False)), replicas=int(flags.get("replicas", 0)))
     await node.start(node_feature_dir=driver_dir, sysfs_root=sysfs, config=config)

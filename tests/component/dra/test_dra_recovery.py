@@ -374,19 +374,28 @@ async def test_a_prepare_and_an_unprepare_racing_on_one_claim_end_as_the_last_on
     await node.wait_slice(lambda devices: len(devices) == 6)
     claim = node.claim("racing", ["gpu-0"])
     reading, release = asyncio.Event(), asyncio.Event()
-    read_claim = driver._read_claim
+    assert driver.api_side is not None
+    reads = driver.api_side.reads
+    read_claim = reads.claim
 
     async def slow_read(ref: Any) -> Any:  # the API server answers the prepare's read late
         reading.set()
         await release.wait()
         return await read_claim(ref)
 
-    driver._read_claim = slow_read  # type: ignore[method-assign]
+    unprepare_asked, state_unprepare = asyncio.Event(), driver.state.unprepare
+
+    async def noted_unprepare(ref: Any) -> Any:
+        unprepare_asked.set()
+        return await state_unprepare(ref)
+
+    reads.claim = slow_read  # type: ignore[method-assign]
+    driver.state.unprepare = noted_unprepare  # type: ignore[method-assign]
     kubelet = await node.kubelet(driver)
     prepare = asyncio.create_task(kubelet.prepare([claim]))
     await reading.wait()
     unprepare = asyncio.create_task(kubelet.unprepare([claim]))  # the kubelet's last word on the claim
-    await asyncio.sleep(0.2)
+    await unprepare_asked.wait()  # it waits behind the prepare for the claim's turn
     release.set()
     assert answer(await prepare, claim[2]).error == "" and answer(await unprepare, claim[2]).error == ""
     assert claim[2] not in driver.state.claims and claim[2] not in checkpoint(node)["claims"]

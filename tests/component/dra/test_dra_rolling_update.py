@@ -24,11 +24,11 @@ from helpers.dra_support import DraNode
 from helpers.waits import stays, until
 from prometheus_client.parser import text_string_to_metric_families
 
+from ix_device_plugin.dra.claimlocks import LOCK_FILE
 from ix_device_plugin.dra.claimspec import cdi_spec_file
 from ix_device_plugin.dra.driver import DraDriver
 from ix_device_plugin.dra.registration import registration_socket
 from ix_device_plugin.dra.slices import DRIVER
-from ix_device_plugin.dra.state import LOCK_FILE
 from ix_device_plugin.runtime.errors import StartupError
 from ix_device_plugin.settings.config import Config
 from ix_device_plugin.standins.apiserver import ApiServerStandIn
@@ -151,7 +151,7 @@ async def test_the_standby_writes_nothing_while_the_publisher_repairs_another_wr
     old = await node.start(pod_uid="pod-old")
     await node.wait_slice(unshared)
     new = await node.start(pod_uid="pod-new", config=Config(replicas=2))
-    await asyncio.sleep(0.3)  # both watches of the node's slices are open
+    await api.watching("resourceslices", count=2)  # the publisher's and the standby's
     stored = node.slice()
     assert stored is not None
     stored["spec"]["devices"] = stored["spec"]["devices"][:1]

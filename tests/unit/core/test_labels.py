@@ -18,7 +18,6 @@ from ix_device_plugin.core.labels import (
     labels,
     parse_cuda_version,
     parse_driver_version,
-    product_model,
     sanitise_label_value,
 )
 from ix_device_plugin.core.plan import plan
@@ -210,12 +209,6 @@ def test_unknown_memory_leaves_the_memory_label_out() -> None:
 def test_a_node_without_chips_has_no_labels() -> None:
     inventory = Inventory(driver_version=DRIVER)
     assert label_set(inventory, plan(inventory, Config()), Config(), "X580", "10020").labels == {}
-
-
-def test_product_model() -> None:
-    assert product_model("Iluvatar BI-V150S") == "BI-V150S"
-    assert product_model("ILUVATAR  MR-V50 ") == "MR-V50"
-    assert product_model("BI-V100") == "BI-V100"
 
 
 @pytest.mark.parametrize(

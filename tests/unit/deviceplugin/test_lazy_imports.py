@@ -28,7 +28,7 @@ LAZY = (
 # The node agent of a device plugin with no API access and nothing to reset, built as `run` builds it.
 BUILT_ALONE = """
 from pathlib import Path
-from ix_device_plugin.deviceplugin.loop import Daemon
+from ix_device_plugin.deviceplugin.daemon import Daemon
 from ix_device_plugin.hardware.simulated import SimulatedBackend
 from ix_device_plugin.settings.options import Options
 root = Path({root!r})
@@ -48,7 +48,7 @@ def loaded_after(code: str) -> list[str]:
 
 def test_the_plugins_entry_and_loop_load_no_feature_that_is_off() -> None:
     # `python -m ix_device_plugin run` imports the command line, then the daemon's loop
-    assert loaded_after("import ix_device_plugin.cli, ix_device_plugin.deviceplugin.loop") == []
+    assert loaded_after("import ix_device_plugin.cli, ix_device_plugin.deviceplugin.daemon") == []
 
 
 def test_the_plugins_node_agent_loads_no_reset_no_events_writer_and_no_hashes_that_nothing_uses(tmp_path: Path) -> None:
@@ -57,9 +57,10 @@ def test_the_plugins_node_agent_loads_no_reset_no_events_writer_and_no_hashes_th
     assert loaded_after(BUILT_ALONE.format(root=str(tmp_path))) == []
 
 
-def test_the_plugins_node_files_load_the_labels_only_when_written(tmp_path: Path) -> None:
-    off = "from pathlib import Path\nfrom ix_device_plugin.deviceplugin.nodefiles import NodeFiles\n"
-    off += "NodeFiles(None, None, Path('/dev'), Path('/sys'))"
+def test_the_node_agent_loads_the_labels_only_when_written(tmp_path: Path) -> None:
+    off = "from pathlib import Path\nfrom ix_device_plugin.nodeagent.kit import NodeAgent\n"
+    off += "from ix_device_plugin.settings.options import NodeOptions\n"
+    off += "NodeAgent._labels(NodeOptions(node_feature_dir=None))"
     assert loaded_after(off) == []
-    on = off.replace("NodeFiles(None, None", f"NodeFiles(None, Path({str(tmp_path)!r})")
+    on = off.replace("node_feature_dir=None", f"node_feature_dir=Path({str(tmp_path)!r})")
     assert "ix_device_plugin.nodelabels.service" in loaded_after(on)

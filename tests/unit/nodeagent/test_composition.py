@@ -4,13 +4,14 @@ else, and no front end wires them by setting an attribute on them once they are 
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
 
 SOURCE = Path(__file__).resolve().parents[3] / "src" / "ix_device_plugin"
 KIT = SOURCE / "nodeagent" / "kit.py"
-FRONT_ENDS = (SOURCE / "deviceplugin" / "loop.py", SOURCE / "dra" / "driver.py")
+FRONT_ENDS = (SOURCE / "deviceplugin" / "daemon.py", SOURCE / "dra" / "driver.py")
 NODE_SERVICES = ("HardwareMonitor", "GpuReset", "NodeHealing", "NodeRole", "RecordFile", "TelemetrySampler")
 WIRED_AFTER = ("ignored", "node_turn", "quiet_others")  # what the front ends once set on a built collaborator
 
@@ -49,3 +50,46 @@ def test_no_module_sets_a_node_service_collaborator_after_construction() -> None
                 if on_another and target.attr in WIRED_AFTER:
                     wired.append(f"{path.relative_to(SOURCE)}:{node.lineno} .{target.attr}")
     assert wired == []
+
+
+# A target may set an attribute of another object only where the line says why in a comment naming this rule.
+WIRING_ALLOWED = "# wiring allowed:"
+
+
+def test_no_module_sets_an_attribute_on_a_collaborator() -> None:
+    """`self.<part>.<attr> = ...` nowhere in src/ (augmented and annotated assignments too): collaborators are handed
+    in at construction, and changed through their own verbs (a line may be let through with a comment starting
+    WIRING_ALLOWED and saying why)."""
+    wired = []
+    for path, tree in _modules().items():
+        lines = path.read_text().splitlines()
+        for node in ast.walk(tree):
+            for target in _targets(node):
+                on_part = isinstance(target, ast.Attribute) and isinstance(target.value, ast.Attribute)
+                if on_part and _is_self(target.value.value) and WIRING_ALLOWED not in lines[node.lineno - 1]:
+                    wired.append(f"{path.relative_to(SOURCE)}:{node.lineno} self.{target.value.attr}.{target.attr}")
+    assert wired == []
+
+
+def _targets(node: ast.AST) -> list[ast.expr]:
+    if isinstance(node, ast.Assign):
+        found = list(node.targets)
+    elif isinstance(node, ast.AugAssign | ast.AnnAssign):
+        found = [node.target]
+    else:
+        return []
+    return [part for target in found for part in (target.elts if isinstance(target, ast.Tuple) else [target])]
+
+
+def _is_self(node: ast.expr) -> bool:
+    return isinstance(node, ast.Name) and node.id == "self"
+
+
+def test_the_front_ends_reach_into_no_part_of_the_kit() -> None:
+    """A front end calls the kit's verbs: no `self.node.<part>.<member>`."""
+    reached = [
+        f"{path.name}: {found.group(0)}"
+        for path in FRONT_ENDS
+        for found in re.finditer(r"self\.node\.\w+\.\w+", path.read_text())
+    ]
+    assert reached == []

@@ -67,7 +67,7 @@ def test_wrong_labels_are_refused() -> None:
 
 def test_the_device_plugin_starts_without_prometheus_client() -> None:
     code = (
-        "import sys, ix_device_plugin.cli, ix_device_plugin.deviceplugin.loop; "
+        "import sys, ix_device_plugin.cli, ix_device_plugin.deviceplugin.daemon; "
         "from ix_device_plugin.deviceplugin.metrics import Metrics; Metrics().observe_call('Allocate', 0.001, None); "
         "print(sorted(m for m in sys.modules if m.startswith(('prometheus_client', 'http.server', 'email'))))"
     )

@@ -10,19 +10,22 @@ from pathlib import Path
 
 import pytest
 from helpers.waits import stays, until
+from packaging.version import Version
 
+import ix_device_plugin
 from ix_device_plugin.runtime.files import OutputError
-from ix_device_plugin.runtime.locks import FileLock
+from ix_device_plugin.runtime.locks import FileLock, TurnLock
 from ix_device_plugin.runtime.noderole import (
     EARLIER_DRA_RESET,
     EARLIER_DRA_ROLE,
+    EARLIER_NAMES_REMOVED_IN,
     EARLIER_PLUGIN_ROLE,
     NODE_DIR,
     RESET_FILE,
     ROLE_FILE,
     NodeLocks,
     NodeRole,
-    ResetTurn,
+    reset_turn,
 )
 
 
@@ -44,6 +47,16 @@ def old_pod(path: Path) -> Iterator[FileLock]:
         yield lock
     finally:
         lock.release()
+
+
+def test_the_earlier_names_are_gone_by_the_release_that_removes_them() -> None:
+    # A pre-release of that release (0.3.0rc1) is that release too: the names go before it ships.
+    version = Version(ix_device_plugin.__version__).release
+    assert version < Version(EARLIER_NAMES_REMOVED_IN).release, (
+        f"ix-device-plugin {ix_device_plugin.__version__} has reached {EARLIER_NAMES_REMOVED_IN}: remove the "
+        "earlier lock names (runtime/noderole.py EARLIER_*) and what the README and docs/deployment.md say of the "
+        "update from the release before 0.1.0"
+    )
 
 
 def test_both_modes_take_the_same_role_and_reset_turn_in_the_directory_both_daemonsets_mount(tmp_path: Path) -> None:
@@ -135,12 +148,12 @@ async def test_an_old_name_replaced_on_the_node_stops_the_work_until_the_role_is
 
 
 async def test_the_reset_turn_is_one_at_a_time_across_modes(tmp_path: Path) -> None:
-    plugin = ResetTurn(NodeLocks.device_plugin(tmp_path).reset, timeout=5, poll=0.01)
-    dra = ResetTurn(NodeLocks.dra(tmp_path).reset, timeout=5, poll=0.01)
+    plugin = reset_turn(NodeLocks.device_plugin(tmp_path).reset, timeout=5, poll=0.01)
+    dra = reset_turn(NodeLocks.dra(tmp_path).reset, timeout=5, poll=0.01)
     inside: list[str] = []
     most = 0
 
-    async def reset(turn: ResetTurn, name: str) -> None:
+    async def reset(turn: TurnLock, name: str) -> None:
         nonlocal most
         async with turn.held():
             inside.append(name)
@@ -158,7 +171,7 @@ async def test_the_reset_turn_is_one_at_a_time_across_modes(tmp_path: Path) -> N
 async def test_a_reset_waits_for_an_old_pods_reset_under_the_old_name_and_gives_up_naming_it(
     tmp_path: Path, locks: Callable[[Path], NodeLocks], earlier: str
 ) -> None:
-    turn = ResetTurn(locks(tmp_path).reset, timeout=0.3, poll=0.01)
+    turn = reset_turn(locks(tmp_path).reset, timeout=0.3, poll=0.01)
     with old_pod(tmp_path / earlier), pytest.raises(OutputError, match=f"{earlier}.*a GPU reset"):
         async with turn.held():
             pytest.fail("reset while an old pod resets")
@@ -167,7 +180,7 @@ async def test_a_reset_waits_for_an_old_pods_reset_under_the_old_name_and_gives_
 
 
 async def test_a_reset_turn_given_up_lets_go_of_what_it_had(tmp_path: Path) -> None:
-    turn = ResetTurn(NodeLocks.dra(tmp_path).reset, timeout=0.2, poll=0.01)
+    turn = reset_turn(NodeLocks.dra(tmp_path).reset, timeout=0.2, poll=0.01)
     with old_pod(tmp_path / EARLIER_DRA_RESET), pytest.raises(OutputError):
         async with turn.held():
             pass

@@ -1,5 +1,6 @@
-"""The API features that Allocate waits for: flags.reset_gpu and flags.usevolcano, and their background
-passes (the reset handshake's record at start, Volcano's ConfigMap and pod annotations).
+"""The API features that Allocate waits for, flags.reset_gpu and flags.usevolcano, and their background passes.
+
+The passes: the reset handshake's record at start, Volcano's ConfigMap and pod annotations.
 
 A shell over the daemon's Current state: it reads the plan and config there and changes nothing in it; the GPU
 reset service it asks is the node agent's (nodeagent/kit.py), built once for the node's other resets too.
@@ -88,24 +89,14 @@ class ApiFeatures:
                 raise AllocationError(f"GPU reset before Allocate: {error}", unavailable=True) from None
         return request
 
-    async def announce_reset(self) -> None:
-        """Keep ix-gpu-reset-<node> in order whenever a feature speaks the handshake: at start a reset: true left by
-        an earlier process is ended (self-healing, flags.reset_gpu); with flags.reset_gpu, say that we hold the
-        GPUs, as upstream does at start and whenever it is turned on; again whenever handing them back failed. For
-        ever (cancel to stop)."""
-        if self._api is None:
-            return
-        record = self.gpu_reset.keep_record(self._api.backoff(), announce=lambda: self._config.reset_gpu)
-        keeping = asyncio.create_task(record, name="reset-record")
-        try:
-            while True:
-                if self._config.reset_gpu:
-                    self.gpu_reset.want_record()
-                await asyncio.sleep(CONFIG_POLL)
-        finally:
-            keeping.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await keeping
+    async def follow_reset_flag(self) -> None:
+        """With flags.reset_gpu, say in ix-gpu-reset-<node> that we hold the GPUs whenever it is turned on, as
+        upstream does (the node-agent kit keeps the ConfigMap in order: GpuReset.keep_record). For ever (cancel to
+        stop)."""
+        while True:
+            if self._config.reset_gpu:
+                self.gpu_reset.want_record()
+            await asyncio.sleep(CONFIG_POLL)
 
     # ---- flags.usevolcano ---------------------------------------------------------------------
 

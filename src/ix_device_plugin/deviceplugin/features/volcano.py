@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 from ix_device_plugin.core.allocation import AllocationError
 from ix_device_plugin.core.plan import REPLICA_SEPARATOR, Plan
+from ix_device_plugin.core.products import full_name
 from ix_device_plugin.deviceplugin.features.volcanotrust import Trust
 from ix_device_plugin.settings.documents import DocumentError, load_json_text
 
@@ -90,7 +91,7 @@ def device_info(plan: Plan) -> dict[str, dict[str, Any]]:
                 index, name = LINK_TYPES[level]
                 links[other_uuid] = [{"TypeName": name, "TypeIndex": index}]
         product = device.chips[0].product if device.chips else ""
-        info[uuid] = {"Name": f"Iluvatar {product}".strip(), "UUID": uuid, "Links": links}
+        info[uuid] = {"Name": full_name(product), "UUID": uuid, "Links": links}
     return info
 
 

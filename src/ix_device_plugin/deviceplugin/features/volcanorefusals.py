@@ -1,5 +1,7 @@
-"""The pods whose Volcano annotations are refused (volcanotrust.py): each said once, in the log and in a Warning
-Event on the pod in its namespace, and named by the Allocate error that finds no other pod.
+"""The pods whose Volcano annotations are refused (volcanotrust.py), each said once.
+
+Said in the log and in a Warning Event on the pod in its namespace, and named by the Allocate error that finds no
+other pod.
 
 `refuse` only notes and queues (no I/O: it runs inside Allocate); `write_events` writes the queue, one create per
 Event. An Event that cannot be written (no RBAC for Events in the pod's namespace, the API server down) is dropped:

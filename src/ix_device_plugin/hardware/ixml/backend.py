@@ -78,7 +78,7 @@ class IxmlBackend:
     def watch_xids(self, sink: XidSink) -> None:
         """From the next discover() on, hand each critical XID event to sink, from a thread of its own."""
         with LIBRARY_LOCK:
-            self._xids.sink = sink
+            self._xids.hand_to(sink)
 
     def health(self, inventory: Inventory) -> Mapping[str, ChipStatus]:
         """Current status of each chip of inventory, by UUID; chips it cannot reach are not present."""

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from ix_device_plugin.core.inventory import Chip, ChipStatus, health_errors_from_mask
+from ix_device_plugin.core.products import UNKNOWN
 from ix_device_plugin.hardware.backend import BackendError
 from ix_device_plugin.hardware.ixml.library import HANDLE, NVML_SUCCESS, CallError, Library, Memory, PciInfo
 
@@ -19,7 +20,6 @@ log = logging.getLogger(__name__)
 _T = TypeVar("_T")
 
 PLACEHOLDER_UUID_PREFIX = "IX-UNKNOWN-"
-UNKNOWN_PRODUCT = "unknown"
 
 _UUID_BUFFER_SIZE = 80
 _NAME_BUFFER_SIZE = 64
@@ -95,7 +95,7 @@ class DeviceReader:
             chip = Chip(
                 uuid=placeholder_uuid(index, ""),
                 minor=None,
-                product=UNKNOWN_PRODUCT,
+                product=UNKNOWN,
                 status=ChipStatus(problems=(str(exc),)),
             )
             return Device(index=index, handle=None, chip=chip)
@@ -109,7 +109,7 @@ class DeviceReader:
         chip = Chip(
             uuid=uuid or placeholder_uuid(index, bus_id),
             minor=minor,
-            product=product or UNKNOWN_PRODUCT,
+            product=product or UNKNOWN,
             bus_id=bus_id,
             numa_node=read_numa_node(self._sysfs_root, bus_id),
             memory_mib=memory or 0,
@@ -162,7 +162,7 @@ def _handle_only(library: Library, index: int) -> Device | None:
     if uuid is None:  # named as discovery names it
         uuid = placeholder_uuid(index, _attempt(problems, lambda: _bus_id(library, handle)) or "")
     position = _optional(problems, library, "board_position", lambda: library.uint("board_position", handle))
-    chip = Chip(uuid=uuid, minor=None, product=UNKNOWN_PRODUCT)
+    chip = Chip(uuid=uuid, minor=None, product=UNKNOWN)
     return Device(index=index, handle=handle.value, chip=chip, position=position)
 
 

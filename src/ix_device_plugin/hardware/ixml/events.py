@@ -125,6 +125,10 @@ class XidWatch:
         self._unavailable_logged = False
         self._stuck = False  # a waiter that did not stop: the library is left initialised
 
+    def hand_to(self, sink: XidSink) -> None:
+        """From the next watch() on, hand each critical XID event to sink."""
+        self.sink = sink
+
     def watch(self, library: Library, uuids: dict[int, str]) -> None:
         """Wait for XID events of these devices (handle -> UUID), again when they changed or the waiter stopped."""
         if self.sink is None:

@@ -207,9 +207,10 @@ class Library:
             raise BackendError(f"IXML library {path} lacks {', '.join(missing)}")
         self._error_string: Any = None
         if _has_symbol(lib, "nvmlErrorString"):
-            self._error_string = lib.nvmlErrorString
-            self._error_string.argtypes = (ctypes.c_int,)
-            self._error_string.restype = ctypes.c_char_p
+            error_string = lib.nvmlErrorString  # its signature declared on it, as ctypes asks
+            error_string.argtypes = (ctypes.c_int,)
+            error_string.restype = ctypes.c_char_p
+            self._error_string = error_string
 
     def has(self, call: str) -> bool:
         return call in self._functions

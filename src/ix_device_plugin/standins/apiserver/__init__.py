@@ -31,7 +31,8 @@ declares 300 MB and sends nothing, or that is gzip nobody asked for; every watch
 with their feature gates off), `counters_refused` (ResourceSlice writes holding shared counters answered 422
 naming those fields), `refuse_writes()` (the next writes of a kind answered 422 naming a field, as an admission
 webhook refusing for a while), `slow_down()` (the next matching request handled late), `garbage_collector`.
-`requests` records every request.
+`requests` records every request; `watching(plural)` returns once a watch of that kind is open (a change
+made then reaches it), `open_watches(plural)` counts them.
 `write_kubeconfig()` writes a kubeconfig pointing at it.
 """
 

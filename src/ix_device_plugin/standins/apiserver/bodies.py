@@ -1,5 +1,8 @@
-"""Answers of an API server that means harm: bodies too large (declared, or streamed without end), compressed
-bodies nobody asked for, and watch events that never end. The `bodies` switch of the stand-in picks one."""
+"""Answers of an API server that means harm, one picked by the stand-in's `bodies` switch.
+
+Bodies too large (declared, or streamed without end), compressed bodies nobody asked for, and watch events that
+never end.
+"""
 
 from __future__ import annotations
 

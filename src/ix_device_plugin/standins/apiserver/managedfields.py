@@ -1,5 +1,7 @@
-"""Who wrote which field: `metadata.managedFields`, kept as kube-apiserver keeps it for the writes that are not
-server-side apply (create, update, merge and strategic merge patch; its field manager's `Updater.Update`).
+"""Who wrote which field: `metadata.managedFields`, kept as kube-apiserver keeps it.
+
+For the writes that are not server-side apply (create, update, merge and strategic merge patch; its field manager's
+`Updater.Update`).
 
 - The writer is the request's `fieldManager` query parameter, else its User-Agent up to the first `/`, unprintable
   characters left out, cut to 128 bytes (apiserver's managerOrUserAgent and prefixFromUserAgent): a Go client

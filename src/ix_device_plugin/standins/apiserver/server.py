@@ -64,6 +64,8 @@ class ApiServerStandIn(Store):
         self.requests: list[Recorded] = []
         self.slow: list[SlowRequest] = []  # requests answered late (slow_down)
         self._transports: set[asyncio.BaseTransport] = set()
+        self._watch_opened = asyncio.Event()  # set (and replaced) at each watch opened: wakes watching()
+        self._watch_clients: dict[Watch, web.BaseRequest] = {}  # each open watch's request: is its client there?
         self._runner: web.AppRunner | None = None
         self._site: web.TCPSite | None = None
         self.port = 0
@@ -133,9 +135,36 @@ class ApiServerStandIn(Store):
         self.slow.append(SlowRequest(method, path_part, seconds, times))
 
     def drop_watches(self) -> None:
-        """End every open watch stream, as an API server does when it restarts or times a watch out."""
+        """End every open watch stream, as an API server does when it restarts or times a watch out; from now on
+        they count as closed (watching() waits for the next ones)."""
         for watch in list(self._watches):
             watch.queue.put_nowait(None)
+        self._watches.clear()
+        self._watch_clients.clear()
+
+    def open_watches(self, plural: str) -> int:
+        """How many watches of plural ("pods", "resourceslices", ...) are open now, their clients still connected."""
+        return sum(1 for watch, request in self._watch_clients.items() if watch.plural == plural and _there(request))
+
+    async def watching(self, plural: str, count: int = 1, timeout: float = 5.0) -> None:
+        """Return once count watches of plural ("pods", "nodes", "resourceslices", ...) are open: every change made
+        from then on reaches them. A TimeoutError after timeout seconds names the watches open instead."""
+        try:
+            async with asyncio.timeout(timeout):
+                while self.open_watches(plural) < count:
+                    await self._watch_opened.wait()
+        except TimeoutError:
+            open_now = sorted(watch.plural for watch, request in self._watch_clients.items() if _there(request))
+            raise TimeoutError(
+                f"the API server stand-in: not {count} open watch(es) of {plural} within {timeout:g}s "
+                f"(open: {open_now or 'none'})"
+            ) from None
+
+    def _opened(self, watch: Watch, request: web.BaseRequest) -> None:
+        self._watches.add(watch)
+        self._watch_clients[watch] = request
+        self._watch_opened.set()
+        self._watch_opened = asyncio.Event()
 
     def write_kubeconfig(self, path: Path, namespace: str = "default") -> Path:
         """A kubeconfig file pointing at this server (http, or https trusting its certificate) with the bearer token."""
@@ -248,15 +277,17 @@ class ApiServerStandIn(Store):
             matches = lambda obj: obj["metadata"]["name"] == name and by_name(obj)  # noqa: E731
         watch = Watch(kind.plural, namespace, matches)
         backlog = self._hostile_answer() or self._backlog(watch, request.query.get("resourceVersion", ""))
+        if not any(event["type"] in (_END, "ERROR") for event in backlog):  # else it ends at once: never open
+            self._opened(watch, request)  # before any await: no change falls between the backlog and the stream
         response = web.StreamResponse(headers={"Content-Type": "application/json"})
-        response.enable_chunked_encoding()
-        await response.prepare(request)
-        self._watches.add(watch)
         try:
+            response.enable_chunked_encoding()
+            await response.prepare(request)
             timeout = float(request.query.get("timeoutSeconds") or 0) or None
             await self._stream(response, request, watch, backlog, timeout)
         finally:
             self._watches.discard(watch)
+            self._watch_clients.pop(watch, None)
         return response
 
     async def _stream(
@@ -293,6 +324,12 @@ class ApiServerStandIn(Store):
 
 
 _END = "END"  # not sent: ends a watch stream cleanly before any event
+
+
+def _there(request: web.BaseRequest) -> bool:
+    """Whether request's client is still connected: a watch whose client left stays registered until a write to it
+    fails, but is no longer open."""
+    return request.transport is not None and not request.transport.is_closing()
 
 
 def _json(obj: Object, status: int = 200) -> web.Response:

@@ -1,5 +1,6 @@
-"""The API server stand-in's store: objects, one resourceVersion counter, the watch history, and the semantics
-of each verb (conflicts, merge patches, dry runs, 410 for a version older than the history kept).
+"""The API server stand-in's store: objects, one resourceVersion counter, the watch history and each verb.
+
+Each verb with its semantics: conflicts, merge patches, dry runs, 410 for a version older than the history kept.
 
 It also models the garbage collector of kube-controller-manager, simply: shortly after any change (gc_delay), an
 object whose owner references all name owners that no longer exist (no object of that kind and name, or one

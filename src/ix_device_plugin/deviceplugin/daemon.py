@@ -23,6 +23,7 @@ from ix_device_plugin.core.limits import device_list_problem
 from ix_device_plugin.core.plan import Plan
 from ix_device_plugin.deviceplugin.agentmode import api_connection, plugin_mode
 from ix_device_plugin.deviceplugin.changes import config_diff, log_plan, log_transitions
+from ix_device_plugin.deviceplugin.chipguard import PodHolders, WholeBoardsMark
 from ix_device_plugin.deviceplugin.configsource import ConfigSource
 from ix_device_plugin.deviceplugin.endpoint import Endpoint, plugin_socket
 from ix_device_plugin.deviceplugin.events import (
@@ -39,23 +40,19 @@ from ix_device_plugin.deviceplugin.handover import (
     fixed_name_served,
     refuse_reserved,
     registration_beside,
-    reset_turn,
     until_fixed_name_free,
 )
-from ix_device_plugin.deviceplugin.holders import PodHolders, WholeBoardsMark
 from ix_device_plugin.deviceplugin.metrics import Metrics
 from ix_device_plugin.deviceplugin.nodefiles import NodeFiles
 from ix_device_plugin.deviceplugin.registrar import Registrar
 from ix_device_plugin.deviceplugin.state import Current, State
-from ix_device_plugin.gpureset.outcome import KILL_WAIT, RESET_STOP_WAIT, GpuResetError
+from ix_device_plugin.gpureset.outcome import GpuResetError
 from ix_device_plugin.hardware.backend import BackendError
-from ix_device_plugin.hardware.monitor import HardwareMonitor, HardwareView
+from ix_device_plugin.hardware.monitor import HardwareView
 from ix_device_plugin.hardware.open import BackendFactory
 from ix_device_plugin.hardware.open import backend_factory as open_backend
-from ix_device_plugin.healing.record import RecordFile
-from ix_device_plugin.healing.wayback import return_annotation
-from ix_device_plugin.kubelet.podresources import PodResources
-from ix_device_plugin.nodeagent.kit import NodeAgent
+from ix_device_plugin.healing.operatorreturn import return_annotation
+from ix_device_plugin.nodeagent.kit import NodeAgent, NodeParts
 from ix_device_plugin.runtime.errors import StartupError
 from ix_device_plugin.runtime.filewatch import Watcher
 from ix_device_plugin.runtime.logs import OncePerError
@@ -69,6 +66,7 @@ from ix_device_plugin.settings.options import Options
 if TYPE_CHECKING:
     from ix_device_plugin.apiserver.nodelabel import AlsoFollowed
     from ix_device_plugin.apiserver.settings import KubeSettings
+    from ix_device_plugin.core.labels import LabelSet
     from ix_device_plugin.telemetry.holders import PluginHolders
 
 log = logging.getLogger(__name__)
@@ -103,7 +101,6 @@ class Daemon:
         self._settle = (healing_rules or Rules()).settle
         factory, mode = backend_factory or open_backend(options), plugin_mode(options, healing_rules)
         self.node: NodeAgent[PodHolders] = NodeAgent(options, mode, self, self.metrics, factory, self.apiserver)
-        self.node.monitor.subscribe(lambda view: self._events.put_nowait(HardwareChanged(view)))
         self.api = ApiFeatures(
             self.current, self.node.gpu_reset, self._pod_devices, self.apiserver,
             acting=lambda: self.node.acting, volcano_field_manager=options.volcano_field_manager,
@@ -115,7 +112,7 @@ class Daemon:
         self.metrics.read_state_from(lambda: self.current.state, lambda: self.registrar.registered, lambda: self.acting)
         self.metrics.read_role_from(lambda: self.acting)
         self.config_source = ConfigSource(options, self.apiserver)
-        self.files = NodeFiles(options.cdi_spec_dir, options.node_feature_dir, options.dev_root, options.sysfs_root)
+        self.files = NodeFiles(options.cdi_spec_dir, options.dev_root)
         self.socket_path = self.endpoint.path
         self._endpoint_errors, self._limit_errors = OncePerError(log), OncePerError(log)
         self._volcano_pod_errors = OncePerError(log, logging.WARNING)
@@ -124,20 +121,36 @@ class Daemon:
 
     # ---- what the node agent asks of the device plugin (nodeagent.kit.FrontEnd) ------------------
 
-    def chip_guard(self, pod_resources: PodResources, monitor: HardwareMonitor, record: RecordFile | None) -> Guard:
-        """The device plugin's chip guard: the served plan, pod-resources, and the node's reset turn."""
-        turn_timeout = self.options.reset_wait_timeout
-        turn = reset_turn(self.options.kubelet_plugins_directory_path, turn_timeout)  # the node's, either mode
-        return PodHolders(
-            pod_resources, self.current, self._until_applied, settle=self._settle, reset_turn=turn,
-            turn_timeout=turn_timeout, whole_boards=WholeBoardsMark.beside(record),
+    def chip_guard(self, parts: NodeParts) -> Guard:
+        """The device plugin's chip guard: the served plan, pod-resources, and the node's reset turn (kept: the
+        reconcile loop tells it each State it serves, and the Volcano feature asks pod-resources through it)."""
+        self._pod_resources = parts.pod_resources
+        self._holders = PodHolders(
+            parts.pod_resources, self.current, self._until_applied, settle=self._settle, reset_turn=parts.reset_turn,
+            turn_timeout=self.options.reset_wait_timeout, whole_boards=WholeBoardsMark.beside(parts.record),
         )  # fmt: skip
+        return self._holders
 
-    def chip_holders(self, pod_resources: PodResources, monitor: HardwareMonitor) -> PluginHolders:
+    def chip_holders(self, parts: NodeParts) -> PluginHolders:
         """Who holds each chip, by the device IDs of the plan served."""
         from ix_device_plugin.telemetry.holders import PluginHolders  # loaded only when telemetry is on
 
-        return PluginHolders(pod_resources, lambda: self.plan)
+        return PluginHolders(parts.pod_resources, lambda: self.plan)
+
+    def hardware_changed(self, view: HardwareView) -> None:
+        """A new view of the hardware: an event for the reconcile loop."""
+        self._events.put_nowait(HardwareChanged(view))
+
+    def node_labels(self, machine: str | None) -> LabelSet:
+        """The node's labels for the State served."""
+        from ix_device_plugin.core.labels import label_set  # loaded only when the feature file is written
+
+        state = self.current.state
+        return label_set(state.inventory, state.plan, state.config, machine, state.inventory.cuda_version)
+
+    def announces_reset(self) -> bool:
+        """flags.reset_gpu resets at Allocate: the ConfigMap says at start that we hold the GPUs."""
+        return self.config.reset_gpu
 
     def current_health_policy(self) -> HealthPolicy:
         """The last valid configuration's health policy."""
@@ -188,7 +201,7 @@ class Daemon:
         failing = self.registrar.failing_for()
         if failing is not None and failing > self.options.registration_grace:
             return False, f"registration failing for {failing:.0f}s"
-        problem = self.node.monitor.problem()
+        problem = self.node.problem()
         if problem is None and (down := self.service.down()):
             problem = "; ".join(down)
         if problem is not None:
@@ -200,7 +213,7 @@ class Daemon:
         if not self.serving_wanted:
             return True, f"standby: {self._waiting_why}"
         if self.registered:
-            why = (self.node.role.unusable if self.node.role is not None else "") or "another pod acts for the node"
+            why = self.node.role_problem or "another pod acts for the node"
             standby = "" if self.acting else f"; standby: {why}"
             return True, f"registered {self.plan.resource_name}{standby}"
         return False, "not registered with the kubelet"
@@ -228,18 +241,16 @@ class Daemon:
                 spawn, lambda value: self._events.put_nowait(NodeLabelChanged(value)), self._return_requests()
             )
         config = self._first_config()
-        acting = self.node.take_role_at_start()
-        self.node.healing.healer.restore(config.health_policy)  # before the first discovery and ListAndWatch
         await self.node.start_probes(ProbeHandlers(live=self.live, ready=self.ready, metrics=self.metrics.render))
-        view = await self.node.start_monitor(config.fail_on_init_error, xids=acting)  # on standby: the record's XIDs
+        acting = await self.node.start(config.fail_on_init_error, config.health_policy)  # before ListAndWatch
+        view = self.node.view
         self._applied_version = view.version  # its HardwareChanged event, already queued, changes nothing
         if (problem := device_list_problem(view.inventory, config)) is not None:
             raise StartupError(f"{self.config_path}: {problem}")
         self._swap(State.of(view.inventory, config))
         log_plan(self.plan)
         # Another pod acts for the node, or a plugin with no role (an old release, Iluvatar's) serves the fixed name.
-        role = self.node.role
-        other_pod = not acting and not (role is not None and role.unusable)  # a bad lock: nobody acts
+        other_pod = not acting and not self.node.role_problem  # a bad lock: nobody acts
         if missing := self.node.device_access_missing():  # 0 GPUs registered would replace a plugin's beside it
             self.serving_wanted, self._waiting_why = False, f"no device access, registering nothing: {missing}"
         elif other_pod or (fixed := fixed_name_served(self.endpoint.path)) is not None:
@@ -253,12 +264,12 @@ class Daemon:
         spawn("reconcile", self._reconcile_loop)
         spawn("registrar", self.registrar.run)
         spawn("watch", self._watch_files)
-        spawn("hardware", self.node.monitor.run)
+        duties = {}
         if self.kube_settings is not None:
             spawn("volcano", self.api.run_volcano)
-        for name, task in self.node.tasks().items():
+            duties["reset-flag"] = self.api.follow_reset_flag
+        for name, task in self.node.tasks(duties, before=self._take_over).items():
             spawn(name, task)
-        spawn("node" if self.node.role is None else "node-role", self.node.act(self._act_for_node))
 
     async def _register_beside(self, who: str) -> bool:
         """Another plugin serves the node (who says which): register beside it now (True), or wait until it stops."""
@@ -270,29 +281,19 @@ class Daemon:
             log.info("standby: %s", self._waiting_why)
         return beside
 
-    async def _act_for_node(self) -> None:
-        """While this pod acts for the node (until cancelled): XIDs, the node files, and the node-wide tasks."""
+    async def _take_over(self) -> None:
+        """As this pod comes to act for the node: register once the pod that served it has stopped (when waiting for
+        it), then write the node files again and wake Volcano's announcements."""
         if not self.serving_wanted and self.node.device_access_missing() is None:
             await until_fixed_name_free(self.endpoint.path)
             await asyncio.sleep(HANDOVER_SETTLE)
             self.serving_wanted = True
             log.info("the pod that served this node has stopped: registering")
-        await self.node.monitor.watch_xids()
         self._events.put_nowait(RoleChanged())
-        works = [work() for work in self.node.acting_tasks()]  # telemetry
-        if (labels := self.files.labels) is not None:
-            works.append(labels.run())  # writes them again when another agent hands the file over
-        if self.kube_settings is not None:
-            works.append(self.api.announce_reset())
-        async with asyncio.TaskGroup() as group:
-            for work in works:
-                group.create_task(work)
-            group.create_task(asyncio.Event().wait())  # until cancelled, even with nothing to run
 
     def _return_requests(self) -> AlsoFollowed | None:
         """The operator's annotation for self-healing, followed by the node label's watch (None without an API)."""
-        requests = self.node.healing.requests
-        return (return_annotation, requests.seen) if requests is not None else None
+        return (return_annotation, self.node.return_seen) if self.node.follows_returns else None
 
     async def shutdown(self) -> None:
         """Stop every task, stop serving and remove the socket, within options.stop_timeout."""
@@ -300,16 +301,8 @@ class Daemon:
         await self.service.stop_tasks(budget * 0.4)
         await bounded("stopping the plugin server", self.endpoint.stop(grace=budget * 0.1), budget * 0.3)
         self.endpoint.remove_socket()
-        # A GPU reset under way is waited for (RESET_STOP_WAIT, then its ixsmi is killed) before reset: false.
-        gpu_reset = self.node.gpu_reset
-        ending = budget * 0.25 + (RESET_STOP_WAIT + KILL_WAIT if gpu_reset.command_running else 0)
-        await bounded("ending the GPU reset", gpu_reset.close(timeout=budget * 0.2), ending)
-        await self.node.healing.close(timeout=budget * 0.1)
-        if self.apiserver is not None:
-            await bounded("closing the API connection", self.apiserver.close(), budget * 0.05)
-        await self.node.stop_probes(budget * 0.1)
         self.files.close()
-        await self.node.close()  # last: the pod that follows acts for the node once this one's work is all over
+        await self.node.stop(budget)  # last: the pod that follows acts for the node once this one's work is all over
 
     # ---- the reconcile loop: the only writer of state -----------------------------------------
 
@@ -325,7 +318,7 @@ class Daemon:
                 case HardwareChanged(view):
                     self._hardware_changed(view)
                 case NodeLabelChanged(value):
-                    self.config_source.label = value
+                    self.config_source.label_seen(value)
                     self._reload_config(force=False)
                 case RoleChanged():
                     self.files.changed()
@@ -366,12 +359,13 @@ class Daemon:
 
     def _swap(self, state: State) -> None:
         before = self.current.state
-        self.node.guard.saw(state)
+        self._holders.saw(state)
         for warning in state.plan.warnings:
             log.warning("%s", warning)
         log_transitions(before.plan, state.plan)
         self.current.swap(state)
         self.files.changed()
+        self.node.labels_changed()
 
     def _reload_config(self, force: bool) -> None:
         if not self.config_source.changed() and not force:
@@ -391,7 +385,7 @@ class Daemon:
             log.error("config change rejected, keeping the last good configuration: %s: %s", self.config_path, problem)
             return
         self._swap(State.of(self.inventory, config))
-        self.node.healing.healer.settings_changed()  # self-healing turned on resets the chips it left out, at once
+        self.node.settings_changed()  # self-healing turned on resets the chips it left out, at once
         log.info("configuration reloaded: %s", config_diff(before, config))
         self.metrics.config_reloads.inc()
 
@@ -419,7 +413,7 @@ class Daemon:
     async def rediscover(self) -> Inventory:
         """Discover again (after a GPU reset) and wait until the reconcile loop serves what was found."""
         try:
-            view = await self.node.monitor.rediscover()
+            view = await self.node.rediscover()
         except BackendError as error:
             raise GpuResetError(f"the chips could not be discovered again after the reset: {error}") from None
         await self._until_applied(view.version)
@@ -433,7 +427,7 @@ class Daemon:
     async def _pod_devices(self) -> dict[tuple[str, str], list[str]]:
         """(namespace, pod) -> the device IDs the kubelet gave it, from the pod-resources socket."""
         held: dict[tuple[str, str], list[str]] = {}
-        allocations = await self.node.pod_resources.allocations({self.plan.resource_name}, self._volcano_pod_errors)
+        allocations = await self._pod_resources.allocations({self.plan.resource_name}, self._volcano_pod_errors)
         for device_id, ref in allocations.items():
             held.setdefault((ref.namespace, ref.pod), []).append(device_id)
         return held

@@ -1,5 +1,7 @@
-"""Telling the containers their chips: after a NodePrepareResources, the walk over the pods using the claims just
-prepared, and the other claims those pods use, that has the claims' CDI specs tell each container what it holds.
+"""Telling the containers their chips after a NodePrepareResources.
+
+The walk over the pods using the claims just prepared, and the other claims those pods use, that has the claims' CDI
+specs tell each container what it holds.
 
 The decisions are the pure cores': claimusers.py (which containers use which claims, as the kubelet hands them
 the CDI devices) and containers.py (`solve`: where the specs set the GPU variables). Here are the reads and the

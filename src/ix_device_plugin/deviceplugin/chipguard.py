@@ -33,7 +33,7 @@ from ix_device_plugin.hardware.monitor import HardwareView
 from ix_device_plugin.healing.record import RecordFile
 from ix_device_plugin.kubelet.podresources import PodResources, PodResourcesError
 from ix_device_plugin.runtime.files import OutputError, read_boot_id, remove_file, write_atomically
-from ix_device_plugin.runtime.noderole import ResetTurn
+from ix_device_plugin.runtime.locks import TurnLock
 from ix_device_plugin.settings.documents import DocumentError, read_file
 
 DRA_DRIVER = "gpu.iluvatar.com"  # the DRA driver's claims hold chips too, where a node moved from DRA
@@ -98,7 +98,7 @@ class PodHolders:
         applied: Callable[[int], Awaitable[None]],
         *,
         settle: float,
-        reset_turn: ResetTurn,
+        reset_turn: TurnLock,
         turn_timeout: float,
         whole_boards: WholeBoardsMark | None = None,
     ) -> None:
