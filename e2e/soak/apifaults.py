@@ -20,13 +20,16 @@ import os
 import shutil
 import signal
 import threading
+from collections.abc import Sequence
 from pathlib import Path
 
+from harness.cluster import Cluster
 from harness.host import mounts_under, unmount
 from harness.procs import run
 
-from .run import SoakRun
+from .later import Later
 from .schedule import Step
+from .timeline import Timeline
 
 KINDS = ("apiserver-restart", "apiserver-slow", "disk-full")
 AFTER_S = 10.0  # how long after the fault the agent may take to catch up (relist, rewrite) before the bound runs
@@ -39,8 +42,7 @@ class StateDisk:
     """The agent's state directories, each on a tmpfs of its own for the soak, their files carried in and out, so
     that the node is left as if nothing had been mounted."""
 
-    def __init__(self, plugins_dir: Path, mode: str) -> None:
-        names = ["iluvatar.com"] + (["gpu.iluvatar.com"] if mode == "dra" else [])
+    def __init__(self, plugins_dir: Path, names: Sequence[str]) -> None:
         self.directories = [plugins_dir / name for name in names]
         self.mounted: list[Path] = []
 
@@ -90,44 +92,44 @@ class StateDisk:
 
 
 class ApiFaults:
-    def __init__(self, soak: SoakRun) -> None:
-        self.soak = soak
-        self.disk = StateDisk(soak.cluster.plugins_dir, soak.mode)
+    def __init__(self, cluster: Cluster, timeline: Timeline, later: Later, state_directories: Sequence[str]) -> None:
+        self.cluster, self.timeline, self.later = cluster, timeline, later
+        self.disk = StateDisk(cluster.plugins_dir, state_directories)
         self.paused: threading.Timer | None = None
 
     def do(self, step: Step) -> None:
-        soak = self.soak
-        began = soak.now()
+        timeline = self.timeline
+        began = timeline.now()
         if step.kind == "apiserver-restart":
-            soak.cluster.restart_apiserver()
-            soak.note(f"API server restarted in {soak.now() - began:.1f} s")
-            soak.outages.append((began, soak.now()))
-            soak.quiet.append((began, soak.now() + AFTER_S))
+            self.cluster.restart_apiserver()
+            timeline.note(f"API server restarted in {timeline.now() - began:.1f} s")
+            timeline.outages.append((began, timeline.now()))
+            timeline.quiet.append((began, timeline.now() + AFTER_S))
         elif step.kind == "apiserver-slow":
             self.pause(step.duration)
-            soak.outages.append((began, began + step.duration))
-            soak.quiet.append((began, began + step.duration + AFTER_S))
+            timeline.outages.append((began, began + step.duration))
+            timeline.quiet.append((began, began + step.duration + AFTER_S))
         elif step.kind == "disk-full":
             fillers = self.disk.fill()
-            soak.note(f"filled {', '.join(str(f.parent) for f in fillers)}")
-            soak.actions.later(step.duration, self.freed)
-            soak.quiet.append((began, began + step.duration + AFTER_S))
+            timeline.note(f"filled {', '.join(str(f.parent) for f in fillers)}")
+            self.later.after(step.duration, self.freed)
+            timeline.quiet.append((began, began + step.duration + AFTER_S))
         else:
             raise AssertionError(f"no way to cause {step.kind}")
 
     def pause(self, seconds: float) -> None:
-        process = self.soak.cluster.processes["kube-apiserver"]
+        process = self.cluster.processes["kube-apiserver"]
         process.signal(signal.SIGSTOP)
         self.paused = threading.Timer(seconds, lambda: process.signal(signal.SIGCONT))
         self.paused.start()
 
     def freed(self) -> None:
         self.disk.free()
-        self.soak.note("state directories freed")
+        self.timeline.note("state directories freed")
 
     def heal_all(self) -> None:
         """The end: the API server running, the disk free (unmounted later, once the agent is stopped)."""
         if self.paused is not None:
             self.paused.cancel()
-            self.soak.cluster.processes["kube-apiserver"].signal(signal.SIGCONT)
+            self.cluster.processes["kube-apiserver"].signal(signal.SIGCONT)
         self.disk.free()

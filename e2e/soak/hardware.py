@@ -75,6 +75,11 @@ class Hardware:
     def uuids(self) -> list[str]:
         return [chip.uuid for chip in self.chips]
 
+    @property
+    def chip_of(self) -> dict[str, int]:
+        """UUID -> the chip's index (its minor)."""
+        return {uuid: index for index, uuid in enumerate(self.uuids)}
+
     def board_of(self, chip: int) -> set[int]:
         board = self.chips[chip].board
         return {c.minor for c in self.chips if c.board == board}

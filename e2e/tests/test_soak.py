@@ -17,8 +17,9 @@ from harness.dra import delete_slices
 from harness.project_image import BuiltImage
 from soak import report
 from soak.agent import Agent
-from soak.faults import NODE_DIR, NODE_RECORD, RETURN_ANNOTATION
+from soak.faults import NODE_DIR, NODE_RECORD
 from soak.hardware import Hardware
+from soak.returns import RETURN_ANNOTATION
 from soak.runner import Soak, stop
 from soak.schedule import MODES, Step, draw
 

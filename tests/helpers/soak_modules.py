@@ -40,34 +40,50 @@ def imported_modules(path: Path) -> set[str]:
 
 
 class SoakStandIn:
-    """What the fault actions (e2e/soak/faults.py) see of a soak (e2e/soak/run.py's SoakRun), at a time the test
-    sets: the simulated hardware in `directory`, one agent process `pid`, the device plugin's mode with one unit per
-    board of two chips, each counted while both its chips are healthy."""
+    """What the fault actions and the model of healing (e2e/soak/faults.py, healing.py, returns.py) are handed, at a
+    time the test sets, composed as the soak composes them: the simulated hardware in `directory`, one agent process
+    `pid`, a node whose admin calls are recorded, and a device plugin's view with one unit per board of two chips,
+    each counted while both its chips are healthy."""
 
     def __init__(self, directory: Path, pid: int) -> None:
         if str(SOAK.parent) not in sys.path:
             sys.path.insert(0, str(SOAK.parent))  # hardware.py names the chips as the e2e harness does
-        checker = load("checker")
+        checker, limits = load("checker"), load("limits")
+        self.at = 0.0
+        self.timeline = load("timeline").Timeline(clock=lambda: self.at)
         self.hardware = load("hardware").Hardware(directory)
         self.agent = SimpleNamespace(pids=[pid])
-        self.mode = "device-plugin"
-        self.broken: list[object] = []
-        self.rollouts: list[object] = []
-        self.quiet: list[tuple[float, float]] = []
-        self.invariants = {"lying reset not trusted": checker.Invariant("lying reset not trusted")}
-        self.notes: list[str] = []
-        self.cluster = SimpleNamespace(node_name="node")
         self.admin_calls: list[tuple[str, ...]] = []
-        self.at = 0.0
+        self.cluster = SimpleNamespace(node_name="node", admin=self.admin)
+        self.view = BoardUnits()
+        names = ("lying reset not trusted", "reset limit")
+        self.invariants = {name: checker.Invariant(name) for name in names}
+        self.windows = load("windows").Windows(self.timeline.broken)
+        self.later = load("later").Later(self.timeline.now)
+        counts = limits.ResetCounts(load("schedule").CHIPS)
+        parts = (self.timeline, self.hardware, self.windows, counts, self.later)
+        self.returns = load("returns").Returns(*parts, self.cluster, None, self.invariants)
+        self.healing = load("healing").Healing(*parts, self.returns, self.view, self.invariants)
+        self.faults = load("faults").FaultActions(
+            self.timeline, self.hardware, self.agent, self.cluster, self.view, self.later, self.healing, self.returns
+        )
 
     def admin(self, *args: str) -> None:
         self.admin_calls.append(args)
 
-    def now(self) -> float:
-        return self.at
+    @property
+    def notes(self) -> list[str]:
+        return [text for _, text in self.timeline.events]
 
-    def note(self, text: str) -> None:
-        self.notes.append(text)
+
+class BoardUnits:
+    """The device plugin's view as the fault actions use it: one unit per board of two chips (0-1, 2-3)."""
+
+    mode = "device-plugin"
+    restarts_for_config = False
 
     def units_of(self, healthy: Callable[[int], bool]) -> int:
         return sum(1 for board in (0, 2) if healthy(board) and healthy(board + 1))
+
+    def ceiling_without(self, out: frozenset[int]) -> int:
+        return self.units_of(lambda chip: chip not in out)

@@ -79,42 +79,41 @@ def test_a_reset_that_healed_a_chip_takes_its_xids_out_of_the_file_kept_for_a_pr
     assert chips.reset_healed(1, []) == []
 
 
-def rollout_then_reset(tmp_path: Path, rollout_done: float | None) -> tuple[SoakStandIn, object]:
+def rollout_then_reset(tmp_path: Path, rollout_done: float | None) -> SoakStandIn:
     """Seed 464865's chip 1: XID 48, then XID 64 (returned, so it waits for a reset), a rollout asked for at 428.0,
     the old pod's reset ending at 437.5, seen by the soak at 438.3."""
-    faults, checker = load("faults"), load("checker")
+    checker = load("checker")
     soak = SoakStandIn(tmp_path / "hardware", pid=OLD)
-    actions = faults.FaultActions(soak)
     soak.at = 360.9
-    actions.xid(1, 48, "xid-reset")
+    soak.faults.xid(1, 48, "xid-reset")
     soak.at = 385.3
-    actions.xid(1, 64, "xid-operator")
-    actions.windows.awaits_reset(1, 400.9)
-    soak.rollouts.append(checker.Rollout(428.0, 8, "rollout to revision 13", rollout_done))
-    soak.hardware.agent_restarted(actions.windows.still_broken_xids(), soak.agent.pids)  # as new_agent_process
+    soak.faults.xid(1, 64, "xid-operator")
+    soak.windows.awaits_reset(1, 400.9)
+    soak.timeline.rollouts.append(checker.Rollout(428.0, 8, "rollout to revision 13", rollout_done))
+    soak.hardware.agent_restarted(soak.windows.still_broken_xids(), soak.agent.pids)  # as new_agent_process
     soak.at = 438.3
-    actions.reset_seen(checker.Reset(437.3, 437.5, frozenset({1}), ok=True))
-    return soak, actions
+    soak.healing.reset_seen(checker.Reset(437.3, 437.5, frozenset({1}), ok=True))
+    return soak
 
 
 def test_a_reset_seen_after_a_pod_on_standby_may_have_begun_listening_leaves_its_xids_in_doubt(tmp_path: Path) -> None:
     """The rollout not done when the reset ended: the new pod may have taken over in the 0.8 s before the soak saw
     the reset, and been sent both XIDs; the chip is not expected back until seen in service, or healed."""
     checker = load("checker")
-    soak, actions = rollout_then_reset(tmp_path, rollout_done=None)
+    soak = rollout_then_reset(tmp_path, rollout_done=None)
     assert xids_sent_to_a_process_listening_now(soak.hardware, tmp_path) == []
-    assert not checker.healthy_since(1, 467.6, soak.broken, [])  # the first violation's time: not judged now
-    assert not actions.windows.certainly_broken(1) and any("maybe sent again" in note for note in soak.notes)
-    actions.windows.seen_back(447.6, lambda chip: True)  # the new pod did not get them: the chip in service
-    assert checker.healthy_since(1, 447.6 + checker.BOUND_S, soak.broken, [])
+    assert not checker.healthy_since(1, 467.6, soak.timeline.broken, [])  # the first violation's time: not judged now
+    assert not soak.windows.certainly_broken(1) and any("maybe sent again" in note for note in soak.notes)
+    soak.windows.seen_back(447.6, lambda chip: True)  # the new pod did not get them: the chip in service
+    assert checker.healthy_since(1, 447.6 + checker.BOUND_S, soak.timeline.broken, [])
 
 
 def test_a_reset_after_the_rollout_was_done_heals_its_chip_for_certain(tmp_path: Path) -> None:
     checker = load("checker")
-    soak, actions = rollout_then_reset(tmp_path, rollout_done=436.0)
+    soak = rollout_then_reset(tmp_path, rollout_done=436.0)
     assert xids_sent_to_a_process_listening_now(soak.hardware, tmp_path) == []
-    assert actions.windows.open == [] and soak.notes == []
-    assert checker.healthy_since(1, 467.6, soak.broken, [])
+    assert soak.windows.open == [] and soak.notes == []
+    assert checker.healthy_since(1, 467.6, soak.timeline.broken, [])
 
 
 def run_ixsmi(chips: object, *prefix: str) -> subprocess.CompletedProcess[str]:
@@ -166,26 +165,25 @@ def test_the_operator_returns_a_chip_only_once_the_agent_can_see_the_node_again(
     annotation naming it again at 1509.5, 0.8 s after the API server was back from a restart (1501.6 - 1508.7),
     before the agent saw the Node again: the agent never saw the removal, so it never heard the return, and the chip
     stayed out to the end. The operator now asks once the quiet window is over."""
-    faults = load("faults")
     soak = SoakStandIn(tmp_path / "hardware", pid=OLD)
+    returns = load("returns")
     calls = soak.admin_calls
-    soak.quiet = [(1501.6, 1518.7)]
-    actions = faults.FaultActions(soak)
+    soak.timeline.quiet = [(1501.6, 1518.7)]
     soak.at = 1509.5
-    actions.operator_returns(3)
-    actions.operator_returns(3)  # asked again meanwhile: one return waits
-    assert calls == [] and 3 not in actions.returned and len(actions.undo) == 1
+    soak.returns.operator_returns(3)
+    soak.returns.operator_returns(3)  # asked again meanwhile: one return waits
+    assert calls == [] and 3 not in soak.returns.returned and len(soak.later.due) == 1
     soak.at = 1511.5
-    actions.undo_due(soak.at)
-    assert calls == [] and len(actions.undo) == 1  # still quiet: later again
+    soak.later.run_due(soak.at)
+    assert calls == [] and len(soak.later.due) == 1  # still quiet: later again
     soak.at = 1519.5
-    actions.undo_due(soak.at)
+    soak.later.run_due(soak.at)
     uuid = soak.hardware.uuids[3]
     assert calls == [
-        ("annotate", "node", "node", f"{faults.RETURN_ANNOTATION}-"),
-        ("annotate", "node", "node", f"{faults.RETURN_ANNOTATION}={uuid}", "--overwrite"),
+        ("annotate", "node", "node", f"{returns.RETURN_ANNOTATION}-"),
+        ("annotate", "node", "node", f"{returns.RETURN_ANNOTATION}={uuid}", "--overwrite"),
     ]
-    assert actions.returned == {3: 1519.5} and soak.notes[-1] == "operator returned chip 3"
+    assert soak.returns.returned == {3: 1519.5} and soak.notes[-1] == "operator returned chip 3"
 
 
 def test_a_chip_back_on_the_bus_is_healed_of_its_absence_before_a_return_that_waits_out_a_quiet_window(
@@ -196,15 +194,15 @@ def test_a_chip_back_on_the_bus_is_healed_of_its_absence_before_a_return_that_wa
     the operator's return, deferred by the window, landed at 227.0."""
     checker, faults = load("checker"), load("faults")
     soak = SoakStandIn(tmp_path / "hardware", pid=OLD)
-    actions = faults.FaultActions(soak)
     soak.at = 200.6
     soak.hardware.set_present(2, False)
-    actions.broken(2, "return", faults.OFF_BUS)
-    soak.quiet.append((209.3, 218.6))
+    soak.healing.broken(2, "return", faults.OFF_BUS)
+    soak.timeline.quiet.append((209.3, 218.6))
     soak.at = 212.5
-    actions.back_on_bus(2)
-    assert soak.admin_calls == [] and 2 in actions.deferred  # the return waits for the window's end
+    soak.faults.back_on_bus(2)
+    assert soak.admin_calls == [] and len(soak.later.due) == 1  # the return waits for the window's end
     invariant = checker.Invariant("broken not given")
-    checker.broken_not_given(invariant, [checker.NewAllocation("soak-25", frozenset({2}), 214.5, 215.9)], soak.broken)
+    allocation = checker.NewAllocation("soak-25", frozenset({2}), 214.5, 215.9)
+    checker.broken_not_given(invariant, [allocation], soak.timeline.broken)
     assert invariant.checks == 1 and invariant.violations == []
-    assert [(w.until, w.why) for w in soak.broken] == [(212.5, f"{faults.OFF_BUS}, back on the bus")]
+    assert [(w.until, w.why) for w in soak.timeline.broken] == [(212.5, f"{faults.OFF_BUS}, back on the bus")]

@@ -80,44 +80,39 @@ def test_a_reset_ending_within_a_lie_lied_and_one_at_its_edges_is_not_counted_ei
     assert not limits.honest_at(lies, 1, 99.0)
 
 
-def soak_with_actions(tmp_path: Path) -> tuple[SoakStandIn, object]:
-    soak = SoakStandIn(tmp_path / "hardware", pid=100)
-    return soak, load("faults").FaultActions(soak)  # loaded once the stand-in put the e2e harness on the path
-
-
 def test_an_honest_reset_after_the_lie_ends_it_though_an_xid_may_be_sent_again(tmp_path: Path) -> None:
     """Seed 717618's chip 3: ixsmi lies from 1528.5 (XID 48), two resets lie, the lie ends at 1538.8 as a rollout
     begins, the third reset (1546.6) is honest and heals the chip; the soak sees it while the new pod may begin
     listening, so XID 48 may be sent again (a window in doubt). The chip was reset: back in service is right."""
-    soak, actions = soak_with_actions(tmp_path)
+    soak = SoakStandIn(tmp_path / "hardware", pid=100)
     soak.at = 1528.5
-    actions.do(schedule.Step(1519.4, schedule.LYING, (3,), 7.7))
+    soak.faults.do(schedule.Step(1519.4, schedule.LYING, (3,), 7.7))
     for started in (1534.0, 1536.1):
         soak.at = started + 0.2
-        actions.reset_seen(checker.Reset(started, started + 0.1, frozenset({3}), ok=True))
-    assert 3 in actions.lied and 3 in soak.hardware.lying
+        soak.healing.reset_seen(checker.Reset(started, started + 0.1, frozenset({3}), ok=True))
+    assert 3 in soak.healing.lied and 3 in soak.hardware.lying
     soak.at = 1538.8
-    actions.lie_over(0)
-    soak.rollouts.append(checker.Rollout(1538.8, 0, "rollout to revision 36"))
+    soak.healing.lie_over(0)
+    soak.timeline.rollouts.append(checker.Rollout(1538.8, 0, "rollout to revision 36"))
     soak.at = 1546.8
-    actions.reset_seen(checker.Reset(1546.5, 1546.6, frozenset({3}), ok=True))
+    soak.healing.reset_seen(checker.Reset(1546.5, 1546.6, frozenset({3}), ok=True))
     assert "chip 3: XIDs [48] maybe sent again to a process that began listening" in soak.notes
-    assert 3 not in actions.lied
+    assert 3 not in soak.healing.lied
     invariant = soak.invariants["lying reset not trusted"]
-    actions.judge_lies(checker.ServiceSample(1552.8, allocatable=2))
+    soak.healing.judge_lies(checker.ServiceSample(1552.8, allocatable=2))
     assert invariant.violations == []
 
 
 def test_a_chip_whose_reset_lied_counted_in_allocatable_is_a_violation(tmp_path: Path) -> None:
-    soak, actions = soak_with_actions(tmp_path)
+    soak = SoakStandIn(tmp_path / "hardware", pid=100)
     soak.at = 100.0
-    actions.do(schedule.Step(100.0, schedule.LYING, (3,), 8.0))
+    soak.faults.do(schedule.Step(100.0, schedule.LYING, (3,), 8.0))
     soak.at = 103.2
-    actions.reset_seen(checker.Reset(103.0, 103.1, frozenset({3}), ok=True))
+    soak.healing.reset_seen(checker.Reset(103.0, 103.1, frozenset({3}), ok=True))
     soak.at = 108.0
-    actions.lie_over(0)
+    soak.healing.lie_over(0)
     invariant = soak.invariants["lying reset not trusted"]
-    actions.judge_lies(checker.ServiceSample(103.1 + limits.LIE_LAG_S, allocatable=2))
+    soak.healing.judge_lies(checker.ServiceSample(103.1 + limits.LIE_LAG_S, allocatable=2))
     assert [v[0] for v in invariant.violations] == [103.1 + limits.LIE_LAG_S]
     assert "chips [3] counted after a reset that lied" in invariant.violations[0][1]
 

@@ -1,0 +1,195 @@
+"""The soak's model of healing: each broken chip's window, what the agent's resets (read from the ixsmi stand-in's
+log) heal of it, the reset limit and its attempts, and the resets that lied; with the invariants judged by them."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from . import checker as c
+from . import limits
+from .hardware import Hardware
+from .later import Later
+from .observe import read_resets
+from .returns import Returns
+from .schedule import OPERATOR_XID, RESET_XIDS
+from .timeline import Timeline
+from .view import ModeView
+from .windows import Windows, listening_began
+
+Lie = tuple[int, float, float | None]  # (chip, since, until) its resets lied
+
+
+class Healing:
+    def __init__(
+        self,
+        timeline: Timeline,
+        hardware: Hardware,
+        windows: Windows,
+        counts: limits.ResetCounts,
+        later: Later,
+        returns: Returns,
+        view: ModeView,
+        invariants: Mapping[str, c.Invariant],
+    ) -> None:
+        self.timeline, self.hardware, self.windows, self.counts = timeline, hardware, windows, counts
+        self.later, self.returns, self.view, self.invariants = later, returns, view, invariants
+        self.lies: list[Lie] = []
+        self.lied: dict[int, float] = {}  # chip -> when a reset that lied ended, while that left it broken
+        self.resets_seen = 0
+
+    # ------------------------------------------------------------------ broken
+
+    def broken(self, chip: int, heals_by: str, why: str) -> None:
+        self.windows.add(chip, self.timeline.now(), heals_by, why)
+
+    def is_open(self, chip: int) -> bool:
+        """Whether a window of the chip is open: it is broken, as far as the soak knows."""
+        return any(w[0] == chip for w in self.windows.open)
+
+    def resettable(self, chip: int, why: str) -> None:
+        """A fault a reset clears: healed by a reset, or, where the reset limit leaves the chip to an operator (or may),
+        by the return the soak's operator makes RETURN_AFTER_S later."""
+        open_by = {by for ch, _, by, _ in self.windows.open if ch == chip}
+        outcome = self.counts.fault(chip, self.timeline.now(), open_by)
+        self.broken(chip, "return" if outcome == limits.LIMITED else outcome, why)
+        if outcome != limits.RESET:
+            self.timeline.note(
+                f"chip {chip}: {why} {'after' if outcome == limits.LIMITED else 'maybe after'} the reset limit"
+            )
+            self.later.after(limits.RETURN_AFTER_S, lambda: self.returns.limit_return(chip))
+
+    def cleared(self, chip: int, how: str) -> None:
+        """The chip's faults that clear by themselves are over."""
+        self.windows.close(lambda ch, since, by, why: ch == chip and by == "clear", self.timeline.now(), how)
+
+    def back_on_bus(self, chip: int, absence: str) -> None:
+        """The chip's absence (the window whose why begins with `absence`) is over: it is back on the bus."""
+        self.windows.close(
+            lambda ch, since, by, why: ch == chip and by == "return" and why.startswith(absence),
+            self.timeline.now(),
+            "back on the bus",
+        )
+
+    def limited(self, chip: int) -> bool:
+        """Whether the reset limit certainly left the chip to an operator."""
+        return self.counts.chips[chip].limited is not None
+
+    def forget_all(self, why: str) -> None:
+        """The agent's memory of broken chips made unreadable: what only it knew (an XID) it may have forgotten
+        (windows.py); what the hardware still says (bits, absence) it has not."""
+        self.windows.forget_xids(self.timeline.now(), why)
+        self.counts.forget(self.timeline.now())
+
+    def unsent(self, chip: int) -> int:
+        """A resettable XID the running agent was not sent for the chip (the backend sends each once a process)."""
+        done = self.hardware.sent.union(*self.hardware.earlier.values())
+        return next((x for x in (48, *RESET_XIDS) if (chip, x) not in done), 48)
+
+    # ------------------------------------------------------------------ resets
+
+    def catch_up(self) -> None:
+        """The resets that ended since the last look, in order, each noted and judged as seen."""
+        resets = read_resets(self.hardware.reset_log, self.hardware.chip_of, self.timeline.start)
+        ended = [r for r in resets if r.ended is not None]
+        for reset in ended[self.resets_seen :]:
+            outcome = "ok" if reset.ok else "failed"
+            self.timeline.note(
+                f"agent reset chips {sorted(reset.chips)} ({reset.started:.1f}-{reset.ended:.1f} s, {outcome})"
+            )
+            self.reset_seen(reset)
+        self.resets_seen = len(ended)
+
+    def still_broken_xids(self) -> dict[int, list[int]]:
+        """The XIDs of chips still broken, once the resets done since the last look are seen (a step that held the
+        soak up let them wait): what a new agent process is sent again."""
+        self.catch_up()
+        return self.windows.still_broken_xids()
+
+    def reset_seen(self, reset: c.Reset) -> None:
+        """A run of ixsmi ended: one that succeeded and did not lie heals what a reset heals, and one certainly honest
+        ends the chip's lie; each chip it ran for in an episode of faults counts for the reset limit and its attempts
+        (limits.py)."""
+        assert reset.ended is not None
+        ended = reset.ended
+        lied = {chip for chip in reset.chips if limits.lying_at(self.lies, chip, ended)}
+        episode = {chip for chip in reset.chips if any(w[0] == chip and w[1] < ended for w in self.windows.open)}
+        for chip in sorted(set(reset.chips) - episode):
+            self.counts.unexplained(chip)
+        if reset.ok:
+            self.healed_by_reset(reset, frozenset(reset.chips - lied))
+            for chip in reset.chips:  # truly reset: an XID it may be sent again is no lie (windows.py judges it)
+                if limits.honest_at(self.lies, chip, ended):
+                    self.lied.pop(chip, None)
+        for chip in sorted(episode):
+            healed = not self.is_open(chip)
+            if chip in lied and reset.ok:
+                self.lied.setdefault(chip, ended)
+            if self.counts.reset_seen(chip, healed):
+                self.needs_operator(chip)
+            if healed:
+                self.lied.pop(chip, None)
+                self.counts.healed(chip, ended)
+
+    def healed_by_reset(self, reset: c.Reset, chips: frozenset[int]) -> None:
+        """A reset that succeeded heals what a reset heals on the simulated chips (those of `chips`: not one whose
+        reset lied), and returns what an operator returned before it; the devices file no longer lists the XIDs it
+        healed, which a process that began listening before the soak saw the reset may have been sent
+        (windows.py)."""
+        assert reset.ended is not None
+        ended, hardware = reset.ended, self.hardware
+        for chip in chips:  # seen late (a step held the soak up): a bit set after the reset ended stays
+            later = self.windows.opened_since(chip, ended)
+            for bit in list(hardware.bits.get(chip, ())):
+                if bit != "OverTemp" and f"health {bit}" not in later:
+                    hardware.set_bit(chip, bit, False)
+
+        def heals(chip: int, since: float, by: str, why: str) -> bool:
+            return chip in chips and since < ended and by in ("reset", "either")
+
+        self.windows.close(heals, ended, f"healed by the reset ending at {ended:.1f}")
+        starts = [*self.timeline.starts, *((rollout.began, rollout.done) for rollout in self.timeline.rollouts)]
+        for chip in sorted(chips):
+            dropped = hardware.reset_healed(chip, self.windows.still_broken_xids().get(chip, []))
+            if dropped and listening_began(starts, ended):
+                self.timeline.note(f"chip {chip}: XIDs {dropped} maybe sent again to a process that began listening")
+                self.windows.maybe_sent_again(chip, ended, dropped, (OPERATOR_XID,))
+                if OPERATOR_XID in dropped:
+                    self.later.after(limits.RETURN_AFTER_S, lambda chip=chip: self.returns.limit_return(chip))
+
+    def needs_operator(self, chip: int) -> None:
+        """The chip's resets are spent (or the one an operator asked for failed): it waits for the soak's operator."""
+        self.windows.to_operator(chip)
+        self.timeline.note(f"chip {chip} needs an operator: its resets failed")
+        self.later.after(limits.RETURN_AFTER_S, lambda: self.returns.limit_return(chip))
+
+    # ------------------------------------------------------------------ lies
+
+    def lie_begins(self, chip: int) -> int:
+        """The chip's resets lie from now: the lie's index."""
+        self.lies.append((chip, self.timeline.now(), None))
+        return len(self.lies) - 1
+
+    def lie_over(self, index: int) -> None:
+        chip, since, _ = self.lies[index]
+        self.lies[index] = (chip, since, self.timeline.now())
+        self.hardware.set_lying([chip], False)
+        self.timeline.note(f"chip {chip}'s resets honest again")
+
+    # ------------------------------------------------------------------ judging
+
+    def judge_lies(self, sample: c.ServiceSample) -> None:
+        """Every look: a chip whose reset lied and that is still broken is not in service (LIE_LAG_S after)."""
+        at = sample.at
+        open_chips = {w[0] for w in self.windows.open}
+        out = frozenset(
+            chip for chip, lied in self.lied.items() if at >= lied + limits.LIE_LAG_S and chip in open_chips
+        )
+        if not out or self.timeline.quiet_at(at, limits.LIE_LAG_S):
+            return
+        invariant = self.invariants["lying reset not trusted"]
+        limits.not_back_while_lying(invariant, sample, out, self.view.ceiling_without(out))
+
+    def judge_limits(self, resets: list[c.Reset], end: float) -> None:
+        invariant = self.invariants["reset limit"]
+        limits.no_reset_while_limited(invariant, resets, self.counts.limited, end)
+        limits.one_reset_per_return(invariant, resets, self.counts.returns, end)
