@@ -42,8 +42,9 @@ QUIET_WORDS = (
 # What the driver rightly says of a claim allocated under the config before (docs/dra.md, "What survives what"): a
 # share of a device no longer shared, a device no longer published, a chip now held by a claim of the other shape.
 CONFIG_WORDS = ("not shared on this node now", "is not on this node", "is prepared for claim")
-# What the driver rightly says of a chip the soak broke: reserved for the reset that heals it, or gone from the bus.
-BROKEN_WORDS = ("is reserved for a GPU reset", "cannot be given to a container now")
+# What the driver rightly says of a chip the soak broke: reserved for the reset that heals it, gone from the bus, or
+# out of service for a claim that does not tolerate its taints (allocated before it broke, or from stale slices).
+BROKEN_WORDS = ("is reserved for a GPU reset", "cannot be given to a container now", "is out of service")
 AFTER_HEALED_S = GRACE_S + 2.0  # the agent may hold a chip out this long after its reset ended (the record written)
 
 

@@ -213,6 +213,11 @@ def test_a_prepare_failure_is_rightly_only_while_the_agent_is_away_or_for_a_chip
         "(GPU-b2) is reserved for a GPU reset (self-healing clears an error on it); the kubelet tries again"
     )
     gone = "claim ns/c: device gpu-2 (GPU-b2) cannot be given to a container now: not present; the kubelet tries again"
+    out = (
+        "claim ns/c: device gpu-2 (GPU-b2) is out of service: XID 48 (self-healing: resetting); its allocation does "
+        "not tolerate the taint gpu.iluvatar.com/unhealthy=XID-48:NoSchedule, so it is prepared once the chip is back "
+        "in service (healed by a reset or returned by an operator); the kubelet tries again"
+    )
     failures = [
         dracheck.PrepareFailure(25.0, "restart", "NodePrepareResources: rpc error: code = Unavailable"),
         dracheck.PrepareFailure(38.0, "registering", "DRA driver gpu.iluvatar.com is not registered"),
@@ -222,10 +227,12 @@ def test_a_prepare_failure_is_rightly_only_while_the_agent_is_away_or_for_a_chip
         dracheck.PrepareFailure(80.0, "late", "DRA driver gpu.iluvatar.com is not registered"),
         dracheck.PrepareFailure(25.0, "held", "claim ns/c: device gpu-2 (GPU-b2) is prepared for claim ns/d"),
         dracheck.PrepareFailure(90.0, "not-broken", held_out),
+        dracheck.PrepareFailure(57.0, "out", out),
+        dracheck.PrepareFailure(95.0, "out-not-broken", out),
     ]
     dracheck.prepare_failures(invariant, failures, quiet, broken, CHIP_OF)
-    assert invariant.checks == 8
-    assert [what.split(":")[0] for _, what in invariant.violations] == ["late", "held", "not-broken"]
+    assert invariant.checks == 10
+    assert [what.split(":")[0] for _, what in invariant.violations] == ["late", "held", "not-broken", "out-not-broken"]
 
 
 def test_a_claim_the_config_in_force_cannot_serve_is_refused_rightly_only_if_allocated_before_the_change() -> None:
