@@ -12,7 +12,8 @@ import pytest
 
 from .cluster import Cluster
 from .helm import CHART, Helm, load_objects
-from .kube import KubectlError, Obj
+from .kube import Kubectl, KubectlError, Obj
+from .waits import until
 
 # What helm install finds this cluster serves and helm template is told: the chart renders its policies only then.
 POLICY_API = "admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy"
@@ -36,6 +37,20 @@ def refused(call: Callable[[], Any], policy: str) -> str:
 
 
 @contextlib.contextmanager
+def until_policies_refuse(account: Kubectl, probe: Obj, what: str) -> None:
+    """Wait (60 s at most) until the API server refuses account's dry-run create of probe by an admission policy:
+    a policy is in force only some time after it was created."""
+
+    def refused_now() -> bool:
+        try:
+            account.create(probe, "--dry-run=server")
+        except KubectlError as error:
+            return "ValidatingAdmissionPolicy" in error.stderr
+        return False
+
+    until(refused_now, 60, what)
+
+
 def applied_grants(cluster: Cluster, workdir: Path, values: dict[str, Any]) -> Iterator[list[Obj]]:
     """The chart's ServiceAccounts, RBAC and admission policies for values, as it renders them where the server serves
     ValidatingAdmissionPolicy, applied; deleted after."""

@@ -11,15 +11,14 @@ import json
 import ssl
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 import yaml
 from harness.cluster import Cluster
 from harness.dra import pod_bound_kubeconfig
-from harness.grants import applied_grants, refused
+from harness.grants import applied_grants, refused, until_policies_refuse
 from harness.kube import Kubectl, KubectlError, Obj, kubeconfig_text
 from harness.pods import STAY, busybox_pod
 from harness.waits import until
@@ -111,11 +110,7 @@ def plugin(cluster: Cluster, grants: list[Obj], tmp_path_factory: pytest.TempPat
     account, pod = pod_token(cluster, PLUGIN, tmp_path_factory.mktemp("plugin-token"))
     try:
         probe = config_map("ix-admission-probe")
-        until(
-            lambda: _refused_now(lambda: account.create(probe, "--dry-run=server")),
-            60,
-            "the admission policies in force",
-        )
+        until_policies_refuse(account, probe, "the admission policies in force")
         yield account
     finally:
         cluster.admin.delete("pod", pod, NAMESPACE, wait=False)
@@ -127,24 +122,12 @@ def dra(cluster: Cluster, plugin: Kubectl, tmp_path_factory: pytest.TempPathFact
     account, pod = pod_token(cluster, DRA, tmp_path_factory.mktemp("dra-token"))
     try:
         probe = resource_slice("admission-probe", OTHER_NODE)
-        until(
-            lambda: _refused_now(lambda: account.create(probe, "--dry-run=server")),
-            60,
-            "the driver's admission policies in force",
-        )
+        until_policies_refuse(account, probe, "the driver's admission policies in force")
         yield account
     finally:
         cluster.admin.delete("pod", pod, NAMESPACE, wait=False)
         for version in SLICE_VERSIONS:
             cluster.admin.delete("resourceslice", own_slice_name(cluster.node_name, version), wait=False)
-
-
-def _refused_now(call: Callable[[], Any]) -> bool:
-    try:
-        call()
-    except KubectlError as error:
-        return "ValidatingAdmissionPolicy" in error.stderr
-    return False
 
 
 @pytest.fixture

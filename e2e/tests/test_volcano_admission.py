@@ -15,9 +15,9 @@ from typing import Any
 import pytest
 from harness.cluster import Cluster
 from harness.dra import pod_bound_kubeconfig
-from harness.grants import applied_grants
+from harness.grants import applied_grants, until_policies_refuse
 from harness.grants import refused as refused_by
-from harness.kube import Kubectl, KubectlError, Obj, api_request
+from harness.kube import Kubectl, Obj, api_request
 from harness.pods import STAY, busybox_pod
 from harness.volcano import DEV_VOLCANO, FIELD_MANAGER, PREDICATE_TIME, annotate, volcano_scheduler
 from harness.volcano import USER as SCHEDULER_USER
@@ -37,14 +37,6 @@ TAKEN = str(2**64 - 1)  # the predicate-time the plugin writes on a pod it serve
 def refused(call: Callable[[], Any], policy: str = POLICY) -> str:
     """The API server's refusal of call, which must be policy's (this file's by default); the message."""
     return refused_by(call, policy)
-
-
-def _refused_now(call: Callable[[], Any]) -> bool:
-    try:
-        call()
-    except KubectlError as error:
-        return "ValidatingAdmissionPolicy" in error.stderr
-    return False
 
 
 def tenant_pod(name: str, node: str, annotations: dict[str, str] | None = None) -> Obj:
@@ -98,11 +90,7 @@ def tenant(cluster: Cluster, policies: list[Obj], tmp_path_factory: pytest.TempP
         account = admin.with_kubeconfig(cluster.service_account_kubeconfig(TENANTS, TENANT, directory / "kubeconfig"))
         until(lambda: account.can_i("patch", "pods", TENANTS), 30, "the edit role in force")
         probe = tenant_pod("ix-volcano-probe", cluster.node_name, {DEV_VOLCANO: "probe"})
-        until(
-            lambda: _refused_now(lambda: account.create(probe, "--dry-run=server")),
-            60,
-            "the volcano-keys policy in force",
-        )
+        until_policies_refuse(account, probe, "the volcano-keys policy in force")
         yield account
     finally:
         admin("delete", "namespace", TENANTS, "--wait=true", "--timeout=90s", timeout=120)
