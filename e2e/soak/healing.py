@@ -115,13 +115,15 @@ class Healing:
         episode = {chip for chip in reset.chips if any(w[0] == chip and w[1] < ended for w in self.windows.open)}
         for chip in sorted(set(reset.chips) - episode):
             self.counts.unexplained(chip)
+        sent_again: set[int] = set()
         if reset.ok:
-            self.healed_by_reset(reset, frozenset(reset.chips - lied))
+            sent_again = self.healed_by_reset(reset, frozenset(reset.chips - lied))
             for chip in reset.chips:  # truly reset: an XID it may be sent again is no lie (windows.py judges it)
                 if limits.honest_at(self.lies, chip, ended):
                     self.lied.pop(chip, None)
         for chip in sorted(episode):
-            healed = not self.is_open(chip)
+            # a window opened as it ended (an XID maybe sent again to a new process) is an episode of its own
+            healed = not any(w[0] == chip and w[1] < ended for w in self.windows.open)
             if chip in lied and reset.ok:
                 self.lied.setdefault(chip, ended)
             if self.counts.reset_seen(chip, healed):
@@ -129,12 +131,14 @@ class Healing:
             if healed:
                 self.lied.pop(chip, None)
                 self.counts.healed(chip, ended)
+        for chip in sent_again:  # a process that takes it for a new fault resets the chip again, and counts that
+            self.counts.may_count_again(chip)
 
-    def healed_by_reset(self, reset: c.Reset, chips: frozenset[int]) -> None:
+    def healed_by_reset(self, reset: c.Reset, chips: frozenset[int]) -> set[int]:
         """A reset that succeeded heals what a reset heals on the simulated chips (those of `chips`: not one whose
         reset lied), and returns what an operator returned before it; the devices file no longer lists the XIDs it
         healed, which a process that began listening before the soak saw the reset may have been sent
-        (windows.py)."""
+        (windows.py): the chips so left in doubt."""
         assert reset.ended is not None
         ended, hardware = reset.ended, self.hardware
         for chip in chips:  # seen late (a step held the soak up): a bit set after the reset ended stays
@@ -148,13 +152,16 @@ class Healing:
 
         self.windows.close(heals, ended, f"healed by the reset ending at {ended:.1f}")
         starts = [*self.timeline.starts, *((rollout.began, rollout.done) for rollout in self.timeline.rollouts)]
+        sent_again = set()
         for chip in sorted(chips):
             dropped = hardware.reset_healed(chip, self.windows.still_broken_xids().get(chip, []))
             if dropped and listening_began(starts, ended):
                 self.timeline.note(f"chip {chip}: XIDs {dropped} maybe sent again to a process that began listening")
                 self.windows.maybe_sent_again(chip, ended, dropped, (OPERATOR_XID,))
+                sent_again.add(chip)
                 if OPERATOR_XID in dropped:
                     self.later.after(limits.RETURN_AFTER_S, lambda chip=chip: self.returns.limit_return(chip))
+        return sent_again
 
     def needs_operator(self, chip: int) -> None:
         """The chip's resets are spent (or the one an operator asked for failed): it waits for the soak's operator."""

@@ -99,6 +99,11 @@ class ResetCounts:
             count.attempts += 1
         return not healed and count.attempts >= ATTEMPTS
 
+    def may_count_again(self, chip: int) -> None:
+        """An XID a reset healed may have been sent again to a process that began listening: one that was takes it
+        for a new fault, whose first reset counts; one that was not adds nothing."""
+        self.chips[chip].maybe_same = True
+
     def unexplained(self, chip: int) -> None:
         """A reset of the chip in no episode the soak knows: a fault it did not cause (an XID a new agent process was
         sent again for a chip it took for broken, its reset's end not seen yet) may have made an episode of the

@@ -203,3 +203,24 @@ def test_a_return_while_the_chip_is_off_the_bus_or_needs_an_operator_for_more_is
     counts.reset_seen(1, healed=True)  # the operator's: not counted, the count cleared
     counts.healed(1, 20.5)
     assert counts.fault(1, 40.0, set()) == limits.RESET
+
+
+def test_a_reset_of_an_xid_maybe_sent_again_to_a_new_process_may_count_for_the_limit(tmp_path: Path) -> None:
+    """Seed 7 (DRA, `make e2e`): chip 1's XID 63 (5.0), the agent killed at 18.0 as it reset the chip (ending at
+    18.1); the new process, starting, was sent the XID again, took it for a new fault and reset the chip again
+    (19.1), counting both resets. SYSHUB at 39.4 then found the chip at its reset limit and the agent left it to an
+    operator; the soak, counting one reset, waited for a reset that never came. The reset of an XID maybe sent again
+    may count: the chip may be at its limit, and the soak's operator returns it."""
+    soak = SoakStandIn(tmp_path / "hardware", pid=100)
+    soak.at = 5.0
+    soak.faults.xid(1, 63, "xid-reset")
+    soak.timeline.starts.append((18.0, 26.4))  # the agent killed, its new process Ready at 26.4
+    soak.at = 26.4
+    soak.healing.reset_seen(checker.Reset(18.0, 18.1, frozenset({1}), ok=True))
+    assert "chip 1: XIDs [63] maybe sent again to a process that began listening" in soak.notes
+    soak.healing.reset_seen(checker.Reset(19.0, 19.1, frozenset({1}), ok=True))
+    assert not soak.healing.is_open(1)
+    soak.at = 39.4
+    soak.healing.resettable(1, "health SYSHUB")
+    assert "chip 1: health SYSHUB maybe after the reset limit" in soak.notes
+    assert len(soak.later.due) == 1  # the soak's operator returns it RETURN_AFTER_S later
