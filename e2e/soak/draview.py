@@ -136,10 +136,12 @@ class DraView(ModeView):
 
     def judge_given(self, invariant: c.Invariant) -> None:
         """Allocations made while the soak's mode was away were given by no agent of its own (the kubelet's slices);
-        what the driver says waits for the API server."""
+        what the driver says waits for the API server, and for a driver that runs: a chip that broke just before or
+        while its pod was replaced can be tainted only once the new one is Ready (its prepare refuses the chip)."""
         timeline = self.timeline
         given = c.given_by_prepare(timeline.allocations, timeline.away, timeline.running)
-        c.broken_not_given(invariant, given, timeline.broken, timeline.outages)
+        restarts = [(began, ready) for began, ready in timeline.starts if ready is not None]
+        c.broken_not_given(invariant, given, timeline.broken, [*timeline.outages, *restarts])
 
     def read_events(self, at: float) -> None:
         """The kubelet's FailedPrepareDynamicResources Events on the soak's pods since the last read; those of a

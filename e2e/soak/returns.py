@@ -20,6 +20,7 @@ from .windows import OFF_BUS, Windows
 
 RETURN_ANNOTATION = "iluvatar.com/gpu.return"
 RETURN_RETRY_S = 2.0  # a return the agent may not see now is made again this much later
+SAY_AGAIN_S = 5.0  # after a quiet window: what a new agent process says again (an Event) has reached the server
 CLEAR_WAIT_S = 5.0  # a chip left to an operator while hot is returned once it has cooled: asked again this often
 LIMIT_REASON = "GPUResetLimitReached"
 
@@ -83,6 +84,10 @@ class Returns:
             return
         if "clear" in mine and not self.later.ending:
             self.later.after(CLEAR_WAIT_S, lambda: self.limit_return(chip))
+            return
+        if self.timeline.quiet_at(self.timeline.now(), after=SAY_AGAIN_S) and not self.later.ending:
+            # a new agent process says again what waits for an operator once it acts: its Event is judged then
+            self.later.after(RETURN_RETRY_S, lambda: self.limit_return(chip))
             return
         since = self.counts.chips[chip].limited
         if since is not None:

@@ -63,3 +63,30 @@ async def test_a_chip_reset_twice_is_left_to_an_operator_at_its_third_fault_acro
     await until(lambda: recorded(short_dir, CHIP) == {}, timeout=5)  # healthy, with no reset to remember
     await fault_and_heal(broken_chip, resets=4)  # a fault after the return is healed again
     assert len(node_events(apiserver, RESET_LIMIT_REACHED)) == 1
+
+
+async def test_a_pod_that_comes_to_act_for_the_node_says_again_what_waits_for_an_operator(
+    broken_chip: BrokenChip, ixsmi: Ixsmi, kubelet: KubeletStandIn, apiserver: ApiServerStandIn, short_dir: Path
+) -> None:
+    """Soak seed 176345 (DRA): a chip reached its reset limit as the API server restarted, and the agent was killed
+    0.3 s after the server was back: its GPUResetLimitReached Event never reached the server, and the next process,
+    reading the chip's state from the record, said nothing. A process that comes to act for the node says again, once,
+    what waits for an operator."""
+    first = await broken_chip.start()
+    await fault_and_heal(broken_chip, resets=1)
+    await fault_and_heal(broken_chip, resets=2)
+    view = await kubelet.wait_registered(RESOURCE, capacity=2)
+    broken_chip.breaks(1, 48)  # the third fault: left to an operator
+    await until(lambda: bool(node_events(apiserver, RESET_LIMIT_REACHED)), timeout=5)
+    await until(lambda: recorded(short_dir, CHIP).get("phase") == "operator", timeout=5)
+    await first.shutdown()
+    for event in node_events(apiserver):  # what the API server never heard
+        apiserver.delete("events", event["metadata"]["name"], event["metadata"]["namespace"])
+    shutil.rmtree(short_dir / "dev")
+
+    _, view = await broken_chip.started()
+    await until(lambda: len(node_events(apiserver, RESET_LIMIT_REACHED)) == 1, timeout=5)
+    [said] = node_events(apiserver, RESET_LIMIT_REACHED)
+    assert said["message"].startswith(f"GPU 1 ({CHIP}): reset 2 times within 24h: not reset again automatically")
+    await stays(lambda: len(ixsmi.runs()) == 2 and view.devices[CHIP] == UNHEALTHY, for_=1.0, message="not reset")
+    assert node_events(apiserver, "GPUUnhealthy") == []  # no new fault: only what still waits

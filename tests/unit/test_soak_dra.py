@@ -299,3 +299,28 @@ def test_a_holder_rebuilt_from_its_spec_is_known_by_its_uid() -> None:
     allocated["unknown"] = 189.0
     dracheck.prepare_failures(invariant, failures, [], [], CHIP_OF, [(127.2, 154.8)], allocated, claim_pods)
     assert [what.split(":")[0] for _, what in invariant.violations] == ["late-held", "unknown"]
+
+
+def test_a_chip_that_broke_as_the_driver_was_replaced_may_be_allocated_until_the_new_one_is_ready() -> None:
+    """Seed 176345: chip 0's SYSHUB at 981.9, 0.8 s before the driver's pod was deleted, its new pod Ready only at
+    1042.1; the scheduler allocated soak-99 on the chip just then from slices no driver could taint meanwhile (its
+    prepare refused the chip). A driver's restart is judged as the API server's outages are: the grace runs from the
+    new pod's Ready."""
+    import sys
+
+    if str(SOAK.parent) not in sys.path:
+        sys.path.insert(0, str(SOAK.parent))  # the view names the driver as the e2e harness does
+    timeline = load("timeline").Timeline(clock=lambda: 0.0)
+    from types import SimpleNamespace
+
+    cluster = SimpleNamespace(admin=None)
+    view = load("draview").DraView(cluster, None, "ns", None, None, timeline, None)
+    timeline.broken.append(checker.Broken(0, 981.9, 1113.4, "health SYSHUB"))
+    timeline.starts += [(982.7, 1042.1), (1200.0, None)]  # the second: a rollout not done
+    timeline.allocations += [
+        checker.NewAllocation("soak-99", frozenset({0}), 1042.1, 1079.7),
+        checker.NewAllocation("late", frozenset({0}), 1046.0, 1050.0),
+    ]
+    invariant = checker.Invariant("broken not given")
+    view.judge_given(invariant)
+    assert invariant.checks == 2 and [what.split()[0] for _, what in invariant.violations] == ["late"]

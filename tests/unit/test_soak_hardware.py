@@ -206,3 +206,23 @@ def test_a_chip_back_on_the_bus_is_healed_of_its_absence_before_a_return_that_wa
     checker.broken_not_given(invariant, [allocation], soak.timeline.broken)
     assert invariant.checks == 1 and invariant.violations == []
     assert [(w.until, w.why) for w in soak.timeline.broken] == [(212.5, f"{faults.OFF_BUS}, back on the bus")]
+
+
+def test_a_limit_reached_while_the_agent_restarts_is_judged_once_its_new_process_could_say_it(tmp_path: Path) -> None:
+    """Seed 176345 (DRA): chip 1 left to an operator by the reset limit at 151.1, as the API server restarted; the agent
+    was killed 0.3 s after the server was back, its Event unsent. The new process (Ready at 167.8) says again what
+    waits for an operator; the soak looks for the Event only SAY_AGAIN_S after the quiet window."""
+    returns = load("returns")
+    soak = SoakStandIn(tmp_path / "hardware", pid=OLD)
+    said: list[float] = []
+    soak.returns.limit_said = lambda uuid, since: said.append(soak.at) or True  # the Event, as the API has it
+    soak.at = 151.1
+    soak.returns.counts.chips[1].limited = 151.1
+    soak.healing.broken(1, "return", "health Memory")
+    soak.timeline.quiet.append((151.0, 167.8))
+    soak.at = 167.9
+    soak.returns.limit_return(1)
+    assert said == [] and soak.admin_calls == []
+    soak.at = 167.9 + returns.SAY_AGAIN_S + returns.RETURN_RETRY_S
+    soak.later.run_due(soak.at)
+    assert said == [soak.at] and soak.notes[-1] == "operator returned chip 1"

@@ -180,7 +180,10 @@ class Healer:
         try:
             while True:
                 self._wake.clear()
+                acted = reservations.acts
                 await reservations.follow_role()
+                if reservations.acts and not acted:
+                    self.telling.still_waiting(list(self.cares.values()))
                 self._look(self.monitor.view)
                 reservations.end_reservations()
                 self._start_due()

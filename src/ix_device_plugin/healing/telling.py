@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING
 
 from ix_device_plugin.core.healing import HEALTHY, NEEDS_OPERATOR, OFF, OUT, RESETTING, WAITING, Care, left_unreset
@@ -80,11 +80,23 @@ class Telling:
         elif care.phase == NEEDS_OPERATOR:
             self._needs_operator(care)
 
+    def still_waiting(self, cares: Iterable[Care]) -> None:
+        """A pod that comes to act for the node says again, once, what waits for an operator (GPUNeedsOperator,
+        GPUResetLimitReached): the Event of a pod stopped or killed before the API server heard it (the server away,
+        say) is not lost, and the API server counts the Events of one reason and message as one. A chip no reset can
+        help here keeps its one GPUResetUnavailable."""
+        for care in cares:
+            if care.phase == NEEDS_OPERATOR and not left_unreset(care):
+                self._say_needs_operator(care)
+
     def _needs_operator(self, care: Care) -> None:
+        self.metrics.outcomes.labels(outcome="needs_operator").inc()
+        self._say_needs_operator(care)
+
+    def _say_needs_operator(self, care: Care) -> None:
         """The chip needs an operator: why, and the way back. The reset limit, and a node where no reset can work
         (one Event naming what is missing: nothing was tried), have their own reasons, said in place of
         GPUNeedsOperator."""
-        self.metrics.outcomes.labels(outcome="needs_operator").inc()
         how = f"kubectl annotate --overwrite node {self.node or '<node>'} {RETURN_ANNOTATION}={care.uuid}"
         if left_unreset(care):
             by_hand = f"reset it by hand on the node (ixsmi -r -i {care.uuid})"
