@@ -247,7 +247,10 @@ class FaultActions:
         self.new_agent_process()
         timeline.unsettled()
         self.agent.switch(to)
-        if to != self.view.mode:
+        if to != self.view.mode and self.switched is not None:
+            # still away (a switch that took longer than the schedule allows for): the time away began earlier
+            timeline.note(f"node switched to {to} again while away since {self.switched[0]:.1f}")
+        elif to != self.view.mode:
             self.switched = (began, len(timeline.quiet))
             timeline.quiet.append((began, float("inf")))
             timeline.away.append((began, float("inf")))

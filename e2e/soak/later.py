@@ -17,6 +17,11 @@ class Later:
     def after(self, seconds: float, action: Action) -> None:
         self.due.append((self.now() + seconds, action))
 
+    def describe(self) -> str:
+        """The actions still waiting, by name and when each is due."""
+        waiting = sorted(self.due, key=lambda u: u[0])
+        return ", ".join(f"{getattr(action, '__qualname__', action)} at t+{at:.0f} s" for at, action in waiting)
+
     @property
     def pending(self) -> bool:
         return bool(self.due)

@@ -32,6 +32,9 @@ from .view import ModeView
 from .windows import Windows
 
 TICK_S = 1.0
+# What a fault does later (a flapping chip's next XID, a return waiting for a quiet window to end) is over this long
+# after the schedule's last step; one still waiting then is the soak's own defect, not the agent's.
+LATER_LIMIT_S = 300.0
 SETTLE_S = c.BOUND_S + 30
 INVARIANTS = (
     "devices match",
@@ -47,6 +50,10 @@ INVARIANTS = (
     "nothing left",
 )
 VIEWS: dict[str, type[ModeView]] = {"device-plugin": DevicePluginView, "dra": DraView}
+
+
+class SoakOverran(RuntimeError):
+    """The soak's own later actions never ended: reported, not waited for."""
 
 
 class Soak:
@@ -110,16 +117,24 @@ class Soak:
         timeline.begin()  # the schedule's times count from the agent's pod Ready (helm install: seconds)
         timeline.quiet.append((0.0, timeline.now()))
         timeline.note(f"agent started (pid {self.agent.pid})")
-        pending = list(self.steps)
+        self.carry_out(list(self.steps))
+        self.wind_down()
+
+    def carry_out(self, pending: list[Step]) -> None:
+        """Each step when it is due, with what the faults do later, looking at the node each tick, until both are
+        done; what is still waiting LATER_LIMIT_S after the last step is the soak's own defect (SoakOverran)."""
+        timeline = self.timeline
+        ends_by = (pending[-1].at if pending else 0.0) + LATER_LIMIT_S
         while pending or self.later.pending:
             due = timeline.now()
+            if due > ends_by:
+                raise SoakOverran(f"what the faults do later still waited at t+{due:.0f} s: {self.later.describe()}")
             while pending and pending[0].at <= due:
                 self.later.run_due(pending[0].at)  # a fault over before this step (one that waits holds both up)
                 self.do(pending.pop(0))
             self.later.run_due(due)
             self.observer.tick()
             time.sleep(max(0.0, TICK_S - (timeline.now() - due)))
-        self.wind_down()
 
     def do(self, step: Step) -> None:
         detail = step.detail

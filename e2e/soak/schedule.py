@@ -48,6 +48,9 @@ SWITCH_EVERY_S = 600.0  # one switch per this much soak (at least one in a soak 
 SWITCH_FROM_S = 180.0
 SWITCH_EARLIEST_S = 10.0
 SWITCH_S = (15.0, 30.0)  # how long the other mode acts
+# The switch itself (a helm upgrade, the other mode's pod Ready) and the switch back take up to this much beyond its
+# `duration`: the next switch starts only after both, or its switch back would end the first one's time away early.
+SWITCH_TAKES_S = 60.0
 # The reset limit's and the reset proof's faults, drawn on a stream of their own too (weight 0 in the kinds: what a
 # seed found its defect with stays as it was). `chip-flapping`: one chip reports a resettable XID again each time it is
 # back in service, until the agent's reset limit leaves it to an operator (limits.py). `ixsmi-lying`: a chip gets a
@@ -172,17 +175,21 @@ def _fault(rng: random.Random, kind: str, at: float, total: float) -> Step:
 
 def _switches(rng: random.Random, mode: str, total: float) -> list[Step]:
     """The node switched to the other mode and back: one switch in each SWITCH_EVERY_S of the soak, at a random time
-    of its share, over by 15 s before the soak ends (none in a soak under SWITCH_FROM_S)."""
+    of its share and SWITCH_TAKES_S or more after the last one's time away, over by 15 s before the soak ends (none in
+    a soak under SWITCH_FROM_S; one that cannot fit after the last is left out)."""
     latest = total - SWITCH_S[1] - 15.0
     if total < SWITCH_FROM_S or latest <= SWITCH_EARLIEST_S:
         return []
     count = max(1, int(total // SWITCH_EVERY_S))
     share = (latest - SWITCH_EARLIEST_S) / count
-    steps = []
+    steps: list[Step] = []
     for index in range(count):
         at = round(SWITCH_EARLIEST_S + share * index + rng.uniform(0, share), 1)
         duration = round(rng.uniform(*SWITCH_S), 1)
-        steps.append(Step(at, MODE_SWITCH, (), duration, {"to": other_mode(mode)}))
+        if steps:
+            at = max(at, round(steps[-1].at + steps[-1].duration + SWITCH_TAKES_S, 1))
+        if at <= latest:
+            steps.append(Step(at, MODE_SWITCH, (), duration, {"to": other_mode(mode)}))
     return steps
 
 

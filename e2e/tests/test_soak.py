@@ -5,6 +5,7 @@ short one per mode on the session's cluster, with the seed 1 and every seed of e
 
 from __future__ import annotations
 
+import functools
 import os
 import random
 import time
@@ -40,8 +41,9 @@ def regression_seeds() -> list[tuple[str | None, int, float | None]]:
     return found
 
 
+@functools.cache
 def soak_runs() -> list[tuple[str, int, float | None]]:
-    """(mode, seed, minutes or None for SOAK_MINUTES) of each soak to run."""
+    """(mode, seed, minutes or None for SOAK_MINUTES) of each soak to run (drawn once: a random seed names its run)."""
     modes = [os.environ["SOAK_MODE"]] if os.environ.get("SOAK_MODE") else list(MODES)
     seed = os.environ.get("SOAK_SEED", "")
     if seed == "random":

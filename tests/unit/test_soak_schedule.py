@@ -4,6 +4,10 @@ agent, and each invariant reports a violation when the history shows one."""
 from __future__ import annotations
 
 import hashlib
+import itertools
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tests.helpers.soak_modules import SOAK, imported_modules, load
 
@@ -40,6 +44,19 @@ def test_a_soak_of_three_minutes_or_more_switches_the_node_to_the_other_mode_and
             assert all(s.at >= schedule.SWITCH_EARLIEST_S and s.at + s.duration <= minutes * 60 - 15 for s in switches)
             ends = [s.at + s.duration for s in switches]
             assert all(end < later.at for end, later in zip(ends, switches[1:], strict=False)), "switches overlap"
+
+
+@settings(max_examples=300, deadline=None)
+@given(seed=st.integers(min_value=0, max_value=2**32), minutes=st.floats(min_value=3, max_value=240))
+def test_a_switch_starts_only_once_the_last_one_is_over_and_back(seed: int, minutes: float) -> None:
+    """Seed 577691 (30 min, DRA) drew two switches 19.7 s apart: the second began while the first was still away,
+    and the soak's model of the time away never ended."""
+    for mode in schedule.MODES:
+        switches = [s for s in schedule.draw(seed, minutes, mode) if s.kind == schedule.MODE_SWITCH]
+        assert switches, (seed, minutes, mode)
+        assert all(s.at + s.duration <= minutes * 60 - 15 for s in switches)
+        for last, later in itertools.pairwise(switches):
+            assert later.at >= round(last.at + last.duration + schedule.SWITCH_TAKES_S, 1), (seed, minutes, mode)
 
 
 def test_a_regression_seed_draws_the_faults_it_found_its_defect_with() -> None:

@@ -1,0 +1,72 @@
+"""The soak comes to its end: a switch of the node that overlaps the last one ends its time away, and what the
+faults do later that never ends is reported as the soak's own defect instead of being waited for."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from tests.helpers.soak_modules import SoakStandIn, load
+
+
+def switching(tmp_path: Path) -> SoakStandIn:
+    soak = SoakStandIn(tmp_path / "hardware", pid=100)
+    soak.agent.switched_to = []
+    soak.agent.pid = 100
+    soak.agent.switch = soak.agent.switched_to.append
+    return soak
+
+
+def test_a_switch_while_away_keeps_the_first_time_away_and_the_switch_back_ends_it(tmp_path: Path) -> None:
+    """Seed 577691 (DRA, 30 min): a second switch began 19.7 s after the first, before its switch back; the first
+    quiet window stayed open for ever, every operator's return waited for it, and the soak never ended."""
+    soak = switching(tmp_path)
+    other = load("schedule").other_mode(soak.view.mode)
+    for at, to in ((0.0, other), (20.0, other), (40.0, soak.view.mode), (60.0, soak.view.mode)):
+        soak.at = at
+        soak.faults.switch(to)
+    assert soak.agent.switched_to == [other, other, soak.view.mode, soak.view.mode]
+    assert soak.timeline.quiet_at(10.0) and soak.timeline.quiet_at(30.0)
+    assert not soak.timeline.quiet_at(100.0), soak.timeline.quiet
+    assert soak.timeline.away == [(0.0, 40.0)]
+    assert any("again while away since 0.0" in note for note in soak.notes)
+
+
+def soak_on_a_clock(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, ticks: list[float]) -> tuple:
+    """The runner's Soak composed as the soak composes it, on a clock a sleep moves on, each tick recorded."""
+    runner = load("runner")
+    stand_in = SoakStandIn(tmp_path / "hardware", pid=100)
+    cluster = SimpleNamespace(server="https://127.0.0.1:6443", admin_tls=lambda: None, admin=stand_in.admin,
+                              plugins_dir=tmp_path / "plugins", node_name="node")  # fmt: skip
+    soak = runner.Soak(cluster, "soak", "device-plugin", 1, [], SimpleNamespace(pids=[100]), stand_in.hardware)
+    clock = [0.0]
+    soak.timeline.clock = lambda: clock[0]
+    monkeypatch.setattr(soak, "observer", SimpleNamespace(tick=lambda: ticks.append(clock[0])))
+    monkeypatch.setattr(runner.time, "sleep", lambda seconds: clock.__setitem__(0, clock[0] + seconds))
+    return runner, soak
+
+
+def test_later_actions_that_never_end_are_reported_not_waited_for(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ticks: list[float] = []
+    runner, soak = soak_on_a_clock(tmp_path, monkeypatch, ticks)
+
+    def again() -> None:
+        soak.later.after(2.0, again)
+
+    soak.later.after(2.0, again)
+    with pytest.raises(runner.SoakOverran, match=r"waited at t\+30[01] s: .*again at t\+30[0-9] s"):
+        soak.carry_out([])
+    assert len(ticks) == runner.LATER_LIMIT_S + 1
+
+
+def test_later_actions_that_end_end_the_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    ticks: list[float] = []
+    _, soak = soak_on_a_clock(tmp_path, monkeypatch, ticks)
+    done: list[float] = []
+    soak.later.after(250.0, lambda: done.append(soak.timeline.now()))
+    soak.carry_out([])
+    assert done == [250.0] and ticks[-1] == 250.0
