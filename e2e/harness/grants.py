@@ -36,7 +36,6 @@ def refused(call: Callable[[], Any], policy: str) -> str:
     return raised.value.stderr
 
 
-@contextlib.contextmanager
 def until_policies_refuse(account: Kubectl, probe: Obj, what: str) -> None:
     """Wait (60 s at most) until the API server refuses account's dry-run create of probe by an admission policy:
     a policy is in force only some time after it was created."""
@@ -51,6 +50,7 @@ def until_policies_refuse(account: Kubectl, probe: Obj, what: str) -> None:
     until(refused_now, 60, what)
 
 
+@contextlib.contextmanager
 def applied_grants(cluster: Cluster, workdir: Path, values: dict[str, Any]) -> Iterator[list[Obj]]:
     """The chart's ServiceAccounts, RBAC and admission policies for values, as it renders them where the server serves
     ValidatingAdmissionPolicy, applied; deleted after."""
