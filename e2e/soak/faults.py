@@ -16,7 +16,7 @@ from .healing import Healing
 from .later import Later
 from .returns import RETURN_ANNOTATION as RETURN_ANNOTATION  # the scenarios' clean node removes it
 from .returns import Returns
-from .schedule import DEVICE_PLUGIN_CONFIGS, FLAPPING, LYING, MODE_SWITCH, Step
+from .schedule import DEVICE_PLUGIN_CONFIGS, FLAPPING, LIE_WAIT_S, LYING, MODE_SWITCH, Step
 from .timeline import Timeline
 from .view import ModeView
 from .windows import OFF_BUS
@@ -119,7 +119,16 @@ class FaultActions:
         self.hardware.set_lying(step.chips, True)
         index = self.healing.lie_begins(chip)
         self.xid(chip, self.healing.unsent(chip), "xid-reset")
-        self.later.after(step.duration, lambda: self.healing.lie_over(index))
+        latest = self.timeline.now() + step.duration + LIE_WAIT_S
+        self.later.after(step.duration, lambda: self.lie_ends(index, latest))
+
+    def lie_ends(self, index: int, latest: float) -> None:
+        """The lie is over once a reset of its chip lied in it (the agent's first attempt; a container holding the
+        chip or the reset limit may put that off), or at `latest`, or at the soak's end."""
+        if self.healing.lie_caught(index) or self.timeline.now() >= latest or self.later.ending:
+            self.healing.lie_over(index)
+        else:
+            self.later.after(1.0, lambda: self.lie_ends(index, latest))
 
     def overtemp(self, step: Step) -> None:
         chip = step.chips[0]

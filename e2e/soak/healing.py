@@ -35,6 +35,7 @@ class Healing:
         self.later, self.returns, self.view, self.invariants = later, returns, view, invariants
         self.lies: list[Lie] = []
         self.lied: dict[int, float] = {}  # chip -> when a reset that lied ended, while that left it broken
+        self.caught: set[int] = set()  # the lies (their index) in which a reset of their chip ended
         self.resets_seen = 0
 
     # ------------------------------------------------------------------ broken
@@ -112,6 +113,9 @@ class Healing:
         assert reset.ended is not None
         ended = reset.ended
         lied = {chip for chip in reset.chips if limits.lying_at(self.lies, chip, ended)}
+        self.caught |= {
+            index for index, lie in enumerate(self.lies) if lie[0] in lied and limits.lying_at([lie], lie[0], ended)
+        }
         episode = {chip for chip in reset.chips if any(w[0] == chip and w[1] < ended for w in self.windows.open)}
         for chip in sorted(set(reset.chips) - episode):
             self.counts.unexplained(chip)
@@ -175,6 +179,10 @@ class Healing:
         """The chip's resets lie from now: the lie's index."""
         self.lies.append((chip, self.timeline.now(), None))
         return len(self.lies) - 1
+
+    def lie_caught(self, index: int) -> bool:
+        """Whether a reset of the lie's chip ended within it (it lied)."""
+        return index in self.caught
 
     def lie_over(self, index: int) -> None:
         chip, since, _ = self.lies[index]

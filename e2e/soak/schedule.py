@@ -58,6 +58,9 @@ SWITCH_TAKES_S = 60.0
 FLAPPING, LYING = "chip-flapping", "ixsmi-lying"
 FLAPPING_EVERY_S, FLAPPING_FROM_S, FLAPPING_S = 600.0, 180.0, 100.0  # FLAPPING_S: the longest it flaps
 LYING_EVERY_S, LYING_FROM_S, LYING_S = 300.0, 60.0, (5.0, 12.0)  # a lie ends before the agent's third attempt
+# A lie that no reset of its chip met by its end (a container holds the chip, or the reset limit keeps it out) goes
+# on until one does, this long at most: so that each lie proves the agent's distrust, in both modes.
+LIE_WAIT_S = 60.0
 OWN_STREAMS = (MODE_SWITCH, FLAPPING, LYING)
 MODE_KINDS = {
     "device-plugin": {"config-change": 2},

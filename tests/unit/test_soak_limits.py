@@ -224,3 +224,38 @@ def test_a_reset_of_an_xid_maybe_sent_again_to_a_new_process_may_count_for_the_l
     soak.healing.resettable(1, "health SYSHUB")
     assert "chip 1: health SYSHUB maybe after the reset limit" in soak.notes
     assert len(soak.later.due) == 1  # the soak's operator returns it RETURN_AFTER_S later
+
+
+def test_a_lie_no_reset_met_goes_on_until_the_first_reset_lies_in_it(tmp_path: Path) -> None:
+    """In 37 DRA soaks no lie was judged: a container held the chip, or the reset limit kept it, until the lie's
+    5-12 s were over. A lie ends once a reset of its chip lied in it, LIE_WAIT_S after its end at the latest."""
+    soak = SoakStandIn(tmp_path / "hardware", pid=100)
+    soak.at = 100.0
+    soak.faults.do(schedule.Step(100.0, schedule.LYING, (3,), 8.0))
+    for at in (108.0, 109.0, 120.0):
+        soak.at = at
+        soak.later.run_due(at)
+    assert 3 in soak.hardware.lying and not soak.healing.lie_caught(0)
+    soak.healing.reset_seen(checker.Reset(119.5, 119.6, frozenset({3}), ok=True))
+    assert soak.healing.lie_caught(0) and 3 in soak.healing.lied
+    soak.at = 121.0
+    soak.later.run_due(121.0)
+    assert 3 not in soak.hardware.lying and "chip 3's resets honest again" in soak.notes
+    assert not soak.later.pending
+
+
+def test_a_lie_no_reset_meets_ends_after_its_wait_and_at_the_soaks_end(tmp_path: Path) -> None:
+    soak = SoakStandIn(tmp_path / "hardware", pid=100)
+    soak.at = 100.0
+    soak.faults.do(schedule.Step(100.0, schedule.LYING, (3,), 8.0))
+    soak.faults.do(schedule.Step(100.0, schedule.LYING, (1,), 8.0))
+    while soak.at < 108.0 + schedule.LIE_WAIT_S - 1:
+        soak.at += 1.0
+        soak.later.run_due(soak.at)
+    assert soak.hardware.lying == {1, 3}
+    soak.at += 1.0
+    soak.later.run_due(soak.at)
+    assert soak.hardware.lying == set() and not soak.later.pending
+    soak.faults.do(schedule.Step(200.0, schedule.LYING, (2,), 8.0))
+    soak.later.finish()
+    assert soak.hardware.lying == set()
