@@ -121,3 +121,34 @@ async def test_no_registration_is_tried_while_the_plugin_socket_is_gone(
         assert kubelet.socket_there == [True, True]
     finally:
         await kubelet.stop()
+
+
+async def test_a_kubelet_restarting_between_the_registrars_look_and_its_dial_is_registered_with_once(
+    kubelet_137: AskedAgainKubelet, start_daemon: DaemonFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Soak seed 699189, device plugin: a kubelet restart replaced kubelet.sock after the registrar looked at it and
+    before it dialed, so the registration went to the new kubelet while the registrar noted the old one; seeing
+    kubelet.sock new, it registered the socket again 11 ms later. The kubelet refused it as already connected and
+    kept a lost endpoint, to which it later sent every allocation once the next pod's socket went (3 minutes of pods
+    refused)."""
+    from ix_device_plugin.deviceplugin import registrar as registrar_module
+
+    daemon = await start_daemon("BI-V100:2", pod_uid=POD_UID)
+    await kubelet_137.wait_registered(RESOURCE, capacity=2)
+    await until(lambda: daemon.registered, timeout=5)
+    real_register = registrar_module.register
+    replaced: list[bool] = []
+
+    async def kubelet_replaced_first(plugin_dir: Path, endpoint: str, name: str) -> None:
+        if not replaced:  # the new kubelet serves a new kubelet.sock; this socket is not wiped yet
+            replaced.append(True)
+            await kubelet_137.stop()
+            await kubelet_137.start()
+        await real_register(plugin_dir, endpoint, name)
+
+    monkeypatch.setattr(registrar_module, "register", kubelet_replaced_first)
+    daemon.endpoint.path.unlink()  # the kubelet's restart wipes it first: the endpoint serves anew and asks
+    await kubelet_137.wait_registered(RESOURCE, capacity=2, timeout=10)
+    await until(lambda: daemon.registered and replaced == [True], timeout=10)
+    await stays(lambda: len(kubelet_137.registrations) == 2, for_=3.0, message="one registration with the new one")
+    assert metric(daemon, "ix_device_plugin_registration_failures_total") == 0

@@ -108,7 +108,7 @@ class Daemon:
         socket = plugin_socket(options.plugin_dir, options.pod_uid)
         self.endpoint = Endpoint(socket, self.current, self.metrics.observe_call, self._before_allocate)
         self.registrar = Registrar(options.plugin_dir, socket.name, lambda: self.plan.resource_name, self.metrics,
-                                   options.poll_interval, followed=lambda: self.endpoint.followed)  # fmt: skip
+                                   options.poll_interval, followed=self.endpoint.followed_since)  # fmt: skip
         self.metrics.read_state_from(lambda: self.current.state, lambda: self.registrar.registered, lambda: self.acting)
         self.metrics.read_role_from(lambda: self.acting)
         self.config_source = ConfigSource(options, self.apiserver)

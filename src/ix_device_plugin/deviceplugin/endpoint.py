@@ -71,6 +71,11 @@ class Endpoint:
         """True while it serves and a kubelet follows its ListAndWatch (a stream is open)."""
         return self.serving and self.service is not None and self.service.streams > 0
 
+    def followed_since(self, since: float) -> bool:
+        """True while a kubelet follows its ListAndWatch on a stream opened at `since` (time.monotonic()) or later:
+        a kubelet that dialed it after then, not one that followed it before and is going away."""
+        return self.followed and self.service is not None and self.service.newest_stream >= since
+
     async def start(self, resource_name: str) -> None:
         """Clear the way, listen on the socket and serve; raises StartupError saying why not."""
         self._clear_the_way()

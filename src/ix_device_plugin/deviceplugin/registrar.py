@@ -13,6 +13,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from ix_device_plugin.deviceplugin.metrics import Metrics
@@ -34,6 +35,16 @@ BACKOFF_MAX = 5.0
 ALREADY_CONNECTED = "device plugin already connected"
 
 
+@dataclass(frozen=True)
+class Success:
+    """The last registration the kubelet answered: kubelet.sock as seen before and after it (one of them was
+    dialed), the endpoint's socket it named, and when it began (time.monotonic())."""
+
+    kubelet: frozenset[Identity | None]
+    ours: Identity | None
+    began: float
+
+
 class Registrar:
     """Keeps the endpoint registered for the resource name resource_name() gives at each attempt."""
 
@@ -44,10 +55,10 @@ class Registrar:
         resource_name: Callable[[], str],
         metrics: Metrics,
         poll_interval: float = 1.0,
-        followed: Callable[[], bool] | None = None,
+        followed: Callable[[float], bool] | None = None,
     ) -> None:
         self._plugin_dir = plugin_dir
-        self._followed = followed  # True while a kubelet follows the endpoint's ListAndWatch
+        self._followed = followed  # True while a kubelet follows the endpoint on a stream opened since (monotonic)
         self._endpoint = endpoint
         self._resource_name = resource_name
         self._metrics = metrics
@@ -59,11 +70,9 @@ class Registrar:
         self._failing_since: float | None = None
         self._errors = OncePerError(log, logging.WARNING)
         self._waiting_logged = False
-        self._registered_with: Identity | None = None  # the kubelet.sock the last success went to
+        self._registered_with: frozenset[Identity | None] = frozenset()  # kubelet.sock around the last success
         self._attempting_with: Identity | None = None  # the kubelet.sock of the attempt under way
-        self._kubelet_has: tuple[Identity | None, Identity | None] | None = (
-            None  # kubelet.sock, our socket: last success
-        )
+        self._last_success: Success | None = None
         self._kubelet_seen = identity(plugin_dir / KUBELET_SOCKET)  # as files_changed last saw it
         self._backoff = Backoff(initial=BACKOFF_START, cap=BACKOFF_MAX)
 
@@ -98,7 +107,7 @@ class Registrar:
 
         Without inotify, the socket's disappearance and its re-creation can be seen in different polls,
         after a registration that already went to the new kubelet: that one is not repeated."""
-        if (self.registered and kubelet == self._registered_with) or kubelet == self._attempting_with:
+        if (self.registered and kubelet in self._registered_with) or kubelet == self._attempting_with:
             return False
         self.request()
         return True
@@ -126,24 +135,25 @@ class Registrar:
                 await self._sleep_until_kicked(self._backoff.next_delay())
 
     async def _kubelet_follows_this_socket(self) -> bool:
-        """True when the kubelet serving kubelet.sock now is the one the last registration went to, the socket is
-        the one it registered, and the kubelet follows its ListAndWatch (waited for up to FOLLOW_WAIT): asked again
-        meanwhile, by a kubelet restart and the endpoint's restart it caused, the answer is already in hand.
-        Kubelet 1.37 refuses a second registration of a socket it follows, forgets its client of it, and from then
-        on refuses that socket for good: the next process of the plugin would never be registered."""
-        if self._followed is None or self._kubelet_has is None:
+        """True when the kubelet serving kubelet.sock now may be the one the last registration went to (its socket
+        as seen before or after that registration: a kubelet restarting replaces it while one is under way), the
+        socket is the one it registered, and a kubelet follows its ListAndWatch on a stream opened since (waited for
+        up to FOLLOW_WAIT): asked again meanwhile, by a kubelet restart and the endpoint's restart it caused, the
+        answer is already in hand. Kubelet 1.37 refuses a second registration of a socket it follows, forgets its
+        client of it, and from then on refuses that socket for good: the next process of the plugin would never be
+        registered, and once another pod's socket goes, the kubelet may send its allocations to this lost one."""
+        last = self._last_success
+        if self._followed is None or last is None:
             return False
-        if self._kubelet_has != (
-            identity(self._plugin_dir / KUBELET_SOCKET),
-            identity(self._plugin_dir / self._endpoint),
-        ):
+        kubelet, ours = self._sockets_now()
+        if kubelet not in last.kubelet or ours != last.ours:
             return False
         followed = self._followed
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(FOLLOW_WAIT):
-                while not followed():
+                while not followed(last.began):
                     await asyncio.sleep(0.05)
-        return followed()
+        return followed(last.began)
 
     def _sockets_now(self) -> tuple[Identity | None, Identity | None]:
         return identity(self._plugin_dir / KUBELET_SOCKET), identity(self._plugin_dir / self._endpoint)
@@ -153,6 +163,7 @@ class Registrar:
         self._kick.clear()
         name = self._resource_name()
         kubelet, ours = self._sockets_now()
+        began = time.monotonic()
         self._attempting_with = kubelet
         try:
             await register(self._plugin_dir, self._endpoint, name)
@@ -161,14 +172,15 @@ class Registrar:
                 return self._failed(error)
         finally:
             self._attempting_with = None
-        self._kubelet_has = (kubelet, ours)
-        return self._succeeded(answering, kubelet, name)
+        seen = frozenset({kubelet, identity(self._plugin_dir / KUBELET_SOCKET)})  # the dial went to one of them
+        self._last_success = Success(seen, ours, began)
+        return self._succeeded(answering, seen, name)
 
     def _already_followed(self, error: RegistrationError) -> bool:
         """True when the kubelet refused the registration as already connected and does follow the endpoint's
         ListAndWatch now: it has the plugin (a second registration of one socket, 20 ms after the first, was so
         refused after a kubelet restart, and every retry after it)."""
-        if ALREADY_CONNECTED not in str(error) or self._followed is None or not self._followed():
+        if ALREADY_CONNECTED not in str(error) or self._followed is None or not self._followed(float("-inf")):
             return False
         log.info("the kubelet is already connected to %s and follows it: registered", self._endpoint)
         return True
@@ -180,7 +192,7 @@ class Registrar:
         self._errors.failed("%s; retrying with backoff up to %gs", error, BACKOFF_MAX)
         return False
 
-    def _succeeded(self, answering: int, kubelet: Identity | None, name: str) -> bool:
+    def _succeeded(self, answering: int, kubelet: frozenset[Identity | None], name: str) -> bool:
         self._failing_since = None
         self._errors.succeeded()
         self._waiting_logged = False

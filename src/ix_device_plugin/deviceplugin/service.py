@@ -51,6 +51,7 @@ class DevicePluginService(api_pb2_grpc.DevicePluginServicer):
         self._before_allocate = before_allocate
         self._message: tuple[int, api_pb2.ListAndWatchResponse] | None = None  # (view generation, message)
         self.streams = 0
+        self.newest_stream = float("-inf")  # time.monotonic() when the newest ListAndWatch stream opened
 
     @property
     def plan(self) -> Plan:
@@ -72,6 +73,7 @@ class DevicePluginService(api_pb2_grpc.DevicePluginServicer):
     ) -> AsyncIterator[api_pb2.ListAndWatchResponse]:
         """The full device list now, then again on every change of the device view, until the plugin stops."""
         self.streams += 1
+        self.newest_stream = time.monotonic()
         try:
             seen = -1
             while not self._closed.is_set():
