@@ -428,7 +428,9 @@ def admission_failures(
         text = f"{failure.reason}: {failure.message}"
         no_chip = failure.reason.startswith("OutOf") or any(words in text for words in NO_CHIP_LEFT)
         near = any(begin - RESTART_NEAR_S <= failure.at <= end + RESTART_NEAR_S for begin, end in restarts)
-        restarting = near and any(words in text for words in RESTARTING)
+        # a kubelet restarting as a pod starts may fail it without a word (its sandbox gone, restartPolicy Never)
+        silent = not failure.reason and not failure.message
+        restarting = near and (silent or any(words in text for words in RESTARTING))
         just = any(0.0 <= failure.at - w.since <= GRACE_S + 1.0 for w in broken)
         just_broken = just and any(words in text for words in JUST_BROKEN)
         invariant.check(no_chip or restarting or just_broken, failure.at, f"{failure.pod} failed: {text}")

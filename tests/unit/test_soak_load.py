@@ -64,6 +64,8 @@ def test_a_pod_failed_for_a_reason_of_the_agent_is_a_violation() -> None:
             "UnexpectedAdmissionError",
             "Allocate failed due to rpc error: code = Unavailable desc = connection refused, which is unexpected",
         ),
+        # Soak seed 855703 (DRA): a pod starting as the kubelet restarted, failed by it with no reason or message
+        checker.Failure(107.0, "silent-restart", "", ""),
     ]
     wrongly = [
         checker.Failure(
@@ -73,9 +75,14 @@ def test_a_pod_failed_for_a_reason_of_the_agent_is_a_violation() -> None:
             200.0, "far-from-restart", "UnexpectedAdmissionError", "rpc error: code = Unavailable desc = refused"
         ),
     ]
+    wrongly.append(checker.Failure(300.0, "silent-far-from-restart", "", ""))
     checker.admission_failures(invariant, rightly + wrongly, restarts)
-    assert invariant.checks == 5
-    assert [what.split()[0] for _, what in invariant.violations] == ["agent-error", "far-from-restart"]
+    assert invariant.checks == 7
+    assert [what.split()[0] for _, what in invariant.violations] == [
+        "agent-error",
+        "far-from-restart",
+        "silent-far-from-restart",
+    ]
 
 
 def test_the_audit_log_counts_the_agents_requests_only(tmp_path: Path) -> None:
