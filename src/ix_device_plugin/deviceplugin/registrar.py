@@ -70,7 +70,6 @@ class Registrar:
         self._failing_since: float | None = None
         self._errors = OncePerError(log, logging.WARNING)
         self._waiting_logged = False
-        self._registered_with: frozenset[Identity | None] = frozenset()  # kubelet.sock around the last success
         self._attempting_with: Identity | None = None  # the kubelet.sock of the attempt under way
         self._last_success: Success | None = None
         self._kubelet_seen = identity(plugin_dir / KUBELET_SOCKET)  # as files_changed last saw it
@@ -107,7 +106,8 @@ class Registrar:
 
         Without inotify, the socket's disappearance and its re-creation can be seen in different polls,
         after a registration that already went to the new kubelet: that one is not repeated."""
-        if (self.registered and kubelet in self._registered_with) or kubelet == self._attempting_with:
+        registered_with = self._last_success.kubelet if self._last_success is not None else frozenset()
+        if (self.registered and kubelet in registered_with) or kubelet == self._attempting_with:
             return False
         self.request()
         return True
@@ -174,7 +174,7 @@ class Registrar:
             self._attempting_with = None
         seen = frozenset({kubelet, identity(self._plugin_dir / KUBELET_SOCKET)})  # the dial went to one of them
         self._last_success = Success(seen, ours, began)
-        return self._succeeded(answering, seen, name)
+        return self._succeeded(answering, name)
 
     def _already_followed(self, error: RegistrationError) -> bool:
         """True when the kubelet refused the registration as already connected and does follow the endpoint's
@@ -192,14 +192,13 @@ class Registrar:
         self._errors.failed("%s; retrying with backoff up to %gs", error, BACKOFF_MAX)
         return False
 
-    def _succeeded(self, answering: int, kubelet: frozenset[Identity | None], name: str) -> bool:
+    def _succeeded(self, answering: int, name: str) -> bool:
         self._failing_since = None
         self._errors.succeeded()
         self._waiting_logged = False
         if answering != self._requested:
             return True  # asked again meanwhile (the kubelet restarted): register with the new one
         self._registered_for = answering
-        self._registered_with = kubelet
         self._metrics.registrations.inc()
         if self._ever_registered:
             self._metrics.reregistrations.inc()
