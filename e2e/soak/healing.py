@@ -112,10 +112,13 @@ class Healing:
         (limits.py)."""
         assert reset.ended is not None
         ended = reset.ended
-        lied = {chip for chip in reset.chips if limits.lying_at(self.lies, chip, ended)}
-        self.caught |= {
-            index for index, lie in enumerate(self.lies) if lie[0] in lied and limits.lying_at([lie], lie[0], ended)
+        caught = {
+            i
+            for i, (chip, *_) in enumerate(self.lies)
+            if chip in reset.chips and limits.lying_at([self.lies[i]], chip, ended)
         }
+        self.caught |= caught
+        lied = {self.lies[i][0] for i in caught}
         episode = {chip for chip in reset.chips if any(w[0] == chip and w[1] < ended for w in self.windows.open)}
         for chip in sorted(set(reset.chips) - episode):
             self.counts.unexplained(chip)

@@ -8,6 +8,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType, SimpleNamespace
+from typing import Any
 
 SOAK = Path(__file__).resolve().parents[2] / "e2e" / "soak"
 
@@ -70,6 +71,13 @@ class SoakStandIn:
 
     def admin(self, *args: str) -> None:
         self.admin_calls.append(args)
+
+    def soak(self, plugins_dir: Path, mode: str) -> Any:
+        """The runner's Soak in `mode`, composed as the soak composes it, on this hardware and a node of admin calls."""
+        cluster = SimpleNamespace(server="https://127.0.0.1:6443", admin_tls=lambda: None, admin=self.admin,
+                                  plugins_dir=plugins_dir, node_name="node")  # fmt: skip
+        agent = SimpleNamespace(mode=mode, pids=self.agent.pids)
+        return load("runner").Soak(cluster, "soak", mode, 1, [], agent, self.hardware)
 
     @property
     def notes(self) -> list[str]:

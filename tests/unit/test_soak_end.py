@@ -37,10 +37,7 @@ def test_a_switch_while_away_keeps_the_first_time_away_and_the_switch_back_ends_
 def soak_on_a_clock(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, ticks: list[float]) -> tuple:
     """The runner's Soak composed as the soak composes it, on a clock a sleep moves on, each tick recorded."""
     runner = load("runner")
-    stand_in = SoakStandIn(tmp_path / "hardware", pid=100)
-    cluster = SimpleNamespace(server="https://127.0.0.1:6443", admin_tls=lambda: None, admin=stand_in.admin,
-                              plugins_dir=tmp_path / "plugins", node_name="node")  # fmt: skip
-    soak = runner.Soak(cluster, "soak", "device-plugin", 1, [], SimpleNamespace(pids=[100]), stand_in.hardware)
+    soak = SoakStandIn(tmp_path / "hardware", pid=100).soak(tmp_path / "plugins", "device-plugin")
     clock = [0.0]
     soak.timeline.clock = lambda: clock[0]
     monkeypatch.setattr(soak, "observer", SimpleNamespace(tick=lambda: ticks.append(clock[0])))

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import ast
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 
@@ -59,17 +58,7 @@ def test_no_part_branches_on_the_mode() -> None:
 
 @pytest.mark.parametrize("mode", ["device-plugin", "dra"])
 def test_the_soak_composes_its_parts_for_the_mode_and_no_part_holds_the_soak(tmp_path: Path, mode: str) -> None:
-    stand_in = SoakStandIn(tmp_path / "hardware", pid=100)  # the e2e harness on the path, the hardware made
-    runner = load("runner")
-    cluster = SimpleNamespace(
-        server="https://127.0.0.1:6443",
-        admin_tls=lambda: None,
-        admin=stand_in.admin,
-        plugins_dir=tmp_path / "plugins",
-        node_name="node",
-    )
-    agent = SimpleNamespace(mode=mode, pids=[100])
-    soak = runner.Soak(cluster, "soak", mode, 1, [], agent, stand_in.hardware)
+    soak = SoakStandIn(tmp_path / "hardware", pid=100).soak(tmp_path / "plugins", mode)
     assert soak.view.mode == mode
     parts = [
         soak.timeline,
