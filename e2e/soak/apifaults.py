@@ -96,6 +96,7 @@ class ApiFaults:
         self.cluster, self.timeline, self.later = cluster, timeline, later
         self.disk = StateDisk(cluster.plugins_dir, state_directories)
         self.paused: threading.Timer | None = None
+        self.full: list[int] = []  # the quiet windows of the disk being full, open until it is freed (their indices)
 
     def do(self, step: Step) -> None:
         timeline = self.timeline
@@ -113,7 +114,10 @@ class ApiFaults:
             fillers = self.disk.fill()
             timeline.note(f"filled {', '.join(str(f.parent) for f in fillers)}")
             self.later.after(step.duration, self.freed)
-            timeline.quiet.append((began, began + step.duration + AFTER_S))
+            # open until the disk is freed: a step late on the schedule holds the freeing up (Later), and for all
+            # that time the agent can write none of its state
+            self.full.append(len(timeline.quiet))
+            timeline.quiet.append((began, float("inf")))
         else:
             raise AssertionError(f"no way to cause {step.kind}")
 
@@ -125,11 +129,18 @@ class ApiFaults:
 
     def freed(self) -> None:
         self.disk.free()
-        self.timeline.note("state directories freed")
+        timeline = self.timeline
+        for index in self.full:
+            timeline.quiet[index] = (timeline.quiet[index][0], timeline.now() + AFTER_S)
+        self.full.clear()
+        timeline.note("state directories freed")
 
     def heal_all(self) -> None:
         """The end: the API server running, the disk free (unmounted later, once the agent is stopped)."""
         if self.paused is not None:
             self.paused.cancel()
             self.cluster.processes["kube-apiserver"].signal(signal.SIGCONT)
-        self.disk.free()
+        if self.full:
+            self.freed()
+        else:
+            self.disk.free()

@@ -34,7 +34,7 @@ class Healing:
         self.timeline, self.hardware, self.windows, self.counts = timeline, hardware, windows, counts
         self.later, self.returns, self.view, self.invariants = later, returns, view, invariants
         self.lies: list[Lie] = []
-        self.lied: dict[int, float] = {}  # chip -> when a reset that lied ended, while that left it broken
+        self.lied: dict[int, float] = {}  # chip -> when a reset that lied ended, while what it left broken lasts
         self.caught: set[int] = set()  # the lies (their index) in which a reset of their chip ended
         self.resets_seen = 0
 
@@ -131,8 +131,8 @@ class Healing:
         for chip in sorted(episode):
             # a window opened as it ended (an XID maybe sent again to a new process) is an episode of its own
             healed = not any(w[0] == chip and w[1] < ended for w in self.windows.open)
-            if chip in lied and reset.ok:
-                self.lied.setdefault(chip, ended)
+            if chip in lied and reset.ok and not self._lie_stands(chip, self.lied.get(chip, -1.0)):
+                self.lied[chip] = ended  # the first lie of what is broken now
             if self.counts.reset_seen(chip, healed):
                 self.needs_operator(chip)
             if healed:
@@ -198,14 +198,17 @@ class Healing:
     def judge_lies(self, sample: c.ServiceSample) -> None:
         """Every look: a chip whose reset lied and that is still broken is not in service (LIE_LAG_S after)."""
         at = sample.at
-        open_chips = {w[0] for w in self.windows.open}
-        out = frozenset(
-            chip for chip, lied in self.lied.items() if at >= lied + limits.LIE_LAG_S and chip in open_chips
-        )
+        self.lied = {chip: lied for chip, lied in self.lied.items() if self._lie_stands(chip, lied)}
+        out = frozenset(chip for chip, lied in self.lied.items() if at >= lied + limits.LIE_LAG_S)
         if not out or self.timeline.quiet_at(at, limits.LIE_LAG_S):
             return
         invariant = self.invariants["lying reset not trusted"]
         limits.not_back_while_lying(invariant, sample, out, self.view.ceiling_without(out))
+
+    def _lie_stands(self, chip: int, lied: float) -> bool:
+        """Whether what the chip's lying reset (ending at `lied`) left broken is broken still: a window open then is
+        open now. One opened since is a fault of its own (the chip fell off the bus later, say), not the lie's."""
+        return any(ch == chip and since <= lied for ch, since, _, _ in self.windows.open)
 
     def judge_limits(self, resets: list[c.Reset], end: float) -> None:
         invariant = self.invariants["reset limit"]

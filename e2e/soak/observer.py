@@ -120,7 +120,7 @@ class Observer:
 
     def service(self, at: float) -> None:
         sample, units = self.view.read_service(at)
-        self.windows.seen_back(at, self.view.in_service)
+        self.windows.seen_back(at, self.view.in_service, self.timeline.away)
         self.view.judge_service(self.invariants["back in service"], sample)
         for rollout in self.timeline.rollouts:
             self.view.judge_rollout(self.invariants["kept in a rollout"], rollout, sample)

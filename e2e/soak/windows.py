@@ -31,6 +31,10 @@ SEEN_AFTER_S = 10.0
 # status, updated every 10 s.
 STATUS_LAG_S = 12.0
 
+# After a switch back to the soak's mode, what the node showed of the mode's last process may linger this long.
+AWAY_AFTER_S = 5.0
+
+Span = tuple[float, float]
 Window = tuple[int, float, str, str]  # (chip, since, heals by: reset|return|clear|either, why)
 OFF_BUS = "fell off the bus"  # the why of a chip's window while it is gone from the bus
 Healthy = Callable[[int], bool]  # chip -> whether it counts as healthy
@@ -89,9 +93,14 @@ class Windows:
             heals_by = "return" if "return" in by else "either" if "either" in by else "reset"
             self.add(chip, at, heals_by, f"{'; '.join(w[3] for w in mine)}; maybe forgotten", maybe=True)
 
-    def seen_back(self, at: float, in_service: Callable[[int], bool]) -> None:
+    def seen_back(self, at: float, in_service: Callable[[int], bool], away: Collection[Span] = ()) -> None:
         """The windows the agent may have forgotten whose chip is in service SEEN_AFTER_S or more after: it forgot
-        them (one it remembered stays out of service until a reset or a return)."""
+        them (one it remembered stays out of service until a reset or a return). Not while the soak's mode is
+        switched away (`away`: (since, back)), nor AWAY_AFTER_S after: what the node shows then is what the last
+        process of the soak's mode left before the switch (DRA: the slices the kubelet has not wiped yet), not what
+        the agent knows now."""
+        if any(since <= at <= back + AWAY_AFTER_S for since, back in away):
+            return
 
         def forgotten(chip: int, since: float, by: str, why: str) -> bool:
             return (chip, since) in self.maybe and at - since >= SEEN_AFTER_S and in_service(chip)

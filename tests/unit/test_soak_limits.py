@@ -259,3 +259,49 @@ def test_a_lie_no_reset_meets_ends_after_its_wait_and_at_the_soaks_end(tmp_path:
     soak.faults.do(schedule.Step(200.0, schedule.LYING, (2,), 8.0))
     soak.later.finish()
     assert soak.hardware.lying == set()
+
+
+def test_a_lie_is_judged_while_what_it_left_broken_lasts_not_over_a_later_fault(tmp_path: Path) -> None:
+    """Seed 580223's chip 0: ixsmi lies from 637.2 (XID 48); the reset ending 0.8 s later is within the lie's margin
+    and counts as healing, XID 48 maybe sent again to a process that began listening; the next reset (648.3) lies,
+    seen before the lie ends; the chip is seen in service (the doubtful XID was not sent: forgotten). At 754.1 the
+    chip falls off the bus: a fault of its own, not what the lie left, and no violation of the lie."""
+    soak = SoakStandIn(tmp_path / "hardware", pid=100)
+    soak.at = 637.2
+    soak.faults.do(schedule.Step(637.2, schedule.LYING, (0,), 8.8))
+    soak.timeline.starts.append((637.5, 640.0))  # a new agent process began listening
+    soak.at = 638.3
+    soak.healing.reset_seen(checker.Reset(637.9, 638.0, frozenset({0}), ok=True))
+    assert "chip 0: XIDs [48] maybe sent again to a process that began listening" in soak.notes
+    soak.at = 648.4
+    soak.healing.reset_seen(checker.Reset(648.2, 648.3, frozenset({0}), ok=True))
+    assert 0 in soak.healing.lied
+    soak.at = 648.5
+    soak.healing.lie_over(0)
+    soak.windows.seen_back(649.8, lambda chip: True)
+    invariant = soak.invariants["lying reset not trusted"]
+    soak.healing.judge_lies(checker.ServiceSample(649.8, allocatable=2))
+    soak.at = 754.1
+    soak.faults.do(schedule.Step(754.1, "off-bus", (0,), 12.8))
+    soak.healing.judge_lies(checker.ServiceSample(754.1, allocatable=2))
+    assert invariant.violations == [] and soak.healing.lied == {}
+
+
+def test_a_second_lie_of_a_chip_is_judged_from_its_own_reset(tmp_path: Path) -> None:
+    """The lie of an episode that ended is not kept: a later lie over a later fault is judged from its own reset."""
+    soak = SoakStandIn(tmp_path / "hardware", pid=100)
+    for index, begins in enumerate((100.0, 300.0)):
+        soak.at = begins
+        soak.faults.do(schedule.Step(begins, schedule.LYING, (3,), 8.0))
+        soak.at = begins + 3.2
+        soak.healing.reset_seen(checker.Reset(begins + 3.0, begins + 3.1, frozenset({3}), ok=True))
+        assert soak.healing.lied == {3: begins + 3.1}
+        soak.at = begins + 8.0
+        soak.healing.lie_over(index)
+        if index == 0:  # an honest reset heals the first episode
+            soak.healing.reset_seen(checker.Reset(begins + 20.0, begins + 20.1, frozenset({3}), ok=True))
+            soak.healing.judge_lies(checker.ServiceSample(begins + 21.0, allocatable=2))
+            assert soak.healing.lied == {}
+    invariant = soak.invariants["lying reset not trusted"]
+    soak.healing.judge_lies(checker.ServiceSample(303.1 + limits.LIE_LAG_S, allocatable=2))
+    assert [v[0] for v in invariant.violations] == [303.1 + limits.LIE_LAG_S]

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tests.helpers.soak_modules import SOAK, imported_modules, load
+from tests.helpers.soak_modules import SOAK, SoakStandIn, imported_modules, load
 
 checker = load("checker")
 schedule = load("schedule")
@@ -147,3 +148,29 @@ def test_a_device_refused_just_after_a_fault_broke_it_is_no_violation_but_later_
     ]
     checker.admission_failures(invariant, failures, [], broken)
     assert [what.split()[0] for _, what in invariant.violations] == ["long-broken"]
+
+
+def test_the_disk_stays_a_quiet_window_until_it_is_freed_however_late_and_a_return_waits_for_it(tmp_path: Path) -> None:
+    """A step late on the schedule holds the disk's freeing up (the faults' later actions keep the schedule's order):
+    for all that time the agent can record nothing, so an operator's return heard then may die with the process
+    that heard it. The quiet window lasts until the disk is freed, and the soak's operator returns once it is over."""
+    stand_in = SoakStandIn(tmp_path / "hardware", pid=100)
+    timeline, later = stand_in.timeline, stand_in.later
+    cluster = SimpleNamespace(plugins_dir=tmp_path / "plugins")
+    api_faults = load("apifaults").ApiFaults(cluster, timeline, later, ["iluvatar.com"])
+    stand_in.at = 10.0
+    api_faults.do(schedule.Step(10.0, "disk-full", duration=6.0))
+    stand_in.at = 60.0  # the disk's time is long up, but nothing ran what is due
+    assert timeline.quiet_at(60.0)
+    stand_in.returns.operator_returns(1)
+    assert stand_in.admin_calls == [], "a return made while the agent can record nothing"
+    later.run_due(60.0)  # the disk freed, and the return asked again (RETURN_RETRY_S)
+    assert timeline.quiet[-1] == (10.0, 60.0 + load("apifaults").AFTER_S)
+    assert not returned(stand_in.admin_calls)
+    stand_in.at = 71.0
+    later.run_due(71.0)
+    assert returned(stand_in.admin_calls) == [f"iluvatar.com/gpu.return={stand_in.hardware.uuids[1]}"]
+
+
+def returned(calls: list[tuple[str, ...]]) -> list[str]:
+    return [arg for call in calls for arg in call if arg.startswith("iluvatar.com/gpu.return=")]

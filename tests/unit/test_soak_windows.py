@@ -187,3 +187,18 @@ def test_a_chip_that_broke_while_the_api_server_was_down_may_be_given_until_just
     unexcused = checker.Invariant("broken not given")
     checker.broken_not_given(unexcused, allocations[:1], broken)
     assert len(unexcused.violations) == 1
+
+
+def test_a_chip_seen_in_service_while_the_mode_is_switched_away_is_not_taken_for_forgotten() -> None:
+    """While the node runs the other mode, the DRA view reads the slices the last driver left (the kubelet wipes them
+    late), from before the XID: seen in service there says nothing of what the agent remembers. The driver of the
+    switch back was rightly sent the XID again and refused its device; taking the XID for forgotten made that
+    refusal a violation."""
+    broken, model = forgotten_xid()
+    away = [(FORGOTTEN_AT + 1, FORGOTTEN_AT + 25)]
+    for at in (FORGOTTEN_AT + windows.SEEN_AFTER_S + 1, FORGOTTEN_AT + 25 + windows.AWAY_AFTER_S):
+        model.seen_back(at, lambda chip: True, away)
+        assert any(window[0] == 1 for window in model.open), at
+    assert not checker.healthy_since(1, FORGOTTEN_AT + 60, broken, [])
+    model.seen_back(FORGOTTEN_AT + 25 + windows.AWAY_AFTER_S + 1, lambda chip: True, away)
+    assert [window[0] for window in model.open] == [2]
