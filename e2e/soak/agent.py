@@ -231,20 +231,34 @@ class Agent:
         self.controller_restarts += 1
         self.cluster.restart_controller_manager()
 
-    def kill(self) -> bool:
+    def kill(self) -> str:
         """SIGKILL to the container's main process, by the host (containerd's task): the kubelet restarts it. A
         container killed KILLS_BEFORE_BACKOFF times already would wait for its restart behind the kubelet's crash
         back-off (10 s, doubling, up to 5 minutes: a fault of the soak's own making, which holds up the schedule),
-        so its pod is deleted instead (False: restarted, not killed)."""
+        so its pod is deleted instead. What happened, for the report."""
         pod = self.newest()
         if restarts(pod) >= KILLS_BEFORE_BACKOFF:
             self.restart()
-            return False
+            return "its container killed twice already: its pod deleted instead (the kubelet's back-off)"
         killed = container_id(pod)
-        self.cluster.ctr("tasks", "kill", "--signal", "SIGKILL", killed)
+        how = "its container killed (SIGKILL), restarted by the kubelet"
+        try:
+            self.cluster.ctr("tasks", "kill", "--signal", "SIGKILL", killed)
+        except AssertionError:
+            # the pod's status is a look of the past: a rollout may have stopped the container since (containerd:
+            # "ttrpc: closed"); nothing is left to kill, and what replaces it is waited for as after a kill
+            if self.task_running(killed):
+                raise
+            how = "its container stopped before the kill reached it (a rollout replaced it)"
         self.starts += 1
         self.wait_settled(other_than=killed)
-        return True
+        return how
+
+    def task_running(self, container: str) -> bool:
+        """Whether containerd runs the container's task now."""
+        listed = self.cluster.ctr("tasks", "ls", check=False)
+        lines = str(getattr(listed, "stdout", "")).splitlines()
+        return any(line.split()[:1] == [container] and "RUNNING" in line.split() for line in lines)
 
     def restart(self) -> None:
         """The pod deleted (its agent stops on SIGTERM), the DaemonSet's new one Ready."""

@@ -171,14 +171,13 @@ class FaultActions:
         timeline, agent = self.timeline, self.agent
         began = timeline.now()
         self.new_agent_process()
-        if kill and not agent.kill():
-            kill = False
-            timeline.note("agent's container killed twice already: its pod deleted instead (the kubelet's back-off)")
-        elif not kill:
+        if kill:
+            how = agent.kill()
+        else:
             agent.restart()
+            how = "its pod deleted, made again"
         timeline.quiet.append((began, timeline.now()))
         timeline.starts.append((began, timeline.now()))
-        how = "its container killed (SIGKILL), restarted by the kubelet" if kill else "its pod deleted, made again"
         timeline.note(f"agent {how}: Ready again (pid {agent.pid})")
 
     def kubelet_restart(self, step: Step) -> None:
