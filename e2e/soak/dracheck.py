@@ -22,6 +22,8 @@ HOLDER = re.compile(r"is prepared for claim [^/\s]+/([^\s)]+)")  # the claim tha
 # pod's claims `<pod>-c<n>`
 # The same where the driver rebuilt the holder from its CDI spec (a lost checkpoint), which keeps no name: its UID.
 HOLDER_UID = re.compile(r"is prepared for claim unnamed \(uid ([0-9a-f-]+)\)")
+# A board out of service names the chip each of its reasons is of ("gpu-1: XID 61"): those broke it, not its others.
+CHIP_REASON = re.compile(r"\bgpu-(\d+): ")
 # What the kubelet or the driver says while what the agent stands on is away for a while (a quiet window: the agent
 # or the kubelet restarting, the API server restarted or stopped, the disk full, a config change restarting the
 # driver): the driver not registered or its socket gone, the claim not readable, the checkpoint not writable.
@@ -168,7 +170,9 @@ def prepare_failures(
         text = failure.message
         near = any(begin - RESTART_NEAR_S <= failure.at <= end + RESTART_NEAR_S for begin, end in quiet)
         away = near and any(words in text for words in QUIET_WORDS)
-        chips = {chip_of[uuid] for uuid in UUID.findall(text) if uuid in chip_of}
+        chips = {int(chip) for chip in CHIP_REASON.findall(text)} or {
+            chip_of[uuid] for uuid in UUID.findall(text) if uuid in chip_of
+        }
         held_out = any(words in text for words in BROKEN_WORDS) and bool(chips)
         held_out = held_out and all(broken_then(chip, failure.at, broken) for chip in chips)
         pods = [failure.pod] + [re.sub(r"-c\d+$", "", claim) for claim in HOLDER.findall(text)]

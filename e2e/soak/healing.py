@@ -154,10 +154,16 @@ class Healing:
                 if bit != "OverTemp" and f"health {bit}" not in later:
                     hardware.set_bit(chip, bit, False)
 
+        # a reset ending within a second of a lie's edge may have read it: what it would heal may be healed or not
+        doubtful = {chip for chip in chips if not limits.honest_at(self.lies, chip, ended)}
+
         def heals(chip: int, since: float, by: str, why: str) -> bool:
-            return chip in chips and since < ended and by in ("reset", "either")
+            return chip in chips - doubtful and since < ended and by in ("reset", "either")
 
         self.windows.close(heals, ended, f"healed by the reset ending at {ended:.1f}")
+        for chip in sorted(doubtful):
+            self.timeline.note(f"chip {chip}: the reset ending at {ended:.1f} may have lied (it ended by a lie's edge)")
+            self.windows.doubt(chip, ended)
         starts = [*self.timeline.starts, *((rollout.began, rollout.done) for rollout in self.timeline.rollouts)]
         sent_again = set()
         for chip in sorted(chips):
@@ -189,8 +195,8 @@ class Healing:
 
     def lie_over(self, index: int) -> None:
         chip, since, _ = self.lies[index]
+        self.hardware.set_lying([chip], False)  # written before its end is noted: a reset ending after it was honest
         self.lies[index] = (chip, since, self.timeline.now())
-        self.hardware.set_lying([chip], False)
         self.timeline.note(f"chip {chip}'s resets honest again")
 
     # ------------------------------------------------------------------ judging

@@ -179,14 +179,16 @@ def not_back_while_lying(invariant: Invariant, sample: ServiceSample, out: froze
 
 
 def lying_at(lies: Sequence[tuple[int, float, float | None]], chip: int, ended: float, margin: float = 1.0) -> bool:
-    """Whether a reset of the chip ending at `ended` certainly lied: the backend reads the devices file's `reset:` as
-    ixsmi returns, so one ending within `margin` of a lie's start or end is not counted as either."""
-    return any(
-        c == chip and since + margin <= ended and (until is None or ended <= until - margin) for c, since, until in lies
-    )
+    """Whether a reset of the chip ending at `ended` certainly lied. The backend reads the devices file's `reset:`
+    after ixsmi's run ended (its end logged first), within `margin`; a lie is written to the file before its start
+    is noted, and its end too: a reset ending at or after a lie's start, and `margin` or more before its end, read
+    the lie."""
+    return any(c == chip and since <= ended and (until is None or ended <= until - margin) for c, since, until in lies)
 
 
 def honest_at(lies: Sequence[tuple[int, float, float | None]], chip: int, ended: float, margin: float = 1.0) -> bool:
-    """Whether a reset of the chip ending at `ended` certainly did not lie: it ended `margin` or more outside each of
-    the chip's lies."""
-    return not lying_at(lies, chip, ended, -margin)
+    """Whether a reset of the chip ending at `ended` certainly did not lie: it ended `margin` or more before each of
+    the chip's lies began (the file read before the lie was written), or at or after its end."""
+    return all(
+        c != chip or ended <= since - margin or (until is not None and ended >= until) for c, since, until in lies
+    )

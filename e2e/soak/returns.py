@@ -98,17 +98,20 @@ class Returns:
 
     def return_open(self) -> None:
         """At the end: return (once more, one at a time) every chip still waiting for an operator, and every chip
-        still broken whose reset failed or hung since (a failed reset an operator asked for needs an operator again);
-        a chip the agent simply never reset is not returned: the end's check reports it."""
+        still broken whose reset failed or hung since it broke, or since the operator last returned it (a failed
+        reset an operator asked for needs an operator again, whatever window the agent's forgetting opened since); a
+        chip the agent simply never reset is not returned: the end's check reports it."""
         resets = read_resets(self.hardware.reset_log, self.hardware.chip_of, self.timeline.start)
         failed = [(chip, r.started) for r in resets if not r.ok for chip in r.chips]
-        waiting = sorted(
-            {
-                chip
-                for chip, since, by, _ in self.windows.open
-                if by in ("return", "either") or any(ch == chip and started >= since for ch, started in failed)
-            }
-        )
+
+        def failed_since(chip: int, since: float) -> bool:
+            since = min(since, self.returned.get(chip, since))
+            return any(ch == chip and started >= since for ch, started in failed)
+
+        def waits(chip: int, since: float, by: str, why: str) -> bool:
+            return by in ("return", "either") or failed_since(chip, since)
+
+        waiting = sorted({window[0] for window in self.windows.open if waits(*window)})
         if waiting and self.timeline.now() - max(self.returned.values(), default=0) > 10:
             self.operator_returns(waiting[0])
 

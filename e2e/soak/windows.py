@@ -107,6 +107,16 @@ class Windows:
 
         self.close(forgotten, at, "in service again: the agent forgot it")
 
+    def doubt(self, chip: int, at: float) -> None:
+        """A reset ending at `at` may or may not have healed the chip (it ended by a lie's edge): what it would heal
+        becomes one window in doubt, healed by either a reset or a return (the agent may have found the reset
+        unproven and left the chip to an operator), or once the chip is seen in service."""
+        doubted = [w for w in self.open if w[0] == chip and w[1] < at and w[2] in ("reset", "either")]
+        if not doubted:
+            return
+        self.close(lambda *window: window in doubted, at, f"maybe healed by the reset ending at {at:.1f}")
+        self.add(chip, at, "either", f"{'; '.join(w[3] for w in doubted)}; maybe not reset", maybe=True)
+
     def maybe_sent_again(self, chip: int, at: float, xids: list[int], operator_xids: Collection[int]) -> None:
         """A reset ending at `at` healed the chip, but the soak saw it late and a process may have begun listening
         since: it may have been sent these XIDs, which the file still listed, and keep the chip out for them. One

@@ -324,3 +324,18 @@ def test_a_chip_that_broke_as_the_driver_was_replaced_may_be_allocated_until_the
     invariant = checker.Invariant("broken not given")
     view.judge_given(invariant)
     assert invariant.checks == 2 and [what.split()[0] for _, what in invariant.violations] == ["late"]
+
+
+def test_a_board_refused_for_one_chip_is_judged_by_that_chip_alone() -> None:
+    """Seed 508062: board-0 refused as gpu-1 was out of service (MC, XID 61, the reset limit); the message names
+    both of the board's chips, and chip 0 was healthy: judged by both, the right refusal was a violation."""
+    invariant = checker.Invariant("no admission refused by the agent")
+    board = (
+        "claim ns/c: device board-0 (GPU-a0, GPU-a1) is out of service: gpu-1: MC, gpu-1: XID 61 (self-healing: "
+        "reset-limit-reached); its allocation does not tolerate the taint gpu.iluvatar.com/unhealthy=MC:NoSchedule"
+    )
+    broken = [checker.Broken(1, 50.0, None, "health MC")]
+    failures = [dracheck.PrepareFailure(60.0, "board", board), dracheck.PrepareFailure(60.0, "chip-0-only", board)]
+    dracheck.prepare_failures(invariant, failures[:1], [], broken, CHIP_OF)
+    dracheck.prepare_failures(invariant, failures[1:], [], [checker.Broken(0, 50.0, None, "XID 48")], CHIP_OF)
+    assert invariant.checks == 2 and [what.split(":")[0] for _, what in invariant.violations] == ["chip-0-only"]

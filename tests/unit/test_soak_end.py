@@ -67,3 +67,29 @@ def test_later_actions_that_end_end_the_run(tmp_path: Path, monkeypatch: pytest.
     soak.later.after(250.0, lambda: done.append(soak.timeline.now()))
     soak.carry_out([])
     assert done == [250.0] and ticks[-1] == 250.0
+
+
+def test_at_the_end_a_chip_whose_returned_reset_failed_is_returned_again_though_forgotten_since(tmp_path: Path) -> None:
+    """Seed 508062 (DRA): the operator returned chip 2 at 1699.4, the reset it asked for failed at 1705.0 (the agent
+    rightly left the chip to an operator again), then the node-health record was made unreadable: the chip's window
+    reopened after the failed reset, and the end, looking only for failed resets since the window opened, never
+    returned it."""
+    soak = SoakStandIn(tmp_path / "hardware", pid=100)
+    soak.windows.add(2, 1683.4, "reset", "XID 48")
+    soak.returns.returned[2] = 1699.4
+    uuid = soak.hardware.uuids[2]
+    soak.hardware.reset_log.write_text(f"1705.0 start 7 -r -i {uuid}\n1705.1 end 7 1 -r -i {uuid}\n")
+    soak.at = 1713.0
+    soak.windows.forget_xids(1713.0, "the node-health record made unreadable")
+    soak.at = 1900.0
+    soak.returns.return_open()
+    assert any(f"iluvatar.com/gpu.return={uuid}" in call for call in soak.admin_calls)
+
+
+def test_at_the_end_a_chip_the_agent_never_reset_is_not_returned(tmp_path: Path) -> None:
+    soak = SoakStandIn(tmp_path / "hardware", pid=100)
+    soak.windows.add(2, 1683.4, "reset", "XID 48")
+    soak.returns.returned[2] = 1699.4
+    soak.at = 1900.0
+    soak.returns.return_open()
+    assert soak.admin_calls == []

@@ -70,14 +70,32 @@ def test_three_failed_attempts_of_one_fault_need_an_operator_and_count_once() ->
     assert (counts.chips[3].lo, counts.chips[3].hi) == (1, 1)
 
 
-def test_a_reset_ending_within_a_lie_lied_and_one_at_its_edges_is_not_counted_either_way() -> None:
+def test_a_reset_ending_within_a_lie_lied_and_one_by_its_edges_is_not_counted_either_way() -> None:
+    """The backend reads the lie after ixsmi's end is logged, and the soak notes a lie's start and end after writing
+    them: a reset ending at or after the start read it (seed 508062's chip 3: a reset 0.2 s into a lie was taken for
+    an honest one, and the chip the agent rightly kept out was expected back), one ending at or after the end did
+    not; one ending within a second before either may have read it or not."""
     lies = [(0, 10.0, 20.0), (1, 30.0, None)]
-    assert limits.lying_at(lies, 0, 15.0) and limits.lying_at(lies, 1, 99.0)
-    assert not limits.lying_at(lies, 0, 19.5) and not limits.lying_at(lies, 0, 10.5)
+    assert limits.lying_at(lies, 0, 15.0) and limits.lying_at(lies, 1, 99.0) and limits.lying_at(lies, 0, 10.0)
+    assert not limits.lying_at(lies, 0, 19.5) and not limits.lying_at(lies, 0, 9.5)
     assert not limits.lying_at(lies, 1, 15.0) and not limits.lying_at(lies, 2, 15.0)
-    assert limits.honest_at(lies, 0, 21.5) and limits.honest_at(lies, 0, 8.5) and limits.honest_at(lies, 2, 15.0)
-    assert not limits.honest_at(lies, 0, 20.5) and not limits.honest_at(lies, 0, 9.5)  # within a second of the lie
+    assert limits.honest_at(lies, 0, 20.0) and limits.honest_at(lies, 0, 9.0) and limits.honest_at(lies, 2, 15.0)
+    assert not limits.honest_at(lies, 0, 19.5) and not limits.honest_at(lies, 0, 9.5)  # within a second before
     assert not limits.honest_at(lies, 1, 99.0)
+
+
+def test_a_reset_that_may_have_read_a_lie_leaves_what_it_would_heal_in_doubt(tmp_path: Path) -> None:
+    soak = SoakStandIn(tmp_path / "hardware", pid=100)
+    soak.at = 100.0
+    soak.faults.do(schedule.Step(100.0, "xid-reset", (3,), detail={"xid": 48}))
+    soak.at = 101.0
+    soak.faults.do(schedule.Step(101.0, schedule.LYING, (3,), 8.0))
+    soak.at = 101.5
+    soak.healing.reset_seen(checker.Reset(100.4, 100.5, frozenset({3}), ok=True))
+    assert "chip 3: the reset ending at 100.5 may have lied (it ended by a lie's edge)" in soak.notes
+    before = [(w[0], w[1], w[2]) for w in soak.windows.open if w[0] == 3 and w[1] < 101.0]  # the lie sends its own
+    assert before == [(3, 100.5, "either")]
+    assert (3, 100.5) in soak.windows.maybe and 3 not in soak.healing.lied
 
 
 def test_an_honest_reset_after_the_lie_ends_it_though_an_xid_may_be_sent_again(tmp_path: Path) -> None:
@@ -262,25 +280,22 @@ def test_a_lie_no_reset_meets_ends_after_its_wait_and_at_the_soaks_end(tmp_path:
 
 
 def test_a_lie_is_judged_while_what_it_left_broken_lasts_not_over_a_later_fault(tmp_path: Path) -> None:
-    """Seed 580223's chip 0: ixsmi lies from 637.2 (XID 48); the reset ending 0.8 s later is within the lie's margin
-    and counts as healing, XID 48 maybe sent again to a process that began listening; the next reset (648.3) lies,
-    seen before the lie ends; the chip is seen in service (the doubtful XID was not sent: forgotten). At 754.1 the
-    chip falls off the bus: a fault of its own, not what the lie left, and no violation of the lie."""
+    """Seed 580223's chip 0: ixsmi lied over XID 48; what it left broken ended without an honest reset (here: the
+    node-health record made unreadable, the XID forgotten and the chip seen in service). At 754.1 the chip fell off
+    the bus: a fault of its own, not what the lie left, and no violation of the lie."""
     soak = SoakStandIn(tmp_path / "hardware", pid=100)
     soak.at = 637.2
     soak.faults.do(schedule.Step(637.2, schedule.LYING, (0,), 8.8))
-    soak.timeline.starts.append((637.5, 640.0))  # a new agent process began listening
     soak.at = 638.3
     soak.healing.reset_seen(checker.Reset(637.9, 638.0, frozenset({0}), ok=True))
-    assert "chip 0: XIDs [48] maybe sent again to a process that began listening" in soak.notes
-    soak.at = 648.4
-    soak.healing.reset_seen(checker.Reset(648.2, 648.3, frozenset({0}), ok=True))
     assert 0 in soak.healing.lied
-    soak.at = 648.5
+    soak.at = 640.0
+    soak.healing.forget_all("the node-health record made unreadable")
+    soak.at = 646.0
     soak.healing.lie_over(0)
-    soak.windows.seen_back(649.8, lambda chip: True)
+    soak.windows.seen_back(651.0, lambda chip: True)
     invariant = soak.invariants["lying reset not trusted"]
-    soak.healing.judge_lies(checker.ServiceSample(649.8, allocatable=2))
+    soak.healing.judge_lies(checker.ServiceSample(651.0, allocatable=2))
     soak.at = 754.1
     soak.faults.do(schedule.Step(754.1, "off-bus", (0,), 12.8))
     soak.healing.judge_lies(checker.ServiceSample(754.1, allocatable=2))

@@ -210,12 +210,15 @@ def _first(care: Care) -> bool:
 
 
 def failed(care: Care, why: str, now: float, rules: Rules) -> Care:
-    """The reset failed (or the chip is still unhealthy after it): try again after a backoff, or give up."""
+    """The reset failed (or the chip is still unhealthy after it): try again after a backoff, or give up. The reset
+    an operator asked for is the last: its chip's automatic attempts count as spent, so that it waits for an
+    operator again however it came to need one (the reset limit, an XID only an operator clears) and whatever its
+    causes read next (the record keeps the count across restarts)."""
     if care.operator_return or care.attempts >= rules.attempts:
         tried = "the reset an operator asked for" if care.operator_return else f"{care.attempts} resets"
-        return replace(
-            care, phase=NEEDS_OPERATOR, operator_return=False, note=f"needs an operator: {tried} failed: {why}"
-        )
+        spent = max(care.attempts, rules.attempts)
+        note = f"needs an operator: {tried} failed: {why}"
+        return replace(care, phase=NEEDS_OPERATOR, operator_return=False, attempts=spent, note=note)
     delay = rules.delay(care.attempts)
     return replace(care, phase=WAITING, retry_at=now + delay, note=f"reset failed: {why}; next attempt in {delay:g}s")
 

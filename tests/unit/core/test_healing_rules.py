@@ -229,3 +229,26 @@ def test_a_chip_left_to_an_operator_for_a_reason_of_its_own_keeps_it_through_a_p
         cooled = healing.observe(hot, Diagnosis(resettable=("XID 48",)), 2.0, RULES, True)
         assert cooled.phase == NEEDS_OPERATOR and cooled.note == care.note
     assert healing.left_unreset(cooled) is False and healing.left_unreset(unavailable)
+
+
+@pytest.mark.parametrize(
+    ("why", "first"),
+    [
+        ("the reset limit", Care("GPU-a", 1, phase=NEEDS_OPERATOR, limited=True, resets=(WALL,))),
+        ("an XID only an operator clears", Care("GPU-a", 1, phase=NEEDS_OPERATOR, note="needs an operator: XID 64")),
+        ("its attempts spent", Care("GPU-a", 1, phase=NEEDS_OPERATOR, attempts=3)),
+    ],
+)
+def test_a_chip_whose_reset_an_operator_asked_for_failed_waits_for_an_operator_again(why: str, first: Care) -> None:
+    """Soak seed 508062 (DRA): a chip the reset limit had left to an operator was returned; the reset failed
+    (ixsmi failing) and the chip, needing an operator again with its attempts at 1, was reset automatically 28 ms
+    later for its Memory bit and XID 46, which a reset clears: two resets for one return."""
+    asked = healing.operator_asked(first)
+    gone = healing.failed(healing.started(asked, WALL), "ixsmi failed", 2.0, RULES)
+    assert gone.phase == NEEDS_OPERATOR and not gone.operator_return, why
+    for diagnosis in (Diagnosis(resettable=("Memory", "XID 46")), XID48, Diagnosis(operator=("XID 64",))):
+        seen = healing.observe(gone, diagnosis, 3.0, RULES, True, wall_now=WALL + 3)
+        assert seen.phase == NEEDS_OPERATOR and not healing.due(seen, 1e9), (why, diagnosis)
+    again = healing.operator_asked(gone)  # the operator returns it once more: one more reset
+    assert again.phase == WAITING and healing.due(again, 3.0)
+    assert healing.observe(gone, Diagnosis(), 4.0, RULES, True).phase == HEALTHY
