@@ -137,10 +137,14 @@ def new_failures(events: Iterable[Any], start: float, now: float, counted: dict[
     return found
 
 
-def broken_then(chip: int, at: float, broken: Sequence[Broken]) -> bool:
-    """The soak had the chip broken at `at` (from a moment before to a while after it was healed)."""
+def broken_then(chip: int, at: float, broken: Sequence[Broken], since: float | None = None) -> bool:
+    """The soak had the chip broken at `at` (from a moment before to a while after it was healed), or at any time
+    from `since` on (the start of a quiet window `at` falls in: the agent holds a healed chip out until its record
+    is written, which a full disk puts off)."""
+    start = at if since is None else min(since, at)
     return any(
-        w.chip == chip and w.since - 1.0 <= at and (w.until is None or at <= w.until + AFTER_HEALED_S) for w in broken
+        w.chip == chip and w.since - 1.0 <= at and (w.until is None or start <= w.until + AFTER_HEALED_S)
+        for w in broken
     )
 
 
@@ -174,7 +178,8 @@ def prepare_failures(
             chip_of[uuid] for uuid in UUID.findall(text) if uuid in chip_of
         }
         held_out = any(words in text for words in BROKEN_WORDS) and bool(chips)
-        held_out = held_out and all(broken_then(chip, failure.at, broken) for chip in chips)
+        quiet_since = min((begin for begin, end in quiet if begin <= failure.at <= end + RESTART_NEAR_S), default=None)
+        held_out = held_out and all(broken_then(chip, failure.at, broken, quiet_since) for chip in chips)
         pods = [failure.pod] + [re.sub(r"-c\d+$", "", claim) for claim in HOLDER.findall(text)]
         pods += [claim_pods[uid] for uid in HOLDER_UID.findall(text) if uid in claim_pods]
         allocated = min(allocated_at.get(pod, failure.at) for pod in pods)

@@ -339,3 +339,16 @@ def test_a_board_refused_for_one_chip_is_judged_by_that_chip_alone() -> None:
     dracheck.prepare_failures(invariant, failures[:1], [], broken, CHIP_OF)
     dracheck.prepare_failures(invariant, failures[1:], [], [checker.Broken(0, 50.0, None, "XID 48")], CHIP_OF)
     assert invariant.checks == 2 and [what.split(":")[0] for _, what in invariant.violations] == ["chip-0-only"]
+
+
+def test_a_chip_healed_while_the_disk_is_full_may_stay_reserved_until_the_quiet_window_ends() -> None:
+    """Seed 712317: chip 1's reset healed it at 1234.7 as the disk filled (until 1241.2); the agent keeps a chip
+    reserved after its reset until the node-health record is written, and refused board-0 for it at 1240.1, past
+    the grace after the heal. Within the quiet window the chip was broken in, that is right; far from one it is not."""
+    invariant = checker.Invariant("no admission refused by the agent")
+    reserved = "claim ns/c: device board-0 (GPU-a0, GPU-a1) is out of service: gpu-1: reserved for a GPU reset; its"
+    broken = [checker.Broken(1, 1234.6, 1234.7, "health Memory")]
+    quiet = [(1234.7, 1251.2)]
+    failures = [dracheck.PrepareFailure(at, what, reserved) for at, what in ((1240.1, "disk-full"), (1300.0, "late"))]
+    dracheck.prepare_failures(invariant, failures, quiet, broken, CHIP_OF)
+    assert invariant.checks == 2 and [what.split(":")[0] for _, what in invariant.violations] == ["late"]
