@@ -148,17 +148,17 @@ class Healing:
         (windows.py): the chips so left in doubt."""
         assert reset.ended is not None
         ended, hardware = reset.ended, self.hardware
+        unproven = self.unproven(chips, ended)
         for chip in chips:  # seen late (a step held the soak up): a bit set after the reset ended stays
-            later = self.windows.opened_since(chip, ended)
-            for bit in list(hardware.bits.get(chip, ())):
-                if bit != "OverTemp" and f"health {bit}" not in later:
-                    hardware.set_bit(chip, bit, False)
+            for bit in self.bits_then(chip, ended):
+                hardware.set_bit(chip, bit, False)
 
         # a reset ending within a second of a lie's edge may have read it: what it would heal may be healed or not
         doubtful = {chip for chip in chips if not limits.honest_at(self.lies, chip, ended)}
 
         def heals(chip: int, since: float, by: str, why: str) -> bool:
-            return chip in chips - doubtful and since < ended and by in ("reset", "either")
+            kept = chip in unproven and not why.startswith("health ")
+            return chip in chips - doubtful and since < ended and by in ("reset", "either") and not kept
 
         self.windows.close(heals, ended, f"healed by the reset ending at {ended:.1f}")
         for chip in sorted(doubtful):
@@ -175,6 +175,22 @@ class Healing:
                 if OPERATOR_XID in dropped:
                     self.later.after(limits.RETURN_AFTER_S, lambda chip=chip: self.returns.limit_return(chip))
         return sent_again
+
+    def bits_then(self, chip: int, ended: float) -> list[str]:
+        """The chip's health bits a reset ending at `ended` clears (OverTemp is not one) that were set as it ended."""
+        later = self.windows.opened_since(chip, ended)
+        return [bit for bit in self.hardware.bits.get(chip, ()) if bit != "OverTemp" and f"health {bit}" not in later]
+
+    def unproven(self, chips: frozenset[int], ended: float) -> set[int]:
+        """The chips of the reset an operator asked for (certainly) that the agent found unhealthy after it: the soak
+        clears a reset chip's bits as it sees the reset, after the agent read them, so a bit set as the reset ended
+        failed its proof. Such a chip waits for an operator again with what it had but its bits (the XIDs the agent
+        keeps; its bits clear and are healed)."""
+        unproven = {chip for chip in chips if self.counts.chips[chip].operator and self.bits_then(chip, ended)}
+        for chip in sorted(unproven):
+            bits = ", ".join(self.bits_then(chip, ended))
+            self.timeline.note(f"chip {chip}: the reset an operator asked for read {bits} still set: not proven")
+        return unproven
 
     def needs_operator(self, chip: int) -> None:
         """The chip's resets are spent (or the one an operator asked for failed): it waits for the soak's operator."""
