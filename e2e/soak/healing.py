@@ -157,13 +157,15 @@ class Healing:
         doubtful = {chip for chip in chips if not limits.honest_at(self.lies, chip, ended)}
 
         def heals(chip: int, since: float, by: str, why: str) -> bool:
-            kept = chip in unproven and not why.startswith("health ")
-            return chip in chips - doubtful and since < ended and by in ("reset", "either") and not kept
+            return chip in chips - doubtful and since < ended and by in ("reset", "either")
 
         self.windows.close(heals, ended, f"healed by the reset ending at {ended:.1f}")
         for chip in sorted(doubtful):
             self.timeline.note(f"chip {chip}: the reset ending at {ended:.1f} may have lied (it ended by a lie's edge)")
             self.windows.doubt(chip, ended)
+        for chip in sorted(unproven):
+            self.windows.to_operator(chip, since=ended)
+            self.later.after(limits.RETURN_AFTER_S, lambda chip=chip: self.returns.limit_return(chip))
         starts = [*self.timeline.starts, *((rollout.began, rollout.done) for rollout in self.timeline.rollouts)]
         sent_again = set()
         for chip in sorted(chips):
@@ -184,13 +186,14 @@ class Healing:
     def unproven(self, chips: frozenset[int], ended: float) -> set[int]:
         """The chips of the reset an operator asked for (certainly) that the agent found unhealthy after it: the soak
         clears a reset chip's bits as it sees the reset, after the agent read them, so a bit set as the reset ended
-        failed its proof. Such a chip waits for an operator again with what it had but its bits (the XIDs the agent
-        keeps; its bits clear and are healed)."""
+        failed its proof. The reset cleared the chip's XIDs, and it comes back once its bits clear, unless a fault came
+        in between (after the reset ended, before the soak saw it): the agent, its last reset spent, leaves that one
+        to an operator."""
         unproven = {chip for chip in chips if self.counts.chips[chip].operator and self.bits_then(chip, ended)}
         for chip in sorted(unproven):
             bits = ", ".join(self.bits_then(chip, ended))
             self.timeline.note(f"chip {chip}: the reset an operator asked for read {bits} still set: not proven")
-        return unproven
+        return {chip for chip in unproven if self.windows.opened_since(chip, ended)}
 
     def needs_operator(self, chip: int) -> None:
         """The chip's resets are spent (or the one an operator asked for failed): it waits for the soak's operator."""

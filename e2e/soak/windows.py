@@ -76,10 +76,11 @@ class Windows:
             for ch, since, by, why in self.open
         ]
 
-    def to_operator(self, chip: int) -> None:
-        """The chip's resets are spent: what waited for a reset now waits for an operator's return."""
-        self.open = [(ch, since, "return" if ch == chip and by in ("reset", "either") else by, why)
-                     for ch, since, by, why in self.open]  # fmt: skip
+    def to_operator(self, chip: int, since: float = float("-inf")) -> None:
+        """The chip's resets are spent: what waited for a reset (opened at `since` or later) now waits for an
+        operator's return."""
+        self.open = [(ch, at, "return" if ch == chip and at >= since and by in ("reset", "either") else by, why)
+                     for ch, at, by, why in self.open]  # fmt: skip
 
     def forget_xids(self, at: float, why: str) -> None:
         """The agent's record made unreadable: each chip's open XID windows end here, and one window it may have

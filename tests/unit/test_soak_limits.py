@@ -322,25 +322,41 @@ def test_a_second_lie_of_a_chip_is_judged_from_its_own_reset(tmp_path: Path) -> 
     assert [v[0] for v in invariant.violations] == [303.1 + limits.LIE_LAG_S]
 
 
-def test_the_reset_an_operator_asked_for_over_a_health_bit_is_unproven_and_waits_for_another_return(
+def test_the_reset_an_operator_asked_for_over_a_health_bit_is_unproven_and_a_fault_since_waits_for_a_return(
     tmp_path: Path,
 ) -> None:
-    """Seed 149631 (device plugin): chip 2 was returned with MC set and XIDs pending; ixsmi succeeded, but the soak
-    clears a reset chip's bits only as it sees the reset, after the agent read MC still set: the proof failed and the
-    agent rightly left the chip to an operator again, keeping its XIDs. The soak took the chip for healed and waited
-    for resets the agent would never make."""
+    """Seed 149631 (device plugin): chip 2 was returned with MC set; ixsmi succeeded, but the soak clears a reset
+    chip's bits only as it sees the reset, after the agent read MC still set: the proof failed, the reset the
+    operator asked for spent. XID 62 came before the soak saw the reset, and the agent rightly left it to an
+    operator; the soak waited for a reset the agent would never make. Seed 529572 (DRA): with no fault in between,
+    the reset cleared the XIDs and the chip came back once its bits cleared."""
     soak = SoakStandIn(tmp_path / "hardware", pid=100)
     soak.at = 100.0
-    soak.faults.do(schedule.Step(100.0, "xid-reset", (2,), detail={"xid": 62}))
+    soak.faults.do(schedule.Step(100.0, "xid-reset", (2,), detail={"xid": 48}))
     soak.faults.do(schedule.Step(100.0, "health-reset-bit", (2,), detail={"bit": "MC"}))
     soak.at = 110.0
     soak.healing.counts.returned(2, 110.0, certain=True)
+    soak.at = 111.3
+    soak.faults.do(schedule.Step(111.3, "xid-reset", (2,), detail={"xid": 62}))  # after the reset, before it is seen
     soak.at = 111.5
     soak.healing.reset_seen(checker.Reset(111.0, 111.1, frozenset({2}), ok=True))
     assert "chip 2: the reset an operator asked for read MC still set: not proven" in soak.notes
     assert [(w[2], w[3]) for w in soak.windows.open if w[0] == 2] == [("return", "XID 62")]
-    assert "MC" not in soak.hardware.bits.get(2, set()) and soak.windows.still_broken_xids() == {2: [62]}
-    assert "chip 2 needs an operator: its resets failed" in soak.notes and soak.later.pending
+    assert "MC" not in soak.hardware.bits.get(2, set()) and soak.later.pending
+
+
+def test_the_unproven_reset_with_no_fault_since_heals_what_it_reset(tmp_path: Path) -> None:
+    soak = SoakStandIn(tmp_path / "hardware", pid=100)
+    soak.at = 100.0
+    soak.faults.do(schedule.Step(100.0, "xid-operator", (2,), 5.0, detail={"xid": 64}))
+    soak.faults.do(schedule.Step(100.0, "health-reset-bit", (2,), detail={"bit": "ECC"}))
+    soak.at = 110.0
+    soak.healing.counts.returned(2, 110.0, certain=True)
+    soak.windows.awaits_reset(2, 110.0)
+    soak.at = 111.5
+    soak.healing.reset_seen(checker.Reset(111.0, 111.1, frozenset({2}), ok=True))
+    assert "chip 2: the reset an operator asked for read ECC still set: not proven" in soak.notes
+    assert [w for w in soak.windows.open if w[0] == 2] == [] and soak.windows.still_broken_xids() == {}
 
 
 def test_an_automatic_reset_over_a_health_bit_heals_as_before(tmp_path: Path) -> None:
