@@ -131,7 +131,8 @@ class Healing:
         for chip in sorted(episode):
             # a window opened as it ended (an XID maybe sent again to a new process) is an episode of its own
             healed = not any(w[0] == chip and w[1] < ended for w in self.windows.open)
-            if chip in lied and reset.ok and not self._lie_stands(chip, self.lied.get(chip, -1.0)):
+            first = chip not in self.lied or not self._lie_stands(chip, self.lied[chip])
+            if chip in lied and reset.ok and first:
                 self.lied[chip] = ended  # the first lie of what is broken now
             if self.counts.reset_seen(chip, healed):
                 self.needs_operator(chip)
@@ -148,16 +149,18 @@ class Healing:
         (windows.py): the chips so left in doubt."""
         assert reset.ended is not None
         ended, hardware = reset.ended, self.hardware
-        unproven = self.unproven(chips, ended)
-        for chip in chips:  # seen late (a step held the soak up): a bit set after the reset ended stays
-            for bit in self.bits_then(chip, ended):
+        cleared = {chip: self.bits_then(chip, ended) for chip in chips}
+        unproven = self.unproven_and_faulted(cleared, ended)
+        for chip, bits in cleared.items():
+            for bit in bits:
                 hardware.set_bit(chip, bit, False)
 
         # a reset ending within a second of a lie's edge may have read it: what it would heal may be healed or not
         doubtful = {chip for chip in chips if not limits.honest_at(self.lies, chip, ended)}
+        healing = chips - doubtful
 
         def heals(chip: int, since: float, by: str, why: str) -> bool:
-            return chip in chips - doubtful and since < ended and by in ("reset", "either")
+            return chip in healing and since < ended and by in ("reset", "either")
 
         self.windows.close(heals, ended, f"healed by the reset ending at {ended:.1f}")
         for chip in sorted(doubtful):
@@ -179,19 +182,20 @@ class Healing:
         return sent_again
 
     def bits_then(self, chip: int, ended: float) -> list[str]:
-        """The chip's health bits a reset ending at `ended` clears (OverTemp is not one) that were set as it ended."""
+        """The chip's health bits a reset ending at `ended` clears (OverTemp is not one) that were set as it ended (seen
+        late, a step having held the soak up: a bit set after the reset ended stays)."""
         later = self.windows.opened_since(chip, ended)
         return [bit for bit in self.hardware.bits.get(chip, ()) if bit != "OverTemp" and f"health {bit}" not in later]
 
-    def unproven(self, chips: frozenset[int], ended: float) -> set[int]:
-        """The chips of the reset an operator asked for (certainly) that the agent found unhealthy after it: the soak
-        clears a reset chip's bits as it sees the reset, after the agent read them, so a bit set as the reset ended
-        failed its proof. The reset cleared the chip's XIDs, and it comes back once its bits clear, unless a fault came
-        in between (after the reset ended, before the soak saw it): the agent, its last reset spent, leaves that one
-        to an operator."""
-        unproven = {chip for chip in chips if self.counts.chips[chip].operator and self.bits_then(chip, ended)}
-        for chip in sorted(unproven):
-            bits = ", ".join(self.bits_then(chip, ended))
+    def unproven_and_faulted(self, cleared: Mapping[int, list[str]], ended: float) -> set[int]:
+        """Of the chips a reset ending at `ended` clears these bits of, those whose reset an operator asked for
+        (certainly) and that a fault met before the soak saw it: the agent left them to an operator. The soak clears
+        a reset chip's bits as it sees the reset, after the agent read them, so a bit set as the reset ended failed
+        its proof. The reset cleared the chip's XIDs, and it comes back once its bits clear, unless a fault came in
+        between: the agent, its last reset spent, leaves that one to an operator."""
+        unproven = sorted(chip for chip, bits in cleared.items() if bits and self.counts.chips[chip].operator)
+        for chip in unproven:
+            bits = ", ".join(cleared[chip])
             self.timeline.note(f"chip {chip}: the reset an operator asked for read {bits} still set: not proven")
         return {chip for chip in unproven if self.windows.opened_since(chip, ended)}
 
