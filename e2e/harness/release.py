@@ -20,7 +20,7 @@ from .dra import delete_slices
 from .helm import CHART, Helm, node_values
 from .kube import Kubectl, Obj
 from .plugin import DEVICE_MAJOR, bi_v150_chips, devices_yaml, node_events
-from .waits import until
+from .waits import WaitFailed, until
 
 NAMESPACE = "kube-system"
 RELEASE = "ix-device-plugin"
@@ -34,6 +34,8 @@ CHIPS = bi_v150_chips()
 INJECTOR = "nri-injector"
 RESET_HELPER = "reset-helper"
 # The open from inside the agent's container: EPERM where the device cgroup refuses, ENXIO where it lets it through.
+AGENTS = (PLUGIN, PLUGIN + FALLBACK_SUFFIX, DRA_DRIVER, DRA_DRIVER + FALLBACK_SUFFIX)  # their pods' name labels
+GONE_S = 120.0  # an agent's pods stop within their grace period (30 s), the kubelet's clean-up after
 TRY_OPEN = "import os\ntry:\n    os.open('/dev/iluvatar0', os.O_RDWR)\nexcept OSError as e:\n    print(e.strerror)\n"
 
 
@@ -70,16 +72,64 @@ def installed(
             "kubeletPluginsDirectoryPath": str(plugins),
         }
     label = f"{DRA_LABEL}=true" if dra else f"{GPU_LABEL}=true"
+    agents_gone(cluster)
     cluster.admin("label", "node", cluster.node_name, label, "--overwrite")
     helm("install", release, str(chart), "--namespace", NAMESPACE, "--values", str(helm.values_file(values)))
     try:
         yield Installed(helm, values, devices)
     finally:
-        helm("uninstall", release, "--namespace", NAMESPACE, "--wait", "--timeout", "90s")
+        uninstall(cluster, helm, release)
         forget_node_labels(cluster, label.split("=")[0])
         if dra:
             delete_slices(cluster.admin)
         shutil.rmtree(plugins, ignore_errors=True)
+
+
+def uninstall(cluster: Cluster, helm: Helm, release: str = RELEASE) -> None:
+    """`helm uninstall --wait`, and then until the release's pods are gone: helm waits for its objects only, and a
+    pod still terminating would be a second pod of the DaemonSet the next scenario installs."""
+    helm("uninstall", release, "--namespace", NAMESPACE, "--wait", "--timeout", "90s")
+    agents_gone(cluster)
+
+
+def agents_gone(cluster: Cluster, timeout: float = GONE_S) -> None:
+    """Until no pod of an agent's DaemonSet is on the node (an earlier scenario's, terminating); a failure names them,
+    with their phase and since when they terminate, and the kubelet's and containerd's logs."""
+    left: list[str] = []
+
+    def gone() -> bool:
+        left[:] = shown(cluster.admin.items("pods", NAMESPACE, "-l", f"app.kubernetes.io/name in ({','.join(AGENTS)})"))
+        return not left
+
+    try:
+        until(gone, timeout, "no agent pod left on the node", kubelet_log(cluster), interval=1)
+    except WaitFailed as failed:
+        raise WaitFailed(f"{failed}\nstill there: {'; '.join(left)}") from None
+
+
+def shown(pods: list[Obj]) -> list[str]:
+    """Each pod as its name, phase, Ready and since when it terminates."""
+    lines = []
+    for pod in pods:
+        meta, status = pod["metadata"], pod.get("status", {})
+        deleting = f", terminating since {meta['deletionTimestamp']}" if meta.get("deletionTimestamp") else ""
+        lines.append(f"{meta['name']} ({status.get('phase', '?')}, Ready {ready(pod)}{deleting})")
+    return lines
+
+
+def one_ready(cluster: Cluster, selector: str, timeout: float, what: str) -> Obj:
+    """The one pod the selector picks once Ready; a failure names the pods seen last (none, or more than one)."""
+    seen: list[str] = []
+
+    def found() -> Obj | None:
+        pods = cluster.admin.items("pods", NAMESPACE, "-l", selector)
+        seen[:] = shown(pods)
+        return pods[0] if len(pods) == 1 and ready(pods[0]) else None
+
+    try:
+        return until(found, timeout, what, kubelet_log(cluster), interval=2)
+    except WaitFailed as failed:
+        raise WaitFailed(f"{failed}\npods: {'; '.join(seen) or 'none'}") from None
 
 
 def forget_node_labels(cluster: Cluster, *labels: str) -> None:
@@ -104,13 +154,7 @@ def ready(pod: Obj | None) -> bool:
 
 def running_pod(cluster: Cluster, name: str, timeout: float = 240) -> Obj:
     """The one pod of name's DaemonSet once Ready (behind its injector sidecar, where it has one)."""
-    return until(
-        lambda: (found := agent_pod(cluster.admin, name)) and ready(found) and found,
-        timeout,
-        f"the {name} pod Ready",
-        kubelet_log(cluster),
-        interval=2,
-    )
+    return one_ready(cluster, f"app.kubernetes.io/name={name}", timeout, f"the {name} pod Ready")
 
 
 def kubelet_log(cluster: Cluster) -> list[Path]:

@@ -15,6 +15,7 @@ from harness.helm import CHART, Helm, node_values
 from harness.kube import Kubectl, Obj
 from harness.pods import SHOW_DEVICES, STAY, busybox_pod, node_resource, run_and_read, shown_devices
 from harness.project_image import BuiltImage
+from harness.release import agents_gone, one_ready, uninstall
 from harness.waits import until
 
 RESOURCE = "iluvatar.com/gpu"
@@ -32,12 +33,13 @@ def release(cluster: Cluster, project_image: BuiltImage, tmp_path_factory: pytes
     # the chart's own image reference and pull policy (ix-device-plugin:<version>, IfNotPresent); the node-health
     # record in the node's plugins folder, not the host's
     values = node_values(cluster, workdir, cluster.plugins_dir)
+    agents_gone(cluster)
     cluster.admin("label", "node", cluster.node_name, f"{GPU_LABEL}=true", "--overwrite")
     helm("install", RELEASE, str(CHART), "--namespace", NAMESPACE, "--values", str(helm.values_file(values)))
     try:
         yield helm
     finally:
-        helm("uninstall", RELEASE, "--namespace", NAMESPACE, "--wait", "--timeout", "90s")
+        uninstall(cluster, helm, RELEASE)
         cluster.admin("label", "node", cluster.node_name, f"{GPU_LABEL}-")
 
 
@@ -54,13 +56,8 @@ def ready(pod: Obj | None) -> bool:
 def test_the_daemonset_pod_starts_passes_its_probes_and_registers(
     cluster: Cluster, admin: Kubectl, release: Helm
 ) -> None:
-    pod = until(
-        lambda: (found := plugin_pod(admin)) and ready(found) and found,
-        240,
-        "the plugin pod Ready (startup and readiness probes: /healthz, /readyz)",
-        [cluster.processes["kubelet"].log, cluster.processes["containerd"].log],
-        interval=2,
-    )
+    what = "the plugin pod Ready (startup and readiness probes: /healthz, /readyz)"
+    pod = one_ready(cluster, SELECTOR, 240, what)
     assert pod["spec"]["nodeName"] == cluster.node_name
     assert pod["status"]["containerStatuses"][0]["restartCount"] == 0
     until(

@@ -35,6 +35,7 @@ from harness.plugin import (
 )
 from harness.pods import SHOW_DEVICES, STAY, busybox_pod, node_resource, run_and_read, shown_devices
 from harness.project_image import BuiltImage
+from harness.release import agents_gone, uninstall
 from harness.waits import until
 
 RESOURCE = "iluvatar.com/gpu"
@@ -75,12 +76,13 @@ def release(cluster: Cluster, project_image: BuiltImage, tmp_path_factory: pytes
         **node_values(cluster, workdir, plugins_dir, simulated_devices=str(devices)),
         "readinessProbe": {"initialDelaySeconds": READY_DELAY, "periodSeconds": 2},
     }
+    agents_gone(cluster)
     cluster.admin("label", "node", cluster.node_name, f"{GPU_LABEL}=true", "--overwrite")
     helm("install", RELEASE, str(CHART), "--namespace", NAMESPACE, "--values", str(helm.values_file(values)))
     try:
         yield Release(helm, project_image, devices, plugins_dir)
     finally:
-        helm("uninstall", RELEASE, "--namespace", NAMESPACE, "--wait", "--timeout", "90s")
+        uninstall(cluster, helm, RELEASE)
         cluster.admin("label", "node", cluster.node_name, f"{GPU_LABEL}-")
 
 
