@@ -216,6 +216,11 @@ class Healing:
         """Whether a reset of the lie's chip ended within it (it lied)."""
         return index in self.caught
 
+    def untrusted(self, chip: int, ended: float) -> bool:
+        """Whether a reset of the chip ending at `ended` may have lied (not certainly honest): the agent may have
+        found it unproven, a failed attempt."""
+        return not limits.honest_at(self.lies, chip, ended)
+
     def lie_over(self, index: int) -> None:
         chip, since, _ = self.lies[index]
         self.hardware.set_lying([chip], False)  # written before its end is noted: a reset ending after it was honest

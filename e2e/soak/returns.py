@@ -4,7 +4,7 @@ when an operator would, and checks that the reset limit said so in a Node Event 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from datetime import datetime
 
 from harness.cluster import Cluster
@@ -96,13 +96,20 @@ class Returns:
             self.limit.check(said, self.timeline.now(), what)
         self.operator_returns(chip)
 
-    def return_open(self) -> None:
+    def return_open(self, untrusted: Callable[[int, float], bool] = lambda chip, ended: False) -> None:
         """At the end: return (once more, one at a time) every chip still waiting for an operator, and every chip
-        still broken whose reset failed or hung since it broke, or since the operator last returned it (a failed
-        reset an operator asked for needs an operator again, whatever window the agent's forgetting opened since); a
-        chip the agent simply never reset is not returned: the end's check reports it."""
+        still broken whose reset failed, hung or may have lied (`untrusted`: chip, end -> whether its reset then was
+        not certainly honest) since it broke, or since the operator last returned it: the agent counts a reset it
+        could not prove as a failed attempt, and the last one leaves the chip to an operator (a failed reset an
+        operator asked for needs an operator again, whatever window the agent's forgetting opened since); a chip the
+        agent simply never reset is not returned: the end's check reports it."""
         resets = read_resets(self.hardware.reset_log, self.hardware.chip_of, self.timeline.start)
-        failed = [(chip, r.started) for r in resets if not r.ok for chip in r.chips]
+        failed = [
+            (chip, r.started)
+            for r in resets
+            for chip in r.chips
+            if not r.ok or r.ended is None or untrusted(chip, r.ended)
+        ]
 
         def failed_since(chip: int, since: float) -> bool:
             since = min(since, self.returned.get(chip, since))

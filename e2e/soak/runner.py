@@ -81,7 +81,9 @@ class Soak:
         counts = ResetCounts(CHIPS)  # the reset limit and attempts, as far as the soak knows them
         self.view = VIEWS[mode](cluster, api, namespace, agent, hardware, timeline, windows)
         self.returns = Returns(timeline, hardware, windows, counts, self.later, cluster, api, invariants)
-        healing = Healing(timeline, hardware, windows, counts, self.later, self.returns, self.view, invariants)
+        self.healing = healing = Healing(
+            timeline, hardware, windows, counts, self.later, self.returns, self.view, invariants
+        )
         self.faults = FaultActions(timeline, hardware, agent, cluster, self.view, self.later, healing, self.returns)
         self.api_faults = ApiFaults(cluster, timeline, self.later, self.view.state_directories)
         self.observer = Observer(
@@ -163,7 +165,7 @@ class Soak:
             self.observer.tick()
             if self.settled():
                 break
-            self.returns.return_open()
+            self.returns.return_open(self.healing.untrusted)
             time.sleep(TICK_S)
         self.judge.all_back(self.settle_s)
         self.judge.afterwards()
