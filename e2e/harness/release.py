@@ -117,21 +117,6 @@ def shown(pods: list[Obj]) -> list[str]:
     return lines
 
 
-def one_ready(cluster: Cluster, selector: str, timeout: float, what: str) -> Obj:
-    """The one pod the selector picks once Ready; a failure names the pods seen last (none, or more than one)."""
-    seen: list[str] = []
-
-    def found() -> Obj | None:
-        pods = cluster.admin.items("pods", NAMESPACE, "-l", selector)
-        seen[:] = shown(pods)
-        return pods[0] if len(pods) == 1 and ready(pods[0]) else None
-
-    try:
-        return until(found, timeout, what, kubelet_log(cluster), interval=2)
-    except WaitFailed as failed:
-        raise WaitFailed(f"{failed}\npods: {'; '.join(seen) or 'none'}") from None
-
-
 def forget_node_labels(cluster: Cluster, *labels: str) -> None:
     """The node without these labels and without the agent's device-access label (which outlives the agent)."""
     cluster.admin("label", "node", cluster.node_name, *(f"{name}-" for name in (*labels, ACCESS_LABEL)))
@@ -152,9 +137,20 @@ def ready(pod: Obj | None) -> bool:
     return conditions.get("Ready") == "True"
 
 
-def running_pod(cluster: Cluster, name: str, timeout: float = 240) -> Obj:
-    """The one pod of name's DaemonSet once Ready (behind its injector sidecar, where it has one)."""
-    return one_ready(cluster, f"app.kubernetes.io/name={name}", timeout, f"the {name} pod Ready")
+def running_pod(cluster: Cluster, name: str, timeout: float = 240, what: str = "") -> Obj:
+    """The one pod of name's DaemonSet once Ready (behind its injector sidecar, where it has one); a failure names the
+    pods seen last (none, or more than one) and `what` was awaited (default: the pod Ready)."""
+    seen: list[str] = []
+
+    def found() -> Obj | None:
+        pods = agent_pods(cluster.admin, name)
+        seen[:] = shown(pods)
+        return pods[0] if len(pods) == 1 and ready(pods[0]) else None
+
+    try:
+        return until(found, timeout, what or f"the {name} pod Ready", kubelet_log(cluster), interval=2)
+    except WaitFailed as failed:
+        raise WaitFailed(f"{failed}\npods: {'; '.join(seen) or 'none'}") from None
 
 
 def kubelet_log(cluster: Cluster) -> list[Path]:

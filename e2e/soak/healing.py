@@ -156,7 +156,7 @@ class Healing:
                 hardware.set_bit(chip, bit, False)
 
         # a reset ending within a second of a lie's edge may have read it: what it would heal may be healed or not
-        doubtful = {chip for chip in chips if not limits.honest_at(self.lies, chip, ended)}
+        doubtful = {chip for chip in chips if self.untrusted(chip, ended)}
         healing = chips - doubtful
 
         def heals(chip: int, since: float, by: str, why: str) -> bool:

@@ -96,7 +96,7 @@ class Returns:
             self.limit.check(said, self.timeline.now(), what)
         self.operator_returns(chip)
 
-    def return_open(self, untrusted: Callable[[int, float], bool] = lambda chip, ended: False) -> None:
+    def return_open(self, untrusted: Callable[[int, float], bool]) -> None:
         """At the end: return (once more, one at a time) every chip still waiting for an operator, and every chip
         still broken whose reset failed, hung or may have lied (`untrusted`: chip, end -> whether its reset then was
         not certainly honest) since it broke, or since the operator last returned it: the agent counts a reset it

@@ -12,17 +12,16 @@ import pytest
 import yaml
 from harness.cluster import Cluster
 from harness.helm import CHART, Helm, node_values
-from harness.kube import Kubectl, Obj
+from harness.kube import Kubectl
 from harness.pods import SHOW_DEVICES, STAY, busybox_pod, node_resource, run_and_read, shown_devices
 from harness.project_image import BuiltImage
-from harness.release import agents_gone, one_ready, uninstall
+from harness.release import PLUGIN, agent_pod, agents_gone, running_pod, uninstall
 from harness.waits import until
 
 RESOURCE = "iluvatar.com/gpu"
 NAMESPACE = "kube-system"
 RELEASE = "ix-device-plugin"
 GPU_LABEL = "iluvatar.com/gpu.present"
-SELECTOR = "app.kubernetes.io/name=iluvatar-device-plugin"
 
 
 @pytest.fixture(scope="module")
@@ -43,21 +42,11 @@ def release(cluster: Cluster, project_image: BuiltImage, tmp_path_factory: pytes
         cluster.admin("label", "node", cluster.node_name, f"{GPU_LABEL}-")
 
 
-def plugin_pod(admin: Kubectl) -> Obj | None:
-    pods = admin.items("pods", NAMESPACE, "-l", SELECTOR)
-    return pods[0] if len(pods) == 1 else None
-
-
-def ready(pod: Obj | None) -> bool:
-    conditions = {c["type"]: c["status"] for c in (pod or {}).get("status", {}).get("conditions", [])}
-    return conditions.get("Ready") == "True"
-
-
 def test_the_daemonset_pod_starts_passes_its_probes_and_registers(
     cluster: Cluster, admin: Kubectl, release: Helm
 ) -> None:
     what = "the plugin pod Ready (startup and readiness probes: /healthz, /readyz)"
-    pod = one_ready(cluster, SELECTOR, 240, what)
+    pod = running_pod(cluster, PLUGIN, 240, what)
     assert pod["spec"]["nodeName"] == cluster.node_name
     assert pod["status"]["containerStatuses"][0]["restartCount"] == 0
     until(
@@ -74,7 +63,7 @@ def test_the_daemonset_pod_starts_passes_its_probes_and_registers(
 def test_a_pod_gets_a_gpu_from_the_plugin_in_the_daemonset(
     cluster: Cluster, admin: Kubectl, namespace: str, release: Helm
 ) -> None:
-    until(lambda: ready(plugin_pod(admin)), 240, "plugin pod Ready", [cluster.processes["kubelet"].log])
+    running_pod(cluster, PLUGIN)
     _, output = run_and_read(admin, namespace, busybox_pod("from-daemonset", SHOW_DEVICES + STAY, gpus=1))
     nodes, env = shown_devices(output)
     assert len(env["IX_VISIBLE_DEVICES"].split(",")) == 2  # the simulated default: BI-V150, two chips a board
@@ -84,8 +73,8 @@ def test_a_pod_gets_a_gpu_from_the_plugin_in_the_daemonset(
 
 
 def test_editing_the_configmap_reaches_the_running_plugin(cluster: Cluster, admin: Kubectl, release: Helm) -> None:
-    until(lambda: ready(plugin_pod(admin)), 240, "plugin pod Ready", [cluster.processes["kubelet"].log])
-    before = plugin_pod(admin)
+    running_pod(cluster, PLUGIN)
+    before = agent_pod(admin, PLUGIN)
     assert before is not None
     config = {"flags": {"splitboard": False}, "sharing": {"timeSlicing": {"replicas": 4}}}
     patch = {"data": {"ix-config": yaml.safe_dump(config)}}
@@ -97,6 +86,6 @@ def test_editing_the_configmap_reaches_the_running_plugin(cluster: Cluster, admi
         [cluster.processes["kubelet"].log],
         interval=2,
     )
-    after = plugin_pod(admin)
+    after = agent_pod(admin, PLUGIN)
     assert after is not None and after["metadata"]["uid"] == before["metadata"]["uid"]
     assert after["status"]["containerStatuses"][0]["restartCount"] == 0

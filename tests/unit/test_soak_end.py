@@ -82,7 +82,7 @@ def test_at_the_end_a_chip_whose_returned_reset_failed_is_returned_again_though_
     soak.at = 1713.0
     soak.windows.forget_xids(1713.0, "the node-health record made unreadable")
     soak.at = 1900.0
-    soak.returns.return_open()
+    soak.returns.return_open(soak.healing.untrusted)
     assert any(f"iluvatar.com/gpu.return={uuid}" in call for call in soak.admin_calls)
 
 
@@ -91,14 +91,14 @@ def test_at_the_end_a_chip_the_agent_never_reset_is_not_returned(tmp_path: Path)
     soak.windows.add(2, 1683.4, "reset", "XID 48")
     soak.returns.returned[2] = 1699.4
     soak.at = 1900.0
-    soak.returns.return_open()
+    soak.returns.return_open(soak.healing.untrusted)
     assert soak.admin_calls == []
 
 
 def lied_resets(soak: SoakStandIn, chip: int, ends: tuple[float, ...]) -> str:
     """A lie on the chip from 1265.0 to 1278.0 and runs of ixsmi for it that exited 0, ending at `ends`."""
-    index = soak.healing.lie_begins(chip) if soak.at == 1265.0 else None
-    assert index is not None
+    soak.at = 1265.0
+    index = soak.healing.lie_begins(chip)
     soak.at = 1278.0
     soak.healing.lie_over(index)
     uuid = soak.hardware.uuids[chip]
@@ -113,7 +113,6 @@ def test_at_the_end_a_chip_whose_resets_lied_is_returned(tmp_path: Path) -> None
     kept the chip's window healed by a reset; at the end it looked only for resets that failed, and never returned
     it."""
     soak = SoakStandIn(tmp_path / "hardware", pid=100)
-    soak.at = 1265.0
     soak.windows.add(2, 1265.0, "reset", "XID 48")
     uuid = lied_resets(soak, 2, (1266.0, 1277.5))
     soak.at = 1900.0
@@ -125,7 +124,6 @@ def test_at_the_end_a_chip_whose_reset_was_honest_after_its_lie_is_not_returned(
     """A reset that ended after the lie (certainly honest) and one the chip broke again after: the agent's new
     episode, nothing spent; the end leaves it to its check."""
     soak = SoakStandIn(tmp_path / "hardware", pid=100)
-    soak.at = 1265.0
     lied_resets(soak, 2, (1266.0, 1290.0))
     soak.windows.add(2, 1295.0, "reset", "XID 48")
     soak.at = 1900.0
